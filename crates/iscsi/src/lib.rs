@@ -1,1 +1,11 @@
-//! iscsi
+//! Sans-IO iSCSI (RFC 7143): PDU codec, digests, serial-number arithmetic, text keys and
+//! their negotiation, CHAP, and the login state machines. No sockets, no runtime, no clock.
+
+pub mod chap;
+pub mod digest;
+pub mod framing;
+pub mod login;
+pub mod negotiate;
+pub mod pdu;
+pub mod serial;
+pub mod text;
