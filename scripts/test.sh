@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs every test of Reservoir: unit, property, and end-to-end against real peers
+# (libiscsi's tools, qemu-img/qemu-io, tgt, iperf3 through the WAN emulator).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+cargo build --workspace --all-targets
+# The fuzz targets are built (not run) so they cannot rot.
+if [ -f fuzz/Cargo.toml ]; then
+  cargo check --manifest-path fuzz/Cargo.toml --bins
+fi
+cargo test --workspace -- --test-threads=2
