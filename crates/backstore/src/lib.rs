@@ -1,1 +1,83 @@
-//! backstore
+//! Block storage behind a logical unit: the [`Backstore`] trait and its kinds.
+//!
+//! Every method takes `&self`: a store is shared by all connections of a target and must
+//! allow reads and writes from many threads at once.
+
+use std::io;
+
+mod file;
+mod ram;
+
+pub use file::FileBackstore;
+pub use ram::RamBackstore;
+
+/// Byte-addressed storage of a fixed size.
+pub trait Backstore: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Fills the whole of `buf` from `offset`, or fails.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes the whole of `buf` at `offset`, or fails.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocates a range; later reads of it return zeros.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Sets a range to zeros, deallocating where the store can.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Describes `[offset, offset + len)` as consecutive extents `(offset, len, allocated)`
+    /// that together cover the range exactly.
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>>;
+    /// Whether [`Backstore::discard`] really frees space.
+    fn supports_discard(&self) -> bool;
+    /// Whether writes are refused.
+    fn read_only(&self) -> bool {
+        false
+    }
+}
+
+/// Why a store refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("range {offset}+{len} is beyond the end of the store ({size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the store is read-only")]
+    ReadOnly,
+    #[error("requested size {requested} is smaller than the existing file ({existing} bytes); refusing to truncate")]
+    WouldTruncate { requested: u64, existing: u64 },
+    #[error("no size given for a file that does not exist yet")]
+    NoSize,
+}
+
+impl From<StoreError> for io::Error {
+    fn from(e: StoreError) -> Self {
+        let kind = match e {
+            StoreError::OutOfRange { .. } => io::ErrorKind::InvalidInput,
+            StoreError::ReadOnly => io::ErrorKind::PermissionDenied,
+            StoreError::WouldTruncate { .. } => io::ErrorKind::InvalidInput,
+            StoreError::NoSize => io::ErrorKind::NotFound,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(StoreError::OutOfRange { offset, len, size }.into()),
+    }
+}
+
+/// Merges neighbouring extents of the same kind so callers see the fewest descriptors.
+pub(crate) fn push_extent(out: &mut Vec<(u64, u64, bool)>, offset: u64, len: u64, alloc: bool) {
+    if len == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut() {
+        if last.2 == alloc && last.0 + last.1 == offset {
+            last.1 += len;
+            return;
+        }
+    }
+    out.push((offset, len, alloc));
+}

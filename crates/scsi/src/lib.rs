@@ -1,2 +1,132 @@
 //! Sans-IO SCSI: CDB decode, sense data, INQUIRY/VPD, mode pages and SBC/SPC command
 //! emulation against the `backstore::Backstore` trait.
+//!
+//! The transport hands a [`LogicalUnit`] one [`Command`] at a time (from any number of
+//! threads) and gets back a [`Response`]; residuals against the expected data transfer
+//! length are the transport's business.
+
+mod cdb;
+mod inquiry;
+mod lu;
+mod mode;
+mod opcodes;
+pub mod sense;
+
+pub use lu::LogicalUnit;
+pub use sense::Sense;
+
+/// SCSI status codes (SAM-5).
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const ACA_ACTIVE: u8 = 0x30;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+/// Static identity and limits of a logical unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LuConfig {
+    /// 512 or 4096.
+    pub block_size: u32,
+    pub read_only: bool,
+    pub removable: bool,
+    /// Thin provisioning: UNMAP, WRITE SAME with UNMAP, GET LBA STATUS, LBPME.
+    pub thin: bool,
+    /// T10 vendor identification of the standard INQUIRY data (8 characters).
+    pub vendor: String,
+    /// 16 characters.
+    pub product: String,
+    /// 4 characters.
+    pub revision: String,
+    pub serial: String,
+    /// NAA designator; unique per logical unit. Its top nibble selects NAA 5 or 6.
+    pub naa_id: u64,
+    pub t10_vendor_id: String,
+    /// Vendor-specific part of the T10 vendor ID designator.
+    pub device_id: String,
+    pub optimal_transfer_blocks: u32,
+    pub max_transfer_blocks: u32,
+}
+
+impl Default for LuConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 512,
+            read_only: false,
+            removable: false,
+            thin: true,
+            vendor: "RESERVOI".into(),
+            product: "Reservoir LUN".into(),
+            revision: "0001".into(),
+            serial: "0000000000000001".into(),
+            naa_id: 0x6000_0000_0000_0001,
+            t10_vendor_id: "RESERVOI".into(),
+            device_id: "reservoir-lun-1".into(),
+            optimal_transfer_blocks: 2048,
+            max_transfer_blocks: 16384,
+        }
+    }
+}
+
+/// An I_T nexus (initiator port + target port), numbered by the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Nexus(pub u64);
+
+/// One SCSI command as the transport received it.
+#[derive(Debug, Clone, Copy)]
+pub struct Command<'a> {
+    pub cdb: &'a [u8],
+    /// Everything the initiator sent for this command (at most the expected data transfer
+    /// length).
+    pub data_out: &'a [u8],
+    pub nexus: Nexus,
+}
+
+/// The outcome of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u8,
+    /// Sense data (fixed format unless the initiator asked otherwise) with CHECK CONDITION.
+    pub sense: Option<Vec<u8>>,
+    /// Data for the initiator, already cut to the CDB's allocation length.
+    pub data_in: Vec<u8>,
+}
+
+impl Response {
+    pub fn good(data_in: Vec<u8>) -> Self {
+        Self {
+            status: status::GOOD,
+            sense: None,
+            data_in,
+        }
+    }
+
+    pub fn check_condition(sense: &Sense) -> Self {
+        Self {
+            status: status::CHECK_CONDITION,
+            sense: Some(sense.fixed()),
+            data_in: Vec::new(),
+        }
+    }
+}
+
+/// REPORT LUNS (SPC-5 6.33) answered by the target for the LUNs it exposes to this nexus.
+pub fn report_luns(luns: &[u16], cdb: &[u8]) -> Response {
+    match lu::report_luns(luns, cdb) {
+        Ok(data) => Response::good(data),
+        Err(s) => Response::check_condition(&s),
+    }
+}
+
+/// The answer for a LUN that does not exist (SPC-5 4.6.4): INQUIRY reports "no logical
+/// unit", REQUEST SENSE and REPORT LUNS work, everything else is LOGICAL UNIT NOT SUPPORTED.
+pub fn lun_not_supported(cdb: &[u8]) -> Response {
+    match lu::lun_not_supported(cdb) {
+        Ok(data) => Response::good(data),
+        Err(s) => Response::check_condition(&s),
+    }
+}

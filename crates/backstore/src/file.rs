@@ -1,0 +1,235 @@
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::{check_range, push_extent, Backstore, StoreError};
+
+/// A sparse file accessed with positioned reads and writes, so many threads share one
+/// descriptor without seeking.
+#[derive(Debug)]
+pub struct FileBackstore {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    read_only: bool,
+}
+
+const ZERO_BUF: usize = 1 << 20;
+
+impl FileBackstore {
+    /// Opens (or, with `create`, makes) a file store. `size: None` takes the file's size;
+    /// a larger requested size grows the file, a smaller one is refused rather than lose data.
+    pub fn open(
+        path: impl AsRef<Path>,
+        size: Option<u64>,
+        create: bool,
+        read_only: bool,
+    ) -> io::Result<Self> {
+        let path = path.as_ref();
+        let exists = path.exists();
+        if !exists && create {
+            if read_only {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: cannot create a read-only store", path.display()),
+                ));
+            }
+            if size.is_none() {
+                return Err(StoreError::NoSize.into());
+            }
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .create(create && !read_only)
+            .open(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let existing = file.metadata()?.len();
+        let size = match size {
+            None => existing,
+            Some(requested) if requested < existing => {
+                return Err(StoreError::WouldTruncate {
+                    requested,
+                    existing,
+                }
+                .into());
+            }
+            Some(requested) if requested > existing => {
+                if read_only {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{}: read-only file is {existing} bytes, {requested} requested",
+                            path.display()
+                        ),
+                    ));
+                }
+                file.set_len(requested)?;
+                requested
+            }
+            Some(requested) => requested,
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            size,
+            read_only,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn writable(&self) -> io::Result<()> {
+        if self.read_only {
+            Err(StoreError::ReadOnly.into())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate only reads its integer arguments; the descriptor is ours and open.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn write_zero_bytes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zeros = vec![0u8; (len as usize).min(ZERO_BUF)];
+        let mut pos = 0;
+        while pos < len {
+            let n = (len - pos).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], offset + pos)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+        // SAFETY: lseek on our own open descriptor. SEEK_DATA/SEEK_HOLE move the shared file
+        // offset, which nothing else uses: all I/O is positioned.
+        let rc = unsafe { libc::lseek(self.file.as_raw_fd(), offset as libc::off_t, whence) };
+        if rc >= 0 {
+            return Ok(Some(rc as u64));
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(err)
+        }
+    }
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+    )
+}
+
+impl Backstore for FileBackstore {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.writable()?;
+        check_range(offset, buf.len() as u64, self.size)?;
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.file.sync_data()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.writable()?;
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        match self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            r => r,
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.writable()?;
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        match self.fallocate(
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            r => r,
+        }
+    }
+
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        check_range(offset, len, self.size)?;
+        let end = offset + len;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let data = match self.seek(pos, libc::SEEK_DATA) {
+                Ok(d) => d.unwrap_or(end).min(end),
+                Err(e) if unsupported(&e) => {
+                    push_extent(&mut out, pos, end - pos, true);
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            push_extent(&mut out, pos, data - pos, false);
+            if data >= end {
+                break;
+            }
+            let hole = self.seek(data, libc::SEEK_HOLE)?.unwrap_or(end).min(end);
+            push_extent(&mut out, data, hole - data, true);
+            pos = hole;
+        }
+        Ok(out)
+    }
+
+    fn supports_discard(&self) -> bool {
+        !self.read_only
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+}

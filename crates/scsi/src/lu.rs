@@ -1,0 +1,794 @@
+//! The logical unit: state shared by all nexuses and the SBC/SPC command set.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use backstore::Backstore;
+
+use crate::cdb::{self, be16, be32, be64, block_range, truncate, BlockRange};
+use crate::inquiry::{self, Limits};
+use crate::mode::{self, ModeState};
+use crate::opcodes::*;
+use crate::sense::{self, Sense};
+use crate::{Command, LuConfig, Nexus, Response};
+
+type Outcome = Result<Vec<u8>, Sense>;
+
+/// Stripes of the write lock table; a command locks every stripe its range touches.
+const LOCK_STRIPES: usize = 64;
+/// Bytes covered by one stripe before the table wraps around.
+const STRIPE_BYTES: u64 = 64 * 1024;
+/// Largest buffer a WRITE SAME fills at once.
+const WRITE_SAME_CHUNK: u64 = 1 << 20;
+
+/// Per-nexus state: unit attentions not yet reported.
+type Pending = Mutex<VecDeque<Sense>>;
+
+/// A direct-access logical unit over a [`Backstore`].
+#[derive(Debug)]
+pub struct LogicalUnit {
+    config: LuConfig,
+    store: Arc<dyn Backstore>,
+    block_size: u64,
+    capacity: u64,
+    limits: Limits,
+    mode: RwLock<ModeState>,
+    nexuses: RwLock<HashMap<Nexus, Pending>>,
+    /// Removable medium ejected by START STOP UNIT.
+    no_medium: AtomicBool,
+    /// Nexuses holding a PREVENT MEDIUM REMOVAL.
+    prevent: Mutex<HashSet<Nexus>>,
+    write_locks: Vec<Mutex<()>>,
+}
+
+impl LogicalUnit {
+    pub fn new(config: LuConfig, store: Arc<dyn Backstore>) -> Self {
+        let block_size = config.block_size.max(1) as u64;
+        let capacity = store.size() / block_size;
+        let limits = Limits::new(&config);
+        Self {
+            config,
+            store,
+            block_size,
+            capacity,
+            limits,
+            mode: RwLock::new(ModeState::default()),
+            nexuses: RwLock::new(HashMap::new()),
+            no_medium: AtomicBool::new(false),
+            prevent: Mutex::new(HashSet::new()),
+            write_locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    pub fn config(&self) -> &LuConfig {
+        &self.config
+    }
+
+    /// Number of logical blocks.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn flush(&self) -> io::Result<()> {
+        self.store.flush()
+    }
+
+    /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
+    /// defaults and every nexus gets a unit attention.
+    pub fn reset(&self) {
+        *self.mode.write().unwrap_or_else(|e| e.into_inner()) = ModeState::default();
+        self.prevent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for pending in nexuses.values() {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.clear();
+            q.push_back(sense::POWER_ON_RESET);
+        }
+    }
+
+    /// I_T nexus loss: forget the nexus; if it returns it starts afresh.
+    pub fn nexus_lost(&self, nexus: Nexus) {
+        self.nexuses
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nexus);
+        self.prevent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nexus);
+    }
+
+    /// Bytes the initiator is to send for this CDB, or `None` if the CDB is not one this
+    /// logical unit understands well enough to say.
+    pub fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u32> {
+        cdb::check_len(cdb).ok()?;
+        let bs = block_size as u64;
+        let blocks = |r: BlockRange| r.blocks.checked_mul(bs).and_then(|n| u32::try_from(n).ok());
+        match cdb[0] {
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12
+            | WRITE_VERIFY_16 | ORWRITE_16 => blocks(block_range(cdb)),
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => match (cdb[1] >> 1) & 0x03 {
+                0 => Some(0),
+                1 => blocks(block_range(cdb)),
+                3 => Some(block_size),
+                _ => None,
+            },
+            WRITE_SAME_10 => Some(block_size),
+            WRITE_SAME_16 => Some(if cdb[1] & 0x01 != 0 { 0 } else { block_size }),
+            COMPARE_AND_WRITE => u32::try_from(2 * cdb[13] as u64 * bs).ok(),
+            UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
+            MODE_SELECT_6 => Some(cdb[4] as u32),
+            TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
+            | PREVENT_ALLOW | READ_CAPACITY_10 | READ_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10
+            | READ_DEFECT_DATA_10 | MODE_SENSE_10 | READ_16 | PRE_FETCH_16
+            | SYNCHRONIZE_CACHE_16 | SERVICE_ACTION_IN_16 | REPORT_LUNS | MAINTENANCE_IN
+            | READ_12 | READ_DEFECT_DATA_12 => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Runs one command. Safe to call from many threads at once.
+    pub fn execute(&self, cmd: &Command) -> Response {
+        match self.run(cmd) {
+            Ok(data) => Response::good(data),
+            Err(s) => Response::check_condition(&s),
+        }
+    }
+
+    fn run(&self, cmd: &Command) -> Outcome {
+        let Some(&opcode) = cmd.cdb.first() else {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE);
+        };
+        cdb::check_len(cmd.cdb)?;
+        let cdb = cmd.cdb;
+        let sa = (cdb[1] & 0x1f) as u16;
+        if !is_supported(opcode, sa, self.config.thin) {
+            // A known opcode with an unknown service action is a bad field, not a bad
+            // opcode.
+            if has_service_action(opcode) {
+                return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+            }
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE);
+        }
+
+        self.register(cmd.nexus);
+        if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+            if let Some(ua) = self.take_unit_attention(cmd.nexus) {
+                return Err(ua);
+            }
+        }
+
+        match opcode {
+            INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
+            REPORT_LUNS => report_luns(&[0], cdb),
+            REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
+            MAINTENANCE_IN => report_supported_opcodes(cdb, self.config.thin),
+            MODE_SENSE_6 | MODE_SENSE_10 => {
+                let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
+                let dev = mode::Device {
+                    write_protected: self.config.read_only || state.swp,
+                    capacity: self.capacity,
+                    block_size: self.block_size as u32,
+                };
+                mode::mode_sense(cdb, &state, &dev)
+            }
+            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cmd),
+            START_STOP_UNIT => self.start_stop(cdb, cmd.nexus),
+            PREVENT_ALLOW => self.prevent_allow(cdb, cmd.nexus),
+            _ => {
+                self.medium_present()?;
+                self.media_command(cmd)
+            }
+        }
+    }
+
+    /// Commands that touch the medium.
+    fn media_command(&self, cmd: &Command) -> Outcome {
+        let cdb = cmd.cdb;
+        match cdb[0] {
+            TEST_UNIT_READY => Ok(Vec::new()),
+            READ_CAPACITY_10 => self.read_capacity_10(cdb),
+            SERVICE_ACTION_IN_16 => match (cdb[1] & 0x1f) as u16 {
+                SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
+                _ => self.get_lba_status(cdb),
+            },
+            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cdb, cmd.data_out),
+            WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
+                self.write_verify(cdb, cmd.data_out)
+            }
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, cmd.data_out),
+            ORWRITE_16 => self.orwrite(cdb, cmd.data_out),
+            COMPARE_AND_WRITE => self.compare_and_write(cdb, cmd.data_out),
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
+            PRE_FETCH_10 | PRE_FETCH_16 => {
+                let r = block_range(cdb);
+                self.check_range(r.lba, r.blocks)?;
+                Ok(Vec::new())
+            }
+            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
+            UNMAP => self.unmap(cdb, cmd.data_out),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
+            _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
+        }
+    }
+
+    fn register(&self, nexus: Nexus) {
+        if self
+            .nexuses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&nexus)
+        {
+            return;
+        }
+        self.nexuses
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(nexus)
+            .or_insert_with(|| Mutex::new(VecDeque::from([sense::POWER_ON_RESET])));
+    }
+
+    fn take_unit_attention(&self, nexus: Nexus) -> Option<Sense> {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        let pending = nexuses.get(&nexus)?;
+        let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+        q.pop_front()
+    }
+
+    fn medium_present(&self) -> Result<(), Sense> {
+        if self.no_medium.load(Ordering::Acquire) {
+            Err(sense::MEDIUM_NOT_PRESENT)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.capacity && lba <= self.capacity => Ok(()),
+            _ => Err(sense::LBA_OUT_OF_RANGE),
+        }
+    }
+
+    /// Where the transfer length lives in a block command's CDB, for field pointers.
+    fn length_field(cdb: &[u8]) -> u16 {
+        match cdb.len() {
+            6 => 4,
+            10 => 7,
+            12 => 6,
+            _ => 10,
+        }
+    }
+
+    fn check_transfer(&self, cdb: &[u8], blocks: u64) -> Result<(), Sense> {
+        if blocks > self.limits.max_transfer as u64 {
+            Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), Sense> {
+        if self.config.read_only || self.mode.read().unwrap_or_else(|e| e.into_inner()).swp {
+            Err(sense::WRITE_PROTECTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn write_through(&self, fua: bool) -> Result<(), Sense> {
+        let wce = self.mode.read().unwrap_or_else(|e| e.into_inner()).wce;
+        if fua || !wce {
+            self.store
+                .flush()
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        Ok(())
+    }
+
+    fn io_error(&self, e: io::Error, s: Sense) -> Sense {
+        tracing::warn!(error = %e, "backstore I/O error");
+        s
+    }
+
+    fn data<'d>(&self, data_out: &'d [u8], len: u64) -> Result<&'d [u8], Sense> {
+        data_out
+            .get(..len as usize)
+            .ok_or(sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT)
+    }
+
+    /// Locks every stripe `[lba, lba + blocks)` touches, in index order so that two
+    /// commands can never wait for each other.
+    fn lock_range(&self, lba: u64, blocks: u64) -> Vec<MutexGuard<'_, ()>> {
+        let first = lba * self.block_size / STRIPE_BYTES;
+        let last = ((lba + blocks.max(1)) * self.block_size - 1) / STRIPE_BYTES;
+        let mut stripes: Vec<usize> = if last - first + 1 >= LOCK_STRIPES as u64 {
+            (0..LOCK_STRIPES).collect()
+        } else {
+            (first..=last)
+                .map(|s| (s % LOCK_STRIPES as u64) as usize)
+                .collect()
+        };
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|i| {
+                self.write_locks[i]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+            })
+            .collect()
+    }
+
+    fn read_blocks(&self, lba: u64, blocks: u64) -> Outcome {
+        let mut buf = vec![0u8; (blocks * self.block_size) as usize];
+        self.store
+            .read_at(&mut buf, lba * self.block_size)
+            .map_err(|e| self.io_error(e, sense::UNRECOVERED_READ_ERROR.with_information(lba)))?;
+        Ok(buf)
+    }
+
+    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Sense> {
+        self.store
+            .write_at(data, lba * self.block_size)
+            .map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(lba)))
+    }
+
+    fn read(&self, cdb: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        self.read_blocks(r.lba, r.blocks)
+    }
+
+    fn write(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        self.check_writable()?;
+        let data = self.data(data_out, r.blocks * self.block_size)?;
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        {
+            let _guards = self.lock_range(r.lba, r.blocks);
+            self.write_blocks(r.lba, data)?;
+        }
+        self.write_through(r.flags & 0x08 != 0)?;
+        Ok(Vec::new())
+    }
+
+    fn write_verify(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        if (r.flags >> 1) & 0x03 > 1 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(2)));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        self.check_writable()?;
+        let data = self.data(data_out, r.blocks * self.block_size)?;
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        {
+            let _guards = self.lock_range(r.lba, r.blocks);
+            self.write_blocks(r.lba, data)?;
+        }
+        // Verification means the data is on the medium, not in a cache.
+        self.write_through(true)?;
+        Ok(Vec::new())
+    }
+
+    fn verify(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        let bytchk = (r.flags >> 1) & 0x03;
+        if bytchk == 2 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(2)));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        let expected = match bytchk {
+            0 => None,
+            1 => Some(self.data(data_out, r.blocks * self.block_size)?),
+            _ => Some(self.data(data_out, self.block_size)?),
+        };
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let media = self.read_blocks(r.lba, r.blocks)?;
+        if let Some(expected) = expected {
+            let bs = self.block_size as usize;
+            let mismatch = media.iter().enumerate().position(|(i, b)| {
+                *b != if bytchk == 1 {
+                    expected[i]
+                } else {
+                    expected[i % bs]
+                }
+            });
+            if let Some(offset) = mismatch {
+                return Err(sense::MISCOMPARE_DURING_VERIFY.with_information(offset as u64));
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn orwrite(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        self.check_writable()?;
+        let data = self.data(data_out, r.blocks * self.block_size)?;
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        {
+            let _guards = self.lock_range(r.lba, r.blocks);
+            let mut media = self.read_blocks(r.lba, r.blocks)?;
+            media.iter_mut().zip(data).for_each(|(m, d)| *m |= d);
+            self.write_blocks(r.lba, &media)?;
+        }
+        self.write_through(r.flags & 0x08 != 0)?;
+        Ok(Vec::new())
+    }
+
+    fn compare_and_write(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let flags = cdb[1];
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        let lba = be64(&cdb[2..10]);
+        let blocks = cdb[13] as u64;
+        if blocks > self.limits.max_compare_and_write as u64 {
+            return Err(Sense::invalid_field_in_cdb(13, None));
+        }
+        self.check_range(lba, blocks)?;
+        self.check_writable()?;
+        let len = blocks * self.block_size;
+        let data = self.data(data_out, 2 * len)?;
+        if blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let (verify, write) = data.split_at(len as usize);
+        {
+            let _guards = self.lock_range(lba, blocks);
+            let media = self.read_blocks(lba, blocks)?;
+            if let Some(offset) = media.iter().zip(verify).position(|(m, v)| m != v) {
+                return Err(sense::MISCOMPARE_DURING_VERIFY.with_information(offset as u64));
+            }
+            self.write_blocks(lba, write)?;
+        }
+        self.write_through(flags & 0x08 != 0)?;
+        Ok(Vec::new())
+    }
+
+    fn synchronize_cache(&self, cdb: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        self.check_range(r.lba, r.blocks)?;
+        self.store
+            .flush()
+            .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        Ok(Vec::new())
+    }
+
+    fn write_same(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        let sixteen = cdb[0] == WRITE_SAME_16;
+        if r.flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        if r.flags & 0x10 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+        }
+        // PBDATA and LBDATA (obsolete) are not supported.
+        if r.flags & 0x06 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(2)));
+        }
+        if !sixteen && r.flags & 0x01 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(0)));
+        }
+        let unmap = r.flags & 0x08 != 0;
+        let ndob = sixteen && r.flags & 0x01 != 0;
+        if r.blocks == 0 || r.blocks > self.limits.max_write_same {
+            return Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_writable()?;
+        let zeros;
+        let block = if ndob {
+            zeros = vec![0u8; self.block_size as usize];
+            &zeros[..]
+        } else {
+            self.data(data_out, self.block_size)?
+        };
+        let offset = r.lba * self.block_size;
+        let len = r.blocks * self.block_size;
+        let _guards = self.lock_range(r.lba, r.blocks);
+        if block.iter().all(|&b| b == 0) {
+            let result = if unmap && self.config.thin && self.store.supports_discard() {
+                self.store.discard(offset, len)
+            } else {
+                self.store.write_zeroes(offset, len)
+            };
+            result.map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(r.lba)))?;
+        } else {
+            let per = (WRITE_SAME_CHUNK / self.block_size).max(1);
+            let buf = block.repeat(per.min(r.blocks) as usize);
+            let mut done = 0;
+            while done < r.blocks {
+                let n = per.min(r.blocks - done);
+                self.write_blocks(r.lba + done, &buf[..(n * self.block_size) as usize])?;
+                done += n;
+            }
+        }
+        drop(_guards);
+        self.write_through(false)?;
+        Ok(Vec::new())
+    }
+
+    fn unmap(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        if cdb[1] & 0x01 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(0)));
+        }
+        let len = be16(&cdb[7..9]) as usize;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if len < 8 {
+            return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let p = self.data(data_out, len as u64)?;
+        let bddl = be16(&p[2..4]) as usize;
+        let count = bddl.min(len - 8) / 16;
+        if count > self.limits.max_unmap_descriptors as usize {
+            return Err(Sense::invalid_field_in_parameter_list(2, None));
+        }
+        self.check_writable()?;
+        let mut ranges = Vec::with_capacity(count);
+        for i in 0..count {
+            let d = &p[8 + 16 * i..8 + 16 * (i + 1)];
+            let lba = be64(&d[0..8]);
+            let blocks = be32(&d[8..12]) as u64;
+            if blocks > self.limits.max_unmap_lba as u64 {
+                return Err(Sense::invalid_field_in_parameter_list(
+                    (8 + 16 * i + 8) as u16,
+                    None,
+                ));
+            }
+            self.check_range(lba, blocks)?;
+            if blocks > 0 {
+                ranges.push((lba, blocks));
+            }
+        }
+        for (lba, blocks) in ranges {
+            let _guards = self.lock_range(lba, blocks);
+            self.store
+                .discard(lba * self.block_size, blocks * self.block_size)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(lba)))?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn read_capacity_10(&self, cdb: &[u8]) -> Outcome {
+        if cdb[8] & 0x01 == 0 && be32(&cdb[2..6]) != 0 {
+            return Err(Sense::invalid_field_in_cdb(2, None));
+        }
+        let last = self.capacity.saturating_sub(1).min(0xffff_ffff) as u32;
+        let mut d = last.to_be_bytes().to_vec();
+        d.extend_from_slice(&(self.block_size as u32).to_be_bytes());
+        Ok(d)
+    }
+
+    fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
+        let alloc = be32(&cdb[10..14]) as usize;
+        let mut d = vec![0u8; 32];
+        d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
+        d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        if self.config.thin {
+            d[14] = 0x80 | 0x40; // LBPME, LBPRZ
+        }
+        Ok(truncate(d, alloc))
+    }
+
+    fn get_lba_status(&self, cdb: &[u8]) -> Outcome {
+        let lba = be64(&cdb[2..10]);
+        let alloc = be32(&cdb[10..14]) as usize;
+        if lba >= self.capacity {
+            return Err(sense::LBA_OUT_OF_RANGE);
+        }
+        // Enough descriptors to fill the allocation length, never more than the device has.
+        let want = alloc.saturating_sub(8) / 16;
+        let span = (self.capacity - lba).min(self.limits.max_transfer as u64 * 64);
+        let extents = self
+            .store
+            .is_allocated(lba * self.block_size, span * self.block_size)
+            .map_err(|e| self.io_error(e, sense::UNRECOVERED_READ_ERROR.with_information(lba)))?;
+        let mut descriptors = Vec::new();
+        let bs = self.block_size;
+        let mut next = lba;
+        for (offset, len, allocated) in extents {
+            let end = (offset + len).div_ceil(bs);
+            if end <= next {
+                continue;
+            }
+            let start = next.max(offset / bs);
+            let mut d = start.to_be_bytes().to_vec();
+            let n = (end - start).min(u32::MAX as u64) as u32;
+            d.extend_from_slice(&n.to_be_bytes());
+            d.push(if allocated { 0 } else { 1 });
+            d.extend_from_slice(&[0; 3]);
+            descriptors.push(d);
+            next = start + n as u64;
+            if descriptors.len() >= want.max(1) {
+                break;
+            }
+        }
+        let mut data = ((4 + 16 * descriptors.len()) as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(&[0; 4]);
+        descriptors.into_iter().for_each(|d| data.extend(d));
+        Ok(truncate(data, alloc))
+    }
+
+    fn request_sense(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
+        let desc = cdb[1] & 0x01 != 0;
+        let alloc = cdb[4] as usize;
+        let s = self
+            .take_unit_attention(nexus)
+            .or_else(|| self.medium_present().err())
+            .unwrap_or(sense::NO_SENSE);
+        let data = if desc { s.descriptor() } else { s.fixed() };
+        Ok(truncate(data, alloc))
+    }
+
+    fn mode_select(&self, cmd: &Command) -> Outcome {
+        let mut state = self.mode.write().unwrap_or_else(|e| e.into_inner());
+        let new = mode::mode_select(cmd.cdb, cmd.data_out, &state, self.block_size as u32)?;
+        if new != *state {
+            *state = new;
+            drop(state);
+            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+            for (n, pending) in nexuses.iter() {
+                if *n != cmd.nexus {
+                    pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(sense::MODE_PARAMETERS_CHANGED);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn start_stop(&self, cdb: &[u8], _nexus: Nexus) -> Outcome {
+        let power_condition = cdb[4] >> 4;
+        let no_flush = cdb[4] & 0x04 != 0;
+        let loej = cdb[4] & 0x02 != 0;
+        let start = cdb[4] & 0x01 != 0;
+        // A power condition change leaves START and LOEJ unused (SBC-4 5.25); there are no
+        // power conditions to enter here.
+        if power_condition != 0 {
+            return Ok(Vec::new());
+        }
+        if !start && !no_flush {
+            self.store
+                .flush()
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        if loej && self.config.removable {
+            if !self
+                .prevent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                return Err(sense::MEDIUM_REMOVAL_PREVENTED);
+            }
+            self.no_medium.store(!start, Ordering::Release);
+        }
+        Ok(Vec::new())
+    }
+
+    fn prevent_allow(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
+        let prevent = cdb[4] & 0x03;
+        if prevent > 1 {
+            return Err(Sense::invalid_field_in_cdb(4, Some(1)));
+        }
+        if !self.config.removable {
+            // Nothing can be removed; prevention is trivially honoured.
+            return Ok(Vec::new());
+        }
+        let mut set = self.prevent.lock().unwrap_or_else(|e| e.into_inner());
+        if prevent == 1 {
+            set.insert(nexus);
+        } else {
+            set.remove(&nexus);
+        }
+        Ok(Vec::new())
+    }
+}
+
+fn read_defect_data(cdb: &[u8]) -> Outcome {
+    let (format_byte, alloc) = if cdb[0] == READ_DEFECT_DATA_10 {
+        (cdb[2], be16(&cdb[7..9]) as usize)
+    } else {
+        (cdb[1], be32(&cdb[6..10]) as usize)
+    };
+    // Echo the requested lists and format, with no defects in them.
+    let flags = format_byte & 0x1f;
+    let data = if cdb[0] == READ_DEFECT_DATA_10 {
+        vec![0, flags, 0, 0]
+    } else {
+        vec![0, flags, 0, 0, 0, 0, 0, 0]
+    };
+    Ok(truncate(data, alloc))
+}
+
+/// Single-level LUN structure (SAM-5 4.7): peripheral addressing below 256, flat above.
+fn encode_lun(lun: u16) -> [u8; 8] {
+    let mut l = [0u8; 8];
+    if lun < 256 {
+        l[1] = lun as u8;
+    } else {
+        l[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
+        l[1] = lun as u8;
+    }
+    l
+}
+
+pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
+    if cdb.len() < 12 {
+        return Err(Sense::invalid_field_in_cdb(0, None));
+    }
+    let alloc = be32(&cdb[6..10]) as usize;
+    let list: Vec<u16> = match cdb[2] {
+        0x00 | 0x02 => luns.to_vec(),
+        0x01 | 0x10 | 0x11 => Vec::new(),
+        0x12 => luns.iter().copied().filter(|&l| l == 0).collect(),
+        _ => return Err(Sense::invalid_field_in_cdb(2, None)),
+    };
+    let mut data = ((list.len() * 8) as u32).to_be_bytes().to_vec();
+    data.extend_from_slice(&[0; 4]);
+    for l in list {
+        data.extend_from_slice(&encode_lun(l));
+    }
+    Ok(truncate(data, alloc))
+}
+
+pub(crate) fn lun_not_supported(cdb: &[u8]) -> Outcome {
+    cdb::check_len(cdb)?;
+    match cdb[0] {
+        INQUIRY => inquiry::not_supported(cdb),
+        REQUEST_SENSE => {
+            let s = sense::LOGICAL_UNIT_NOT_SUPPORTED;
+            let data = if cdb[1] & 0x01 != 0 {
+                s.descriptor()
+            } else {
+                s.fixed()
+            };
+            Ok(truncate(data, cdb[4] as usize))
+        }
+        REPORT_LUNS => report_luns(&[], cdb),
+        _ => Err(sense::LOGICAL_UNIT_NOT_SUPPORTED),
+    }
+}

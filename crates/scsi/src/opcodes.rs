@@ -1,0 +1,433 @@
+//! The commands this logical unit supports, with their CDB usage data (SPC-5 6.35), which
+//! REPORT SUPPORTED OPERATION CODES reports.
+
+use crate::cdb::{be16, be32, truncate};
+use crate::sense::Sense;
+
+pub(crate) const TEST_UNIT_READY: u8 = 0x00;
+pub(crate) const REQUEST_SENSE: u8 = 0x03;
+pub(crate) const READ_6: u8 = 0x08;
+pub(crate) const WRITE_6: u8 = 0x0a;
+pub(crate) const INQUIRY: u8 = 0x12;
+pub(crate) const MODE_SELECT_6: u8 = 0x15;
+pub(crate) const MODE_SENSE_6: u8 = 0x1a;
+pub(crate) const START_STOP_UNIT: u8 = 0x1b;
+pub(crate) const PREVENT_ALLOW: u8 = 0x1e;
+pub(crate) const READ_CAPACITY_10: u8 = 0x25;
+pub(crate) const READ_10: u8 = 0x28;
+pub(crate) const WRITE_10: u8 = 0x2a;
+pub(crate) const WRITE_VERIFY_10: u8 = 0x2e;
+pub(crate) const VERIFY_10: u8 = 0x2f;
+pub(crate) const PRE_FETCH_10: u8 = 0x34;
+pub(crate) const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+pub(crate) const READ_DEFECT_DATA_10: u8 = 0x37;
+pub(crate) const WRITE_SAME_10: u8 = 0x41;
+pub(crate) const UNMAP: u8 = 0x42;
+pub(crate) const MODE_SELECT_10: u8 = 0x55;
+pub(crate) const MODE_SENSE_10: u8 = 0x5a;
+pub(crate) const READ_16: u8 = 0x88;
+pub(crate) const COMPARE_AND_WRITE: u8 = 0x89;
+pub(crate) const WRITE_16: u8 = 0x8a;
+pub(crate) const ORWRITE_16: u8 = 0x8b;
+pub(crate) const WRITE_VERIFY_16: u8 = 0x8e;
+pub(crate) const VERIFY_16: u8 = 0x8f;
+pub(crate) const PRE_FETCH_16: u8 = 0x90;
+pub(crate) const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+pub(crate) const WRITE_SAME_16: u8 = 0x93;
+pub(crate) const SERVICE_ACTION_IN_16: u8 = 0x9e;
+pub(crate) const REPORT_LUNS: u8 = 0xa0;
+pub(crate) const MAINTENANCE_IN: u8 = 0xa3;
+pub(crate) const READ_12: u8 = 0xa8;
+pub(crate) const WRITE_12: u8 = 0xaa;
+pub(crate) const WRITE_VERIFY_12: u8 = 0xae;
+pub(crate) const VERIFY_12: u8 = 0xaf;
+pub(crate) const READ_DEFECT_DATA_12: u8 = 0xb7;
+
+pub(crate) const SA_READ_CAPACITY_16: u16 = 0x10;
+pub(crate) const SA_GET_LBA_STATUS: u16 = 0x12;
+pub(crate) const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
+
+/// One supported command.
+pub(crate) struct OpInfo {
+    pub opcode: u8,
+    pub service_action: Option<u16>,
+    /// Bits the device server looks at, byte by byte; its length is the CDB length.
+    pub usage: &'static [u8],
+    /// Only offered on thin-provisioned logical units.
+    pub thin_only: bool,
+}
+
+const fn op(opcode: u8, usage: &'static [u8]) -> OpInfo {
+    OpInfo {
+        opcode,
+        service_action: None,
+        usage,
+        thin_only: false,
+    }
+}
+
+const fn op_sa(opcode: u8, sa: u16, usage: &'static [u8]) -> OpInfo {
+    OpInfo {
+        opcode,
+        service_action: Some(sa),
+        usage,
+        thin_only: false,
+    }
+}
+
+const fn thin(mut info: OpInfo) -> OpInfo {
+    info.thin_only = true;
+    info
+}
+
+const FF: u8 = 0xff;
+
+pub(crate) static OPS: &[OpInfo] = &[
+    op(TEST_UNIT_READY, &[TEST_UNIT_READY, 0, 0, 0, 0, 0]),
+    op(REQUEST_SENSE, &[REQUEST_SENSE, 0x01, 0, 0, FF, 0]),
+    op(READ_6, &[READ_6, 0x1f, FF, FF, FF, 0]),
+    op(WRITE_6, &[WRITE_6, 0x1f, FF, FF, FF, 0]),
+    op(INQUIRY, &[INQUIRY, 0x01, FF, FF, FF, 0]),
+    op(MODE_SELECT_6, &[MODE_SELECT_6, 0x11, 0, 0, FF, 0]),
+    op(MODE_SENSE_6, &[MODE_SENSE_6, 0x08, FF, FF, FF, 0]),
+    op(START_STOP_UNIT, &[START_STOP_UNIT, 0x01, 0, 0x0f, 0xf7, 0]),
+    op(PREVENT_ALLOW, &[PREVENT_ALLOW, 0, 0, 0, 0x03, 0]),
+    op(
+        READ_CAPACITY_10,
+        &[READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    ),
+    op(READ_10, &[READ_10, 0x18, FF, FF, FF, FF, 0x1f, FF, FF, 0]),
+    op(WRITE_10, &[WRITE_10, 0x18, FF, FF, FF, FF, 0x1f, FF, FF, 0]),
+    op(
+        WRITE_VERIFY_10,
+        &[WRITE_VERIFY_10, 0x12, FF, FF, FF, FF, 0x1f, FF, FF, 0],
+    ),
+    op(
+        VERIFY_10,
+        &[VERIFY_10, 0x16, FF, FF, FF, FF, 0x1f, FF, FF, 0],
+    ),
+    op(
+        PRE_FETCH_10,
+        &[PRE_FETCH_10, 0x02, FF, FF, FF, FF, 0x1f, FF, FF, 0],
+    ),
+    op(
+        SYNCHRONIZE_CACHE_10,
+        &[SYNCHRONIZE_CACHE_10, 0x02, FF, FF, FF, FF, 0x1f, FF, FF, 0],
+    ),
+    op(
+        READ_DEFECT_DATA_10,
+        &[READ_DEFECT_DATA_10, 0, 0x1f, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op(
+        WRITE_SAME_10,
+        &[WRITE_SAME_10, 0x08, FF, FF, FF, FF, 0x1f, FF, FF, 0],
+    ),
+    thin(op(UNMAP, &[UNMAP, 0, 0, 0, 0, 0, 0x1f, FF, FF, 0])),
+    op(
+        MODE_SELECT_10,
+        &[MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op(
+        MODE_SENSE_10,
+        &[MODE_SENSE_10, 0x18, FF, FF, 0, 0, 0, FF, FF, 0],
+    ),
+    op(
+        READ_16,
+        &[
+            READ_16, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0,
+        ],
+    ),
+    op(
+        COMPARE_AND_WRITE,
+        &[
+            COMPARE_AND_WRITE,
+            0x18,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+            0,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op(
+        WRITE_16,
+        &[
+            WRITE_16, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0,
+        ],
+    ),
+    op(
+        ORWRITE_16,
+        &[
+            ORWRITE_16, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0,
+        ],
+    ),
+    op(
+        WRITE_VERIFY_16,
+        &[
+            WRITE_VERIFY_16,
+            0x12,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op(
+        VERIFY_16,
+        &[
+            VERIFY_16, 0x16, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0,
+        ],
+    ),
+    op(
+        PRE_FETCH_16,
+        &[
+            PRE_FETCH_16,
+            0x02,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op(
+        SYNCHRONIZE_CACHE_16,
+        &[
+            SYNCHRONIZE_CACHE_16,
+            0x02,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op(
+        WRITE_SAME_16,
+        &[
+            WRITE_SAME_16,
+            0x09,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op_sa(
+        SERVICE_ACTION_IN_16,
+        SA_READ_CAPACITY_16,
+        &[
+            SERVICE_ACTION_IN_16,
+            0x1f,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+        ],
+    ),
+    thin(op_sa(
+        SERVICE_ACTION_IN_16,
+        SA_GET_LBA_STATUS,
+        &[
+            SERVICE_ACTION_IN_16,
+            0x1f,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+        ],
+    )),
+    op(
+        REPORT_LUNS,
+        &[REPORT_LUNS, 0, FF, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+    ),
+    op_sa(
+        MAINTENANCE_IN,
+        SA_REPORT_SUPPORTED_OPCODES,
+        &[MAINTENANCE_IN, 0x1f, 0x87, FF, FF, FF, FF, FF, FF, FF, 0, 0],
+    ),
+    op(
+        READ_12,
+        &[READ_12, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
+    ),
+    op(
+        WRITE_12,
+        &[WRITE_12, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
+    ),
+    op(
+        WRITE_VERIFY_12,
+        &[
+            WRITE_VERIFY_12,
+            0x12,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x1f,
+            0,
+        ],
+    ),
+    op(
+        VERIFY_12,
+        &[VERIFY_12, 0x16, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
+    ),
+    op(
+        READ_DEFECT_DATA_12,
+        &[READ_DEFECT_DATA_12, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+    ),
+];
+
+/// Whether the opcode is one whose service action lives in CDB byte 1.
+pub(crate) fn has_service_action(opcode: u8) -> bool {
+    OPS.iter()
+        .any(|o| o.opcode == opcode && o.service_action.is_some())
+}
+
+fn offered(thin_lu: bool) -> impl Iterator<Item = &'static OpInfo> {
+    OPS.iter().filter(move |o| thin_lu || !o.thin_only)
+}
+
+pub(crate) fn is_supported(opcode: u8, sa: u16, thin_lu: bool) -> bool {
+    offered(thin_lu).any(|o| o.opcode == opcode && o.service_action.is_none_or(|s| s == sa))
+}
+
+/// Command timeouts descriptor: none are reported as specific, so all are zero.
+fn timeouts() -> [u8; 12] {
+    let mut t = [0u8; 12];
+    t[1] = 0x0a;
+    t
+}
+
+/// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0Ch).
+pub(crate) fn report_supported_opcodes(cdb: &[u8], thin_lu: bool) -> Result<Vec<u8>, Sense> {
+    let rctd = cdb[2] & 0x80 != 0;
+    let options = cdb[2] & 0x07;
+    let req_op = cdb[3];
+    let req_sa = be16(&cdb[4..6]);
+    let alloc = be32(&cdb[6..10]) as usize;
+    let data = match options {
+        0 => {
+            let mut list = Vec::new();
+            for o in offered(thin_lu) {
+                list.push(o.opcode);
+                list.push(0);
+                list.extend_from_slice(&o.service_action.unwrap_or(0).to_be_bytes());
+                list.push(0);
+                let mut flags = 0;
+                if o.service_action.is_some() {
+                    flags |= 0x01;
+                }
+                if rctd {
+                    flags |= 0x02;
+                }
+                list.push(flags);
+                list.extend_from_slice(&(o.usage.len() as u16).to_be_bytes());
+                if rctd {
+                    list.extend_from_slice(&timeouts());
+                }
+            }
+            let mut data = (list.len() as u32).to_be_bytes().to_vec();
+            data.extend_from_slice(&list);
+            data
+        }
+        1..=3 => {
+            let sa_cmd = has_service_action(req_op);
+            match options {
+                1 if sa_cmd => return Err(Sense::invalid_field_in_cdb(2, Some(2))),
+                2 if !sa_cmd => return Err(Sense::invalid_field_in_cdb(2, Some(2))),
+                _ => {}
+            }
+            let found = offered(thin_lu).find(|o| {
+                o.opcode == req_op && (!sa_cmd || options == 1 || o.service_action == Some(req_sa))
+            });
+            let mut data = vec![0u8; 4];
+            match found {
+                Some(o) => {
+                    // SUPPORT 011b: supported as in the standard.
+                    data[1] = if rctd { 0x83 } else { 0x03 };
+                    data[2..4].copy_from_slice(&(o.usage.len() as u16).to_be_bytes());
+                    data.extend_from_slice(o.usage);
+                    if rctd {
+                        data.extend_from_slice(&timeouts());
+                    }
+                }
+                // SUPPORT 001b: not supported; no usage data.
+                None => data[1] = 0x01,
+            }
+            data
+        }
+        _ => return Err(Sense::invalid_field_in_cdb(2, Some(2))),
+    };
+    Ok(truncate(data, alloc))
+}

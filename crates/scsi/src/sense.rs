@@ -1,0 +1,166 @@
+//! Sense data (SPC-5 4.4): keys, additional sense codes and the two formats.
+
+/// Sense keys.
+pub mod key {
+    pub const NO_SENSE: u8 = 0x00;
+    pub const RECOVERED_ERROR: u8 = 0x01;
+    pub const NOT_READY: u8 = 0x02;
+    pub const MEDIUM_ERROR: u8 = 0x03;
+    pub const HARDWARE_ERROR: u8 = 0x04;
+    pub const ILLEGAL_REQUEST: u8 = 0x05;
+    pub const UNIT_ATTENTION: u8 = 0x06;
+    pub const DATA_PROTECT: u8 = 0x07;
+    pub const ABORTED_COMMAND: u8 = 0x0b;
+    pub const MISCOMPARE: u8 = 0x0e;
+}
+
+/// One sense condition. Encoded on demand in fixed (70h) or descriptor (72h) format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sense {
+    pub key: u8,
+    pub asc: u8,
+    pub ascq: u8,
+    /// INFORMATION field (e.g. the offset of a miscompare).
+    pub information: Option<u64>,
+    /// SENSE KEY SPECIFIC bytes, SKSV included.
+    pub sks: Option<[u8; 3]>,
+}
+
+pub const NO_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
+pub const INVALID_COMMAND_OPERATION_CODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+pub const INVALID_FIELD_IN_PARAMETER_LIST: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
+pub const PARAMETER_LIST_LENGTH_ERROR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1a, 0x00);
+pub const INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT: Sense =
+    Sense::new(key::ILLEGAL_REQUEST, 0x0e, 0x03);
+pub const LOGICAL_UNIT_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+pub const MEDIUM_REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
+pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
+pub const NOT_READY_INITIALIZING_COMMAND_REQUIRED: Sense = Sense::new(key::NOT_READY, 0x04, 0x02);
+pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
+pub const POWER_ON_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
+pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);
+pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+
+/// Length of fixed-format sense data as built here.
+pub const FIXED_LEN: usize = 18;
+
+impl Sense {
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Self {
+        Self {
+            key,
+            asc,
+            ascq,
+            information: None,
+            sks: None,
+        }
+    }
+
+    pub const fn with_information(mut self, information: u64) -> Self {
+        self.information = Some(information);
+        self
+    }
+
+    /// INVALID FIELD IN CDB pointing at `byte` (and `bit`, when the field is narrower than a
+    /// byte) of the CDB.
+    pub fn invalid_field_in_cdb(byte: u16, bit: Option<u8>) -> Self {
+        Self {
+            sks: Some(field_pointer(true, byte, bit)),
+            ..INVALID_FIELD_IN_CDB
+        }
+    }
+
+    /// INVALID FIELD IN PARAMETER LIST pointing into the data-out buffer.
+    pub fn invalid_field_in_parameter_list(byte: u16, bit: Option<u8>) -> Self {
+        Self {
+            sks: Some(field_pointer(false, byte, bit)),
+            ..INVALID_FIELD_IN_PARAMETER_LIST
+        }
+    }
+
+    /// Fixed format (70h), 18 bytes.
+    pub fn fixed(&self) -> Vec<u8> {
+        let mut s = vec![0u8; FIXED_LEN];
+        s[0] = 0x70;
+        s[2] = self.key & 0x0f;
+        if let Some(info) = self.information {
+            // The fixed format's field has four bytes; larger values cannot be reported
+            // there, so VALID stays clear for them.
+            if let Ok(info) = u32::try_from(info) {
+                s[0] |= 0x80;
+                s[3..7].copy_from_slice(&info.to_be_bytes());
+            }
+        }
+        s[7] = (FIXED_LEN - 8) as u8;
+        s[12] = self.asc;
+        s[13] = self.ascq;
+        if let Some(sks) = self.sks {
+            s[15..18].copy_from_slice(&sks);
+        }
+        s
+    }
+
+    /// Descriptor format (72h) with information and sense-key-specific descriptors.
+    pub fn descriptor(&self) -> Vec<u8> {
+        let mut s = vec![0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0];
+        if let Some(info) = self.information {
+            s.extend_from_slice(&[0x00, 0x0a, 0x80, 0x00]);
+            s.extend_from_slice(&info.to_be_bytes());
+        }
+        if let Some(sks) = self.sks {
+            s.extend_from_slice(&[0x02, 0x06, 0x00]);
+            s.extend_from_slice(&sks);
+            s.extend_from_slice(&[0x00, 0x00]);
+        }
+        s[7] = (s.len() - 8) as u8;
+        s
+    }
+}
+
+fn field_pointer(in_cdb: bool, byte: u16, bit: Option<u8>) -> [u8; 3] {
+    let mut b0 = 0x80;
+    if in_cdb {
+        b0 |= 0x40;
+    }
+    if let Some(bit) = bit {
+        b0 |= 0x08 | (bit & 0x07);
+    }
+    let [hi, lo] = byte.to_be_bytes();
+    [b0, hi, lo]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_layout() {
+        let s = Sense::invalid_field_in_cdb(2, Some(5)).fixed();
+        assert_eq!(s.len(), 18);
+        assert_eq!(s[0], 0x70);
+        assert_eq!(s[2], key::ILLEGAL_REQUEST);
+        assert_eq!(s[7], 10);
+        assert_eq!((s[12], s[13]), (0x24, 0x00));
+        assert_eq!(s[15], 0x80 | 0x40 | 0x08 | 5);
+        assert_eq!(u16::from_be_bytes([s[16], s[17]]), 2);
+    }
+
+    #[test]
+    fn information_field() {
+        let s = MISCOMPARE_DURING_VERIFY.with_information(513).fixed();
+        assert_eq!(s[0], 0xf0);
+        assert_eq!(u32::from_be_bytes([s[3], s[4], s[5], s[6]]), 513);
+        let big = MISCOMPARE_DURING_VERIFY.with_information(1 << 40).fixed();
+        assert_eq!(big[0], 0x70);
+        let d = MISCOMPARE_DURING_VERIFY
+            .with_information(1 << 40)
+            .descriptor();
+        assert_eq!(d[0], 0x72);
+        assert_eq!(d[7] as usize, d.len() - 8);
+        assert_eq!(u64::from_be_bytes(d[12..20].try_into().unwrap()), 1 << 40);
+    }
+}
