@@ -41,9 +41,10 @@ pub enum FrameError {
     /// "data digest error") carrying `bhs`.
     #[error("data digest mismatch")]
     DataDigest { bhs: [u8; BHS_LEN] },
-    /// DataSegmentLength exceeds our limit. The header was consumed and the decoder skips
-    /// the segment, padding and digest as they arrive without buffering them: keep calling
-    /// `decode` to go on with the next PDU after a Reject, or close the connection.
+    /// DataSegmentLength exceeds our limit. The header and whatever of the body is already
+    /// buffered were consumed; the decoder skips the rest as it arrives without buffering
+    /// it. Keep calling `decode` to go on with the next PDU after a Reject, or close the
+    /// connection.
     #[error("data segment of {len} bytes exceeds the limit of {max}")]
     DataSegmentTooLarge {
         bhs: [u8; BHS_LEN],
@@ -175,8 +176,15 @@ impl PduDecoder {
                     let max = self.limits.max_recv_data_segment;
                     if data_len > max as usize {
                         buf.advance(header_len);
-                        self.state = State::Skip {
-                            remaining: body_len(data_len, data_digest),
+                        let remaining = body_len(data_len, data_digest);
+                        let now = remaining.min(buf.len());
+                        buf.advance(now);
+                        self.state = if now == remaining {
+                            State::Header
+                        } else {
+                            State::Skip {
+                                remaining: remaining - now,
+                            }
                         };
                         return Err(FrameError::DataSegmentTooLarge {
                             bhs,
