@@ -7,9 +7,11 @@ use std::collections::VecDeque;
 use crate::chap::{self, ChapError, CHALLENGE_LEN, CHAP_MD5};
 pub use crate::negotiate::SessionType;
 use crate::negotiate::{
-    ConnectionParams, KeyLedger, NegotiationContext, Phase, Responder, SessionParams,
+    ConnectionParams, KeyLedger, NegotiationContext, Originator, Phase, Responder, SessionParams,
 };
-use crate::text::{encode_hex, split_for_pdus, TextAccumulator, TextKeys, IRRELEVANT};
+use crate::text::{
+    encode_hex, parse_number, split_for_pdus, TextAccumulator, TextKeys, IRRELEVANT,
+};
 
 /// Stage codes of the CSG/NSG fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,9 +416,6 @@ impl TargetLogin {
             None
         };
         let csg = self.stage;
-        if transit {
-            self.stage = req.nsg;
-        }
         let mut chunks: VecDeque<Vec<u8>> = split_for_pdus(&out.encode(), LOGIN_MAX_SEGMENT).into();
         let first = chunks.pop_front().unwrap_or_default();
         if !chunks.is_empty() {
@@ -436,6 +435,9 @@ impl TargetLogin {
                 status_detail: 0,
                 data: first,
             }));
+        }
+        if transit {
+            self.stage = req.nsg;
         }
         let reply = LoginReply {
             transit,
@@ -472,6 +474,10 @@ impl TargetLogin {
             };
             self.pending = Some(pending);
             return LoginStep::Continue(reply);
+        }
+        // The initiator stays in the old stage until the last part arrives.
+        if pending.transit {
+            self.stage = pending.nsg;
         }
         let reply = LoginReply {
             transit: pending.transit,
@@ -686,4 +692,506 @@ impl TargetLogin {
 
 fn responder_decls(responder: Option<&Responder>) -> TextKeys {
     responder.map(Responder::declarations).unwrap_or_default()
+}
+
+/// CHAP credentials of an initiator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapCredentials {
+    pub user: String,
+    pub secret: Vec<u8>,
+    /// The target's secret: when set, the target must authenticate itself too.
+    pub mutual: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct InitiatorLoginConfig {
+    pub initiator_name: String,
+    pub initiator_alias: Option<String>,
+    /// Required for normal sessions.
+    pub target_name: Option<String>,
+    pub session_type: SessionType,
+    pub isid: [u8; 6],
+    /// 0 for a new session; the session's TSIH when adding a connection.
+    pub tsih: u16,
+    pub cid: u16,
+    pub auth: Option<ChapCredentials>,
+    /// Our proposals on a leading login; the session's values in force on a non-leading one.
+    pub session: SessionParams,
+    /// What we offer (digests) and declare (MaxRecvDataSegmentLength).
+    pub connection: ConnectionParams,
+    pub leading: bool,
+}
+
+/// The fields of the Login Request to send. ITT, CmdSN and ExpStatSN belong to the
+/// connection and are filled in by the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginRequestOut {
+    pub transit: bool,
+    pub cont: bool,
+    pub csg: u8,
+    pub nsg: u8,
+    pub version_max: u8,
+    pub version_min: u8,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub cid: u16,
+    pub data: Vec<u8>,
+}
+
+/// The fields of a Login Response the initiator needs.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginResponseView<'a> {
+    pub transit: bool,
+    pub cont: bool,
+    pub csg: u8,
+    pub nsg: u8,
+    pub version_max: u8,
+    pub version_active: u8,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub itt: u32,
+    pub statsn: u32,
+    pub status_class: u8,
+    pub status_detail: u8,
+    pub data: &'a [u8],
+}
+
+/// Why a login failed, for people and for retry logic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LoginError {
+    /// The status the target returned; `(0, 0)` when we detected the failure ourselves.
+    pub status_class: u8,
+    pub status_detail: u8,
+    pub message: String,
+    /// With a redirection (class 1): where the target went.
+    pub target_address: Option<String>,
+}
+
+impl LoginError {
+    fn local(message: impl Into<String>) -> Self {
+        LoginError {
+            status_class: 0,
+            status_detail: 0,
+            message: message.into(),
+            target_address: None,
+        }
+    }
+
+    fn from_status(class: u8, detail: u8, data: &[u8]) -> Self {
+        let target_address = TextKeys::parse(data)
+            .ok()
+            .and_then(|k| k.get("TargetAddress").map(str::to_owned));
+        let mut message = format!(
+            "{} (0x{class:02x}{detail:02x})",
+            status::describe(class, detail)
+        );
+        if let Some(addr) = &target_address {
+            message.push_str(&format!(" to {addr}"));
+        }
+        LoginError {
+            status_class: class,
+            status_detail: detail,
+            message,
+            target_address,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitiatorStep {
+    Send(LoginRequestOut),
+    /// The target accepted the transit to full feature phase.
+    Done(LoginOutcome),
+    /// Close the connection.
+    Failed(LoginError),
+}
+
+#[derive(Debug, Clone)]
+enum InitiatorAuth {
+    /// AuthMethod offered, answer pending.
+    OfferedMethod,
+    /// CHAP chosen, CHAP_A sent.
+    SentAlgorithm,
+    /// CHAP_N/CHAP_R sent; with mutual CHAP our identifier and challenge.
+    SentResponse {
+        mutual: Option<(u8, Vec<u8>)>,
+    },
+    Done,
+}
+
+/// Initiator side of one connection's login.
+#[derive(Debug)]
+pub struct InitiatorLogin {
+    config: InitiatorLoginConfig,
+    stage: u8,
+    /// NSG we asked for with T=1 in the last request, if any.
+    asked_transit: Option<u8>,
+    auth: InitiatorAuth,
+    originator: Originator,
+    offered_operational: bool,
+    /// Keys to send, waiting for the next request.
+    replies: TextKeys,
+    incoming: TextAccumulator,
+    outgoing: VecDeque<Vec<u8>>,
+    /// Flags of the request whose data is being sent in several PDUs.
+    outgoing_flags: (bool, u8),
+    responses: usize,
+    finished: bool,
+    target_alias: Option<String>,
+    target_portal_group_tag: Option<u16>,
+}
+
+impl InitiatorLogin {
+    pub fn new(config: InitiatorLoginConfig) -> Self {
+        let ctx = NegotiationContext {
+            session_type: config.session_type,
+            leading: config.leading,
+            phase: Phase::Operational,
+            we_are_target: false,
+        };
+        let existing = (!config.leading).then(|| config.session.clone());
+        let originator = Originator::new(
+            ctx,
+            config.session.clone(),
+            config.connection.clone(),
+            existing,
+        );
+        InitiatorLogin {
+            config,
+            stage: STAGE_SECURITY,
+            asked_transit: None,
+            auth: InitiatorAuth::OfferedMethod,
+            originator,
+            offered_operational: false,
+            replies: TextKeys::new(),
+            incoming: TextAccumulator::default(),
+            outgoing: VecDeque::new(),
+            outgoing_flags: (false, 0),
+            responses: 0,
+            finished: false,
+            target_alias: None,
+            target_portal_group_tag: None,
+        }
+    }
+
+    /// The first request: identity keys and AuthMethod in the security stage.
+    pub fn start(&mut self, rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
+        let _ = rng;
+        let c = &self.config;
+        let mut keys = TextKeys::new();
+        keys.push("InitiatorName", c.initiator_name.clone());
+        if let Some(alias) = &c.initiator_alias {
+            keys.push("InitiatorAlias", alias.clone());
+        }
+        if c.session_type == SessionType::Normal {
+            if let Some(t) = &c.target_name {
+                keys.push("TargetName", t.clone());
+            }
+        }
+        if c.leading {
+            keys.push("SessionType", c.session_type.as_str());
+        }
+        let transit = match &c.auth {
+            None => {
+                keys.push("AuthMethod", "None");
+                true
+            }
+            // Mutual authentication is not optional for us, so None is not offered then.
+            Some(cred) if cred.mutual.is_some() => {
+                keys.push("AuthMethod", "CHAP");
+                false
+            }
+            Some(_) => {
+                keys.push("AuthMethod", "CHAP,None");
+                false
+            }
+        };
+        self.request(transit, STAGE_OPERATIONAL, keys)
+    }
+
+    fn request(&mut self, transit: bool, nsg: u8, keys: TextKeys) -> LoginRequestOut {
+        let mut chunks: VecDeque<Vec<u8>> =
+            split_for_pdus(&keys.encode(), LOGIN_MAX_SEGMENT).into();
+        let first = chunks.pop_front().unwrap_or_default();
+        let cont = !chunks.is_empty();
+        self.outgoing = chunks;
+        self.outgoing_flags = (transit, nsg);
+        let transit = transit && !cont;
+        self.asked_transit = transit.then_some(nsg);
+        self.out(transit, cont, nsg, first)
+    }
+
+    fn out(&self, transit: bool, cont: bool, nsg: u8, data: Vec<u8>) -> LoginRequestOut {
+        LoginRequestOut {
+            transit,
+            cont,
+            csg: self.stage,
+            nsg: if transit { nsg } else { 0 },
+            version_max: ISCSI_VERSION,
+            version_min: ISCSI_VERSION,
+            isid: self.config.isid,
+            tsih: self.config.tsih,
+            cid: self.config.cid,
+            data,
+        }
+    }
+
+    pub fn on_response(
+        &mut self,
+        resp: &LoginResponseView,
+        rng: &mut dyn FnMut(&mut [u8]),
+    ) -> InitiatorStep {
+        match self.on_response_inner(resp, rng) {
+            Ok(step) => step,
+            Err(e) => {
+                self.finished = true;
+                InitiatorStep::Failed(e)
+            }
+        }
+    }
+
+    fn on_response_inner(
+        &mut self,
+        resp: &LoginResponseView,
+        rng: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<InitiatorStep, LoginError> {
+        if self.finished {
+            return Err(LoginError::local("login response after the login ended"));
+        }
+        self.responses += 1;
+        if self.responses > MAX_LOGIN_PDUS {
+            return Err(LoginError::local("login takes too many exchanges"));
+        }
+        if resp.status_class != 0 {
+            return Err(LoginError::from_status(
+                resp.status_class,
+                resp.status_detail,
+                resp.data,
+            ));
+        }
+        if resp.version_active != ISCSI_VERSION {
+            return Err(LoginError::local(format!(
+                "target chose unsupported version {}",
+                resp.version_active
+            )));
+        }
+        if resp.isid != self.config.isid {
+            return Err(LoginError::local("login response for another ISID"));
+        }
+        if resp.csg != self.stage || (resp.transit && resp.cont) {
+            return Err(LoginError::local(format!(
+                "login response with CSG {} (T={}, C={}) while in stage {}",
+                resp.csg, resp.transit as u8, resp.cont as u8, self.stage
+            )));
+        }
+        // The target may only transit when we asked to, and never beyond where we asked.
+        if resp.transit {
+            match self.asked_transit {
+                Some(asked) if resp.nsg > self.stage && resp.nsg <= asked && resp.nsg != 2 => {}
+                _ => {
+                    return Err(LoginError::local(format!(
+                        "target moved to stage {} without our request",
+                        resp.nsg
+                    )))
+                }
+            }
+        }
+        if !self.outgoing.is_empty() {
+            // The target acknowledges each part of our request with an empty response.
+            if !resp.data.is_empty() || resp.transit {
+                return Err(LoginError::local("target answered a partial request"));
+            }
+            let data = self.outgoing.pop_front().unwrap_or_default();
+            let cont = !self.outgoing.is_empty();
+            let (transit, nsg) = self.outgoing_flags;
+            let transit = transit && !cont;
+            self.asked_transit = transit.then_some(nsg);
+            return Ok(InitiatorStep::Send(self.out(transit, cont, nsg, data)));
+        }
+        let text = match self.incoming.push(resp.data, resp.cont) {
+            Err(e) => return Err(LoginError::local(format!("login response text: {e}"))),
+            Ok(None) => {
+                // The target's final part answers the request that asked for the transit,
+                // so asked_transit stays as it is.
+                return Ok(InitiatorStep::Send(self.out(false, false, 0, Vec::new())));
+            }
+            Ok(Some(t)) => t,
+        };
+        let keys = TextKeys::parse(&text)
+            .map_err(|e| LoginError::local(format!("malformed login response text: {e}")))?;
+
+        let mut operational = TextKeys::new();
+        let mut security = TextKeys::new();
+        for (k, v) in keys.iter() {
+            match k {
+                "TargetAlias" => self.target_alias = Some(v.to_owned()),
+                "TargetPortalGroupTag" => {
+                    let tag = parse_number(v)
+                        .ok()
+                        .and_then(|n| u16::try_from(n).ok())
+                        .ok_or_else(|| LoginError::local("malformed TargetPortalGroupTag"))?;
+                    self.target_portal_group_tag = Some(tag);
+                }
+                "TargetAddress" => {}
+                _ if is_security_key(k) => security.push(k, v),
+                _ => operational.push(k, v),
+            }
+        }
+        if self.stage == STAGE_SECURITY {
+            self.security_response(&security, rng)?;
+        }
+        let answers = self
+            .originator
+            .on_response(&operational)
+            .map_err(|e| LoginError::local(format!("negotiation: {e}")))?;
+        self.replies.0.extend(answers.0);
+
+        if resp.transit {
+            self.stage = resp.nsg;
+        }
+        if self.stage == STAGE_FULL_FEATURE {
+            if !matches!(self.auth, InitiatorAuth::Done) {
+                return Err(LoginError::local("target skipped authentication"));
+            }
+            self.originator.finish();
+            self.finished = true;
+            return Ok(InitiatorStep::Done(self.outcome(resp.tsih)));
+        }
+        if self.stage == STAGE_SECURITY {
+            return Ok(InitiatorStep::Send(self.next_security_request(rng)));
+        }
+        let mut keys = std::mem::take(&mut self.replies);
+        if !self.offered_operational {
+            self.offered_operational = true;
+            let offer = self.originator.offer();
+            keys.0.splice(0..0, offer.0);
+        }
+        Ok(InitiatorStep::Send(self.request(
+            true,
+            STAGE_FULL_FEATURE,
+            keys,
+        )))
+    }
+
+    fn security_response(
+        &mut self,
+        keys: &TextKeys,
+        rng: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), LoginError> {
+        let auth_failed = |why: &str| LoginError {
+            status_class: status::AUTHENTICATION_FAILURE.0,
+            status_detail: status::AUTHENTICATION_FAILURE.1,
+            message: format!("authentication failed (0x0201): {why}"),
+            target_address: None,
+        };
+        match self.auth.clone() {
+            InitiatorAuth::OfferedMethod => match keys.get("AuthMethod") {
+                Some("CHAP") if self.config.auth.is_some() => {
+                    self.auth = InitiatorAuth::SentAlgorithm;
+                    self.replies.push("CHAP_A", CHAP_MD5.to_string());
+                }
+                Some("None") | None => {
+                    if self
+                        .config
+                        .auth
+                        .as_ref()
+                        .is_some_and(|c| c.mutual.is_some())
+                    {
+                        return Err(auth_failed("target declined to authenticate itself"));
+                    }
+                    if keys.get("AuthMethod").is_some() || self.asked_transit.is_some() {
+                        self.auth = InitiatorAuth::Done;
+                    }
+                }
+                Some(other) => {
+                    return Err(auth_failed(&format!("target chose AuthMethod={other}")))
+                }
+            },
+            InitiatorAuth::SentAlgorithm => {
+                let cred = self
+                    .config
+                    .auth
+                    .clone()
+                    .ok_or_else(|| auth_failed("no credentials"))?;
+                let (Some(a), Some(i), Some(c)) =
+                    (keys.get("CHAP_A"), keys.get("CHAP_I"), keys.get("CHAP_C"))
+                else {
+                    return Err(auth_failed("target sent no CHAP challenge"));
+                };
+                if chap::select_algorithm(a).is_err() || a.contains(',') {
+                    return Err(auth_failed(&format!("target chose CHAP_A={a}")));
+                }
+                let id = chap::parse_identifier(i).map_err(|e| auth_failed(&e.to_string()))?;
+                let challenge =
+                    chap::parse_challenge(c, None).map_err(|e| auth_failed(&e.to_string()))?;
+                self.replies.push("CHAP_N", cred.user.clone());
+                self.replies.push(
+                    "CHAP_R",
+                    encode_hex(&chap::chap_response(id, &cred.secret, &challenge)),
+                );
+                let mutual = if cred.mutual.is_some() {
+                    let mut our_id = [0u8; 1];
+                    rng(&mut our_id);
+                    let mut ours = vec![0u8; CHALLENGE_LEN];
+                    rng(&mut ours);
+                    // Never hand the target its own challenge back (RFC 7143 9.2.1).
+                    if ours == challenge {
+                        ours[0] ^= 0xff;
+                    }
+                    self.replies.push("CHAP_I", our_id[0].to_string());
+                    self.replies.push("CHAP_C", encode_hex(&ours));
+                    Some((our_id[0], ours))
+                } else {
+                    None
+                };
+                self.auth = InitiatorAuth::SentResponse { mutual };
+            }
+            InitiatorAuth::SentResponse { mutual } => {
+                if let Some((id, challenge)) = mutual {
+                    let target_secret = self
+                        .config
+                        .auth
+                        .as_ref()
+                        .and_then(|c| c.mutual.clone())
+                        .unwrap_or_default();
+                    let (Some(_name), Some(r)) = (keys.get("CHAP_N"), keys.get("CHAP_R")) else {
+                        return Err(auth_failed("target did not authenticate itself"));
+                    };
+                    chap::verify_response(id, &target_secret, &challenge, r)
+                        .map_err(|_| auth_failed("target's CHAP response is wrong"))?;
+                }
+                self.auth = InitiatorAuth::Done;
+            }
+            InitiatorAuth::Done => {}
+        }
+        Ok(())
+    }
+
+    fn next_security_request(&mut self, _rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
+        let keys = std::mem::take(&mut self.replies);
+        // With the CHAP response sent (or nothing left to do) we ask to move on; while the
+        // CHAP exchange is still running we stay.
+        let ready = matches!(
+            self.auth,
+            InitiatorAuth::SentResponse { .. } | InitiatorAuth::Done
+        );
+        self.request(ready, STAGE_OPERATIONAL, keys)
+    }
+
+    fn outcome(&self, tsih: u16) -> LoginOutcome {
+        let c = &self.config;
+        LoginOutcome {
+            session_type: c.session_type,
+            initiator_name: c.initiator_name.clone(),
+            initiator_alias: c.initiator_alias.clone(),
+            target_name: c.target_name.clone(),
+            isid: c.isid,
+            tsih,
+            session: self.originator.session.clone(),
+            connection: self.originator.connection.clone(),
+            target_alias: self.target_alias.clone(),
+            target_portal_group_tag: self.target_portal_group_tag,
+        }
+    }
 }
