@@ -1,0 +1,476 @@
+//! InitiatorLogin and TargetLogin talking to each other through PDU fields.
+
+use iscsi::login::*;
+use iscsi::negotiate::{ConnectionParams, SessionParams};
+
+const TARGET: &str = "iqn.2026-01.org.reservoir:disk1";
+const INITIATOR: &str = "iqn.2026-01.org.example:host";
+const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0, 1];
+
+struct Policy {
+    session: SessionParams,
+    connection: ConnectionParams,
+    auth: AuthRequirement,
+    alias: Option<String>,
+    seed: u8,
+}
+
+impl LoginPolicy for Policy {
+    fn lookup_target(&self, target_name: &str, _initiator: &str) -> TargetLookup {
+        if target_name == TARGET {
+            TargetLookup::Found {
+                alias: self.alias.clone(),
+                auth: self.auth.clone(),
+            }
+        } else {
+            TargetLookup::NotFound
+        }
+    }
+    fn discovery_auth(&self) -> AuthRequirement {
+        AuthRequirement::None
+    }
+    fn target_portal_group_tag(&self) -> u16 {
+        3
+    }
+    fn session_preferences(&self) -> &SessionParams {
+        &self.session
+    }
+    fn connection_preferences(&self) -> &ConnectionParams {
+        &self.connection
+    }
+    fn random_bytes(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            self.seed = self.seed.wrapping_mul(31).wrapping_add(7);
+            *b = self.seed;
+        }
+    }
+}
+
+fn policy(auth: AuthRequirement) -> Policy {
+    Policy {
+        session: SessionParams {
+            max_burst_length: 1 << 20,
+            first_burst_length: 1 << 17,
+            max_connections: 8,
+            max_outstanding_r2t: 4,
+            ..SessionParams::default()
+        },
+        connection: ConnectionParams {
+            header_digest: true,
+            data_digest: false,
+            max_recv_data_segment_length: 131072,
+            ..ConnectionParams::default()
+        },
+        auth,
+        alias: Some("first disk".into()),
+        seed: 5,
+    }
+}
+
+fn config(auth: Option<ChapCredentials>) -> InitiatorLoginConfig {
+    InitiatorLoginConfig {
+        initiator_name: INITIATOR.into(),
+        initiator_alias: Some("host".into()),
+        target_name: Some(TARGET.into()),
+        session_type: SessionType::Normal,
+        isid: ISID,
+        tsih: 0,
+        cid: 0,
+        auth,
+        session: SessionParams {
+            max_burst_length: 16_776_192,
+            first_burst_length: 262_144,
+            max_connections: 4,
+            max_outstanding_r2t: 16,
+            initial_r2t: false,
+            ..SessionParams::default()
+        },
+        connection: ConnectionParams {
+            header_digest: true,
+            data_digest: true,
+            max_recv_data_segment_length: 262_144,
+            ..ConnectionParams::default()
+        },
+        leading: true,
+    }
+}
+
+/// Runs a whole login. Returns both outcomes, or the initiator's error, or the target's
+/// reject status.
+fn run(
+    mut initiator: InitiatorLogin,
+    mut target: TargetLogin,
+    policy: &mut Policy,
+    tsih_assigned: u16,
+) -> Result<(LoginOutcome, LoginOutcome, usize), Result<LoginError, (u8, u8)>> {
+    let mut counter = 100u8;
+    let mut rng = move |buf: &mut [u8]| {
+        for b in buf {
+            counter = counter.wrapping_add(13);
+            *b = counter;
+        }
+    };
+    let mut out = initiator.start(&mut rng);
+    let mut exchanges = 0;
+    loop {
+        exchanges += 1;
+        assert!(exchanges < 100, "login does not converge");
+        assert!(out.data.len() <= LOGIN_MAX_SEGMENT);
+        let view = LoginRequestView {
+            transit: out.transit,
+            cont: out.cont,
+            csg: out.csg,
+            nsg: out.nsg,
+            version_max: out.version_max,
+            version_min: out.version_min,
+            isid: out.isid,
+            tsih: out.tsih,
+            itt: 42,
+            cid: out.cid,
+            cmdsn: 1,
+            expstatsn: exchanges,
+            data: &out.data,
+        };
+        let (reply, target_outcome, failed) = match target.step(&view, policy) {
+            LoginStep::Continue(r) => (r, None, false),
+            LoginStep::Done { reply, outcome } => (reply, Some(outcome), false),
+            LoginStep::Failed(r) => (r, None, true),
+        };
+        assert!(reply.data.len() <= LOGIN_MAX_SEGMENT);
+        let tsih = if target_outcome.is_some() {
+            tsih_assigned
+        } else {
+            out.tsih
+        };
+        let resp = LoginResponseView {
+            transit: reply.transit,
+            cont: reply.cont,
+            csg: reply.csg,
+            nsg: reply.nsg,
+            version_max: 0,
+            version_active: 0,
+            isid: ISID,
+            tsih,
+            itt: 42,
+            statsn: exchanges,
+            status_class: reply.status_class,
+            status_detail: reply.status_detail,
+            data: &reply.data,
+        };
+        match initiator.on_response(&resp, &mut rng) {
+            InitiatorStep::Send(next) => {
+                assert!(!failed, "initiator goes on after a reject");
+                assert!(target_outcome.is_none(), "target done, initiator not");
+                out = next;
+            }
+            InitiatorStep::Done(init_outcome) => {
+                let t = target_outcome.expect("initiator done, target not");
+                return Ok((init_outcome, t, exchanges as usize));
+            }
+            InitiatorStep::Failed(e) => {
+                if failed {
+                    assert_eq!(
+                        (e.status_class, e.status_detail),
+                        (reply.status_class, reply.status_detail)
+                    );
+                    return Err(Err((reply.status_class, reply.status_detail)));
+                }
+                return Err(Ok(e));
+            }
+        }
+    }
+}
+
+fn assert_agree(i: &LoginOutcome, t: &LoginOutcome) {
+    assert_eq!(i.session, t.session);
+    assert_eq!(i.connection.header_digest, t.connection.header_digest);
+    assert_eq!(i.connection.data_digest, t.connection.data_digest);
+    assert_eq!(
+        i.connection.max_send_data_segment_length,
+        t.connection.max_recv_data_segment_length
+    );
+    assert_eq!(
+        i.connection.max_recv_data_segment_length,
+        t.connection.max_send_data_segment_length
+    );
+    assert_eq!(i.isid, t.isid);
+    assert_eq!(i.session_type, t.session_type);
+}
+
+#[test]
+fn no_auth_normal_session() {
+    let mut p = policy(AuthRequirement::None);
+    let (i, t, exchanges) = run(
+        InitiatorLogin::new(config(None)),
+        TargetLogin::new(true, None),
+        &mut p,
+        0x77,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(exchanges, 2);
+    assert_eq!(i.tsih, 0x77);
+    assert_eq!(i.target_alias.as_deref(), Some("first disk"));
+    assert_eq!(i.target_portal_group_tag, Some(3));
+    assert_eq!(i.session.max_burst_length, 1 << 20);
+    assert_eq!(i.session.first_burst_length, 1 << 17);
+    assert_eq!(i.session.max_connections, 4);
+    assert_eq!(i.session.max_outstanding_r2t, 4);
+    // InitialR2T is OR: the target wants Yes.
+    assert!(i.session.initial_r2t);
+    assert!(i.connection.header_digest);
+    assert!(!i.connection.data_digest);
+    assert_eq!(i.connection.max_send_data_segment_length, 131072);
+    assert_eq!(t.initiator_alias.as_deref(), Some("host"));
+}
+
+#[test]
+fn chap_one_way() {
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    });
+    let creds = ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    };
+    let (i, t, exchanges) = run(
+        InitiatorLogin::new(config(Some(creds))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(exchanges, 4);
+}
+
+#[test]
+fn chap_wrong_secret_is_reported_as_0201() {
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    });
+    let creds = ChapCredentials {
+        user: "alice".into(),
+        secret: b"not-the-secret".to_vec(),
+        mutual: None,
+    };
+    let err = run(
+        InitiatorLogin::new(config(Some(creds))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap_err();
+    assert_eq!(err, Err(status::AUTHENTICATION_FAILURE));
+}
+
+#[test]
+fn chap_mutual_both_directions() {
+    let target_auth = AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: Some(("iqn.target-chap".into(), b"target-secret-34".to_vec())),
+    };
+    let creds = |target_secret: &[u8]| ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: Some(target_secret.to_vec()),
+    };
+    let mut p = policy(target_auth.clone());
+    let (i, t, _) = run(
+        InitiatorLogin::new(config(Some(creds(b"target-secret-34")))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+
+    // An impostor target that does not know the target secret is caught by the initiator.
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: Some(("iqn.target-chap".into(), b"guessed-secret".to_vec())),
+    });
+    let err = run(
+        InitiatorLogin::new(config(Some(creds(b"target-secret-34")))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap_err()
+    .unwrap();
+    assert_eq!(err.status_class, 2);
+    assert_eq!(err.status_detail, 1);
+    assert!(
+        err.message.contains("authentication failed"),
+        "{}",
+        err.message
+    );
+
+    // A target that offers no authentication at all does not satisfy mutual CHAP.
+    let mut p = policy(AuthRequirement::None);
+    let err = run(
+        InitiatorLogin::new(config(Some(creds(b"target-secret-34")))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap_err();
+    // The target refuses (only CHAP was offered), before the initiator has to.
+    assert_eq!(err, Err(status::AUTHENTICATION_FAILURE));
+}
+
+#[test]
+fn chap_credentials_against_a_target_without_auth() {
+    let mut p = policy(AuthRequirement::None);
+    let creds = ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    };
+    let (i, t, _) = run(
+        InitiatorLogin::new(config(Some(creds))),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+}
+
+#[test]
+fn discovery_session() {
+    let mut p = policy(AuthRequirement::None);
+    let mut c = config(None);
+    c.session_type = SessionType::Discovery;
+    c.target_name = None;
+    let (i, t, _) = run(
+        InitiatorLogin::new(c),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(t.session_type, SessionType::Discovery);
+    assert_eq!(t.target_name, None);
+    assert_eq!(i.target_alias, None);
+    // No session keys are negotiated in discovery: defaults.
+    assert_eq!(i.session, SessionParams::default());
+}
+
+#[test]
+fn mcs_non_leading_connection() {
+    let mut p = policy(AuthRequirement::None);
+    let (lead_i, lead_t, _) = run(
+        InitiatorLogin::new(config(None)),
+        TargetLogin::new(true, None),
+        &mut p,
+        0x21,
+    )
+    .unwrap();
+    assert_eq!(lead_i.tsih, 0x21);
+    let mut c = config(None);
+    c.leading = false;
+    c.tsih = lead_i.tsih;
+    c.cid = 1;
+    c.session = lead_i.session.clone();
+    c.connection.data_digest = false;
+    let (i, t, _) = run(
+        InitiatorLogin::new(c),
+        TargetLogin::new(false, Some(lead_t.session.clone())),
+        &mut p,
+        0x21,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(i.session, lead_i.session);
+    assert_eq!(t.session, lead_t.session);
+    assert_eq!(t.tsih, 0x21);
+    assert_eq!(i.target_portal_group_tag, None);
+    assert!(!i.connection.data_digest);
+}
+
+#[test]
+fn unknown_target_is_reported() {
+    let mut p = policy(AuthRequirement::None);
+    let mut c = config(None);
+    c.target_name = Some("iqn.2026-01.org.reservoir:nothing".into());
+    let err = run(
+        InitiatorLogin::new(c),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap_err();
+    assert_eq!(err, Err(status::NOT_FOUND));
+}
+
+#[test]
+fn long_target_response_is_reassembled_by_the_initiator() {
+    let mut p = policy(AuthRequirement::None);
+    p.alias = Some("a".repeat(8000));
+    let (i, t, exchanges) = run(
+        InitiatorLogin::new(config(None)),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert!(exchanges >= 3, "the split response takes an extra exchange");
+    assert_eq!(i.target_alias.as_deref().map(str::len), Some(8000));
+}
+
+#[test]
+fn initiator_error_messages() {
+    let mut login = InitiatorLogin::new(config(None));
+    let mut rng = |_: &mut [u8]| {};
+    let _ = login.start(&mut rng);
+    let resp = LoginResponseView {
+        transit: false,
+        cont: false,
+        csg: 0,
+        nsg: 0,
+        version_max: 0,
+        version_active: 0,
+        isid: ISID,
+        tsih: 0,
+        itt: 1,
+        statsn: 0,
+        status_class: 1,
+        status_detail: 1,
+        data: b"TargetAddress=10.0.0.2:3260,1\0",
+    };
+    match login.on_response(&resp, &mut rng) {
+        InitiatorStep::Failed(e) => {
+            assert_eq!(e.target_address.as_deref(), Some("10.0.0.2:3260,1"));
+            assert!(e.message.contains("moved temporarily"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A target that jumps to full feature phase although we asked for operational.
+    let mut login = InitiatorLogin::new(config(None));
+    let first = login.start(&mut rng);
+    assert!(first.transit);
+    assert_eq!(first.nsg, 1);
+    let resp = LoginResponseView {
+        transit: true,
+        nsg: 3,
+        status_class: 0,
+        status_detail: 0,
+        data: b"",
+        ..resp
+    };
+    assert!(matches!(
+        login.on_response(&resp, &mut rng),
+        InitiatorStep::Failed(_)
+    ));
+}
