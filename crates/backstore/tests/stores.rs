@@ -1,0 +1,191 @@
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use backstore::{Backstore, FileBackstore, RamBackstore};
+
+const MIB: u64 = 1 << 20;
+
+fn stores(dir: &tempfile::TempDir) -> Vec<Arc<dyn Backstore>> {
+    vec![
+        Arc::new(RamBackstore::new(8 * MIB)),
+        Arc::new(
+            FileBackstore::open(dir.path().join("sub/lun.img"), Some(8 * MIB), true, false)
+                .unwrap(),
+        ),
+    ]
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
+        .collect()
+}
+
+#[test]
+fn concurrent_writers_to_distinct_regions_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in stores(&dir) {
+        // Regions straddle the ram store's chunk boundaries on purpose.
+        let region = 3 * MIB / 8;
+        std::thread::scope(|s| {
+            for t in 0..8u8 {
+                let store = store.clone();
+                s.spawn(move || {
+                    let data = pattern(t, region as usize);
+                    for piece in 0..6 {
+                        let len = region / 6;
+                        let off = t as u64 * region + piece * len;
+                        store
+                            .write_at(
+                                &data[(piece * len) as usize..((piece + 1) * len) as usize],
+                                off,
+                            )
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        for t in 0..8u8 {
+            let mut buf = vec![0u8; region as usize];
+            store.read_at(&mut buf, t as u64 * region).unwrap();
+            assert_eq!(buf, pattern(t, region as usize), "{store:?} region {t}");
+        }
+    }
+}
+
+#[test]
+fn out_of_range_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in stores(&dir) {
+        let mut buf = [0u8; 512];
+        assert!(store.read_at(&mut buf, 8 * MIB - 256).is_err());
+        assert!(store.write_at(&buf, 8 * MIB).is_err());
+        assert!(store.discard(u64::MAX - 1, 2).is_err());
+        store.read_at(&mut buf, 8 * MIB - 512).unwrap();
+    }
+}
+
+#[test]
+fn discard_and_write_zeroes_read_back_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in stores(&dir) {
+        let data = pattern(7, (4 * MIB) as usize);
+        store.write_at(&data, 0).unwrap();
+        // Partial chunk, whole chunk, unaligned tail.
+        store.discard(4096, 8192).unwrap();
+        store.discard(MIB, MIB).unwrap();
+        store.write_zeroes(3 * MIB + 100, 1000).unwrap();
+        let mut buf = vec![0u8; (4 * MIB) as usize];
+        store.read_at(&mut buf, 0).unwrap();
+        for (i, (&got, &was)) in buf.iter().zip(&data).enumerate() {
+            let i = i as u64;
+            let zeroed = (4096..12288).contains(&i)
+                || (MIB..2 * MIB).contains(&i)
+                || (3 * MIB + 100..3 * MIB + 1100).contains(&i);
+            assert_eq!(got, if zeroed { 0 } else { was }, "{store:?} byte {i}");
+        }
+    }
+}
+
+#[test]
+fn is_allocated_covers_the_range_and_sees_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in stores(&dir) {
+        let all = store.is_allocated(0, 8 * MIB).unwrap();
+        assert_eq!(all, vec![(0, 8 * MIB, false)], "{store:?}");
+        store.write_at(&[1u8; 4096], 2 * MIB).unwrap();
+        let ext = store.is_allocated(0, 8 * MIB).unwrap();
+        let mut pos = 0;
+        for &(off, len, _) in &ext {
+            assert_eq!(off, pos);
+            pos += len;
+        }
+        assert_eq!(pos, 8 * MIB);
+        let mapped: Vec<_> = ext.iter().filter(|e| e.2).collect();
+        assert_eq!(mapped.len(), 1, "{store:?}: {ext:?}");
+        let (off, len, _) = *mapped[0];
+        assert!(
+            off <= 2 * MIB && off + len >= 2 * MIB + 4096 && len <= MIB,
+            "{store:?}: {ext:?}"
+        );
+        store.discard(0, 8 * MIB).unwrap();
+        assert_eq!(
+            store.is_allocated(MIB, MIB).unwrap(),
+            vec![(MIB, MIB, false)]
+        );
+    }
+}
+
+#[test]
+fn file_is_sparse() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.img");
+    let store = FileBackstore::open(&path, Some(1 << 30), true, false).unwrap();
+    store.write_at(&[0xaa; 4096], 512 * MIB).unwrap();
+    store.flush().unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.len(), 1 << 30);
+    assert!(
+        meta.blocks() * 512 < 4 * MIB,
+        "{} blocks allocated",
+        meta.blocks()
+    );
+    store.discard(512 * MIB, 4096).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.blocks(), 0);
+}
+
+#[test]
+fn file_sizes_never_truncate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun.img");
+    assert!(
+        FileBackstore::open(&path, Some(MIB), false, false).is_err(),
+        "missing file without create"
+    );
+    FileBackstore::open(&path, Some(MIB), true, false)
+        .unwrap()
+        .write_at(b"keep", 0)
+        .unwrap();
+    assert_eq!(
+        FileBackstore::open(&path, None, false, false)
+            .unwrap()
+            .size(),
+        MIB
+    );
+    assert!(FileBackstore::open(&path, Some(MIB / 2), true, false).is_err());
+    let grown = FileBackstore::open(&path, Some(2 * MIB), true, false).unwrap();
+    assert_eq!(grown.size(), 2 * MIB);
+    let mut buf = [0u8; 4];
+    grown.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"keep");
+}
+
+#[test]
+fn read_only_file_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro.img");
+    drop(FileBackstore::open(&path, Some(MIB), true, false).unwrap());
+    let ro = FileBackstore::open(&path, None, false, true).unwrap();
+    assert!(ro.read_only());
+    let err = ro.write_at(&[1], 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+    assert!(err.to_string().contains("read-only"));
+    assert!(ro.discard(0, 512).is_err());
+    assert!(ro.write_zeroes(0, 512).is_err());
+    let mut buf = [1u8; 16];
+    ro.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0; 16]);
+}
+
+#[test]
+fn ram_store_is_lazy() {
+    let store = RamBackstore::new(1 << 40);
+    let mut buf = [1u8; 64];
+    store.read_at(&mut buf, (1 << 40) - 64).unwrap();
+    assert_eq!(buf, [0; 64]);
+    assert_eq!(
+        store.is_allocated(0, 1 << 30).unwrap(),
+        vec![(0, 1 << 30, false)]
+    );
+}

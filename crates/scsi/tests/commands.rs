@@ -1,0 +1,1074 @@
+use std::sync::Arc;
+
+use backstore::{Backstore, RamBackstore};
+use scsi::{sense, Command, LogicalUnit, LuConfig, Nexus, Response};
+
+const BS: usize = 512;
+const BLOCKS: u64 = 4096;
+const N: Nexus = Nexus(1);
+
+fn lu_with(config: LuConfig) -> LogicalUnit {
+    let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(BLOCKS * config.block_size as u64));
+    let lu = LogicalUnit::new(config, store);
+    // Consume the power-on unit attention of the default nexus.
+    let r = exec(&lu, &[0x00, 0, 0, 0, 0, 0], &[]);
+    assert_sense(&r, 0x06, 0x29, 0x00);
+    lu
+}
+
+fn lu() -> LogicalUnit {
+    lu_with(LuConfig::default())
+}
+
+fn exec(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Response {
+    exec_on(lu, N, cdb, data_out)
+}
+
+fn exec_on(lu: &LogicalUnit, nexus: Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
+    lu.execute(&Command {
+        cdb,
+        data_out,
+        nexus,
+    })
+}
+
+#[track_caller]
+fn good(r: &Response) -> &[u8] {
+    assert_eq!(r.status, 0, "sense {:02x?}", r.sense);
+    &r.data_in
+}
+
+#[track_caller]
+fn assert_sense(r: &Response, key: u8, asc: u8, ascq: u8) {
+    assert_eq!(r.status, 0x02);
+    let s = r.sense.as_ref().expect("sense with CHECK CONDITION");
+    assert_eq!(s[0] & 0x7f, 0x70);
+    assert_eq!(
+        (s[2] & 0x0f, s[12], s[13]),
+        (key, asc, ascq),
+        "sense {s:02x?}"
+    );
+}
+
+#[track_caller]
+fn assert_invalid_cdb(r: &Response, byte: u16) {
+    assert_sense(r, 0x05, 0x24, 0x00);
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!(s[15] & 0xc0, 0xc0, "SKSV and C/D");
+    assert_eq!(u16::from_be_bytes([s[16], s[17]]), byte);
+}
+
+fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = read10(lba, blocks);
+    c[0] = 0x2a;
+    c
+}
+
+fn cdb16(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn cdb12(op: u8, lba: u32, blocks: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 12];
+    c[0] = op;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[6..10].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn fill(byte: u8, blocks: usize) -> Vec<u8> {
+    vec![byte; blocks * BS]
+}
+
+#[test]
+fn read_write_all_sizes() {
+    let lu = lu();
+    good(&exec(&lu, &write10(10, 2), &fill(0xa1, 2)));
+    assert_eq!(good(&exec(&lu, &read10(10, 2), &[])), &fill(0xa1, 2)[..]);
+    good(&exec(&lu, &[0x0a, 0, 0, 20, 1, 0], &fill(0xb2, 1)));
+    assert_eq!(
+        good(&exec(&lu, &[0x08, 0, 0, 20, 1, 0], &[])),
+        &fill(0xb2, 1)[..]
+    );
+    good(&exec(&lu, &cdb12(0xaa, 30, 3), &fill(0xc3, 3)));
+    assert_eq!(
+        good(&exec(&lu, &cdb12(0xa8, 30, 3), &[])),
+        &fill(0xc3, 3)[..]
+    );
+    good(&exec(&lu, &cdb16(0x8a, BLOCKS - 1, 1), &fill(0xd4, 1)));
+    assert_eq!(
+        good(&exec(&lu, &cdb16(0x88, BLOCKS - 1, 1), &[])),
+        &fill(0xd4, 1)[..]
+    );
+    // Unwritten blocks read as zeros.
+    assert_eq!(good(&exec(&lu, &read10(100, 1), &[])), &fill(0, 1)[..]);
+}
+
+#[test]
+fn transfer_length_zero() {
+    let lu = lu();
+    assert!(good(&exec(&lu, &read10(0, 0), &[])).is_empty());
+    assert!(good(&exec(&lu, &write10(0, 0), &[])).is_empty());
+    // READ(6) with 0 means 256 blocks.
+    assert_eq!(
+        good(&exec(&lu, &[0x08, 0, 0, 0, 0, 0], &[])).len(),
+        256 * BS
+    );
+    assert_eq!(
+        LogicalUnit::data_out_len(&[0x0a, 0, 0, 0, 0, 0], 512),
+        Some(256 * 512)
+    );
+    assert_eq!(LogicalUnit::data_out_len(&write10(0, 0), 512), Some(0));
+    assert_eq!(
+        LogicalUnit::data_out_len(&write10(0, 3), 4096),
+        Some(3 * 4096)
+    );
+    assert_eq!(
+        LogicalUnit::data_out_len(&[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0], 512),
+        Some(2048)
+    );
+    assert_eq!(LogicalUnit::data_out_len(&[0xff, 0, 0, 0, 0, 0], 512), None);
+}
+
+#[test]
+fn lba_out_of_range() {
+    let lu = lu();
+    let last = (BLOCKS - 1) as u32;
+    good(&exec(&lu, &read10(last, 1), &[]));
+    good(&exec(&lu, &read10(BLOCKS as u32, 0), &[]));
+    assert_sense(&exec(&lu, &read10(last, 2), &[]), 0x05, 0x21, 0x00);
+    assert_sense(
+        &exec(&lu, &read10(BLOCKS as u32 + 1, 0), &[]),
+        0x05,
+        0x21,
+        0x00,
+    );
+    assert_sense(&exec(&lu, &read10(u32::MAX, 1), &[]), 0x05, 0x21, 0x00);
+    assert_sense(&exec(&lu, &cdb16(0x88, u64::MAX, 1), &[]), 0x05, 0x21, 0x00);
+    assert_sense(
+        &exec(&lu, &cdb16(0x8a, u64::MAX, 1), &fill(0, 1)),
+        0x05,
+        0x21,
+        0x00,
+    );
+    assert_sense(&exec(&lu, &write10(last, 2), &fill(0, 2)), 0x05, 0x21, 0x00);
+    assert_sense(
+        &exec(&lu, &[0x35, 0, 0, 0, 0x10, 0, 0, 0, 1, 0], &[]),
+        0x05,
+        0x21,
+        0x00,
+    );
+    assert_sense(&exec(&lu, &cdb16(0x90, BLOCKS, 1), &[]), 0x05, 0x21, 0x00);
+}
+
+#[test]
+fn protect_fields_are_invalid() {
+    let lu = lu();
+    let mut c = read10(0, 1);
+    c[1] = 0x20;
+    assert_invalid_cdb(&exec(&lu, &c, &[]), 1);
+    let mut c = cdb16(0x8a, 0, 1);
+    c[1] = 0x60;
+    assert_invalid_cdb(&exec(&lu, &c, &fill(0, 1)), 1);
+    let mut c = cdb12(0xaf, 0, 1);
+    c[1] = 0x80;
+    assert_invalid_cdb(&exec(&lu, &c, &[]), 1);
+    // DPO and FUA are accepted.
+    let mut c = write10(0, 1);
+    c[1] = 0x18;
+    good(&exec(&lu, &c, &fill(1, 1)));
+    let mut c = read10(0, 1);
+    c[1] = 0x18;
+    good(&exec(&lu, &c, &[]));
+}
+
+#[test]
+fn short_data_out_is_rejected_without_writing() {
+    let lu = lu();
+    assert_sense(&exec(&lu, &write10(0, 2), &fill(9, 1)), 0x05, 0x0e, 0x03);
+    assert_eq!(good(&exec(&lu, &read10(0, 2), &[])), &fill(0, 2)[..]);
+    // Extra data beyond the transfer length is ignored.
+    let mut data = fill(7, 1);
+    data.extend(fill(8, 1));
+    good(&exec(&lu, &write10(0, 1), &data));
+    assert_eq!(
+        good(&exec(&lu, &read10(0, 2), &[])),
+        &[fill(7, 1), fill(0, 1)].concat()[..]
+    );
+}
+
+#[test]
+fn transfer_limit_is_enforced() {
+    let lu = lu_with(LuConfig {
+        max_transfer_blocks: 8,
+        ..LuConfig::default()
+    });
+    good(&exec(&lu, &read10(0, 8), &[]));
+    assert_invalid_cdb(&exec(&lu, &read10(0, 9), &[]), 7);
+    assert_invalid_cdb(&exec(&lu, &cdb16(0x88, 0, 9), &[]), 10);
+}
+
+#[test]
+fn invalid_opcode_and_service_action() {
+    let lu = lu();
+    assert_sense(&exec(&lu, &[0x04, 0, 0, 0, 0, 0], &[]), 0x05, 0x20, 0x00);
+    assert_sense(&exec(&lu, &[0xc0, 0, 0, 0, 0, 0], &[]), 0x05, 0x20, 0x00);
+    assert_invalid_cdb(&exec(&lu, &cdb16(0x9e, 0, 0), &[]), 1);
+    // A CDB shorter than its opcode's group demands.
+    assert_invalid_cdb(&exec(&lu, &[0x28, 0, 0, 0], &[]), 0);
+}
+
+#[test]
+fn inquiry_standard_and_allocation_length() {
+    let lu = lu();
+    let d = good(&exec(&lu, &[0x12, 0, 0, 0, 255, 0], &[])).to_vec();
+    assert_eq!(d[0], 0);
+    assert_eq!(d[2], 0x06);
+    assert_eq!(d[3] & 0x1f, 0x12);
+    assert_eq!(d[4] as usize, d.len() - 5);
+    assert_eq!(d[7] & 0x02, 0x02);
+    assert_eq!(&d[8..16], b"RESERVOI");
+    assert!(
+        d[58..74].chunks(2).any(|v| v == [0x04, 0xc0]),
+        "claims SBC-3"
+    );
+    for alloc in 0..80u8 {
+        let r = exec(&lu, &[0x12, 0, 0, 0, alloc, 0], &[]);
+        assert_eq!(good(&r), &d[..(alloc as usize).min(d.len())]);
+    }
+    // 16-bit allocation length.
+    assert_eq!(good(&exec(&lu, &[0x12, 0, 0, 0x01, 0xff, 0], &[])), &d[..]);
+    assert_invalid_cdb(&exec(&lu, &[0x12, 0x02, 0, 0, 255, 0], &[]), 1);
+    assert_invalid_cdb(&exec(&lu, &[0x12, 0, 1, 0, 255, 0], &[]), 2);
+    let removable = lu_with(LuConfig {
+        removable: true,
+        ..LuConfig::default()
+    });
+    assert_eq!(
+        good(&exec(&removable, &[0x12, 0, 0, 0, 36, 0], &[]))[1],
+        0x80
+    );
+}
+
+fn vpd(lu: &LogicalUnit, page: u8) -> Vec<u8> {
+    let d = good(&exec(lu, &[0x12, 1, page, 0x10, 0, 0], &[])).to_vec();
+    assert_eq!(d[1], page);
+    assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize, d.len() - 4);
+    d
+}
+
+#[test]
+fn inquiry_vpd_pages() {
+    let lu = lu_with(LuConfig {
+        serial: "SER123".into(),
+        naa_id: 0x6001_4050_0000_0042,
+        ..LuConfig::default()
+    });
+    let pages = vpd(&lu, 0x00);
+    assert_eq!(&pages[4..], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    for &p in &pages[4..] {
+        vpd(&lu, p);
+    }
+    assert_eq!(&vpd(&lu, 0x80)[4..], b"SER123");
+    let id = vpd(&lu, 0x83);
+    // NAA designator first: binary, LU association, type 3, 16 bytes for NAA 6.
+    assert_eq!(&id[4..8], &[0x01, 0x03, 0x00, 0x10]);
+    assert_eq!(&id[8..16], &0x6001_4050_0000_0042u64.to_be_bytes());
+    let t10 = &id[24..];
+    assert_eq!(&t10[..2], &[0x02, 0x01]);
+    assert_eq!(&t10[4..12], b"RESERVOI");
+    let bl = vpd(&lu, 0xb0);
+    assert_eq!(bl.len(), 64);
+    assert_eq!(bl[5], 255, "max compare and write");
+    assert_eq!(u32::from_be_bytes(bl[8..12].try_into().unwrap()), 16384);
+    assert_ne!(
+        u32::from_be_bytes(bl[20..24].try_into().unwrap()),
+        0,
+        "max unmap"
+    );
+    assert_ne!(
+        u32::from_be_bytes(bl[24..28].try_into().unwrap()),
+        0,
+        "max unmap descriptors"
+    );
+    let bc = vpd(&lu, 0xb1);
+    assert_eq!(&bc[4..6], &[0x00, 0x01]);
+    let lbp = vpd(&lu, 0xb2);
+    assert_eq!(lbp[5] & 0xe0, 0xe0);
+    assert_eq!(lbp[6] & 0x07, 2);
+    assert_invalid_cdb(&exec(&lu, &[0x12, 1, 0x99, 0, 255, 0], &[]), 2);
+    // Thick LUN: no provisioning features.
+    let thick = lu_with(LuConfig {
+        thin: false,
+        ..LuConfig::default()
+    });
+    let lbp = vpd(&thick, 0xb2);
+    assert_eq!(lbp[5], 0);
+    assert_eq!(
+        u32::from_be_bytes(vpd(&thick, 0xb0)[20..24].try_into().unwrap()),
+        0
+    );
+    assert_sense(
+        &exec(&thick, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &[0; 24]),
+        0x05,
+        0x20,
+        0x00,
+    );
+}
+
+#[test]
+fn read_capacity() {
+    let lu = lu();
+    let d = good(&exec(&lu, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])).to_vec();
+    assert_eq!(
+        u32::from_be_bytes(d[0..4].try_into().unwrap()),
+        BLOCKS as u32 - 1
+    );
+    assert_eq!(u32::from_be_bytes(d[4..8].try_into().unwrap()), 512);
+    let rc16 = |alloc: u32| {
+        let mut c = vec![0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        c[10..14].copy_from_slice(&alloc.to_be_bytes());
+        c
+    };
+    let d = good(&exec(&lu, &rc16(32), &[])).to_vec();
+    assert_eq!(d.len(), 32);
+    assert_eq!(u64::from_be_bytes(d[0..8].try_into().unwrap()), BLOCKS - 1);
+    assert_eq!(d[14] & 0xc0, 0xc0, "LBPME and LBPRZ");
+    for alloc in 0..16 {
+        assert_eq!(good(&exec(&lu, &rc16(alloc), &[])), &d[..alloc as usize]);
+    }
+    // Over 2^32 blocks: READ CAPACITY(10) says "use 16".
+    let huge: Arc<dyn Backstore> = Arc::new(RamBackstore::new((1u64 << 33) * 512));
+    let big = LogicalUnit::new(LuConfig::default(), huge);
+    exec(&big, &[0, 0, 0, 0, 0, 0], &[]);
+    let d = good(&exec(&big, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])).to_vec();
+    assert_eq!(&d[0..4], &[0xff; 4]);
+    let d = good(&exec(&big, &rc16(32), &[])).to_vec();
+    assert_eq!(
+        u64::from_be_bytes(d[0..8].try_into().unwrap()),
+        (1 << 33) - 1
+    );
+}
+
+#[test]
+fn unit_attention_once_per_nexus() {
+    let lu = lu();
+    let other = Nexus(2);
+    // INQUIRY and REPORT LUNS do not consume it.
+    good(&exec_on(&lu, other, &[0x12, 0, 0, 0, 36, 0], &[]));
+    good(&exec_on(
+        &lu,
+        other,
+        &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0],
+        &[],
+    ));
+    assert_sense(&exec_on(&lu, other, &read10(0, 1), &[]), 0x06, 0x29, 0x00);
+    good(&exec_on(&lu, other, &read10(0, 1), &[]));
+    good(&exec(&lu, &read10(0, 1), &[]));
+    // REQUEST SENSE reports and clears it.
+    let third = Nexus(3);
+    let s = good(&exec_on(&lu, third, &[0x03, 0, 0, 0, 252, 0], &[])).to_vec();
+    assert_eq!((s[2], s[12], s[13]), (0x06, 0x29, 0x00));
+    good(&exec_on(&lu, third, &[0, 0, 0, 0, 0, 0], &[]));
+    let s = good(&exec_on(&lu, third, &[0x03, 0, 0, 0, 252, 0], &[])).to_vec();
+    assert_eq!((s[2], s[12], s[13]), (0, 0, 0));
+    // Reset: every nexus sees it again, once.
+    lu.reset();
+    assert_sense(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
+    assert_sense(
+        &exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]),
+        0x06,
+        0x29,
+        0x00,
+    );
+    good(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]));
+    // A lost nexus that comes back starts afresh.
+    lu.nexus_lost(other);
+    assert_sense(
+        &exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]),
+        0x06,
+        0x29,
+        0x00,
+    );
+}
+
+#[test]
+fn request_sense_descriptor_format() {
+    let lu = lu();
+    let s = good(&exec_on(&lu, Nexus(9), &[0x03, 1, 0, 0, 252, 0], &[])).to_vec();
+    assert_eq!(&s[..4], &[0x72, 0x06, 0x29, 0x00]);
+    assert_eq!(s[7] as usize, s.len() - 8);
+    let s = good(&exec_on(&lu, Nexus(9), &[0x03, 0, 0, 0, 8, 0], &[])).to_vec();
+    assert_eq!(s.len(), 8);
+}
+
+#[test]
+fn verify_and_miscompare() {
+    let lu = lu();
+    good(&exec(&lu, &write10(5, 2), &fill(0x5a, 2)));
+    let mut c = [0x2f, 0, 0, 0, 0, 5, 0, 0, 2, 0];
+    good(&exec(&lu, &c, &[]));
+    c[1] = 0x02; // BYTCHK 01b
+    good(&exec(&lu, &c, &fill(0x5a, 2)));
+    let mut bad = fill(0x5a, 2);
+    bad[700] = 0;
+    let r = exec(&lu, &c, &bad);
+    assert_sense(&r, 0x0e, 0x1d, 0x00);
+    let s = r.sense.unwrap();
+    assert_eq!(s[0] & 0x80, 0x80);
+    assert_eq!(u32::from_be_bytes(s[3..7].try_into().unwrap()), 700);
+    c[1] = 0x06; // BYTCHK 11b: one block compared with each
+    good(&exec(&lu, &c, &fill(0x5a, 1)));
+    c[1] = 0x04; // reserved
+    assert_invalid_cdb(&exec(&lu, &c, &[]), 1);
+    // VERIFY(16) beyond the end.
+    assert_sense(&exec(&lu, &cdb16(0x8f, BLOCKS, 1), &[]), 0x05, 0x21, 0x00);
+}
+
+#[test]
+fn write_and_verify() {
+    let lu = lu();
+    let mut c = cdb12(0xae, 7, 1);
+    c[1] = 0x02;
+    good(&exec(&lu, &c, &fill(0x77, 1)));
+    assert_eq!(good(&exec(&lu, &read10(7, 1), &[])), &fill(0x77, 1)[..]);
+    let mut c = cdb16(0x8e, 0, 1);
+    c[1] = 0x20;
+    assert_invalid_cdb(&exec(&lu, &c, &fill(0, 1)), 1);
+}
+
+#[test]
+fn read_only_lun() {
+    let lu = lu_with(LuConfig {
+        read_only: true,
+        ..LuConfig::default()
+    });
+    good(&exec(&lu, &read10(0, 1), &[]));
+    assert_sense(&exec(&lu, &write10(0, 1), &fill(1, 1)), 0x07, 0x27, 0x00);
+    assert_sense(
+        &exec(&lu, &cdb16(0x93, 0, 1), &fill(1, 1)),
+        0x07,
+        0x27,
+        0x00,
+    );
+    let unmap = unmap_list(&[(0, 1)]);
+    assert_sense(
+        &exec(&lu, &unmap_cdb(unmap.len()), &unmap),
+        0x07,
+        0x27,
+        0x00,
+    );
+    let ms = good(&exec(&lu, &[0x1a, 0, 0x3f, 0, 255, 0], &[])).to_vec();
+    assert_eq!(ms[2] & 0x80, 0x80, "WP in the mode parameter header");
+}
+
+#[test]
+fn synchronize_cache_and_prefetch() {
+    let lu = lu();
+    good(&exec(&lu, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+    good(&exec(&lu, &cdb16(0x91, BLOCKS - 1, 1), &[]));
+    good(&exec(&lu, &[0x34, 0x02, 0, 0, 0, 0, 3, 0, 1, 0], &[]));
+    good(&exec(&lu, &cdb16(0x90, BLOCKS - 256, 256), &[]));
+}
+
+fn mode_sense6(lu: &LogicalUnit, nexus: Nexus, pc_page: u8, alloc: u8) -> Response {
+    exec_on(lu, nexus, &[0x1a, 0, pc_page, 0, alloc, 0], &[])
+}
+
+fn find_page(ms: &[u8], header: usize, code: u8) -> Option<Vec<u8>> {
+    let mut pos = header;
+    while pos + 2 <= ms.len() {
+        let len = ms[pos + 1] as usize + 2;
+        if ms[pos] & 0x3f == code {
+            return Some(ms[pos..pos + len].to_vec());
+        }
+        pos += len;
+    }
+    None
+}
+
+#[test]
+fn mode_sense_pages() {
+    let lu = lu();
+    let all = good(&mode_sense6(&lu, N, 0x3f, 255)).to_vec();
+    assert_eq!(all[0] as usize, all.len() - 1);
+    assert_eq!(all[2] & 0x10, 0x10, "DPOFUA");
+    assert_eq!(all[3], 8);
+    assert_eq!(
+        u32::from_be_bytes(all[4..8].try_into().unwrap()),
+        BLOCKS as u32
+    );
+    assert_eq!(
+        u32::from_be_bytes(all[8..12].try_into().unwrap()) & 0xff_ffff,
+        512
+    );
+    let caching = find_page(&all, 12, 0x08).unwrap();
+    assert_eq!(caching[2] & 0x04, 0x04, "WCE");
+    let control = find_page(&all, 12, 0x0a).unwrap();
+    assert_eq!(control.len(), 12);
+    assert!(find_page(&all, 12, 0x1c).is_some());
+    // One page matches the same page in "all pages".
+    let one = good(&mode_sense6(&lu, N, 0x0a, 255)).to_vec();
+    assert_eq!(find_page(&one, 12, 0x0a).unwrap(), control);
+    // DBD drops the block descriptor.
+    let dbd = good(&exec(&lu, &[0x1a, 0x08, 0x08, 0, 255, 0], &[])).to_vec();
+    assert_eq!(dbd[3], 0);
+    assert_eq!(&dbd[4..], &caching[..]);
+    // Truncation to the allocation length.
+    assert_eq!(good(&mode_sense6(&lu, N, 0x3f, 4)), &all[..4]);
+    // Changeable values: WCE, RCD and SWP.
+    let ch = good(&mode_sense6(&lu, N, 0x7f, 255)).to_vec();
+    assert_eq!(find_page(&ch, 12, 0x08).unwrap()[2], 0x05);
+    assert_eq!(find_page(&ch, 12, 0x0a).unwrap()[4], 0x08);
+    // Saved values are not supported.
+    assert_sense(&mode_sense6(&lu, N, 0xff, 255), 0x05, 0x39, 0x00);
+    assert_invalid_cdb(&mode_sense6(&lu, N, 0x19, 255), 2);
+    assert_invalid_cdb(&exec(&lu, &[0x1a, 0, 0x08, 1, 255, 0], &[]), 3);
+    // MODE SENSE(10) with a long LBA descriptor.
+    let ten = good(&exec(&lu, &[0x5a, 0x10, 0x08, 0, 0, 0, 0, 0x01, 0, 0], &[])).to_vec();
+    assert_eq!(u16::from_be_bytes([ten[0], ten[1]]) as usize, ten.len() - 2);
+    assert_eq!(ten[4] & 1, 1);
+    assert_eq!(u16::from_be_bytes([ten[6], ten[7]]), 16);
+    assert_eq!(u64::from_be_bytes(ten[8..16].try_into().unwrap()), BLOCKS);
+    assert_eq!(u32::from_be_bytes(ten[20..24].try_into().unwrap()), 512);
+    assert_eq!(&ten[24..], &caching[..]);
+}
+
+#[test]
+fn mode_select_changes_and_unit_attention() {
+    let lu = lu();
+    let other = Nexus(2);
+    exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]);
+    // Set SWP through the control page.
+    let cur = good(&mode_sense6(&lu, N, 0x0a, 255)).to_vec();
+    let mut control = find_page(&cur, 12, 0x0a).unwrap();
+    control[4] |= 0x08;
+    let mut list = vec![0, 0, 0, 0];
+    list.extend(&control);
+    let cdb = [0x15, 0x10, 0, 0, list.len() as u8, 0];
+    assert_eq!(
+        LogicalUnit::data_out_len(&cdb, 512),
+        Some(list.len() as u32)
+    );
+    good(&exec(&lu, &cdb, &list));
+    assert_sense(&exec(&lu, &write10(0, 1), &fill(1, 1)), 0x07, 0x27, 0x00);
+    let ms = good(&mode_sense6(&lu, N, 0x0a, 255)).to_vec();
+    assert_eq!(ms[2] & 0x80, 0x80);
+    // The other nexus learns of it once; this one does not.
+    assert_sense(&exec_on(&lu, other, &read10(0, 1), &[]), 0x06, 0x2a, 0x01);
+    good(&exec_on(&lu, other, &read10(0, 1), &[]));
+    // Setting the same values again changes nothing and raises nothing.
+    good(&exec(&lu, &cdb, &list));
+    good(&exec_on(&lu, other, &read10(0, 1), &[]));
+    // Clear SWP with MODE SELECT(10) and a block descriptor.
+    control[4] &= !0x08;
+    let mut list10 = vec![0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x02, 0x00];
+    list10.extend(&control);
+    let mut cdb10 = [0x55, 0x10, 0, 0, 0, 0, 0, 0, 0, 0];
+    cdb10[8] = list10.len() as u8;
+    good(&exec(&lu, &cdb10, &list10));
+    good(&exec(&lu, &write10(0, 1), &fill(1, 1)));
+
+    // A non-changeable bit: QAM in the control page.
+    let mut bad = list.clone();
+    bad[4 + 3] = 0x00;
+    bad[4 + 4] &= !0x08;
+    let r = exec(&lu, &cdb, &bad);
+    assert_sense(&r, 0x05, 0x26, 0x00);
+    assert_eq!(
+        u16::from_be_bytes(r.sense.unwrap()[16..18].try_into().unwrap()),
+        7
+    );
+    // Unknown page, wrong block length, short header, saving.
+    let mut unknown = vec![0, 0, 0, 0, 0x19, 2, 0, 0];
+    assert_sense(
+        &exec(&lu, &[0x15, 0x10, 0, 0, 8, 0], &unknown),
+        0x05,
+        0x26,
+        0x00,
+    );
+    unknown.truncate(4);
+    let wrong_bs = [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x10, 0x00];
+    assert_sense(
+        &exec(&lu, &[0x15, 0x10, 0, 0, 12, 0], &wrong_bs),
+        0x05,
+        0x26,
+        0x00,
+    );
+    assert_sense(
+        &exec(&lu, &[0x15, 0x10, 0, 0, 2, 0], &[0, 0]),
+        0x05,
+        0x1a,
+        0x00,
+    );
+    assert_invalid_cdb(
+        &exec(&lu, &[0x15, 0x11, 0, 0, list.len() as u8, 0], &list),
+        1,
+    );
+    // Disable the write cache.
+    let ms = good(&mode_sense6(&lu, N, 0x08, 255)).to_vec();
+    let mut caching = find_page(&ms, 12, 0x08).unwrap();
+    caching[2] &= !0x04;
+    let mut l = vec![0, 0, 0, 0];
+    l.extend(&caching);
+    good(&exec(&lu, &[0x15, 0x10, 0, 0, l.len() as u8, 0], &l));
+    let ms = good(&mode_sense6(&lu, N, 0x08, 255)).to_vec();
+    assert_eq!(find_page(&ms, 12, 0x08).unwrap()[2] & 0x04, 0);
+    good(&exec(&lu, &write10(0, 1), &fill(1, 1)));
+    // A reset restores the defaults.
+    lu.reset();
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    let ms = good(&mode_sense6(&lu, N, 0x08, 255)).to_vec();
+    assert_eq!(find_page(&ms, 12, 0x08).unwrap()[2] & 0x04, 0x04);
+}
+
+#[test]
+fn removable_medium() {
+    let lu = lu_with(LuConfig {
+        removable: true,
+        ..LuConfig::default()
+    });
+    let ssu = |loej_start: u8| [0x1b, 0, 0, 0, loej_start, 0];
+    // Stop without eject keeps the medium usable.
+    good(&exec(&lu, &ssu(0x00), &[]));
+    good(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]));
+    // Eject.
+    good(&exec(&lu, &ssu(0x02), &[]));
+    assert_sense(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]), 0x02, 0x3a, 0x00);
+    assert_sense(&exec(&lu, &read10(0, 1), &[]), 0x02, 0x3a, 0x00);
+    assert_sense(
+        &exec(&lu, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
+        0x02,
+        0x3a,
+        0x00,
+    );
+    good(&exec(&lu, &[0x12, 0, 0, 0, 36, 0], &[]));
+    let s = good(&exec(&lu, &[0x03, 0, 0, 0, 18, 0], &[])).to_vec();
+    assert_eq!((s[2], s[12]), (0x02, 0x3a));
+    // Load.
+    good(&exec(&lu, &ssu(0x03), &[]));
+    good(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]));
+    // A power condition leaves the medium alone.
+    good(&exec(&lu, &[0x1b, 0, 0, 0, 0x12, 0], &[]));
+    good(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]));
+    // Prevent removal: eject and load refused until allowed by that nexus.
+    good(&exec(&lu, &[0x1e, 0, 0, 0, 1, 0], &[]));
+    assert_sense(&exec(&lu, &ssu(0x02), &[]), 0x05, 0x53, 0x02);
+    good(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]));
+    good(&exec(&lu, &[0x1e, 0, 0, 0, 0, 0], &[]));
+    good(&exec(&lu, &ssu(0x02), &[]));
+    good(&exec(&lu, &ssu(0x03), &[]));
+    // Nexus loss releases that nexus's prevention; so does a reset.
+    good(&exec(&lu, &[0x1e, 0, 0, 0, 1, 0], &[]));
+    lu.nexus_lost(N);
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    good(&exec(&lu, &ssu(0x02), &[]));
+    good(&exec(&lu, &ssu(0x03), &[]));
+    good(&exec(&lu, &[0x1e, 0, 0, 0, 1, 0], &[]));
+    lu.reset();
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    good(&exec(&lu, &ssu(0x02), &[]));
+    assert_invalid_cdb(&exec(&lu, &[0x1e, 0, 0, 0, 2, 0], &[]), 4);
+}
+
+#[test]
+fn report_supported_opcodes() {
+    let lu = lu();
+    let all = good(&exec(
+        &lu,
+        &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    let len = u32::from_be_bytes(all[0..4].try_into().unwrap()) as usize;
+    assert_eq!(len, all.len() - 4);
+    let descriptors: Vec<&[u8]> = all[4..].chunks(8).collect();
+    assert!(descriptors.iter().any(|d| d[0] == 0x28));
+    assert!(descriptors
+        .iter()
+        .any(|d| d[0] == 0x9e && d[3] == 0x10 && d[5] & 1 == 1));
+    for d in &descriptors {
+        let servactv = d[5] & 1 == 1;
+        let sa = u16::from_be_bytes([d[2], d[3]]);
+        assert!(servactv || sa == 0);
+        let options = if servactv { 2 } else { 1 };
+        let mut c = [
+            0xa3, 0x0c, options, d[0], d[2], d[3], 0, 0, 0xff, 0xff, 0, 0,
+        ];
+        let one = good(&exec(&lu, &c, &[])).to_vec();
+        assert_eq!(one[1] & 0x07, 0x03);
+        let cdb_len = u16::from_be_bytes([one[2], one[3]]) as usize;
+        assert_eq!(cdb_len, u16::from_be_bytes([d[6], d[7]]) as usize);
+        assert_eq!(one[4], d[0]);
+        assert_eq!(one.len(), 4 + cdb_len);
+        // The other option for this kind of command is wrong.
+        c[2] = if servactv { 1 } else { 2 };
+        assert_invalid_cdb(&exec(&lu, &c, &[]), 2);
+    }
+    // Reading with DPO/FUA advertised in the usage data.
+    let one = good(&exec(
+        &lu,
+        &[0xa3, 0x0c, 1, 0x28, 0, 0, 0, 0, 0, 64, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(one[5] & 0x18, 0x18);
+    // Timeouts descriptors with RCTD.
+    let rctd = good(&exec(
+        &lu,
+        &[0xa3, 0x0c, 0x80, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    for d in rctd[4..].chunks(20) {
+        assert_eq!(d[5] & 0x02, 0x02);
+        assert_eq!(u16::from_be_bytes([d[8], d[9]]), 0x0a);
+    }
+    // An unsupported opcode is reported as such.
+    let none = good(&exec(
+        &lu,
+        &[0xa3, 0x0c, 1, 0x04, 0, 0, 0, 0, 0, 64, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(none[1] & 0x07, 0x01);
+}
+
+fn unmap_list(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let mut p = vec![0u8; 8];
+    for &(lba, n) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&n.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    let len = p.len();
+    p[0..2].copy_from_slice(&((len - 2) as u16).to_be_bytes());
+    p[2..4].copy_from_slice(&((len - 8) as u16).to_be_bytes());
+    p
+}
+
+fn unmap_cdb(len: usize) -> Vec<u8> {
+    let mut c = vec![0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[7..9].copy_from_slice(&(len as u16).to_be_bytes());
+    c
+}
+
+fn lba_status(lu: &LogicalUnit, lba: u64) -> Vec<(u64, u32, u8)> {
+    let mut c = cdb16(0x9e, lba, 1024);
+    c[1] = 0x12;
+    let d = good(&exec(lu, &c, &[])).to_vec();
+    assert_eq!(
+        u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize,
+        d.len() - 4
+    );
+    d[8..]
+        .chunks(16)
+        .map(|x| {
+            (
+                u64::from_be_bytes(x[0..8].try_into().unwrap()),
+                u32::from_be_bytes(x[8..12].try_into().unwrap()),
+                x[12],
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn unmap_and_get_lba_status() {
+    let lu = lu();
+    assert_eq!(lba_status(&lu, 0), vec![(0, BLOCKS as u32, 1)]);
+    good(&exec(&lu, &write10(0, 256), &fill(b'a', 256)));
+    let st = lba_status(&lu, 0);
+    assert_eq!(st[0].2, 0, "mapped after a write: {st:?}");
+    let p = unmap_list(&[(0, 10), (20, 5), (BLOCKS, 0)]);
+    good(&exec(&lu, &unmap_cdb(p.len()), &p));
+    let d = good(&exec(&lu, &read10(0, 30), &[])).to_vec();
+    for (i, block) in d.chunks(BS).enumerate() {
+        let zero = i < 10 || (20..25).contains(&i);
+        assert!(
+            block.iter().all(|&b| b == if zero { 0 } else { b'a' }),
+            "block {i}"
+        );
+    }
+    // Whole ram chunks become unmapped.
+    let p = unmap_list(&[(0, 2048)]);
+    good(&exec(&lu, &unmap_cdb(p.len()), &p));
+    assert_eq!(lba_status(&lu, 5), vec![(5, BLOCKS as u32 - 5, 1)]);
+    // Parameter checks.
+    good(&exec(&lu, &unmap_cdb(0), &[]));
+    assert_sense(&exec(&lu, &unmap_cdb(4), &[0; 4]), 0x05, 0x1a, 0x00);
+    let p = unmap_list(&[(BLOCKS - 1, 2)]);
+    assert_sense(&exec(&lu, &unmap_cdb(p.len()), &p), 0x05, 0x21, 0x00);
+    let mut c = unmap_cdb(p.len());
+    c[1] = 1;
+    assert_invalid_cdb(&exec(&lu, &c, &p), 1);
+    let many: Vec<(u64, u32)> = (0..257).map(|i| (i, 1)).collect();
+    let p = unmap_list(&many);
+    assert_sense(&exec(&lu, &unmap_cdb(p.len()), &p), 0x05, 0x26, 0x00);
+    // GET LBA STATUS beyond the end.
+    let mut c = cdb16(0x9e, BLOCKS, 24);
+    c[1] = 0x12;
+    assert_sense(&exec(&lu, &c, &[]), 0x05, 0x21, 0x00);
+    c[2..10].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
+    let d = good(&exec(&lu, &c, &[])).to_vec();
+    assert_eq!(d.len(), 24);
+}
+
+#[test]
+fn write_same() {
+    let lu = lu();
+    let mut c = cdb16(0x93, 10, 300);
+    good(&exec(&lu, &c, &fill(0x3c, 1)));
+    assert_eq!(
+        good(&exec(&lu, &read10(10, 300), &[])),
+        &fill(0x3c, 300)[..]
+    );
+    assert_eq!(good(&exec(&lu, &read10(310, 1), &[])), &fill(0, 1)[..]);
+    // UNMAP with zero data deallocates.
+    c[1] = 0x08;
+    good(&exec(&lu, &c, &fill(0, 1)));
+    assert_eq!(good(&exec(&lu, &read10(10, 300), &[])), &fill(0, 300)[..]);
+    // NDOB: zeros without a data-out buffer.
+    good(&exec(&lu, &cdb16(0x93, 0, 4), &fill(9, 1)));
+    let mut ndob = cdb16(0x93, 0, 4);
+    ndob[1] = 0x09;
+    assert_eq!(LogicalUnit::data_out_len(&ndob, 512), Some(0));
+    good(&exec(&lu, &ndob, &[]));
+    assert_eq!(good(&exec(&lu, &read10(0, 4), &[])), &fill(0, 4)[..]);
+    // WRITE SAME(10).
+    let ws10 = [0x41, 0, 0, 0, 0, 50, 0, 0, 2, 0];
+    good(&exec(&lu, &ws10, &fill(0x11, 1)));
+    assert_eq!(good(&exec(&lu, &read10(50, 2), &[])), &fill(0x11, 2)[..]);
+    // Errors: ANCHOR, 0 blocks (WSNZ), beyond the end, short data.
+    let mut a = cdb16(0x93, 0, 1);
+    a[1] = 0x10;
+    assert_invalid_cdb(&exec(&lu, &a, &fill(0, 1)), 1);
+    a[1] = 0x18;
+    assert_invalid_cdb(&exec(&lu, &a, &fill(0, 1)), 1);
+    assert_invalid_cdb(&exec(&lu, &cdb16(0x93, 0, 0), &fill(0, 1)), 10);
+    assert_sense(
+        &exec(&lu, &cdb16(0x93, BLOCKS, 1), &fill(0, 1)),
+        0x05,
+        0x21,
+        0x00,
+    );
+    assert_sense(&exec(&lu, &cdb16(0x93, 0, 1), &[0; 100]), 0x05, 0x0e, 0x03);
+    let mut ws10bad = ws10;
+    ws10bad[1] = 0x01;
+    assert_invalid_cdb(&exec(&lu, &ws10bad, &fill(0, 1)), 1);
+}
+
+#[test]
+fn compare_and_write() {
+    let lu = lu();
+    good(&exec(&lu, &write10(3, 1), &fill(0x01, 1)));
+    let caw = |lba: u64, n: u8| {
+        let mut c = vec![0u8; 16];
+        c[0] = 0x89;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[13] = n;
+        c
+    };
+    let mut data = fill(0x01, 1);
+    data.extend(fill(0x02, 1));
+    good(&exec(&lu, &caw(3, 1), &data));
+    assert_eq!(good(&exec(&lu, &read10(3, 1), &[])), &fill(0x02, 1)[..]);
+    // Now the compare fails at byte 0 and nothing is written.
+    let r = exec(&lu, &caw(3, 1), &data);
+    assert_sense(&r, 0x0e, 0x1d, 0x00);
+    assert_eq!(
+        u32::from_be_bytes(r.sense.unwrap()[3..7].try_into().unwrap()),
+        0
+    );
+    assert_eq!(good(&exec(&lu, &read10(3, 1), &[])), &fill(0x02, 1)[..]);
+    // Miscompare offset inside the second block.
+    good(&exec(&lu, &write10(8, 2), &fill(0, 2)));
+    let mut d2 = fill(0, 2);
+    d2[BS + 17] = 1;
+    d2.extend(fill(5, 2));
+    let r = exec(&lu, &caw(8, 2), &d2);
+    assert_eq!(
+        u32::from_be_bytes(r.sense.unwrap()[3..7].try_into().unwrap()),
+        (BS + 17) as u32
+    );
+    // Zero blocks is a no-op; wrong sizes and ranges fail.
+    good(&exec(&lu, &caw(0, 0), &[]));
+    assert_sense(&exec(&lu, &caw(0, 1), &fill(0, 1)), 0x05, 0x0e, 0x03);
+    assert_sense(&exec(&lu, &caw(BLOCKS, 1), &fill(0, 2)), 0x05, 0x21, 0x00);
+    let limited = lu_with(LuConfig {
+        max_transfer_blocks: 4,
+        ..LuConfig::default()
+    });
+    assert_invalid_cdb(&exec(&limited, &caw(0, 5), &fill(0, 10)), 13);
+}
+
+/// A store whose reads take a while, so that a compare and the write after it are far apart.
+#[derive(Debug)]
+struct SlowReads(RamBackstore);
+
+impl Backstore for SlowReads {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.0.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn compare_and_write_is_atomic() {
+    let store: Arc<dyn Backstore> = Arc::new(SlowReads(RamBackstore::new(BLOCKS * BS as u64)));
+    let lu = Arc::new(LogicalUnit::new(LuConfig::default(), store));
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    good(&exec(&lu, &write10(0, 1), &fill(0, 1)));
+    // Each thread increments a counter in block 0 with COMPARE AND WRITE, retrying on
+    // miscompare; another thread overwrites neighbouring blocks at the same time. Lost
+    // updates would show as a final count below the number of increments.
+    let threads = 6;
+    let per = 50u32;
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let lu = lu.clone();
+            s.spawn(move || {
+                let mut c = vec![0u8; 16];
+                c[0] = 0x89;
+                c[13] = 1;
+                let mut done = 0;
+                while done < per {
+                    let cur = exec(&lu, &read10(0, 1), &[]).data_in;
+                    let n = u32::from_be_bytes(cur[0..4].try_into().unwrap());
+                    let mut next = cur.clone();
+                    next[0..4].copy_from_slice(&(n + 1).to_be_bytes());
+                    let mut data = cur;
+                    data.extend(next);
+                    let r = exec(&lu, &c, &data);
+                    if r.status == 0 {
+                        done += 1;
+                    } else {
+                        assert_eq!(r.sense.unwrap()[2], 0x0e);
+                    }
+                }
+            });
+        }
+        let lu = lu.clone();
+        s.spawn(move || {
+            for i in 0..100u32 {
+                good(&exec(&lu, &write10(1, 8), &fill(i as u8, 8)));
+            }
+        });
+    });
+    let d = good(&exec(&lu, &read10(0, 1), &[])).to_vec();
+    assert_eq!(
+        u32::from_be_bytes(d[0..4].try_into().unwrap()),
+        threads * per
+    );
+}
+
+#[test]
+fn orwrite() {
+    let lu = lu();
+    good(&exec(&lu, &write10(4, 1), &fill(0x0f, 1)));
+    good(&exec(&lu, &cdb16(0x8b, 4, 1), &fill(0xf0, 1)));
+    assert_eq!(good(&exec(&lu, &read10(4, 1), &[])), &fill(0xff, 1)[..]);
+    assert_sense(
+        &exec(&lu, &cdb16(0x8b, BLOCKS, 1), &fill(0, 1)),
+        0x05,
+        0x21,
+        0x00,
+    );
+}
+
+#[test]
+fn read_defect_data_is_empty() {
+    let lu = lu();
+    let d = good(&exec(&lu, &[0x37, 0, 0x18, 0, 0, 0, 0, 0, 64, 0], &[])).to_vec();
+    assert_eq!(d, vec![0, 0x18, 0, 0]);
+    let d = good(&exec(
+        &lu,
+        &[0xb7, 0x0d, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(d, vec![0, 0x0d, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn report_luns_and_missing_lun() {
+    let cdb = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    let r = scsi::report_luns(&[0, 1, 300], &cdb);
+    let d = good(&r);
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 24);
+    assert_eq!(&d[8..16], &[0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&d[16..18], &[0, 1]);
+    assert_eq!(&d[24..26], &[0x41, 0x2c]);
+    let mut short = cdb;
+    short[8] = 0;
+    short[9] = 12;
+    assert_eq!(good(&scsi::report_luns(&[0, 1, 300], &short)).len(), 12);
+    let mut bad = cdb;
+    bad[2] = 0x05;
+    assert_invalid_cdb(&scsi::report_luns(&[0], &bad), 2);
+
+    let inq = scsi::lun_not_supported(&[0x12, 0, 0, 0, 36, 0]);
+    assert_eq!(good(&inq)[0], 0x7f);
+    let rs = scsi::lun_not_supported(&[0x03, 0, 0, 0, 18, 0]);
+    assert_eq!((good(&rs)[2], good(&rs)[12]), (0x05, 0x25));
+    assert_sense(&scsi::lun_not_supported(&read10(0, 1)), 0x05, 0x25, 0x00);
+    good(&scsi::lun_not_supported(&cdb));
+}
+
+#[test]
+fn block_size_4096() {
+    let lu = lu_with(LuConfig {
+        block_size: 4096,
+        ..LuConfig::default()
+    });
+    let d = good(&exec(&lu, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])).to_vec();
+    assert_eq!(u32::from_be_bytes(d[4..8].try_into().unwrap()), 4096);
+    good(&exec(&lu, &write10(1, 1), &vec![0x42; 4096]));
+    assert_eq!(good(&exec(&lu, &read10(1, 1), &[])), &vec![0x42; 4096][..]);
+    assert_sense(
+        &exec(&lu, &write10(1, 1), &vec![0x42; 512]),
+        0x05,
+        0x0e,
+        0x03,
+    );
+}
+
+#[test]
+fn sense_builders() {
+    assert_eq!(sense::LBA_OUT_OF_RANGE.fixed()[12], 0x21);
+    let p = sense::Sense::invalid_field_in_parameter_list(9, None).fixed();
+    assert_eq!(p[15], 0x80, "SKSV without C/D for parameter data");
+    assert_eq!(p[17], 9);
+}
