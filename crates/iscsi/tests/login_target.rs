@@ -706,3 +706,58 @@ fn continuation_flood_is_bounded() {
     }
     assert!(failed);
 }
+
+mod arbitrary_sequences {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = (u8, Vec<u8>)> {
+        let keyish = proptest::collection::vec(
+            prop_oneof![
+                Just(b"InitiatorName=i\0".to_vec()),
+                Just(format!("TargetName={TARGET}\0").into_bytes()),
+                Just(b"AuthMethod=CHAP,None\0".to_vec()),
+                Just(b"CHAP_A=5\0".to_vec()),
+                Just(b"CHAP_N=alice\0".to_vec()),
+                Just(b"CHAP_R=0x00112233445566778899aabbccddeeff\0".to_vec()),
+                Just(b"CHAP_I=1\0CHAP_C=0x0102\0".to_vec()),
+                Just(b"MaxBurstLength=4096\0".to_vec()),
+                Just(b"SessionType=Discovery\0".to_vec()),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            ],
+            0..6,
+        )
+        .prop_map(|parts| parts.concat());
+        (any::<u8>(), keyish)
+    }
+
+    proptest! {
+        /// What the fuzz target checks, on every test run.
+        #[test]
+        fn target_login_survives_any_sequence(
+            chap in any::<bool>(),
+            records in proptest::collection::vec(record(), 1..20),
+        ) {
+            let mut policy = Policy::new(if chap { chap_req() } else { AuthRequirement::None });
+            let mut login = TargetLogin::new(true, None);
+            for (flags, data) in &records {
+                let mut r = req((flags >> 2) & 3, flags & 3, flags & 0x80 != 0, data);
+                r.cont = flags & 0x40 != 0;
+                match login.step(&r, &mut policy) {
+                    LoginStep::Continue(reply) => {
+                        prop_assert!(!reply.transit || r.transit);
+                        prop_assert!(!(reply.transit && reply.cont));
+                        prop_assert!(reply.nsg <= r.nsg || !reply.transit);
+                    }
+                    LoginStep::Done { reply, .. } => {
+                        prop_assert_eq!(reply.nsg, STAGE_FULL_FEATURE);
+                        // Nobody reaches full feature phase past CHAP with a made-up response.
+                        prop_assert!(!chap);
+                        break;
+                    }
+                    LoginStep::Failed(_) => break,
+                }
+            }
+        }
+    }
+}
