@@ -142,9 +142,9 @@ pub struct LoginOutcome {
     pub tsih: u16,
     pub session: SessionParams,
     pub connection: ConnectionParams,
-    /// As the target declared it (initiator side only).
+    /// The target's alias, as declared to the initiator.
     pub target_alias: Option<String>,
-    /// As the target declared it (initiator side only).
+    /// As declared on a leading login (the target's own on the target side).
     pub target_portal_group_tag: Option<u16>,
 }
 
@@ -244,7 +244,8 @@ pub struct TargetLogin {
     auth: TargetAuth,
     ledger: KeyLedger,
     responder: Option<Responder>,
-    sent_tpgt: bool,
+    /// The TargetPortalGroupTag we declared, once we have.
+    sent_tpgt: Option<u16>,
     sent_declarations: bool,
 }
 
@@ -263,7 +264,7 @@ impl TargetLogin {
             auth: TargetAuth::Start,
             ledger: KeyLedger::default(),
             responder: None,
-            sent_tpgt: false,
+            sent_tpgt: None,
             sent_declarations: false,
         }
     }
@@ -377,12 +378,10 @@ impl TargetLogin {
             }
         }
 
-        if self.leading && !self.sent_tpgt {
-            out.push(
-                "TargetPortalGroupTag",
-                policy.target_portal_group_tag().to_string(),
-            );
-            self.sent_tpgt = true;
+        if self.leading && self.sent_tpgt.is_none() {
+            let tag = policy.target_portal_group_tag();
+            out.push("TargetPortalGroupTag", tag.to_string());
+            self.sent_tpgt = Some(tag);
         }
 
         if self.stage == STAGE_SECURITY {
@@ -685,7 +684,7 @@ impl TargetLogin {
             session: responder.session.clone(),
             connection: responder.connection.clone(),
             target_alias: identity.target_alias.clone(),
-            target_portal_group_tag: None,
+            target_portal_group_tag: self.sent_tpgt,
         })
     }
 }
@@ -875,9 +874,9 @@ impl InitiatorLogin {
         }
     }
 
-    /// The first request: identity keys and AuthMethod in the security stage.
-    pub fn start(&mut self, rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
-        let _ = rng;
+    /// The first request: identity keys and AuthMethod in the security stage. It needs no
+    /// randomness (CHAP challenges come later); the parameter keeps both calls alike.
+    pub fn start(&mut self, _rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
         let c = &self.config;
         let mut keys = TextKeys::new();
         keys.push("InitiatorName", c.initiator_name.clone());
@@ -1059,7 +1058,7 @@ impl InitiatorLogin {
             return Ok(InitiatorStep::Done(self.outcome(resp.tsih)));
         }
         if self.stage == STAGE_SECURITY {
-            return Ok(InitiatorStep::Send(self.next_security_request(rng)));
+            return Ok(InitiatorStep::Send(self.next_security_request()));
         }
         let mut keys = std::mem::take(&mut self.replies);
         if !self.offered_operational {
@@ -1168,7 +1167,7 @@ impl InitiatorLogin {
         Ok(())
     }
 
-    fn next_security_request(&mut self, _rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
+    fn next_security_request(&mut self) -> LoginRequestOut {
         let keys = std::mem::take(&mut self.replies);
         // With the CHAP response sent (or nothing left to do) we ask to move on; while the
         // CHAP exchange is still running we stay.

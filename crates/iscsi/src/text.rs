@@ -255,7 +255,7 @@ pub fn encode_base64(data: &[u8]) -> String {
 
 fn decode_base64(s: &str) -> Result<Vec<u8>, TextError> {
     let bytes = s.as_bytes();
-    if bytes.is_empty() || bytes.len() % 4 != 0 || bytes.len() > MAX_VALUE_LEN {
+    if bytes.is_empty() || bytes.len() & 3 != 0 || bytes.len() > MAX_VALUE_LEN {
         return Err(TextError::BadBinary);
     }
     let pad = bytes.iter().rev().take_while(|&&b| b == b'=').count();

@@ -173,6 +173,7 @@ fn no_auth_to_full_feature_in_one_exchange() {
     assert_eq!(outcome.target_name.as_deref(), Some(TARGET));
     assert_eq!(outcome.session_type, SessionType::Normal);
     assert_eq!(outcome.isid, ISID);
+    assert_eq!(outcome.target_portal_group_tag, Some(7));
     assert_eq!(outcome.session.max_burst_length, 1 << 20);
     assert_eq!(outcome.session.first_burst_length, 1 << 18);
     assert!(!outcome.session.initial_r2t);
@@ -458,7 +459,8 @@ fn unsupported_version() {
 #[test]
 fn protocol_errors_in_flags_and_identifiers() {
     let data = text(&[("InitiatorName", INITIATOR), ("TargetName", TARGET)]);
-    let bad: Vec<Box<dyn Fn(&mut LoginRequestView)>> = vec![
+    type Mutation = Box<dyn Fn(&mut LoginRequestView)>;
+    let bad: Vec<Mutation> = vec![
         Box::new(|r| r.isid = [0; 6]),
         Box::new(|r| r.itt = 99),
         Box::new(|r| r.cid = 3),

@@ -95,6 +95,11 @@ fn config(auth: Option<ChapCredentials>) -> InitiatorLoginConfig {
     }
 }
 
+/// Initiator outcome, target outcome, number of exchanges.
+type Success = (LoginOutcome, LoginOutcome, usize);
+/// The initiator's own error, or the status of the target's reject.
+type Failure = Result<LoginError, (u8, u8)>;
+
 /// Runs a whole login. Returns both outcomes, or the initiator's error, or the target's
 /// reject status.
 fn run(
@@ -102,7 +107,7 @@ fn run(
     mut target: TargetLogin,
     policy: &mut Policy,
     tsih_assigned: u16,
-) -> Result<(LoginOutcome, LoginOutcome, usize), Result<LoginError, (u8, u8)>> {
+) -> Result<Success, Failure> {
     let mut counter = 100u8;
     let mut rng = move |buf: &mut [u8]| {
         for b in buf {
