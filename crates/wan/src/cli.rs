@@ -180,7 +180,7 @@ pub fn run(args: WanArgs) -> Result<()> {
             let resp = control::request(
                 &name,
                 &Request::Set {
-                    update: params.to_update(),
+                    update: Box::new(params.to_update()),
                 },
             )
             .with_context(|| format!("is link {name} up?"))?;

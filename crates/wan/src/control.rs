@@ -14,7 +14,7 @@ pub enum Request {
     Ping,
     Get,
     Stats,
-    Set { update: LinkUpdate },
+    Set { update: Box<LinkUpdate> },
     Quit,
 }
 

@@ -155,9 +155,17 @@ pub fn list_netns() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether `pid` runs; a zombie waiting for its parent to reap it does not.
 pub fn process_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim().chars().next());
+    !matches!(state, Some('Z') | Some('X'))
 }
 
 pub fn kill(pid: i32, sig: i32) {
