@@ -23,6 +23,12 @@ for cmd in "${!NEED[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || [ -x "/sbin/$cmd" ] || missing+=("${NEED[$cmd]}")
 done
 
+# qemu-img reaches iscsi:// URLs through a module that qemu-block-extra ships; it must come
+# from the same release as qemu-utils, so both are installed together.
+if ! ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so /usr/lib/*/qemu/block-iscsi.so >/dev/null 2>&1; then
+  missing+=(qemu-utils qemu-block-extra)
+fi
+
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install: ${missing[*]}" >&2

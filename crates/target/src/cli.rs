@@ -1,0 +1,106 @@
+//! `rsv target`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tracing::info;
+
+use crate::config::Config;
+use crate::server::Server;
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
+iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
+targets, LUNs (file or ram, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
+(one-way and mutual, per target and for discovery) and session defaults; --listen and
+--data-dir override it.
+
+On start it prints `portal ADDR` for every address it listens on and `target IQN` for
+every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
+let in-flight commands finish, flush LUNs, exit 0.")]
+pub struct TargetArgs {
+    /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
+    #[arg(long = "listen", value_name = "ADDR:PORT")]
+    pub listen: Vec<SocketAddr>,
+    /// Directory for LUN images with relative paths. Default ./data.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML configuration file.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Seconds to let in-flight commands finish on shutdown.
+    #[arg(long, default_value_t = 10)]
+    pub grace: u64,
+    /// Print the configuration in effect and exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded_default(),
+    };
+    if !args.listen.is_empty() {
+        config.portals = args.listen.clone();
+    }
+    if let Some(d) = &args.data_dir {
+        config.data_dir = d.clone();
+    }
+    config.validate().map_err(anyhow::Error::msg)?;
+    Ok(config)
+}
+
+pub fn run(args: TargetArgs) -> anyhow::Result<()> {
+    let config = load(&args)?;
+    if args.check {
+        println!("{config:#?}");
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rsv-target")
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let server = Server::bind(config).await?;
+        for p in server.portals() {
+            println!("portal {p}");
+        }
+        for t in server.targets() {
+            println!("target {}", t.iqn);
+            for (id, lu) in &t.luns {
+                info!(
+                    "{} LUN {id}: {} blocks of {} bytes{}",
+                    t.iqn,
+                    lu.capacity_blocks(),
+                    lu.config().block_size,
+                    if lu.config().read_only {
+                        ", read-only"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        println!("ready");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        server
+            .run(shutdown_signal(), Duration::from_secs(args.grace))
+            .await
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+    }
+}

@@ -1,0 +1,532 @@
+//! The target's TOML configuration, and the embedded default used when there is none.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
+pub const DEFAULT_IQN: &str = "iqn.2026-11.org.reservoir:target0";
+pub const DEFAULT_LUN_SIZE: u64 = 1 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{col}: {message}")]
+    Parse {
+        path: String,
+        line: usize,
+        col: usize,
+        message: String,
+    },
+    #[error("{path}: {0}", path = .1)]
+    Invalid(String, String),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Addresses to listen on.
+    #[serde(default = "default_portals")]
+    pub portals: Vec<SocketAddr>,
+    /// Relative LUN paths are taken from here.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    #[serde(default)]
+    pub session: SessionDefaults,
+    #[serde(default)]
+    pub discovery: Discovery,
+    #[serde(default, rename = "target")]
+    pub targets: Vec<TargetConfig>,
+}
+
+fn default_portals() -> Vec<SocketAddr> {
+    vec![DEFAULT_PORTAL.parse().unwrap()]
+}
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("./data")
+}
+
+/// What the target offers in negotiation; the result is per the RFC's rule for each key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionDefaults {
+    pub max_connections: u16,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+    pub max_recv_data_segment_length: u32,
+    pub max_outstanding_r2t: u16,
+    pub default_time2wait: u16,
+    pub default_time2retain: u16,
+    pub error_recovery_level: u8,
+    /// Digests the target accepts, in order of preference: "None", "CRC32C".
+    pub header_digest: Vec<String>,
+    pub data_digest: Vec<String>,
+    /// Commands a session may have queued beyond ExpCmdSN (the CmdSN window).
+    pub queue_depth: u32,
+    /// Seconds a connection may take to finish logging in.
+    pub login_timeout: u64,
+    /// Seconds of silence before the target sends a NOP-In ping (0: never).
+    pub nop_interval: u64,
+    pub send_buffer: Option<usize>,
+    pub recv_buffer: Option<usize>,
+    pub congestion: Option<String>,
+}
+
+impl Default for SessionDefaults {
+    fn default() -> Self {
+        SessionDefaults {
+            max_connections: 32,
+            initial_r2t: false,
+            immediate_data: true,
+            first_burst_length: 1 << 20,
+            max_burst_length: (16 << 20) - 1024,
+            max_recv_data_segment_length: 256 << 10,
+            max_outstanding_r2t: 16,
+            default_time2wait: 2,
+            default_time2retain: 20,
+            error_recovery_level: 0,
+            header_digest: vec!["None".into(), "CRC32C".into()],
+            data_digest: vec!["None".into(), "CRC32C".into()],
+            queue_depth: 256,
+            login_timeout: 15,
+            nop_interval: 30,
+            send_buffer: None,
+            recv_buffer: None,
+            congestion: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Discovery {
+    pub chap: Option<Chap>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Chap {
+    pub user: String,
+    pub secret: String,
+    /// Mutual CHAP: the name and secret the target answers the initiator's challenge with.
+    pub mutual_user: Option<String>,
+    pub mutual_secret: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub iqn: String,
+    pub alias: Option<String>,
+    /// Initiator IQNs allowed to log in; empty allows every initiator.
+    #[serde(default)]
+    pub allowed_initiators: Vec<String>,
+    pub chap: Option<Chap>,
+    #[serde(default, rename = "lun")]
+    pub luns: Vec<LunConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackstoreKind {
+    File,
+    Ram,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    pub id: u16,
+    pub backstore: BackstoreKind,
+    /// File backstores: the image path, relative to `data_dir` unless absolute.
+    pub path: Option<PathBuf>,
+    /// "1GiB", "512MiB", "4096" (bytes). Files: created sparse when missing; an existing
+    /// file's size is used when this is absent.
+    pub size: Option<Size>,
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub removable: bool,
+    /// Report thin provisioning and honour UNMAP by punching holes.
+    #[serde(default = "yes")]
+    pub thin: bool,
+    pub serial: Option<String>,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// "1GiB", "1G" (binary), "1GB" (decimal), "4096".
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?}: expected a number with an optional unit"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        u => return Err(format!("size {s:?}: unknown unit {u:?}")),
+    };
+    let v = n * mult as f64;
+    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+        return Err(format!("size {s:?} out of range"));
+    }
+    Ok(v as u64)
+}
+
+impl Config {
+    /// The configuration used when none is given.
+    pub fn embedded_default() -> Config {
+        Config {
+            portals: default_portals(),
+            data_dir: default_data_dir(),
+            session: SessionDefaults::default(),
+            discovery: Discovery::default(),
+            targets: vec![TargetConfig {
+                iqn: DEFAULT_IQN.into(),
+                alias: Some("reservoir".into()),
+                allowed_initiators: vec![],
+                chap: None,
+                luns: vec![LunConfig {
+                    id: 0,
+                    backstore: BackstoreKind::File,
+                    path: Some("lun0.img".into()),
+                    size: Some(Size(DEFAULT_LUN_SIZE)),
+                    block_size: 512,
+                    read_only: false,
+                    removable: false,
+                    thin: true,
+                    serial: None,
+                }],
+            }],
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let (line, col) = e
+                .span()
+                .map(|sp| line_col(text, sp.start))
+                .unwrap_or((0, 0));
+            ConfigError::Parse {
+                path: origin.to_owned(),
+                line,
+                col,
+                message: e.message().to_owned(),
+            }
+        })?;
+        cfg.validate()
+            .map_err(|m| ConfigError::Invalid(m, origin.to_owned()))?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.portals.is_empty() {
+            return Err("no portals to listen on".into());
+        }
+        let s = &self.session;
+        if !(1..=65535).contains(&s.max_connections) {
+            return Err("session.max_connections must be 1..65535".into());
+        }
+        if !(512..=16_777_215).contains(&s.max_burst_length) {
+            return Err("session.max_burst_length must be 512..16777215".into());
+        }
+        if !(512..=16_777_215).contains(&s.first_burst_length) {
+            return Err("session.first_burst_length must be 512..16777215".into());
+        }
+        if !(512..=16_777_215).contains(&s.max_recv_data_segment_length) {
+            return Err("session.max_recv_data_segment_length must be 512..16777215".into());
+        }
+        if s.max_outstanding_r2t == 0 {
+            return Err("session.max_outstanding_r2t must be at least 1".into());
+        }
+        if s.error_recovery_level > 2 {
+            return Err("session.error_recovery_level must be 0, 1 or 2".into());
+        }
+        if s.queue_depth == 0 || s.queue_depth > 1 << 20 {
+            return Err("session.queue_depth must be 1..1048576".into());
+        }
+        for (name, list) in [
+            ("header_digest", &s.header_digest),
+            ("data_digest", &s.data_digest),
+        ] {
+            if list.is_empty() {
+                return Err(format!(
+                    "session.{name} must list at least one of None, CRC32C"
+                ));
+            }
+            for d in list {
+                if d != "None" && d != "CRC32C" {
+                    return Err(format!("session.{name}: {d:?} is not None or CRC32C"));
+                }
+            }
+        }
+        if self.targets.is_empty() {
+            return Err("no [[target]] defined".into());
+        }
+        let mut iqns = HashSet::new();
+        for t in &self.targets {
+            validate_iscsi_name(&t.iqn).map_err(|e| format!("target {:?}: {e}", t.iqn))?;
+            if !iqns.insert(t.iqn.to_ascii_lowercase()) {
+                return Err(format!("target {:?} defined twice", t.iqn));
+            }
+            for i in &t.allowed_initiators {
+                validate_iscsi_name(i)
+                    .map_err(|e| format!("target {:?}: initiator {i:?}: {e}", t.iqn))?;
+            }
+            if let Some(c) = &t.chap {
+                validate_chap(c).map_err(|e| format!("target {:?}: chap: {e}", t.iqn))?;
+            }
+            let mut ids = HashSet::new();
+            for l in &t.luns {
+                let at = format!("target {:?} lun {}", t.iqn, l.id);
+                if l.id >= 16384 {
+                    return Err(format!("{at}: LUN ids go up to 16383"));
+                }
+                if !ids.insert(l.id) {
+                    return Err(format!("{at}: defined twice"));
+                }
+                if l.block_size != 512 && l.block_size != 4096 {
+                    return Err(format!("{at}: block_size must be 512 or 4096"));
+                }
+                match l.backstore {
+                    BackstoreKind::File if l.path.is_none() => {
+                        return Err(format!("{at}: a file backstore needs a path"))
+                    }
+                    BackstoreKind::Ram if l.size.is_none() => {
+                        return Err(format!("{at}: a ram backstore needs a size"))
+                    }
+                    _ => {}
+                }
+                if let Some(Size(n)) = l.size {
+                    if n == 0 || n % l.block_size as u64 != 0 {
+                        return Err(format!(
+                            "{at}: size {n} is not a positive multiple of the block size {}",
+                            l.block_size
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(c) = &self.discovery.chap {
+            validate_chap(c).map_err(|e| format!("discovery chap: {e}"))?;
+        }
+        Ok(())
+    }
+
+    pub fn lun_path(&self, lun: &LunConfig) -> Option<PathBuf> {
+        lun.path.as_ref().map(|p| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                self.data_dir.join(p)
+            }
+        })
+    }
+}
+
+fn validate_chap(c: &Chap) -> Result<(), String> {
+    if c.user.is_empty() || c.secret.is_empty() {
+        return Err("user and secret must not be empty".into());
+    }
+    match (&c.mutual_user, &c.mutual_secret) {
+        (Some(_), None) | (None, Some(_)) => {
+            Err("mutual_user and mutual_secret go together".into())
+        }
+        (Some(_), Some(ms)) if ms == &c.secret => {
+            Err("mutual_secret must differ from secret (RFC 7143 12.1.3)".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// iqn., eui. or naa. names as RFC 3720 3.2.6 has them (lower-case is not enforced:
+/// comparisons are case-insensitive).
+pub fn validate_iscsi_name(n: &str) -> Result<(), String> {
+    if n.len() > 223 {
+        return Err("longer than 223 bytes".into());
+    }
+    let lower = n.to_ascii_lowercase();
+    let ok_chars = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'))
+    };
+    if let Some(rest) = lower.strip_prefix("iqn.") {
+        let date = rest.get(..7).unwrap_or("");
+        let valid_date = date.len() == 7
+            && date[..4].chars().all(|c| c.is_ascii_digit())
+            && &date[4..5] == "-"
+            && date[5..].chars().all(|c| c.is_ascii_digit());
+        if !valid_date || !ok_chars(rest) {
+            return Err("expected iqn.YYYY-MM.reversed.domain[:name]".into());
+        }
+        Ok(())
+    } else if let Some(hex) = lower.strip_prefix("eui.") {
+        if hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            Ok(())
+        } else {
+            Err("eui. names take 16 hex digits".into())
+        }
+    } else if let Some(hex) = lower.strip_prefix("naa.") {
+        if (hex.len() == 16 || hex.len() == 32) && hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            Ok(())
+        } else {
+            Err("naa. names take 16 or 32 hex digits".into())
+        }
+    } else {
+        Err("must start with iqn., eui. or naa.".into())
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_valid() {
+        Config::embedded_default().validate().unwrap();
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = Config::parse(
+            r#"
+portals = ["127.0.0.1:3260", "[::1]:3260"]
+data_dir = "/var/lib/reservoir"
+[session]
+max_connections = 16
+initial_r2t = false
+header_digest = ["CRC32C", "None"]
+[discovery]
+chap = { user = "disc", secret = "discsecret12" }
+[[target]]
+iqn = "iqn.2026-11.org.example:disk1"
+alias = "disk one"
+allowed_initiators = ["iqn.2026-11.org.example:host"]
+chap = { user = "u", secret = "secretsecret", mutual_user = "t", mutual_secret = "othersecret1" }
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "disk1.img"
+size = "2GiB"
+[[target.lun]]
+id = 1
+backstore = "ram"
+size = "64MiB"
+block_size = 4096
+read_only = true
+"#,
+            "test.toml",
+        )
+        .unwrap();
+        assert_eq!(c.portals.len(), 2);
+        assert_eq!(c.session.max_connections, 16);
+        assert_eq!(c.targets[0].luns[0].size, Some(Size(2 << 30)));
+        assert_eq!(c.targets[0].luns[1].block_size, 4096);
+        assert_eq!(
+            c.lun_path(&c.targets[0].luns[0]).unwrap(),
+            PathBuf::from("/var/lib/reservoir/disk1.img")
+        );
+    }
+
+    #[test]
+    fn bad_config_names_line_and_reason() {
+        let e = Config::parse(
+            "portals = [\"127.0.0.1:3260\"]\n[session]\nmax_connectionz = 3\n",
+            "bad.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("bad.toml:3:"), "{e}");
+        assert!(e.contains("max_connectionz"), "{e}");
+
+        let e = Config::parse(
+            "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = 1000\n",
+            "b.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("multiple of the block size"), "{e}");
+
+        let e = Config::parse("[[target]]\niqn = \"foo\"\n", "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("iqn."), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
+        assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn names() {
+        validate_iscsi_name("iqn.2026-11.org.reservoir:target0").unwrap();
+        validate_iscsi_name("eui.02004567A425678D").unwrap();
+        assert!(validate_iscsi_name("iqn.26-11.x").is_err());
+        assert!(validate_iscsi_name("iqn.2026-11.x y").is_err());
+    }
+}

@@ -1,0 +1,344 @@
+//! The daemon: opens the LUNs, listens on the portals, keeps the session table, and shuts
+//! down gracefully.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use backstore::{Backstore, FileBackstore, RamBackstore};
+use scsi::{LogicalUnit, LuConfig, Nexus};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tracing::{info, warn};
+
+use crate::config::{BackstoreKind, Chap, Config};
+use crate::session::{ConnEvent, Session};
+
+/// One iSCSI target node: a name, its access rules and its logical units.
+pub struct TargetNode {
+    pub iqn: String,
+    pub alias: Option<String>,
+    pub allowed_initiators: Vec<String>,
+    pub chap: Option<Chap>,
+    pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
+}
+
+impl TargetNode {
+    pub fn allows(&self, initiator: &str) -> bool {
+        self.allowed_initiators.is_empty()
+            || self
+                .allowed_initiators
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(initiator))
+    }
+
+    pub fn lun_ids(&self) -> Vec<u16> {
+        self.luns.keys().copied().collect()
+    }
+}
+
+impl std::fmt::Debug for TargetNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetNode")
+            .field("iqn", &self.iqn)
+            .finish()
+    }
+}
+
+/// State every connection sees.
+pub struct Shared {
+    pub config: Config,
+    pub targets: Vec<Arc<TargetNode>>,
+    /// Addresses actually bound (port 0 resolved).
+    pub portals: Vec<SocketAddr>,
+    sessions: Mutex<HashMap<u16, Arc<Session>>>,
+    next_tsih: Mutex<u16>,
+    nexus_ids: Mutex<HashMap<(String, [u8; 6]), u64>>,
+    pub shutdown: watch::Receiver<bool>,
+    /// Commands executing anywhere; shutdown waits for them.
+    inflight: AtomicUsize,
+    idle: Notify,
+}
+
+impl Shared {
+    pub fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
+        self.targets
+            .iter()
+            .find(|t| t.iqn.eq_ignore_ascii_case(name))
+            .cloned()
+    }
+
+    pub fn session(&self, tsih: u16) -> Option<Arc<Session>> {
+        self.sessions.lock().unwrap().get(&tsih).cloned()
+    }
+
+    /// Sessions of the same initiator port (name + ISID) to the same target: candidates for
+    /// reinstatement (RFC 7143 6.3.5).
+    pub fn sessions_of(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        target: Option<&str>,
+    ) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| {
+                s.isid == isid
+                    && s.initiator.eq_ignore_ascii_case(initiator)
+                    && match (&s.target, target) {
+                        (Some(t), Some(n)) => t.iqn.eq_ignore_ascii_case(n),
+                        (None, None) => true,
+                        _ => false,
+                    }
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Allocates a TSIH (never 0) and registers the session built with it.
+    pub fn add_session(&self, build: impl FnOnce(u16) -> Session) -> Arc<Session> {
+        let mut sessions = self.sessions.lock().unwrap();
+        let mut next = self.next_tsih.lock().unwrap();
+        let tsih = loop {
+            let t = *next;
+            *next = next.wrapping_add(1).max(1);
+            if t != 0 && !sessions.contains_key(&t) {
+                break t;
+            }
+        };
+        let s = Arc::new(build(tsih));
+        sessions.insert(tsih, s.clone());
+        s
+    }
+
+    pub fn remove_session(&self, tsih: u16) {
+        self.sessions.lock().unwrap().remove(&tsih);
+    }
+
+    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions.lock().unwrap().values().cloned().collect()
+    }
+
+    /// The same initiator port keeps its I_T nexus id across sessions, so unit attentions
+    /// and (later) reservations follow the initiator port, not the TCP connection.
+    pub fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
+        let mut ids = self.nexus_ids.lock().unwrap();
+        let n = ids.len() as u64 + 1;
+        Nexus(
+            *ids.entry((initiator.to_ascii_lowercase(), isid))
+                .or_insert(n),
+        )
+    }
+
+    pub fn task_started(&self) {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn task_finished(&self) {
+        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.inflight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// A target ready to accept connections.
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<TcpListener>,
+    shutdown_tx: watch::Sender<bool>,
+}
+
+fn open_store(
+    config: &Config,
+    lun: &crate::config::LunConfig,
+) -> anyhow::Result<Arc<dyn Backstore>> {
+    Ok(match lun.backstore {
+        BackstoreKind::Ram => Arc::new(RamBackstore::new(lun.size.map(|s| s.0).unwrap_or(0))),
+        BackstoreKind::File => {
+            let path = config
+                .lun_path(lun)
+                .expect("validated: file LUNs have a path");
+            let store = FileBackstore::open(&path, lun.size.map(|s| s.0), true, lun.read_only)
+                .with_context(|| format!("opening LUN image {}", path.display()))?;
+            if store.size() % lun.block_size as u64 != 0 || store.size() == 0 {
+                bail!(
+                    "{}: size {} is not a positive multiple of the block size {}",
+                    path.display(),
+                    store.size(),
+                    lun.block_size
+                );
+            }
+            Arc::new(store)
+        }
+    })
+}
+
+/// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
+fn stable_id(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl Server {
+    /// Opens every LUN and binds every portal.
+    pub async fn bind(config: Config) -> anyhow::Result<Server> {
+        config.validate().map_err(anyhow::Error::msg)?;
+        let mut targets = Vec::new();
+        for t in &config.targets {
+            let mut luns = BTreeMap::new();
+            for l in &t.luns {
+                let store = open_store(&config, l)?;
+                let id = stable_id(&[&t.iqn.to_ascii_lowercase(), &l.id.to_string()]);
+                // NAA 6 with an IEEE company id of zero and our hash as the vendor part.
+                let naa_id = 0x6000_0000_0000_0000 | (id >> 4);
+                let serial = l.serial.clone().unwrap_or_else(|| format!("{:016x}", id));
+                let lu = LogicalUnit::new(
+                    LuConfig {
+                        block_size: l.block_size,
+                        read_only: l.read_only,
+                        removable: l.removable,
+                        thin: l.thin && store.supports_discard(),
+                        serial: serial.clone(),
+                        naa_id,
+                        device_id: format!("{}-lun{}", t.iqn, l.id),
+                        ..LuConfig::default()
+                    },
+                    store,
+                );
+                luns.insert(l.id, Arc::new(lu));
+            }
+            targets.push(Arc::new(TargetNode {
+                iqn: t.iqn.clone(),
+                alias: t.alias.clone(),
+                allowed_initiators: t.allowed_initiators.clone(),
+                chap: t.chap.clone(),
+                luns,
+            }));
+        }
+        let mut listeners = Vec::new();
+        let mut portals = Vec::new();
+        for p in &config.portals {
+            let l = TcpListener::bind(p)
+                .await
+                .with_context(|| format!("listening on {p}"))?;
+            portals.push(l.local_addr()?);
+            listeners.push(l);
+        }
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        Ok(Server {
+            shared: Arc::new(Shared {
+                config,
+                targets,
+                portals,
+                sessions: Mutex::new(HashMap::new()),
+                next_tsih: Mutex::new(1),
+                nexus_ids: Mutex::new(HashMap::new()),
+                shutdown,
+                inflight: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+            listeners,
+            shutdown_tx,
+        })
+    }
+
+    pub fn portals(&self) -> &[SocketAddr] {
+        &self.shared.portals
+    }
+
+    pub fn targets(&self) -> impl Iterator<Item = &TargetNode> {
+        self.shared.targets.iter().map(|t| &**t)
+    }
+
+    /// Serves until `stop` resolves, then drains: no new connections, initiators asked to
+    /// log out, in-flight commands finished (bounded by `grace`), LUNs flushed.
+    pub async fn run(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+        grace: Duration,
+    ) -> anyhow::Result<()> {
+        let Server {
+            shared,
+            listeners,
+            shutdown_tx,
+        } = self;
+        let mut accept_tasks = Vec::new();
+        for l in listeners {
+            let shared = shared.clone();
+            accept_tasks.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((stream, peer)) => {
+                            let shared = shared.clone();
+                            tokio::spawn(async move {
+                                crate::conn::serve(shared, stream, peer).await;
+                            });
+                        }
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            warn!("accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        stop.await;
+        info!("shutting down: no new connections, draining");
+        for t in &accept_tasks {
+            t.abort();
+        }
+        let _ = shutdown_tx.send(true);
+        for s in shared.all_sessions() {
+            s.broadcast(|| ConnEvent::RequestLogout);
+        }
+        if tokio::time::timeout(grace, shared.wait_idle())
+            .await
+            .is_err()
+        {
+            warn!("commands still running after {grace:?}; closing anyway");
+        }
+        for s in shared.all_sessions() {
+            s.broadcast(|| ConnEvent::Close("target shutting down"));
+        }
+        let mut failed = false;
+        for t in &shared.targets {
+            for (id, lu) in &t.luns {
+                if let Err(e) = lu.flush() {
+                    warn!("flushing {} LUN {id}: {e}", t.iqn);
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            bail!("some LUNs could not be flushed");
+        }
+        info!("stopped cleanly");
+        Ok(())
+    }
+}

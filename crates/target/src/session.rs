@@ -1,0 +1,316 @@
+//! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
+//! connections, and the registry of its tasks (for task management across connections).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use iscsi::negotiate::SessionParams;
+use iscsi::pdu::Pdu;
+use iscsi::serial::sn_in_window;
+use scsi::Nexus;
+use tokio::sync::{mpsc, Notify};
+
+use crate::server::TargetNode;
+
+/// Something a connection must do that another connection (or the server) decided.
+#[derive(Debug)]
+pub enum ConnEvent {
+    /// A command of this connection has become next in CmdSN order.
+    Deliver(Ordered),
+    /// Stop this task (TMF from elsewhere).
+    Abort(u32),
+    /// Close the connection (reinstatement, session logout, cold reset, shutdown).
+    Close(&'static str),
+    /// Ask the initiator to log out (target shutdown): Async Message event 1.
+    RequestLogout,
+}
+
+/// A non-immediate PDU waiting for its turn in CmdSN order.
+#[derive(Debug, PartialEq)]
+pub enum Ordered {
+    /// A SCSI command whose task state lives in the owning connection, keyed by ITT.
+    Scsi(u32),
+    /// Any other command (NOP-Out, Text, Task Management, Logout).
+    Pdu(Box<Pdu>),
+}
+
+/// Shared between a task's owner and whoever manages it.
+#[derive(Debug, Default)]
+pub struct TaskCtl {
+    pub aborted: AtomicBool,
+    pub executing: AtomicBool,
+    pub done: Notify,
+    pub finished: AtomicBool,
+}
+
+#[derive(Debug)]
+pub struct TaskRec {
+    pub cid: u16,
+    pub lun: u16,
+    pub ctl: Arc<TaskCtl>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConnHandle {
+    pub events: mpsc::UnboundedSender<ConnEvent>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum OrderError {
+    /// Outside [ExpCmdSN, MaxCmdSN]: RFC 7143 4.2.2.1 says to ignore it silently.
+    OutOfWindow { exp: u32, max: u32 },
+    /// The same CmdSN is already waiting.
+    Duplicate,
+}
+
+pub struct Session {
+    pub tsih: u16,
+    pub isid: [u8; 6],
+    pub initiator: String,
+    pub target: Option<Arc<TargetNode>>,
+    pub params: SessionParams,
+    pub nexus: Nexus,
+    queue_depth: u32,
+    /// Mirrors of the window for stamping outgoing PDUs without taking the lock.
+    exp_cmdsn: AtomicU32,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    exp_cmdsn: u32,
+    pending: HashMap<u32, (u16, Ordered)>,
+    conns: HashMap<u16, ConnHandle>,
+    tasks: HashMap<u32, TaskRec>,
+    closed: bool,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        tsih: u16,
+        isid: [u8; 6],
+        initiator: String,
+        target: Option<Arc<TargetNode>>,
+        params: SessionParams,
+        nexus: Nexus,
+        queue_depth: u32,
+        first_cmdsn: u32,
+    ) -> Session {
+        Session {
+            tsih,
+            isid,
+            initiator,
+            target,
+            params,
+            nexus,
+            queue_depth,
+            exp_cmdsn: AtomicU32::new(first_cmdsn),
+            inner: Mutex::new(Inner {
+                exp_cmdsn: first_cmdsn,
+                pending: HashMap::new(),
+                conns: HashMap::new(),
+                tasks: HashMap::new(),
+                closed: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic elsewhere must not wedge every connection of the session.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.target.is_none()
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) to advertise now.
+    pub fn window(&self) -> (u32, u32) {
+        let exp = self.exp_cmdsn.load(Ordering::Acquire);
+        (exp, exp.wrapping_add(self.queue_depth - 1))
+    }
+
+    /// Takes a non-immediate command in; returns the commands that are now deliverable,
+    /// in CmdSN order, each with the CID of its connection.
+    pub fn order(
+        &self,
+        cid: u16,
+        cmdsn: u32,
+        item: Ordered,
+    ) -> Result<Vec<(u16, Ordered)>, OrderError> {
+        let mut g = self.lock();
+        let exp = g.exp_cmdsn;
+        let max = exp.wrapping_add(self.queue_depth - 1);
+        if !sn_in_window(cmdsn, exp, max) {
+            return Err(OrderError::OutOfWindow { exp, max });
+        }
+        if cmdsn != exp {
+            if g.pending.contains_key(&cmdsn) {
+                return Err(OrderError::Duplicate);
+            }
+            g.pending.insert(cmdsn, (cid, item));
+            return Ok(Vec::new());
+        }
+        let mut ready = vec![(cid, item)];
+        let mut next = exp.wrapping_add(1);
+        while let Some(p) = g.pending.remove(&next) {
+            ready.push(p);
+            next = next.wrapping_add(1);
+        }
+        g.exp_cmdsn = next;
+        self.exp_cmdsn.store(next, Ordering::Release);
+        Ok(ready)
+    }
+
+    pub fn add_connection(&self, cid: u16, handle: ConnHandle) -> Option<ConnHandle> {
+        self.lock().conns.insert(cid, handle)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.lock().conns.len()
+    }
+
+    pub fn has_connection(&self, cid: u16) -> bool {
+        self.lock().conns.contains_key(&cid)
+    }
+
+    /// Returns true when that was the last connection.
+    pub fn remove_connection(&self, cid: u16, handle: &ConnHandle) -> bool {
+        let mut g = self.lock();
+        if g.conns
+            .get(&cid)
+            .is_some_and(|h| h.events.same_channel(&handle.events))
+        {
+            g.conns.remove(&cid);
+        }
+        // Commands of a lost connection waiting for ordering can never run now.
+        g.pending.retain(|_, (c, _)| *c != cid);
+        g.conns.is_empty()
+    }
+
+    pub fn send_to(&self, cid: u16, ev: ConnEvent) -> bool {
+        let g = self.lock();
+        match g.conns.get(&cid) {
+            Some(h) => h.events.send(ev).is_ok(),
+            None => false,
+        }
+    }
+
+    pub fn broadcast(&self, ev: impl Fn() -> ConnEvent) {
+        let g = self.lock();
+        for h in g.conns.values() {
+            let _ = h.events.send(ev());
+        }
+    }
+
+    /// Marks the session closed; returns false if it already was.
+    pub fn close(&self) -> bool {
+        let mut g = self.lock();
+        !std::mem::replace(&mut g.closed, true)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Registers a task; false if the ITT is already in use in this session.
+    pub fn register_task(&self, itt: u32, rec: TaskRec) -> bool {
+        let mut g = self.lock();
+        if g.tasks.contains_key(&itt) {
+            return false;
+        }
+        g.tasks.insert(itt, rec);
+        true
+    }
+
+    pub fn unregister_task(&self, itt: u32) {
+        self.lock().tasks.remove(&itt);
+    }
+
+    pub fn task(&self, itt: u32) -> Option<(u16, u16, Arc<TaskCtl>)> {
+        self.lock()
+            .tasks
+            .get(&itt)
+            .map(|r| (r.cid, r.lun, r.ctl.clone()))
+    }
+
+    /// Tasks on `lun` (all LUNs when None): (itt, cid, ctl).
+    pub fn tasks_on(&self, lun: Option<u16>) -> Vec<(u32, u16, Arc<TaskCtl>)> {
+        self.lock()
+            .tasks
+            .iter()
+            .filter(|(_, r)| lun.is_none_or(|l| r.lun == l))
+            .map(|(itt, r)| (*itt, r.cid, r.ctl.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(first: u32, depth: u32) -> Session {
+        Session::new(
+            1,
+            [0; 6],
+            "iqn.2026-11.test:i".into(),
+            None,
+            SessionParams::default(),
+            Nexus(1),
+            depth,
+            first,
+        )
+    }
+
+    fn ids(v: Vec<(u16, Ordered)>) -> Vec<u16> {
+        v.into_iter().map(|(c, _)| c).collect()
+    }
+
+    #[test]
+    fn commands_are_delivered_in_cmdsn_order_across_connections() {
+        let s = session(10, 8);
+        assert!(ids(s.order(2, 12, Ordered::Scsi(12)).unwrap()).is_empty());
+        assert!(ids(s.order(3, 11, Ordered::Scsi(11)).unwrap()).is_empty());
+        let ready = s.order(1, 10, Ordered::Scsi(10)).unwrap();
+        let itts: Vec<u32> = ready
+            .iter()
+            .map(|(_, o)| match o {
+                Ordered::Scsi(i) => *i,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(itts, vec![10, 11, 12]);
+        assert_eq!(ids(ready), vec![1, 3, 2]);
+        assert_eq!(s.window(), (13, 20));
+    }
+
+    #[test]
+    fn out_of_window_and_duplicates_are_refused() {
+        let s = session(u32::MAX - 1, 4);
+        assert_eq!(
+            s.order(1, u32::MAX - 2, Ordered::Scsi(0)),
+            Err(OrderError::OutOfWindow {
+                exp: u32::MAX - 1,
+                max: 1
+            })
+        );
+        assert_eq!(
+            s.order(1, 2, Ordered::Scsi(0)).unwrap_err(),
+            OrderError::OutOfWindow {
+                exp: u32::MAX - 1,
+                max: 1
+            }
+        );
+        s.order(1, 1, Ordered::Scsi(0)).unwrap();
+        assert_eq!(
+            s.order(1, 1, Ordered::Scsi(0)).unwrap_err(),
+            OrderError::Duplicate
+        );
+        // Wraps around zero.
+        s.order(1, u32::MAX - 1, Ordered::Scsi(0)).unwrap();
+        s.order(1, u32::MAX, Ordered::Scsi(0)).unwrap();
+        assert_eq!(ids(s.order(1, 0, Ordered::Scsi(0)).unwrap()), vec![1, 1]);
+        assert_eq!(s.window().0, 2);
+    }
+}
