@@ -189,6 +189,22 @@ struct Direction {
     scratch: Vec<u8>,
     spin_ns: u64,
     generation: u64,
+    /// The ring grows to this when it is next empty, after a `set` made the link longer.
+    want_capacity: usize,
+}
+
+/// Room for a full bottleneck queue plus twice the bytes in flight over the delay (at the
+/// link rate, or 2 Gbit/s when unlimited), so memory follows the link's size. Packets that
+/// find no room count as `drop_other`.
+fn ring_capacity(p: &DirParams) -> usize {
+    let rate = if p.rate_bps == 0 {
+        2_000_000_000
+    } else {
+        p.rate_bps
+    };
+    let delay = p.delay_ns + p.jitter_ns;
+    let in_flight = (rate as u128 * delay as u128 / 8 / 1_000_000_000) as u64;
+    (2 * (p.queue_bytes + in_flight) + (16 << 20)).min(1 << 30) as usize
 }
 
 const BATCH: usize = 64;
@@ -199,12 +215,7 @@ impl Direction {
     fn new(index: usize, input: File, output: File, cfg: &LinkConfig, seed: u64) -> Direction {
         let params = Self::params_of(cfg, index);
         let slot = cfg.mtu as usize + 64;
-        // Enough for a full queue plus a second of the fastest traffic this machine relays
-        // in flight; a `set` to a much longer or faster link still fits until it doesn't, and
-        // then excess packets count as `drop_other`.
-        let in_flight = params.rate_bps.max(2_000_000_000) / 8 * params.delay_ns.max(1_000_000_000)
-            / 1_000_000_000;
-        let capacity = (params.queue_bytes + in_flight).clamp(64 << 20, 1 << 30) as usize;
+        let capacity = ring_capacity(&params);
         Direction {
             index,
             input,
@@ -214,6 +225,7 @@ impl Direction {
             scratch: vec![0; 65536],
             spin_ns: cfg.spin_ns,
             generation: 0,
+            want_capacity: capacity,
         }
     }
 
@@ -237,8 +249,13 @@ impl Direction {
             if generation != self.generation {
                 self.generation = generation;
                 let cfg = shared.config.lock().unwrap();
-                self.shaper.set_params(Self::params_of(&cfg, self.index));
+                let params = Self::params_of(&cfg, self.index);
+                self.shaper.set_params(params);
                 self.spin_ns = cfg.spin_ns;
+                self.want_capacity = self.want_capacity.max(ring_capacity(&params));
+            }
+            if self.want_capacity > self.ring.buf.len() && self.ring.pending.is_empty() {
+                self.ring = Ring::new(self.want_capacity, self.ring.slot);
             }
             let mut now = sys::now_ns();
             while let Some(p) = self.ring.pending.front() {
@@ -340,5 +357,24 @@ mod tests {
         assert_eq!(ring.reserve(), Some(128));
         ring.commit(128, 100, 0);
         assert_eq!(ring.reserve(), None);
+    }
+
+    #[test]
+    fn ring_follows_the_link_size() {
+        let p = DirParams {
+            rate_bps: 1_000_000_000,
+            delay_ns: 10_000_000,
+            jitter_ns: 0,
+            loss: crate::model::LossModel::NONE,
+            queue_bytes: 2_500_000,
+            queue_auto: true,
+        };
+        // 2 * (2.5 MB queue + 1.25 MB in flight) + 16 MiB.
+        assert_eq!(ring_capacity(&p), 7_500_000 + (16 << 20));
+        let huge = DirParams {
+            delay_ns: 3_600_000_000_000,
+            ..p
+        };
+        assert_eq!(ring_capacity(&huge), 1 << 30);
     }
 }

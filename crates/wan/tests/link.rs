@@ -77,7 +77,7 @@ fn bbr_fills_a_clean_link() {
     }
     let _serial = serial();
     let mut link = Link::up("wt-bbr", &["--rtt", "20ms", "--rate", "200mbit"]);
-    let goodput = iperf3_tcp(&mut link, "bbr", 8);
+    let goodput = iperf3_tcp(&mut link, "bbr", 8, 0);
     let wire = wire_rate(goodput, 1500.0);
     println!(
         "bbr over 200mbit/20ms: goodput {:.1} Mbit/s, on the wire {:.1} Mbit/s",
@@ -98,18 +98,20 @@ fn reno_follows_mathis_under_random_loss() {
         return;
     }
     let _serial = serial();
+    // About 50 loss events in the measured 15 s at 10 ms; slow start's overshoot, which
+    // takes several losses to shed, is left out.
     let p = 0.001;
-    let rtt = 0.020;
+    let rtt = 0.010;
     // Loss on the data direction only; the ACK path is clean.
     let mut link = Link::up(
         "wt-reno",
-        &["--rtt", "20ms", "--rate", "200mbit", "--loss-ab", "0.1%"],
+        &["--rtt", "10ms", "--rate", "200mbit", "--loss-ab", "0.1%"],
     );
-    let goodput = iperf3_tcp(&mut link, "reno", 15);
+    let goodput = iperf3_tcp(&mut link, "reno", 15, 3);
     let mss = 1448.0 * 8.0;
     let mathis = mss / rtt * 1.22 / f64::sqrt(p);
     println!(
-        "reno, 0.1 % loss, 20 ms: {:.1} Mbit/s, Mathis {:.1} Mbit/s (ratio {:.2})",
+        "reno, 0.1 % loss, 10 ms: {:.1} Mbit/s, Mathis {:.1} Mbit/s (ratio {:.2})",
         goodput / 1e6,
         mathis / 1e6,
         goodput / mathis

@@ -197,8 +197,8 @@ pub fn udp_count(link: &Link, n: u32, gap: Duration) -> u32 {
 }
 
 /// Starts an iperf3 server in site B and runs a client from site A; returns the receiver's
-/// goodput in bit/s.
-pub fn iperf3_tcp(link: &mut Link, cc: &str, seconds: u32) -> f64 {
+/// goodput in bit/s over `seconds`, after `omit` seconds of start-up left out.
+pub fn iperf3_tcp(link: &mut Link, cc: &str, seconds: u32, omit: u32) -> f64 {
     assert!(
         have("iperf3"),
         "iperf3 is required: apt-get install -y iperf3"
