@@ -218,6 +218,8 @@ pub fn iperf3_tcp(link: &mut Link, cc: &str, seconds: u32, omit: u32) -> f64 {
                 "5201",
                 "-t",
                 &seconds.to_string(),
+                "-O",
+                &omit.to_string(),
                 "-C",
                 cc,
                 "-J",
