@@ -1,1 +1,297 @@
-//! initiator
+//! Async iSCSI initiator on the sans-IO `iscsi` crate.
+//!
+//! - [`discover`]: SendTargets discovery on a portal.
+//! - [`Session::connect`]: login (full negotiation, CHAP one-way or mutual) and a session of
+//!   up to `connections` TCP connections (MC/S). Each connection has a reader task that
+//!   routes target PDUs by ITT and a writer task; a command goes to the connection with
+//!   the least outstanding bytes, and its Data-Out and status stay on that connection
+//!   (allegiance). At most `queue_depth` commands are in flight, and only within the
+//!   target's CmdSN window.
+//! - Writes carry immediate data and unsolicited Data-Out as negotiated and answer R2Ts.
+//! - Keep-alive NOP-Outs, answers to the target's NOP-In pings, ABORT TASK for commands
+//!   that time out, LUN RESET, clean logout.
+//! - Recovery (ERL 0): when a connection fails the session is reinstated with the same
+//!   ISID and every command not yet answered is issued again, so a copy survives a cut
+//!   link. See [`Session`].
+
+pub mod cli;
+mod conn;
+pub mod scsi;
+mod session;
+pub mod url;
+
+use std::time::Duration;
+
+pub use scsi::{Capacity, Inquiry, Sense};
+pub use session::{discover, DataDir, DiscoveredTarget, ScsiResult, Session, SessionInfo};
+pub use url::IscsiUrl;
+
+/// Everything that can go wrong, phrased for the person who has to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid iSCSI URL {0}")]
+    Url(String),
+    #[error("invalid option: {0}")]
+    Option(String),
+    #[error("cannot reach portal {portal}: {source}; check the address and port and that the target is running")]
+    Unreachable {
+        portal: String,
+        source: std::io::Error,
+    },
+    #[error("authentication to {target} failed: {message}; check the user name and password (CHAP secret) in the URL")]
+    Auth { target: String, message: String },
+    #[error("login to {target} refused by the target: {message} (status class {class}: {class_name}); {hint}")]
+    LoginRefused {
+        target: String,
+        class: u8,
+        detail: u8,
+        class_name: &'static str,
+        message: String,
+        hint: &'static str,
+    },
+    #[error("login to {target} failed: {message}")]
+    Login { target: String, message: String },
+    #[error("LUN {lun} not found on {target}; `rsv ls` lists the LUNs it has")]
+    LunNotFound { target: String, lun: u16 },
+    #[error("connection to {portal} lost: {why}")]
+    ConnectionLost { portal: String, why: String },
+    #[error("protocol error from the target: {0}")]
+    Protocol(String),
+    #[error("SCSI command 0x{opcode:02x} failed: status 0x{status:02x}{}", .sense.as_ref().map(|s| format!(", {s}")).unwrap_or_default())]
+    Scsi {
+        opcode: u8,
+        status: u8,
+        sense: Option<Sense>,
+    },
+    #[error("iSCSI response 0x{0:02x} (target failure)")]
+    Response(u8),
+    #[error("{0} timed out")]
+    Timeout(String),
+    #[error("session is closed")]
+    Closed,
+    #[error("session could not be recovered after {attempts} attempts: {last}")]
+    RecoveryFailed { attempts: u32, last: String },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Tunables of a session. Every field can be set from a URL query string or a flag under
+/// the name [`SessionOptions::set`] accepts.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SessionOptions {
+    /// TCP connections per session (MC/S); the target may grant fewer.
+    pub connections: u16,
+    /// Commands in flight per session.
+    pub queue_depth: usize,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub initiator_name: String,
+    /// Password the target must prove it knows (mutual CHAP).
+    pub target_secret: Option<String>,
+    pub max_recv_data_segment: u32,
+    pub max_burst: u32,
+    pub first_burst: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    /// Bytes per second per connection (SO_MAX_PACING_RATE).
+    pub pacing_rate: Option<u64>,
+    pub send_buffer: Option<usize>,
+    pub recv_buffer: Option<usize>,
+    /// TCP congestion control; defaults to bbr where the kernel has it.
+    pub congestion: Option<String>,
+    pub notsent_lowat: Option<u32>,
+    /// A command with no answer for this long is aborted and issued again.
+    #[serde(with = "secs")]
+    pub command_timeout: Duration,
+    /// Idle time after which a NOP-Out checks the connection.
+    #[serde(with = "secs")]
+    pub nop_interval: Duration,
+    /// How long recovery keeps trying to reinstate a failed session.
+    #[serde(with = "secs")]
+    pub recovery_timeout: Duration,
+}
+
+mod secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            connections: 1,
+            queue_depth: 32,
+            header_digest: false,
+            data_digest: false,
+            initiator_name: default_initiator_name(),
+            target_secret: None,
+            max_recv_data_segment: 262_144,
+            max_burst: 1 << 20,
+            first_burst: 262_144,
+            immediate_data: true,
+            initial_r2t: false,
+            pacing_rate: None,
+            send_buffer: None,
+            recv_buffer: None,
+            congestion: net::preferred_congestion(),
+            notsent_lowat: Some(256 * 1024),
+            command_timeout: Duration::from_secs(30),
+            nop_interval: Duration::from_secs(5),
+            recovery_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+pub fn default_initiator_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if host.is_empty() {
+        "iqn.2026-01.org.reservoir:initiator".to_owned()
+    } else {
+        format!("iqn.2026-01.org.reservoir:initiator.{host}")
+    }
+}
+
+fn parse_bool_opt(key: &str, v: &str) -> Result<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "yes" | "true" | "on" | "crc32c" => Ok(true),
+        "0" | "no" | "false" | "off" | "none" => Ok(false),
+        _ => Err(Error::Option(format!("{key}={v}: expected yes or no"))),
+    }
+}
+
+/// `123`, `64k`, `1m`, `2g` (powers of 1024).
+pub fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim().to_ascii_lowercase();
+    let v = v
+        .strip_suffix("ib")
+        .or_else(|| v.strip_suffix('b'))
+        .unwrap_or(&v);
+    let (num, mult) = match v.chars().last()? {
+        'k' => (&v[..v.len() - 1], 1u64 << 10),
+        'm' => (&v[..v.len() - 1], 1 << 20),
+        'g' => (&v[..v.len() - 1], 1 << 30),
+        't' => (&v[..v.len() - 1], 1 << 40),
+        _ => (v, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// Rates: `100m` means 100 megabits per second (as `tc` writes it); `bytes/s` otherwise:
+/// `12500000`. Returns bytes per second.
+pub fn parse_rate(v: &str) -> Option<u64> {
+    let l = v.trim().to_ascii_lowercase();
+    for (suffix, mult) in [
+        ("gbit", 1_000_000_000u64),
+        ("mbit", 1_000_000),
+        ("kbit", 1_000),
+        ("g", 1_000_000_000),
+        ("m", 1_000_000),
+        ("k", 1_000),
+    ] {
+        if let Some(n) = l.strip_suffix(suffix) {
+            return n
+                .parse::<f64>()
+                .ok()
+                .map(|x| (x * mult as f64 / 8.0) as u64);
+        }
+    }
+    l.parse().ok()
+}
+
+impl SessionOptions {
+    /// Sets one option by its query-string name.
+    pub fn set(&mut self, key: &str, v: &str) -> Result<()> {
+        let num = |v: &str| {
+            parse_size(v).ok_or_else(|| Error::Option(format!("{key}={v}: expected a number")))
+        };
+        let secs = |v: &str| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| *x > 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| Error::Option(format!("{key}={v}: expected seconds")))
+        };
+        match key {
+            "connections" => self.connections = num(v)?.clamp(1, 64) as u16,
+            "queue_depth" => self.queue_depth = num(v)?.clamp(1, 4096) as usize,
+            "header_digest" => self.header_digest = parse_bool_opt(key, v)?,
+            "data_digest" => self.data_digest = parse_bool_opt(key, v)?,
+            "initiator_name" => self.initiator_name = v.to_owned(),
+            "target_password" | "target_secret" => self.target_secret = Some(v.to_owned()),
+            "max_recv_data_segment" => {
+                self.max_recv_data_segment = num(v)?.clamp(512, 16_777_215) as u32
+            }
+            "max_burst" => self.max_burst = num(v)?.clamp(512, 16_776_192) as u32,
+            "first_burst" => self.first_burst = num(v)?.clamp(512, 16_776_192) as u32,
+            "immediate_data" => self.immediate_data = parse_bool_opt(key, v)?,
+            "initial_r2t" => self.initial_r2t = parse_bool_opt(key, v)?,
+            "pacing_rate" => {
+                self.pacing_rate = Some(parse_rate(v).ok_or_else(|| {
+                    Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
+                })?)
+            }
+            "send_buffer" => self.send_buffer = Some(num(v)? as usize),
+            "recv_buffer" => self.recv_buffer = Some(num(v)? as usize),
+            "congestion" => self.congestion = Some(v.to_owned()),
+            "notsent_lowat" => self.notsent_lowat = Some(num(v)? as u32),
+            "command_timeout" => self.command_timeout = secs(v)?,
+            "nop_interval" => self.nop_interval = secs(v)?,
+            "recovery_timeout" => self.recovery_timeout = secs(v)?,
+            _ => {
+                return Err(Error::Option(format!(
+                    "unknown option {key}; known: connections, queue_depth, header_digest, \
+                     data_digest, initiator_name, target_password, max_recv_data_segment, \
+                     max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
+                     send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
+                     nop_interval, recovery_timeout"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn tuning(&self) -> net::SocketTuning {
+        net::SocketTuning {
+            send_buffer: self.send_buffer,
+            recv_buffer: self.recv_buffer,
+            congestion: self.congestion.clone(),
+            pacing_rate: self.pacing_rate,
+            notsent_lowat: self.notsent_lowat,
+            nodelay: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_rates() {
+        assert_eq!(parse_size("64k"), Some(65536));
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_rate("100mbit"), Some(12_500_000));
+        assert_eq!(parse_rate("8k"), Some(1000));
+        assert_eq!(parse_rate("5000"), Some(5000));
+    }
+}

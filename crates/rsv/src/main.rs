@@ -19,6 +19,14 @@ enum Command {
     Target(target::cli::TargetArgs),
     /// User-space WAN emulator between two network namespaces.
     Wan(wan::cli::WanArgs),
+    /// List targets, portals and LUNs (with sizes) of a portal or target.
+    Ls(initiator::cli::LsArgs),
+    /// INQUIRY (standard, VPD 0x80/0x83/0xB0) and capacity of a LUN.
+    Inq(initiator::cli::InqArgs),
+    /// Copy between files, block devices and iscsi:// LUNs (image backup and restore).
+    Cp(initiator::cli::CpArgs),
+    /// Measure IOPS, throughput and latency of a LUN.
+    Bench(initiator::cli::BenchArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -41,5 +49,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Target(args) => target::cli::run(args),
         Command::Wan(args) => wan::cli::run(args),
+        Command::Ls(args) => initiator::cli::ls(args),
+        Command::Inq(args) => initiator::cli::inq(args),
+        Command::Cp(args) => initiator::cli::cp(args),
+        Command::Bench(args) => initiator::cli::bench(args),
     }
 }

@@ -1,0 +1,942 @@
+//! `rsv ls`, `rsv inq`, `rsv cp`, `rsv bench`: argument structs and their logic. The
+//! `rsv` binary only dispatches here.
+
+use std::io::IsTerminal;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::{Bytes, BytesMut};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::scsi::{self, Capacity};
+use crate::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
+
+/// Session flags shared by the commands. A flag overrides the same key in the URL's query
+/// string, which overrides the default.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SessionFlags {
+    /// TCP connections per session (MC/S); the target may grant fewer.
+    #[arg(long)]
+    pub connections: Option<u16>,
+    /// Commands in flight per session.
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// Pace each connection at this rate (e.g. 100mbit, or bytes/s).
+    #[arg(long, value_parser = parse_rate_arg)]
+    pub pacing_rate: Option<u64>,
+    /// Ask for CRC32C header digests.
+    #[arg(long)]
+    pub header_digest: bool,
+    /// Ask for CRC32C data digests.
+    #[arg(long)]
+    pub data_digest: bool,
+    /// Our iSCSI name (default iqn.2026-01.org.reservoir:initiator.HOSTNAME).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+    /// The target's CHAP secret: asks the target to authenticate itself (mutual CHAP).
+    #[arg(long, env = "RSV_TARGET_PASSWORD")]
+    pub target_password: Option<String>,
+    /// Extra session options as key=value (same keys as the URL query string).
+    #[arg(long = "opt", value_name = "KEY=VALUE")]
+    pub opts: Vec<String>,
+}
+
+fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    parse_rate(s).ok_or_else(|| format!("{s}: expected a rate like 100mbit or 12500000"))
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("{s}: expected a size like 1m or 4096"))
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim_end_matches('s');
+    t.parse::<f64>()
+        .ok()
+        .filter(|x| *x > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{s}: expected seconds like 10 or 2.5s"))
+}
+
+impl SessionFlags {
+    pub fn options(&self, url: &IscsiUrl) -> crate::Result<SessionOptions> {
+        let mut o = url.options(&SessionOptions::default())?;
+        if let Some(n) = self.connections {
+            o.connections = n.max(1);
+        }
+        if let Some(q) = self.queue_depth {
+            o.queue_depth = q.max(1);
+        }
+        if self.pacing_rate.is_some() {
+            o.pacing_rate = self.pacing_rate;
+        }
+        if self.header_digest {
+            o.header_digest = true;
+        }
+        if self.data_digest {
+            o.data_digest = true;
+        }
+        if let Some(n) = &self.initiator_name {
+            o.initiator_name = n.clone();
+        }
+        if self.target_password.is_some() {
+            o.target_secret = self.target_password.clone();
+        }
+        for kv in &self.opts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| crate::Error::Option(format!("{kv}: expected KEY=VALUE")))?;
+            o.set(k, v)?;
+        }
+        Ok(o)
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn human(bytes: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+// ---------------------------------------------------------------------------------- ls
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// iscsi://[user[%password]@]host[:port]/ (all targets) or .../TARGET-IQN (one target).
+    pub url: String,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct LunListing {
+    pub lun: u16,
+    pub device_type: String,
+    pub vendor: String,
+    pub product: String,
+    pub size_bytes: Option<u64>,
+    pub blocks: Option<u64>,
+    pub block_size: Option<u32>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct TargetListing {
+    pub target: String,
+    pub portals: Vec<String>,
+    pub luns: Vec<LunListing>,
+    /// Why the LUNs could not be listed, if they could not.
+    pub error: Option<String>,
+}
+
+pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> crate::Result<Vec<TargetListing>> {
+    let opts = flags.options(url)?;
+    let targets = match &url.target {
+        Some(t) => vec![crate::DiscoveredTarget {
+            name: t.clone(),
+            portals: vec![url.portal()],
+        }],
+        None => discover(url, &opts).await?,
+    };
+    let mut out = Vec::new();
+    for t in targets {
+        let mut turl = url.clone();
+        turl.target = Some(t.name.clone());
+        let mut listing = TargetListing {
+            target: t.name.clone(),
+            portals: t.portals.clone(),
+            luns: Vec::new(),
+            error: None,
+        };
+        let mut o = opts.clone();
+        o.connections = 1;
+        match lun_listing(&turl, &o).await {
+            Ok(l) => listing.luns = l,
+            Err(e) if url.target.is_some() => return Err(e),
+            Err(e) => listing.error = Some(e.to_string()),
+        }
+        out.push(listing);
+    }
+    Ok(out)
+}
+
+async fn lun_listing(url: &IscsiUrl, opts: &SessionOptions) -> crate::Result<Vec<LunListing>> {
+    let s = Session::connect(url, opts).await?;
+    let result = async {
+        let mut luns = Vec::new();
+        for lun in s.report_luns().await? {
+            let inq = s.inquiry(lun).await?;
+            let cap = if inq.device_type == 0 {
+                s.read_capacity(lun).await.ok()
+            } else {
+                None
+            };
+            luns.push(LunListing {
+                lun,
+                device_type: inq.device_type_name.to_owned(),
+                vendor: inq.vendor,
+                product: inq.product,
+                size_bytes: cap.as_ref().map(Capacity::bytes),
+                blocks: cap.as_ref().map(|c| c.blocks),
+                block_size: cap.as_ref().map(|c| c.block_size),
+            });
+        }
+        Ok(luns)
+    }
+    .await;
+    let _ = s.logout().await;
+    result
+}
+
+pub fn ls(args: LsArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::parse(&args.url)?;
+    let listing = runtime()?.block_on(list(&url, &args.session))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+        return Ok(());
+    }
+    for t in &listing {
+        println!("Target: {}", t.target);
+        for p in &t.portals {
+            println!("  Portal: {p}");
+        }
+        if let Some(e) = &t.error {
+            println!("  (LUNs not listed: {e})");
+        }
+        for l in &t.luns {
+            let size = match (l.size_bytes, l.blocks, l.block_size) {
+                (Some(b), Some(n), Some(bs)) => {
+                    format!("  {} ({n} blocks of {bs} bytes)", human(b))
+                }
+                _ => String::new(),
+            };
+            println!(
+                "  LUN {}: {} [{} {}]{size}",
+                l.lun, l.device_type, l.vendor, l.product
+            );
+        }
+    }
+    Ok(())
+}
+
+// --------------------------------------------------------------------------------- inq
+
+#[derive(Args, Debug)]
+pub struct InqArgs {
+    /// iscsi://[user[%password]@]host[:port]/TARGET-IQN/LUN
+    pub url: String,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct InquiryReport {
+    pub target: String,
+    pub lun: u16,
+    pub standard: scsi::Inquiry,
+    pub supported_vpd_pages: Vec<u8>,
+    pub serial: Option<String>,
+    pub designators: Vec<scsi::Designator>,
+    pub block_limits: Option<scsi::BlockLimits>,
+    pub capacity: Option<Capacity>,
+    pub session: SessionInfo,
+}
+
+pub async fn inquire(url: &IscsiUrl, flags: &SessionFlags) -> crate::Result<InquiryReport> {
+    let lun = url.lun_required()?;
+    let mut opts = flags.options(url)?;
+    opts.connections = 1;
+    let s = Session::connect(url, &opts).await?;
+    let result = async {
+        let standard = s.inquiry(lun).await?;
+        let pages = s
+            .vpd(lun, 0)
+            .await
+            .map(|p| {
+                let n = p.get(3).copied().unwrap_or(0) as usize;
+                p.get(4..4 + n).unwrap_or(&p[p.len().min(4)..]).to_vec()
+            })
+            .unwrap_or_default();
+        let has = |pg: u8| pages.contains(&pg);
+        let serial = if has(0x80) {
+            s.vpd(lun, 0x80)
+                .await
+                .ok()
+                .and_then(|p| scsi::parse_vpd80(&p))
+        } else {
+            None
+        };
+        let designators = if has(0x83) {
+            s.vpd(lun, 0x83)
+                .await
+                .map(|p| scsi::parse_vpd83(&p))
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let block_limits = if has(0xb0) {
+            s.vpd(lun, 0xb0)
+                .await
+                .ok()
+                .and_then(|p| scsi::parse_vpd_b0(&p))
+        } else {
+            None
+        };
+        let capacity = if standard.device_type == 0 {
+            Some(s.read_capacity(lun).await?)
+        } else {
+            None
+        };
+        Ok(InquiryReport {
+            target: url.target_required()?.to_owned(),
+            lun,
+            standard,
+            supported_vpd_pages: pages.clone(),
+            serial,
+            designators,
+            block_limits,
+            capacity,
+            session: s.info(),
+        })
+    }
+    .await;
+    let _ = s.logout().await;
+    result
+}
+
+pub fn inq(args: InqArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::parse(&args.url)?;
+    let r = runtime()?.block_on(inquire(&url, &args.session))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let i = &r.standard;
+    println!("Target:  {}  LUN {}", r.target, r.lun);
+    println!(
+        "Device:  {} (type 0x{:02x}, qualifier {}){}",
+        i.device_type_name,
+        i.device_type,
+        i.peripheral_qualifier,
+        if i.removable { ", removable" } else { "" }
+    );
+    println!("Vendor:  {}", i.vendor);
+    println!("Product: {}", i.product);
+    println!("Rev:     {}", i.revision);
+    println!("SPC:     version 0x{:02x}", i.version);
+    let pages: Vec<String> = r
+        .supported_vpd_pages
+        .iter()
+        .map(|p| format!("0x{p:02x}"))
+        .collect();
+    println!("VPD:     {}", pages.join(" "));
+    if let Some(s) = &r.serial {
+        println!("Serial:  {s}");
+    }
+    for d in &r.designators {
+        println!("Id:      {} ({}) {}", d.kind, d.association, d.value);
+    }
+    if let Some(b) = &r.block_limits {
+        println!(
+            "Limits:  max transfer {} blocks, optimal {} blocks, granularity {}",
+            b.max_transfer_blocks, b.optimal_transfer_blocks, b.optimal_granularity_blocks
+        );
+    }
+    if let Some(c) = &r.capacity {
+        println!(
+            "Size:    {} ({} blocks of {} bytes)",
+            human(c.bytes()),
+            c.blocks,
+            c.block_size
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------- cp
+
+#[derive(Args, Debug, Clone)]
+pub struct CpArgs {
+    /// Source: a file, a block device, or iscsi://host/TARGET/LUN.
+    pub src: String,
+    /// Destination: a file (created or truncated), a block device, or an iscsi:// URL.
+    pub dst: String,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Bytes per SCSI command.
+    #[arg(long, default_value = "1m", value_parser = parse_size_arg)]
+    pub io_size: u64,
+    /// Skip all-zero chunks even when the destination is not known to be zero (it must
+    /// be, or those regions keep their old contents).
+    #[arg(long, conflicts_with = "no_sparse")]
+    pub sparse: bool,
+    /// Write every chunk, zeros included, even to a fresh file.
+    #[arg(long)]
+    pub no_sparse: bool,
+    /// After the copy, re-read both sides and compare checksums.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct CpSummary {
+    pub src: String,
+    pub dst: String,
+    pub bytes: u64,
+    /// All-zero bytes not written (sparse).
+    pub skipped_zero_bytes: u64,
+    pub seconds: f64,
+    #[serde(rename = "MB_per_s")]
+    pub mb_per_s: f64,
+    pub retries: u64,
+    pub reinstatements: u64,
+    pub verified: bool,
+    /// CRC32C over the per-chunk CRC32Cs of the source, when verified.
+    pub checksum: Option<String>,
+    pub io_size: u64,
+    pub queue_depth: usize,
+    pub sparse: bool,
+    pub sessions: Vec<SessionInfo>,
+}
+
+enum Endpoint {
+    File {
+        file: Arc<std::fs::File>,
+        size: u64,
+    },
+    Lun {
+        session: Session,
+        lun: u16,
+        cap: Capacity,
+    },
+}
+
+impl Endpoint {
+    async fn open(
+        spec: &str,
+        flags: &SessionFlags,
+        dst_size: Option<u64>,
+    ) -> anyhow::Result<(Endpoint, bool)> {
+        if spec.starts_with("iscsi://") {
+            let url = IscsiUrl::parse(spec)?;
+            let lun = url.lun_required()?;
+            let opts = flags.options(&url)?;
+            let session = Session::connect(&url, &opts).await?;
+            let cap = session.read_capacity(lun).await?;
+            return Ok((Endpoint::Lun { session, lun, cap }, false));
+        }
+        let path = PathBuf::from(spec);
+        match dst_size {
+            None => {
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("cannot open {spec} for reading"))?;
+                let size = file_size(&file)?;
+                Ok((
+                    Endpoint::File {
+                        file: Arc::new(file),
+                        size,
+                    },
+                    false,
+                ))
+            }
+            Some(size) => {
+                let is_blockdev = std::fs::metadata(&path)
+                    .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+                    .unwrap_or(false);
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .read(true)
+                    .create(!is_blockdev)
+                    .truncate(!is_blockdev)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {spec} for writing"))?;
+                if !is_blockdev {
+                    file.set_len(size)?;
+                }
+                let size = file_size(&file)?;
+                // A file we just truncated reads as zeros everywhere: zero chunks need no write.
+                Ok((
+                    Endpoint::File {
+                        file: Arc::new(file),
+                        size,
+                    },
+                    !is_blockdev,
+                ))
+            }
+        }
+    }
+
+    fn size(&self) -> u64 {
+        match self {
+            Endpoint::File { size, .. } => *size,
+            Endpoint::Lun { cap, .. } => cap.bytes(),
+        }
+    }
+
+    fn session(&self) -> Option<&Session> {
+        match self {
+            Endpoint::Lun { session, .. } => Some(session),
+            Endpoint::File { .. } => None,
+        }
+    }
+
+    async fn read(&self, off: u64, len: usize) -> anyhow::Result<Bytes> {
+        match self {
+            Endpoint::File { file, .. } => {
+                let file = file.clone();
+                Ok(tokio::task::spawn_blocking(move || {
+                    let mut buf = BytesMut::zeroed(len);
+                    file.read_exact_at(&mut buf, off).map(|_| buf.freeze())
+                })
+                .await??)
+            }
+            Endpoint::Lun { session, lun, cap } => {
+                let bs = u64::from(cap.block_size);
+                let blocks = (len as u64).div_ceil(bs);
+                let data = session.read(*lun, off / bs, blocks as u32).await?;
+                Ok(data.slice(..len))
+            }
+        }
+    }
+
+    async fn write(&self, off: u64, data: Bytes) -> anyhow::Result<()> {
+        match self {
+            Endpoint::File { file, .. } => {
+                let file = file.clone();
+                tokio::task::spawn_blocking(move || file.write_all_at(&data, off)).await??;
+                Ok(())
+            }
+            Endpoint::Lun { session, lun, cap } => {
+                let bs = cap.block_size as usize;
+                let data = if !data.len().is_multiple_of(bs) {
+                    // The image ends inside a block: the rest of that block is zero-filled.
+                    let mut padded = BytesMut::zeroed(data.len().div_ceil(bs) * bs);
+                    padded[..data.len()].copy_from_slice(&data);
+                    padded.freeze()
+                } else {
+                    data
+                };
+                session.write(*lun, off / bs as u64, data).await?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        match self {
+            Endpoint::File { file, .. } => {
+                let file = file.clone();
+                tokio::task::spawn_blocking(move || file.sync_data()).await??;
+            }
+            Endpoint::Lun { session, lun, .. } => session.sync_cache(*lun).await?,
+        }
+        Ok(())
+    }
+}
+
+fn file_size(file: &std::fs::File) -> anyhow::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let m = file.metadata()?;
+    if m.is_file() {
+        return Ok(m.len());
+    }
+    // Block devices report length 0 in their metadata; their end is their size.
+    let mut f = file;
+    Ok(f.seek(SeekFrom::End(0))?)
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    let chunks = b.chunks_exact(16);
+    let rest = chunks.remainder();
+    chunks
+        .map(|c| u128::from_ne_bytes(c.try_into().unwrap()))
+        .all(|x| x == 0)
+        && rest.iter().all(|&x| x == 0)
+}
+
+fn progress(total: u64, enabled: bool, msg: &'static str) -> indicatif::ProgressBar {
+    if !enabled || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    pb.set_message(msg);
+    pb
+}
+
+/// Copies with `args`; the library entry point behind `rsv cp`.
+pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
+    let (src, _) = Endpoint::open(&args.src, &args.session, None).await?;
+    let size = src.size();
+    let (dst, fresh) = Endpoint::open(&args.dst, &args.session, Some(size)).await?;
+    if dst.size() < size {
+        bail!(
+            "destination {} holds {} but the source has {}; use a larger LUN",
+            args.dst,
+            human(dst.size()),
+            human(size)
+        );
+    }
+    let io = args.io_size.max(4096);
+    let io = io - io % 4096;
+    let opts_qd = args
+        .session
+        .queue_depth
+        .or_else(|| {
+            [&src, &dst]
+                .iter()
+                .find_map(|e| e.session().map(|s| s.info().queue_depth))
+        })
+        .unwrap_or(32);
+    // Skipping zeros is only safe where the destination already reads as zero.
+    let sparse = !args.no_sparse && (args.sparse || fresh);
+    let src = Arc::new(src);
+    let dst = Arc::new(dst);
+    let pb = progress(size, !args.no_progress, "copy");
+    let skipped = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    let mut off = 0u64;
+    while off < size || !set.is_empty() {
+        while off < size && set.len() < opts_qd {
+            let len = io.min(size - off) as usize;
+            let (src, dst, skipped, pb) = (src.clone(), dst.clone(), skipped.clone(), pb.clone());
+            let at = off;
+            set.spawn(async move {
+                let data = src
+                    .read(at, len)
+                    .await
+                    .with_context(|| format!("reading {len} bytes at offset {at}"))?;
+                if sparse && is_zero(&data) {
+                    skipped.fetch_add(len as u64, Ordering::Relaxed);
+                } else {
+                    dst.write(at, data)
+                        .await
+                        .with_context(|| format!("writing {len} bytes at offset {at}"))?;
+                }
+                pb.inc(len as u64);
+                Ok(())
+            });
+            off += len as u64;
+        }
+        if let Some(r) = set.join_next().await {
+            r??;
+        }
+    }
+    dst.flush().await.context("flushing the destination")?;
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let checksum = if args.verify {
+        Some(verify(&src, &dst, size, io, opts_qd).await?)
+    } else {
+        None
+    };
+    let sessions: Vec<&Session> = [&*src, &*dst]
+        .into_iter()
+        .filter_map(Endpoint::session)
+        .collect();
+    let summary = CpSummary {
+        src: redact(&args.src),
+        dst: redact(&args.dst),
+        bytes: size,
+        skipped_zero_bytes: skipped.load(Ordering::Relaxed),
+        seconds,
+        mb_per_s: size as f64 / 1e6 / seconds.max(1e-9),
+        retries: sessions.iter().map(|s| s.retries()).sum(),
+        reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
+        verified: args.verify,
+        checksum: checksum.map(|c| format!("{c:08x}")),
+        io_size: io,
+        queue_depth: opts_qd,
+        sparse,
+        sessions: sessions.iter().map(|s| s.info()).collect(),
+    };
+    for s in sessions {
+        let _ = s.logout().await;
+    }
+    Ok(summary)
+}
+
+fn redact(spec: &str) -> String {
+    IscsiUrl::parse(spec)
+        .map(|u| u.to_string())
+        .unwrap_or_else(|_| spec.to_owned())
+}
+
+/// Re-reads both sides chunk by chunk; returns the CRC32C over the chunk CRCs.
+async fn verify(
+    src: &Arc<Endpoint>,
+    dst: &Arc<Endpoint>,
+    size: u64,
+    io: u64,
+    qd: usize,
+) -> anyhow::Result<u32> {
+    let pb = progress(size, true, "verify");
+    let chunks = size.div_ceil(io) as usize;
+    let mut crcs = vec![0u32; chunks];
+    let mut set: JoinSet<anyhow::Result<(usize, u32, u32)>> = JoinSet::new();
+    let mut next = 0usize;
+    let mut mismatches = Vec::new();
+    while next < chunks || !set.is_empty() {
+        while next < chunks && set.len() < qd.max(2) / 2 {
+            let (src, dst, pb) = (src.clone(), dst.clone(), pb.clone());
+            let i = next;
+            set.spawn(async move {
+                let off = i as u64 * io;
+                let len = io.min(size - off) as usize;
+                let (a, b) = tokio::try_join!(src.read(off, len), dst.read(off, len))?;
+                pb.inc(len as u64);
+                Ok((i, crc32c::crc32c(&a), crc32c::crc32c(&b)))
+            });
+            next += 1;
+        }
+        if let Some(r) = set.join_next().await {
+            let (i, a, b) = r??;
+            crcs[i] = a;
+            if a != b {
+                mismatches.push(i as u64 * io);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    if !mismatches.is_empty() {
+        mismatches.sort_unstable();
+        bail!(
+            "verify failed: {} chunk(s) differ, first at offset {}",
+            mismatches.len(),
+            mismatches[0]
+        );
+    }
+    let mut all = Vec::with_capacity(crcs.len() * 4);
+    for c in crcs {
+        all.extend_from_slice(&c.to_be_bytes());
+    }
+    Ok(crc32c::crc32c(&all))
+}
+
+pub fn cp(args: CpArgs) -> anyhow::Result<()> {
+    let s = runtime()?.block_on(copy(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        eprintln!(
+            "copied {} in {:.2} s ({:.1} MB/s){}{}{}",
+            human(s.bytes),
+            s.seconds,
+            s.mb_per_s,
+            if s.skipped_zero_bytes > 0 {
+                format!(", {} of zeros skipped", human(s.skipped_zero_bytes))
+            } else {
+                String::new()
+            },
+            if s.retries > 0 {
+                format!(
+                    ", {} retries, {} reinstatements",
+                    s.retries, s.reinstatements
+                )
+            } else {
+                String::new()
+            },
+            match &s.checksum {
+                Some(c) => format!(", verified (crc32c {c})"),
+                None => String::new(),
+            }
+        );
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------- bench
+
+#[derive(ValueEnum, Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    Seq,
+    Rand,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Rw {
+    Read,
+    Write,
+    Mixed,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// iscsi://host/TARGET-IQN/LUN
+    pub url: String,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    #[arg(long, value_enum, default_value = "rand")]
+    pub pattern: Pattern,
+    #[arg(long, value_enum, default_value = "read")]
+    pub rw: Rw,
+    /// Percentage of reads with --rw mixed.
+    #[arg(long, default_value_t = 70)]
+    pub read_percent: u8,
+    /// Bytes per command.
+    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    pub block_size: u64,
+    /// How long to run (seconds).
+    #[arg(long, default_value = "10", value_parser = parse_duration_arg)]
+    pub duration: Duration,
+    /// Only touch the first SIZE bytes of the LUN.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub span: Option<u64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct BenchReport {
+    pub pattern: Pattern,
+    pub rw: Rw,
+    pub block_size: u64,
+    pub queue_depth: usize,
+    pub connections: usize,
+    pub seconds: f64,
+    pub ios: u64,
+    pub iops: f64,
+    #[serde(rename = "MB_per_s")]
+    pub mb_per_s: f64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
+    pub latency_us_p999: u64,
+    pub latency_us_max: u64,
+    pub retries: u64,
+}
+
+pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
+    let url = IscsiUrl::parse(&args.url)?;
+    let lun = url.lun_required()?;
+    let opts = args.session.options(&url)?;
+    let s = Session::connect(&url, &opts).await?;
+    let cap = s.read_capacity(lun).await?;
+    let bs = u64::from(cap.block_size);
+    let io = args.block_size.max(bs) / bs * bs;
+    let span = args.span.unwrap_or(cap.bytes()).min(cap.bytes());
+    let slots = span / io;
+    if slots == 0 {
+        bail!(
+            "the LUN ({}) is smaller than one I/O of {io} bytes",
+            human(cap.bytes())
+        );
+    }
+    let payload = {
+        let mut b = vec![0u8; io as usize];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut b[..]);
+        Bytes::from(b)
+    };
+    let seq = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + args.duration;
+    let mut set = JoinSet::new();
+    for _ in 0..opts.queue_depth {
+        let (s, seq, payload, args) = (s.clone(), seq.clone(), payload.clone(), args.clone());
+        set.spawn(async move {
+            let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+            let mut rng = rand::rngs::StdRng::from_entropy();
+            use rand::{Rng, SeedableRng};
+            while Instant::now() < deadline {
+                let slot = match args.pattern {
+                    Pattern::Seq => seq.fetch_add(1, Ordering::Relaxed) % slots,
+                    Pattern::Rand => rng.gen_range(0..slots),
+                };
+                let lba = slot * io / bs;
+                let read = match args.rw {
+                    Rw::Read => true,
+                    Rw::Write => false,
+                    Rw::Mixed => rng.gen_range(0..100u8) < args.read_percent,
+                };
+                let t = Instant::now();
+                if read {
+                    s.read(lun, lba, (io / bs) as u32).await?;
+                } else {
+                    s.write(lun, lba, payload.clone()).await?;
+                }
+                h.saturating_record(t.elapsed().as_micros() as u64);
+            }
+            Ok::<_, crate::Error>(h)
+        });
+    }
+    let mut total = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    while let Some(r) = set.join_next().await {
+        total.add(r??).ok();
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let info = s.info();
+    let report = BenchReport {
+        pattern: args.pattern,
+        rw: args.rw,
+        block_size: io,
+        queue_depth: opts.queue_depth,
+        connections: info.connections,
+        seconds,
+        ios: total.len(),
+        iops: total.len() as f64 / seconds,
+        mb_per_s: total.len() as f64 * io as f64 / 1e6 / seconds,
+        latency_us_p50: total.value_at_quantile(0.5),
+        latency_us_p99: total.value_at_quantile(0.99),
+        latency_us_p999: total.value_at_quantile(0.999),
+        latency_us_max: total.max(),
+        retries: s.retries(),
+    };
+    let _ = s.logout().await;
+    Ok(report)
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let r = runtime()?.block_on(run_bench(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{:?} {:?} bs={} qd={} conns={}: {:.0} IOPS, {:.1} MB/s, latency p50 {} us, p99 {} us, p99.9 {} us ({} I/Os in {:.1} s)",
+            r.pattern, r.rw, r.block_size, r.queue_depth, r.connections, r.iops, r.mb_per_s,
+            r.latency_us_p50, r.latency_us_p99, r.latency_us_p999, r.ios, r.seconds
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! One TCP connection: connect and tune, the login exchange on the raw stream, and after
+//! login the writer task that owns the write half.
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use iscsi::framing::{FrameLimits, PduDecoder};
+use iscsi::login::{
+    InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginOutcome, LoginResponseView,
+};
+use iscsi::pdu::{Digests, LoginRequest, Pdu};
+use iscsi::serial::sn_gt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::{Error, Result, SessionOptions};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A connection before full feature phase: PDUs are exchanged one at a time.
+pub(crate) struct RawConn {
+    pub portal: String,
+    stream: TcpStream,
+    buf: BytesMut,
+    dec: PduDecoder,
+    digests: Digests,
+    pub exp_statsn: u32,
+    pub tuning: net::Applied,
+}
+
+pub(crate) struct LoginDone {
+    pub outcome: LoginOutcome,
+    pub expcmdsn: u32,
+    pub maxcmdsn: u32,
+}
+
+impl RawConn {
+    pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
+        let unreachable = |source| Error::Unreachable {
+            portal: portal.to_owned(),
+            source,
+        };
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(portal)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(unreachable(e)),
+            Err(_) => {
+                return Err(unreachable(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer within 10 s",
+                )))
+            }
+        };
+        let tuning = net::apply(stream.as_fd(), &opts.tuning());
+        for w in &tuning.warnings {
+            tracing::debug!(portal, "socket tuning: {w}");
+        }
+        Ok(RawConn {
+            portal: portal.to_owned(),
+            stream,
+            buf: BytesMut::with_capacity(64 * 1024),
+            dec: PduDecoder::new(FrameLimits::default()),
+            digests: Digests::default(),
+            exp_statsn: 0,
+            tuning,
+        })
+    }
+
+    pub async fn send(&mut self, pdu: &Pdu) -> Result<()> {
+        let mut out = Vec::with_capacity(pdu.encoded_len(self.digests));
+        pdu.encode(&mut out, self.digests);
+        self.stream.write_all(&out).await.map_err(|e| self.lost(e))
+    }
+
+    fn lost(&self, e: impl std::fmt::Display) -> Error {
+        Error::ConnectionLost {
+            portal: self.portal.clone(),
+            why: e.to_string(),
+        }
+    }
+
+    pub async fn recv(&mut self) -> Result<Pdu> {
+        let fut = async {
+            loop {
+                match self.dec.decode(&mut self.buf) {
+                    Ok(Some(p)) => return Ok(p),
+                    Ok(None) => {}
+                    Err(e) => return Err(Error::Protocol(e.to_string())),
+                }
+                let n = self
+                    .stream
+                    .read_buf(&mut self.buf)
+                    .await
+                    .map_err(|e| self.lost(e))?;
+                if n == 0 {
+                    return Err(self.lost("closed by the target"));
+                }
+            }
+        };
+        tokio::time::timeout(LOGIN_TIMEOUT, fut)
+            .await
+            .map_err(|_| Error::Timeout(format!("waiting for {}", self.portal)))?
+    }
+
+    /// Runs the login exchange. `cmdsn` is the session's next CmdSN (login does not
+    /// advance it).
+    pub async fn login(
+        &mut self,
+        cfg: InitiatorLoginConfig,
+        itt: u32,
+        cmdsn: u32,
+    ) -> Result<LoginDone> {
+        let target = cfg
+            .target_name
+            .clone()
+            .unwrap_or_else(|| "discovery".to_owned());
+        let mut login = InitiatorLogin::new(cfg);
+        let mut rng = |b: &mut [u8]| rand::Rng::fill(&mut rand::thread_rng(), b);
+        let mut out = login.start(&mut rng);
+        loop {
+            let req = LoginRequest {
+                transit: out.transit,
+                cont: out.cont,
+                csg: out.csg,
+                nsg: out.nsg,
+                version_max: out.version_max,
+                version_min: out.version_min,
+                isid: out.isid,
+                tsih: out.tsih,
+                itt,
+                cid: out.cid,
+                cmdsn,
+                expstatsn: self.exp_statsn,
+                data: out.data.into(),
+            };
+            self.send(&Pdu::LoginRequest(req)).await?;
+            let resp = match self.recv().await? {
+                Pdu::LoginResponse(r) => r,
+                other => {
+                    return Err(Error::Protocol(format!(
+                        "expected a Login Response, got {:?}",
+                        other.opcode()
+                    )))
+                }
+            };
+            if resp.status_class == 0 {
+                self.exp_statsn = resp.statsn.wrapping_add(1);
+            }
+            let view = LoginResponseView {
+                transit: resp.transit,
+                cont: resp.cont,
+                csg: resp.csg,
+                nsg: resp.nsg,
+                version_max: resp.version_max,
+                version_active: resp.version_active,
+                isid: resp.isid,
+                tsih: resp.tsih,
+                itt: resp.itt,
+                statsn: resp.statsn,
+                status_class: resp.status_class,
+                status_detail: resp.status_detail,
+                data: &resp.data,
+            };
+            match login.on_response(&view, &mut rng) {
+                InitiatorStep::Send(next) => out = next,
+                InitiatorStep::Done(outcome) => {
+                    self.digests = Digests {
+                        header: outcome.connection.header_digest,
+                        data: outcome.connection.data_digest,
+                    };
+                    self.dec.set_digests(self.digests);
+                    self.dec
+                        .set_max_recv_data_segment(outcome.connection.max_recv_data_segment_length);
+                    return Ok(LoginDone {
+                        outcome,
+                        expcmdsn: resp.expcmdsn,
+                        maxcmdsn: resp.maxcmdsn,
+                    });
+                }
+                InitiatorStep::Failed(e) => return Err(login_error(&target, e)),
+            }
+        }
+    }
+
+    pub fn into_parts(self) -> (OwnedReadHalf, OwnedWriteHalf, BytesMut, PduDecoder, Digests) {
+        let (r, w) = self.stream.into_split();
+        (r, w, self.buf, self.dec, self.digests)
+    }
+}
+
+fn login_error(target: &str, e: iscsi::login::LoginError) -> Error {
+    let target = target.to_owned();
+    match (e.status_class, e.status_detail) {
+        (0, 0) if e.message.starts_with("authentication failed") => Error::Auth {
+            target,
+            message: e.message,
+        },
+        (0, 0) => Error::Login {
+            target,
+            message: e.message,
+        },
+        (2, 1) => Error::Auth {
+            target,
+            message: e.message,
+        },
+        (class, detail) => Error::LoginRefused {
+            target,
+            class,
+            detail,
+            class_name: match class {
+                1 => "redirection",
+                2 => "initiator error",
+                3 => "target error",
+                _ => "unknown",
+            },
+            message: e.message,
+            hint: match (class, detail) {
+                (1, _) => "the target moved; connect to the address it gave",
+                (2, 2) => "the target's ACL does not admit this initiator name; add it on the target or set ?initiator_name=",
+                (2, 3) | (2, 4) => "check the target name; `rsv ls iscsi://HOST/` lists the targets",
+                (2, 6) => "the target allows fewer connections per session; lower --connections",
+                (2, 9) => "the target does not offer this session type",
+                (2, 10) => "the session is gone; reconnect",
+                (2, _) => "the target rejected our request; run with -vv for the exchange",
+                (3, _) => "the target had a problem; retry later or check its logs",
+                _ => "run with -vv for the exchange",
+            },
+        },
+    }
+}
+
+/// A connection in full feature phase. The writer task owns the socket's write half; the
+/// session's reader task owns the read half.
+pub(crate) struct Conn {
+    pub cid: u16,
+    pub gen: u64,
+    pub portal: String,
+    tx: mpsc::UnboundedSender<Pdu>,
+    /// Bytes of commands in flight: the scheduler's measure of outstanding work.
+    pub outstanding: AtomicU64,
+    alive: AtomicBool,
+    pub max_send_segment: u32,
+    pub exp_statsn: Arc<AtomicU32>,
+    dead: Arc<watch::Sender<bool>>,
+    /// Milliseconds since the session epoch at which the last PDU arrived.
+    pub last_rx_ms: AtomicU64,
+    pub pinging: AtomicBool,
+}
+
+impl Conn {
+    pub fn new(
+        cid: u16,
+        gen: u64,
+        portal: String,
+        max_send_segment: u32,
+        exp_statsn: u32,
+        w: OwnedWriteHalf,
+        digests: Digests,
+    ) -> (Arc<Conn>, watch::Receiver<bool>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (dead, dead_rx) = watch::channel(false);
+        let dead = Arc::new(dead);
+        let exp = Arc::new(AtomicU32::new(exp_statsn));
+        let conn = Arc::new(Conn {
+            cid,
+            gen,
+            portal,
+            tx,
+            outstanding: AtomicU64::new(0),
+            alive: AtomicBool::new(true),
+            max_send_segment,
+            exp_statsn: exp.clone(),
+            dead,
+            last_rx_ms: AtomicU64::new(0),
+            pinging: AtomicBool::new(false),
+        });
+        tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
+        (conn, dead_rx)
+    }
+
+    pub fn send(&self, pdu: Pdu) -> bool {
+        self.is_alive() && self.tx.send(pdu).is_ok()
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Stops both tasks; the reader then reports the failure to the session.
+    pub fn kill(&self) {
+        self.alive.store(false, Ordering::Release);
+        let _ = self.dead.send(true);
+    }
+
+    pub fn advance_statsn(&self, statsn: u32) {
+        let next = statsn.wrapping_add(1);
+        let _ = self
+            .exp_statsn
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                sn_gt(next, cur).then_some(next)
+            });
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let _ = self.dead.send(true);
+    }
+}
+
+fn set_expstatsn(pdu: &mut Pdu, v: u32) {
+    match pdu {
+        Pdu::NopOut(p) => p.expstatsn = v,
+        Pdu::ScsiCommand(p) => p.expstatsn = v,
+        Pdu::TaskMgmtRequest(p) => p.expstatsn = v,
+        Pdu::TextRequest(p) => p.expstatsn = v,
+        Pdu::DataOut(p) => p.expstatsn = v,
+        Pdu::LogoutRequest(p) => p.expstatsn = v,
+        Pdu::SnackRequest(p) => p.expstatsn = v,
+        _ => {}
+    }
+}
+
+async fn writer(
+    mut rx: mpsc::UnboundedReceiver<Pdu>,
+    w: OwnedWriteHalf,
+    digests: Digests,
+    exp_statsn: Arc<AtomicU32>,
+    dead_tx: Arc<watch::Sender<bool>>,
+    cid: u16,
+) {
+    let mut dead = dead_tx.subscribe();
+    let mut w = BufWriter::with_capacity(256 * 1024, w);
+    let mut header = Vec::with_capacity(128);
+    let result: std::io::Result<()> = async {
+        loop {
+            let mut pdu = tokio::select! {
+                p = rx.recv() => match p { Some(p) => p, None => return Ok(()) },
+                _ = dead.changed() => return Ok(()),
+            };
+            loop {
+                set_expstatsn(&mut pdu, exp_statsn.load(Ordering::Acquire));
+                header.clear();
+                pdu.encode_header(&mut header, digests);
+                w.write_all(&header).await?;
+                let data = pdu.data();
+                if !data.is_empty() {
+                    w.write_all(data).await?;
+                    let (trailer, n) = iscsi::pdu::data_trailer(data, digests);
+                    w.write_all(&trailer[..n]).await?;
+                }
+                match rx.try_recv() {
+                    Ok(p) => pdu = p,
+                    Err(_) => break,
+                }
+            }
+            w.flush().await?;
+        }
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::debug!(cid, "writer: {e}");
+        let _ = dead_tx.send(true);
+    }
+    let _ = w.shutdown().await;
+}

@@ -1,0 +1,344 @@
+//! The few CDBs the initiator issues and the answers it decodes.
+
+use std::fmt;
+
+use serde::Serialize;
+
+pub const STATUS_GOOD: u8 = 0x00;
+pub const STATUS_CHECK_CONDITION: u8 = 0x02;
+pub const STATUS_BUSY: u8 = 0x08;
+pub const STATUS_TASK_SET_FULL: u8 = 0x28;
+
+pub const SENSE_UNIT_ATTENTION: u8 = 0x6;
+
+pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x88, lba, blocks)
+}
+
+pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x8a, lba, blocks)
+}
+
+fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub fn inquiry(evpd_page: Option<u8>, alloc: u16) -> [u8; 6] {
+    let [hi, lo] = alloc.to_be_bytes();
+    match evpd_page {
+        Some(p) => [0x12, 1, p, hi, lo, 0],
+        None => [0x12, 0, 0, hi, lo, 0],
+    }
+}
+
+pub fn read_capacity16() -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    c[13] = 32;
+    c
+}
+
+pub fn read_capacity10() -> [u8; 10] {
+    [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+}
+
+pub fn report_luns(alloc: u32) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    c[0] = 0xa0;
+    c[6..10].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+pub fn sync_cache10() -> [u8; 10] {
+    [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+}
+
+pub fn test_unit_ready() -> [u8; 6] {
+    [0; 6]
+}
+
+/// Sense data, fixed or descriptor format.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Sense {
+    pub key: u8,
+    pub asc: u8,
+    pub ascq: u8,
+}
+
+impl Sense {
+    pub fn parse(b: &[u8]) -> Option<Sense> {
+        match b.first()? & 0x7f {
+            0x70 | 0x71 if b.len() >= 14 => Some(Sense {
+                key: b[2] & 0xf,
+                asc: b[12],
+                ascq: b[13],
+            }),
+            0x72 | 0x73 if b.len() >= 4 => Some(Sense {
+                key: b[1] & 0xf,
+                asc: b[2],
+                ascq: b[3],
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn key_name(&self) -> &'static str {
+        match self.key {
+            0x0 => "NO SENSE",
+            0x1 => "RECOVERED ERROR",
+            0x2 => "NOT READY",
+            0x3 => "MEDIUM ERROR",
+            0x4 => "HARDWARE ERROR",
+            0x5 => "ILLEGAL REQUEST",
+            0x6 => "UNIT ATTENTION",
+            0x7 => "DATA PROTECT",
+            0x8 => "BLANK CHECK",
+            0xb => "ABORTED COMMAND",
+            0xd => "VOLUME OVERFLOW",
+            0xe => "MISCOMPARE",
+            _ => "sense key",
+        }
+    }
+
+    /// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED.
+    pub fn is_lun_not_supported(&self) -> bool {
+        self.key == 0x5 && self.asc == 0x25
+    }
+}
+
+impl fmt::Display for Sense {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (key 0x{:x}, ASC 0x{:02x}, ASCQ 0x{:02x})",
+            self.key_name(),
+            self.key,
+            self.asc,
+            self.ascq
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    pub blocks: u64,
+    pub block_size: u32,
+}
+
+impl Capacity {
+    pub fn bytes(&self) -> u64 {
+        self.blocks * u64::from(self.block_size)
+    }
+
+    pub fn parse16(b: &[u8]) -> Option<Capacity> {
+        if b.len() < 12 {
+            return None;
+        }
+        let last = u64::from_be_bytes(b[0..8].try_into().ok()?);
+        let bs = u32::from_be_bytes(b[8..12].try_into().ok()?);
+        Some(Capacity {
+            blocks: last.checked_add(1)?,
+            block_size: bs,
+        })
+    }
+
+    pub fn parse10(b: &[u8]) -> Option<Capacity> {
+        if b.len() < 8 {
+            return None;
+        }
+        let last = u32::from_be_bytes(b[0..4].try_into().ok()?);
+        let bs = u32::from_be_bytes(b[4..8].try_into().ok()?);
+        Some(Capacity {
+            blocks: u64::from(last) + 1,
+            block_size: bs,
+        })
+    }
+}
+
+/// Standard INQUIRY data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Inquiry {
+    pub peripheral_qualifier: u8,
+    pub device_type: u8,
+    pub device_type_name: &'static str,
+    pub removable: bool,
+    pub version: u8,
+    pub vendor: String,
+    pub product: String,
+    pub revision: String,
+}
+
+impl Inquiry {
+    pub fn parse(b: &[u8]) -> Option<Inquiry> {
+        if b.len() < 36 {
+            return None;
+        }
+        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&b[r]).trim().to_owned();
+        Some(Inquiry {
+            peripheral_qualifier: b[0] >> 5,
+            device_type: b[0] & 0x1f,
+            device_type_name: device_type_name(b[0] & 0x1f),
+            removable: b[1] & 0x80 != 0,
+            version: b[2],
+            vendor: text(8..16),
+            product: text(16..32),
+            revision: text(32..36),
+        })
+    }
+}
+
+pub fn device_type_name(t: u8) -> &'static str {
+    match t {
+        0x00 => "disk",
+        0x01 => "tape",
+        0x05 => "cd/dvd",
+        0x07 => "optical",
+        0x0c => "storage array controller",
+        0x0d => "enclosure",
+        0x1f => "unknown/no device",
+        _ => "other",
+    }
+}
+
+/// LUNs of a REPORT LUNS answer, single-level ones only.
+pub fn parse_report_luns(b: &[u8]) -> Vec<u16> {
+    if b.len() < 8 {
+        return Vec::new();
+    }
+    let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    b[8..]
+        .chunks_exact(8)
+        .take(len / 8)
+        .filter_map(|c| iscsi::pdu::lun_from_wire(u64::from_be_bytes(c.try_into().ok()?)))
+        .collect()
+}
+
+/// Unit serial number (VPD 0x80).
+pub fn parse_vpd80(b: &[u8]) -> Option<String> {
+    if b.len() < 4 || b[1] != 0x80 {
+        return None;
+    }
+    let len = usize::from(u16::from_be_bytes([b[2], b[3]]));
+    let s = b.get(4..4 + len).unwrap_or(&b[4..]);
+    Some(String::from_utf8_lossy(s).trim().to_owned())
+}
+
+/// Designation descriptors (VPD 0x83) as `type:value` strings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Designator {
+    pub kind: &'static str,
+    pub association: &'static str,
+    pub value: String,
+}
+
+pub fn parse_vpd83(b: &[u8]) -> Vec<Designator> {
+    let mut out = Vec::new();
+    if b.len() < 4 || b[1] != 0x83 {
+        return out;
+    }
+    let end = (4 + usize::from(u16::from_be_bytes([b[2], b[3]]))).min(b.len());
+    let mut i = 4;
+    while i + 4 <= end {
+        let code_set = b[i] & 0xf;
+        let assoc = (b[i + 1] >> 4) & 3;
+        let ty = b[i + 1] & 0xf;
+        let len = usize::from(b[i + 3]);
+        let Some(v) = b.get(i + 4..i + 4 + len) else {
+            break;
+        };
+        let value = if code_set == 1 {
+            v.iter().map(|x| format!("{x:02x}")).collect()
+        } else {
+            String::from_utf8_lossy(v)
+                .trim_end_matches('\0')
+                .trim()
+                .to_owned()
+        };
+        out.push(Designator {
+            kind: match ty {
+                0 => "vendor",
+                1 => "t10",
+                2 => "eui64",
+                3 => "naa",
+                4 => "relative-port",
+                5 => "target-port-group",
+                6 => "lu-group",
+                7 => "md5",
+                8 => "scsi-name",
+                _ => "other",
+            },
+            association: match assoc {
+                0 => "lun",
+                1 => "port",
+                2 => "target",
+                _ => "reserved",
+            },
+            value,
+        });
+        i += 4 + len;
+    }
+    out
+}
+
+/// Block limits (VPD 0xB0), in blocks; 0 means "no limit reported".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BlockLimits {
+    pub max_transfer_blocks: u32,
+    pub optimal_transfer_blocks: u32,
+    pub optimal_granularity_blocks: u16,
+    pub max_unmap_blocks: u32,
+}
+
+pub fn parse_vpd_b0(b: &[u8]) -> Option<BlockLimits> {
+    if b.len() < 16 || b[1] != 0xb0 {
+        return None;
+    }
+    let u32at = |o: usize| {
+        b.get(o..o + 4)
+            .map(|s| u32::from_be_bytes(s.try_into().unwrap()))
+            .unwrap_or(0)
+    };
+    Some(BlockLimits {
+        optimal_granularity_blocks: u16::from_be_bytes([b[6], b[7]]),
+        max_transfer_blocks: u32at(8),
+        optimal_transfer_blocks: u32at(12),
+        max_unmap_blocks: u32at(20),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sense_formats() {
+        let mut fixed = [0u8; 18];
+        fixed[0] = 0x70;
+        fixed[2] = 0x06;
+        fixed[12] = 0x29;
+        let s = Sense::parse(&fixed).unwrap();
+        assert_eq!((s.key, s.asc, s.ascq), (6, 0x29, 0));
+        let desc = [0x72, 0x05, 0x25, 0x00, 0, 0, 0, 0];
+        assert!(Sense::parse(&desc).unwrap().is_lun_not_supported());
+        assert_eq!(Sense::parse(&[0x00]), None);
+    }
+
+    #[test]
+    fn capacity_and_luns() {
+        let mut b = [0u8; 32];
+        b[7] = 0xff;
+        b[10] = 0x02;
+        let c = Capacity::parse16(&b).unwrap();
+        assert_eq!(c.blocks, 256);
+        assert_eq!(c.block_size, 512);
+        let mut r = vec![0, 0, 0, 16, 0, 0, 0, 0];
+        r.extend_from_slice(&iscsi::pdu::lun_to_wire(0).to_be_bytes());
+        r.extend_from_slice(&iscsi::pdu::lun_to_wire(300).to_be_bytes());
+        assert_eq!(parse_report_luns(&r), vec![0, 300]);
+    }
+}

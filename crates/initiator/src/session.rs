@@ -1,0 +1,1305 @@
+//! Sessions: login of all connections, command scheduling over them, the reader task
+//! that routes target PDUs, keep-alive, task management, recovery and logout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use iscsi::framing::PduDecoder;
+use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
+use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::pdu::{
+    lun_to_wire, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, TaskMgmtRequest, TextRequest,
+    RESERVED_TAG,
+};
+use iscsi::serial::{sn_gt, sn_le, sn_lt};
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+
+use crate::conn::{Conn, LoginDone, RawConn};
+use crate::scsi::{self, Capacity, Inquiry, Sense};
+use crate::{Error, IscsiUrl, Result, SessionOptions};
+
+/// Direction and size of a command's data.
+#[derive(Clone, Debug)]
+pub enum DataDir {
+    None,
+    /// Expected length of the data to read.
+    Read(u32),
+    Write(Bytes),
+}
+
+/// What a SCSI command returned.
+#[derive(Clone, Debug)]
+pub struct ScsiResult {
+    pub status: u8,
+    pub sense: Option<Sense>,
+    pub data: Bytes,
+    /// Bytes the target transferred less than expected (underflow).
+    pub residual: u32,
+}
+
+impl ScsiResult {
+    pub fn is_good(&self) -> bool {
+        self.status == scsi::STATUS_GOOD
+    }
+}
+
+/// A target found by SendTargets.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct DiscoveredTarget {
+    pub name: String,
+    /// `address:port,tpgt` as the target reported them.
+    pub portals: Vec<String>,
+}
+
+/// Negotiated values and identity of a session, for people and `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionInfo {
+    pub target: String,
+    pub portal: String,
+    pub isid: String,
+    pub tsih: u16,
+    pub connections: usize,
+    pub max_connections: u16,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub max_recv_data_segment_length: u32,
+    pub max_send_data_segment_length: u32,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub error_recovery_level: u8,
+    pub queue_depth: usize,
+    pub congestion: Option<String>,
+    pub send_buffer: usize,
+    pub recv_buffer: usize,
+}
+
+/// SendTargets discovery on the portal of `url` (target and LUN in it are ignored).
+pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<DiscoveredTarget>> {
+    let portal = url.portal();
+    let mut raw = RawConn::connect(&portal, opts).await?;
+    let isid = new_isid();
+    let cfg = InitiatorLoginConfig {
+        initiator_name: opts.initiator_name.clone(),
+        initiator_alias: None,
+        target_name: None,
+        session_type: SessionType::Discovery,
+        isid,
+        tsih: 0,
+        cid: 0,
+        auth: chap(url, opts),
+        session: SessionParams::default(),
+        connection: connection_prefs(opts),
+        leading: true,
+    };
+    let done = raw.login(cfg, 1, 1).await?;
+    let mut cmdsn = done.expcmdsn;
+    let mut text = Vec::new();
+    let mut ttt = RESERVED_TAG;
+    let mut data = Bytes::from_static(b"SendTargets=All\0");
+    loop {
+        raw.send(&Pdu::TextRequest(TextRequest {
+            immediate: false,
+            final_: true,
+            cont: false,
+            lun: 0,
+            itt: 2,
+            ttt,
+            cmdsn,
+            expstatsn: raw.exp_statsn,
+            data: std::mem::take(&mut data),
+        }))
+        .await?;
+        cmdsn = cmdsn.wrapping_add(1);
+        let resp = match raw.recv().await? {
+            Pdu::TextResponse(r) => r,
+            Pdu::Reject(r) => {
+                return Err(Error::Protocol(format!(
+                    "SendTargets rejected (reason 0x{:02x})",
+                    r.reason
+                )))
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {:?} during discovery",
+                    other.opcode()
+                )))
+            }
+        };
+        raw.exp_statsn = resp.statsn.wrapping_add(1);
+        text.extend_from_slice(&resp.data);
+        if !resp.cont {
+            break;
+        }
+        ttt = resp.ttt;
+    }
+    let _ = raw
+        .send(&Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason: 0,
+            itt: 3,
+            cid: 0,
+            cmdsn,
+            expstatsn: raw.exp_statsn,
+        }))
+        .await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), raw.recv()).await;
+    Ok(parse_send_targets(&text, &portal))
+}
+
+fn parse_send_targets(text: &[u8], portal: &str) -> Vec<DiscoveredTarget> {
+    let mut out: Vec<DiscoveredTarget> = Vec::new();
+    for pair in text.split(|&b| b == 0) {
+        let pair = String::from_utf8_lossy(pair);
+        let Some((k, v)) = pair.split_once('=') else {
+            continue;
+        };
+        match k {
+            "TargetName" => out.push(DiscoveredTarget {
+                name: v.to_owned(),
+                portals: Vec::new(),
+            }),
+            "TargetAddress" => {
+                if let Some(t) = out.last_mut() {
+                    t.portals.push(v.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    // A target that lists no address is reachable where it was asked (RFC 7143 C.1).
+    for t in &mut out {
+        if t.portals.is_empty() {
+            t.portals.push(portal.to_owned());
+        }
+    }
+    out
+}
+
+fn new_isid() -> [u8; 6] {
+    let r: [u8; 4] = rand::random();
+    // Type 0x80: random format (RFC 7143 11.12.5).
+    [0x80, r[0], r[1], r[2], 0, r[3] | 1]
+}
+
+fn chap(url: &IscsiUrl, opts: &SessionOptions) -> Option<ChapCredentials> {
+    let user = url.user.clone()?;
+    Some(ChapCredentials {
+        user,
+        secret: url.password.clone().unwrap_or_default().into_bytes(),
+        mutual: opts.target_secret.clone().map(String::into_bytes),
+    })
+}
+
+fn connection_prefs(opts: &SessionOptions) -> ConnectionParams {
+    ConnectionParams {
+        header_digest: opts.header_digest,
+        data_digest: opts.data_digest,
+        max_recv_data_segment_length: opts.max_recv_data_segment,
+        ..ConnectionParams::default()
+    }
+}
+
+struct Task {
+    cid: u16,
+    gen: u64,
+    tx: mpsc::UnboundedSender<Pdu>,
+}
+
+struct State {
+    gen: u64,
+    cmdsn: u32,
+    expcmdsn: u32,
+    maxcmdsn: u32,
+    next_itt: u32,
+    tasks: HashMap<u32, Task>,
+    conns: Vec<Arc<Conn>>,
+    params: SessionParams,
+    info: Option<SessionInfo>,
+    closed: bool,
+}
+
+impl State {
+    fn alloc_itt(&mut self) -> u32 {
+        loop {
+            let itt = self.next_itt;
+            self.next_itt = self.next_itt.wrapping_add(1);
+            if itt != RESERVED_TAG && !self.tasks.contains_key(&itt) {
+                return itt;
+            }
+        }
+    }
+
+    fn pick_conn(&self) -> Option<Arc<Conn>> {
+        self.conns
+            .iter()
+            .filter(|c| c.is_alive())
+            .min_by_key(|c| c.outstanding.load(Ordering::Relaxed))
+            .cloned()
+    }
+}
+
+struct Shared {
+    url: IscsiUrl,
+    target: String,
+    opts: SessionOptions,
+    isid: [u8; 6],
+    state: Mutex<State>,
+    window: Notify,
+    slots: Semaphore,
+    recovery: tokio::sync::Mutex<()>,
+    capacity: Mutex<HashMap<u16, Capacity>>,
+    retries: AtomicU64,
+    reinstatements: AtomicU64,
+    epoch: Instant,
+}
+
+/// An iSCSI session with one or more connections. Cheap to clone; all clones share the
+/// session. Commands may be issued concurrently from many tasks.
+///
+/// Recovery follows ErrorRecoveryLevel 0: when a connection fails, its commands and the
+/// session's other connections are torn down, the session is reinstated (same ISID, TSIH
+/// 0, so the target closes the old one), the extra connections are added again, and every
+/// command that had not received its status is issued anew. Reads and writes of a copy
+/// are idempotent, so the result is the same as without the failure.
+#[derive(Clone)]
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+enum Attempt {
+    /// The connection went away: reinstate the session (if nobody did yet) and retry.
+    Lost {
+        gen: u64,
+        why: String,
+    },
+    /// The command was aborted after a timeout; retry without recovery.
+    Aborted,
+    Fatal(Error),
+}
+
+/// Removes a task from the table and its weight from the connection when the command
+/// ends, however it ends.
+struct TaskGuard<'a> {
+    shared: &'a Shared,
+    itt: u32,
+    conn: Arc<Conn>,
+    weight: u64,
+}
+
+impl Drop for TaskGuard<'_> {
+    fn drop(&mut self) {
+        self.conn
+            .outstanding
+            .fetch_sub(self.weight, Ordering::Relaxed);
+        let mut st = self.shared.state.lock().unwrap();
+        if st
+            .tasks
+            .get(&self.itt)
+            .is_some_and(|t| t.gen == self.conn.gen && t.cid == self.conn.cid)
+        {
+            st.tasks.remove(&self.itt);
+        }
+    }
+}
+
+const MAX_ATTEMPTS: u32 = 20;
+
+impl Session {
+    /// Logs in to the target of `url` with `opts` (query-string options of the URL already
+    /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
+    pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
+        let target = url.target_required()?.to_owned();
+        let shared = Arc::new(Shared {
+            url: url.clone(),
+            target,
+            opts: opts.clone(),
+            isid: new_isid(),
+            state: Mutex::new(State {
+                gen: 0,
+                cmdsn: 1,
+                expcmdsn: 1,
+                maxcmdsn: 1,
+                next_itt: 0x100,
+                tasks: HashMap::new(),
+                conns: Vec::new(),
+                params: SessionParams::default(),
+                info: None,
+                closed: false,
+            }),
+            window: Notify::new(),
+            slots: Semaphore::new(opts.queue_depth.max(1)),
+            recovery: tokio::sync::Mutex::new(()),
+            capacity: Mutex::new(HashMap::new()),
+            retries: AtomicU64::new(0),
+            reinstatements: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        Shared::establish(&shared).await?;
+        tokio::spawn(keepalive(Arc::downgrade(&shared)));
+        Ok(Session { shared })
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let st = self.shared.state.lock().unwrap();
+        let mut info = st.info.clone().expect("established session has info");
+        info.connections = st.conns.iter().filter(|c| c.is_alive()).count();
+        info
+    }
+
+    /// Commands issued again after a connection failure or a timeout.
+    pub fn retries(&self) -> u64 {
+        self.shared.retries.load(Ordering::Relaxed)
+    }
+
+    /// Times the session was reinstated after a failure.
+    pub fn reinstatements(&self) -> u64 {
+        self.shared.reinstatements.load(Ordering::Relaxed)
+    }
+
+    /// Issues one SCSI command and waits for its status. Retries transparently on
+    /// connection loss (after recovery), on UNIT ATTENTION and on BUSY/TASK SET FULL.
+    /// A status other than GOOD is returned as a result, not an error.
+    pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
+        let _slot = self
+            .shared
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Closed)?;
+        let mut attempts = 0;
+        let mut unit_attentions = 0;
+        loop {
+            match self.shared.attempt(lun, cdb, &dir).await {
+                Ok(r) => {
+                    let ua = r.status == scsi::STATUS_CHECK_CONDITION
+                        && r.sense
+                            .as_ref()
+                            .is_some_and(|s| s.key == scsi::SENSE_UNIT_ATTENTION);
+                    let busy =
+                        r.status == scsi::STATUS_BUSY || r.status == scsi::STATUS_TASK_SET_FULL;
+                    if (ua || busy) && unit_attentions < 10 {
+                        unit_attentions += 1;
+                        if busy {
+                            tokio::time::sleep(Duration::from_millis(5 << unit_attentions.min(6)))
+                                .await;
+                        }
+                        continue;
+                    }
+                    return Ok(r);
+                }
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Aborted) => {}
+                Err(Attempt::Lost { gen, why }) => {
+                    self.shared.recover(gen, &why).await?;
+                }
+            }
+            attempts += 1;
+            self.shared.retries.fetch_add(1, Ordering::Relaxed);
+            if attempts >= MAX_ATTEMPTS {
+                return Err(Error::RecoveryFailed {
+                    attempts,
+                    last: "command kept failing".into(),
+                });
+            }
+        }
+    }
+
+    /// Like [`Session::command`] but a status other than GOOD is an error.
+    pub async fn command_ok(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
+        let r = self.command(lun, cdb, dir).await?;
+        if r.is_good() {
+            return Ok(r);
+        }
+        if r.sense.as_ref().is_some_and(Sense::is_lun_not_supported) {
+            return Err(Error::LunNotFound {
+                target: self.shared.target.clone(),
+                lun,
+            });
+        }
+        Err(Error::Scsi {
+            opcode: cdb[0],
+            status: r.status,
+            sense: r.sense,
+        })
+    }
+
+    pub async fn test_unit_ready(&self, lun: u16) -> Result<()> {
+        self.command_ok(lun, &scsi::test_unit_ready(), DataDir::None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn inquiry(&self, lun: u16) -> Result<Inquiry> {
+        let r = self
+            .command_ok(lun, &scsi::inquiry(None, 96), DataDir::Read(96))
+            .await?;
+        let inq = Inquiry::parse(&r.data)
+            .ok_or_else(|| Error::Protocol("INQUIRY data shorter than 36 bytes".into()))?;
+        if inq.peripheral_qualifier == 3 {
+            return Err(Error::LunNotFound {
+                target: self.shared.target.clone(),
+                lun,
+            });
+        }
+        Ok(inq)
+    }
+
+    /// A VPD page, raw.
+    pub async fn vpd(&self, lun: u16, page: u8) -> Result<Bytes> {
+        let r = self
+            .command_ok(lun, &scsi::inquiry(Some(page), 4096), DataDir::Read(4096))
+            .await?;
+        Ok(r.data)
+    }
+
+    /// READ CAPACITY (16), falling back to (10); cached for [`Session::read`]/`write`.
+    pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {
+        let r = self
+            .command(lun, &scsi::read_capacity16(), DataDir::Read(32))
+            .await?;
+        let cap = if r.is_good() {
+            Capacity::parse16(&r.data)
+        } else {
+            if r.sense.as_ref().is_some_and(Sense::is_lun_not_supported) {
+                return Err(Error::LunNotFound {
+                    target: self.shared.target.clone(),
+                    lun,
+                });
+            }
+            let r = self
+                .command_ok(lun, &scsi::read_capacity10(), DataDir::Read(8))
+                .await?;
+            Capacity::parse10(&r.data)
+        }
+        .filter(|c| c.block_size > 0)
+        .ok_or_else(|| Error::Protocol("malformed READ CAPACITY data".into()))?;
+        self.shared
+            .capacity
+            .lock()
+            .unwrap()
+            .insert(lun, cap.clone());
+        Ok(cap)
+    }
+
+    pub async fn report_luns(&self) -> Result<Vec<u16>> {
+        let r = self
+            .command_ok(0, &scsi::report_luns(16384), DataDir::Read(16384))
+            .await?;
+        Ok(scsi::parse_report_luns(&r.data))
+    }
+
+    async fn block_size(&self, lun: u16) -> Result<u32> {
+        if let Some(c) = self.shared.capacity.lock().unwrap().get(&lun) {
+            return Ok(c.block_size);
+        }
+        Ok(self.read_capacity(lun).await?.block_size)
+    }
+
+    /// Reads `blocks` blocks at `lba`.
+    pub async fn read(&self, lun: u16, lba: u64, blocks: u32) -> Result<Bytes> {
+        let bs = self.block_size(lun).await?;
+        let len = blocks
+            .checked_mul(bs)
+            .ok_or_else(|| Error::Option("read too large".into()))?;
+        let r = self
+            .command_ok(lun, &scsi::read16(lba, blocks), DataDir::Read(len))
+            .await?;
+        if r.data.len() != len as usize {
+            return Err(Error::Protocol(format!(
+                "READ returned {} bytes of {len}",
+                r.data.len()
+            )));
+        }
+        Ok(r.data)
+    }
+
+    /// Writes `data` (a whole number of blocks) at `lba`.
+    pub async fn write(&self, lun: u16, lba: u64, data: Bytes) -> Result<()> {
+        let bs = self.block_size(lun).await?;
+        if !data.len().is_multiple_of(bs as usize) {
+            return Err(Error::Option(format!(
+                "write of {} bytes is not a multiple of the block size {bs}",
+                data.len()
+            )));
+        }
+        let blocks = (data.len() / bs as usize) as u32;
+        self.command_ok(lun, &scsi::write16(lba, blocks), DataDir::Write(data))
+            .await
+            .map(drop)
+    }
+
+    pub async fn sync_cache(&self, lun: u16) -> Result<()> {
+        self.command_ok(lun, &scsi::sync_cache10(), DataDir::None)
+            .await
+            .map(drop)
+    }
+
+    /// LOGICAL UNIT RESET; returns the TMF response code (0 = function complete).
+    pub async fn lun_reset(&self, lun: u16) -> Result<u8> {
+        let conn = {
+            let st = self.shared.state.lock().unwrap();
+            st.pick_conn().ok_or(Error::Closed)?
+        };
+        self.shared.task_mgmt(&conn, 5, lun, RESERVED_TAG, 0).await
+    }
+
+    /// Closes the session (Logout, reason "close the session") and all connections.
+    pub async fn logout(&self) -> Result<()> {
+        let conn = {
+            let mut st = self.shared.state.lock().unwrap();
+            st.closed = true;
+            st.pick_conn()
+        };
+        self.shared.window.notify_waiters();
+        let result = match conn {
+            Some(conn) => {
+                let (itt, mut rx) = self.shared.register(&conn);
+                let cmdsn = self.shared.state.lock().unwrap().cmdsn;
+                conn.send(Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason: 0,
+                    itt,
+                    cid: conn.cid,
+                    cmdsn,
+                    expstatsn: 0,
+                }));
+                match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+                    Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => Ok(()),
+                    Ok(Some(Pdu::LogoutResponse(r))) => Err(Error::Protocol(format!(
+                        "logout refused (response {})",
+                        r.response
+                    ))),
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(Error::Timeout("logout".into())),
+                }
+            }
+            None => Ok(()),
+        };
+        let conns = std::mem::take(&mut self.shared.state.lock().unwrap().conns);
+        for c in conns {
+            c.kill();
+        }
+        result
+    }
+}
+
+impl Shared {
+    fn portal(&self) -> String {
+        self.url.portal()
+    }
+
+    fn login_config(&self, cid: u16, tsih: u16, session: SessionParams) -> InitiatorLoginConfig {
+        let o = &self.opts;
+        InitiatorLoginConfig {
+            initiator_name: o.initiator_name.clone(),
+            initiator_alias: None,
+            target_name: Some(self.target.clone()),
+            session_type: SessionType::Normal,
+            isid: self.isid,
+            tsih,
+            cid,
+            auth: chap(&self.url, o),
+            session,
+            connection: connection_prefs(o),
+            leading: tsih == 0,
+        }
+    }
+
+    /// Logs in the leading connection and the others, and installs them as a new
+    /// generation of the session.
+    async fn establish(self: &Arc<Self>) -> Result<()> {
+        let o = &self.opts;
+        let proposal = SessionParams {
+            max_connections: o.connections,
+            initial_r2t: o.initial_r2t,
+            immediate_data: o.immediate_data,
+            max_burst_length: o.max_burst,
+            first_burst_length: o.first_burst.min(o.max_burst),
+            max_outstanding_r2t: 8,
+            error_recovery_level: 0,
+            ..SessionParams::default()
+        };
+        let portal = self.portal();
+        let mut raw = RawConn::connect(&portal, o).await?;
+        let cmdsn = {
+            let st = self.state.lock().unwrap();
+            st.cmdsn
+        };
+        let lead = raw
+            .login(self.login_config(0, 0, proposal), 0, cmdsn)
+            .await?;
+        let params = lead.outcome.session.clone();
+        let tsih = lead.outcome.tsih;
+        let tuning = raw.tuning.clone();
+        let mut logged_in: Vec<(RawConn, LoginDone, u16)> = vec![(raw, lead, 0)];
+        let want = o.connections.min(params.max_connections).max(1);
+        for cid in 1..want {
+            let extra = async {
+                let mut raw = RawConn::connect(&portal, o).await?;
+                let done = raw
+                    .login(
+                        self.login_config(cid, tsih, params.clone()),
+                        u32::from(cid),
+                        cmdsn,
+                    )
+                    .await?;
+                Ok::<_, Error>((raw, done))
+            };
+            match extra.await {
+                Ok((raw, done)) => logged_in.push((raw, done, cid)),
+                Err(e) => {
+                    tracing::warn!("connection {cid} of the session could not log in: {e}");
+                    break;
+                }
+            }
+        }
+        let first = &logged_in[0].1;
+        let conn_params = first.outcome.connection.clone();
+        let (expcmdsn, maxcmdsn) =
+            logged_in
+                .iter()
+                .fold((first.expcmdsn, first.maxcmdsn), |(e, m), (_, d, _)| {
+                    (
+                        if sn_gt(d.expcmdsn, e) { d.expcmdsn } else { e },
+                        if sn_gt(d.maxcmdsn, m) { d.maxcmdsn } else { m },
+                    )
+                });
+        let mut st = self.state.lock().unwrap();
+        let gen = st.gen + 1;
+        let mut conns = Vec::new();
+        for (raw, done, cid) in logged_in {
+            let exp_statsn = raw.exp_statsn;
+            let (r, w, buf, dec, digests) = raw.into_parts();
+            let (conn, dead) = Conn::new(
+                cid,
+                gen,
+                portal.clone(),
+                done.outcome.connection.max_send_data_segment_length,
+                exp_statsn,
+                w,
+                digests,
+            );
+            tokio::spawn(reader(
+                Arc::downgrade(self),
+                conn.clone(),
+                r,
+                buf,
+                dec,
+                dead,
+            ));
+            conns.push(conn);
+        }
+        for old in std::mem::replace(&mut st.conns, conns) {
+            old.kill();
+        }
+        st.gen = gen;
+        st.cmdsn = cmdsn;
+        st.expcmdsn = expcmdsn;
+        st.maxcmdsn = maxcmdsn;
+        st.tasks.clear();
+        st.info = Some(SessionInfo {
+            target: self.target.clone(),
+            portal,
+            isid: self.isid.iter().map(|b| format!("{b:02x}")).collect(),
+            tsih,
+            connections: st.conns.len(),
+            max_connections: params.max_connections,
+            initial_r2t: params.initial_r2t,
+            immediate_data: params.immediate_data,
+            max_burst_length: params.max_burst_length,
+            first_burst_length: params.first_burst_length,
+            max_recv_data_segment_length: conn_params.max_recv_data_segment_length,
+            max_send_data_segment_length: conn_params.max_send_data_segment_length,
+            header_digest: conn_params.header_digest,
+            data_digest: conn_params.data_digest,
+            error_recovery_level: params.error_recovery_level,
+            queue_depth: o.queue_depth,
+            congestion: tuning.congestion,
+            send_buffer: tuning.send_buffer,
+            recv_buffer: tuning.recv_buffer,
+        });
+        st.params = params;
+        drop(st);
+        self.window.notify_waiters();
+        Ok(())
+    }
+
+    /// Reinstates the session unless another task already did since generation `gen`.
+    async fn recover(self: &Arc<Self>, gen: u64, why: &str) -> Result<()> {
+        let _g = self.recovery.lock().await;
+        {
+            let mut st = self.state.lock().unwrap();
+            if st.closed {
+                return Err(Error::Closed);
+            }
+            if st.gen != gen {
+                return Ok(());
+            }
+            for c in &st.conns {
+                c.kill();
+            }
+            st.tasks.clear();
+        }
+        tracing::warn!("session to {} failed ({why}); reinstating", self.target);
+        let deadline = Instant::now() + self.opts.recovery_timeout;
+        let mut delay = Duration::from_millis(100);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.establish().await {
+                Ok(()) => {
+                    self.reinstatements.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("session to {} reinstated", self.target);
+                    return Ok(());
+                }
+                Err(e @ (Error::Auth { .. } | Error::LoginRefused { class: 2, .. })) => {
+                    return Err(e)
+                }
+                Err(e) if Instant::now() + delay > deadline => {
+                    return Err(Error::RecoveryFailed {
+                        attempts,
+                        last: e.to_string(),
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!("reinstatement attempt {attempts}: {e}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    fn register(&self, conn: &Arc<Conn>) -> (u32, mpsc::UnboundedReceiver<Pdu>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = self.state.lock().unwrap();
+        let itt = st.alloc_itt();
+        st.tasks.insert(
+            itt,
+            Task {
+                cid: conn.cid,
+                gen: conn.gen,
+                tx,
+            },
+        );
+        (itt, rx)
+    }
+
+    /// One try at a command: wait for a CmdSN in the window, send the command with its
+    /// unsolicited data, answer R2Ts and collect Data-In until the status arrives.
+    async fn attempt(&self, lun: u16, cdb: &[u8], dir: &DataDir) -> Result<ScsiResult, Attempt> {
+        let (edtl, read, write) = match dir {
+            DataDir::None => (0u32, false, None),
+            DataDir::Read(n) => (*n, true, None),
+            DataDir::Write(d) => (
+                u32::try_from(d.len())
+                    .map_err(|_| Attempt::Fatal(Error::Option("write larger than 4 GiB".into())))?,
+                false,
+                Some(d),
+            ),
+        };
+        let wire_lun = lun_to_wire(lun);
+        let wait_start = Instant::now();
+        let (conn, itt, cmdsn, mut rx) = loop {
+            let notified = self.window.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.state.lock().unwrap();
+                if st.closed {
+                    return Err(Attempt::Fatal(Error::Closed));
+                }
+                let Some(conn) = st.pick_conn() else {
+                    return Err(Attempt::Lost {
+                        gen: st.gen,
+                        why: "no connection left".into(),
+                    });
+                };
+                if sn_le(st.cmdsn, st.maxcmdsn) {
+                    let cmdsn = st.cmdsn;
+                    st.cmdsn = cmdsn.wrapping_add(1);
+                    let itt = st.alloc_itt();
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    st.tasks.insert(
+                        itt,
+                        Task {
+                            cid: conn.cid,
+                            gen: conn.gen,
+                            tx,
+                        },
+                    );
+                    // Sent under the lock so that each connection carries CmdSNs in order.
+                    self.send_command(
+                        &st.params, &conn, wire_lun, itt, cmdsn, cdb, edtl, read, write,
+                    );
+                    break (conn, itt, cmdsn, rx);
+                }
+            }
+            if wait_start.elapsed() > self.opts.command_timeout {
+                let gen = self.state.lock().unwrap().gen;
+                return Err(Attempt::Lost {
+                    gen,
+                    why: "the target's command window stayed closed".into(),
+                });
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+        };
+        let weight = u64::from(edtl) + 4096;
+        conn.outstanding.fetch_add(weight, Ordering::Relaxed);
+        let _guard = TaskGuard {
+            shared: self,
+            itt,
+            conn: conn.clone(),
+            weight,
+        };
+        let mut buf = if read {
+            BytesMut::zeroed(edtl as usize)
+        } else {
+            BytesMut::new()
+        };
+        let mut received = 0usize;
+        let protocol = |m: String| Attempt::Fatal(Error::Protocol(m));
+        loop {
+            let pdu = match tokio::time::timeout(self.opts.command_timeout, rx.recv()).await {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    return Err(Attempt::Lost {
+                        gen: conn.gen,
+                        why: format!("connection {} failed", conn.cid),
+                    })
+                }
+                Err(_) => {
+                    tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
+                    return match self.task_mgmt(&conn, 1, lun, itt, cmdsn).await {
+                        Ok(_) => Err(Attempt::Aborted),
+                        Err(_) => {
+                            conn.kill();
+                            Err(Attempt::Lost {
+                                gen: conn.gen,
+                                why: "command and abort timed out".into(),
+                            })
+                        }
+                    };
+                }
+            };
+            match pdu {
+                Pdu::DataIn(d) => {
+                    let off = d.buffer_offset as usize;
+                    let end = off + d.data.len();
+                    if end > buf.len() {
+                        return Err(protocol(format!(
+                            "Data-In at {off}..{end} beyond the expected {edtl} bytes"
+                        )));
+                    }
+                    buf[off..end].copy_from_slice(&d.data);
+                    received = received.max(end);
+                    if d.status_present {
+                        let residual = if d.underflow { d.residual_count } else { 0 };
+                        buf.truncate(
+                            received
+                                .max(edtl.saturating_sub(residual) as usize)
+                                .min(buf.len()),
+                        );
+                        return Ok(ScsiResult {
+                            status: d.status,
+                            sense: None,
+                            data: buf.freeze(),
+                            residual,
+                        });
+                    }
+                }
+                Pdu::R2t(r) => {
+                    let Some(data) = write else {
+                        return Err(protocol("R2T for a command without write data".into()));
+                    };
+                    let off = r.buffer_offset as usize;
+                    let end = off + r.desired_data_transfer_length as usize;
+                    if end > data.len() {
+                        return Err(protocol(format!(
+                            "R2T for {off}..{end} beyond the {} bytes of the write",
+                            data.len()
+                        )));
+                    }
+                    send_data_out(&conn, wire_lun, itt, r.ttt, data, off, end);
+                }
+                Pdu::ScsiResponse(r) => {
+                    if r.response != 0 {
+                        return Err(Attempt::Fatal(Error::Response(r.response)));
+                    }
+                    let residual = if r.underflow { r.residual_count } else { 0 };
+                    if read {
+                        let keep = edtl.saturating_sub(residual) as usize;
+                        buf.truncate(keep.max(received).min(edtl as usize));
+                    }
+                    return Ok(ScsiResult {
+                        status: r.status,
+                        sense: r.sense().and_then(Sense::parse),
+                        data: buf.freeze(),
+                        residual,
+                    });
+                }
+                Pdu::Reject(r) => {
+                    return Err(protocol(format!(
+                        "target rejected command 0x{:02x} (reason 0x{:02x})",
+                        cdb[0], r.reason
+                    )))
+                }
+                other => {
+                    return Err(protocol(format!(
+                        "unexpected {:?} for a SCSI command",
+                        other.opcode()
+                    )))
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_command(
+        &self,
+        params: &SessionParams,
+        conn: &Conn,
+        lun: u64,
+        itt: u32,
+        cmdsn: u32,
+        cdb: &[u8],
+        edtl: u32,
+        read: bool,
+        write: Option<&Bytes>,
+    ) {
+        let seg = conn.max_send_segment as usize;
+        let first_burst = (params.first_burst_length as usize).min(edtl as usize);
+        let immediate_len = match write {
+            Some(_) if params.immediate_data => first_burst.min(seg),
+            _ => 0,
+        };
+        let unsolicited_end = match write {
+            Some(_) if !params.initial_r2t => first_burst,
+            _ => immediate_len,
+        };
+        let final_ = unsolicited_end == immediate_len;
+        conn.send(Pdu::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_,
+            read,
+            write: write.is_some(),
+            attr: 1,
+            lun,
+            itt,
+            edtl,
+            cmdsn,
+            cdb: cdb.to_vec(),
+            data: write.map(|d| d.slice(..immediate_len)).unwrap_or_default(),
+            ..ScsiCommand::default()
+        }));
+        if let Some(d) = write {
+            if unsolicited_end > immediate_len {
+                send_data_out(
+                    conn,
+                    lun,
+                    itt,
+                    RESERVED_TAG,
+                    d,
+                    immediate_len,
+                    unsolicited_end,
+                );
+            }
+        }
+    }
+
+    /// Sends a task management request and waits for its response code.
+    async fn task_mgmt(
+        &self,
+        conn: &Arc<Conn>,
+        function: u8,
+        lun: u16,
+        referenced: u32,
+        refcmdsn: u32,
+    ) -> Result<u8> {
+        let (itt, mut rx) = self.register(conn);
+        let cmdsn = self.state.lock().unwrap().cmdsn;
+        let _guard = TaskGuard {
+            shared: self,
+            itt,
+            conn: conn.clone(),
+            weight: 0,
+        };
+        conn.send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: lun_to_wire(lun),
+            itt,
+            referenced_task_tag: referenced,
+            cmdsn,
+            refcmdsn,
+            ..TaskMgmtRequest::default()
+        }));
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            Ok(Some(Pdu::TaskMgmtResponse(r))) => Ok(r.response),
+            Ok(_) => Err(Error::ConnectionLost {
+                portal: conn.portal.clone(),
+                why: "during task management".into(),
+            }),
+            Err(_) => Err(Error::Timeout("task management request".into())),
+        }
+    }
+
+    fn update_window(&self, expcmdsn: u32, maxcmdsn: u32) {
+        let mut st = self.state.lock().unwrap();
+        // RFC 7143 4.2.2.1: MaxCmdSN < ExpCmdSN - 1 is invalid and ignored.
+        if sn_lt(maxcmdsn, expcmdsn.wrapping_sub(1)) {
+            return;
+        }
+        let mut opened = false;
+        if sn_gt(expcmdsn, st.expcmdsn) {
+            st.expcmdsn = expcmdsn;
+        }
+        if sn_gt(maxcmdsn, st.maxcmdsn) {
+            st.maxcmdsn = maxcmdsn;
+            opened = true;
+        }
+        drop(st);
+        if opened {
+            self.window.notify_waiters();
+        }
+    }
+
+    fn route(&self, itt: u32, pdu: Pdu) {
+        let tx = {
+            let st = self.state.lock().unwrap();
+            st.tasks.get(&itt).map(|t| t.tx.clone())
+        };
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(pdu);
+            }
+            None => tracing::debug!(itt, "{:?} for no known task", pdu.opcode()),
+        }
+    }
+
+    fn dispatch(&self, conn: &Arc<Conn>, pdu: Pdu) {
+        conn.last_rx_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let window = match &pdu {
+            Pdu::ScsiResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            Pdu::DataIn(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, p.status_present)),
+            Pdu::R2t(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, false)),
+            Pdu::NopIn(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, p.itt != RESERVED_TAG)),
+            Pdu::TaskMgmtResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            Pdu::TextResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            Pdu::LogoutResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            Pdu::AsyncMessage(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            Pdu::Reject(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
+            _ => None,
+        };
+        if let Some((statsn, exp, max, advances)) = window {
+            if advances {
+                conn.advance_statsn(statsn);
+            }
+            self.update_window(exp, max);
+        }
+        match pdu {
+            Pdu::NopIn(p) => {
+                if p.ttt != RESERVED_TAG {
+                    // The target pings us: answer with its TTT and data (RFC 7143 11.18).
+                    let cmdsn = self.state.lock().unwrap().cmdsn;
+                    conn.send(Pdu::NopOut(NopOut {
+                        immediate: true,
+                        lun: p.lun,
+                        itt: RESERVED_TAG,
+                        ttt: p.ttt,
+                        cmdsn,
+                        expstatsn: 0,
+                        data: p.data.clone(),
+                    }));
+                }
+                if p.itt != RESERVED_TAG {
+                    self.route(p.itt, Pdu::NopIn(p));
+                }
+            }
+            Pdu::AsyncMessage(m) => match m.async_event {
+                1..=3 => {
+                    tracing::warn!(
+                        cid = conn.cid,
+                        "target asks to end the connection (async event {})",
+                        m.async_event
+                    );
+                    conn.kill();
+                }
+                e => tracing::debug!(cid = conn.cid, "async event {e}"),
+            },
+            Pdu::Reject(r) => {
+                if r.data.len() >= 20 {
+                    let itt = u32::from_be_bytes(r.data[16..20].try_into().unwrap());
+                    self.route(itt, Pdu::Reject(r));
+                } else {
+                    tracing::warn!("Reject without the rejected header");
+                }
+            }
+            other => {
+                let itt = other.itt();
+                self.route(itt, other);
+            }
+        }
+    }
+
+    fn conn_failed(&self, conn: &Arc<Conn>, why: &str) {
+        conn.kill();
+        let mut st = self.state.lock().unwrap();
+        if st.closed {
+            return;
+        }
+        tracing::warn!(
+            cid = conn.cid,
+            "connection to {} failed: {why}",
+            conn.portal
+        );
+        st.tasks
+            .retain(|_, t| !(t.gen == conn.gen && t.cid == conn.cid));
+        drop(st);
+        self.window.notify_waiters();
+    }
+}
+
+/// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
+fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: usize, end: usize) {
+    let seg = (conn.max_send_segment as usize).max(512);
+    let mut pos = off;
+    let mut datasn = 0u32;
+    while pos < end {
+        let n = seg.min(end - pos);
+        conn.send(Pdu::DataOut(DataOut {
+            final_: pos + n == end,
+            lun,
+            itt,
+            ttt,
+            expstatsn: 0,
+            datasn,
+            buffer_offset: pos as u32,
+            data: data.slice(pos..pos + n),
+        }));
+        datasn += 1;
+        pos += n;
+    }
+}
+
+async fn reader(
+    shared: Weak<Shared>,
+    conn: Arc<Conn>,
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    mut dec: PduDecoder,
+    mut dead: watch::Receiver<bool>,
+) {
+    let why: String = 'outer: loop {
+        loop {
+            match dec.decode(&mut buf) {
+                Ok(Some(pdu)) => match shared.upgrade() {
+                    Some(s) => s.dispatch(&conn, pdu),
+                    None => return,
+                },
+                Ok(None) => break,
+                Err(e) => break 'outer format!("bad PDU from the target: {e}"),
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) => break "closed by the target".to_owned(),
+                Ok(_) => {}
+                Err(e) => break e.to_string(),
+            },
+            _ = dead.changed() => break "closed".to_owned(),
+        }
+    };
+    if let Some(s) = shared.upgrade() {
+        s.conn_failed(&conn, &why);
+    }
+}
+
+/// Pings idle connections with NOP-Out; one that does not answer is dropped (and the
+/// session recovered by the next command that needs it).
+async fn keepalive(shared: Weak<Shared>) {
+    loop {
+        let interval = match shared.upgrade() {
+            Some(s) => s.opts.nop_interval,
+            None => return,
+        };
+        tokio::time::sleep(interval / 2).await;
+        let Some(s) = shared.upgrade() else { return };
+        let (conns, closed) = {
+            let st = s.state.lock().unwrap();
+            (st.conns.clone(), st.closed)
+        };
+        if closed {
+            return;
+        }
+        let now = s.epoch.elapsed().as_millis() as u64;
+        for c in conns {
+            let idle = now.saturating_sub(c.last_rx_ms.load(Ordering::Relaxed));
+            if !c.is_alive()
+                || idle < interval.as_millis() as u64
+                || c.pinging.swap(true, Ordering::AcqRel)
+            {
+                continue;
+            }
+            let s2 = s.clone();
+            tokio::spawn(async move {
+                let (itt, mut rx) = s2.register(&c);
+                let cmdsn = s2.state.lock().unwrap().cmdsn;
+                let _guard = TaskGuard {
+                    shared: &s2,
+                    itt,
+                    conn: c.clone(),
+                    weight: 0,
+                };
+                c.send(Pdu::NopOut(NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    cmdsn,
+                    expstatsn: 0,
+                    data: Bytes::new(),
+                }));
+                let timeout = (interval * 2).max(Duration::from_secs(5));
+                match tokio::time::timeout(timeout, rx.recv()).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {}
+                    Err(_) => {
+                        tracing::warn!(
+                            cid = c.cid,
+                            "no answer to NOP-Out; dropping the connection"
+                        );
+                        c.kill();
+                    }
+                }
+                c.pinging.store(false, Ordering::Release);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_targets_text() {
+        let t = b"TargetName=iqn.a\0TargetAddress=10.0.0.1:3260,1\0TargetAddress=[::1]:3260,1\0TargetName=iqn.b\0";
+        let v = parse_send_targets(t, "h:3260");
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].portals.len(), 2);
+        assert_eq!(v[1].portals, vec!["h:3260".to_owned()]);
+    }
+}

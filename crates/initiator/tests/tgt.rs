@@ -1,0 +1,217 @@
+//! The initiator against tgt, a standard target, started by each test.
+
+mod common;
+
+use clap::Parser;
+use common::*;
+use initiator::cli::{self, CpArgs, SessionFlags};
+use initiator::{Error, IscsiUrl, Session, SessionOptions};
+
+const MIB: u64 = 1 << 20;
+
+macro_rules! tgt_or_skip {
+    ($size:expr, $chap:expr) => {
+        match Tgt::start($size, $chap) {
+            Some(t) => t,
+            None => {
+                eprintln!("SKIP: tgtd/tgtadm not installed");
+                return;
+            }
+        }
+    };
+}
+
+#[derive(Parser)]
+struct CpCli {
+    #[command(flatten)]
+    args: CpArgs,
+}
+
+fn cp_args(args: &[&str]) -> CpArgs {
+    CpCli::parse_from(std::iter::once("cp").chain(args.iter().copied())).args
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn ls_and_inq() {
+    let tgt = tgt_or_skip!(64 * MIB, None);
+    let rt = rt();
+    let portal = IscsiUrl::parse(&format!("iscsi://{}/", tgt.portal())).unwrap();
+    let listing = rt
+        .block_on(cli::list(&portal, &SessionFlags::default()))
+        .unwrap();
+    assert_eq!(listing.len(), 1, "{listing:?}");
+    assert_eq!(listing[0].target, tgt.iqn);
+    assert!(listing[0]
+        .portals
+        .iter()
+        .any(|p| p.starts_with(&tgt.portal())));
+    let lun1 = listing[0].luns.iter().find(|l| l.lun == 1).expect("LUN 1");
+    assert_eq!(lun1.device_type, "disk");
+    assert_eq!(lun1.size_bytes, Some(64 * MIB));
+    assert_eq!(lun1.block_size, Some(512));
+
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let inq = rt
+        .block_on(cli::inquire(&url, &SessionFlags::default()))
+        .unwrap();
+    assert_eq!(inq.standard.device_type, 0);
+    assert!(!inq.standard.vendor.is_empty());
+    assert!(inq.supported_vpd_pages.contains(&0x83), "{inq:?}");
+    assert!(!inq.designators.is_empty());
+    assert_eq!(inq.capacity.as_ref().unwrap().bytes(), 64 * MIB);
+    serde_json::to_string(&inq).unwrap();
+}
+
+#[test]
+fn errors_say_what_failed() {
+    let tgt = tgt_or_skip!(8 * MIB, None);
+    let rt = rt();
+    let o = SessionOptions::default();
+    let bad_target =
+        IscsiUrl::parse(&format!("iscsi://{}/iqn.2026-01.nope:x/1", tgt.portal())).unwrap();
+    let e = rt
+        .block_on(Session::connect(&bad_target, &o))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::LoginRefused { class: 2, .. }), "{e}");
+    assert!(e.to_string().contains("rsv ls"), "{e}");
+
+    let closed = IscsiUrl::parse(&format!("iscsi://127.0.0.1:{}/x/1", free_port())).unwrap();
+    let e = rt.block_on(Session::connect(&closed, &o)).err().unwrap();
+    assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/9", tgt.portal(), tgt.iqn)).unwrap();
+    let e = rt
+        .block_on(cli::inquire(&url, &SessionFlags::default()))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::LunNotFound { lun: 9, .. }), "{e}");
+}
+
+#[test]
+fn chap_one_way_and_mutual() {
+    let tgt = tgt_or_skip!(
+        8 * MIB,
+        Some(Chap {
+            user: "alice",
+            password: "alicesecret12",
+            target: Some(("tgtuser", "targetsecret12")),
+        })
+    );
+    let rt = rt();
+    let o = SessionOptions::default();
+    let good = IscsiUrl::parse(&format!(
+        "iscsi://alice%alicesecret12@{}/{}/1",
+        tgt.portal(),
+        tgt.iqn
+    ))
+    .unwrap();
+    let s = rt.block_on(Session::connect(&good, &o)).unwrap();
+    let cap = rt.block_on(s.read_capacity(1)).unwrap();
+    assert_eq!(cap.bytes(), 8 * MIB);
+    rt.block_on(s.logout()).unwrap();
+
+    let wrong = IscsiUrl::parse(&format!(
+        "iscsi://alice%wrongsecret12@{}/{}/1",
+        tgt.portal(),
+        tgt.iqn
+    ))
+    .unwrap();
+    let e = rt.block_on(Session::connect(&wrong, &o)).err().unwrap();
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+
+    let none = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let e = rt.block_on(Session::connect(&none, &o)).err().unwrap();
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+
+    let mutual = SessionOptions {
+        target_secret: Some("targetsecret12".into()),
+        ..o.clone()
+    };
+    let s = rt.block_on(Session::connect(&good, &mutual)).unwrap();
+    rt.block_on(s.logout()).unwrap();
+
+    let bad_mutual = SessionOptions {
+        target_secret: Some("notthetarget1".into()),
+        ..o
+    };
+    let e = rt
+        .block_on(Session::connect(&good, &bad_mutual))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Auth { .. }), "{e}");
+}
+
+#[test]
+fn cp_image_to_lun_and_back_with_verify() {
+    let size = 96 * MIB;
+    let tgt = tgt_or_skip!(size, None);
+    tgt.set_param("HeaderDigest", "CRC32C");
+    tgt.set_param("DataDigest", "CRC32C");
+    // Immediate data and unsolicited Data-Out rather than R2T only.
+    tgt.set_param("InitialR2T", "No");
+    tgt.set_param("FirstBurstLength", "262144");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 1);
+    let url = format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            img.to_str().unwrap(),
+            &url,
+            "--verify",
+            "--queue-depth",
+            "16",
+            "--header-digest",
+            "--data-digest",
+        ])))
+        .unwrap();
+    assert_eq!(s.bytes, size);
+    assert!(s.verified && s.checksum.is_some());
+    assert_eq!(s.skipped_zero_bytes, 0, "a LUN is not known zero");
+    let info = &s.sessions[0];
+    assert!(info.header_digest && info.data_digest, "{info:?}");
+    assert!(!info.initial_r2t && info.immediate_data, "{info:?}");
+    let s2 = rt()
+        .block_on(cli::copy(&cp_args(&[
+            &url,
+            back.to_str().unwrap(),
+            "--verify",
+        ])))
+        .unwrap();
+    assert_eq!(s2.checksum, s.checksum);
+    assert!(
+        s2.skipped_zero_bytes > 0,
+        "zero chunks go unwritten to a fresh file"
+    );
+    assert!(same_files(&img, &back));
+}
+
+#[test]
+fn cp_survives_a_cut_connection() {
+    let size = 64 * MIB;
+    let tgt = tgt_or_skip!(size, None);
+    let proxy = CuttingProxy::start(tgt.portal(), 24 * MIB as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 2);
+    let url = format!("iscsi://{}/{}/1", proxy.portal, tgt.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &url])))
+        .unwrap();
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(s.reinstatements >= 1, "{s:?}");
+    assert!(s.retries >= 1, "{s:?}");
+    rt().block_on(cli::copy(&cp_args(&[&url, back.to_str().unwrap()])))
+        .unwrap();
+    assert!(same_files(&img, &back));
+}
