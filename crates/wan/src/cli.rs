@@ -15,8 +15,9 @@ use std::process::Command;
 Gilbert-Elliott), a drop-tail bottleneck queue in bytes (default one BDP), serialization at \
 the bottleneck rate, then the one-way delay (RTT/2 unless set per direction) with optional \
 jitter that never reorders.\n\n\
-Highest rate held within 2 % on the 2-core development machine: 1 gbit at MTU 1500 \
-(iperf3 TCP through the link, scripts/wan-bench.sh); RTT within about 0.5 ms of the setting.\n\n\
+Highest rate held within 2 % on the 2-core development machine: 1 gbit at MTU 1500 when \
+idle, 800mbit while other work loads both cores (iperf3 TCP through the link, \
+scripts/wan-bench.sh); RTT within about 0.5 ms of the setting.\n\n\
 Needs root (network namespaces, /dev/net/tun) and iproute2."
 )]
 pub struct WanArgs {

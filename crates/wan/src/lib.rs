@@ -21,8 +21,9 @@
 //!   1gbit` link iperf3 CUBIC moved 965 Mbit/s of goodput, i.e. 1000 Mbit/s of 1500-byte
 //!   packets on the wire (BBR: 932 Mbit/s goodput, BBR's own probing costs the rest); with
 //!   no rate limit the relay tops out near 1.28 Gbit/s, so 1.5 Gbit/s is not held (1.14).
-//!   Measured with `scripts/wan-bench.sh` on an otherwise idle machine; when other builds
-//!   share the two cores the figure drops (the relay, iperf3 and both TCP stacks compete).
+//!   Measured on an otherwise idle machine. With other builds loading both cores (load
+//!   average 4.5), `scripts/wan-bench.sh` gave 500mbit 0.984, 800mbit 0.992, 1gbit 0.75 of
+//!   the setting on the wire: the relay, iperf3 and both TCP stacks share the two cores.
 //! - RTT: ping through `--rtt 40ms` averages 40.2-40.5 ms (min 40.13-40.23); the rest is
 //!   the timer wake-up and the namespaces' own stack. `--spin 50us` busy-waits before each
 //!   departure and shaves ~0.1 ms at the price of CPU, which costs throughput on 2 cores, so
