@@ -216,13 +216,19 @@ impl Drop for Tgt {
     }
 }
 
-/// The `rsv` binary: $RSV_BIN, or the workspace's target/debug/rsv.
+/// The `rsv` binary: $RSV_BIN, the one next to this test's directory (same target
+/// directory), or the workspace's target/debug/rsv.
 pub fn rsv_bin() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("RSV_BIN") {
         return Some(PathBuf::from(p)).filter(|p| p.exists());
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/rsv");
-    p.exists().then_some(p)
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join("rsv")));
+    beside
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/rsv")])
+        .find(|p| p.exists())
 }
 
 /// Reservoir's target on a free port with a data directory of its own.
