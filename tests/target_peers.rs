@@ -28,20 +28,28 @@ fn libiscsi_tools_see_targets_luns_and_capacity() {
     let t = Target::start(Some(RAM_LUNS));
     let ls = run_ok("iscsi-ls", &["-s", &format!("iscsi://{}/", t.portal)]);
     assert!(
-        ls.contains("Target:iqn.2026-11.org.reservoir:e2e") && ls.contains(&format!("Portal:{},1", t.portal)),
+        ls.contains("Target:iqn.2026-11.org.reservoir:e2e")
+            && ls.contains(&format!("Portal:{},1", t.portal)),
         "{ls}"
     );
     assert!(ls.contains("Lun:0") && ls.contains("Lun:1"), "{ls}");
     let inq = run_ok("iscsi-inq", &[&t.url(0)]);
     assert!(inq.contains("Vendor:RESERVOI"), "{inq}");
-    assert!(inq.contains("Peripheral Device Type:DIRECT_ACCESS"), "{inq}");
+    assert!(
+        inq.contains("Peripheral Device Type:DIRECT_ACCESS"),
+        "{inq}"
+    );
     let cap = run_ok("iscsi-readcapacity16", &[&t.url(1)]);
     assert!(cap.contains("LOGICAL BLOCK LENGTH IN BYTES:4096"), "{cap}");
     assert!(cap.contains("Total size:33554432"), "{cap}");
     // A LUN that is not there: the tool fails instead of hanging.
     let missing = run("iscsi-inq", &[&t.url(7)]);
-    assert!(!missing.status.success() || String::from_utf8_lossy(&missing.stdout).contains("NOT_CONNECTED") || String::from_utf8_lossy(&missing.stdout).contains("Qualifier"),
-        "{missing:?}");
+    assert!(
+        !missing.status.success()
+            || String::from_utf8_lossy(&missing.stdout).contains("NOT_CONNECTED")
+            || String::from_utf8_lossy(&missing.stdout).contains("Qualifier"),
+        "{missing:?}"
+    );
 }
 
 fn qemu_round_trip(url: &str, dir: &std::path::Path, len: usize, seed: u64) {
@@ -50,16 +58,41 @@ fn qemu_round_trip(url: &str, dir: &std::path::Path, len: usize, seed: u64) {
     random_file(&src, len, seed);
     run_ok(
         "qemu-img",
-        &["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), url],
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            url,
+        ],
     );
     run_ok(
         "qemu-img",
-        &["convert", "-f", "raw", "-O", "raw", url, back.to_str().unwrap()],
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            url,
+            back.to_str().unwrap(),
+        ],
     );
     let a = std::fs::read(&src).unwrap();
     let b = std::fs::read(&back).unwrap();
-    assert!(b.len() >= a.len(), "read back {} of {} bytes", b.len(), a.len());
-    assert!(a == b[..a.len()], "image read back differs from what was written");
+    assert!(
+        b.len() >= a.len(),
+        "read back {} of {} bytes",
+        b.len(),
+        a.len()
+    );
+    assert!(
+        a == b[..a.len()],
+        "image read back differs from what was written"
+    );
 }
 
 #[test]
@@ -85,12 +118,18 @@ fn qemu_io_pattern_writes_read_back_verified() {
     let out = run_ok(
         "qemu-io",
         &[
-            "-f", "raw",
-            "-c", "write -P 0x5a 0 1M",
-            "-c", "write -P 0xa5 3M 513k",
-            "-c", "read -P 0x5a 0 1M",
-            "-c", "read -P 0xa5 3M 513k",
-            "-c", "read -P 0 1M 2M",
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 0 1M",
+            "-c",
+            "write -P 0xa5 3M 513k",
+            "-c",
+            "read -P 0x5a 0 1M",
+            "-c",
+            "read -P 0xa5 3M 513k",
+            "-c",
+            "read -P 0 1M 2M",
             &url,
         ],
     );
@@ -98,7 +137,8 @@ fn qemu_io_pattern_writes_read_back_verified() {
     assert_eq!(out.matches("read ").count(), 3, "{out}");
     // A wrong pattern must be noticed, or the check above proves nothing.
     let bad = run("qemu-io", &["-f", "raw", "-c", "read -P 0x11 0 4k", &url]);
-    let text = String::from_utf8_lossy(&bad.stdout).into_owned() + &String::from_utf8_lossy(&bad.stderr);
+    let text =
+        String::from_utf8_lossy(&bad.stdout).into_owned() + &String::from_utf8_lossy(&bad.stderr);
     assert!(text.contains("Pattern verification failed"), "{text}");
 }
 
@@ -126,11 +166,27 @@ fn chap_one_way_and_mutual_through_libiscsi_urls() {
     }
     let t = Target::start(Some(CHAP));
     let p = &t.portal;
-    let ok = run("iscsi-inq", &[&format!("iscsi://alice%alicesecret1@{p}/iqn.2026-11.org.reservoir:oneway/0")]);
+    let ok = run(
+        "iscsi-inq",
+        &[&format!(
+            "iscsi://alice%alicesecret1@{p}/iqn.2026-11.org.reservoir:oneway/0"
+        )],
+    );
     assert!(ok.status.success(), "{ok:?}");
-    let wrong = run("iscsi-inq", &[&format!("iscsi://alice%wrongsecret@{p}/iqn.2026-11.org.reservoir:oneway/0")]);
-    assert!(!wrong.status.success(), "a wrong secret logged in: {wrong:?}");
-    let none = run("iscsi-inq", &[&format!("iscsi://{p}/iqn.2026-11.org.reservoir:oneway/0")]);
+    let wrong = run(
+        "iscsi-inq",
+        &[&format!(
+            "iscsi://alice%wrongsecret@{p}/iqn.2026-11.org.reservoir:oneway/0"
+        )],
+    );
+    assert!(
+        !wrong.status.success(),
+        "a wrong secret logged in: {wrong:?}"
+    );
+    let none = run(
+        "iscsi-inq",
+        &[&format!("iscsi://{p}/iqn.2026-11.org.reservoir:oneway/0")],
+    );
     assert!(!none.status.success(), "no credentials logged in: {none:?}");
     let mutual = format!(
         "iscsi://bob%bobsecret123@{p}/iqn.2026-11.org.reservoir:mutual/0?target_user=tgt&target_password=targetsecret"
@@ -141,7 +197,11 @@ fn chap_one_way_and_mutual_through_libiscsi_urls() {
     let bad_target = mutual.replace("targetsecret", "notthesecret");
     let out = run("iscsi-inq", &[&bad_target]);
     assert!(!out.status.success(), "{out:?}");
-    assert!(t.log().contains("Authentication failure") || t.log().contains("authentication"), "{}", t.log());
+    assert!(
+        t.log().contains("Authentication failure") || t.log().contains("authentication"),
+        "{}",
+        t.log()
+    );
 }
 
 #[test]
@@ -150,10 +210,15 @@ fn libiscsi_iscsi_test_family_has_zero_failures() {
         return;
     }
     let t = Target::start(Some(RAM_LUNS));
-    for url in [t.url(0), format!("{}?header_digest=crc32c&data_digest=crc32c", t.url(0))] {
+    for url in [
+        t.url(0),
+        format!("{}?header_digest=crc32c&data_digest=crc32c", t.url(0)),
+    ] {
         let out = run("iscsi-test-cu", &["-d", "-t", "iSCSI", &url]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        let (ran, passed, failed) = cunit_summary(&text).unwrap_or_else(|| panic!("no summary:\n{text}"));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let (ran, passed, failed) =
+            cunit_summary(&text).unwrap_or_else(|| panic!("no summary:\n{text}"));
         println!("iscsi-test-cu -t iSCSI {url}: {ran} run, {passed} passed, {failed} failed");
         assert!(ran >= 15, "{text}");
         assert_eq!(failed, 0, "{text}");
@@ -175,10 +240,16 @@ path = "durable.img"
 size = "16MiB"
 "#;
     let t = Target::start(Some(conf));
-    run_ok("qemu-io", &["-f", "raw", "-c", "write -P 0x77 2M 1M", &t.url(0)]);
+    run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x77 2M 1M", &t.url(0)],
+    );
     let dir = t.into_dir();
     let t = Target::start_in(dir, Some(conf));
-    let out = run_ok("qemu-io", &["-f", "raw", "-c", "read -P 0x77 2M 1M", &t.url(0)]);
+    let out = run_ok(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x77 2M 1M", &t.url(0)],
+    );
     assert!(!out.contains("verification failed"), "{out}");
 }
 

@@ -71,7 +71,8 @@ impl Target {
         loop {
             line.clear();
             if out.read_line(&mut line).unwrap() == 0 {
-                let log = std::fs::read_to_string(dir.path().join("target.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(dir.path().join("target.log")).unwrap_or_default();
                 panic!("rsv target exited before ready:\n{log}");
             }
             let l = line.trim();

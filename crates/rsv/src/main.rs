@@ -4,7 +4,11 @@ use clap::{ArgAction, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "rsv", version, about = "Reservoir: iSCSI storage built for distance")]
+#[command(
+    name = "rsv",
+    version,
+    about = "Reservoir: iSCSI storage built for distance"
+)]
 struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count, global = true)]
