@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): libiscsi's iscsi-perf against Reservoir's target and against tgt,
+# both started here on loopback over the same kind of backing store (a file in /dev/shm),
+# in the same run; plus single-stream iperf3 on loopback as the network ceiling.
+#
+#   scripts/bench-target.sh [SECONDS]      (default 10 s per measurement)
+#
+# Prints one table and the ratios; --json-style lines go to $OUT (default bench-target.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+OUT=${OUT:-bench-target.json}
+./scripts/setup.sh
+cargo build --release --bin rsv >/dev/null
+RSV=$PWD/target/release/rsv
+
+work=$(mktemp -d /dev/shm/rsv-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+SIZE=1GiB
+cat > "$work/rsv.toml" <<TOML
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:bench"
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$work/rsv.img"
+size = "$SIZE"
+TOML
+rport=$(free_port)
+"$RSV" target --config "$work/rsv.toml" --listen "127.0.0.1:$rport" >"$work/rsv.out" 2>"$work/rsv.log" &
+pids+=($!)
+
+tport=$(free_port)
+cport=$((20000 + RANDOM % 20000))
+truncate -s "$SIZE" "$work/tgt.img"
+tgtd -f --iscsi "portal=127.0.0.1:$tport" -C "$cport" >"$work/tgt.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do grep -q ready "$work/rsv.out" 2>/dev/null && tgtadm -C "$cport" --mode sys --op show >/dev/null 2>&1 && break; sleep 0.1; done
+tgtadm -C "$cport" --lld iscsi --op new --mode target --tid 1 -T iqn.2026-11.org.reservoir:tgt-bench
+tgtadm -C "$cport" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/tgt.img"
+tgtadm -C "$cport" --lld iscsi --op bind --mode target --tid 1 -I ALL
+
+RSV_URL="iscsi://127.0.0.1:$rport/iqn.2026-11.org.reservoir:bench/0"
+TGT_URL="iscsi://127.0.0.1:$tport/iqn.2026-11.org.reservoir:tgt-bench/1"
+
+# Fill both images so reads hit data, not holes.
+for u in "$RSV_URL" "$TGT_URL"; do
+  qemu-img convert -n -f raw -O raw <(head -c 512M /dev/urandom) "$u" 2>/dev/null ||
+    { head -c 512M /dev/urandom > "$work/fill.raw"; qemu-img convert -n -f raw -O raw "$work/fill.raw" "$u"; rm -f "$work/fill.raw"; }
+done
+
+# iscsi-perf prints "iops average N (M MB/s)" last.
+perf() { # url blocks_per_request random?
+  local args=(-b "$2" -m 32 -t "$SECS")
+  [ "$3" = rand ] && args+=(-r)
+  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$1" 2>&1 | tr '\r' '\n' | grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1
+}
+iops() { sed -E 's/iops average ([0-9]+).*/\1/' <<<"$1"; }
+mbs() { sed -E 's/.*\(([0-9]+) MB\/s\)/\1/' <<<"$1"; }
+
+r_seq=$(perf "$RSV_URL" 2048 seq); t_seq=$(perf "$TGT_URL" 2048 seq)
+r_rnd=$(perf "$RSV_URL" 8 rand); t_rnd=$(perf "$TGT_URL" 8 rand)
+
+iperf3 -s -1 -p "$tport" -D >/dev/null 2>&1 || true
+sleep 0.3
+ipf=$(iperf3 -c 127.0.0.1 -p "$tport" -t "$SECS" -J 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e6))' || echo 0)
+
+ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
+printf '%-38s %12s %12s %8s\n' workload reservoir tgt ratio
+printf '%-38s %9s MB/s %7s MB/s %8s\n' "1 MiB sequential read, QD32" "$(mbs "$r_seq")" "$(mbs "$t_seq")" "$(ratio "$(mbs "$r_seq")" "$(mbs "$t_seq")")"
+printf '%-38s %9s IOPS %7s IOPS %8s\n' "4 KiB random read, QD32" "$(iops "$r_rnd")" "$(iops "$t_rnd")" "$(ratio "$(iops "$r_rnd")" "$(iops "$t_rnd")")"
+printf '%-38s %9s MB/s\n' "iperf3 single stream, loopback" "$ipf"
+printf '%-38s %12s\n' "reservoir seq / iperf3" "$(ratio "$(mbs "$r_seq")" "$ipf")"
+cat > "$OUT" <<JSON
+{"seconds": $SECS, "nproc": $(nproc),
+ "seq_1m_qd32_mbs": {"reservoir": $(mbs "$r_seq"), "tgt": $(mbs "$t_seq")},
+ "rand_4k_qd32_iops": {"reservoir": $(iops "$r_rnd"), "tgt": $(iops "$t_rnd")},
+ "iperf3_loopback_mbs": $ipf}
+JSON
