@@ -861,12 +861,15 @@ impl Conn {
     }
 
     fn on_scsi(&mut self, cmd: ScsiCommand) -> Result<(), Close> {
-        let bhs = header_of(&Pdu::ScsiCommand(cmd.clone()));
-        let Some(target) = self.session.target.clone() else {
-            // Discovery sessions carry no SCSI (RFC 7143 4.3).
-            self.reject(reject_reason::PROTOCOL_ERROR, &bhs);
-            return Ok(());
+        // Only a refusal needs the header back; building it is not free on the hot path.
+        let reject = |conn: &Self, cmd: ScsiCommand, reason: u8| {
+            conn.reject(reason, &header_of(&Pdu::ScsiCommand(cmd)));
         };
+        if self.session.is_discovery() {
+            // Discovery sessions carry no SCSI (RFC 7143 4.3).
+            reject(self, cmd, reject_reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
         let p = &self.session.params;
         let imm = cmd.data.len() as u32;
         let protocol_error = (imm > 0 && (!cmd.write || !p.immediate_data))
@@ -878,7 +881,7 @@ impl Conn {
                 "connection {}: SCSI command ITT {:#x} breaks the negotiated data rules",
                 self.cid, cmd.itt
             );
-            self.reject(reject_reason::PROTOCOL_ERROR, &bhs);
+            reject(self, cmd, reject_reason::PROTOCOL_ERROR);
             return Ok(());
         }
         if !cmd.immediate {
@@ -902,7 +905,7 @@ impl Conn {
             },
         ) {
             warn!("connection {}: ITT {:#x} already in use", self.cid, cmd.itt);
-            self.reject(reject_reason::INVALID_PDU_FIELD, &bhs);
+            reject(self, cmd, reject_reason::INVALID_PDU_FIELD);
             return Ok(());
         }
         let sink = (cmd.write && cmd.edtl > MAX_TASK_BYTES)
@@ -948,7 +951,6 @@ impl Conn {
             delivered: false,
             sink,
         };
-        let _ = target;
         if write {
             self.solicit(&mut task);
         }
@@ -1524,9 +1526,7 @@ impl Job {
             self.max_burst.max(512),
         )
     }
-}
 
-impl Job {
     /// For a write whose CDB covers more than the initiator sent: the blocks as they are on
     /// the medium, so that writing them back with the sent bytes in front changes only
     /// what was sent.

@@ -180,6 +180,7 @@ impl Raw {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn scsi(
         &self,
         itt: u32,
