@@ -1,5 +1,5 @@
-//! `rsv ls`, `rsv inq`, `rsv cp`, `rsv bench`: argument structs and their logic. The
-//! `rsv` binary only dispatches here.
+//! `rsv ls`, `rsv inq`, `rsv cp`, `rsv bench`, `rsv mount`: argument structs and their
+//! logic. The `rsv` binary only dispatches here.
 
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
@@ -14,6 +14,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+pub use crate::mount::{mount, MountArgs};
 use crate::scsi::{self, Capacity};
 use crate::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
 

@@ -16,6 +16,7 @@
 
 pub mod cli;
 mod conn;
+pub mod mount;
 pub mod scsi;
 mod session;
 pub mod url;

@@ -31,6 +31,8 @@ enum Command {
     Cp(initiator::cli::CpArgs),
     /// Measure IOPS, throughput and latency of a LUN.
     Bench(initiator::cli::BenchArgs),
+    /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
+    Mount(initiator::cli::MountArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -58,5 +60,6 @@ fn main() -> anyhow::Result<()> {
         Command::Inq(args) => initiator::cli::inq(args),
         Command::Cp(args) => initiator::cli::cp(args),
         Command::Bench(args) => initiator::cli::bench(args),
+        Command::Mount(args) => initiator::cli::mount(args),
     }
 }
