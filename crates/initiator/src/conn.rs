@@ -239,6 +239,8 @@ fn login_error(target: &str, e: iscsi::login::LoginError) -> Error {
 pub(crate) struct Conn {
     pub cid: u16,
     pub gen: u64,
+    /// Unique per TCP connection of the process: a CID logged in again is a new serial.
+    pub serial: u64,
     pub portal: String,
     tx: mpsc::UnboundedSender<Pdu>,
     /// Bytes of commands in flight: the scheduler's measure of outstanding work.
@@ -266,9 +268,11 @@ impl Conn {
         let (dead, dead_rx) = watch::channel(false);
         let dead = Arc::new(dead);
         let exp = Arc::new(AtomicU32::new(exp_statsn));
+        static SERIAL: AtomicU64 = AtomicU64::new(1);
         let conn = Arc::new(Conn {
             cid,
             gen,
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             portal,
             tx,
             outstanding: AtomicU64::new(0),

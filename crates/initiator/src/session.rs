@@ -208,9 +208,21 @@ fn connection_prefs(opts: &SessionOptions) -> ConnectionParams {
 }
 
 struct Task {
-    cid: u16,
-    gen: u64,
+    /// [`Conn::serial`] of the connection the task is allegiant to.
+    serial: u64,
     tx: mpsc::UnboundedSender<Pdu>,
+}
+
+/// Progress of the recovery of one lost connection, as the commands it carried see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loss {
+    /// The Logout of the lost CID is under way on another connection.
+    Pending,
+    /// The target dropped the connection and everything queued on it; its ExpCmdSN then
+    /// tells which of the lost commands it had received.
+    LoggedOut { expcmdsn: u32 },
+    /// No other connection could log it out: only session recovery is left.
+    Failed,
 }
 
 struct State {
@@ -221,6 +233,9 @@ struct State {
     next_itt: u32,
     tasks: HashMap<u32, Task>,
     conns: Vec<Arc<Conn>>,
+    /// Connections being recovered, by [`Conn::serial`].
+    losses: HashMap<u64, watch::Receiver<Loss>>,
+    tsih: u16,
     params: SessionParams,
     info: Option<SessionInfo>,
     closed: bool,
@@ -279,6 +294,9 @@ enum Attempt {
     Lost {
         gen: u64,
         why: String,
+        /// The command was sent on this connection (serial, CmdSN): it may be recovered
+        /// on the others while the session goes on.
+        sent: Option<(u64, u32)>,
     },
     /// The command was aborted after a timeout; retry without recovery.
     Aborted,
@@ -303,7 +321,7 @@ impl Drop for TaskGuard<'_> {
         if st
             .tasks
             .get(&self.itt)
-            .is_some_and(|t| t.gen == self.conn.gen && t.cid == self.conn.cid)
+            .is_some_and(|t| t.serial == self.conn.serial)
         {
             st.tasks.remove(&self.itt);
         }
@@ -330,6 +348,8 @@ impl Session {
                 next_itt: 0x100,
                 tasks: HashMap::new(),
                 conns: Vec::new(),
+                losses: HashMap::new(),
+                tsih: 0,
                 params: SessionParams::default(),
                 info: None,
                 closed: false,
@@ -376,8 +396,9 @@ impl Session {
             .map_err(|_| Error::Closed)?;
         let mut attempts = 0;
         let mut unit_attentions = 0;
+        let mut plug = None;
         loop {
-            match self.shared.attempt(lun, cdb, &dir).await {
+            match self.shared.attempt(lun, cdb, &dir, plug.take()).await {
                 Ok(r) => {
                     let ua = r.status == scsi::STATUS_CHECK_CONDITION
                         && r.sense
@@ -397,8 +418,11 @@ impl Session {
                 }
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Aborted) => {}
-                Err(Attempt::Lost { gen, why }) => {
-                    self.shared.recover(gen, &why).await?;
+                Err(Attempt::Lost { gen, why, sent }) => {
+                    match self.shared.after_conn_loss(sent).await {
+                        Some(p) => plug = p,
+                        None => self.shared.recover(gen, &why).await?,
+                    }
                 }
             }
             attempts += 1;
@@ -676,26 +700,7 @@ impl Shared {
         let gen = st.gen + 1;
         let mut conns = Vec::new();
         for (raw, done, cid) in logged_in {
-            let exp_statsn = raw.exp_statsn;
-            let (r, w, buf, dec, digests) = raw.into_parts();
-            let (conn, dead) = Conn::new(
-                cid,
-                gen,
-                portal.clone(),
-                done.outcome.connection.max_send_data_segment_length,
-                exp_statsn,
-                w,
-                digests,
-            );
-            tokio::spawn(reader(
-                Arc::downgrade(self),
-                conn.clone(),
-                r,
-                buf,
-                dec,
-                dead,
-            ));
-            conns.push(conn);
+            conns.push(self.start_conn(raw, &done, cid, gen));
         }
         for old in std::mem::replace(&mut st.conns, conns) {
             old.kill();
@@ -705,6 +710,8 @@ impl Shared {
         st.expcmdsn = expcmdsn;
         st.maxcmdsn = maxcmdsn;
         st.tasks.clear();
+        st.losses.clear();
+        st.tsih = tsih;
         st.info = Some(SessionInfo {
             target: self.target.clone(),
             portal,
@@ -778,6 +785,185 @@ impl Shared {
         }
     }
 
+    /// What to do with a command whose connection was lost: `Some(Some(cmdsn))` to send
+    /// it again with its CmdSN (the target never received it, and until
+    /// it does its CmdSN is a hole that stalls the session), `Some(None)` to issue it as
+    /// a new command (the target had it and ended it with the connection), `None` when
+    /// only session recovery is left.
+    async fn after_conn_loss(&self, sent: Option<(u64, u32)>) -> Option<Option<u32>> {
+        let (serial, cmdsn) = sent?;
+        let mut rx = self.state.lock().unwrap().losses.get(&serial)?.clone();
+        let loss = tokio::time::timeout(
+            self.opts.recovery_timeout,
+            rx.wait_for(|l| *l != Loss::Pending),
+        )
+        .await
+        .ok()?
+        .ok()
+        .map(|l| *l)?;
+        match loss {
+            Loss::LoggedOut { expcmdsn } if sn_le(expcmdsn, cmdsn) => Some(Some(cmdsn)),
+            Loss::LoggedOut { .. } => Some(None),
+            Loss::Failed | Loss::Pending => None,
+        }
+    }
+
+    /// Recovers one lost connection while the session goes on over the others: logs the
+    /// CID out through a surviving connection (so the target drops what it still held of
+    /// it and its ExpCmdSN says what it received), then logs the same CID in again with
+    /// the session's TSIH, retrying until `recovery_timeout`.
+    async fn recover_connection(self: Arc<Self>, lost: Arc<Conn>, tx: watch::Sender<Loss>) {
+        tracing::warn!(
+            cid = lost.cid,
+            "recovering connection {} of the session on the others",
+            lost.cid
+        );
+        let logged_out = self.logout_connection(&lost).await;
+        let _ = tx.send(match logged_out {
+            Some(expcmdsn) => Loss::LoggedOut { expcmdsn },
+            None => Loss::Failed,
+        });
+        if logged_out.is_none() {
+            return;
+        }
+        let deadline = Instant::now() + self.opts.recovery_timeout;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let (gen, tsih, params, cmdsn, closed) = {
+                let st = self.state.lock().unwrap();
+                (st.gen, st.tsih, st.params.clone(), st.cmdsn, st.closed)
+            };
+            if closed || gen != lost.gen {
+                return;
+            }
+            let login = async {
+                let mut raw = RawConn::connect(&lost.portal, &self.opts).await?;
+                let done = raw
+                    .login(
+                        self.login_config(lost.cid, tsih, params),
+                        u32::from(lost.cid),
+                        cmdsn,
+                    )
+                    .await?;
+                Ok::<_, Error>((raw, done))
+            };
+            match login.await {
+                Ok((raw, done)) => {
+                    let mut st = self.state.lock().unwrap();
+                    if st.closed || st.gen != lost.gen {
+                        return;
+                    }
+                    let conn = self.start_conn(raw, &done, lost.cid, gen);
+                    st.conns.retain(|c| c.serial != lost.serial);
+                    st.conns.push(conn);
+                    drop(st);
+                    self.update_window(done.expcmdsn, done.maxcmdsn);
+                    tracing::info!(cid = lost.cid, "connection {} re-established", lost.cid);
+                    return;
+                }
+                Err(e) if Instant::now() + delay > deadline => {
+                    tracing::warn!(
+                        cid = lost.cid,
+                        "connection {} could not be re-established: {e}; going on with fewer",
+                        lost.cid
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(cid = lost.cid, "re-login: {e}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Logout "close the connection" of `lost`'s CID on another connection; returns the
+    /// target's ExpCmdSN once the target no longer knows the CID.
+    async fn logout_connection(&self, lost: &Conn) -> Option<u32> {
+        let start = Instant::now();
+        loop {
+            let via = {
+                let st = self.state.lock().unwrap();
+                if st.closed || st.gen != lost.gen {
+                    return None;
+                }
+                st.pick_conn()?
+            };
+            let (itt, mut rx) = self.register(&via);
+            let _guard = TaskGuard {
+                shared: self,
+                itt,
+                conn: via.clone(),
+                weight: 0,
+            };
+            let cmdsn = self.state.lock().unwrap().cmdsn;
+            via.send(Pdu::LogoutRequest(LogoutRequest {
+                immediate: true,
+                reason: 1,
+                itt,
+                cid: lost.cid,
+                cmdsn,
+                expstatsn: 0,
+            }));
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+                // 1: CID not found — the target has dropped the connection and the
+                // commands it queued for it.
+                Ok(Some(Pdu::LogoutResponse(r))) if r.response == 1 => return Some(r.expcmdsn),
+                // Accepted: the target closes it now; ask again until it is gone (a
+                // target that closes synchronously is believed after a while).
+                Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => {
+                    if start.elapsed() > Duration::from_secs(2) {
+                        return Some(r.expcmdsn);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Some(other)) => {
+                    tracing::warn!(
+                        cid = lost.cid,
+                        "logout of the lost connection answered with {:?}",
+                        other.opcode()
+                    );
+                    return None;
+                }
+                // The connection carrying the logout failed too: try another.
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Turns a logged-in connection into a running one of generation `gen`.
+    fn start_conn(
+        self: &Arc<Self>,
+        raw: RawConn,
+        done: &LoginDone,
+        cid: u16,
+        gen: u64,
+    ) -> Arc<Conn> {
+        let exp_statsn = raw.exp_statsn;
+        let portal = raw.portal.clone();
+        let (r, w, buf, dec, digests) = raw.into_parts();
+        let (conn, dead) = Conn::new(
+            cid,
+            gen,
+            portal,
+            done.outcome.connection.max_send_data_segment_length,
+            exp_statsn,
+            w,
+            digests,
+        );
+        tokio::spawn(reader(
+            Arc::downgrade(self),
+            conn.clone(),
+            r,
+            buf,
+            dec,
+            dead,
+        ));
+        conn
+    }
+
     fn register(&self, conn: &Arc<Conn>) -> (u32, mpsc::UnboundedReceiver<Pdu>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut st = self.state.lock().unwrap();
@@ -785,8 +971,7 @@ impl Shared {
         st.tasks.insert(
             itt,
             Task {
-                cid: conn.cid,
-                gen: conn.gen,
+                serial: conn.serial,
                 tx,
             },
         );
@@ -795,7 +980,13 @@ impl Shared {
 
     /// One try at a command: wait for a CmdSN in the window, send the command with its
     /// unsolicited data, answer R2Ts and collect Data-In until the status arrives.
-    async fn attempt(&self, lun: u16, cdb: &[u8], dir: &DataDir) -> Result<ScsiResult, Attempt> {
+    async fn attempt(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        dir: &DataDir,
+        plug: Option<u32>,
+    ) -> Result<ScsiResult, Attempt> {
         let (edtl, read, write) = match dir {
             DataDir::None => (0u32, false, None),
             DataDir::Read(n) => (*n, true, None),
@@ -821,18 +1012,24 @@ impl Shared {
                     return Err(Attempt::Lost {
                         gen: st.gen,
                         why: "no connection left".into(),
+                        sent: None,
                     });
                 };
-                if sn_le(st.cmdsn, st.maxcmdsn) {
-                    let cmdsn = st.cmdsn;
-                    st.cmdsn = cmdsn.wrapping_add(1);
+                // A plug reuses the CmdSN of a command the target never received, which
+                // was inside the window when first sent; a fresh ITT, because the target
+                // may still be forgetting the old one.
+                if plug.is_some() || sn_le(st.cmdsn, st.maxcmdsn) {
+                    let cmdsn = plug.unwrap_or_else(|| {
+                        let cmdsn = st.cmdsn;
+                        st.cmdsn = cmdsn.wrapping_add(1);
+                        cmdsn
+                    });
                     let itt = st.alloc_itt();
                     let (tx, rx) = mpsc::unbounded_channel();
                     st.tasks.insert(
                         itt,
                         Task {
-                            cid: conn.cid,
-                            gen: conn.gen,
+                            serial: conn.serial,
                             tx,
                         },
                     );
@@ -848,6 +1045,7 @@ impl Shared {
                 return Err(Attempt::Lost {
                     gen,
                     why: "the target's command window stayed closed".into(),
+                    sent: None,
                 });
             }
             let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
@@ -874,6 +1072,7 @@ impl Shared {
                     return Err(Attempt::Lost {
                         gen: conn.gen,
                         why: format!("connection {} failed", conn.cid),
+                        sent: Some((conn.serial, cmdsn)),
                     })
                 }
                 Err(_) => {
@@ -885,6 +1084,7 @@ impl Shared {
                             Err(Attempt::Lost {
                                 gen: conn.gen,
                                 why: "command and abort timed out".into(),
+                                sent: None,
                             })
                         }
                     };
@@ -1151,7 +1351,7 @@ impl Shared {
         }
     }
 
-    fn conn_failed(&self, conn: &Arc<Conn>, why: &str) {
+    fn conn_failed(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         conn.kill();
         let mut st = self.state.lock().unwrap();
         if st.closed {
@@ -1162,8 +1362,17 @@ impl Shared {
             "connection to {} failed: {why}",
             conn.portal
         );
-        st.tasks
-            .retain(|_, t| !(t.gen == conn.gen && t.cid == conn.cid));
+        st.tasks.retain(|_, t| t.serial != conn.serial);
+        // Another connection of this session is still up: recover this one alone.
+        let others = st
+            .conns
+            .iter()
+            .any(|c| c.is_alive() && c.serial != conn.serial);
+        if conn.gen == st.gen && others && !st.losses.contains_key(&conn.serial) {
+            let (tx, rx) = watch::channel(Loss::Pending);
+            st.losses.insert(conn.serial, rx);
+            tokio::spawn(self.clone().recover_connection(conn.clone(), tx));
+        }
         drop(st);
         self.window.notify_waiters();
     }
