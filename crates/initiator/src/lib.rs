@@ -10,9 +10,12 @@
 //! - Writes carry immediate data and unsolicited Data-Out as negotiated and answer R2Ts.
 //! - Keep-alive NOP-Outs, answers to the target's NOP-In pings, ABORT TASK for commands
 //!   that time out, LUN RESET, clean logout.
-//! - Recovery (ERL 0): when a connection fails the session is reinstated with the same
-//!   ISID and every command not yet answered is issued again, so a copy survives a cut
-//!   link. See [`Session`].
+//! - Recovery (ERL 0): when one connection of several fails, the session goes on over the
+//!   others, the lost commands are issued again there, and the connection logs in again
+//!   with the same TSIH and CID in the background. When the last one fails, the session
+//!   is reinstated with the same ISID and every command not yet answered is issued again.
+//!   Either way a copy survives a cut link. See [`Session`].
+//! - [`mount`]: a LUN as a regular file through FUSE (`rsv mount`).
 
 pub mod cli;
 mod conn;

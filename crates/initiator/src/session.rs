@@ -279,11 +279,16 @@ struct Shared {
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
 /// session. Commands may be issued concurrently from many tasks.
 ///
-/// Recovery follows ErrorRecoveryLevel 0: when a connection fails, its commands and the
-/// session's other connections are torn down, the session is reinstated (same ISID, TSIH
-/// 0, so the target closes the old one), the extra connections are added again, and every
-/// command that had not received its status is issued anew. Reads and writes of a copy
-/// are idempotent, so the result is the same as without the failure.
+/// Recovery works at ErrorRecoveryLevel 0, where the target recovers nothing itself.
+/// When one of several connections fails, a surviving one logs the lost CID out (the
+/// target then drops what it still held of it, and its ExpCmdSN tells which of the lost
+/// commands it had received). Those it never received are sent again with their own
+/// CmdSN, which plugs the hole that would otherwise stall the session's command order;
+/// those it had are issued as new commands (new ITT and CmdSN, RFC 7143 allows that on
+/// any connection). Meanwhile the CID logs in again with the session's TSIH. Only when
+/// no connection is left is the session reinstated (same ISID, TSIH 0, so the target
+/// closes the old one) and every command without status issued anew. Reads and writes
+/// are idempotent, so a copy ends the same as without the failure.
 #[derive(Clone)]
 pub struct Session {
     shared: Arc<Shared>,
@@ -1058,12 +1063,7 @@ impl Shared {
             conn: conn.clone(),
             weight,
         };
-        let mut buf = if read {
-            BytesMut::zeroed(edtl as usize)
-        } else {
-            BytesMut::new()
-        };
-        let mut received = 0usize;
+        let mut data_in = ReadData::default();
         let protocol = |m: String| Attempt::Fatal(Error::Protocol(m));
         loop {
             let pdu = match tokio::time::timeout(self.opts.command_timeout, rx.recv()).await {
@@ -1094,24 +1094,19 @@ impl Shared {
                 Pdu::DataIn(d) => {
                     let off = d.buffer_offset as usize;
                     let end = off + d.data.len();
-                    if end > buf.len() {
+                    if !read || end > edtl as usize {
                         return Err(protocol(format!(
-                            "Data-In at {off}..{end} beyond the expected {edtl} bytes"
+                            "Data-In at {off}..{end} beyond the expected {} bytes",
+                            if read { edtl } else { 0 }
                         )));
                     }
-                    buf[off..end].copy_from_slice(&d.data);
-                    received = received.max(end);
+                    data_in.add(off, d.data);
                     if d.status_present {
                         let residual = if d.underflow { d.residual_count } else { 0 };
-                        buf.truncate(
-                            received
-                                .max(edtl.saturating_sub(residual) as usize)
-                                .min(buf.len()),
-                        );
                         return Ok(ScsiResult {
                             status: d.status,
                             sense: None,
-                            data: buf.freeze(),
+                            data: data_in.into_bytes(edtl, residual),
                             residual,
                         });
                     }
@@ -1135,14 +1130,14 @@ impl Shared {
                         return Err(Attempt::Fatal(Error::Response(r.response)));
                     }
                     let residual = if r.underflow { r.residual_count } else { 0 };
-                    if read {
-                        let keep = edtl.saturating_sub(residual) as usize;
-                        buf.truncate(keep.max(received).min(edtl as usize));
-                    }
                     return Ok(ScsiResult {
                         status: r.status,
                         sense: r.sense().and_then(Sense::parse),
-                        data: buf.freeze(),
+                        data: if read {
+                            data_in.into_bytes(edtl, residual)
+                        } else {
+                            Bytes::new()
+                        },
                         residual,
                     });
                 }
@@ -1378,6 +1373,59 @@ impl Shared {
     }
 }
 
+/// The Data-In payloads of one read, kept as the slices the decoder cut from the socket
+/// buffer: nothing is zeroed or copied until the status arrives.
+#[derive(Default)]
+struct ReadData {
+    parts: Vec<(usize, Bytes)>,
+    received: usize,
+}
+
+impl ReadData {
+    fn add(&mut self, off: usize, data: Bytes) {
+        self.received = self.received.max(off + data.len());
+        if !data.is_empty() {
+            self.parts.push((off, data));
+        }
+    }
+
+    /// The data of a read of `edtl` bytes with `residual` not sent: one payload is
+    /// returned as it is, several in order are joined with a single copy; gaps (out of
+    /// order, or less sent than the residual says) read as zeros.
+    fn into_bytes(self, edtl: u32, residual: u32) -> Bytes {
+        let len = self
+            .received
+            .max(edtl.saturating_sub(residual) as usize)
+            .min(edtl as usize);
+        if let [(0, b)] = &self.parts[..] {
+            if b.len() >= len {
+                return b.slice(..len);
+            }
+        }
+        let in_order = self
+            .parts
+            .iter()
+            .try_fold(0, |pos, (off, b)| (*off == pos).then_some(pos + b.len()))
+            .is_some();
+        let mut out = BytesMut::with_capacity(len);
+        if in_order {
+            for (_, b) in &self.parts {
+                out.extend_from_slice(&b[..b.len().min(len - out.len())]);
+            }
+            out.resize(len, 0);
+        } else {
+            out.resize(len, 0);
+            for (off, b) in &self.parts {
+                let end = (off + b.len()).min(len);
+                if *off < end {
+                    out[*off..end].copy_from_slice(&b[..end - off]);
+                }
+            }
+        }
+        out.freeze()
+    }
+}
+
 /// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
 fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: usize, end: usize) {
     let seg = (conn.max_send_segment as usize).max(512);
@@ -1502,6 +1550,23 @@ async fn keepalive(shared: Weak<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_data_assembly() {
+        let whole = ReadData {
+            parts: vec![(0, Bytes::from_static(b"abcd"))],
+            received: 4,
+        };
+        assert_eq!(&whole.into_bytes(4, 0)[..], b"abcd");
+        let mut parts = ReadData::default();
+        parts.add(0, Bytes::from_static(b"ab"));
+        parts.add(2, Bytes::from_static(b"cd"));
+        assert_eq!(&parts.into_bytes(6, 0)[..], b"abcd\0\0");
+        let mut shuffled = ReadData::default();
+        shuffled.add(2, Bytes::from_static(b"cd"));
+        shuffled.add(0, Bytes::from_static(b"ab"));
+        assert_eq!(&shuffled.into_bytes(8, 4)[..], b"abcd");
+    }
 
     #[test]
     fn send_targets_text() {
