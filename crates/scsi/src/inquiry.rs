@@ -1,6 +1,6 @@
 //! INQUIRY: standard data and the vital product data pages.
 
-use crate::cdb::{ascii_field, be16, truncate};
+use crate::cdb::{ascii_field, be16, be32, truncate};
 use crate::sense::{self, Sense};
 use crate::LuConfig;
 
@@ -42,8 +42,10 @@ impl Limits {
             max_compare_and_write: max_transfer.min(255) as u8,
             max_unmap_lba: 0xffff_ffff,
             max_unmap_descriptors: 256,
-            // Beyond this a WRITE SAME would occupy the device for too long in one command.
-            max_write_same: (1u64 << 30) / config.block_size as u64,
+            // Beyond this a WRITE SAME would occupy the device for too long in one command;
+            // below 64Ki blocks, because initiators probe that size without looking at
+            // the maximum transfer length.
+            max_write_same: ((1u64 << 30) / config.block_size as u64).min(0xffff),
         }
     }
 }
@@ -54,6 +56,7 @@ pub(crate) fn standard(config: &LuConfig) -> Vec<u8> {
     d[1] = if config.removable { 0x80 } else { 0 };
     d[2] = VERSION_SPC4;
     d[3] = 0x10 | 0x02; // HISUP, response data format 2
+    d[5] = 0x10; // TPGS 01b: implicit asymmetric access (REPORT TARGET PORT GROUPS)
     d[7] = 0x02; // CMDQUE
     d.extend(ascii_field(&config.vendor, 8));
     d.extend(ascii_field(&config.product, 16));
@@ -115,6 +118,8 @@ fn vpd(code: u8, config: &LuConfig, limits: &Limits) -> Result<Vec<u8>, Sense> {
         VPD_BLOCK_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
             b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating medium
+                                                          // WABEREQ and WACEREQ 01b: reads after a SANITIZE erase succeed.
+            b[3] = 0x40 | 0x10;
             page(code, b)
         }
         VPD_PROVISIONING => {
@@ -155,12 +160,50 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
     );
     // ASCII code set, association: logical unit, type 1: T10 vendor ID.
     body.extend(designator(0x02, 0x01, &t10));
+    // iSCSI (protocol 5) with PIV, association: target port; binary code set.
+    let mut rel = vec![0u8; 2];
+    rel.extend_from_slice(&config.relative_port.to_be_bytes());
+    body.extend(designator(0x51, 0x90 | 0x04, &rel));
+    let mut tpg = vec![0u8; 2];
+    tpg.extend_from_slice(&config.target_port_group.to_be_bytes());
+    body.extend(designator(0x51, 0x90 | 0x05, &tpg));
+    // SCSI name string of the target port: "<name>,t,0x<tpgt>", UTF-8, padded to 4.
+    let mut name = format!(
+        "{},t,0x{:04x}",
+        config.target_name, config.target_port_group
+    )
+    .into_bytes();
+    name.push(0);
+    name.resize(name.len().div_ceil(4) * 4, 0);
+    name.truncate(252);
+    body.extend(designator(0x53, 0x90 | 0x08, &name));
     body
+}
+
+/// REPORT TARGET PORT GROUPS (SPC-5 6.37): one group, active/optimized, holding the one
+/// target port every nexus uses.
+pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result<Vec<u8>, Sense> {
+    let format = cdb[1] >> 5;
+    if format > 1 {
+        return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+    }
+    let alloc = be32(&cdb[6..10]) as usize;
+    let mut group = vec![0x80, 0x01]; // PREF, active/optimized; AO_SUP
+    group.extend_from_slice(&config.target_port_group.to_be_bytes());
+    group.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, one port
+    group.extend_from_slice(&[0, 0]);
+    group.extend_from_slice(&config.relative_port.to_be_bytes());
+    let mut d = (group.len() as u32).to_be_bytes().to_vec();
+    if format == 1 {
+        d = ((group.len() + 4) as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(&[0x10, 0, 0, 0]);
+    }
+    d.extend(group);
+    Ok(truncate(d, alloc))
 }
 
 fn block_limits(config: &LuConfig, limits: &Limits) -> Vec<u8> {
     let mut b = vec![0u8; 0x3c];
-    b[0] = 0x01; // WSNZ: a WRITE SAME must name its length
     b[1] = limits.max_compare_and_write;
     b[2..4].copy_from_slice(&limits.granularity.to_be_bytes());
     b[4..8].copy_from_slice(&limits.max_transfer.to_be_bytes());

@@ -10,6 +10,7 @@ mod inquiry;
 mod lu;
 mod mode;
 mod opcodes;
+mod pr;
 pub mod sense;
 
 pub use lu::LogicalUnit;
@@ -50,6 +51,12 @@ pub struct LuConfig {
     pub device_id: String,
     pub optimal_transfer_blocks: u32,
     pub max_transfer_blocks: u32,
+    /// Where persistent reservations made with APTPL are kept; `None`: they cannot be.
+    pub pr_file: Option<std::path::PathBuf>,
+    /// The target port every nexus arrives through (iSCSI: target name + portal group).
+    pub target_name: String,
+    pub target_port_group: u16,
+    pub relative_port: u16,
 }
 
 impl Default for LuConfig {
@@ -68,6 +75,10 @@ impl Default for LuConfig {
             device_id: "reservoir-lun-1".into(),
             optimal_transfer_blocks: 2048,
             max_transfer_blocks: 16384,
+            pr_file: None,
+            target_name: "iqn.2026-11.org.reservoir:target0".into(),
+            target_port_group: 1,
+            relative_port: 1,
         }
     }
 }

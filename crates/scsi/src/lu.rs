@@ -11,8 +11,9 @@ use crate::cdb::{self, be16, be32, be64, block_range, truncate, BlockRange};
 use crate::inquiry::{self, Limits};
 use crate::mode::{self, ModeState};
 use crate::opcodes::*;
+use crate::pr::{Fail, Notices, Reservations};
 use crate::sense::{self, Sense};
-use crate::{Command, LuConfig, Nexus, Response};
+use crate::{status, Command, LuConfig, Nexus, Response};
 
 type Outcome = Result<Vec<u8>, Sense>;
 
@@ -41,6 +42,7 @@ pub struct LogicalUnit {
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
     write_locks: Vec<Mutex<()>>,
+    reservations: Mutex<Reservations>,
 }
 
 impl LogicalUnit {
@@ -48,6 +50,12 @@ impl LogicalUnit {
         let block_size = config.block_size.max(1) as u64;
         let capacity = store.size() / block_size;
         let limits = Limits::new(&config);
+        let reservations = config
+            .pr_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| Reservations::load(&text))
+            .unwrap_or_default();
         Self {
             config,
             store,
@@ -59,7 +67,18 @@ impl LogicalUnit {
             no_medium: AtomicBool::new(false),
             prevent: Mutex::new(HashSet::new()),
             write_locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            reservations: Mutex::new(reservations),
         }
+    }
+
+    /// Names the initiator port (`iqn...,i,0x<isid>`) behind a nexus; persistent
+    /// reservations are kept by this name.
+    pub fn name_nexus(&self, nexus: Nexus, initiator_port: &str) {
+        self.pr().name(nexus, initiator_port);
+    }
+
+    fn pr(&self) -> MutexGuard<'_, Reservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn config(&self) -> &LuConfig {
@@ -89,6 +108,8 @@ impl LogicalUnit {
             q.clear();
             q.push_back(sense::POWER_ON_RESET);
         }
+        drop(nexuses);
+        self.pr().reset();
     }
 
     /// I_T nexus loss: forget the nexus; if it returns it starts afresh.
@@ -97,6 +118,7 @@ impl LogicalUnit {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&nexus);
+        self.pr().nexus_lost(nexus);
         self.prevent
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -120,9 +142,15 @@ impl LogicalUnit {
             },
             WRITE_SAME_10 => Some(block_size),
             WRITE_SAME_16 => Some(if cdb[1] & 0x01 != 0 { 0 } else { block_size }),
+            // No blocks but data: the transport hands over what came, so that the mismatch
+            // can be refused.
+            COMPARE_AND_WRITE if cdb[13] == 0 => None,
             COMPARE_AND_WRITE => u32::try_from(2 * cdb[13] as u64 * bs).ok(),
             UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
             MODE_SELECT_6 => Some(cdb[4] as u32),
+            SANITIZE => Some(be16(&cdb[7..9]) as u32),
+            PERSISTENT_RESERVE_OUT => Some(be32(&cdb[5..9])),
+            RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10 | PERSISTENT_RESERVE_IN => Some(0),
             TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
             | PREVENT_ALLOW | READ_CAPACITY_10 | READ_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10
             | READ_DEFECT_DATA_10 | MODE_SENSE_10 | READ_16 | PRE_FETCH_16
@@ -136,13 +164,18 @@ impl LogicalUnit {
     pub fn execute(&self, cmd: &Command) -> Response {
         match self.run(cmd) {
             Ok(data) => Response::good(data),
-            Err(s) => Response::check_condition(&s),
+            Err(Fail::Check(s)) => Response::check_condition(&s),
+            Err(Fail::Conflict) => Response {
+                status: status::RESERVATION_CONFLICT,
+                sense: None,
+                data_in: Vec::new(),
+            },
         }
     }
 
-    fn run(&self, cmd: &Command) -> Outcome {
+    fn run(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
         let Some(&opcode) = cmd.cdb.first() else {
-            return Err(sense::INVALID_COMMAND_OPERATION_CODE);
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
         };
         cdb::check_len(cmd.cdb)?;
         let cdb = cmd.cdb;
@@ -151,19 +184,35 @@ impl LogicalUnit {
             // A known opcode with an unknown service action is a bad field, not a bad
             // opcode.
             if has_service_action(opcode) {
-                return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+                return Err(Sense::invalid_field_in_cdb(1, Some(4)).into());
             }
-            return Err(sense::INVALID_COMMAND_OPERATION_CODE);
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
         }
 
         self.register(cmd.nexus);
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some(ua) = self.take_unit_attention(cmd.nexus) {
-                return Err(ua);
+                return Err(ua.into());
             }
         }
+        self.pr().check(cmd.nexus, cdb)?;
 
+        let ptpl = self.config.pr_file.is_some();
         match opcode {
+            RESERVE_6 | RESERVE_10 => self.pr().reserve(cmd.nexus, cdb).map(|_| Vec::new()),
+            RELEASE_6 | RELEASE_10 => self.pr().release(cmd.nexus, cdb).map(|_| Vec::new()),
+            PERSISTENT_RESERVE_IN => self.pr().persistent_in(cdb, ptpl),
+            PERSISTENT_RESERVE_OUT => self.persistent_out(cmd),
+            MAINTENANCE_IN if sa == SA_REPORT_TARGET_PORT_GROUPS => {
+                Ok(inquiry::report_target_port_groups(cdb, &self.config)?)
+            }
+            _ => Ok(self.run_unreserved(cmd)?),
+        }
+    }
+
+    fn run_unreserved(&self, cmd: &Command) -> Outcome {
+        let cdb = cmd.cdb;
+        match cdb[0] {
             INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
             REPORT_LUNS => report_luns(&[0], cdb),
             REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
@@ -183,6 +232,43 @@ impl LogicalUnit {
             _ => {
                 self.medium_present()?;
                 self.media_command(cmd)
+            }
+        }
+    }
+
+    fn persistent_out(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
+        let ptpl = self.config.pr_file.is_some();
+        let mut pr = self.pr();
+        let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl)?;
+        if let Some(path) = &self.config.pr_file {
+            let result = if pr.aptpl() {
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, pr.save()).and_then(|_| std::fs::rename(&tmp, path))
+            } else {
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                }
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, path = %path.display(), "keeping reservations");
+            }
+        }
+        self.notify(&pr, notices);
+        Ok(Vec::new())
+    }
+
+    /// Queues reservation unit attentions for every nexus of the named initiator ports.
+    fn notify(&self, pr: &Reservations, notices: Notices) {
+        if notices.is_empty() {
+            return;
+        }
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for (port, s) in notices {
+            for n in pr.nexuses_of(&port) {
+                if let Some(q) = nexuses.get(&n) {
+                    q.lock().unwrap_or_else(|e| e.into_inner()).push_back(s);
+                }
             }
         }
     }
@@ -213,6 +299,7 @@ impl LogicalUnit {
             }
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
             UNMAP => self.unmap(cdb, cmd.data_out),
+            SANITIZE => self.sanitize(cdb),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
             _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
         }
@@ -468,6 +555,10 @@ impl LogicalUnit {
         let len = blocks * self.block_size;
         let data = self.data(data_out, 2 * len)?;
         if blocks == 0 {
+            // An initiator that sends data for no blocks has its CDB wrong.
+            if !data_out.is_empty() {
+                return Err(Sense::invalid_field_in_cdb(13, None));
+            }
             return Ok(Vec::new());
         }
         let (verify, write) = data.split_at(len as usize);
@@ -510,7 +601,15 @@ impl LogicalUnit {
         }
         let unmap = r.flags & 0x08 != 0;
         let ndob = sixteen && r.flags & 0x01 != 0;
-        if r.blocks == 0 || r.blocks > self.limits.max_write_same {
+        // WSNZ is clear: no blocks means up to the end of the medium.
+        let mut r = r;
+        if r.blocks == 0 {
+            if r.lba >= self.capacity {
+                return Err(sense::LBA_OUT_OF_RANGE);
+            }
+            r.blocks = self.capacity - r.lba;
+        }
+        if r.blocks > self.limits.max_write_same {
             return Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None));
         }
         self.check_range(r.lba, r.blocks)?;
@@ -544,6 +643,44 @@ impl LogicalUnit {
         }
         drop(_guards);
         self.write_through(false)?;
+        Ok(Vec::new())
+    }
+
+    /// SANITIZE (SBC-4 5.30): BLOCK ERASE and CRYPTOGRAPHIC ERASE both deallocate (or
+    /// zero) every block; there is no failure mode to leave. OVERWRITE is not offered.
+    fn sanitize(&self, cdb: &[u8]) -> Outcome {
+        let sa = cdb[1] & 0x1f;
+        if cdb[1] & 0x40 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(6)));
+        }
+        if let Some(i) = cdb[2..7].iter().position(|&b| b != 0) {
+            return Err(Sense::invalid_field_in_cdb(2 + i as u16, None));
+        }
+        if !matches!(
+            sa,
+            SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE | SA_SANITIZE_EXIT_FAILURE_MODE
+        ) {
+            return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+        }
+        if be16(&cdb[7..9]) != 0 {
+            return Err(Sense::invalid_field_in_cdb(7, None));
+        }
+        if sa == SA_SANITIZE_EXIT_FAILURE_MODE {
+            return Ok(Vec::new());
+        }
+        self.check_writable()?;
+        let _guards = self.lock_range(0, self.capacity);
+        let len = self.capacity * self.block_size;
+        let result = if self.config.thin && self.store.supports_discard() {
+            self.store.discard(0, len)
+        } else {
+            self.store.write_zeroes(0, len)
+        };
+        result.map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        drop(_guards);
+        self.store
+            .flush()
+            .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
         Ok(Vec::new())
     }
 

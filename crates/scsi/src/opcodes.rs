@@ -42,10 +42,23 @@ pub(crate) const WRITE_12: u8 = 0xaa;
 pub(crate) const WRITE_VERIFY_12: u8 = 0xae;
 pub(crate) const VERIFY_12: u8 = 0xaf;
 pub(crate) const READ_DEFECT_DATA_12: u8 = 0xb7;
+pub(crate) const RESERVE_6: u8 = 0x16;
+pub(crate) const RELEASE_6: u8 = 0x17;
+pub(crate) const RESERVE_10: u8 = 0x56;
+pub(crate) const RELEASE_10: u8 = 0x57;
+pub(crate) const PERSISTENT_RESERVE_IN: u8 = 0x5e;
+pub(crate) const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+pub(crate) const RECEIVE_COPY_RESULTS: u8 = 0x84;
+pub(crate) const SANITIZE: u8 = 0x48;
+
+pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
+pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
+pub(crate) const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
 
 pub(crate) const SA_READ_CAPACITY_16: u16 = 0x10;
 pub(crate) const SA_GET_LBA_STATUS: u16 = 0x12;
 pub(crate) const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
+pub(crate) const SA_REPORT_TARGET_PORT_GROUPS: u16 = 0x0a;
 
 /// One supported command.
 pub(crate) struct OpInfo {
@@ -345,6 +358,90 @@ pub(crate) static OPS: &[OpInfo] = &[
     op(
         READ_DEFECT_DATA_12,
         &[READ_DEFECT_DATA_12, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+    ),
+    op(RESERVE_6, &[RESERVE_6, 0, 0, 0, 0, 0]),
+    op(RELEASE_6, &[RELEASE_6, 0, 0, 0, 0, 0]),
+    op(RESERVE_10, &[RESERVE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    op(RELEASE_10, &[RELEASE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    op_sa(
+        PERSISTENT_RESERVE_IN,
+        0,
+        &[PERSISTENT_RESERVE_IN, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_IN,
+        1,
+        &[PERSISTENT_RESERVE_IN, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_IN,
+        2,
+        &[PERSISTENT_RESERVE_IN, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_IN,
+        3,
+        &[PERSISTENT_RESERVE_IN, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        0,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        1,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        2,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        3,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        4,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        5,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        6,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        PERSISTENT_RESERVE_OUT,
+        7,
+        &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        SANITIZE,
+        SA_SANITIZE_BLOCK_ERASE as u16,
+        &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        SANITIZE,
+        SA_SANITIZE_CRYPTO_ERASE as u16,
+        &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        SANITIZE,
+        SA_SANITIZE_EXIT_FAILURE_MODE as u16,
+        &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        MAINTENANCE_IN,
+        SA_REPORT_TARGET_PORT_GROUPS,
+        &[MAINTENANCE_IN, 0x3f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
     ),
 ];
 

@@ -850,13 +850,25 @@ fn write_same() {
     let ws10 = [0x41, 0, 0, 0, 0, 50, 0, 0, 2, 0];
     good(&exec(&lu, &ws10, &fill(0x11, 1)));
     assert_eq!(good(&exec(&lu, &read10(50, 2), &[])), &fill(0x11, 2)[..]);
-    // Errors: ANCHOR, 0 blocks (WSNZ), beyond the end, short data.
+    // No blocks: to the end of the medium (WSNZ clear).
+    good(&exec(&lu, &cdb16(0x93, BLOCKS - 3, 0), &fill(0x22, 1)));
+    assert_eq!(
+        good(&exec(&lu, &read10(BLOCKS as u32 - 3, 3), &[])),
+        &fill(0x22, 3)[..]
+    );
+    // Errors: ANCHOR, more than MAXIMUM WRITE SAME LENGTH, beyond the end, short data.
     let mut a = cdb16(0x93, 0, 1);
     a[1] = 0x10;
     assert_invalid_cdb(&exec(&lu, &a, &fill(0, 1)), 1);
     a[1] = 0x18;
     assert_invalid_cdb(&exec(&lu, &a, &fill(0, 1)), 1);
-    assert_invalid_cdb(&exec(&lu, &cdb16(0x93, 0, 0), &fill(0, 1)), 10);
+    assert_invalid_cdb(&exec(&lu, &cdb16(0x93, 0, 0x10000), &fill(0, 1)), 10);
+    assert_sense(
+        &exec(&lu, &cdb16(0x93, BLOCKS, 0), &fill(0, 1)),
+        0x05,
+        0x21,
+        0x00,
+    );
     assert_sense(
         &exec(&lu, &cdb16(0x93, BLOCKS, 1), &fill(0, 1)),
         0x05,
@@ -1071,4 +1083,203 @@ fn sense_builders() {
     let p = sense::Sense::invalid_field_in_parameter_list(9, None).fixed();
     assert_eq!(p[15], 0x80, "SKSV without C/D for parameter data");
     assert_eq!(p[17], 9);
+}
+
+const A: Nexus = Nexus(11);
+const B: Nexus = Nexus(12);
+
+/// A LU with two named nexuses whose power-on unit attentions are consumed.
+fn two_nexus_lu(config: LuConfig) -> LogicalUnit {
+    let lu = lu_with(config);
+    lu.name_nexus(A, "iqn.2000-01.x:a,i,0x000000000001");
+    lu.name_nexus(B, "iqn.2000-01.x:b,i,0x000000000001");
+    for n in [A, B] {
+        assert_sense(&exec_on(&lu, n, &[0; 6], &[]), 0x06, 0x29, 0x00);
+    }
+    lu
+}
+
+fn prout(sa: u8, kind: u8, key: u64, sa_key: u64, flags: u8) -> (Vec<u8>, Vec<u8>) {
+    let mut cdb = vec![0x5f, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    cdb[1] = sa;
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    p[20] = flags;
+    (cdb, p)
+}
+
+fn pr_out(lu: &LogicalUnit, n: Nexus, sa: u8, kind: u8, key: u64, sa_key: u64) -> Response {
+    let (cdb, p) = prout(sa, kind, key, sa_key, 0);
+    exec_on(lu, n, &cdb, &p)
+}
+
+#[test]
+fn persistent_reservations_through_the_lu() {
+    let lu = two_nexus_lu(LuConfig::default());
+    // The parameter list must be 24 bytes.
+    let (mut cdb, p) = prout(0, 0, 0, 1, 0);
+    cdb[8] = 20;
+    assert_sense(&exec_on(&lu, A, &cdb, &p[..20]), 0x05, 0x1a, 0x00);
+    good(&pr_out(&lu, A, 0, 0, 0, 0xaa));
+    good(&pr_out(&lu, B, 6, 0, 0, 0xbb));
+    // Registered with another key: conflict, no sense.
+    let r = pr_out(&lu, B, 0, 0, 0x99, 0xcc);
+    assert_eq!((r.status, r.sense.is_none()), (0x18, true));
+    good(&pr_out(&lu, A, 1, 3, 0xaa, 0)); // EXCLUSIVE ACCESS
+    assert_eq!(exec_on(&lu, B, &read10(0, 1), &[]).status, 0x18);
+    good(&exec_on(&lu, A, &read10(0, 1), &[]));
+    // INQUIRY and PERSISTENT RESERVE IN are never blocked.
+    good(&exec_on(&lu, B, &[0x12, 0, 0, 0, 36, 0], &[]));
+    let rk = good(&exec_on(&lu, B, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 64, 0], &[])).to_vec();
+    assert_eq!(u32::from_be_bytes(rk[4..8].try_into().unwrap()), 16);
+    // B preempts A: A gets REGISTRATIONS PREEMPTED once, then B holds the LU.
+    good(&pr_out(&lu, B, 4, 1, 0xbb, 0xaa));
+    assert_sense(&exec_on(&lu, A, &[0; 6], &[]), 0x06, 0x2a, 0x05);
+    assert_eq!(exec_on(&lu, A, &write10(0, 1), &fill(1, 1)).status, 0x18);
+    good(&exec_on(&lu, A, &read10(0, 1), &[])); // WRITE EXCLUSIVE lets reads through
+                                                // CLEAR by B.
+    good(&pr_out(&lu, B, 3, 0, 0xbb, 0));
+    good(&exec_on(&lu, A, &write10(0, 1), &fill(1, 1)));
+}
+
+#[test]
+fn reserve_release_6_and_nexus_loss() {
+    let lu = two_nexus_lu(LuConfig::default());
+    good(&exec_on(&lu, A, &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(exec_on(&lu, B, &[0x16, 0, 0, 0, 0, 0], &[]).status, 0x18);
+    assert_eq!(
+        exec_on(&lu, B, &[0x1a, 0, 0x3f, 0, 255, 0], &[]).status,
+        0x18
+    );
+    good(&exec_on(&lu, B, &[0x17, 0, 0, 0, 0, 0], &[]));
+    lu.nexus_lost(A);
+    good(&exec_on(&lu, B, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+    lu.reset();
+    assert_sense(&exec_on(&lu, A, &[0; 6], &[]), 0x06, 0x29, 0x00);
+    good(&exec_on(&lu, A, &write10(0, 1), &fill(1, 1)));
+}
+
+#[test]
+fn aptpl_survives_a_restart() {
+    let dir = tempfile_dir();
+    let config = LuConfig {
+        pr_file: Some(dir.join("lun0.pr")),
+        ..LuConfig::default()
+    };
+    let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(BLOCKS * BS as u64));
+    {
+        let lu = LogicalUnit::new(config.clone(), store.clone());
+        lu.name_nexus(A, "iqn.2000-01.x:a,i,0x000000000001");
+        exec_on(&lu, A, &[0; 6], &[]);
+        let (cdb, p) = prout(0, 0, 0, 0x77, 0x01);
+        good(&exec_on(&lu, A, &cdb, &p));
+        good(&pr_out(&lu, A, 1, 1, 0x77, 0));
+        // REPORT CAPABILITIES: PTPL_C and PTPL_A.
+        let caps = good(&exec_on(&lu, A, &[0x5e, 2, 0, 0, 0, 0, 0, 0, 8, 0], &[])).to_vec();
+        assert_eq!((caps[2] & 1, caps[3] & 1), (1, 1));
+    }
+    let lu = LogicalUnit::new(config.clone(), store.clone());
+    lu.name_nexus(Nexus(40), "iqn.2000-01.x:a,i,0x000000000001");
+    lu.name_nexus(Nexus(41), "iqn.2000-01.x:b,i,0x000000000001");
+    for n in [Nexus(40), Nexus(41)] {
+        exec_on(&lu, n, &[0; 6], &[]);
+    }
+    assert_eq!(
+        exec_on(&lu, Nexus(41), &write10(0, 1), &fill(1, 1)).status,
+        0x18
+    );
+    good(&exec_on(&lu, Nexus(40), &write10(0, 1), &fill(1, 1)));
+    // Unregistering without APTPL removes the file.
+    good(&pr_out(&lu, Nexus(40), 0, 0, 0x77, 0));
+    assert!(!dir.join("lun0.pr").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Without a place to keep them, APTPL is refused.
+    let lu = two_nexus_lu(LuConfig::default());
+    let (cdb, p) = prout(0, 0, 0, 0x77, 0x01);
+    assert_sense(&exec_on(&lu, A, &cdb, &p), 0x05, 0x26, 0x00);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "scsi-pr-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn target_port_groups_and_identifiers() {
+    let lu = lu_with(LuConfig {
+        target_port_group: 3,
+        relative_port: 2,
+        ..LuConfig::default()
+    });
+    let std_inq = good(&exec(&lu, &[0x12, 0, 0, 0, 96, 0], &[])).to_vec();
+    assert_eq!(std_inq[5] & 0x30, 0x10, "TPGS: implicit ALUA");
+    let d = good(&exec(&lu, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[])).to_vec();
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 12);
+    assert_eq!(d[4] & 0x0f, 0, "active/optimized");
+    assert_eq!(u16::from_be_bytes([d[6], d[7]]), 3);
+    assert_eq!(d[11], 1);
+    assert_eq!(u16::from_be_bytes([d[14], d[15]]), 2);
+    let ext = good(&exec(&lu, &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[])).to_vec();
+    assert_eq!(ext[4], 0x10);
+    // VPD 83h: relative target port (type 4) and target port group (type 5).
+    let v = good(&exec(&lu, &[0x12, 1, 0x83, 1, 0, 0], &[])).to_vec();
+    let mut found = Vec::new();
+    let mut i = 4;
+    while i + 4 <= v.len() {
+        let len = v[i + 3] as usize;
+        found.push((v[i + 1] & 0x3f, v[i + 4..i + 4 + len].to_vec()));
+        i += 4 + len;
+    }
+    assert!(found.contains(&(0x14, vec![0, 0, 0, 2])));
+    assert!(found.contains(&(0x15, vec![0, 0, 0, 3])));
+    assert!(found.iter().any(|(t, _)| *t == 0x18));
+}
+
+#[test]
+fn sanitize_block_erase() {
+    let lu = lu();
+    good(&exec(&lu, &write10(7, 1), &fill(0x5a, 1)));
+    let mut s = [0x48, 0x02, 0, 0, 0, 0, 0, 0, 0, 0];
+    good(&exec(&lu, &s, &[]));
+    assert_eq!(good(&exec(&lu, &read10(7, 1), &[])), &fill(0, 1)[..]);
+    // Reserved bits and bytes, parameter data and unknown service actions.
+    s[1] = 0x42;
+    assert_invalid_cdb(&exec(&lu, &s, &[]), 1);
+    s[1] = 0x02;
+    s[4] = 1;
+    assert_invalid_cdb(&exec(&lu, &s, &[]), 4);
+    s[4] = 0;
+    s[8] = 8;
+    assert_invalid_cdb(&exec(&lu, &s, &[0; 8]), 7);
+    s[8] = 0;
+    s[1] = 0x01; // OVERWRITE is not offered
+    assert_invalid_cdb(&exec(&lu, &s, &[]), 1);
+    s[1] = 0x1f;
+    good(&exec(&lu, &s, &[]));
+    let ro = lu_with(LuConfig {
+        read_only: true,
+        ..LuConfig::default()
+    });
+    assert_sense(
+        &exec(&ro, &[0x48, 0x03, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
+        0x07,
+        0x27,
+        0x00,
+    );
+}
+
+#[test]
+fn compare_and_write_with_no_blocks_but_data_is_refused() {
+    let lu = lu();
+    let mut c = cdb16(0x89, 0, 0);
+    c[13] = 0;
+    good(&exec(&lu, &c, &[]));
+    assert_invalid_cdb(&exec(&lu, &c, &fill(0, 2)), 13);
+    assert_eq!(LogicalUnit::data_out_len(&c, 512), None);
 }

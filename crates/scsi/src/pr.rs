@@ -1,0 +1,982 @@
+//! Reservations: SPC-2 RESERVE/RELEASE and persistent reservations (SPC-5 5.14,
+//! PERSISTENT RESERVE IN/OUT), with the access rules both impose on other commands.
+//!
+//! Registrations are kept per I_T nexus and named by the initiator port (the iSCSI name
+//! plus ",i,0x" and the ISID), so that a registration made with APTPL survives a restart
+//! of the target, when the nexus numbers are new.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::cdb::{be16, be32, be64, truncate};
+use crate::opcodes::*;
+use crate::sense::{self, Sense};
+use crate::Nexus;
+
+/// Persistent reservation types (SPC-5 table 182).
+pub(crate) mod kind {
+    pub const WRITE_EXCLUSIVE: u8 = 1;
+    pub const EXCLUSIVE_ACCESS: u8 = 3;
+    pub const WRITE_EXCLUSIVE_RO: u8 = 5;
+    pub const EXCLUSIVE_ACCESS_RO: u8 = 6;
+    pub const WRITE_EXCLUSIVE_AR: u8 = 7;
+    pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
+}
+
+const SA_REGISTER: u8 = 0;
+const SA_RESERVE: u8 = 1;
+const SA_RELEASE: u8 = 2;
+const SA_CLEAR: u8 = 3;
+const SA_PREEMPT: u8 = 4;
+const SA_PREEMPT_AND_ABORT: u8 = 5;
+const SA_REGISTER_AND_IGNORE: u8 = 6;
+const SA_REGISTER_AND_MOVE: u8 = 7;
+
+const SA_READ_KEYS: u8 = 0;
+const SA_READ_RESERVATION: u8 = 1;
+const SA_REPORT_CAPABILITIES: u8 = 2;
+const SA_READ_FULL_STATUS: u8 = 3;
+
+/// iSCSI's protocol identifier in transport IDs (SPC-5 table 444).
+const PROTOCOL_ISCSI: u8 = 0x05;
+
+/// Why a command may not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fail {
+    Check(Sense),
+    Conflict,
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Self {
+        Fail::Check(s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Registrant {
+    /// Initiator port name, `iqn...,i,0x<isid>`.
+    port: String,
+    key: u64,
+}
+
+/// Everything reservations keep for one logical unit.
+#[derive(Debug, Default)]
+pub(crate) struct Reservations {
+    /// SPC-2 reservation holder.
+    legacy: Option<Nexus>,
+    generation: u32,
+    registrants: Vec<Registrant>,
+    /// Persistent reservation: holder port (empty for all-registrants types) and type.
+    reservation: Option<(String, u8)>,
+    aptpl: bool,
+    /// Initiator port names of the nexuses seen, as the transport told them.
+    names: HashMap<Nexus, String>,
+}
+
+/// Unit attentions a reservation change raises, by initiator port.
+pub(crate) type Notices = Vec<(String, Sense)>;
+
+/// How a command relates to reservations (SPC-5 table 70 and SBC-4 table 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Never blocked.
+    Always,
+    /// Reads: blocked by exclusive-access types only.
+    Read,
+    /// Everything else.
+    Write,
+}
+
+fn access(opcode: u8, sa: u8) -> Access {
+    match opcode {
+        INQUIRY
+        | REPORT_LUNS
+        | REQUEST_SENSE
+        | PERSISTENT_RESERVE_IN
+        | READ_CAPACITY_10
+        | TEST_UNIT_READY
+        | MAINTENANCE_IN
+        | RECEIVE_COPY_RESULTS => Access::Always,
+        SERVICE_ACTION_IN_16 if sa as u16 == SA_READ_CAPACITY_16 => Access::Always,
+        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10
+        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => {
+            Access::Read
+        }
+        _ => Access::Write,
+    }
+}
+
+fn all_registrants(kind: u8) -> bool {
+    matches!(kind, kind::WRITE_EXCLUSIVE_AR | kind::EXCLUSIVE_ACCESS_AR)
+}
+
+fn registrants_only(kind: u8) -> bool {
+    matches!(
+        kind,
+        kind::WRITE_EXCLUSIVE_RO
+            | kind::EXCLUSIVE_ACCESS_RO
+            | kind::WRITE_EXCLUSIVE_AR
+            | kind::EXCLUSIVE_ACCESS_AR
+    )
+}
+
+fn valid_kind(kind: u8) -> bool {
+    matches!(kind, kind::WRITE_EXCLUSIVE | kind::EXCLUSIVE_ACCESS | 5..=8)
+}
+
+/// The initiator port name a nexus is known by when the transport never named it.
+fn fallback_name(n: Nexus) -> String {
+    format!("nexus.{}", n.0)
+}
+
+impl Reservations {
+    /// Tells which initiator port a nexus belongs to.
+    pub fn name(&mut self, nexus: Nexus, port: &str) {
+        self.names.insert(nexus, port.to_owned());
+    }
+
+    fn port(&self, n: Nexus) -> String {
+        self.names
+            .get(&n)
+            .cloned()
+            .unwrap_or_else(|| fallback_name(n))
+    }
+
+    /// Nexuses currently known for an initiator port.
+    pub fn nexuses_of(&self, port: &str) -> Vec<Nexus> {
+        let mut v: Vec<Nexus> = self
+            .names
+            .iter()
+            .filter(|(_, p)| p.eq_ignore_ascii_case(port))
+            .map(|(n, _)| *n)
+            .collect();
+        if let Some(id) = port
+            .strip_prefix("nexus.")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            v.push(Nexus(id));
+        }
+        v
+    }
+
+    fn registration(&self, port: &str) -> Option<&Registrant> {
+        self.registrants
+            .iter()
+            .find(|r| r.port.eq_ignore_ascii_case(port))
+    }
+
+    fn is_holder(&self, port: &str) -> bool {
+        match &self.reservation {
+            Some((_, k)) if all_registrants(*k) => self.registration(port).is_some(),
+            Some((h, _)) => h.eq_ignore_ascii_case(port),
+            None => false,
+        }
+    }
+
+    /// Whether any persistent reservation state exists.
+    fn persistent_active(&self) -> bool {
+        !self.registrants.is_empty() || self.reservation.is_some()
+    }
+
+    /// Releases an SPC-2 reservation on I_T nexus loss or a reset.
+    pub fn nexus_lost(&mut self, nexus: Nexus) {
+        if self.legacy == Some(nexus) {
+            self.legacy = None;
+        }
+    }
+
+    /// LOGICAL UNIT RESET and target resets: SPC-2 reservations go, persistent ones stay.
+    pub fn reset(&mut self) {
+        self.legacy = None;
+    }
+
+    /// Whether `opcode` from `nexus` must end in RESERVATION CONFLICT.
+    pub fn check(&self, nexus: Nexus, cdb: &[u8]) -> Result<(), Fail> {
+        let opcode = cdb[0];
+        let sa = cdb.get(1).map_or(0, |b| b & 0x1f);
+        if let Some(holder) = self.legacy {
+            if holder != nexus {
+                return match opcode {
+                    INQUIRY | REPORT_LUNS | REQUEST_SENSE | RELEASE_6 | RELEASE_10 => Ok(()),
+                    MAINTENANCE_IN | PERSISTENT_RESERVE_IN => Ok(()),
+                    _ => Err(Fail::Conflict),
+                };
+            }
+        }
+        if opcode == PERSISTENT_RESERVE_OUT || opcode == PERSISTENT_RESERVE_IN {
+            return Ok(());
+        }
+        if matches!(opcode, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
+            return if self.persistent_active() {
+                Err(Fail::Conflict)
+            } else {
+                Ok(())
+            };
+        }
+        let Some((_, kind)) = &self.reservation else {
+            return Ok(());
+        };
+        let port = self.port(nexus);
+        if self.is_holder(&port) || (registrants_only(*kind) && self.registration(&port).is_some())
+        {
+            return Ok(());
+        }
+        let exclusive_access = matches!(
+            *kind,
+            kind::EXCLUSIVE_ACCESS | kind::EXCLUSIVE_ACCESS_RO | kind::EXCLUSIVE_ACCESS_AR
+        );
+        match access(opcode, sa) {
+            Access::Always => Ok(()),
+            Access::Read if !exclusive_access => Ok(()),
+            _ => Err(Fail::Conflict),
+        }
+    }
+
+    /// RESERVE(6) and RESERVE(10).
+    pub fn reserve(&mut self, nexus: Nexus, cdb: &[u8]) -> Result<(), Fail> {
+        // Third-party and extent reservations are gone from SPC; only the LU as a whole.
+        if cdb[1] & 0x13 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, None).into());
+        }
+        match self.legacy {
+            Some(h) if h != nexus => Err(Fail::Conflict),
+            _ => {
+                self.legacy = Some(nexus);
+                Ok(())
+            }
+        }
+    }
+
+    /// RELEASE(6) and RELEASE(10): releasing what another nexus holds does nothing.
+    pub fn release(&mut self, nexus: Nexus, cdb: &[u8]) -> Result<(), Fail> {
+        if cdb[1] & 0x13 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, None).into());
+        }
+        if self.legacy == Some(nexus) {
+            self.legacy = None;
+        }
+        Ok(())
+    }
+
+    /// PERSISTENT RESERVE IN.
+    pub fn persistent_in(&self, cdb: &[u8], ptpl_capable: bool) -> Result<Vec<u8>, Fail> {
+        let sa = cdb[1] & 0x1f;
+        let alloc = be16(&cdb[7..9]) as usize;
+        let mut d = self.generation.to_be_bytes().to_vec();
+        match sa {
+            SA_READ_KEYS => {
+                d.extend_from_slice(&((self.registrants.len() * 8) as u32).to_be_bytes());
+                for r in &self.registrants {
+                    d.extend_from_slice(&r.key.to_be_bytes());
+                }
+            }
+            SA_READ_RESERVATION => match &self.reservation {
+                None => d.extend_from_slice(&0u32.to_be_bytes()),
+                Some((holder, kind)) => {
+                    d.extend_from_slice(&16u32.to_be_bytes());
+                    let key = if all_registrants(*kind) {
+                        0
+                    } else {
+                        self.registration(holder).map_or(0, |r| r.key)
+                    };
+                    d.extend_from_slice(&key.to_be_bytes());
+                    d.extend_from_slice(&[0, 0, 0, 0, 0, *kind & 0x0f, 0, 0]);
+                }
+            },
+            SA_REPORT_CAPABILITIES => {
+                d = vec![0, 8];
+                // CRH (RESERVE/RELEASE answered as SPC-5 5.14.3 says), ATP_C, PTPL_C.
+                d.push(0x10 | 0x04 | if ptpl_capable { 0x01 } else { 0 });
+                // TMV, ALLOW COMMANDS 001b, PTPL_A.
+                d.push(0x80 | 0x10 | if self.aptpl { 0x01 } else { 0 });
+                // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX; EX_AC_AR.
+                d.extend_from_slice(&[0x80 | 0x40 | 0x20 | 0x08 | 0x02, 0x01, 0, 0]);
+            }
+            SA_READ_FULL_STATUS => {
+                let mut body = Vec::new();
+                for r in &self.registrants {
+                    body.extend_from_slice(&r.key.to_be_bytes());
+                    body.extend_from_slice(&[0; 4]);
+                    let (holder, kind) = match &self.reservation {
+                        Some((_, k)) if self.is_holder(&r.port) => (true, *k),
+                        _ => (false, 0),
+                    };
+                    // ALL_TG_PT: there is one target port, so every registration covers
+                    // all of them.
+                    body.push(0x02 | u8::from(holder));
+                    body.push(kind & 0x0f);
+                    body.extend_from_slice(&[0; 4]);
+                    body.extend_from_slice(&1u16.to_be_bytes());
+                    let tid = transport_id(&r.port);
+                    body.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    body.extend(tid);
+                }
+                d.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                d.extend(body);
+            }
+            _ => return Err(Sense::invalid_field_in_cdb(1, Some(4)).into()),
+        }
+        Ok(truncate(d, alloc))
+    }
+
+    /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise.
+    pub fn persistent_out(
+        &mut self,
+        nexus: Nexus,
+        cdb: &[u8],
+        data: &[u8],
+        ptpl_capable: bool,
+    ) -> Result<Notices, Fail> {
+        let sa = cdb[1] & 0x1f;
+        let scope = cdb[2] >> 4;
+        let kind = cdb[2] & 0x0f;
+        let len = be32(&cdb[5..9]) as usize;
+        if sa > SA_REGISTER_AND_MOVE {
+            return Err(Sense::invalid_field_in_cdb(1, Some(4)).into());
+        }
+        if len < 24 || (sa != SA_REGISTER_AND_MOVE && len != 24) {
+            return Err(sense::PARAMETER_LIST_LENGTH_ERROR.into());
+        }
+        let p = data.get(..len).ok_or(sense::PARAMETER_LIST_LENGTH_ERROR)?;
+        let key = be64(&p[0..8]);
+        let sa_key = be64(&p[8..16]);
+        let port = self.port(nexus);
+        if sa == SA_REGISTER_AND_MOVE {
+            return self.register_and_move(&port, key, sa_key, kind, scope, p, ptpl_capable);
+        }
+        let flags = p[20];
+        let spec_i_pt = flags & 0x08 != 0;
+        let aptpl = flags & 0x01 != 0;
+        if spec_i_pt {
+            // Registering other initiator ports in one go is not offered (SIP_C clear).
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(3)).into());
+        }
+        if aptpl && !ptpl_capable {
+            return Err(Sense::invalid_field_in_parameter_list(20, Some(0)).into());
+        }
+        let mine = self.registration(&port).map(|r| r.key);
+        match sa {
+            SA_REGISTER | SA_REGISTER_AND_IGNORE => {
+                if sa == SA_REGISTER && mine.unwrap_or(0) != key {
+                    return Err(Fail::Conflict);
+                }
+                let mut notices = Vec::new();
+                if sa_key == 0 {
+                    if mine.is_some() {
+                        notices = self.unregister(&port);
+                        self.generation = self.generation.wrapping_add(1);
+                    }
+                } else {
+                    match self
+                        .registrants
+                        .iter_mut()
+                        .find(|r| r.port.eq_ignore_ascii_case(&port))
+                    {
+                        Some(r) => r.key = sa_key,
+                        None => self.registrants.push(Registrant {
+                            port: port.clone(),
+                            key: sa_key,
+                        }),
+                    }
+                    self.generation = self.generation.wrapping_add(1);
+                }
+                self.aptpl = aptpl;
+                Ok(notices)
+            }
+            _ => {
+                if mine != Some(key) {
+                    return Err(Fail::Conflict);
+                }
+                if matches!(sa, SA_RESERVE | SA_PREEMPT | SA_PREEMPT_AND_ABORT)
+                    || (sa == SA_RELEASE && self.is_holder(&port))
+                {
+                    if scope != 0 {
+                        return Err(Sense::invalid_field_in_cdb(2, Some(7)).into());
+                    }
+                    if !valid_kind(kind) {
+                        return Err(Sense::invalid_field_in_cdb(2, Some(3)).into());
+                    }
+                }
+                match sa {
+                    SA_RESERVE => self.reserve_persistent(&port, kind),
+                    SA_RELEASE => self.release_persistent(&port, kind),
+                    SA_CLEAR => {
+                        let notices = self
+                            .registrants
+                            .iter()
+                            .filter(|r| !r.port.eq_ignore_ascii_case(&port))
+                            .map(|r| (r.port.clone(), sense::RESERVATIONS_PREEMPTED))
+                            .collect();
+                        self.registrants.clear();
+                        self.reservation = None;
+                        self.generation = self.generation.wrapping_add(1);
+                        Ok(notices)
+                    }
+                    _ => self.preempt(&port, sa_key, kind),
+                }
+            }
+        }
+    }
+
+    /// Removes a registration, and the reservation with it where SPC-5 5.14.11.2.3 says.
+    fn unregister(&mut self, port: &str) -> Notices {
+        self.registrants
+            .retain(|r| !r.port.eq_ignore_ascii_case(port));
+        let mut notices = Vec::new();
+        if let Some((holder, kind)) = self.reservation.clone() {
+            let released = if all_registrants(kind) {
+                self.registrants.is_empty()
+            } else {
+                holder.eq_ignore_ascii_case(port)
+            };
+            if released {
+                self.reservation = None;
+                if registrants_only(kind) {
+                    notices = self
+                        .registrants
+                        .iter()
+                        .map(|r| (r.port.clone(), sense::RESERVATIONS_RELEASED))
+                        .collect();
+                }
+            }
+        }
+        notices
+    }
+
+    fn reserve_persistent(&mut self, port: &str, kind: u8) -> Result<Notices, Fail> {
+        match &self.reservation {
+            None => {
+                let holder = if all_registrants(kind) {
+                    String::new()
+                } else {
+                    port.to_owned()
+                };
+                self.reservation = Some((holder, kind));
+                Ok(Vec::new())
+            }
+            Some((_, k)) if *k == kind && self.is_holder(port) => Ok(Vec::new()),
+            Some(_) => Err(Fail::Conflict),
+        }
+    }
+
+    fn release_persistent(&mut self, port: &str, kind: u8) -> Result<Notices, Fail> {
+        let Some((_, held)) = self.reservation.clone() else {
+            return Ok(Vec::new());
+        };
+        if !self.is_holder(port) {
+            return Ok(Vec::new());
+        }
+        if held != kind {
+            return Err(sense::INVALID_RELEASE_OF_PERSISTENT_RESERVATION.into());
+        }
+        self.reservation = None;
+        if registrants_only(kind) {
+            return Ok(self
+                .registrants
+                .iter()
+                .filter(|r| !r.port.eq_ignore_ascii_case(port))
+                .map(|r| (r.port.clone(), sense::RESERVATIONS_RELEASED))
+                .collect());
+        }
+        Ok(Vec::new())
+    }
+
+    fn preempt(&mut self, port: &str, sa_key: u64, kind: u8) -> Result<Notices, Fail> {
+        let mut notices = Vec::new();
+        let mut remove = |regs: &mut Vec<Registrant>, pred: &dyn Fn(&Registrant) -> bool| {
+            let before = regs.len();
+            regs.retain(|r| {
+                let gone = pred(r) && !r.port.eq_ignore_ascii_case(port);
+                if gone {
+                    notices.push((r.port.clone(), sense::REGISTRATIONS_PREEMPTED));
+                }
+                !gone
+            });
+            before != regs.len()
+        };
+        match self.reservation.clone() {
+            Some((_, held)) if all_registrants(held) => {
+                if sa_key == 0 {
+                    remove(&mut self.registrants, &|_| true);
+                    self.reservation = Some((port.to_owned(), kind));
+                    if all_registrants(kind) {
+                        self.reservation = Some((String::new(), kind));
+                    }
+                } else if !remove(&mut self.registrants, &|r| r.key == sa_key) {
+                    return Err(Fail::Conflict);
+                }
+            }
+            Some((holder, _)) => {
+                let holder_key = self.registration(&holder).map(|r| r.key);
+                if holder_key == Some(sa_key) {
+                    remove(&mut self.registrants, &|r| r.key == sa_key);
+                    let holder_name = if all_registrants(kind) {
+                        String::new()
+                    } else {
+                        port.to_owned()
+                    };
+                    self.reservation = Some((holder_name, kind));
+                } else if sa_key == 0 {
+                    return Err(Sense::invalid_field_in_parameter_list(8, None).into());
+                } else if !remove(&mut self.registrants, &|r| r.key == sa_key) {
+                    return Err(Fail::Conflict);
+                }
+            }
+            None => {
+                if sa_key == 0 {
+                    return Err(Sense::invalid_field_in_parameter_list(8, None).into());
+                }
+                if !remove(&mut self.registrants, &|r| r.key == sa_key) {
+                    return Err(Fail::Conflict);
+                }
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
+        Ok(notices)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register_and_move(
+        &mut self,
+        port: &str,
+        key: u64,
+        sa_key: u64,
+        kind: u8,
+        scope: u8,
+        p: &[u8],
+        ptpl_capable: bool,
+    ) -> Result<Notices, Fail> {
+        let Some((holder, held)) = self.reservation.clone() else {
+            return Err(Fail::Conflict);
+        };
+        if self.registration(port).map(|r| r.key) != Some(key) {
+            return Err(Fail::Conflict);
+        }
+        if all_registrants(held) || !holder.eq_ignore_ascii_case(port) {
+            return Err(Fail::Conflict);
+        }
+        if scope != 0 {
+            return Err(Sense::invalid_field_in_cdb(2, Some(7)).into());
+        }
+        if !valid_kind(kind) {
+            return Err(Sense::invalid_field_in_cdb(2, Some(3)).into());
+        }
+        if sa_key == 0 {
+            return Err(Sense::invalid_field_in_parameter_list(8, None).into());
+        }
+        let unreg = p[17] & 0x02 != 0;
+        let aptpl = p[17] & 0x01 != 0;
+        if aptpl && !ptpl_capable {
+            return Err(Sense::invalid_field_in_parameter_list(17, Some(0)).into());
+        }
+        let tid_len = be32(&p[20..24]) as usize;
+        let tid = p
+            .get(24..24 + tid_len)
+            .ok_or(sense::PARAMETER_LIST_LENGTH_ERROR)?;
+        let dest = parse_transport_id(tid)
+            .ok_or_else(|| Sense::invalid_field_in_parameter_list(24, None))?;
+        if dest.eq_ignore_ascii_case(port) {
+            return Err(Sense::invalid_field_in_parameter_list(24, None).into());
+        }
+        match self
+            .registrants
+            .iter_mut()
+            .find(|r| r.port.eq_ignore_ascii_case(&dest))
+        {
+            Some(r) => r.key = sa_key,
+            None => self.registrants.push(Registrant {
+                port: dest.clone(),
+                key: sa_key,
+            }),
+        }
+        self.reservation = Some((dest, kind));
+        if unreg {
+            self.registrants
+                .retain(|r| !r.port.eq_ignore_ascii_case(port));
+        }
+        self.aptpl = aptpl;
+        self.generation = self.generation.wrapping_add(1);
+        Ok(Vec::new())
+    }
+
+    /// Whether the state is to be kept across power loss.
+    pub fn aptpl(&self) -> bool {
+        self.aptpl
+    }
+
+    /// The persistent part of the state as text, one item a line.
+    pub fn save(&self) -> String {
+        let mut s = String::from("reservoir-pr 1\n");
+        let _ = writeln!(s, "generation {}", self.generation);
+        for r in &self.registrants {
+            let _ = writeln!(s, "key {:016x} {}", r.key, r.port);
+        }
+        if let Some((holder, kind)) = &self.reservation {
+            let _ = writeln!(s, "reservation {kind} {holder}");
+        }
+        s
+    }
+
+    /// The state [`Reservations::save`] wrote; `None` if the text is not such a state.
+    pub fn load(text: &str) -> Option<Reservations> {
+        let mut lines = text.lines();
+        if lines.next()? != "reservoir-pr 1" {
+            return None;
+        }
+        let mut r = Reservations {
+            aptpl: true,
+            ..Default::default()
+        };
+        for line in lines {
+            let mut f = line.splitn(3, ' ');
+            match (f.next()?, f.next(), f.next()) {
+                ("generation", Some(g), None) => r.generation = g.parse().ok()?,
+                ("key", Some(k), Some(port)) => r.registrants.push(Registrant {
+                    key: u64::from_str_radix(k, 16).ok()?,
+                    port: port.to_owned(),
+                }),
+                ("reservation", Some(k), holder) => {
+                    let kind: u8 = k.parse().ok()?;
+                    if !valid_kind(kind) {
+                        return None;
+                    }
+                    r.reservation = Some((holder.unwrap_or("").to_owned(), kind));
+                }
+                _ => return None,
+            }
+        }
+        Some(r)
+    }
+}
+
+/// iSCSI transport ID, format 01b: "name,i,0x<isid>" (SPC-5 7.6.4.6).
+fn transport_id(port: &str) -> Vec<u8> {
+    let mut name = port.as_bytes().to_vec();
+    name.push(0);
+    name.resize(name.len().div_ceil(4).max(5) * 4, 0);
+    let format = if port.contains(",i,0x") { 0x40 } else { 0x00 };
+    let mut t = vec![format | PROTOCOL_ISCSI, 0];
+    t.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    t.extend(name);
+    t
+}
+
+fn parse_transport_id(t: &[u8]) -> Option<String> {
+    if t.len() < 4 || t[0] & 0x0f != PROTOCOL_ISCSI {
+        return None;
+    }
+    let len = be16(&t[2..4]) as usize;
+    let raw = t.get(4..4 + len)?;
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let name = std::str::from_utf8(&raw[..end]).ok()?;
+    if name.is_empty() {
+        return None;
+    }
+    Some(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Nexus = Nexus(1);
+    const B: Nexus = Nexus(2);
+
+    fn prout(sa: u8, kind: u8, key: u64, sa_key: u64, flags: u8) -> ([u8; 10], Vec<u8>) {
+        let mut cdb = [0u8; 10];
+        cdb[0] = PERSISTENT_RESERVE_OUT;
+        cdb[1] = sa;
+        cdb[2] = kind;
+        cdb[5..9].copy_from_slice(&24u32.to_be_bytes());
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        p[20] = flags;
+        (cdb, p)
+    }
+
+    fn out(
+        r: &mut Reservations,
+        n: Nexus,
+        sa: u8,
+        kind: u8,
+        key: u64,
+        sa_key: u64,
+    ) -> Result<Notices, Fail> {
+        let (cdb, p) = prout(sa, kind, key, sa_key, 0);
+        r.persistent_out(n, &cdb, &p, true)
+    }
+
+    fn read10() -> [u8; 10] {
+        [READ_10, 0, 0, 0, 0, 0, 0, 0, 1, 0]
+    }
+
+    fn write10() -> [u8; 10] {
+        [WRITE_10, 0, 0, 0, 0, 0, 0, 0, 1, 0]
+    }
+
+    fn keys(r: &Reservations) -> Vec<u64> {
+        let cdb = [
+            PERSISTENT_RESERVE_IN,
+            SA_READ_KEYS,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0x40,
+            0,
+            0,
+        ];
+        let d = r.persistent_in(&cdb, true).unwrap();
+        d[8..].chunks(8).map(be64).collect()
+    }
+
+    fn setup() -> Reservations {
+        let mut r = Reservations::default();
+        r.name(A, "iqn.2000-01.a,i,0x000000000001");
+        r.name(B, "iqn.2000-01.b,i,0x000000000001");
+        r
+    }
+
+    #[test]
+    fn register_needs_the_current_key() {
+        let mut r = setup();
+        assert_eq!(out(&mut r, A, SA_REGISTER, 0, 5, 10), Err(Fail::Conflict));
+        out(&mut r, A, SA_REGISTER, 0, 0, 10).unwrap();
+        assert_eq!(out(&mut r, A, SA_REGISTER, 0, 11, 12), Err(Fail::Conflict));
+        out(&mut r, A, SA_REGISTER, 0, 10, 12).unwrap();
+        out(&mut r, B, SA_REGISTER_AND_IGNORE, 0, 99, 20).unwrap();
+        assert_eq!(keys(&r), vec![12, 20]);
+        out(&mut r, A, SA_REGISTER, 0, 12, 0).unwrap();
+        assert_eq!(keys(&r), vec![20]);
+        assert_eq!(r.generation, 4);
+    }
+
+    #[test]
+    fn access_by_type() {
+        // (type, registered B reads, registered B writes, unregistered reads, writes)
+        let table = [
+            (kind::EXCLUSIVE_ACCESS, false, false, false, false),
+            (kind::WRITE_EXCLUSIVE, true, false, true, false),
+            (kind::EXCLUSIVE_ACCESS_RO, true, true, false, false),
+            (kind::WRITE_EXCLUSIVE_RO, true, true, true, false),
+            (kind::EXCLUSIVE_ACCESS_AR, true, true, false, false),
+            (kind::WRITE_EXCLUSIVE_AR, true, true, true, false),
+        ];
+        for (k, rr, rw, ur, uw) in table {
+            let mut r = setup();
+            out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+            out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
+            out(&mut r, A, SA_RESERVE, k, 1, 0).unwrap();
+            assert!(r.check(A, &read10()).is_ok() && r.check(A, &write10()).is_ok());
+            assert_eq!(r.check(B, &read10()).is_ok(), rr, "type {k}");
+            assert_eq!(r.check(B, &write10()).is_ok(), rw, "type {k}");
+            out(&mut r, B, SA_REGISTER, 0, 2, 0).unwrap();
+            assert_eq!(r.check(B, &read10()).is_ok(), ur, "type {k}");
+            assert_eq!(r.check(B, &write10()).is_ok(), uw, "type {k}");
+            out(&mut r, A, SA_RELEASE, k, 1, 0).unwrap();
+            assert!(r.check(B, &write10()).is_ok());
+        }
+    }
+
+    #[test]
+    fn reserve_conflicts_and_release_type_mismatch() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        assert_eq!(
+            out(&mut r, B, SA_RESERVE, kind::WRITE_EXCLUSIVE, 2, 0),
+            Err(Fail::Conflict)
+        );
+        assert_eq!(
+            out(&mut r, A, SA_RELEASE, kind::EXCLUSIVE_ACCESS, 1, 0),
+            Err(Fail::Check(
+                sense::INVALID_RELEASE_OF_PERSISTENT_RESERVATION
+            ))
+        );
+        // A non-holder's release does nothing.
+        out(&mut r, B, SA_RELEASE, kind::WRITE_EXCLUSIVE, 2, 0).unwrap();
+        assert!(r.reservation.is_some());
+        assert_eq!(
+            out(&mut r, A, SA_RESERVE, 2, 1, 0),
+            Err(Fail::Check(Sense::invalid_field_in_cdb(2, Some(3))))
+        );
+    }
+
+    #[test]
+    fn preempt_removes_registrations_and_takes_reservation() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
+        let g = r.generation;
+        // No reservation: only the registration goes.
+        let n = out(&mut r, B, SA_PREEMPT, kind::EXCLUSIVE_ACCESS, 2, 1).unwrap();
+        assert_eq!(keys(&r), vec![2]);
+        assert_eq!(r.generation, g + 1);
+        assert_eq!(n, vec![(r.port(A), sense::REGISTRATIONS_PREEMPTED)]);
+        assert!(r.reservation.is_none());
+        // Unknown key: conflict.
+        assert_eq!(
+            out(&mut r, B, SA_PREEMPT, kind::EXCLUSIVE_ACCESS, 2, 77),
+            Err(Fail::Conflict)
+        );
+        // Preempting the holder moves the reservation.
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        out(
+            &mut r,
+            B,
+            SA_PREEMPT_AND_ABORT,
+            kind::EXCLUSIVE_ACCESS,
+            2,
+            1,
+        )
+        .unwrap();
+        assert!(r.is_holder(&r.port(B)));
+        assert_eq!(r.check(A, &read10()), Err(Fail::Conflict));
+    }
+
+    #[test]
+    fn clear_and_all_registrants() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::EXCLUSIVE_ACCESS_AR, 1, 0).unwrap();
+        assert!(r.is_holder(&r.port(B)));
+        let cdb = [
+            PERSISTENT_RESERVE_IN,
+            SA_READ_RESERVATION,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            64,
+            0,
+        ];
+        let d = r.persistent_in(&cdb, true).unwrap();
+        assert_eq!((be64(&d[8..16]), d[21]), (0, kind::EXCLUSIVE_ACCESS_AR));
+        let n = out(&mut r, B, SA_CLEAR, 0, 2, 0).unwrap();
+        assert_eq!(n, vec![(r.port(A), sense::RESERVATIONS_PREEMPTED)]);
+        assert!(keys(&r).is_empty());
+        assert!(r.reservation.is_none());
+    }
+
+    #[test]
+    fn spc2_reservations() {
+        let mut r = setup();
+        let res6 = [RESERVE_6, 0, 0, 0, 0, 0];
+        let rel6 = [RELEASE_6, 0, 0, 0, 0, 0];
+        r.reserve(A, &res6).unwrap();
+        r.reserve(A, &res6).unwrap();
+        assert_eq!(r.check(B, &res6), Err(Fail::Conflict));
+        assert_eq!(r.reserve(B, &res6), Err(Fail::Conflict));
+        r.check(B, &rel6).unwrap();
+        r.release(B, &rel6).unwrap();
+        assert_eq!(r.check(B, &read10()), Err(Fail::Conflict));
+        r.nexus_lost(A);
+        r.check(B, &read10()).unwrap();
+        r.reserve(B, &res6).unwrap();
+        r.reset();
+        r.check(A, &write10()).unwrap();
+        // With registrations present, RESERVE conflicts.
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        assert_eq!(r.check(B, &res6), Err(Fail::Conflict));
+    }
+
+    #[test]
+    fn register_and_move() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        let tid = transport_id(&r.port(B));
+        let mut cdb = [0u8; 10];
+        cdb[0] = PERSISTENT_RESERVE_OUT;
+        cdb[1] = SA_REGISTER_AND_MOVE;
+        cdb[2] = kind::EXCLUSIVE_ACCESS;
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&1u64.to_be_bytes());
+        p[8..16].copy_from_slice(&9u64.to_be_bytes());
+        p[17] = 0x02; // UNREG
+        p[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
+        p.extend(tid);
+        cdb[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
+        r.persistent_out(A, &cdb, &p, true).unwrap();
+        assert_eq!(keys(&r), vec![9]);
+        assert!(r.is_holder(&r.port(B)));
+        assert_eq!(r.check(A, &read10()), Err(Fail::Conflict));
+    }
+
+    #[test]
+    fn save_and_load() {
+        let mut r = setup();
+        let (cdb, p) = prout(SA_REGISTER, 0, 0, 0x1234, 0x01);
+        r.persistent_out(A, &cdb, &p, true).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::EXCLUSIVE_ACCESS, 0x1234, 0).unwrap();
+        assert!(r.aptpl());
+        let mut back = Reservations::load(&r.save()).unwrap();
+        assert_eq!(back.registrants, r.registrants);
+        assert_eq!(back.reservation, r.reservation);
+        assert_eq!(back.generation, r.generation);
+        // After a restart the same initiator port arrives on a new nexus.
+        back.name(Nexus(7), "iqn.2000-01.a,i,0x000000000001");
+        back.check(Nexus(7), &write10()).unwrap();
+        assert_eq!(back.check(Nexus(8), &read10()), Err(Fail::Conflict));
+        assert!(Reservations::load("junk").is_none());
+        // APTPL is refused where nothing can be kept.
+        let (cdb, p) = prout(SA_REGISTER_AND_IGNORE, 0, 0, 1, 0x01);
+        assert!(matches!(
+            r.persistent_out(B, &cdb, &p, false),
+            Err(Fail::Check(_))
+        ));
+    }
+
+    #[test]
+    fn report_capabilities_and_full_status() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        let cdb = [
+            PERSISTENT_RESERVE_IN,
+            SA_REPORT_CAPABILITIES,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            8,
+            0,
+        ];
+        let d = r.persistent_in(&cdb, true).unwrap();
+        assert_eq!(d.len(), 8);
+        assert_eq!(be16(&d[0..2]), 8);
+        assert_eq!(d[2] & 0x01, 1);
+        assert_eq!(be16(&d[4..6]), 0xea01);
+        let cdb = [
+            PERSISTENT_RESERVE_IN,
+            SA_READ_FULL_STATUS,
+            0,
+            0,
+            0,
+            0,
+            0,
+            1,
+            0,
+            0,
+        ];
+        let d = r.persistent_in(&cdb, true).unwrap();
+        assert_eq!(be64(&d[8..16]), 1);
+        assert_eq!(d[20] & 0x01, 1);
+        assert_eq!(d[21], kind::WRITE_EXCLUSIVE);
+        let tid = &d[32..];
+        assert_eq!(parse_transport_id(tid).unwrap(), r.port(A));
+        let bad = [PERSISTENT_RESERVE_IN, 9, 0, 0, 0, 0, 0, 1, 0, 0];
+        assert!(r.persistent_in(&bad, true).is_err());
+    }
+}
