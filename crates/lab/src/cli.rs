@@ -1,0 +1,122 @@
+//! `rsv lab`: list and run the scenarios, regenerate the result document.
+
+use crate::proc;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Reproduce the reference studies (R0, R1) over the WAN emulator, peers side by side",
+    after_help = "Results: SCENARIO.csv, SCENARIO.json (configuration, versions, machine, every \
+measurement) and PNG figures under --out. A full run also rewrites docs/lab-r0-r1.md.\n\n\
+Needs root (network namespaces), iproute2, iperf3, qemu-img with iscsi:// (qemu-block-extra) \
+and tgt. Ctrl-C stops the run and removes its links and processes."
+)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    command: LabCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum LabCommand {
+    /// Name the scenarios.
+    List,
+    /// Run a scenario: r0, r1 or all.
+    Run {
+        scenario: String,
+        /// A short version (about a minute for both scenarios): one loss point, small sizes.
+        #[arg(long)]
+        quick: bool,
+        /// Where results go (default lab/results, with --quick lab/results-quick).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Rewrite this result document (default docs/lab-r0-r1.md unless --quick).
+        #[arg(long)]
+        doc: Option<PathBuf>,
+        /// Do not touch the result document.
+        #[arg(long, conflicts_with = "doc")]
+        no_doc: bool,
+    },
+    /// Rewrite the result document from results already on disk.
+    Doc {
+        #[arg(long, default_value = "lab/results")]
+        results: PathBuf,
+        #[arg(long, default_value = "docs/lab-r0-r1.md")]
+        out: PathBuf,
+    },
+}
+
+pub const SCENARIOS: &[(&str, &str)] = &[
+    (
+        "r0",
+        "R0: backup writes/reads over 100 Mbit/s, 100 ms RTT, loss 0.001-5 %: study's before vs \
+         tuned (2b), Reservoir default, qemu-img into tgt and Reservoir, iperf3 CUBIC/BBR",
+    ),
+    (
+        "r1",
+        "R1: 4 concurrent image backups into one 1 Gbit/s bottleneck with a shallow queue: \
+         unpaced CUBIC, unpaced BBR, paced to 1/4 each; per-stream, total, link use, Jain",
+    ),
+];
+
+pub fn run(args: LabArgs) -> Result<()> {
+    match args.command {
+        LabCommand::List => {
+            for (name, what) in SCENARIOS {
+                println!("{name}  {what}");
+            }
+            Ok(())
+        }
+        LabCommand::Doc { results, out } => crate::doc::write(&results, &out),
+        LabCommand::Run {
+            scenario,
+            quick,
+            out,
+            doc,
+            no_doc,
+        } => {
+            let names: Vec<&str> = match scenario.as_str() {
+                "all" => SCENARIOS.iter().map(|s| s.0).collect(),
+                s if SCENARIOS.iter().any(|x| x.0 == s) => vec![s],
+                s => bail!("unknown scenario {s:?}; `rsv lab list` names them"),
+            };
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                bail!("rsv lab needs root (network namespaces and TUN devices)");
+            }
+            proc::install_signal_handlers();
+            let out = out.unwrap_or_else(|| {
+                PathBuf::from(if quick {
+                    "lab/results-quick"
+                } else {
+                    "lab/results"
+                })
+            });
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            for name in names {
+                match name {
+                    "r0" => {
+                        crate::r0::run(quick, &out, command.clone())?;
+                    }
+                    _ => {
+                        crate::r1::run(quick, &out, command.clone())?;
+                    }
+                }
+                eprintln!("lab: {name} results in {}", out.display());
+            }
+            let doc = match (doc, no_doc, quick) {
+                (Some(d), _, _) => Some(d),
+                (None, false, false) if Path::new("docs").is_dir() => {
+                    Some(PathBuf::from("docs/lab-r0-r1.md"))
+                }
+                _ => None,
+            };
+            if let Some(d) = doc {
+                crate::doc::write(&out, &d)?;
+                eprintln!("lab: wrote {}", d.display());
+            }
+            Ok(())
+        }
+    }
+}

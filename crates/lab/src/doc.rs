@@ -1,0 +1,292 @@
+//! docs/lab-r0-r1.md, regenerated from the results' JSON: tables, figures and the studies'
+//! numbers side by side.
+
+use anyhow::Result;
+use serde_json::Value;
+use std::fmt::Write;
+use std::path::{Component, Path, PathBuf};
+
+/// `to` as seen from directory `from` (both made absolute first).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let abs = |p: &Path| {
+        std::fs::canonicalize(p)
+            .unwrap_or_else(|_| std::env::current_dir().unwrap_or_default().join(p))
+    };
+    let (f, t) = (abs(from), abs(to));
+    let fc: Vec<Component> = f.components().collect();
+    let tc: Vec<Component> = t.components().collect();
+    let common = fc.iter().zip(&tc).take_while(|(a, b)| a == b).count();
+    let mut r = PathBuf::new();
+    for _ in common..fc.len() {
+        r.push("..");
+    }
+    for c in &tc[common..] {
+        r.push(c);
+    }
+    r
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn env_block(doc: &mut String, r: &Value) {
+    let e = &r["environment"];
+    let _ = writeln!(doc, "Command: `{}`  ", s(&r["command"]));
+    let _ = writeln!(
+        doc,
+        "Measured {} with {} (commit {}), {}, {}, {}; kernel {}; {} CPUs ({}), {} memory, load average at start {}.\n",
+        s(&e["date_utc"]),
+        s(&e["rsv"]),
+        s(&e["git_commit"]),
+        s(&e["tgtd"]),
+        s(&e["qemu_img"]),
+        s(&e["iperf3"]),
+        s(&e["kernel"]),
+        s(&e["nproc"]),
+        s(&e["cpu"]),
+        s(&e["memory"]),
+        s(&e["load_average"]),
+    );
+}
+
+fn r0_section(doc: &mut String, r: &Value, link: &Path) {
+    let p = &r["params"];
+    let losses: Vec<f64> = p["loss_pct"]
+        .as_array()
+        .map(|a| a.iter().map(f).collect())
+        .unwrap_or_default();
+    let rows = r["rows"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(doc, "## R0 — iSCSI tuning over a lossy long fat pipe\n");
+    let _ = writeln!(
+        doc,
+        "Link: {} at {} RTT, random loss both ways (`rsv wan`). Target in site b, initiator in \
+         site a. Each point moves data for {} s (`rsv bench --pattern seq`, sequential 256 KiB or \
+         1 MiB commands) or copies an image sized to what the link carried in that time \
+         (`qemu-img convert`, at most {} MiB; cut at twice the time, bytes so far counted, marked †). \
+         Throughput in Mbit/s of payload.\n",
+        s(&p["rate"]),
+        s(&p["rtt"]),
+        f(&p["seconds"]),
+        f(&p["qemu_max_bytes"]) / 1048576.0
+    );
+    for dir in ["write", "read"] {
+        let sel: Vec<&Value> = rows
+            .iter()
+            .filter(|x| s(&x["direction"]) == dir || s(&x["direction"]) == "network")
+            .collect();
+        if !sel.iter().any(|x| s(&x["direction"]) == dir) {
+            continue;
+        }
+        let _ = writeln!(doc, "### Sequential {dir}s (Mbit/s)\n");
+        let mut head = String::from("| configuration |");
+        let mut line = String::from("|---|");
+        for l in &losses {
+            let _ = write!(head, " {l} % |");
+            line += "---:|";
+        }
+        let _ = writeln!(doc, "{head}\n{line}");
+        let mut names: Vec<&str> = Vec::new();
+        for x in &sel {
+            if !names.contains(&s(&x["config"])) {
+                names.push(s(&x["config"]));
+            }
+        }
+        for name in names {
+            let mut l = format!("| {name} |");
+            for loss in &losses {
+                let cell = sel
+                    .iter()
+                    .find(|x| s(&x["config"]) == name && (f(&x["loss_pct"]) - loss).abs() < 1e-9);
+                match cell {
+                    Some(x) if s(&x["error"]).is_empty() => {
+                        let mark = if x["complete"].as_bool() == Some(false) {
+                            " †"
+                        } else {
+                            ""
+                        };
+                        let _ = write!(l, " {:.2}{mark} |", f(&x["mbit_per_s"]));
+                    }
+                    Some(_) => l += " error |",
+                    None => l += " — |",
+                }
+            }
+            let _ = writeln!(doc, "{l}");
+        }
+        let ratio = |a: &str, b: &str| {
+            let mut l = format!("| {a} ÷ {b} |");
+            for loss in &losses {
+                let get = |n: &str| {
+                    sel.iter()
+                        .find(|x| {
+                            s(&x["config"]) == n
+                                && s(&x["direction"]) == dir
+                                && (f(&x["loss_pct"]) - loss).abs() < 1e-9
+                        })
+                        .map(|x| f(&x["mbit_per_s"]))
+                };
+                match (get(a), get(b)) {
+                    (Some(x), Some(y)) if y > 0.0 => {
+                        let _ = write!(l, " {:.1}× |", x / y);
+                    }
+                    _ => l += " — |",
+                }
+            }
+            l
+        };
+        let _ = writeln!(doc, "{}", ratio("R0 tuned (2b)", "R0 before"));
+        let _ = writeln!(doc, "{}", ratio("Reservoir default", "R0 before"));
+        let _ = writeln!(
+            doc,
+            "\n![R0 {dir}s]({})\n",
+            link.join(format!("r0-{dir}.png")).display()
+        );
+    }
+    let _ = writeln!(
+        doc,
+        "**Study (R0, UNH iSCSI, 100 Mbit/s, 100 ms):** tuning gave a several-fold improvement; the \
+         throughput target was met at 0.001 % loss with the BDP tuning (1) and at 0.01 % with the \
+         loss tuning (2); at 0.1 % and 1 % even the tuned system fell short. The study gives no \
+         absolute Mbit/s in the text we have (`REFERENCES.md`), so its figures are compared by \
+         shape: the tuned/before ratio and where each configuration falls off the link rate.\n"
+    );
+    let _ = writeln!(
+        doc,
+        "Configurations (both sites' TCP set per namespace with sysctl):\n"
+    );
+    if let Some(cfgs) = r["configs"].as_array() {
+        for c in cfgs {
+            let tcp: Vec<String> = c["sysctl"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|kv| {
+                            format!(
+                                "{}={}",
+                                s(&kv[0]).trim_start_matches("net.ipv4."),
+                                s(&kv[1])
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let opts: Vec<&str> = c["initiator_opts"]
+                .as_array()
+                .map(|a| a.iter().map(s).collect())
+                .unwrap_or_default();
+            let _ =
+                writeln!(
+                doc,
+                "- **{}**: connections {}, queue depth {}, I/O {}; initiator options [{}]; target \
+                 `[session]` {{{}}}; TCP {}.",
+                s(&c["label"]),
+                c["connections"].as_u64().map_or("default".into(), |x| x.to_string()),
+                c["queue_depth"].as_u64().map_or("default".into(), |x| x.to_string()),
+                s(&c["io_size"]),
+                opts.join(", "),
+                s(&c["target_session"]).trim().replace('\n', "; "),
+                tcp.join(", ")
+            );
+        }
+    }
+    let _ = writeln!(
+        doc,
+        "- **qemu-img → tgt / → Reservoir**: `qemu-img convert -p -n -O raw` (libiscsi, its \
+         defaults) into tgt's LUN 1 / Reservoir's default target; Linux default TCP with CUBIC.\n\
+         - **iperf3 CUBIC / BBR**: one stream, `iperf3 -C cubic|bbr -t {}`, the network's own \
+         ceiling at each point.\n",
+        f(&p["seconds"])
+    );
+    env_block(doc, r);
+}
+
+fn r1_section(doc: &mut String, r: &Value, link: &Path) {
+    let p = &r["params"];
+    let _ = writeln!(doc, "## R1 — four image backups into one bottleneck\n");
+    let _ = writeln!(
+        doc,
+        "Four senders (`--hosts-a 4`, unlimited virtual links into the emulator: the fast side) \
+         each back up a {} MiB image with `rsv cp` to its own LUN of one `rsv target` behind a {} \
+         bottleneck, RTT {}, drop-tail queue {} (shallow). Link use = goodput ÷ bottleneck; wire \
+         use counts every byte that left the bottleneck (headers, retransmissions).\n",
+        f(&p["image_bytes"]) / 1048576.0,
+        s(&p["rate"]),
+        s(&p["rtt"]),
+        s(&p["queue"])
+    );
+    let _ = writeln!(
+        doc,
+        "| run | per stream (MB/s) | total (MB/s) | link use | wire use | Jain | queue drops |\n\
+         |---|---|---:|---:|---:|---:|---:|"
+    );
+    for m in r["modes"].as_array().cloned().unwrap_or_default() {
+        let streams: Vec<String> = m["streams"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| {
+                        if s(&x["error"]).is_empty() {
+                            format!("{:.1}", f(&x["mb_per_s"]))
+                        } else {
+                            "error".into()
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            doc,
+            "| {} ({}) | {} | {:.1} | {:.1} % | {:.1} % | {:.3} | {} |",
+            s(&m["label"]),
+            s(&m["tool"]),
+            streams.join(" / "),
+            f(&m["total_mb_per_s"]),
+            f(&m["link_use_pct"]),
+            f(&m["wire_use_pct"]),
+            f(&m["jain"]),
+            m["queue_drops"].as_u64().unwrap_or(0)
+        );
+    }
+    let _ = writeln!(
+        doc,
+        "| **study pattern 1**: 10 GbE virtio senders into 1 GbE | ~5.3 each | 21.2 | 21.2 % | | | |\n\
+         | **study pattern 2**: senders limited to 1 G (e1000) | 16.6–26.6 | 95.7 | 95.7 % | | | |\n"
+    );
+    let _ = writeln!(doc, "![R1]({})\n", link.join("r1.png").display());
+    env_block(doc, r);
+}
+
+pub fn write(results: &Path, out: &Path) -> Result<()> {
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let link = relative(dir, results);
+    let mut doc = String::from(
+        "# Lab: R0 and R1 reproduced\n\n\
+         Generated by `rsv lab` (crates/lab) from the results under \
+         `lab/results/` — do not edit by hand; rerun `rsv lab run all` (or `rsv lab doc` to \
+         redraw from the JSON). The studies are summarised in `shared/REFERENCES.md`. Every \
+         number below comes from one run in which Reservoir and its peers crossed the same \
+         emulated link.\n\n",
+    );
+    let mut any = false;
+    if let Ok(r) = crate::r0::load(results) {
+        r0_section(&mut doc, &r, &link);
+        any = true;
+    }
+    if let Ok(r) = crate::r1::load(results) {
+        r1_section(&mut doc, &r, &link);
+        any = true;
+    }
+    if !any {
+        anyhow::bail!("no r0.json or r1.json under {}", results.display());
+    }
+    std::fs::write(out, doc)?;
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! The iSCSI targets of the lab: Reservoir's `rsv target` and tgt, each in a namespace.
+
+use crate::proc::{in_ns, rsv_bin, run_ok, sleep, Proc};
+use anyhow::{bail, Result};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+pub const ISCSI_PORT: u16 = 3260;
+
+/// `rsv target` in `ns` listening on `addr`, with the TOML `config` (written to `dir`).
+pub fn rsv_target(ns: &str, addr: Ipv4Addr, config: &str, dir: &Path, tag: &str) -> Result<Proc> {
+    let cfg = dir.join(format!("target-{tag}.toml"));
+    std::fs::write(&cfg, config)?;
+    let mut cmd = in_ns(ns, rsv_bin());
+    cmd.arg("target")
+        .arg("--listen")
+        .arg(format!("{addr}:{ISCSI_PORT}"))
+        .arg("--data-dir")
+        .arg(dir.join(format!("data-{tag}")))
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "warn");
+    let mut p = Proc::spawn(cmd, "rsv target", &dir.join(format!("target-{tag}.log")))?;
+    p.wait_log(Duration::from_secs(20), |l| {
+        l.lines().any(|x| x.trim() == "ready")
+    })?;
+    Ok(p)
+}
+
+pub struct Tgt {
+    pub proc: Proc,
+    control: u16,
+    pub iqn: String,
+}
+
+impl Tgt {
+    /// tgtd in `ns` with target 1 / LUN 1 on `backing` (a sparse file of `size` bytes).
+    pub fn start(ns: &str, addr: Ipv4Addr, backing: &Path, size: u64, log: &Path) -> Result<Tgt> {
+        // The control socket lives in the file system, shared by every namespace; a port
+        // of our own keeps clear of other tgtd instances on the machine.
+        let control = 20000 + (std::process::id() % 9000) as u16;
+        std::fs::File::create(backing)?.set_len(size)?;
+        let mut cmd = in_ns(ns, "tgtd");
+        cmd.args(["-f", "--iscsi", &format!("portal={addr}:{ISCSI_PORT}")])
+            .args(["-C", &control.to_string()]);
+        let proc = Proc::spawn(cmd, "tgtd", log)?;
+        let mut t = Tgt {
+            proc,
+            control,
+            iqn: "iqn.2026-11.org.reservoir.lab:tgt".into(),
+        };
+        let mut up = false;
+        for _ in 0..100 {
+            if t.adm(&["--op", "show", "--mode", "target"]).is_ok() {
+                up = true;
+                break;
+            }
+            if !t.proc.alive() {
+                break;
+            }
+            sleep(Duration::from_millis(50))?;
+        }
+        if !up {
+            bail!("tgtd did not come up:\n{}", t.proc.log_text());
+        }
+        let iqn = t.iqn.clone();
+        t.adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", &iqn])?;
+        t.adm(&[
+            "--op",
+            "new",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            "1",
+            "--lun",
+            "1",
+            "-b",
+            &backing.to_string_lossy(),
+        ])?;
+        t.adm(&[
+            "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+        ])?;
+        Ok(t)
+    }
+
+    fn adm(&self, args: &[&str]) -> Result<()> {
+        run_ok(
+            Command::new("tgtadm")
+                .args(["-C", &self.control.to_string(), "--lld", "iscsi"])
+                .args(args),
+        )
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,216 @@
+//! PNG figures drawn like the studies': throughput against loss on a log axis (R0), and
+//! per-stream plus total bars (R1). Text goes through ab_glyph with a DejaVu font from the
+//! system; without one the figures are skipped (CSV and JSON still carry every number).
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use std::path::Path;
+use std::sync::OnceLock;
+
+const FONT_DIRS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Registers DejaVu Sans as "sans-serif" once; false when no font file is found.
+pub fn fonts_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        let Some(bytes) = FONT_DIRS.iter().find_map(|p| std::fs::read(p).ok()) else {
+            eprintln!(
+                "lab: no DejaVu font (apt-get install fonts-dejavu-core); PNG figures skipped"
+            );
+            return false;
+        };
+        // The registry wants 'static bytes; one font for the life of the process.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+    })
+}
+
+const COLORS: &[RGBColor] = &[
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(127, 127, 127),
+    RGBColor(23, 190, 207),
+    RGBColor(140, 86, 75),
+];
+
+fn err(e: impl std::fmt::Debug) -> anyhow::Error {
+    anyhow!("{e:?}")
+}
+
+/// Throughput (Mbit/s) against loss (%) with a log x axis; one line per series. `link` is
+/// drawn as a dashed ceiling.
+pub fn loss_chart(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    link: f64,
+) -> Result<()> {
+    if !fonts_ready() {
+        return Ok(());
+    }
+    let xs = series.iter().flat_map(|(_, p)| p.iter().map(|x| x.0));
+    let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let (lo, hi) = if lo > hi {
+        (0.001, 10.0)
+    } else {
+        (lo / 2.0, hi * 2.0)
+    };
+    let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d((lo..hi).log_scale(), 0.0..link * 1.05)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("random packet loss (%)")
+        .y_desc("throughput (Mbit/s)")
+        .x_label_formatter(&|x| format!("{x}"))
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(lo, link), (hi, link)],
+            6,
+            4,
+            BLACK.mix(0.5).stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(format!("link rate {link} Mbit/s"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let mut pts = pts.clone();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = COLORS[i % COLORS.len()];
+        let style = c.stroke_width(if name.starts_with("iperf3") { 1 } else { 3 });
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+pub struct BarGroup {
+    pub label: String,
+    /// Per-stream values (% of the bottleneck).
+    pub streams: Vec<f64>,
+    pub total: f64,
+    pub note: String,
+}
+
+/// Groups of per-stream bars followed by a total bar, all in % of the bottleneck.
+pub fn bars(path: &Path, title: &str, groups: &[BarGroup]) -> Result<()> {
+    if !fonts_ready() {
+        return Ok(());
+    }
+    let width = 6.0; // four streams, the total, a gap
+    let n = groups.len() as f64;
+    let top = groups.iter().map(|g| g.total).fold(100.0, f64::max) * 1.12;
+    let root = BitMapBackend::new(path, (1300, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..n * width, 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("% of the bottleneck")
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(err)?;
+    let stream_color = RGBColor(31, 119, 180);
+    let total_color = RGBColor(214, 39, 40);
+    for (gi, g) in groups.iter().enumerate() {
+        let x0 = gi as f64 * width + 0.5;
+        for (si, v) in g.streams.iter().enumerate() {
+            let x = x0 + si as f64;
+            chart
+                .draw_series([Rectangle::new(
+                    [(x + 0.1, 0.0), (x + 0.9, *v)],
+                    stream_color.mix(0.8).filled(),
+                )])
+                .map_err(err)?;
+        }
+        let xt = x0 + 4.0;
+        chart
+            .draw_series([Rectangle::new(
+                [(xt + 0.1, 0.0), (xt + 0.9, g.total)],
+                total_color.mix(0.85).filled(),
+            )])
+            .map_err(err)?;
+        chart
+            .draw_series([Text::new(
+                format!("{:.1} %", g.total),
+                (xt - 0.2, g.total + top * 0.035),
+                ("sans-serif", 15),
+            )])
+            .map_err(err)?;
+        chart
+            .draw_series([
+                Text::new(g.label.clone(), (x0, top * 0.985), ("sans-serif", 15)),
+                Text::new(g.note.clone(), (x0, top * 0.95), ("sans-serif", 14)),
+            ])
+            .map_err(err)?;
+    }
+    chart
+        .draw_series([Rectangle::new(
+            [(0.2, top * 0.80), (0.5, top * 0.83)],
+            stream_color.filled(),
+        )])
+        .map_err(err)?;
+    chart
+        .draw_series([Text::new(
+            "each stream",
+            (0.6, top * 0.835),
+            ("sans-serif", 14),
+        )])
+        .map_err(err)?;
+    chart
+        .draw_series([Rectangle::new(
+            [(0.2, top * 0.75), (0.5, top * 0.78)],
+            total_color.filled(),
+        )])
+        .map_err(err)?;
+    chart
+        .draw_series([Text::new(
+            "total (link use)",
+            (0.6, top * 0.785),
+            ("sans-serif", 14),
+        )])
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! Processes, namespaces and links the lab starts, each owned by a guard that removes it on
+//! every way out (error, panic, SIGINT/SIGTERM).
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT/SIGTERM/SIGHUP only set a flag: the run stops at its next check and unwinds, so
+/// the guards take down links, targets and peers instead of leaving them behind.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(
+                sig,
+                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+}
+
+pub fn check_interrupt() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Sleeps in small steps so that a signal is noticed promptly.
+pub fn sleep(d: Duration) -> Result<()> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        check_interrupt()?;
+        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(50)));
+    }
+    Ok(())
+}
+
+pub fn rsv_bin() -> PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rsv"))
+}
+
+/// A command run inside network namespace `ns` (`ip netns exec` execs the program, so the
+/// child's pid is the program's own).
+pub fn in_ns(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
+}
+
+/// A background process, killed when the guard goes.
+pub struct Proc {
+    child: Option<Child>,
+    pub what: String,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command, what: &str, log: &Path) -> Result<Proc> {
+        let f = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        Ok(Proc {
+            child: Some(child),
+            what: what.to_owned(),
+            log: log.to_owned(),
+        })
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `ready` holds for the log text, failing if the process dies first.
+    pub fn wait_log(&mut self, timeout: Duration, ready: impl Fn(&str) -> bool) -> Result<()> {
+        let end = Instant::now() + timeout;
+        loop {
+            if ready(&self.log_text()) {
+                return Ok(());
+            }
+            if !self.alive() {
+                bail!("{} exited:\n{}", self.what, tail(&self.log_text(), 2000));
+            }
+            if Instant::now() > end {
+                bail!(
+                    "{} not ready in {timeout:?}:\n{}",
+                    self.what,
+                    tail(&self.log_text(), 2000)
+                );
+            }
+            sleep(Duration::from_millis(50))?;
+        }
+    }
+
+    /// SIGTERM, a grace period, then SIGKILL.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid, which we have not yet reaped.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+pub struct Outcome {
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.status.map(|s| s.success()).unwrap_or(false)
+    }
+
+    pub fn describe(&self) -> String {
+        match self.status {
+            Some(s) => format!("exit {s}: {}", tail(self.stderr.trim(), 300)),
+            None => format!("killed after {:.1} s", self.elapsed.as_secs_f64()),
+        }
+    }
+}
+
+/// Runs `cmd` to the end or until `timeout`, when it is killed (SIGINT, then SIGKILL).
+pub fn run(cmd: Command, timeout: Duration, scratch: &Path) -> Result<Outcome> {
+    Ok(run_many(vec![cmd], timeout, scratch)?.remove(0))
+}
+
+/// Runs the commands at the same time, each to its end or until `timeout`. Output goes
+/// through files so that a chatty child never blocks on a full pipe.
+pub fn run_many(cmds: Vec<Command>, timeout: Duration, scratch: &Path) -> Result<Vec<Outcome>> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    struct Running {
+        child: Child,
+        out: PathBuf,
+        err: PathBuf,
+        status: Option<ExitStatus>,
+        elapsed: Duration,
+        killed: bool,
+    }
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if self.status.is_none() && !self.killed {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+            let _ = std::fs::remove_file(&self.out);
+            let _ = std::fs::remove_file(&self.err);
+        }
+    }
+    let start = Instant::now();
+    let mut running = Vec::new();
+    for mut cmd in cmds {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let out = scratch.join(format!("run{n}.out"));
+        let err = scratch.join(format!("run{n}.err"));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(File::create(&out)?)
+            .stderr(File::create(&err)?)
+            .spawn()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        running.push(Running {
+            child,
+            out,
+            err,
+            status: None,
+            elapsed: Duration::ZERO,
+            killed: false,
+        });
+    }
+    let mut interrupted = false;
+    loop {
+        let mut left = 0;
+        for r in running
+            .iter_mut()
+            .filter(|r| r.status.is_none() && !r.killed)
+        {
+            if let Some(st) = r.child.try_wait()? {
+                r.status = Some(st);
+                r.elapsed = start.elapsed();
+            } else {
+                left += 1;
+            }
+        }
+        if left == 0 {
+            break;
+        }
+        interrupted = INTERRUPTED.load(Ordering::SeqCst);
+        if start.elapsed() > timeout || interrupted {
+            for r in running.iter_mut().filter(|r| r.status.is_none()) {
+                // SAFETY: kill(2) on our own unreaped child.
+                unsafe {
+                    libc::kill(r.child.id() as i32, libc::SIGINT);
+                }
+            }
+            let end = Instant::now() + Duration::from_secs(3);
+            for r in running.iter_mut().filter(|r| r.status.is_none()) {
+                while Instant::now() < end && r.child.try_wait()?.is_none() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                r.killed = true;
+                r.elapsed = start.elapsed();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if interrupted {
+        bail!("interrupted");
+    }
+    Ok(running
+        .iter()
+        .map(|r| Outcome {
+            status: r.status,
+            stdout: std::fs::read_to_string(&r.out).unwrap_or_default(),
+            stderr: std::fs::read_to_string(&r.err).unwrap_or_default(),
+            elapsed: r.elapsed,
+            timed_out: r.killed,
+        })
+        .collect())
+}
+
+/// Runs a short command and returns its stdout, failing on a non-zero exit.
+pub fn run_ok(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sets sysctls inside a namespace (the TCP ones are per namespace on this kernel).
+pub fn sysctl(ns: &str, settings: &[(String, String)]) -> Result<()> {
+    let mut c = in_ns(ns, "sysctl");
+    c.arg("-q");
+    for (k, v) in settings {
+        c.arg("-w").arg(format!("{k}={v}"));
+    }
+    run_ok(&mut c).map(|_| ())
+}
+
+pub struct Host {
+    pub ns: String,
+    pub addr: Ipv4Addr,
+}
+
+/// One emulated link (`rsv wan up`), taken down with `rsv wan down` when dropped.
+pub struct Link {
+    pub name: String,
+    pub a: Vec<Host>,
+    pub b: Vec<Host>,
+}
+
+fn hosts(site: &Value) -> Result<Vec<Host>> {
+    let list = site["hosts"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no hosts in {site}"))?;
+    list.iter()
+        .map(|h| {
+            Ok(Host {
+                ns: h["netns"].as_str().unwrap_or_default().to_owned(),
+                addr: h["addr"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .parse()
+                    .with_context(|| format!("address of {h}"))?,
+            })
+        })
+        .collect()
+}
+
+impl Link {
+    pub fn up(name: &str, params: &[String], hosts_a: u32) -> Result<Link> {
+        // A link of the same name left by a killed run would make `up` fail.
+        let _ = run_ok(Command::new(rsv_bin()).args(["wan", "down", "--name", name]));
+        let mut link = Link {
+            name: name.to_owned(),
+            a: Vec::new(),
+            b: Vec::new(),
+        };
+        let out = run_ok(
+            Command::new(rsv_bin())
+                .args(["wan", "up", "--name", name, "--json"])
+                .args(["--hosts-a", &hosts_a.to_string()])
+                .args(params),
+        )?;
+        let v: Value = serde_json::from_str(&out)
+            .with_context(|| format!("rsv wan up --json printed {out:?}"))?;
+        link.a = hosts(&v["a"])?;
+        link.b = hosts(&v["b"])?;
+        if link.a.is_empty() || link.b.is_empty() {
+            bail!("rsv wan up: no hosts in {out}");
+        }
+        Ok(link)
+    }
+
+    pub fn set(&self, params: &[String]) -> Result<()> {
+        run_ok(
+            Command::new(rsv_bin())
+                .args(["wan", "set", "--name", &self.name])
+                .args(params),
+        )
+        .map(|_| ())
+    }
+
+    /// Bytes that left the bottleneck from A to B so far, and the queue-overflow drops.
+    pub fn ab_counters(&self) -> Result<(u64, u64)> {
+        let out =
+            run_ok(Command::new(rsv_bin()).args(["wan", "stats", "--name", &self.name, "--json"]))?;
+        let v: Value = serde_json::from_str(&out)?;
+        let ab = if v["ab"].is_object() {
+            &v["ab"]
+        } else {
+            &v["stats"]["ab"]
+        };
+        Ok((
+            ab["tx_bytes"].as_u64().unwrap_or(0),
+            ab["drop_queue"].as_u64().unwrap_or(0),
+        ))
+    }
+
+    pub fn all_ns(&self) -> impl Iterator<Item = &str> {
+        self.a.iter().chain(&self.b).map(|h| h.ns.as_str())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new(rsv_bin())
+            .args(["wan", "down", "--name", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A file of `len` pseudo-random bytes: backup sources must not be all zeros, which
+/// `qemu-img convert` and `rsv cp` would skip.
+pub fn random_file(path: &Path, len: u64) -> Result<()> {
+    use std::io::Write;
+    if std::fs::metadata(path)
+        .map(|m| m.len() == len)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    let mut f = std::io::BufWriter::new(File::create(path)?);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for chunk in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// A scratch directory removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(base: &Path, tag: &str) -> Result<Scratch> {
+        let p = base.join(format!("rsv-lab-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Scratch(p))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A namespace may only default to a congestion control in the host's
+/// net.ipv4.tcp_allowed_congestion_control. Peers that cannot choose per socket (qemu-img,
+/// tgtd) get the namespace default, so the algorithms a scenario sets are added for the run
+/// and the list is put back afterwards. This widens only what unprivileged sockets may pick.
+pub struct AllowedCc {
+    old: Option<String>,
+}
+
+const ALLOWED_CC: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+impl AllowedCc {
+    pub fn ensure(ccs: &[&str]) -> Result<AllowedCc> {
+        let old = std::fs::read_to_string(ALLOWED_CC)
+            .with_context(|| format!("reading {ALLOWED_CC}"))?
+            .trim()
+            .to_owned();
+        let mut list: Vec<&str> = old.split_whitespace().collect();
+        let missing: Vec<&str> = ccs.iter().copied().filter(|c| !list.contains(c)).collect();
+        if missing.is_empty() {
+            return Ok(AllowedCc { old: None });
+        }
+        list.extend(&missing);
+        std::fs::write(ALLOWED_CC, list.join(" "))
+            .with_context(|| format!("allowing {missing:?} in {ALLOWED_CC}"))?;
+        eprintln!("lab: added {missing:?} to net.ipv4.tcp_allowed_congestion_control for this run");
+        Ok(AllowedCc { old: Some(old) })
+    }
+}
+
+impl Drop for AllowedCc {
+    fn drop(&mut self) {
+        if let Some(old) = &self.old {
+            let _ = std::fs::write(ALLOWED_CC, old);
+        }
+    }
+}
+
+/// Waits until something in `ns` listens on TCP `port` (servers that buffer their output
+/// give no other sign).
+pub fn wait_listen(ns: &str, port: u16, server: &mut Proc) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = run_ok(in_ns(ns, "ss").args(["-Hltn", &format!("sport = :{port}")]))?;
+        if !out.trim().is_empty() {
+            return Ok(());
+        }
+        if !server.alive() || Instant::now() > end {
+            bail!(
+                "{} is not listening on {port}:\n{}",
+                server.what,
+                server.log_text()
+            );
+        }
+        sleep(Duration::from_millis(30))?;
+    }
+}

@@ -1,0 +1,542 @@
+//! R0: sequential backup writes (and reads) over 100 Mbit/s, 100 ms RTT with random loss;
+//! the study's "before" and "tuned (2b)" settings, Reservoir's defaults, qemu-img (libiscsi)
+//! into tgt and into Reservoir, and iperf3 single streams as the network's own ceiling.
+
+use crate::env::Environment;
+use crate::peers::{rsv_target, Tgt, ISCSI_PORT};
+use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
+use anyhow::{anyhow, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
+
+pub const IQN: &str = "iqn.2026-11.org.reservoir:lab";
+const LUN_SIZE: &str = "1GiB";
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Params {
+    pub rate: String,
+    pub rtt: String,
+    pub loss_pct: Vec<f64>,
+    /// Each point moves data for at most this long (seconds); throughput is bytes/s.
+    pub seconds: u64,
+    /// The largest image qemu-img copies per point (it is sized to what the link can carry
+    /// in `seconds`, from the iperf3 CUBIC reference at the same point).
+    pub qemu_max_bytes: u64,
+    pub reads: bool,
+}
+
+impl Params {
+    pub fn new(quick: bool) -> Params {
+        Params {
+            rate: "100mbit".into(),
+            rtt: "100ms".into(),
+            loss_pct: if quick {
+                vec![0.1]
+            } else {
+                vec![0.001, 0.01, 0.1, 1.0, 5.0]
+            },
+            seconds: if quick { 3 } else { 15 },
+            qemu_max_bytes: if quick { 16 << 20 } else { 256 << 20 },
+            reads: true,
+        }
+    }
+}
+
+/// One iSCSI configuration: TCP settings of both sites, the target's session offer and the
+/// initiator's flags.
+#[derive(Serialize, Clone, Debug)]
+pub struct IscsiConfig {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub sysctl: Vec<(String, String)>,
+    pub target_session: String,
+    pub connections: Option<u16>,
+    pub queue_depth: Option<usize>,
+    pub io_size: &'static str,
+    pub initiator_opts: Vec<String>,
+}
+
+fn tcp(sack: bool, ts: bool, wscale: bool, wmem: &str, rmem: &str) -> Vec<(String, String)> {
+    let b = |x: bool| if x { "1" } else { "0" }.to_owned();
+    vec![
+        ("net.ipv4.tcp_congestion_control".into(), "cubic".into()),
+        ("net.ipv4.tcp_sack".into(), b(sack)),
+        ("net.ipv4.tcp_timestamps".into(), b(ts)),
+        ("net.ipv4.tcp_window_scaling".into(), b(wscale)),
+        ("net.ipv4.tcp_wmem".into(), wmem.into()),
+        ("net.ipv4.tcp_rmem".into(), rmem.into()),
+    ]
+}
+
+/// What a fresh namespace on this kernel starts with, but CUBIC (the kernel default here
+/// is BBR; the study and most installations use CUBIC).
+pub fn linux_default_tcp() -> Vec<(String, String)> {
+    tcp(
+        true,
+        true,
+        true,
+        "4096 16384 4194304",
+        "4096 131072 33554432",
+    )
+}
+
+pub fn configs() -> Vec<IscsiConfig> {
+    vec![
+        IscsiConfig {
+            key: "before",
+            label: "R0 before",
+            // No window scaling: a 64 KB window whatever the buffers say, as in the study.
+            sysctl: tcp(false, false, false, "4096 131072 131072", "4096 174080 174080"),
+            target_session: "max_connections = 1\ninitial_r2t = true\nfirst_burst_length = 65536\n\
+                             max_burst_length = 262144\nsend_buffer = 131072\nrecv_buffer = 174080\n\
+                             congestion = \"cubic\"\n"
+                .into(),
+            connections: Some(1),
+            queue_depth: Some(1),
+            io_size: "256k",
+            initiator_opts: vec![
+                "initial_r2t=1".into(),
+                "first_burst=65536".into(),
+                "max_burst=262144".into(),
+                "send_buffer=131072".into(),
+                "recv_buffer=174080".into(),
+                "congestion=cubic".into(),
+            ],
+        },
+        IscsiConfig {
+            key: "tuned",
+            label: "R0 tuned (2b)",
+            // 5 MB / 20 MB as the autotuning ceiling: setsockopt is capped by the host's
+            // net.core.[rw]mem_max, the per-namespace tcp_[rw]mem are not.
+            sysctl: tcp(true, true, true, "4096 1048576 5242880", "4096 1048576 20971520"),
+            target_session: "max_connections = 16\ninitial_r2t = false\nfirst_burst_length = 262144\n\
+                             max_burst_length = 262144\ncongestion = \"cubic\"\n"
+                .into(),
+            connections: Some(16),
+            queue_depth: Some(16),
+            io_size: "256k",
+            initiator_opts: vec![
+                "initial_r2t=0".into(),
+                "first_burst=262144".into(),
+                "max_burst=262144".into(),
+                "congestion=cubic".into(),
+            ],
+        },
+        IscsiConfig {
+            key: "reservoir",
+            label: "Reservoir default",
+            sysctl: linux_default_tcp(),
+            target_session: String::new(),
+            connections: None,
+            queue_depth: None,
+            io_size: "1m",
+            initiator_opts: Vec::new(),
+        },
+    ]
+}
+
+fn target_toml(session: &str) -> String {
+    format!(
+        "[session]\n{session}\n[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\n\
+         backstore = \"ram\"\nsize = \"{LUN_SIZE}\"\n"
+    )
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Row {
+    pub loss_pct: f64,
+    /// "write", "read" or "network".
+    pub direction: String,
+    pub config: String,
+    pub tool: String,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub mbit_per_s: f64,
+    /// The transfer ran to its planned end (a fixed size, or the time for a timed run).
+    pub complete: bool,
+    pub error: String,
+}
+
+impl Row {
+    fn new(loss: f64, direction: &str, config: &str, tool: &str) -> Row {
+        Row {
+            loss_pct: loss,
+            direction: direction.into(),
+            config: config.into(),
+            tool: tool.into(),
+            bytes: 0,
+            seconds: 0.0,
+            mbit_per_s: 0.0,
+            complete: false,
+            error: String::new(),
+        }
+    }
+
+    fn measured(mut self, bytes: u64, seconds: f64, complete: bool) -> Row {
+        self.bytes = bytes;
+        self.seconds = seconds;
+        self.mbit_per_s = if seconds > 0.0 {
+            bytes as f64 * 8.0 / seconds / 1e6
+        } else {
+            0.0
+        };
+        self.complete = complete;
+        self
+    }
+
+    fn failed(mut self, e: impl std::fmt::Display) -> Row {
+        self.error = e.to_string().replace(['\n', ','], " ");
+        self
+    }
+
+    pub fn ok(&self) -> bool {
+        self.error.is_empty() && self.mbit_per_s > 0.0
+    }
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub scenario: &'static str,
+    pub quick: bool,
+    pub command: String,
+    pub params: Params,
+    pub configs: Vec<IscsiConfig>,
+    pub peer_tcp: Vec<(String, String)>,
+    pub environment: Environment,
+    pub rows: Vec<Row>,
+}
+
+pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
+    let params = Params::new(quick);
+    let environment = crate::env::collect();
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
+    let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r0")?;
+    let dir = &scratch.0;
+    let src = dir.join("source.img");
+    proc::random_file(&src, params.qemu_max_bytes)?;
+    let first_loss = format!("{}%", params.loss_pct[0]);
+    let link = Link::up(
+        "lr0",
+        &[
+            "--rtt".into(),
+            params.rtt.clone(),
+            "--rate".into(),
+            params.rate.clone(),
+            "--loss".into(),
+            first_loss,
+        ],
+        1,
+    )?;
+    let mut rows = Vec::new();
+    for &loss in &params.loss_pct {
+        check_interrupt()?;
+        link.set(&["--loss".into(), format!("{loss}%")])?;
+        eprintln!("r0: loss {loss} %");
+        let point = run_point(&link, loss, &params, dir, &src)?;
+        for r in &point {
+            eprintln!(
+                "  {:<7} {:<22} {:<24} {:>8.2} Mbit/s{}",
+                r.direction,
+                r.config,
+                r.tool,
+                r.mbit_per_s,
+                if r.error.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", r.error)
+                }
+            );
+        }
+        rows.extend(point);
+    }
+    drop(link);
+    let results = Results {
+        scenario: "r0",
+        quick,
+        command,
+        params,
+        configs: configs(),
+        peer_tcp: linux_default_tcp(),
+        environment,
+        rows,
+    };
+    write_outputs(&results, out)?;
+    Ok(results)
+}
+
+fn set_tcp(link: &Link, settings: &[(String, String)]) -> Result<()> {
+    for ns in link.all_ns() {
+        sysctl(ns, settings)?;
+    }
+    Ok(())
+}
+
+fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Result<Vec<Row>> {
+    let a = &link.a[0];
+    let b = &link.b[0];
+    let mut rows = Vec::new();
+    set_tcp(link, &linux_default_tcp())?;
+    let mut cubic_rate = 0.0;
+    for cc in ["cubic", "bbr"] {
+        let row = iperf3(link, loss, cc, p.seconds, dir)?;
+        if cc == "cubic" && row.ok() {
+            cubic_rate = row.mbit_per_s * 1e6 / 8.0;
+        }
+        rows.push(row);
+    }
+    let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
+    for cfg in configs() {
+        check_interrupt()?;
+        set_tcp(link, &cfg.sysctl)?;
+        let target = rsv_target(
+            &b.ns,
+            b.addr,
+            &target_toml(&cfg.target_session),
+            dir,
+            cfg.key,
+        );
+        let mut target = match target {
+            Ok(t) => t,
+            Err(e) => {
+                rows.push(Row::new(loss, "write", cfg.label, "rsv bench").failed(format!("{e:#}")));
+                continue;
+            }
+        };
+        let dirs: &[&str] = if p.reads {
+            &["write", "read"]
+        } else {
+            &["write"]
+        };
+        for rw in dirs {
+            rows.push(bench(&a.ns, &url, &cfg, rw, loss, p.seconds, dir)?);
+        }
+        if cfg.key == "reservoir" {
+            let size = qemu_size(cubic_rate, p);
+            rows.push(qemu(
+                &a.ns,
+                src,
+                size,
+                &url,
+                loss,
+                "qemu-img → Reservoir",
+                p.seconds,
+                dir,
+            )?);
+        }
+        check_target(&mut target, &mut rows);
+    }
+    // tgt, driven by qemu-img (libiscsi) with everyone's defaults.
+    set_tcp(link, &linux_default_tcp())?;
+    match Tgt::start(
+        &b.ns,
+        b.addr,
+        &dir.join("tgt.img"),
+        1 << 30,
+        &dir.join("tgtd.log"),
+    ) {
+        Ok(tgt) => {
+            let url = format!("iscsi://{}:{ISCSI_PORT}/{}/1", b.addr, tgt.iqn);
+            let size = qemu_size(cubic_rate, p);
+            rows.push(qemu(
+                &a.ns,
+                src,
+                size,
+                &url,
+                loss,
+                "qemu-img → tgt",
+                p.seconds,
+                dir,
+            )?);
+            drop(tgt);
+        }
+        Err(e) => rows.push(
+            Row::new(loss, "write", "qemu-img → tgt", "qemu-img convert").failed(format!("{e:#}")),
+        ),
+    }
+    let _ = std::fs::remove_file(dir.join("tgt.img"));
+    Ok(rows)
+}
+
+/// A target that died during a run makes every row of its runs suspect: say so.
+fn check_target(target: &mut Proc, rows: &mut [Row]) {
+    if !target.alive() {
+        let log = target.log_text();
+        if let Some(r) = rows.last_mut() {
+            r.error =
+                format!("rsv target exited: {}", proc::tail(&log, 200)).replace(['\n', ','], " ");
+        }
+    }
+    target.stop();
+}
+
+/// An image as large as the link carried in `seconds` of iperf3 CUBIC (so most points run
+/// to completion), within [4 MiB, qemu_max_bytes].
+fn qemu_size(cubic_bytes_per_s: f64, p: &Params) -> u64 {
+    let want = (cubic_bytes_per_s * p.seconds as f64) as u64;
+    let mib = 1u64 << 20;
+    (want / mib * mib).clamp(4 * mib, p.qemu_max_bytes)
+}
+
+fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path) -> Result<Row> {
+    let a = &link.a[0];
+    let b = &link.b[0];
+    let label = format!("iperf3 {}", cc.to_uppercase());
+    let row = Row::new(loss, "network", &label, "iperf3 -c (1 stream)");
+    let mut server = in_ns(&b.ns, "iperf3");
+    server.args(["-s", "-1", "-p", "5201"]);
+    let mut server = Proc::spawn(server, "iperf3 -s", &dir.join("iperf3-s.log"))?;
+    proc::wait_listen(&b.ns, 5201, &mut server)?;
+    let mut client = in_ns(&a.ns, "iperf3");
+    client
+        .args(["-c", &b.addr.to_string(), "-p", "5201", "-J", "-C", cc])
+        .args(["-t", &seconds.to_string()]);
+    let o = proc::run(client, Duration::from_secs(seconds + 30), dir)?;
+    server.stop();
+    let v: Value = match serde_json::from_str(&o.stdout) {
+        Ok(v) => v,
+        Err(_) => return Ok(row.failed(format!("iperf3: {}", o.describe()))),
+    };
+    if let Some(e) = v["error"].as_str() {
+        return Ok(row.failed(format!("iperf3: {e}")));
+    }
+    let sum = &v["end"]["sum_received"];
+    let bytes = sum["bytes"].as_u64().unwrap_or(0);
+    let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+    Ok(row.measured(bytes, secs, o.ok()))
+}
+
+fn bench(
+    ns: &str,
+    url: &str,
+    cfg: &IscsiConfig,
+    rw: &str,
+    loss: f64,
+    seconds: u64,
+    dir: &Path,
+) -> Result<Row> {
+    let row = Row::new(loss, rw, cfg.label, "rsv bench --pattern seq");
+    let mut c = in_ns(ns, rsv_bin());
+    c.args(["bench", url, "--json", "--pattern", "seq", "--rw", rw])
+        .args([
+            "--block-size",
+            cfg.io_size,
+            "--duration",
+            &seconds.to_string(),
+        ]);
+    if let Some(n) = cfg.connections {
+        c.args(["--connections", &n.to_string()]);
+    }
+    if let Some(q) = cfg.queue_depth {
+        c.args(["--queue-depth", &q.to_string()]);
+    }
+    for o in &cfg.initiator_opts {
+        c.args(["--opt", o]);
+    }
+    // At 5 % loss a single command can wait many retransmission timeouts.
+    let o = proc::run(c, Duration::from_secs(seconds + 90), dir)?;
+    let v: Value = match serde_json::from_str(&o.stdout) {
+        Ok(v) => v,
+        Err(_) => return Ok(row.failed(format!("rsv bench: {}", o.describe()))),
+    };
+    let ios = v["ios"].as_u64().unwrap_or(0);
+    let bs = v["block_size"].as_u64().unwrap_or(0);
+    let secs = v["seconds"].as_f64().unwrap_or(0.0);
+    Ok(row.measured(ios * bs, secs, o.ok()))
+}
+
+/// Last "(P/100%)" that `qemu-img convert -p` printed.
+fn qemu_progress(out: &str) -> f64 {
+    out.rsplit('(')
+        .find_map(|s| {
+            s.split_once("/100%)")
+                .and_then(|(p, _)| p.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qemu(
+    ns: &str,
+    src: &Path,
+    size: u64,
+    url: &str,
+    loss: f64,
+    label: &str,
+    seconds: u64,
+    dir: &Path,
+) -> Result<Row> {
+    let row = Row::new(loss, "write", label, "qemu-img convert (libiscsi)");
+    let mut c = in_ns(ns, "qemu-img");
+    c.args(["convert", "-p", "-n", "-O", "raw", "--image-opts"])
+        .arg(format!(
+            "driver=raw,size={size},file.driver=file,file.filename={}",
+            src.display()
+        ))
+        .arg(url);
+    // The image is sized for `seconds`; twice that lets a slow start finish, then the
+    // point is cut and the bytes so far count.
+    let o = proc::run(c, Duration::from_secs(2 * seconds + 5), dir)?;
+    let secs = o.elapsed.as_secs_f64();
+    if o.ok() {
+        return Ok(row.measured(size, secs, true));
+    }
+    if o.timed_out {
+        let done = (qemu_progress(&o.stdout) / 100.0 * size as f64) as u64;
+        return Ok(row.measured(done, secs, false));
+    }
+    Ok(row.failed(format!("qemu-img: {}", o.describe())))
+}
+
+pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("r0.json"), serde_json::to_string_pretty(r)?)?;
+    let mut csv = String::from(
+        "scenario,loss_pct,direction,config,tool,bytes,seconds,mbit_per_s,complete,error\n",
+    );
+    for x in &r.rows {
+        csv += &format!(
+            "r0,{},{},{},{},{},{:.3},{:.3},{},{}\n",
+            x.loss_pct,
+            x.direction,
+            x.config,
+            x.tool,
+            x.bytes,
+            x.seconds,
+            x.mbit_per_s,
+            x.complete,
+            x.error
+        );
+    }
+    std::fs::write(out.join("r0.csv"), csv)?;
+    for dir in ["write", "read"] {
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for x in r
+            .rows
+            .iter()
+            .filter(|x| x.direction == dir || x.direction == "network")
+        {
+            if !x.ok() {
+                continue;
+            }
+            match series.iter_mut().find(|(n, _)| *n == x.config) {
+                Some((_, pts)) => pts.push((x.loss_pct, x.mbit_per_s)),
+                None => series.push((x.config.clone(), vec![(x.loss_pct, x.mbit_per_s)])),
+            }
+        }
+        let title = format!(
+            "R0: sequential {dir}s, {} / {} RTT, {} s per point",
+            r.params.rate, r.params.rtt, r.params.seconds
+        );
+        crate::plot::loss_chart(&out.join(format!("r0-{dir}.png")), &title, &series, 100.0)
+            .with_context(|| format!("plotting r0-{dir}.png"))?;
+    }
+    Ok(())
+}
+
+pub fn load(out: &Path) -> Result<Value> {
+    let p = out.join("r0.json");
+    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+}

@@ -1,0 +1,179 @@
+//! `rsv lab run r0 --quick` and `r1 --quick` through real emulated links: the outputs exist
+//! and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn rsv() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
+}
+
+fn tool_missing(tools: &[&str]) -> Option<String> {
+    tools
+        .iter()
+        .find(|t| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
+        .map(|t| t.to_string())
+}
+
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP lab_quick: needs root");
+        return false;
+    }
+    if let Some(t) = tool_missing(&["ip", "iperf3", "qemu-img", "tgtd", "tgtadm"]) {
+        if std::env::var_os("CI").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick: {t} not installed");
+        return false;
+    }
+    true
+}
+
+fn lab(scenario: &str, out: &Path) {
+    let o = Command::new(rsv())
+        .args(["lab", "run", scenario, "--quick", "--no-doc", "--out"])
+        .arg(out)
+        .output()
+        .expect("running rsv lab");
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{err}");
+    assert!(
+        o.status.success(),
+        "rsv lab run {scenario} --quick failed:\n{err}"
+    );
+}
+
+/// The CSV's rows as maps from its header's column names.
+fn csv(path: &Path) -> Vec<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let head: Vec<String> = lines
+        .next()
+        .expect("header")
+        .split(',')
+        .map(String::from)
+        .collect();
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert_eq!(cells.len(), head.len(), "row {l:?} against header {head:?}");
+            head.iter()
+                .cloned()
+                .zip(cells.iter().map(|c| c.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(row: &std::collections::HashMap<String, String>, col: &str) -> f64 {
+    row[col]
+        .parse()
+        .unwrap_or_else(|_| panic!("{col} = {:?} in {row:?}", row[col]))
+}
+
+/// The string value of the first `"key": "..."` in pretty-printed JSON.
+fn json_str<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let at = json.find(&format!("\"{key}\": \""))? + key.len() + 5;
+    json[at..].split('"').next()
+}
+
+fn links_left(prefix: &str) -> bool {
+    let o = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.starts_with(prefix))
+}
+
+#[test]
+fn lab_quick_r0_and_r1() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+
+    lab("r0", out);
+    for f in ["r0.csv", "r0.json", "r0-write.png", "r0-read.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r0.csv"));
+    for col in [
+        "loss_pct",
+        "direction",
+        "config",
+        "tool",
+        "bytes",
+        "seconds",
+        "mbit_per_s",
+        "error",
+    ] {
+        assert!(rows[0].contains_key(col), "r0.csv has no {col} column");
+    }
+    let iperf: Vec<_> = rows
+        .iter()
+        .filter(|r| r["config"].starts_with("iperf3"))
+        .collect();
+    assert_eq!(iperf.len(), 2, "iperf3 CUBIC and BBR references");
+    for r in &rows {
+        if r["config"].starts_with("iperf3")
+            || r["config"].starts_with("R0")
+            || r["config"].starts_with("Reservoir")
+        {
+            assert!(r["error"].is_empty(), "{r:?}");
+        }
+        if r["error"].is_empty() {
+            assert!(num(r, "mbit_per_s") > 0.0 && num(r, "bytes") > 0.0, "{r:?}");
+            assert!(num(r, "mbit_per_s") < 1000.0, "faster than the link: {r:?}");
+        }
+    }
+    for cfg in [
+        "R0 before",
+        "R0 tuned (2b)",
+        "Reservoir default",
+        "qemu-img → tgt",
+        "qemu-img → Reservoir",
+    ] {
+        assert!(rows.iter().any(|r| r["config"] == cfg), "no {cfg} row");
+    }
+    let json = std::fs::read_to_string(out.join("r0.json")).unwrap();
+    for k in [
+        "rsv", "tgtd", "qemu_img", "iperf3", "kernel", "nproc", "memory",
+    ] {
+        let v = json_str(&json, k);
+        assert!(
+            v.is_some_and(|s| !s.is_empty()),
+            "environment.{k} in r0.json"
+        );
+    }
+
+    lab("r1", out);
+    for f in ["r1.csv", "r1.json", "r1.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r1.csv"));
+    let totals: Vec<_> = rows.iter().filter(|r| r["stream"] == "total").collect();
+    assert_eq!(totals.len(), 4, "iperf3 reference plus three backup modes");
+    for t in &totals {
+        let jain = num(t, "jain");
+        assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{t:?}");
+        assert!(num(t, "total_mb_per_s") > 0.0, "{t:?}");
+        assert!(num(t, "link_use_pct") > 0.0, "{t:?}");
+    }
+    let streams = rows.iter().filter(|r| r["stream"] != "total");
+    for s in streams {
+        assert!(s["error"].is_empty(), "{s:?}");
+        assert!(num(s, "mb_per_s") > 0.0, "{s:?}");
+    }
+    assert!(
+        !links_left("lr0-") && !links_left("lr1-"),
+        "the lab left namespaces behind"
+    );
+}
