@@ -33,6 +33,8 @@ enum Command {
     Bench(initiator::cli::BenchArgs),
     /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
     Mount(initiator::cli::MountArgs),
+    /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
+    Lab(lab::cli::LabArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -61,5 +63,6 @@ fn main() -> anyhow::Result<()> {
         Command::Cp(args) => initiator::cli::cp(args),
         Command::Bench(args) => initiator::cli::bench(args),
         Command::Mount(args) => initiator::cli::mount(args),
+        Command::Lab(args) => lab::cli::run(args),
     }
 }
