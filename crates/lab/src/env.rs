@@ -7,6 +7,8 @@ use std::process::{Command, Stdio};
 pub struct Environment {
     pub date_utc: String,
     pub rsv: String,
+    /// Which build ran (debug or release), by path.
+    pub rsv_binary: String,
     pub git_commit: String,
     pub tgtd: String,
     pub qemu_img: String,
@@ -59,6 +61,7 @@ pub fn collect() -> Environment {
     Environment {
         date_utc: first_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
         rsv,
+        rsv_binary: crate::proc::rsv_bin().display().to_string(),
         git_commit: first_line("git", &["rev-parse", "--short", "HEAD"]),
         tgtd: format!("tgt {tgtd}"),
         qemu_img: first_line("qemu-img", &["--version"]),
