@@ -116,8 +116,15 @@ impl Shared {
         s
     }
 
+    /// Ends a session: for its logical units that is the loss of its I_T nexus.
     pub fn remove_session(&self, tsih: u16) {
-        self.sessions.lock().unwrap().remove(&tsih);
+        let gone = self.sessions.lock().unwrap().remove(&tsih);
+        if let Some(target) = gone.as_ref().and_then(|s| s.target.as_ref()) {
+            let nexus = gone.as_ref().expect("checked").nexus;
+            for lu in target.luns.values() {
+                lu.nexus_lost(nexus);
+            }
+        }
     }
 
     pub fn all_sessions(&self) -> Vec<Arc<Session>> {
@@ -129,10 +136,22 @@ impl Shared {
     pub fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
         let mut ids = self.nexus_ids.lock().unwrap();
         let n = ids.len() as u64 + 1;
-        Nexus(
+        let nexus = Nexus(
             *ids.entry((initiator.to_ascii_lowercase(), isid))
                 .or_insert(n),
-        )
+        );
+        if nexus.0 == n {
+            // Persistent reservations know initiator ports by their iSCSI initiator port
+            // name, "<name>,i,0x<ISID>" (SPC-5 7.6.4.6).
+            let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+            let port = format!("{initiator},i,0x{isid_hex}");
+            for t in &self.targets {
+                for lu in t.luns.values() {
+                    lu.name_nexus(nexus, &port);
+                }
+            }
+        }
+        nexus
     }
 
     pub fn task_started(&self) {
@@ -213,6 +232,15 @@ impl Server {
             let mut luns = BTreeMap::new();
             for l in &t.luns {
                 let store = open_store(&config, l)?;
+                // APTPL reservations of a file LUN are kept beside its image.
+                let pr_file = (l.backstore == BackstoreKind::File)
+                    .then(|| config.lun_path(l))
+                    .flatten()
+                    .map(|p| {
+                        let mut name = p.into_os_string();
+                        name.push(".pr");
+                        std::path::PathBuf::from(name)
+                    });
                 let id = stable_id(&[&t.iqn.to_ascii_lowercase(), &l.id.to_string()]);
                 // NAA 6 with an IEEE company id of zero and our hash as the vendor part.
                 let naa_id = 0x6000_0000_0000_0000 | (id >> 4);
@@ -226,6 +254,12 @@ impl Server {
                         serial: serial.clone(),
                         naa_id,
                         device_id: format!("{}-lun{}", t.iqn, l.id),
+                        pr_file,
+                        target_name: t.iqn.clone(),
+                        // Every portal is in portal group 1 (the tag login declares), so
+                        // the target has one target port, reachable by all portals.
+                        target_port_group: 1,
+                        relative_port: 1,
                         ..LuConfig::default()
                     },
                     store,
