@@ -140,12 +140,9 @@ impl LogicalUnit {
                 3 => Some(block_size),
                 _ => None,
             },
-            WRITE_SAME_10 => Some(block_size),
-            WRITE_SAME_16 => Some(if cdb[1] & 0x01 != 0 { 0 } else { block_size }),
-            // No blocks but data: the transport hands over what came, so that the mismatch
-            // can be refused.
-            COMPARE_AND_WRITE if cdb[13] == 0 => None,
-            COMPARE_AND_WRITE => u32::try_from(2 * cdb[13] as u64 * bs).ok(),
+            // Data of another length than the CDB implies is refused (SBC-4 4.28.2 lets
+            // the device server do so), so the transport hands over what came.
+            WRITE_SAME_10 | WRITE_SAME_16 | COMPARE_AND_WRITE => None,
             UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
             MODE_SELECT_6 => Some(cdb[4] as u32),
             SANITIZE => Some(be16(&cdb[7..9]) as u32),
@@ -553,12 +550,13 @@ impl LogicalUnit {
         self.check_range(lba, blocks)?;
         self.check_writable()?;
         let len = blocks * self.block_size;
+        // An initiator that sends another amount of data than the CDB implies has its
+        // CDB wrong.
+        if data_out.len() as u64 > 2 * len {
+            return Err(Sense::invalid_field_in_cdb(13, None));
+        }
         let data = self.data(data_out, 2 * len)?;
         if blocks == 0 {
-            // An initiator that sends data for no blocks has its CDB wrong.
-            if !data_out.is_empty() {
-                return Err(Sense::invalid_field_in_cdb(13, None));
-            }
             return Ok(Vec::new());
         }
         let (verify, write) = data.split_at(len as usize);
@@ -619,13 +617,19 @@ impl LogicalUnit {
             zeros = vec![0u8; self.block_size as usize];
             &zeros[..]
         } else {
+            if data_out.len() as u64 > self.block_size {
+                return Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None));
+            }
             self.data(data_out, self.block_size)?
         };
         let offset = r.lba * self.block_size;
         let len = r.blocks * self.block_size;
         let _guards = self.lock_range(r.lba, r.blocks);
-        if block.iter().all(|&b| b == 0) {
-            let result = if unmap && self.config.thin && self.store.supports_discard() {
+        let deallocate = unmap && self.config.thin && self.store.supports_discard();
+        if deallocate || block.iter().all(|&b| b == 0) {
+            // With UNMAP the blocks are deallocated whatever the data says (SBC-4 5.48:
+            // the device server may unmap instead of writing); LBPRZ makes them read zero.
+            let result = if deallocate {
                 self.store.discard(offset, len)
             } else {
                 self.store.write_zeroes(offset, len)
@@ -742,6 +746,9 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: the backing stores work in 4 KiB
+        // pages (and punch holes in them).
+        d[13] = (4096 / self.block_size).max(1).trailing_zeros() as u8;
         if self.config.thin {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }

@@ -136,7 +136,8 @@ fn transfer_length_zero() {
     );
     assert_eq!(
         LogicalUnit::data_out_len(&[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0], 512),
-        Some(2048)
+        None,
+        "CAW takes what came, to refuse a length that does not match"
     );
     assert_eq!(LogicalUnit::data_out_len(&[0xff, 0, 0, 0, 0, 0], 512), None);
 }
@@ -843,9 +844,17 @@ fn write_same() {
     good(&exec(&lu, &cdb16(0x93, 0, 4), &fill(9, 1)));
     let mut ndob = cdb16(0x93, 0, 4);
     ndob[1] = 0x09;
-    assert_eq!(LogicalUnit::data_out_len(&ndob, 512), Some(0));
+    assert_eq!(LogicalUnit::data_out_len(&ndob, 512), None);
     good(&exec(&lu, &ndob, &[]));
     assert_eq!(good(&exec(&lu, &read10(0, 4), &[])), &fill(0, 4)[..]);
+    // UNMAP deallocates whatever the data block holds; LBPRZ: reads return zeros.
+    good(&exec(&lu, &cdb16(0x8a, 0, 4), &fill(7, 4)));
+    let mut unmap = cdb16(0x93, 0, 4);
+    unmap[1] = 0x08;
+    good(&exec(&lu, &unmap, &fill(0xff, 1)));
+    assert_eq!(good(&exec(&lu, &read10(0, 4), &[])), &fill(0, 4)[..]);
+    // More data than one block is refused.
+    assert_invalid_cdb(&exec(&lu, &cdb16(0x93, 0, 1), &fill(1, 2)), 10);
     // WRITE SAME(10).
     let ws10 = [0x41, 0, 0, 0, 0, 50, 0, 0, 2, 0];
     good(&exec(&lu, &ws10, &fill(0x11, 1)));
@@ -1282,4 +1291,15 @@ fn compare_and_write_with_no_blocks_but_data_is_refused() {
     good(&exec(&lu, &c, &[]));
     assert_invalid_cdb(&exec(&lu, &c, &fill(0, 2)), 13);
     assert_eq!(LogicalUnit::data_out_len(&c, 512), None);
+    // One block in the CDB, two blocks' worth of data: refused, nothing written.
+    c[13] = 1;
+    assert_invalid_cdb(&exec(&lu, &c, &fill(0, 4)), 13);
+    // READ CAPACITY(16): eight 512-byte blocks per physical block.
+    let rc = good(&exec(
+        &lu,
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(rc[13] & 0x0f, 3);
 }
