@@ -746,9 +746,6 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
-        // LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: the backing stores work in 4 KiB
-        // pages (and punch holes in them).
-        d[13] = (4096 / self.block_size).max(1).trailing_zeros() as u8;
         if self.config.thin {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }
