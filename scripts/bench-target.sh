@@ -40,7 +40,7 @@ rport=$(free_port)
 pids+=($!)
 
 tport=$(free_port)
-cport=$((20000 + RANDOM % 20000))
+cport=$((100 + RANDOM % 1000))
 truncate -s "$SIZE" "$work/tgt.img"
 tgtd -f --iscsi "portal=127.0.0.1:$tport" -C "$cport" >"$work/tgt.log" 2>&1 &
 pids+=($!)
@@ -70,9 +70,10 @@ mbs() { sed -E 's/.*\(([0-9]+) MB\/s\)/\1/' <<<"$1"; }
 r_seq=$(perf "$RSV_URL" 2048 seq); t_seq=$(perf "$TGT_URL" 2048 seq)
 r_rnd=$(perf "$RSV_URL" 8 rand); t_rnd=$(perf "$TGT_URL" 8 rand)
 
-iperf3 -s -1 -p "$tport" -D >/dev/null 2>&1 || true
+iport=$(free_port)
+iperf3 -s -1 -p "$iport" -D >/dev/null 2>&1 || true
 sleep 0.3
-ipf=$(iperf3 -c 127.0.0.1 -p "$tport" -t "$SECS" -J 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e6))' || echo 0)
+ipf=$(timeout $((SECS + 20)) iperf3 -c 127.0.0.1 -p "$iport" -t "$SECS" -J 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e6))' || echo 0)
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
 printf '%-38s %12s %12s %8s\n' workload reservoir tgt ratio

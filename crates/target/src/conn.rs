@@ -28,7 +28,7 @@ use iscsi::pdu::{
 use iscsi::text::{split_for_pdus, TextAccumulator, TextKeys};
 use rand::RngCore;
 use scsi::{LogicalUnit, Sense};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
@@ -540,40 +540,88 @@ fn stamp(p: &mut Pdu, statsn: &mut u32, (exp, max): (u32, u32)) {
     }
 }
 
+/// Most PDUs gathered into one `writev`; bounds the iovec count and the memory pinned.
+const BATCH_PDUS: usize = 128;
+const BATCH_BYTES: usize = 4 << 20;
+
 async fn writer(
-    wr: OwnedWriteHalf,
+    mut wr: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Out>,
     session: Arc<Session>,
     digests: Digests,
     mut statsn: u32,
 ) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
-    let mut hdr = Vec::with_capacity(BHS_LEN + 8);
-    while let Some(o) = rx.recv().await {
-        match o {
-            Out::Pdu(mut p) => {
-                stamp(&mut p, &mut statsn, session.window());
-                hdr.clear();
-                p.encode_header(&mut hdr, digests);
-                w.write_all(&hdr).await?;
-                let data = p.data();
-                if !data.is_empty() {
-                    w.write_all(data).await?;
-                    let (trailer, n) = Pdu::data_trailer(data, digests);
-                    w.write_all(&trailer[..n]).await?;
+    let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
+    // Headers (with their digests) of the whole batch, back to back, and per PDU the
+    // header's range and the trailer (padding + data digest) that follows its payload.
+    let mut headers: Vec<u8> = Vec::with_capacity(BATCH_PDUS * (BHS_LEN + 4));
+    let mut layout: Vec<(std::ops::Range<usize>, [u8; 7], usize)> = Vec::with_capacity(BATCH_PDUS);
+    while let Some(first) = rx.recv().await {
+        let mut close = false;
+        let mut bytes = 0usize;
+        let mut next = Some(first);
+        while let Some(o) = next.take() {
+            match o {
+                Out::Pdu(p) => {
+                    bytes += p.data().len();
+                    batch.push(p);
+                }
+                Out::Close => {
+                    close = true;
+                    break;
                 }
             }
-            Out::Close => {
-                w.flush().await?;
-                let _ = w.get_mut().shutdown().await;
-                return Ok(());
+            if batch.len() < BATCH_PDUS && bytes < BATCH_BYTES {
+                next = rx.try_recv().ok();
             }
         }
-        if rx.is_empty() {
-            w.flush().await?;
+        headers.clear();
+        layout.clear();
+        let window = session.window();
+        for p in &mut batch {
+            stamp(p, &mut statsn, window);
+            let start = headers.len();
+            p.encode_header(&mut headers, digests);
+            let (trailer, n) = if p.data().is_empty() {
+                ([0; 7], 0)
+            } else {
+                Pdu::data_trailer(p.data(), digests)
+            };
+            layout.push((start..headers.len(), trailer, n));
+        }
+        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(batch.len() * 3);
+        for (p, (range, trailer, n)) in batch.iter().zip(&layout) {
+            slices.push(std::io::IoSlice::new(&headers[range.clone()]));
+            if !p.data().is_empty() {
+                slices.push(std::io::IoSlice::new(p.data()));
+                if *n > 0 {
+                    slices.push(std::io::IoSlice::new(&trailer[..*n]));
+                }
+            }
+        }
+        write_all_vectored(&mut wr, &mut slices).await?;
+        drop(slices);
+        batch.clear();
+        if close {
+            let _ = wr.shutdown().await;
+            return Ok(());
         }
     }
-    w.flush().await
+    Ok(())
+}
+
+async fn write_all_vectored(
+    wr: &mut OwnedWriteHalf,
+    mut slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        let n = wr.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
 }
 
 /// Commands of this connection running on workers; logout waits for them.
