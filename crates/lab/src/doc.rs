@@ -195,6 +195,13 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
     }
     let _ = writeln!(
         doc,
+        "- Note on Reservoir default: `rsv bench` with no session flags, i.e. the initiator's own \
+         defaults (one connection, queue depth 32, and BBR on its sockets where the kernel has \
+         it — so writes, sent by the initiator, use BBR; reads are sent by the target, which \
+         keeps the namespace default, CUBIC)."
+    );
+    let _ = writeln!(
+        doc,
         "- **qemu-img → tgt / → Reservoir**: `qemu-img convert -p -n -O raw` (libiscsi, its \
          defaults) into tgt's LUN 1 / Reservoir's default target; Linux default TCP with CUBIC.\n\
          - **iperf3 CUBIC / BBR**: one stream, `iperf3 -C cubic|bbr -t {}`, the network's own \

@@ -398,7 +398,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
         label: "study: pattern 2".into(),
         streams: vec![16.6, 26.6],
         total: 95.7,
-        note: "senders at 1G".into(),
+        note: "senders at 1G (min, max stream)".into(),
     });
     let title = format!(
         "R1: 4 backups into {} (RTT {}, queue {}); % of the bottleneck",
