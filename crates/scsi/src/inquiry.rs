@@ -216,6 +216,8 @@ fn block_limits(config: &LuConfig, limits: &Limits) -> Vec<u8> {
         b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes()); // UGAVALID, alignment 0
     }
     b[32..40].copy_from_slice(&limits.max_write_same.to_be_bytes());
+    // MAXIMUM ATOMIC TRANSFER LENGTH: any write; no alignment, granularity or boundaries.
+    b[40..44].copy_from_slice(&limits.max_transfer.to_be_bytes());
     b
 }
 

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use backstore::Backstore;
 
@@ -41,7 +41,9 @@ pub struct LogicalUnit {
     no_medium: AtomicBool,
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
-    write_locks: Vec<Mutex<()>>,
+    /// Writes hold their stripes exclusively, reads shared: a write (WRITE ATOMIC above
+    /// all) is never seen half done.
+    write_locks: Vec<RwLock<()>>,
     reservations: Mutex<Reservations>,
 }
 
@@ -66,7 +68,7 @@ impl LogicalUnit {
             nexuses: RwLock::new(HashMap::new()),
             no_medium: AtomicBool::new(false),
             prevent: Mutex::new(HashSet::new()),
-            write_locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            write_locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             reservations: Mutex::new(reservations),
         }
     }
@@ -146,6 +148,7 @@ impl LogicalUnit {
             UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
             MODE_SELECT_6 => Some(cdb[4] as u32),
             SANITIZE => Some(be16(&cdb[7..9]) as u32),
+            WRITE_ATOMIC_16 => u32::try_from(be16(&cdb[12..14]) as u64 * bs).ok(),
             PERSISTENT_RESERVE_OUT => Some(be32(&cdb[5..9])),
             RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10 | PERSISTENT_RESERVE_IN => Some(0),
             TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
@@ -287,6 +290,7 @@ impl LogicalUnit {
             }
             VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, cmd.data_out),
             ORWRITE_16 => self.orwrite(cdb, cmd.data_out),
+            WRITE_ATOMIC_16 => self.write_atomic(cdb, cmd.data_out),
             COMPARE_AND_WRITE => self.compare_and_write(cdb, cmd.data_out),
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
             PRE_FETCH_10 | PRE_FETCH_16 => {
@@ -389,7 +393,30 @@ impl LogicalUnit {
 
     /// Locks every stripe `[lba, lba + blocks)` touches, in index order so that two
     /// commands can never wait for each other.
-    fn lock_range(&self, lba: u64, blocks: u64) -> Vec<MutexGuard<'_, ()>> {
+    fn lock_range(&self, lba: u64, blocks: u64) -> Vec<RwLockWriteGuard<'_, ()>> {
+        self.stripes(lba, blocks)
+            .into_iter()
+            .map(|i| {
+                self.write_locks[i]
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+            })
+            .collect()
+    }
+
+    /// The same stripes, shared, for a read.
+    fn lock_range_shared(&self, lba: u64, blocks: u64) -> Vec<RwLockReadGuard<'_, ()>> {
+        self.stripes(lba, blocks)
+            .into_iter()
+            .map(|i| {
+                self.write_locks[i]
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+            })
+            .collect()
+    }
+
+    fn stripes(&self, lba: u64, blocks: u64) -> Vec<usize> {
         let first = lba * self.block_size / STRIPE_BYTES;
         let last = ((lba + blocks.max(1)) * self.block_size - 1) / STRIPE_BYTES;
         let mut stripes: Vec<usize> = if last - first + 1 >= LOCK_STRIPES as u64 {
@@ -402,13 +429,6 @@ impl LogicalUnit {
         stripes.sort_unstable();
         stripes.dedup();
         stripes
-            .into_iter()
-            .map(|i| {
-                self.write_locks[i]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-            })
-            .collect()
     }
 
     fn read_blocks(&self, lba: u64, blocks: u64) -> Outcome {
@@ -432,7 +452,40 @@ impl LogicalUnit {
         }
         self.check_range(r.lba, r.blocks)?;
         self.check_transfer(cdb, r.blocks)?;
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let _guards = self.lock_range_shared(r.lba, r.blocks);
         self.read_blocks(r.lba, r.blocks)
+    }
+
+    /// WRITE ATOMIC(16) (SBC-4 5.49): every write here is atomic under its stripe locks;
+    /// atomic boundaries are not offered.
+    fn write_atomic(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let flags = cdb[1];
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        let lba = be64(&cdb[2..10]);
+        if be16(&cdb[10..12]) != 0 {
+            return Err(Sense::invalid_field_in_cdb(10, None));
+        }
+        let blocks = be16(&cdb[12..14]) as u64;
+        if blocks > self.limits.max_transfer as u64 {
+            return Err(Sense::invalid_field_in_cdb(12, None));
+        }
+        self.check_range(lba, blocks)?;
+        self.check_writable()?;
+        let data = self.data(data_out, blocks * self.block_size)?;
+        if blocks == 0 {
+            return Ok(Vec::new());
+        }
+        {
+            let _guards = self.lock_range(lba, blocks);
+            self.write_blocks(lba, data)?;
+        }
+        self.write_through(flags & 0x08 != 0)?;
+        Ok(Vec::new())
     }
 
     fn write(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {

@@ -50,6 +50,7 @@ pub(crate) const PERSISTENT_RESERVE_IN: u8 = 0x5e;
 pub(crate) const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
 pub(crate) const RECEIVE_COPY_RESULTS: u8 = 0x84;
 pub(crate) const SANITIZE: u8 = 0x48;
+pub(crate) const WRITE_ATOMIC_16: u8 = 0x9c;
 
 pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
 pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
@@ -358,6 +359,27 @@ pub(crate) static OPS: &[OpInfo] = &[
     op(
         READ_DEFECT_DATA_12,
         &[READ_DEFECT_DATA_12, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+    ),
+    op(
+        WRITE_ATOMIC_16,
+        &[
+            WRITE_ATOMIC_16,
+            0x18,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            FF,
+            0x3f,
+            0,
+        ],
     ),
     op(RESERVE_6, &[RESERVE_6, 0, 0, 0, 0, 0]),
     op(RELEASE_6, &[RELEASE_6, 0, 0, 0, 0, 0]),

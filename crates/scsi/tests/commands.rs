@@ -1295,3 +1295,49 @@ fn compare_and_write_with_no_blocks_but_data_is_refused() {
     c[13] = 1;
     assert_invalid_cdb(&exec(&lu, &c, &fill(0, 4)), 13);
 }
+
+fn write_atomic(lba: u64, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = 0x9c;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[12..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+#[test]
+fn write_atomic_16() {
+    let lu = lu();
+    assert_eq!(
+        LogicalUnit::data_out_len(&write_atomic(0, 3), 512),
+        Some(1536)
+    );
+    good(&exec(&lu, &write_atomic(5, 3), &fill(0x3c, 3)));
+    assert_eq!(good(&exec(&lu, &read10(5, 3), &[])), &fill(0x3c, 3)[..]);
+    good(&exec(&lu, &write_atomic(0, 0), &[]));
+    assert_sense(
+        &exec(&lu, &write_atomic(BLOCKS, 1), &fill(0, 1)),
+        0x05,
+        0x21,
+        0x00,
+    );
+    // Atomic boundaries are not offered; WRPROTECT is refused.
+    let mut b = write_atomic(0, 1);
+    b[11] = 1;
+    assert_invalid_cdb(&exec(&lu, &b, &fill(0, 1)), 10);
+    let mut p = write_atomic(0, 1);
+    p[1] = 0x20;
+    assert_invalid_cdb(&exec(&lu, &p, &fill(0, 1)), 1);
+    // Block Limits VPD reports the maximum atomic transfer length.
+    let bl = good(&exec(&lu, &[0x12, 1, 0xb0, 0, 64, 0], &[])).to_vec();
+    assert_eq!(u32::from_be_bytes(bl[44..48].try_into().unwrap()), 16384);
+    let ro = lu_with(LuConfig {
+        read_only: true,
+        ..LuConfig::default()
+    });
+    assert_sense(
+        &exec(&ro, &write_atomic(0, 1), &fill(0, 1)),
+        0x07,
+        0x27,
+        0x00,
+    );
+}
