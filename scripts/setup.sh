@@ -29,6 +29,9 @@ if ! ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so /usr/lib/*/qemu/block-iscs
   missing+=(qemu-utils qemu-block-extra)
 fi
 
+# The lab draws its plots with this font.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install: ${missing[*]}" >&2

@@ -1172,7 +1172,7 @@ impl Conn {
         let Some(task) = self.tasks.remove(&itt) else {
             return;
         };
-        if task.ctl.aborted.load(Ordering::Acquire) {
+        if task.ctl.is_aborted() {
             self.session.unregister_task(itt);
             return;
         }
@@ -1194,7 +1194,7 @@ impl Conn {
         tokio::task::spawn_blocking(move || {
             let ctl = job.task.ctl.clone();
             let pdus = job.run();
-            if !ctl.aborted.load(Ordering::Acquire) {
+            if ctl.claim_answer() {
                 for p in pdus {
                     let _ = job.out.send(Out::Pdu(p));
                 }
@@ -1373,7 +1373,7 @@ impl Conn {
                 self.executing.wait().await;
                 self.session.close();
                 for (_, _, ctl) in self.session.tasks_on(None) {
-                    ctl.aborted.store(true, Ordering::Release);
+                    ctl.abort();
                 }
                 self.session
                     .broadcast(|| ConnEvent::Close("session logged out"));
@@ -1410,10 +1410,12 @@ impl Conn {
     }
 
     /// Stops the listed tasks: those not yet running are dropped, running ones finish
-    /// (their responses are suppressed) before this returns.
-    async fn abort_tasks(&mut self, tasks: Vec<(u32, u16, Arc<TaskCtl>)>) {
+    /// with their responses suppressed before this returns. True when every task was
+    /// stopped before it answered.
+    async fn abort_tasks(&mut self, tasks: Vec<(u32, u16, Arc<TaskCtl>)>) -> bool {
+        let mut all = true;
         for (itt, cid, ctl) in &tasks {
-            ctl.aborted.store(true, Ordering::Release);
+            all &= ctl.abort();
             if !ctl.executing.load(Ordering::Acquire) {
                 if *cid == self.cid {
                     self.drop_task(*itt);
@@ -1432,6 +1434,7 @@ impl Conn {
                 }
             }
         }
+        all
     }
 
     async fn on_tmf(&mut self, t: TaskMgmtRequest) {
@@ -1447,9 +1450,15 @@ impl Conn {
                 None => tmf::NO_TASK,
                 Some((_, _, ctl)) if ctl.finished.load(Ordering::Acquire) => tmf::NO_TASK,
                 Some((cid, _, ctl)) => {
-                    self.abort_tasks(vec![(t.referenced_task_tag, cid, ctl)])
-                        .await;
-                    tmf::COMPLETE
+                    // A task that answered while we got here "does not exist" any more.
+                    if self
+                        .abort_tasks(vec![(t.referenced_task_tag, cid, ctl)])
+                        .await
+                    {
+                        tmf::COMPLETE
+                    } else {
+                        tmf::NO_TASK
+                    }
                 }
             },
             tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET => match &lu {

@@ -2,7 +2,7 @@
 //! connections, and the registry of its tasks (for task management across connections).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iscsi::negotiate::SessionParams;
@@ -36,12 +36,43 @@ pub enum Ordered {
 }
 
 /// Shared between a task's owner and whoever manages it.
+///
+/// Whether a task answers or is aborted is decided once, by a compare-and-swap, so a
+/// task's status and a TMF's "function complete" for it can never both go out.
 #[derive(Debug, Default)]
 pub struct TaskCtl {
-    pub aborted: AtomicBool,
+    outcome: AtomicU8,
     pub executing: AtomicBool,
     pub done: Notify,
     pub finished: AtomicBool,
+}
+
+const UNDECIDED: u8 = 0;
+const ANSWERED: u8 = 1;
+const ABORTED: u8 = 2;
+
+impl TaskCtl {
+    /// Claims the right to send the task's status; false if it was aborted first.
+    pub fn claim_answer(&self) -> bool {
+        self.outcome
+            .compare_exchange(UNDECIDED, ANSWERED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Aborts the task; false if its status was already claimed (it completed).
+    pub fn abort(&self) -> bool {
+        match self
+            .outcome
+            .compare_exchange(UNDECIDED, ABORTED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(prev) => prev == ABORTED,
+        }
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.outcome.load(Ordering::Acquire) == ABORTED
+    }
 }
 
 #[derive(Debug)]
