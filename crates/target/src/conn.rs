@@ -68,7 +68,8 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         &net::SocketTuning {
             send_buffer: s.send_buffer,
             recv_buffer: s.recv_buffer,
-            congestion: s.congestion.clone(),
+            // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
+            congestion: s.congestion.clone().or_else(net::preferred_congestion),
             nodelay: true,
             ..Default::default()
         },
