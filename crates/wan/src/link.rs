@@ -268,6 +268,18 @@ pub fn relay_pid(name: &str) -> Option<i32> {
     read_pid(name).filter(|&p| sys::process_alive(p) && is_our_relay(p, name))
 }
 
+/// Waits until `pid` has exited (or is a zombie); false on timeout.
+fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while sys::process_alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 fn is_our_relay(pid: i32, name: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|c| {
@@ -521,13 +533,16 @@ pub fn down(name: &str) -> Result<bool> {
     let mut found = false;
     if let Some(pid) = relay_pid(name) {
         found = true;
-        let _ = control::request(name, &Request::Quit);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while sys::process_alive(pid) && is_our_relay(pid, name) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // Checked once, before it starts exiting: a process on its way out loses its
+        // cmdline, so the check cannot be repeated while waiting.
         if sys::process_alive(pid) && is_our_relay(pid, name) {
-            sys::kill(pid, libc::SIGKILL);
+            let _ = control::request(name, &Request::Quit);
+            if !wait_gone(pid, Duration::from_secs(2)) {
+                sys::kill(pid, libc::SIGKILL);
+                if !wait_gone(pid, Duration::from_secs(5)) {
+                    bail!("relay {pid} of link {name} does not exit");
+                }
+            }
         }
     }
     let a = format!("{name}-a");
