@@ -9,4 +9,4 @@ cargo build --workspace --all-targets
 if [ -f fuzz/Cargo.toml ]; then
   cargo check --manifest-path fuzz/Cargo.toml --bins
 fi
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2
