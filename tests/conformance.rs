@@ -189,7 +189,13 @@ read_only = true
     let cfg = dir.join("target.toml");
     std::fs::write(&cfg, config).unwrap();
     let mut child = Command::new(rsv())
-        .args(["target", "--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+        .args([
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--config")
@@ -241,7 +247,10 @@ fn libiscsi_suite_has_no_failures() {
         &dir.path().join("suite-lun0.txt"),
     );
     let main = Tally::parse(&out);
-    println!("{}", main.summary("Reservoir, thin removable file LUN, two portals"));
+    println!(
+        "{}",
+        main.summary("Reservoir, thin removable file LUN, two portals")
+    );
 
     // The tests that need a write-protected LU, against one.
     let ro = url(&target.portals[0], 1);
@@ -271,14 +280,22 @@ fn libiscsi_suite_has_no_failures() {
     );
     println!("tgt with the same flags: scripts/conformance-vs-tgt.sh");
 
-    assert!(main.results.len() > 200, "suite output not understood:\n{out}");
+    assert!(
+        main.results.len() > 200,
+        "suite output not understood:\n{out}"
+    );
     assert_eq!(
         main.count(Outcome::Failed),
         0,
         "failures:\n{}",
         main.summary("Reservoir")
     );
-    assert_eq!(ro_tally.count(Outcome::Failed), 0, "{}", ro_tally.summary("read-only"));
+    assert_eq!(
+        ro_tally.count(Outcome::Failed),
+        0,
+        "{}",
+        ro_tally.summary("read-only")
+    );
     assert!(
         ro_tally.results.get("ReadOnly.ReadOnlySBC") == Some(&Outcome::Passed),
         "the read-only LUN must run ReadOnlySBC:\n{ro_out}"
