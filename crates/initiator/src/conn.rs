@@ -11,7 +11,7 @@ use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginOutcome, LoginResponseView,
 };
-use iscsi::pdu::{Digests, LoginRequest, Pdu};
+use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -123,21 +123,7 @@ impl RawConn {
         let mut rng = |b: &mut [u8]| rand::Rng::fill(&mut rand::thread_rng(), b);
         let mut out = login.start(&mut rng);
         loop {
-            let req = LoginRequest {
-                transit: out.transit,
-                cont: out.cont,
-                csg: out.csg,
-                nsg: out.nsg,
-                version_max: out.version_max,
-                version_min: out.version_min,
-                isid: out.isid,
-                tsih: out.tsih,
-                itt,
-                cid: out.cid,
-                cmdsn,
-                expstatsn: self.exp_statsn,
-                data: out.data.into(),
-            };
+            let req = out.into_pdu(itt, cmdsn, self.exp_statsn);
             self.send(&Pdu::LoginRequest(req)).await?;
             let resp = match self.recv().await? {
                 Pdu::LoginResponse(r) => r,
@@ -151,21 +137,7 @@ impl RawConn {
             if resp.status_class == 0 {
                 self.exp_statsn = resp.statsn.wrapping_add(1);
             }
-            let view = LoginResponseView {
-                transit: resp.transit,
-                cont: resp.cont,
-                csg: resp.csg,
-                nsg: resp.nsg,
-                version_max: resp.version_max,
-                version_active: resp.version_active,
-                isid: resp.isid,
-                tsih: resp.tsih,
-                itt: resp.itt,
-                statsn: resp.statsn,
-                status_class: resp.status_class,
-                status_detail: resp.status_detail,
-                data: &resp.data,
-            };
+            let view = LoginResponseView::from(&resp);
             match login.on_response(&view, &mut rng) {
                 InitiatorStep::Send(next) => out = next,
                 InitiatorStep::Done(outcome) => {

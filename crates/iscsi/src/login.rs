@@ -737,6 +737,67 @@ pub struct LoginRequestOut {
     pub data: Vec<u8>,
 }
 
+impl LoginRequestOut {
+    /// The Login Request PDU, with the connection's ITT, CmdSN and ExpStatSN.
+    pub fn into_pdu(self, itt: u32, cmdsn: u32, expstatsn: u32) -> crate::pdu::LoginRequest {
+        crate::pdu::LoginRequest {
+            transit: self.transit,
+            cont: self.cont,
+            csg: self.csg,
+            nsg: self.nsg,
+            version_max: self.version_max,
+            version_min: self.version_min,
+            isid: self.isid,
+            tsih: self.tsih,
+            itt,
+            cid: self.cid,
+            cmdsn,
+            expstatsn,
+            data: self.data.into(),
+        }
+    }
+}
+
+impl<'a> From<&'a crate::pdu::LoginRequest> for LoginRequestView<'a> {
+    fn from(r: &'a crate::pdu::LoginRequest) -> Self {
+        LoginRequestView {
+            transit: r.transit,
+            cont: r.cont,
+            csg: r.csg,
+            nsg: r.nsg,
+            version_max: r.version_max,
+            version_min: r.version_min,
+            isid: r.isid,
+            tsih: r.tsih,
+            itt: r.itt,
+            cid: r.cid,
+            cmdsn: r.cmdsn,
+            expstatsn: r.expstatsn,
+            data: &r.data,
+        }
+    }
+}
+
+impl<'a> From<&'a crate::pdu::LoginResponse> for LoginResponseView<'a> {
+    fn from(r: &'a crate::pdu::LoginResponse) -> Self {
+        LoginResponseView {
+            transit: r.transit,
+            cont: r.cont,
+            csg: r.csg,
+            nsg: r.nsg,
+            version_max: r.version_max,
+            version_active: r.version_active,
+            isid: r.isid,
+            tsih: r.tsih,
+            itt: r.itt,
+            statsn: r.statsn,
+            status_class: r.status_class,
+            status_detail: r.status_detail,
+            data: &r.data,
+        }
+    }
+}
+
 /// The fields of a Login Response the initiator needs.
 #[derive(Debug, Clone, Copy)]
 pub struct LoginResponseView<'a> {

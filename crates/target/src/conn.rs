@@ -276,21 +276,7 @@ async fn login(
             Some(s) => s.window(),
             None => (req.cmdsn, req.cmdsn.wrapping_add(queue_depth - 1)),
         };
-        let view = LoginRequestView {
-            transit: req.transit,
-            cont: req.cont,
-            csg: req.csg,
-            nsg: req.nsg,
-            version_max: req.version_max,
-            version_min: req.version_min,
-            isid: req.isid,
-            tsih: req.tsih,
-            itt: req.itt,
-            cid: req.cid,
-            cmdsn: req.cmdsn,
-            expstatsn: req.expstatsn,
-            data: &req.data,
-        };
+        let view = LoginRequestView::from(&req);
         match m.step(&view, &mut policy) {
             LoginStep::Continue(reply) => {
                 send_now(

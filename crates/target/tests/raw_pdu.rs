@@ -99,40 +99,14 @@ impl Raw {
         let mut rng = |b: &mut [u8]| b.fill(7);
         let mut out = login.start(&mut rng);
         loop {
-            raw.send(&Pdu::LoginRequest(LoginRequest {
-                transit: out.transit,
-                cont: out.cont,
-                csg: out.csg,
-                nsg: out.nsg,
-                version_max: out.version_max,
-                version_min: out.version_min,
-                isid: out.isid,
-                tsih: out.tsih,
-                itt: 1,
-                cid: out.cid,
-                cmdsn: raw.cmdsn,
-                expstatsn: raw.statsn,
-                data: out.data.clone().into(),
-            }));
+            raw.send(&Pdu::LoginRequest(
+                out.clone().into_pdu(1, raw.cmdsn, raw.statsn),
+            ));
             let Pdu::LoginResponse(r) = raw.recv() else {
                 panic!("expected a login response")
             };
             raw.statsn = r.statsn.wrapping_add(1);
-            let view = LoginResponseView {
-                transit: r.transit,
-                cont: r.cont,
-                csg: r.csg,
-                nsg: r.nsg,
-                version_max: r.version_max,
-                version_active: r.version_active,
-                isid: r.isid,
-                tsih: r.tsih,
-                itt: r.itt,
-                statsn: r.statsn,
-                status_class: r.status_class,
-                status_detail: r.status_detail,
-                data: &r.data,
-            };
+            let view = LoginResponseView::from(&r);
             match login.on_response(&view, &mut rng) {
                 InitiatorStep::Send(next) => out = next,
                 InitiatorStep::Done(outcome) => {
