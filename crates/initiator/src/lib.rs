@@ -22,12 +22,16 @@ mod conn;
 pub mod mount;
 pub mod scsi;
 mod session;
+pub mod tune;
+mod tune_cli;
 pub mod url;
 
 use std::time::Duration;
 
 pub use scsi::{Capacity, Inquiry, Sense};
-pub use session::{discover, DataDir, DiscoveredTarget, ScsiResult, Session, SessionInfo};
+pub use session::{
+    discover, DataDir, DiscoveredTarget, PathReport, ScsiResult, Session, SessionInfo,
+};
 pub use url::IscsiUrl;
 
 /// Everything that can go wrong, phrased for the person who has to fix it.
@@ -115,6 +119,19 @@ pub struct SessionOptions {
     /// How long recovery keeps trying to reinstate a failed session.
     #[serde(with = "secs")]
     pub recovery_timeout: Duration,
+    /// Choose connections, queue depth, bursts, buffers and pacing from the measured path
+    /// (see [`tune`]); options set by hand are kept as they are.
+    pub auto_tune: bool,
+    /// The bottleneck's rate in bytes per second, when known: auto-tuning sizes for it
+    /// and paces the connections to share it.
+    pub rate: Option<u64>,
+    /// Bytes per command the caller will issue (cp and bench set it); sizes bursts and
+    /// the queue depth.
+    #[serde(skip)]
+    pub io_size_hint: Option<u64>,
+    /// Options set by hand (URL, flags): auto-tuning leaves them alone.
+    #[serde(skip)]
+    pub pinned: std::collections::BTreeSet<String>,
 }
 
 mod secs {
@@ -148,6 +165,10 @@ impl Default for SessionOptions {
             command_timeout: Duration::from_secs(30),
             nop_interval: Duration::from_secs(5),
             recovery_timeout: Duration::from_secs(60),
+            auto_tune: true,
+            rate: None,
+            io_size_hint: None,
+            pinned: Default::default(),
         }
     }
 }
@@ -259,17 +280,37 @@ impl SessionOptions {
             "command_timeout" => self.command_timeout = secs(v)?,
             "nop_interval" => self.nop_interval = secs(v)?,
             "recovery_timeout" => self.recovery_timeout = secs(v)?,
+            "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
+            "rate" => {
+                self.rate = Some(parse_rate(v).ok_or_else(|| {
+                    Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
+                })?)
+            }
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
                      data_digest, initiator_name, target_password, max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
-                     nop_interval, recovery_timeout"
+                     nop_interval, recovery_timeout, auto_tune, rate"
                 )))
             }
         }
+        self.pin(key);
         Ok(())
+    }
+
+    /// Marks an option as set by hand, so that auto-tuning keeps it.
+    pub fn pin(&mut self, key: &str) {
+        let key = match key {
+            "target_password" => "target_secret",
+            k => k,
+        };
+        self.pinned.insert(key.to_owned());
+    }
+
+    pub fn is_pinned(&self, key: &str) -> bool {
+        self.pinned.contains(key)
     }
 
     pub(crate) fn tuning(&self) -> net::SocketTuning {

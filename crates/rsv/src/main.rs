@@ -31,6 +31,8 @@ enum Command {
     Cp(initiator::cli::CpArgs),
     /// Measure IOPS, throughput and latency of a LUN.
     Bench(initiator::cli::BenchArgs),
+    /// Show what auto-tuning measures and chooses for a LUN's path, and why.
+    Tune(initiator::cli::TuneArgs),
     /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
     Mount(initiator::cli::MountArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
@@ -62,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Command::Inq(args) => initiator::cli::inq(args),
         Command::Cp(args) => initiator::cli::cp(args),
         Command::Bench(args) => initiator::cli::bench(args),
+        Command::Tune(args) => initiator::cli::tune(args),
         Command::Mount(args) => initiator::cli::mount(args),
         Command::Lab(args) => lab::cli::run(args),
     }

@@ -75,9 +75,17 @@ pub struct SessionDefaults {
     pub login_timeout: u64,
     /// Seconds of silence before the target sends a NOP-In ping (0: never).
     pub nop_interval: u64,
+    /// SO_SNDBUF / SO_RCVBUF per connection; unset: auto-tuned from the handshake's RTT.
     pub send_buffer: Option<usize>,
     pub recv_buffer: Option<usize>,
     pub congestion: Option<String>,
+    /// SO_MAX_PACING_RATE per connection, bytes per second.
+    pub pacing_rate: Option<u64>,
+    /// TCP_NOTSENT_LOWAT per connection, bytes.
+    pub notsent_lowat: Option<u32>,
+    /// Size socket buffers from each connection's measured RTT where the kernel's
+    /// autotuning would stop short of the path's needs.
+    pub auto_tune: bool,
 }
 
 impl Default for SessionDefaults {
@@ -101,6 +109,9 @@ impl Default for SessionDefaults {
             send_buffer: None,
             recv_buffer: None,
             congestion: None,
+            pacing_rate: None,
+            notsent_lowat: None,
+            auto_tune: true,
         }
     }
 }
