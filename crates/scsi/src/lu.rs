@@ -39,6 +39,8 @@ pub struct LogicalUnit {
     nexuses: RwLock<HashMap<Nexus, Pending>>,
     /// Removable medium ejected by START STOP UNIT.
     no_medium: AtomicBool,
+    /// A SANITIZE is running: the medium answers nothing until it ends (SBC-4 4.11).
+    sanitizing: AtomicBool,
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
     /// Writes hold their stripes exclusively, reads shared: a write (WRITE ATOMIC above
@@ -67,6 +69,7 @@ impl LogicalUnit {
             mode: RwLock::new(ModeState::default()),
             nexuses: RwLock::new(HashMap::new()),
             no_medium: AtomicBool::new(false),
+            sanitizing: AtomicBool::new(false),
             prevent: Mutex::new(HashSet::new()),
             write_locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             reservations: Mutex::new(reservations),
@@ -195,6 +198,11 @@ impl LogicalUnit {
                 return Err(ua.into());
             }
         }
+        if self.sanitizing.load(Ordering::Acquire)
+            && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
+        {
+            return Err(sense::SANITIZE_IN_PROGRESS.into());
+        }
         self.pr().check(cmd.nexus, cdb)?;
 
         let ptpl = self.config.pr_file.is_some();
@@ -300,7 +308,7 @@ impl LogicalUnit {
             }
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
             UNMAP => self.unmap(cdb, cmd.data_out),
-            SANITIZE => self.sanitize(cdb),
+            SANITIZE => self.sanitize(cdb, cmd.data_out),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
             _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
         }
@@ -704,8 +712,9 @@ impl LogicalUnit {
     }
 
     /// SANITIZE (SBC-4 5.30): BLOCK ERASE and CRYPTOGRAPHIC ERASE both deallocate (or
-    /// zero) every block; there is no failure mode to leave. OVERWRITE is not offered.
-    fn sanitize(&self, cdb: &[u8]) -> Outcome {
+    /// zero) every block, OVERWRITE writes its pattern to every block; there is no failure
+    /// mode to leave.
+    fn sanitize(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
         let sa = cdb[1] & 0x1f;
         if cdb[1] & 0x40 != 0 {
             return Err(Sense::invalid_field_in_cdb(1, Some(6)));
@@ -715,30 +724,110 @@ impl LogicalUnit {
         }
         if !matches!(
             sa,
-            SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE | SA_SANITIZE_EXIT_FAILURE_MODE
+            SA_SANITIZE_OVERWRITE
+                | SA_SANITIZE_BLOCK_ERASE
+                | SA_SANITIZE_CRYPTO_ERASE
+                | SA_SANITIZE_EXIT_FAILURE_MODE
         ) {
             return Err(Sense::invalid_field_in_cdb(1, Some(4)));
         }
-        if be16(&cdb[7..9]) != 0 {
+        let len = be16(&cdb[7..9]) as u64;
+        if sa == SA_SANITIZE_OVERWRITE {
+            // The parameter list holds four bytes and a pattern of at most one block.
+            if len < 5 || len > self.block_size + 4 {
+                return Err(Sense::invalid_field_in_cdb(7, None));
+            }
+        } else if len != 0 {
             return Err(Sense::invalid_field_in_cdb(7, None));
         }
         if sa == SA_SANITIZE_EXIT_FAILURE_MODE {
             return Ok(Vec::new());
         }
         self.check_writable()?;
-        let _guards = self.lock_range(0, self.capacity);
-        let len = self.capacity * self.block_size;
-        let result = if self.config.thin && self.store.supports_discard() {
-            self.store.discard(0, len)
+        let block = if sa == SA_SANITIZE_OVERWRITE {
+            Some(self.overwrite_pattern(self.data(data_out, len)?)?)
         } else {
-            self.store.write_zeroes(0, len)
+            None
         };
-        result.map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
-        drop(_guards);
+        // Commands that come while the medium is being sanitized are turned away; only one
+        // SANITIZE runs, the others were turned away already.
+        if self.sanitizing.swap(true, Ordering::AcqRel) {
+            return Err(sense::SANITIZE_IN_PROGRESS);
+        }
+        let result = self.sanitize_medium(block.as_deref());
+        self.sanitizing.store(false, Ordering::Release);
+        result
+    }
+
+    /// Overwrites every block with `overwrite`, or erases them all.
+    fn sanitize_medium(&self, overwrite: Option<&[u8]>) -> Outcome {
+        let guards = self.lock_range(0, self.capacity);
+        let len = self.capacity * self.block_size;
+        if let Some(block) = overwrite {
+            self.fill(0, self.capacity, block)?;
+        } else if self.config.thin && self.store.supports_discard() {
+            self.store
+                .discard(0, len)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        } else {
+            self.store
+                .write_zeroes(0, len)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        drop(guards);
         self.store
             .flush()
             .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
         Ok(Vec::new())
+    }
+
+    /// The block SANITIZE OVERWRITE leaves everywhere: the initialization pattern repeated,
+    /// inverted when the last of an even number of passes with INVERT is. The passes
+    /// themselves are not repeated: on a file or in memory the last one is all that stays.
+    fn overwrite_pattern(&self, p: &[u8]) -> Result<Vec<u8>, Sense> {
+        let invert = p[0] & 0x80 != 0;
+        if p[0] & 0x60 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(0, Some(6)));
+        }
+        let passes = p[0] & 0x1f;
+        if passes == 0 {
+            return Err(Sense::invalid_field_in_parameter_list(0, Some(4)));
+        }
+        let len = be16(&p[2..4]) as usize;
+        if len == 0 || len > self.block_size as usize || len > p.len() - 4 {
+            return Err(Sense::invalid_field_in_parameter_list(2, None));
+        }
+        let pattern = &p[4..4 + len];
+        let flip = if invert && passes.is_multiple_of(2) {
+            0xff
+        } else {
+            0x00
+        };
+        Ok(pattern
+            .iter()
+            .cycle()
+            .take(self.block_size as usize)
+            .map(|b| b ^ flip)
+            .collect())
+    }
+
+    /// Writes `block` to every block of `[lba, lba + blocks)`; the caller holds the locks.
+    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
+        if block.iter().all(|&b| b == 0) {
+            return self
+                .store
+                .write_zeroes(lba * self.block_size, blocks * self.block_size)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(lba)));
+        }
+        let per = (WRITE_SAME_CHUNK / self.block_size).max(1);
+        let buf = block.repeat(per.min(blocks) as usize);
+        let mut done = 0;
+        while done < blocks {
+            let n = per.min(blocks - done);
+            self.write_blocks(lba + done, &buf[..(n * self.block_size) as usize])?;
+            done += n;
+        }
+        Ok(())
     }
 
     fn unmap(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
@@ -849,6 +938,11 @@ impl LogicalUnit {
         let alloc = cdb[4] as usize;
         let s = self
             .take_unit_attention(nexus)
+            .or_else(|| {
+                self.sanitizing
+                    .load(Ordering::Acquire)
+                    .then_some(sense::SANITIZE_IN_PROGRESS)
+            })
             .or_else(|| self.medium_present().err())
             .unwrap_or(sense::NO_SENSE);
         let data = if desc { s.descriptor() } else { s.fixed() };

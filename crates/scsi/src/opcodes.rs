@@ -52,6 +52,7 @@ pub(crate) const RECEIVE_COPY_RESULTS: u8 = 0x84;
 pub(crate) const SANITIZE: u8 = 0x48;
 pub(crate) const WRITE_ATOMIC_16: u8 = 0x9c;
 
+pub(crate) const SA_SANITIZE_OVERWRITE: u8 = 0x01;
 pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
 pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
 pub(crate) const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
@@ -444,6 +445,11 @@ pub(crate) static OPS: &[OpInfo] = &[
         PERSISTENT_RESERVE_OUT,
         7,
         &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF, FF, 0],
+    ),
+    op_sa(
+        SANITIZE,
+        SA_SANITIZE_OVERWRITE as u16,
+        &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
     ),
     op_sa(
         SANITIZE,

@@ -1267,8 +1267,10 @@ fn sanitize_block_erase() {
     s[8] = 8;
     assert_invalid_cdb(&exec(&lu, &s, &[0; 8]), 7);
     s[8] = 0;
-    s[1] = 0x01; // OVERWRITE is not offered
+    s[1] = 0x05; // no such service action
     assert_invalid_cdb(&exec(&lu, &s, &[]), 1);
+    s[1] = 0x01; // OVERWRITE needs its parameter list
+    assert_invalid_cdb(&exec(&lu, &s, &[]), 7);
     s[1] = 0x1f;
     good(&exec(&lu, &s, &[]));
     let ro = lu_with(LuConfig {
@@ -1340,4 +1342,144 @@ fn write_atomic_16() {
         0x27,
         0x00,
     );
+}
+
+fn sanitize_overwrite(len: u16) -> [u8; 10] {
+    let mut s = [0x48, 0x01, 0, 0, 0, 0, 0, 0, 0, 0];
+    s[7..9].copy_from_slice(&len.to_be_bytes());
+    s
+}
+
+#[test]
+fn sanitize_overwrite_writes_the_pattern_everywhere() {
+    let lu = lu();
+    good(&exec(&lu, &write10(7, 1), &fill(0x5a, 1)));
+    // One pass of a two-byte pattern.
+    let p = [0x01, 0, 0, 2, 0xab, 0xcd];
+    good(&exec(&lu, &sanitize_overwrite(6), &p));
+    let want: Vec<u8> = [0xab, 0xcd].repeat(BS / 2);
+    for lba in [0, 7, BLOCKS as u32 - 1] {
+        assert_eq!(good(&exec(&lu, &read10(lba, 1), &[])), &want[..]);
+    }
+    // INVERT with two passes leaves the inverted pattern.
+    let p = [0x82, 0, 0, 1, 0x0f];
+    good(&exec(&lu, &sanitize_overwrite(5), &p));
+    assert_eq!(good(&exec(&lu, &read10(3, 1), &[])), &[0xf0; BS][..]);
+    // A whole block of pattern.
+    let mut p = vec![0x01, 0, 0x02, 0x00];
+    p.extend(fill(0x11, 1));
+    good(&exec(&lu, &sanitize_overwrite(BS as u16 + 4), &p));
+    assert_eq!(good(&exec(&lu, &read10(9, 1), &[])), &fill(0x11, 1)[..]);
+}
+
+#[test]
+fn sanitize_overwrite_refuses_bad_parameters() {
+    let lu = lu();
+    let mut p = vec![0x01, 0, 0x02, 0x00];
+    p.extend(fill(0xaa, 1));
+    for len in [0u16, 4, BS as u16 + 5] {
+        assert_invalid_cdb(&exec(&lu, &sanitize_overwrite(len), &p), 7);
+    }
+    let invalid_parameter = |p: &[u8]| {
+        let r = exec(&lu, &sanitize_overwrite(p.len() as u16), p);
+        assert_sense(&r, 0x05, 0x26, 0x00);
+    };
+    invalid_parameter(&[0x00, 0, 0, 1, 0xaa]); // no passes
+    invalid_parameter(&[0x01, 0, 0, 0, 0xaa]); // empty pattern
+    invalid_parameter(&[0x01, 0, 0, 2, 0xaa]); // longer than the list
+    invalid_parameter(&[0x21, 0, 0, 1, 0xaa]); // TEST
+    let mut long = vec![0x01, 0, 0x02, 0x04];
+    long.extend(fill(0, 1));
+    invalid_parameter(&long); // pattern longer than a block
+                              // Too little data for the length in the CDB.
+    assert_sense(
+        &exec(&lu, &sanitize_overwrite(8), &[0x01, 0, 0, 4]),
+        0x05,
+        0x0e,
+        0x03,
+    );
+    let ro = lu_with(LuConfig {
+        read_only: true,
+        ..LuConfig::default()
+    });
+    assert_sense(
+        &exec(&ro, &sanitize_overwrite(5), &[0x01, 0, 0, 1, 0xaa]),
+        0x07,
+        0x27,
+        0x00,
+    );
+    // Reported with its service action.
+    let rsoc = [0xa3, 0x0c, 0x02, 0x48, 0, 0x01, 0, 0, 0, 64, 0, 0];
+    assert_eq!(good(&exec(&lu, &rsoc, &[]))[1] & 0x07, 0x03);
+}
+
+/// A RAM store whose erases wait until the test lets them go.
+#[derive(Debug)]
+struct GatedStore {
+    ram: RamBackstore,
+    started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Backstore for GatedStore {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.ram.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.ram.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.ram.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.started.lock().unwrap().send(()).unwrap();
+        self.go.lock().unwrap().recv().unwrap();
+        self.ram.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.ram.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn commands_during_a_sanitize_are_turned_away() {
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let store = GatedStore {
+        ram: RamBackstore::new(BLOCKS * BS as u64),
+        started: std::sync::Mutex::new(started_tx),
+        go: std::sync::Mutex::new(go_rx),
+    };
+    let lu = Arc::new(LogicalUnit::new(LuConfig::default(), Arc::new(store)));
+    assert_sense(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
+    let other = Nexus(2);
+    assert_sense(
+        &exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]),
+        0x06,
+        0x29,
+        0x00,
+    );
+    let erase = {
+        let lu = lu.clone();
+        std::thread::spawn(move || exec(&lu, &[0x48, 0x02, 0, 0, 0, 0, 0, 0, 0, 0], &[]))
+    };
+    started.recv().unwrap();
+    for cdb in [&[0u8, 0, 0, 0, 0, 0][..], &read10(0, 1), &write10(0, 1)] {
+        assert_sense(&exec_on(&lu, other, cdb, &fill(1, 1)), 0x02, 0x04, 0x1b);
+    }
+    good(&exec_on(&lu, other, &[0x12, 0, 0, 0, 36, 0], &[]));
+    let rs = good(&exec_on(&lu, other, &[0x03, 0, 0, 0, 18, 0], &[])).to_vec();
+    assert_eq!((rs[2] & 0x0f, rs[12], rs[13]), (0x02, 0x04, 0x1b));
+    go.send(()).unwrap();
+    good(&erase.join().unwrap());
+    good(&exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]));
 }
