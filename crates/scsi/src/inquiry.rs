@@ -38,7 +38,9 @@ impl Limits {
         Self {
             max_transfer,
             optimal_transfer: config.optimal_transfer_blocks.min(max_transfer),
-            granularity: (4096 / config.block_size).max(1) as u16,
+            granularity: (4096 / config.block_size)
+                .max(1)
+                .max(1 << config.physical_block_exponent.min(15)) as u16,
             max_compare_and_write: max_transfer.min(255) as u8,
             max_unmap_lba: 0xffff_ffff,
             max_unmap_descriptors: 256,

@@ -888,6 +888,7 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        d[13] = self.config.physical_block_exponent & 0x0f;
         if self.config.thin {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }

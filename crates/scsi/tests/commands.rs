@@ -1413,6 +1413,38 @@ fn sanitize_overwrite_refuses_bad_parameters() {
     assert_eq!(good(&exec(&lu, &rsoc, &[]))[1] & 0x07, 0x03);
 }
 
+#[test]
+fn physical_block_exponent_is_reported() {
+    let lu = lu_with(LuConfig {
+        physical_block_exponent: 3,
+        ..LuConfig::default()
+    });
+    let rc = good(&exec(
+        &lu,
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(rc[13] & 0x0f, 3);
+    assert_eq!(
+        u16::from_be_bytes([rc[14], rc[15]]) & 0x3fff,
+        0,
+        "aligned at LBA 0"
+    );
+    let bl = good(&exec(&lu, &[0x12, 1, 0xb0, 0, 64, 0], &[])).to_vec();
+    // OPTIMAL TRANSFER LENGTH GRANULARITY and OPTIMAL UNMAP GRANULARITY: a physical block.
+    assert_eq!(u16::from_be_bytes([bl[6], bl[7]]), 8);
+    assert_eq!(u32::from_be_bytes([bl[28], bl[29], bl[30], bl[31]]), 8);
+    let one = lu_with(LuConfig::default());
+    let rc = good(&exec(
+        &one,
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(rc[13] & 0x0f, 0);
+}
+
 /// A RAM store whose erases wait until the test lets them go.
 #[derive(Debug)]
 struct GatedStore {

@@ -248,6 +248,7 @@ impl Server {
                 let lu = LogicalUnit::new(
                     LuConfig {
                         block_size: l.block_size,
+                        physical_block_exponent: l.physical_block_exponent,
                         read_only: l.read_only,
                         removable: l.removable,
                         thin: l.thin && store.supports_discard(),
