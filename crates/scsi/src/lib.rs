@@ -12,9 +12,11 @@ mod mode;
 mod opcodes;
 mod pr;
 pub mod sense;
+mod xcopy;
 
 pub use lu::LogicalUnit;
 pub use sense::Sense;
+pub use xcopy::{CopyTargets, Designator};
 
 /// SCSI status codes (SAM-5).
 pub mod status {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use backstore::{Backstore, FileBackstore, RamBackstore};
-use scsi::{LogicalUnit, LuConfig, Nexus};
+use scsi::{CopyTargets, Designator, LogicalUnit, LuConfig, Nexus};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
@@ -37,6 +37,16 @@ impl TargetNode {
 
     pub fn lun_ids(&self) -> Vec<u16> {
         self.luns.keys().copied().collect()
+    }
+}
+
+/// EXTENDED COPY sent to one logical unit of a target reaches the target's others.
+impl CopyTargets for TargetNode {
+    fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
+        self.luns
+            .values()
+            .find(|lu| lu.has_designator(designator))
+            .cloned()
     }
 }
 
@@ -267,13 +277,19 @@ impl Server {
                 );
                 luns.insert(l.id, Arc::new(lu));
             }
-            targets.push(Arc::new(TargetNode {
+            let node = Arc::new(TargetNode {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 allowed_initiators: t.allowed_initiators.clone(),
                 chap: t.chap.clone(),
                 luns,
-            }));
+            });
+            // The logical units hold the node weakly: it owns them.
+            let peers = Arc::downgrade(&node) as std::sync::Weak<dyn CopyTargets>;
+            for lu in node.luns.values() {
+                lu.set_copy_targets(peers.clone());
+            }
+            targets.push(node);
         }
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
