@@ -966,7 +966,7 @@ impl LogicalUnit {
         if cscd.block_size as u64 != lu.block_size {
             return Err(sense::INCORRECT_COPY_TARGET_DEVICE_TYPE);
         }
-        if lu.medium_present().is_err() {
+        if lu.medium_present().is_err() || lu.sanitizing.load(Ordering::Acquire) {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         Ok(lu)

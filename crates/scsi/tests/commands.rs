@@ -1770,8 +1770,15 @@ impl Backstore for GatedStore {
     }
 }
 
-#[test]
-fn commands_during_a_sanitize_are_turned_away() {
+/// A logical unit whose erases wait: the receiver tells an erase started, the sender lets
+/// it go on.
+fn gated_lu(
+    config: LuConfig,
+) -> (
+    Arc<LogicalUnit>,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
     let (started_tx, started) = std::sync::mpsc::channel();
     let (go, go_rx) = std::sync::mpsc::channel();
     let store = GatedStore {
@@ -1779,7 +1786,37 @@ fn commands_during_a_sanitize_are_turned_away() {
         started: std::sync::Mutex::new(started_tx),
         go: std::sync::Mutex::new(go_rx),
     };
-    let lu = Arc::new(LogicalUnit::new(LuConfig::default(), Arc::new(store)));
+    let lu = Arc::new(LogicalUnit::new(config, Arc::new(store)));
+    (lu, started, go)
+}
+
+#[test]
+fn a_copy_target_being_sanitized_is_not_reachable() {
+    let a = Arc::new(lu_with(peer_config(0x6000_0000_0000_00a1)));
+    let (b, started, go) = gated_lu(peer_config(0x6000_0000_0000_00b2));
+    assert_sense(&exec(&b, &[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
+    let peers: Arc<dyn CopyTargets> = Arc::new(Peers(vec![a.clone(), b.clone()]));
+    a.set_copy_targets(Arc::downgrade(&peers) as Weak<dyn CopyTargets>);
+    let list = copy_list(
+        1,
+        3,
+        &[cscd(&naa_of(&a), 512), cscd(&naa_of(&b), 512)],
+        &[segment(0, 1, 4, 0, 100)],
+    );
+    let erase = {
+        let b = b.clone();
+        std::thread::spawn(move || exec(&b, &[0x48, 0x02, 0, 0, 0, 0, 0, 0, 0, 0], &[]))
+    };
+    started.recv().unwrap();
+    assert_sense(&xcopy(&a, &list), 0x0a, 0x0d, 0x02);
+    go.send(()).unwrap();
+    good(&erase.join().unwrap());
+    good(&xcopy(&a, &list));
+}
+
+#[test]
+fn commands_during_a_sanitize_are_turned_away() {
+    let (lu, started, go) = gated_lu(LuConfig::default());
     assert_sense(&exec(&lu, &[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
     let other = Nexus(2);
     assert_sense(
