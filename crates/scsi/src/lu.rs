@@ -950,9 +950,11 @@ impl LogicalUnit {
         if cscd.peripheral_type != 0 {
             return Err(sense::INCORRECT_COPY_TARGET_DEVICE_TYPE);
         }
-        let lu = if cscd.association != 0 {
+        // Only designators of logical units (association 00b) name copy targets.
+        if cscd.association != 0 {
             return Err(sense::UNREACHABLE_COPY_TARGET);
-        } else if self.has_designator(&cscd.designator) {
+        }
+        let lu = if self.has_designator(&cscd.designator) {
             CopyTarget::This(self)
         } else {
             self.copy_targets
