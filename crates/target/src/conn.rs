@@ -172,6 +172,11 @@ impl LoginPolicy for Policy<'_> {
     fn connection_preferences(&self) -> &ConnectionParams {
         &self.connection
     }
+    fn required_digests(&self) -> (bool, bool) {
+        let s = &self.shared.config.session;
+        let without_none = |l: &[String]| !l.iter().any(|d| d == "None");
+        (without_none(&s.header_digest), without_none(&s.data_digest))
+    }
     fn random_bytes(&mut self, buf: &mut [u8]) {
         rand::thread_rng().fill_bytes(buf);
     }
