@@ -43,6 +43,11 @@ pub struct SessionFlags {
     /// The target's CHAP secret: asks the target to authenticate itself (mutual CHAP).
     #[arg(long, env = "RSV_TARGET_PASSWORD")]
     pub target_password: Option<String>,
+    /// ErrorRecoveryLevel to propose: 2 (default) recovers a lost connection by task
+    /// reassignment where the target grants it; 0 reissues lost commands (what targets
+    /// granting only 0, such as tgt, get anyway).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub erl: Option<u8>,
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
@@ -88,6 +93,9 @@ impl SessionFlags {
         }
         if self.target_password.is_some() {
             o.target_secret = self.target_password.clone();
+        }
+        if let Some(erl) = self.erl {
+            o.error_recovery_level = erl;
         }
         for kv in &self.opts {
             let (k, v) = kv
@@ -420,8 +428,14 @@ pub struct CpSummary {
     pub seconds: f64,
     #[serde(rename = "MB_per_s")]
     pub mb_per_s: f64,
+    /// Commands issued again after a connection failure or timeout (ERL 0 recovery, or
+    /// commands the target never received).
     pub retries: u64,
     pub reinstatements: u64,
+    /// Commands carried on by another connection through TASK REASSIGN (ERL 2).
+    pub reassigned_tasks: u64,
+    /// Connections logged in again while their session went on.
+    pub reconnections: u64,
     pub verified: bool,
     /// CRC32C over the per-chunk CRC32Cs of the source, when verified.
     pub checksum: Option<String>,
@@ -685,6 +699,8 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         mb_per_s: size as f64 / 1e6 / seconds.max(1e-9),
         retries: sessions.iter().map(|s| s.retries()).sum(),
         reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
+        reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
+        reconnections: sessions.iter().map(|s| s.reconnections()).sum(),
         verified: args.verify,
         checksum: checksum.map(|c| format!("{c:08x}")),
         io_size: io,
@@ -761,7 +777,7 @@ pub fn cp(args: CpArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         eprintln!(
-            "copied {} in {:.2} s ({:.1} MB/s){}{}{}",
+            "copied {} in {:.2} s ({:.1} MB/s){}{}{}{}",
             human(s.bytes),
             s.seconds,
             s.mb_per_s,
@@ -774,6 +790,14 @@ pub fn cp(args: CpArgs) -> anyhow::Result<()> {
                 format!(
                     ", {} retries, {} reinstatements",
                     s.retries, s.reinstatements
+                )
+            } else {
+                String::new()
+            },
+            if s.reassigned_tasks > 0 || s.reconnections > 0 {
+                format!(
+                    ", {} commands reassigned, {} reconnections",
+                    s.reassigned_tasks, s.reconnections
                 )
             } else {
                 String::new()

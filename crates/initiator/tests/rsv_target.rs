@@ -105,6 +105,8 @@ fn cp_with_eight_connections_and_verify() {
     assert!(same_files(&img, &back));
 }
 
+/// At ErrorRecoveryLevel 0 (asked for here; tgt grants no more) a session of one
+/// connection recovers by reinstatement.
 #[test]
 fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     let t = rsv_or_skip!();
@@ -113,7 +115,7 @@ fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     random_file(&img, size as usize, 4);
-    let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
+    let url = format!("iscsi://{}/{}/0?connections=1&erl=0", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -126,9 +128,9 @@ fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     assert!(s.verified);
 }
 
-/// One of four connections is cut mid-copy: the session goes on over the other three,
-/// the lost commands are issued again there, and the connection comes back with the same
-/// TSIH and CID — no session reinstatement.
+/// ERL 0: one of four connections is cut mid-copy: the session goes on over the other
+/// three, the lost commands are issued again there, and the connection comes back with
+/// the same TSIH and CID — no session reinstatement.
 #[test]
 fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let t = rsv_or_skip!();
@@ -138,7 +140,7 @@ fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let img = dir.path().join("image");
     let back = dir.path().join("back");
     random_file(&img, size as usize, 5);
-    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let url = format!("iscsi://{}/{}/0?connections=4&erl=0", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -154,6 +156,90 @@ fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
     rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
         .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    assert!(same_files(&img, &back));
+}
+
+/// Reads `size` bytes of LUN 0 straight from the target into a file.
+fn read_back(t: &RsvTarget, back: &std::path::Path, size: u64) {
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+}
+
+/// ERL 2 (our default, and the target's): a connection cut in the middle of a write is
+/// logged out for recovery through another one, and its commands are moved there by
+/// TASK REASSIGN: the target asks again for the data it lacked, or answers again what
+/// was lost. Nothing is issued twice that the target had, no session reinstatement.
+#[test]
+fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let proxy = CuttingProxy::start(t.portal.clone(), 4 * MIB as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 6);
+    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            img.to_str().unwrap(),
+            &url,
+            "--verify",
+        ])))
+        .unwrap();
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(s.sessions[0].error_recovery_level, 2, "{s:?}");
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    assert!(s.verified);
+    read_back(&t, &back, size);
+    assert!(same_files(&img, &back));
+}
+
+/// ERL 2 with one connection: its CID logs in again to the same session (an implicit
+/// logout for recovery) and the commands are reassigned to the new connection. Reads
+/// this time: the target sends the Data-In the initiator had not received again.
+#[test]
+fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 7);
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
+        .unwrap();
+    // 48-byte READ commands: the cut comes after about 600 of the 1024.
+    let proxy = CuttingProxy::start(t.portal.clone(), 600 * 48);
+    let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            &url,
+            back.to_str().unwrap(),
+            "--io-size",
+            "64k",
+            "--json",
+        ])))
+        .unwrap();
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    assert!(s.reconnections >= 1, "{s:?}");
     std::fs::OpenOptions::new()
         .write(true)
         .open(&back)
