@@ -413,16 +413,43 @@ pub struct CpArgs {
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// No progress bar even on a terminal.
+    /// No progress bar even on a terminal (same as --progress none).
     #[arg(long)]
     pub no_progress: bool,
+    /// Progress report on stderr: a bar (on a terminal only), one JSON line per second
+    /// (`{"seconds":..,"bytes":..,"total_bytes":..,"bytes_per_s":..,"eta_s":..}`), or
+    /// none.
+    #[arg(long, value_enum, default_value = "bar")]
+    pub progress: ProgressMode,
+    /// Stop after this many seconds: no new chunk is started, those in flight finish,
+    /// the destination is flushed, and the summary says how far the copy got. Exit
+    /// status 3 (not 0, not the failure status 1) tells that it stopped early.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration_arg)]
+    pub max_time: Option<Duration>,
 }
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    Bar,
+    Json,
+    None,
+}
+
+/// `rsv cp`'s exit status when --max-time stopped the copy before its end.
+pub const EXIT_STOPPED_BY_MAX_TIME: u8 = 3;
 
 #[derive(Serialize, Debug, Clone)]
 pub struct CpSummary {
     pub src: String,
     pub dst: String,
+    /// Bytes copied (all of the source unless --max-time stopped the copy).
     pub bytes: u64,
+    /// Size of the source.
+    pub total_bytes: u64,
+    /// False when --max-time stopped the copy before the end.
+    pub complete: bool,
+    /// Every byte below this offset is copied: where a stopped copy can resume.
+    pub copied_prefix_bytes: u64,
     /// All-zero bytes not written (sparse).
     pub skipped_zero_bytes: u64,
     pub seconds: f64,
@@ -647,15 +674,33 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     let sparse = !args.no_sparse && (args.sparse || fresh);
     let src = Arc::new(src);
     let dst = Arc::new(dst);
-    let pb = progress(size, !args.no_progress, "copy");
+    let mode = if args.no_progress {
+        ProgressMode::None
+    } else {
+        args.progress
+    };
+    let pb = progress(size, mode == ProgressMode::Bar, "copy");
     let skipped = Arc::new(AtomicU64::new(0));
+    let copied = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    let reporter = (mode == ProgressMode::Json)
+        .then(|| tokio::spawn(json_progress(copied.clone(), size, start)));
+    let deadline = args.max_time.map(|t| start + t);
+    let mut done = vec![false; size.div_ceil(io) as usize];
+    let mut set: JoinSet<anyhow::Result<u64>> = JoinSet::new();
     let mut off = 0u64;
-    while off < size || !set.is_empty() {
-        while off < size && set.len() < opts_qd {
+    let mut stopped = false;
+    while (off < size && !stopped) || !set.is_empty() {
+        stopped |= deadline.is_some_and(|d| Instant::now() >= d);
+        while off < size && !stopped && set.len() < opts_qd {
             let len = io.min(size - off) as usize;
-            let (src, dst, skipped, pb) = (src.clone(), dst.clone(), skipped.clone(), pb.clone());
+            let (src, dst, skipped, pb, copied) = (
+                src.clone(),
+                dst.clone(),
+                skipped.clone(),
+                pb.clone(),
+                copied.clone(),
+            );
             let at = off;
             set.spawn(async move {
                 let data = src
@@ -670,18 +715,38 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
                         .with_context(|| format!("writing {len} bytes at offset {at}"))?;
                 }
                 pb.inc(len as u64);
-                Ok(())
+                copied.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(at)
             });
             off += len as u64;
         }
-        if let Some(r) = set.join_next().await {
-            r??;
+        let joined = match deadline.filter(|_| !stopped) {
+            // Wake at the deadline even when every chunk in flight is slow.
+            Some(d) => tokio::time::timeout_at(d.into(), set.join_next())
+                .await
+                .unwrap_or(None),
+            None => set.join_next().await,
+        };
+        if let Some(r) = joined {
+            done[(r?? / io) as usize] = true;
         }
     }
     dst.flush().await.context("flushing the destination")?;
     let seconds = start.elapsed().as_secs_f64();
+    if let Some(r) = reporter {
+        r.abort();
+    }
     pb.finish_and_clear();
-    let checksum = if args.verify {
+    let bytes = copied.load(Ordering::Relaxed);
+    let complete = bytes == size;
+    let copied_prefix_bytes = done.iter().position(|d| !d).map_or(size, |i| i as u64 * io);
+    if mode == ProgressMode::Json {
+        eprintln!(
+            "{}",
+            progress_line(bytes, size, seconds, bytes as f64 / seconds.max(1e-9))
+        );
+    }
+    let checksum = if args.verify && complete {
         Some(verify(&src, &dst, size, io, opts_qd).await?)
     } else {
         None
@@ -693,15 +758,18 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     let summary = CpSummary {
         src: redact(&args.src),
         dst: redact(&args.dst),
-        bytes: size,
+        bytes,
+        total_bytes: size,
+        complete,
+        copied_prefix_bytes,
         skipped_zero_bytes: skipped.load(Ordering::Relaxed),
         seconds,
-        mb_per_s: size as f64 / 1e6 / seconds.max(1e-9),
+        mb_per_s: bytes as f64 / 1e6 / seconds.max(1e-9),
         retries: sessions.iter().map(|s| s.retries()).sum(),
         reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
         reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
         reconnections: sessions.iter().map(|s| s.reconnections()).sum(),
-        verified: args.verify,
+        verified: checksum.is_some(),
         checksum: checksum.map(|c| format!("{c:08x}")),
         io_size: io,
         queue_depth: opts_qd,
@@ -712,6 +780,41 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         let _ = s.logout().await;
     }
     Ok(summary)
+}
+
+/// One line of `--progress json`.
+fn progress_line(bytes: u64, total: u64, seconds: f64, rate: f64) -> String {
+    let avg = bytes as f64 / seconds.max(1e-9);
+    let eta = (avg > 0.0).then(|| (total - bytes.min(total)) as f64 / avg);
+    serde_json::json!({
+        "seconds": (seconds * 1000.0).round() / 1000.0,
+        "bytes": bytes,
+        "total_bytes": total,
+        "bytes_per_s": rate.round(),
+        "eta_s": eta.map(|e| (e * 10.0).round() / 10.0),
+    })
+    .to_string()
+}
+
+/// `--progress json`: every second, bytes done, the rate over that second and the time
+/// left at the average rate so far.
+async fn json_progress(copied: Arc<AtomicU64>, total: u64, start: Instant) {
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let mut last = (0u64, start);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let bytes = copied.load(Ordering::Relaxed);
+        let rate = (bytes - last.0) as f64 / now.duration_since(last.1).as_secs_f64().max(1e-9);
+        last = (bytes, now);
+        eprintln!(
+            "{}",
+            progress_line(bytes, total, now.duration_since(start).as_secs_f64(), rate)
+        );
+    }
 }
 
 fn redact(spec: &str) -> String {
@@ -771,14 +874,30 @@ async fn verify(
     Ok(crc32c::crc32c(&all))
 }
 
-pub fn cp(args: CpArgs) -> anyhow::Result<()> {
+/// `rsv cp`. Exit status: 0 copied, 1 failed, [`EXIT_STOPPED_BY_MAX_TIME`] stopped by
+/// --max-time (what was copied is flushed and reported).
+pub fn cp(args: CpArgs) -> anyhow::Result<std::process::ExitCode> {
     let s = runtime()?.block_on(copy(&args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         eprintln!(
-            "copied {} in {:.2} s ({:.1} MB/s){}{}{}{}",
-            human(s.bytes),
+            "{} {} in {:.2} s ({:.1} MB/s){}{}{}{}",
+            if s.complete {
+                "copied"
+            } else {
+                "stopped by --max-time after"
+            },
+            if s.complete {
+                human(s.bytes)
+            } else {
+                format!(
+                    "{} of {} (all below offset {} done)",
+                    human(s.bytes),
+                    human(s.total_bytes),
+                    s.copied_prefix_bytes
+                )
+            },
             s.seconds,
             s.mb_per_s,
             if s.skipped_zero_bytes > 0 {
@@ -808,7 +927,11 @@ pub fn cp(args: CpArgs) -> anyhow::Result<()> {
             }
         );
     }
-    Ok(())
+    Ok(if s.complete {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(EXIT_STOPPED_BY_MAX_TIME)
+    })
 }
 
 // ------------------------------------------------------------------------------- bench

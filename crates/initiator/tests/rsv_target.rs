@@ -204,7 +204,7 @@ fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
     assert_eq!(s.reinstatements, 0, "{s:?}");
     eprintln!("{}", serde_json::to_string(&s).unwrap());
     assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
-    assert!(s.verified);
+    assert!(s.verified && s.complete);
     read_back(&t, &back, size);
     assert!(same_files(&img, &back));
 }
@@ -247,4 +247,62 @@ fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
         .set_len(size)
         .unwrap();
     assert!(same_files(&img, &back));
+}
+
+/// `rsv cp --max-time`: a copy paced far below what the time allows stops cleanly —
+/// exit status 3, a JSON progress line per second on stderr, the summary saying how far
+/// it got — and everything below `copied_prefix_bytes` is on the LUN.
+#[test]
+fn cp_max_time_stops_cleanly_with_json_progress_and_exit_status_3() {
+    let t = rsv_or_skip!();
+    let Some(bin) = rsv_bin() else { return };
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    random_file(&img, size as usize, 8);
+    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    // 8 Mbit/s: a megabyte a second, over a minute for the whole image.
+    let out = std::process::Command::new(bin)
+        .args(["cp", img.to_str().unwrap(), &url])
+        .args([
+            "--pacing-rate",
+            "8mbit",
+            "--queue-depth",
+            "2",
+            "--io-size",
+            "256k",
+        ])
+        .args(["--max-time", "2.5", "--progress", "json", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["complete"], false);
+    let bytes = summary["bytes"].as_u64().unwrap();
+    let prefix = summary["copied_prefix_bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes < size, "{summary}");
+    assert!(prefix <= bytes && prefix > 0, "{summary}");
+    assert_eq!(summary["total_bytes"], size);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        lines.len() >= 2,
+        "one line a second and a last one: {lines:?}"
+    );
+    for l in &lines {
+        assert!(l["bytes"].as_u64().unwrap() <= size);
+        assert_eq!(l["total_bytes"], size);
+        assert!(l["bytes_per_s"].is_number() && l.get("eta_s").is_some());
+    }
+    assert_eq!(lines.last().unwrap()["bytes"], bytes);
+    // What the summary calls done is on the LUN.
+    let back = dir.path().join("back");
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[&url, back.to_str().unwrap()])))
+        .unwrap();
+    assert!(s.complete);
+    let (a, b) = (std::fs::read(&img).unwrap(), std::fs::read(&back).unwrap());
+    assert!(a[..prefix as usize] == b[..prefix as usize]);
 }
