@@ -967,7 +967,9 @@ pub struct BenchArgs {
     /// Bytes per command.
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
     pub block_size: u64,
-    /// How long to run (seconds).
+    /// How long to run (seconds). Nothing is issued after that, commands still in
+    /// flight are abandoned rather than waited for, and the figures count only the I/Os
+    /// that completed within this window, divided by its length.
     #[arg(long, default_value = "10", value_parser = parse_duration_arg)]
     pub duration: Duration,
     /// Only touch the first SIZE bytes of the LUN.
@@ -994,6 +996,8 @@ pub struct BenchReport {
     pub latency_us_p999: u64,
     pub latency_us_max: u64,
     pub retries: u64,
+    /// Commands still in flight at the end of the window: abandoned, not counted.
+    pub abandoned_at_deadline: u64,
 }
 
 pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
@@ -1018,11 +1022,18 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         Bytes::from(b)
     };
     let seq = Arc::new(AtomicU64::new(0));
+    let abandoned = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + args.duration;
     let mut set = JoinSet::new();
     for _ in 0..opts.queue_depth {
-        let (s, seq, payload, args) = (s.clone(), seq.clone(), payload.clone(), args.clone());
+        let (s, seq, payload, args, abandoned) = (
+            s.clone(),
+            seq.clone(),
+            payload.clone(),
+            args.clone(),
+            abandoned.clone(),
+        );
         set.spawn(async move {
             let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut rng = rand::rngs::StdRng::from_entropy();
@@ -1039,10 +1050,21 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                     Rw::Mixed => rng.gen_range(0..100u8) < args.read_percent,
                 };
                 let t = Instant::now();
-                if read {
-                    s.read(lun, lba, (io / bs) as u32).await?;
-                } else {
-                    s.write(lun, lba, payload.clone()).await?;
+                let one = async {
+                    if read {
+                        s.read(lun, lba, (io / bs) as u32).await.map(drop)
+                    } else {
+                        s.write(lun, lba, payload.clone()).await
+                    }
+                };
+                // A long queue on a slow link would otherwise keep the run going well past
+                // its window; what has not completed by then does not count.
+                match tokio::time::timeout_at(deadline.into(), one).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        abandoned.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
                 }
                 h.saturating_record(t.elapsed().as_micros() as u64);
             }
@@ -1053,7 +1075,8 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     while let Some(r) = set.join_next().await {
         total.add(r??).ok();
     }
-    let seconds = start.elapsed().as_secs_f64();
+    // The window, not the time the last worker took to notice its end.
+    let seconds = start.elapsed().min(args.duration).as_secs_f64();
     let info = s.info();
     let report = BenchReport {
         pattern: args.pattern,
@@ -1070,8 +1093,11 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         latency_us_p999: total.value_at_quantile(0.999),
         latency_us_max: total.max(),
         retries: s.retries(),
+        abandoned_at_deadline: abandoned.load(Ordering::Relaxed),
     };
-    let _ = s.logout().await;
+    // Abandoned writes may leave data queued on the sockets, and the Logout would wait
+    // behind it: give it a moment, then just close.
+    let _ = tokio::time::timeout(Duration::from_secs(1), s.logout()).await;
     Ok(report)
 }
 

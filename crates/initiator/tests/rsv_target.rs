@@ -306,3 +306,43 @@ fn cp_max_time_stops_cleanly_with_json_progress_and_exit_status_3() {
     let (a, b) = (std::fs::read(&img).unwrap(), std::fs::read(&back).unwrap());
     assert!(a[..prefix as usize] == b[..prefix as usize]);
 }
+
+#[derive(Parser)]
+struct BenchCli {
+    #[command(flatten)]
+    args: cli::BenchArgs,
+}
+
+/// `rsv bench` ends at its deadline: with 1 MiB writes paced to a megabyte a second and
+/// eight in flight, the queue could not drain within the window; what was still in
+/// flight is abandoned and not counted, and the rate is over the window alone.
+#[test]
+fn bench_stops_at_its_deadline_and_counts_only_completed_io() {
+    let t = rsv_or_skip!();
+    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    let args = BenchCli::parse_from([
+        "bench",
+        &url,
+        "--rw",
+        "write",
+        "--block-size",
+        "1m",
+        "--queue-depth",
+        "8",
+        "--pacing-rate",
+        "8mbit",
+        "--duration",
+        "2",
+        "--span",
+        "64m",
+    ])
+    .args;
+    let r = rt().block_on(cli::run_bench(&args)).unwrap();
+    assert!(r.seconds <= 2.0, "{r:?}");
+    assert!(r.abandoned_at_deadline > 0, "{r:?}");
+    assert!(
+        r.ios < 8,
+        "paced at 1 MB/s, 8 MiB cannot complete in 2 s: {r:?}"
+    );
+    assert_eq!(r.mb_per_s, r.ios as f64 * 1048576.0 / 1e6 / r.seconds);
+}
