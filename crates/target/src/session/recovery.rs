@@ -83,8 +83,9 @@ pub fn exp_statsn(p: &Pdu) -> Option<u32> {
 }
 
 impl Session {
+    /// Connection recovery is in force (discovery sessions have nothing to recover).
     pub fn erl2(&self) -> bool {
-        self.params.error_recovery_level >= 2
+        self.params.error_recovery_level >= 2 && !self.is_discovery()
     }
 
     /// How long a failed connection's tasks wait for reassignment.
