@@ -911,12 +911,7 @@ impl Conn {
     async fn deliver(&mut self, item: Ordered) -> Result<(), Close> {
         match item {
             Ordered::Scsi(itt) => {
-                if let Some(t) = self.tasks.get_mut(&itt) {
-                    t.delivered = true;
-                    if t.data_complete() {
-                        self.execute(itt);
-                    }
-                }
+                self.deliver_now(itt);
                 Ok(())
             }
             Ordered::Pdu(p) => self.run_ordered(*p).await,
@@ -1080,11 +1075,15 @@ impl Conn {
     }
 
     fn deliver_now(&mut self, itt: u32) {
-        if let Some(t) = self.tasks.get_mut(&itt) {
-            t.delivered = true;
-            if t.data_complete() {
-                self.execute(itt);
+        match self.tasks.get_mut(&itt) {
+            Some(t) => {
+                t.delivered = true;
+                if t.data_complete() {
+                    self.execute(itt);
+                }
             }
+            // A command of an earlier connection with this CID, waiting for reassignment.
+            None => self.session.deliver_orphan(itt),
         }
     }
 
@@ -1502,6 +1501,9 @@ impl Conn {
     /// on soliciting as usual. More gaps than MaxOutstandingR2T allows are asked for in
     /// one range from the first to the last; data received twice lands twice, harmlessly.
     fn resolicit(&mut self, task: &mut Task) {
+        if !task.cmd.write {
+            return;
+        }
         let mut missing: Vec<(u32, u32)> = task
             .unsolicited
             .take()

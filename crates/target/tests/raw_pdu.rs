@@ -862,3 +862,37 @@ fn task_reassign_refused_below_erl2_and_for_live_or_unknown_tasks() {
     };
     assert_eq!((r.itt, r.status), (0xa00, 0));
 }
+
+/// ERL 2: a command waiting for an earlier CmdSN when its connection died keeps its
+/// place in the order. The hole is filled on the connection that logged in again with
+/// the same CID, before the command is reassigned there: it runs in its turn all the
+/// same, and answers on the new connection.
+#[test]
+fn task_reassign_at_erl2_keeps_a_waiting_command_in_cmdsn_order() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x23];
+    let mut a = Raw::login(addr, isid, 0, 1, 1, erl(2));
+    clear_ua(&mut a, 1);
+    let hole = a.cmdsn;
+    // CmdSN hole+1 arrives; hole never does on this connection.
+    let r = a.scsi(0xb00, hole + 1, &read10(0, 1), true, false, 512, &[]);
+    a.send(&r);
+    let (tsih, statsn) = (a.tsih, a.statsn);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(a);
+    let mut b = Raw::login(addr, isid, tsih, 1, hole, erl(2));
+    b.statsn = statsn;
+    let t = b.scsi(0xb01, hole, &tur(), false, false, 0, &[]);
+    b.send(&t);
+    let Pdu::ScsiResponse(r) = b.recv() else {
+        panic!("expected the TUR's status")
+    };
+    assert_eq!((r.itt, r.status), (0xb01, 0));
+    assert_eq!(r.expcmdsn, hole + 2, "the waiting read took its turn");
+    assert_eq!(b.tmf(0xb02, 8, 0xb00, hole + 1, 0), 0, "function complete");
+    let Pdu::DataIn(d) = b.recv() else {
+        panic!("expected the read's Data-In on the new connection")
+    };
+    assert_eq!(d.itt, 0xb00);
+    assert!(d.status_present && d.status == 0);
+}

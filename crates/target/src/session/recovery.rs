@@ -254,6 +254,13 @@ impl Session {
         }
     }
 
+    /// A command's CmdSN turn came while it waits for reassignment (ERL 2; nothing below).
+    pub fn deliver_orphan(&self, itt: u32) {
+        if self.erl2() {
+            Self::orphan_event(&mut self.lock(), &ConnEvent::Deliver(Ordered::Scsi(itt)));
+        }
+    }
+
     /// TASK REASSIGN of `itt` to connection `to` (RFC 7143 11.5.1). `exp_datasn` is the
     /// first Data-In the initiator still wants (0: all). Err is the TMF response.
     pub(crate) fn reassign(&self, itt: u32, to: u16, exp_datasn: u32) -> Result<Reassigned, u8> {
