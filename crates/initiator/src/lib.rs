@@ -123,7 +123,7 @@ pub struct SessionOptions {
     pub recovery_timeout: Duration,
     /// ErrorRecoveryLevel to propose (the target may grant less). At 2 a lost connection
     /// is recovered by task reassignment: commands in flight go on where they were. At 0
-    /// and 1 they are issued again.
+    /// and 1 they are issued again (this initiator sends no SNACK).
     pub error_recovery_level: u8,
 }
 

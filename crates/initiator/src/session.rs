@@ -324,16 +324,26 @@ struct Shared {
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
 /// session. Commands may be issued concurrently from many tasks.
 ///
-/// Recovery works at ErrorRecoveryLevel 0, where the target recovers nothing itself.
-/// When one of several connections fails, a surviving one logs the lost CID out (the
-/// target then drops what it still held of it, and its ExpCmdSN tells which of the lost
-/// commands it had received). Those it never received are sent again with their own
-/// CmdSN, which plugs the hole that would otherwise stall the session's command order;
-/// those it had are issued as new commands (new ITT and CmdSN, RFC 7143 allows that on
-/// any connection). Meanwhile the CID logs in again with the session's TSIH. Only when
-/// no connection is left is the session reinstated (same ISID, TSIH 0, so the target
-/// closes the old one) and every command without status issued anew. Reads and writes
-/// are idempotent, so a copy ends the same as without the failure.
+/// When the target grants ErrorRecoveryLevel 2, a failed connection is recovered by
+/// task reassignment (RFC 7143 6.2.2): a surviving connection logs the lost CID out with
+/// reason "remove the connection for recovery" (with none left, the CID logs in again
+/// with the session's TSIH, which does the same implicitly), then each command the lost
+/// connection carried is moved with TASK REASSIGN to a live connection, where the target
+/// carries it on: R2Ts for the data it still lacks, Data-In from the first one we lack
+/// (ExpDataSN), the status. The commands wait meanwhile; they are not issued again. One
+/// the target does not know (it never arrived) is sent again as below.
+///
+/// At ErrorRecoveryLevel 0 or 1 (the target recovers nothing itself; SNACK is not used
+/// here) the recovery is by reissue. When one of several connections fails, a surviving
+/// one logs the lost CID out (the target then drops what it still held of it, and its
+/// ExpCmdSN tells which of the lost commands it had received). Those it never received
+/// are sent again with their own CmdSN, which plugs the hole that would otherwise stall
+/// the session's command order; those it had are issued as new commands (new ITT and
+/// CmdSN, RFC 7143 allows that on any connection). Meanwhile the CID logs in again with
+/// the session's TSIH. Only when no connection is left is the session reinstated (same
+/// ISID, TSIH 0, so the target closes the old one) and every command without status
+/// issued anew. Reads and writes are idempotent, so a copy ends the same as without the
+/// failure.
 #[derive(Clone)]
 pub struct Session {
     shared: Arc<Shared>,
