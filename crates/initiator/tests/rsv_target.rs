@@ -346,3 +346,43 @@ fn bench_stops_at_its_deadline_and_counts_only_completed_io() {
     );
     assert_eq!(r.mb_per_s, r.ios as f64 * 1048576.0 / 1e6 / r.seconds);
 }
+
+/// ERL 2 with four connections and CRC32C digests, reading: the cut connection is logged
+/// out for recovery through another, its reads are reassigned there and the target sends
+/// again the Data-In they had not delivered.
+#[test]
+fn read_at_erl2_with_digests_survives_a_cut_connection() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 9);
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
+        .unwrap();
+    let proxy = CuttingProxy::start(t.portal.clone(), 600 * 48);
+    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            &url,
+            back.to_str().unwrap(),
+            "--io-size",
+            "64k",
+            "--header-digest",
+            "--data-digest",
+        ])))
+        .unwrap();
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(s.sessions[0].header_digest && s.sessions[0].data_digest);
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    assert!(same_files(&img, &back));
+}
