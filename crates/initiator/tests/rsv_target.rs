@@ -223,8 +223,8 @@ fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
     let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
     rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
         .unwrap();
-    // 48-byte READ commands: the cut comes after about 600 of the 1024.
-    let proxy = CuttingProxy::start(t.portal.clone(), 600 * 48);
+    // Cut amid the Data-In, so that some reads the target has are lost with it.
+    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 24 * MIB as usize);
     let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
@@ -361,7 +361,7 @@ fn read_at_erl2_with_digests_survives_a_cut_connection() {
     let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
     rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
         .unwrap();
-    let proxy = CuttingProxy::start(t.portal.clone(), 600 * 48);
+    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 8 * MIB as usize);
     let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[

@@ -287,7 +287,8 @@ impl Drop for RsvTarget {
 }
 
 /// Forwards connections to `upstream`; the first connection is cut (both directions,
-/// abruptly) once `cut_after` bytes went from client to target. Later connections pass.
+/// abruptly) once `cut_after` bytes went from client to target (or, with
+/// [`CuttingProxy::start_on_replies`], from target to client). Later connections pass.
 pub struct CuttingProxy {
     pub portal: String,
     pub cuts: Arc<AtomicUsize>,
@@ -296,6 +297,16 @@ pub struct CuttingProxy {
 
 impl CuttingProxy {
     pub fn start(upstream: String, cut_after: usize) -> CuttingProxy {
+        Self::start_counting(upstream, cut_after, false)
+    }
+
+    /// Like [`CuttingProxy::start`], but counts the bytes from the target to the client:
+    /// the cut then falls among answers the target has sent, in the middle of a read.
+    pub fn start_on_replies(upstream: String, cut_after: usize) -> CuttingProxy {
+        Self::start_counting(upstream, cut_after, true)
+    }
+
+    fn start_counting(upstream: String, cut_after: usize, replies: bool) -> CuttingProxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let portal = l.local_addr().unwrap().to_string();
         let cuts = Arc::new(AtomicUsize::new(0));
@@ -320,8 +331,13 @@ impl CuttingProxy {
                 let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
                 let (c3, u3) = (c.try_clone().unwrap(), u.try_clone().unwrap());
                 let cuts = cuts2.clone();
-                thread::spawn(move || pump(c, u, limit, Some((c3, u3, cuts))));
-                thread::spawn(move || pump(u2, c2, None, None));
+                if replies {
+                    thread::spawn(move || pump(c, u, None, None));
+                    thread::spawn(move || pump(u2, c2, limit, Some((c3, u3, cuts))));
+                } else {
+                    thread::spawn(move || pump(c, u, limit, Some((c3, u3, cuts))));
+                    thread::spawn(move || pump(u2, c2, None, None));
+                }
             }
         });
         CuttingProxy { portal, cuts, stop }
