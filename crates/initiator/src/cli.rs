@@ -407,7 +407,8 @@ pub struct CpArgs {
     /// Write every chunk, zeros included, even to a fresh file.
     #[arg(long)]
     pub no_sparse: bool,
-    /// After the copy, re-read both sides and compare checksums.
+    /// After the copy, re-read both sides and compare checksums (not after --max-time
+    /// stopped it early).
     #[arg(long)]
     pub verify: bool,
     /// Print a JSON summary on stdout.
