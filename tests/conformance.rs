@@ -5,7 +5,12 @@
 //! it so that the skip counts can be compared.
 //!
 //! The suite runs its tests once per family (ALL, then SCSI, iSCSI and LINUX again); the
-//! ALL family holds every test once, so that is what runs here. Reruns in one process are
+//! ALL family holds every test once, so that is what runs here, but for one test that
+//! cannot pass on a fast device (see [`NOT_RUN`]): it is counted as skipped.
+//!
+//! A second, shorter run repeats the families that check data with header digests
+//! (CRC32C) in use: the target refuses None, because libiscsi's test tool offers
+//! "None,CRC32C" whatever its URL says. libiscsi 1.19 offers no data digest at all. Reruns in one process are
 //! not independent: iscsi-test-cu keeps its PDU hooks in globals, and after a first pass
 //! through Sanitize.BlockEraseReserved the hook calls itself forever (see
 //! `scripts/conformance-vs-tgt.sh`, which runs the families separately).
@@ -22,6 +27,59 @@ use common::{have, rsv};
 const IQN: &str = "iqn.2026-11.org.reservoir:conformance";
 const INITIATOR_1: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test";
 const INITIATOR_2: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2";
+
+/// Tests left out of the run, and why.
+const NOT_RUN: &[(&str, &str)] = &[(
+    "Sanitize.Reset",
+    "expects a SANITIZE OVERWRITE still running 4 s after it started and after ABORT TASK, \
+     resets and a new login; on this LU it ends within milliseconds (commands that come \
+     while it runs do get SANITIZE IN PROGRESS)",
+)];
+
+/// The tests that need more than one logical block per physical block (LUN 2).
+const LBPPB_TESTS: &[&str] = &[
+    "ALL.CompareAndWrite.InvalidDataOutSize",
+    "ALL.WriteSame10.InvalidDataOutSize",
+    "ALL.WriteSame10.UnmapUnaligned",
+    "ALL.WriteSame16.InvalidDataOutSize",
+    "ALL.WriteSame16.UnmapUnaligned",
+];
+
+/// Runs each of `tests` against `url`.
+fn run_each(tests: &[&str], url: &str, log: &Path) -> Tally {
+    let mut out = String::new();
+    for t in tests {
+        out += &suite(&["-d", "-S", "-t", t, url], Duration::from_secs(300), log);
+    }
+    Tally::parse(&out)
+}
+
+/// The families that write and read back or compare data.
+const DATA_FAMILIES: &[&str] = &[
+    "CompareAndWrite",
+    "ExtendedCopy",
+    "OrWrite",
+    "Read6",
+    "Read10",
+    "Read12",
+    "Read16",
+    "Unmap",
+    "Verify10",
+    "Verify12",
+    "Verify16",
+    "Write10",
+    "Write12",
+    "Write16",
+    "WriteAtomic16",
+    "WriteSame10",
+    "WriteSame16",
+    "WriteVerify10",
+    "WriteVerify12",
+    "WriteVerify16",
+    "MultipathIO",
+    "iSCSIResiduals",
+    "iSCSIdatasn",
+];
 
 /// Outcome of each test, by "Suite.Test".
 #[derive(Debug, Default)]
@@ -113,6 +171,37 @@ impl Tally {
     }
 }
 
+/// A test list file for `-t`: the ALL family but for the tests in [`NOT_RUN`].
+fn all_but_not_run(dir: &Path) -> std::path::PathBuf {
+    let out = Command::new("iscsi-test-cu")
+        .arg("-l")
+        .output()
+        .expect("iscsi-test-cu -l");
+    let listing =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let skip: Vec<String> = NOT_RUN.iter().map(|(t, _)| format!("ALL.{t}")).collect();
+    let suite_of = |t: &str| t.rsplit_once('.').map(|(s, _)| s.to_owned());
+    let cut_suites: Vec<String> = skip.iter().filter_map(|t| suite_of(t)).collect();
+    let mut lines = Vec::new();
+    for l in listing.lines().map(str::trim) {
+        let depth = l.matches('.').count();
+        let whole_suite = depth == 1 && l.starts_with("ALL.") && !cut_suites.iter().any(|s| s == l);
+        let test_of_cut_suite = depth == 2
+            && suite_of(l).is_some_and(|s| cut_suites.contains(&s))
+            && !skip.iter().any(|t| t == l);
+        if whole_suite || test_of_cut_suite {
+            lines.push(l.to_owned());
+        }
+    }
+    assert!(
+        lines.len() > 40,
+        "iscsi-test-cu -l not understood:\n{listing}"
+    );
+    let path = dir.join("tests.txt");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
 /// Runs iscsi-test-cu, killing it if it outlives `limit`.
 fn suite(args: &[&str], limit: Duration, log: &Path) -> String {
     let mut child = Command::new("iscsi-test-cu")
@@ -162,10 +251,13 @@ impl Drop for Reservoir {
     }
 }
 
-/// `rsv target` on two OS-chosen loopback ports.
-fn start_reservoir(dir: &Path) -> Reservoir {
+/// `rsv target` on two OS-chosen loopback ports; `session` goes into its `[session]`.
+fn start_reservoir(dir: &Path, session: &str) -> Reservoir {
     let config = format!(
         r#"
+[session]
+{session}
+
 [[target]]
 iqn = "{IQN}"
 allowed_initiators = ["{INITIATOR_1}", "{INITIATOR_2}"]
@@ -184,6 +276,15 @@ id = 1
 backstore = "ram"
 size = "16MiB"
 read_only = true
+
+# Eight logical blocks per physical block: the tests of unaligned requests. (Not the main
+# LUN: GetLBAStatus.UnmapSingle expects, for more than one logical block per physical
+# block, a descriptor other than the one SBC-4 prescribes.)
+[[target.lun]]
+id = 2
+backstore = "ram"
+size = "16MiB"
+physical_block_exponent = 3
 "#
     );
     let cfg = dir.join("target.toml");
@@ -237,44 +338,65 @@ fn libiscsi_suite_has_no_failures() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let target = start_reservoir(dir.path());
+    let target = start_reservoir(dir.path(), "");
     let url = |portal: &str, lun: u16| format!("iscsi://{portal}/{IQN}/{lun}");
     let (a, b) = (url(&target.portals[0], 0), url(&target.portals[1], 0));
 
+    let list = all_but_not_run(dir.path());
     let out = suite(
-        &["-d", "-S", "-t", "ALL", &a, &b],
+        &["-d", "-S", "-t", list.to_str().unwrap(), &a, &b],
         Duration::from_secs(900),
         &dir.path().join("suite-lun0.txt"),
     );
-    let main = Tally::parse(&out);
+    let mut main = Tally::parse(&out);
     println!(
         "{}",
         main.summary("Reservoir, thin removable file LUN, two portals")
     );
+    for (t, why) in NOT_RUN {
+        println!("not run: {t}: {why}");
+        main.results.insert((*t).to_owned(), Outcome::Skipped);
+    }
 
     // The tests that need a write-protected LU, against one.
-    let ro = url(&target.portals[0], 1);
-    let mut ro_out = String::new();
-    for t in ["ALL.ReadOnly", "ALL.Sanitize.Readonly"] {
-        ro_out += &suite(
-            &["-d", "-S", "-t", t, &ro],
-            Duration::from_secs(300),
-            &dir.path().join("suite-lun1.txt"),
-        );
-    }
-    let ro_tally = Tally::parse(&ro_out);
+    let ro_tally = run_each(
+        &["ALL.ReadOnly", "ALL.Sanitize.Readonly"],
+        &url(&target.portals[0], 1),
+        &dir.path().join("suite-lun1.txt"),
+    );
     println!("{}", ro_tally.summary("Reservoir, read-only LUN"));
 
-    // A test skipped on the main LUN but run on the read-only one is not a gap.
+    // The tests that need more than one logical block per physical block.
+    let lbppb_tally = run_each(
+        LBPPB_TESTS,
+        &url(&target.portals[0], 2),
+        &dir.path().join("suite-lun2.txt"),
+    );
+    println!(
+        "{}",
+        lbppb_tally.summary("Reservoir, 8 logical blocks per physical block")
+    );
+
+    // A test skipped on the main LUN but run on another variant is not a gap.
+    let variants = [&ro_tally, &lbppb_tally];
     let still_skipped: Vec<&str> = main
         .names(Outcome::Skipped)
         .into_iter()
-        .filter(|n| ro_tally.results.get(*n) != Some(&Outcome::Passed))
+        .filter(|n| {
+            variants
+                .iter()
+                .all(|v| v.results.get(*n) != Some(&Outcome::Passed))
+        })
         .collect();
+    let failed = main.count(Outcome::Failed)
+        + variants
+            .iter()
+            .map(|v| v.count(Outcome::Failed))
+            .sum::<usize>();
     println!(
-        "Reservoir, all LUN variants: {} tests, failed {}, skipped {} ({})",
+        "Reservoir, all LUN variants: {} tests, passed {}, failed {failed}, skipped {} ({})",
         main.results.len(),
-        main.count(Outcome::Failed) + ro_tally.count(Outcome::Failed),
+        main.results.len() - failed - still_skipped.len(),
         still_skipped.len(),
         still_skipped.join(" ")
     );
@@ -298,7 +420,78 @@ fn libiscsi_suite_has_no_failures() {
     );
     assert!(
         ro_tally.results.get("ReadOnly.ReadOnlySBC") == Some(&Outcome::Passed),
-        "the read-only LUN must run ReadOnlySBC:\n{ro_out}"
+        "the read-only LUN must run ReadOnlySBC:\n{}",
+        ro_tally.summary("read-only")
+    );
+    assert_eq!(
+        lbppb_tally.count(Outcome::Failed),
+        0,
+        "{}",
+        lbppb_tally.summary("8 logical blocks per physical block")
+    );
+    assert_eq!(
+        lbppb_tally.count(Outcome::Passed),
+        LBPPB_TESTS.len(),
+        "the unaligned tests must run:\n{}",
+        lbppb_tally.summary("8 logical blocks per physical block")
+    );
+    drop(target);
+}
+
+#[test]
+fn data_families_with_header_digests() {
+    if !have("iscsi-test-cu") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = start_reservoir(dir.path(), r#"header_digest = ["CRC32C"]"#);
+    let url = |portal: &str| format!("iscsi://{portal}/{IQN}/0");
+    let (a, b) = (url(&target.portals[0]), url(&target.portals[1]));
+    let list = dir.path().join("data-families.txt");
+    let families: Vec<String> = DATA_FAMILIES.iter().map(|f| format!("ALL.{f}")).collect();
+    std::fs::write(&list, families.join("\n") + "\n").unwrap();
+    let out = suite(
+        &["-d", "-S", "-t", list.to_str().unwrap(), &a, &b],
+        Duration::from_secs(600),
+        &dir.path().join("suite-digests.txt"),
+    );
+    let t = Tally::parse(&out);
+    println!(
+        "{}",
+        t.summary("Reservoir, data families, header digest CRC32C")
+    );
+    let lbppb = run_each(
+        LBPPB_TESTS,
+        &format!("iscsi://{}/{IQN}/2", target.portals[0]),
+        &dir.path().join("suite-digests-lun2.txt"),
+    );
+    println!(
+        "{}",
+        lbppb.summary("Reservoir, 8 logical blocks per physical block, header digest CRC32C")
+    );
+    let log = std::fs::read_to_string(dir.path().join("target.log")).unwrap();
+    let logins: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" logged in to "))
+        .collect();
+    assert!(!logins.is_empty(), "no logins in the target's log:\n{log}");
+    assert!(
+        logins.iter().all(|l| l.contains("digests h=true")),
+        "a login without header digest:\n{}",
+        logins.join("\n")
+    );
+    assert!(t.results.len() > 80, "suite output not understood:\n{out}");
+    assert_eq!(
+        t.count(Outcome::Failed),
+        0,
+        "{}",
+        t.summary("with header digests")
+    );
+    assert_eq!(
+        lbppb.count(Outcome::Passed),
+        LBPPB_TESTS.len(),
+        "{}",
+        lbppb.summary("8 logical blocks per physical block, with header digests")
     );
     drop(target);
 }

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 pub use crate::mount::{mount, MountArgs};
 use crate::scsi::{self, Capacity};
+pub use crate::tune_cli::{tune, TuneArgs};
 use crate::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
 
 /// Session flags shared by the commands. A flag overrides the same key in the URL's query
@@ -31,6 +32,14 @@ pub struct SessionFlags {
     /// Pace each connection at this rate (e.g. 100mbit, or bytes/s).
     #[arg(long, value_parser = parse_rate_arg)]
     pub pacing_rate: Option<u64>,
+    /// The bottleneck's rate (e.g. 100mbit): auto-tuning sizes for it and paces the
+    /// connections to share it.
+    #[arg(long, value_parser = parse_rate_arg)]
+    pub rate: Option<u64>,
+    /// Take connections, queue depth, bursts and buffers as given instead of choosing
+    /// them from the measured path.
+    #[arg(long)]
+    pub no_auto_tune: bool,
     /// Ask for CRC32C header digests.
     #[arg(long)]
     pub header_digest: bool,
@@ -75,12 +84,21 @@ impl SessionFlags {
         let mut o = url.options(&SessionOptions::default())?;
         if let Some(n) = self.connections {
             o.connections = n.max(1);
+            o.pin("connections");
         }
         if let Some(q) = self.queue_depth {
             o.queue_depth = q.max(1);
+            o.pin("queue_depth");
         }
         if self.pacing_rate.is_some() {
             o.pacing_rate = self.pacing_rate;
+            o.pin("pacing_rate");
+        }
+        if self.rate.is_some() {
+            o.rate = self.rate;
+        }
+        if self.no_auto_tune {
+            o.auto_tune = false;
         }
         if self.header_digest {
             o.header_digest = true;
@@ -489,12 +507,14 @@ impl Endpoint {
     async fn open(
         spec: &str,
         flags: &SessionFlags,
+        io_size: u64,
         dst_size: Option<u64>,
     ) -> anyhow::Result<(Endpoint, bool)> {
         if spec.starts_with("iscsi://") {
             let url = IscsiUrl::parse(spec)?;
             let lun = url.lun_required()?;
-            let opts = flags.options(&url)?;
+            let mut opts = flags.options(&url)?;
+            opts.io_size_hint = Some(io_size);
             let session = Session::connect(&url, &opts).await?;
             let cap = session.read_capacity(lun).await?;
             return Ok((Endpoint::Lun { session, lun, cap }, false));
@@ -649,9 +669,9 @@ fn progress(total: u64, enabled: bool, msg: &'static str) -> indicatif::Progress
 
 /// Copies with `args`; the library entry point behind `rsv cp`.
 pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
-    let (src, _) = Endpoint::open(&args.src, &args.session, None).await?;
+    let (src, _) = Endpoint::open(&args.src, &args.session, args.io_size, None).await?;
     let size = src.size();
-    let (dst, fresh) = Endpoint::open(&args.dst, &args.session, Some(size)).await?;
+    let (dst, fresh) = Endpoint::open(&args.dst, &args.session, args.io_size, Some(size)).await?;
     if dst.size() < size {
         bail!(
             "destination {} holds {} but the source has {}; use a larger LUN",
@@ -662,15 +682,20 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     }
     let io = args.io_size.max(4096);
     let io = io - io % 4096;
-    let opts_qd = args
-        .session
-        .queue_depth
-        .or_else(|| {
-            [&src, &dst]
-                .iter()
-                .find_map(|e| e.session().map(|s| s.info().queue_depth))
-        })
-        .unwrap_or(32);
+    // Commands in flight: as given, else the sessions' (auto-tuning may grow it as the
+    // copy runs).
+    let queue_depth = |src: &Endpoint, dst: &Endpoint| {
+        args.session
+            .queue_depth
+            .or_else(|| {
+                [src, dst]
+                    .iter()
+                    .filter_map(|e| e.session().map(Session::queue_depth))
+                    .max()
+            })
+            .unwrap_or(32)
+    };
+    let mut opts_qd = queue_depth(&src, &dst);
     // Skipping zeros is only safe where the destination already reads as zero.
     let sparse = !args.no_sparse && (args.sparse || fresh);
     let src = Arc::new(src);
@@ -693,6 +718,7 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     let mut stopped = false;
     while (off < size && !stopped) || !set.is_empty() {
         stopped |= deadline.is_some_and(|d| Instant::now() >= d);
+        opts_qd = opts_qd.max(queue_depth(&src, &dst));
         while off < size && !stopped && set.len() < opts_qd {
             let len = io.min(size - off) as usize;
             let (src, dst, skipped, pb, copied) = (
@@ -999,14 +1025,19 @@ pub struct BenchReport {
     pub retries: u64,
     /// Commands still in flight at the end of the window: abandoned, not counted.
     pub abandoned_at_deadline: u64,
+    /// The session as negotiated, with what auto-tuning chose and measured.
+    pub session: SessionInfo,
 }
 
 pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let url = IscsiUrl::parse(&args.url)?;
     let lun = url.lun_required()?;
-    let opts = args.session.options(&url)?;
+    let mut opts = args.session.options(&url)?;
+    opts.io_size_hint = Some(args.block_size);
     let s = Session::connect(&url, &opts).await?;
     let cap = s.read_capacity(lun).await?;
+    // Workers: the session's queue depth, as given or as auto-tuning chose it.
+    let queue_depth = s.queue_depth();
     let bs = u64::from(cap.block_size);
     let io = args.block_size.max(bs) / bs * bs;
     let span = args.span.unwrap_or(cap.bytes()).min(cap.bytes());
@@ -1027,7 +1058,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let start = Instant::now();
     let deadline = start + args.duration;
     let mut set = JoinSet::new();
-    for _ in 0..opts.queue_depth {
+    for _ in 0..queue_depth {
         let (s, seq, payload, args, abandoned) = (
             s.clone(),
             seq.clone(),
@@ -1083,7 +1114,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         pattern: args.pattern,
         rw: args.rw,
         block_size: io,
-        queue_depth: opts.queue_depth,
+        queue_depth,
         connections: info.connections,
         seconds,
         ios: total.len(),
@@ -1095,6 +1126,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         latency_us_max: total.max(),
         retries: s.retries(),
         abandoned_at_deadline: abandoned.load(Ordering::Relaxed),
+        session: info,
     };
     // Abandoned writes may leave data queued on the sockets, and the Logout would wait
     // behind it: give it a moment, then just close.

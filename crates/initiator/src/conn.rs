@@ -224,6 +224,17 @@ pub(crate) struct Conn {
     /// Milliseconds since the session epoch at which the last PDU arrived.
     pub last_rx_ms: AtomicU64,
     pub pinging: AtomicBool,
+    /// The last TCP_INFO sample of this connection and the rate it measured.
+    pub path: std::sync::Mutex<Option<PathSample>>,
+}
+
+/// One connection's view of the path, sampled by its reader about once a second.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PathSample {
+    pub at: std::time::Instant,
+    pub info: net::TcpInfo,
+    /// Bytes per second moved in either direction since the previous sample.
+    pub rate: u64,
 }
 
 impl Conn {
@@ -254,9 +265,39 @@ impl Conn {
             dead,
             last_rx_ms: AtomicU64::new(0),
             pinging: AtomicBool::new(false),
+            path: std::sync::Mutex::new(None),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)
+    }
+
+    /// Samples TCP_INFO if the last sample is a second old; returns true when it did.
+    pub fn sample_path(&self, sock: &impl AsFd) -> bool {
+        let now = std::time::Instant::now();
+        let mut g = self.path.lock().unwrap();
+        if g.is_some_and(|p| now.duration_since(p.at) < Duration::from_secs(1)) {
+            return false;
+        }
+        let Ok(info) = net::tcp_info(sock) else {
+            return false;
+        };
+        // Reads leave the initiator's delivery_rate (its own sent data) near zero: the
+        // received bytes tell the rate then.
+        let rate = match *g {
+            Some(p) => {
+                let dt = now.duration_since(p.at).as_secs_f64();
+                let moved = (info.bytes_received - p.info.bytes_received)
+                    .max(info.bytes_acked - p.info.bytes_acked);
+                (moved as f64 / dt) as u64
+            }
+            None => 0,
+        };
+        *g = Some(PathSample {
+            at: now,
+            info,
+            rate,
+        });
+        true
     }
 
     pub fn send(&self, pdu: Pdu) -> bool {

@@ -28,12 +28,16 @@ mod conn;
 pub mod mount;
 pub mod scsi;
 mod session;
+pub mod tune;
+mod tune_cli;
 pub mod url;
 
 use std::time::Duration;
 
 pub use scsi::{Capacity, Inquiry, Sense};
-pub use session::{discover, DataDir, DiscoveredTarget, ScsiResult, Session, SessionInfo};
+pub use session::{
+    discover, DataDir, DiscoveredTarget, PathReport, ScsiResult, Session, SessionInfo,
+};
 pub use url::IscsiUrl;
 
 /// Everything that can go wrong, phrased for the person who has to fix it.
@@ -125,6 +129,19 @@ pub struct SessionOptions {
     /// is recovered by task reassignment: commands in flight go on where they were. At 0
     /// and 1 they are issued again (this initiator sends no SNACK).
     pub error_recovery_level: u8,
+    /// Choose connections, queue depth, bursts, buffers and pacing from the measured path
+    /// (see [`tune`]); options set by hand are kept as they are.
+    pub auto_tune: bool,
+    /// The bottleneck's rate in bytes per second, when known: auto-tuning sizes for it
+    /// and paces the connections to share it.
+    pub rate: Option<u64>,
+    /// Bytes per command the caller will issue (cp and bench set it); sizes bursts and
+    /// the queue depth.
+    #[serde(skip)]
+    pub io_size_hint: Option<u64>,
+    /// Options set by hand (URL, flags): auto-tuning leaves them alone.
+    #[serde(skip)]
+    pub pinned: std::collections::BTreeSet<String>,
 }
 
 mod secs {
@@ -159,6 +176,10 @@ impl Default for SessionOptions {
             nop_interval: Duration::from_secs(5),
             recovery_timeout: Duration::from_secs(60),
             error_recovery_level: 2,
+            auto_tune: true,
+            rate: None,
+            io_size_hint: None,
+            pinned: Default::default(),
         }
     }
 }
@@ -280,17 +301,38 @@ impl SessionOptions {
                     }
                 }
             }
+            "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
+            "rate" => {
+                self.rate = Some(parse_rate(v).ok_or_else(|| {
+                    Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
+                })?)
+            }
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
                      data_digest, initiator_name, target_password, max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
-                     nop_interval, recovery_timeout, error_recovery_level (erl)"
+                     nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
+                     rate"
                 )))
             }
         }
+        self.pin(key);
         Ok(())
+    }
+
+    /// Marks an option as set by hand, so that auto-tuning keeps it.
+    pub fn pin(&mut self, key: &str) {
+        let key = match key {
+            "target_password" => "target_secret",
+            k => k,
+        };
+        self.pinned.insert(key.to_owned());
+    }
+
+    pub fn is_pinned(&self, key: &str) -> bool {
+        self.pinned.contains(key)
     }
 
     pub(crate) fn tuning(&self) -> net::SocketTuning {

@@ -79,6 +79,21 @@ pub struct SessionInfo {
     pub congestion: Option<String>,
     pub send_buffer: usize,
     pub recv_buffer: usize,
+    /// What auto-tuning measured and chose (absent when it was off).
+    pub tuning: Option<crate::tune::Plan>,
+    /// The path as the connections measured it last (TCP_INFO).
+    pub path: Option<PathReport>,
+}
+
+/// The session's connections' latest TCP_INFO, summed up.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct PathReport {
+    pub min_rtt_ms: f64,
+    pub srtt_ms: f64,
+    /// Bytes per second over all connections in the last sample.
+    pub rate_bytes_per_s: u64,
+    pub retransmits: u64,
+    pub connections_sampled: usize,
 }
 
 /// SendTargets discovery on the portal of `url` (target and LUN in it are ignored).
@@ -319,6 +334,9 @@ struct Shared {
     reassigned: AtomicU64,
     reconnections: AtomicU64,
     epoch: Instant,
+    /// Commands allowed in flight now: the slots' total, grown by auto-tuning.
+    queue_depth: std::sync::atomic::AtomicUsize,
+    plan: Option<crate::tune::Plan>,
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -403,6 +421,17 @@ impl Session {
     /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
+        let (opts, plan) = if opts.auto_tune {
+            let probe = crate::tune::probe(&url.portal()).await?;
+            let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
+            for r in &p.reasons {
+                tracing::info!("auto-tuning: {r}");
+            }
+            (o, Some(p))
+        } else {
+            (opts.clone(), None)
+        };
+        let opts = &opts;
         let shared = Arc::new(Shared {
             url: url.clone(),
             target,
@@ -432,6 +461,8 @@ impl Session {
             reassigned: AtomicU64::new(0),
             reconnections: AtomicU64::new(0),
             epoch: Instant::now(),
+            queue_depth: opts.queue_depth.max(1).into(),
+            plan,
         });
         Shared::establish(&shared).await?;
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
@@ -442,7 +473,15 @@ impl Session {
         let st = self.shared.state.lock().unwrap();
         let mut info = st.info.clone().expect("established session has info");
         info.connections = st.conns.iter().filter(|c| c.is_alive()).count();
+        info.queue_depth = self.queue_depth();
+        info.tuning = self.shared.plan.clone();
+        info.path = Shared::path(&st.conns);
         info
+    }
+
+    /// Commands the session lets in flight now (auto-tuning may grow it while it runs).
+    pub fn queue_depth(&self) -> usize {
+        self.shared.queue_depth.load(Ordering::Relaxed)
     }
 
     /// Commands issued again after a connection failure or a timeout.
@@ -704,6 +743,68 @@ impl Shared {
         self.url.portal()
     }
 
+    fn path(conns: &[Arc<Conn>]) -> Option<PathReport> {
+        let mut r = PathReport::default();
+        let mut min_rtt = u32::MAX;
+        let mut srtt = 0u64;
+        for c in conns.iter().filter(|c| c.is_alive()) {
+            if let Some(p) = *c.path.lock().unwrap() {
+                r.connections_sampled += 1;
+                r.rate_bytes_per_s += p.rate;
+                r.retransmits += u64::from(p.info.total_retrans);
+                if p.info.min_rtt_us > 0 {
+                    min_rtt = min_rtt.min(p.info.min_rtt_us);
+                }
+                srtt += u64::from(p.info.rtt_us);
+            }
+        }
+        if r.connections_sampled == 0 {
+            return None;
+        }
+        r.min_rtt_ms = if min_rtt == u32::MAX {
+            0.0
+        } else {
+            f64::from(min_rtt) / 1e3
+        };
+        r.srtt_ms = srtt as f64 / r.connections_sampled as f64 / 1e3;
+        Some(r)
+    }
+
+    /// Called by a connection's reader after a read: samples its TCP_INFO about once a
+    /// second and grows the queue depth when the measured path needs more in flight.
+    fn observe(&self, conn: &Conn, sock: &OwnedReadHalf) {
+        let stream: &tokio::net::TcpStream = sock.as_ref();
+        if !conn.sample_path(stream) || !self.opts.auto_tune || self.opts.is_pinned("queue_depth") {
+            return;
+        }
+        let conns = self.state.lock().unwrap().conns.clone();
+        let Some(path) = Self::path(&conns) else {
+            return;
+        };
+        let io = self.plan.as_ref().map_or(1 << 20, |p| p.io_size);
+        let current = self.queue_depth.load(Ordering::Relaxed);
+        if let Some(q) = crate::tune::grown_queue_depth(
+            current,
+            path.rate_bytes_per_s,
+            Duration::from_secs_f64(path.min_rtt_ms / 1e3),
+            io,
+            conns.len(),
+        ) {
+            if self
+                .queue_depth
+                .compare_exchange(current, q, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.slots.add_permits(q - current);
+                tracing::info!(
+                    "auto-tuning: queue depth {current} -> {q} for {:.0} Mbit/s at {:.1} ms",
+                    path.rate_bytes_per_s as f64 * 8e-6,
+                    path.min_rtt_ms
+                );
+            }
+        }
+    }
+
     fn login_config(&self, cid: u16, tsih: u16, session: SessionParams) -> InitiatorLoginConfig {
         let o = &self.opts;
         InitiatorLoginConfig {
@@ -816,6 +917,8 @@ impl Shared {
             congestion: tuning.congestion,
             send_buffer: tuning.send_buffer,
             recv_buffer: tuning.recv_buffer,
+            tuning: None,
+            path: None,
         });
         st.params = params;
         drop(st);
@@ -1713,7 +1816,11 @@ async fn reader(
         tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(s) = shared.upgrade() {
+                        s.observe(&conn, &rd);
+                    }
+                }
                 Err(e) => break e.to_string(),
             },
             _ = dead.changed() => break "closed".to_owned(),

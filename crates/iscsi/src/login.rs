@@ -157,6 +157,11 @@ pub trait LoginPolicy {
     fn session_preferences(&self) -> &SessionParams;
     /// The target's digest preferences and its MaxRecvDataSegmentLength.
     fn connection_preferences(&self) -> &ConnectionParams;
+    /// Header and data digests the target insists on (CRC32C whatever the initiator
+    /// prefers); by default neither.
+    fn required_digests(&self) -> (bool, bool) {
+        (false, false)
+    }
     /// Fills `buf` with unpredictable bytes (CHAP identifiers and challenges).
     fn random_bytes(&mut self, buf: &mut [u8]);
 }
@@ -538,12 +543,16 @@ impl TargetLogin {
             phase: Phase::Operational,
             we_are_target: true,
         };
-        self.responder = Some(Responder::new(
-            ctx,
-            policy.session_preferences().clone(),
-            policy.connection_preferences().clone(),
-            self.existing_session.clone(),
-        ));
+        let (header, data) = policy.required_digests();
+        self.responder = Some(
+            Responder::new(
+                ctx,
+                policy.session_preferences().clone(),
+                policy.connection_preferences().clone(),
+                self.existing_session.clone(),
+            )
+            .require_digests(header, data),
+        );
         self.identity = Some(Identity {
             initiator_name,
             initiator_alias: keys.get("InitiatorAlias").map(str::to_owned),

@@ -763,6 +763,8 @@ pub struct Responder {
     pub session: SessionParams,
     pub connection: ConnectionParams,
     ledger: KeyLedger,
+    /// Header and data digests without which the connection is refused.
+    required_digests: (bool, bool),
 }
 
 impl Responder {
@@ -783,7 +785,15 @@ impl Responder {
             session: existing_session.unwrap_or_default(),
             connection,
             ledger: KeyLedger::default(),
+            required_digests: (false, false),
         }
+    }
+
+    /// Accepts only CRC32C for the header and/or data digest: an initiator offering
+    /// "None,CRC32C" gets CRC32C, one offering only None a Reject.
+    pub fn require_digests(mut self, header: bool, data: bool) -> Self {
+        self.required_digests = (header, data);
+        self
     }
 
     /// Answers every key of one complete (continuation-joined) text. Keys handled by the
@@ -796,7 +806,18 @@ impl Responder {
             if !self.ledger.record(k, v)? {
                 continue;
             }
-            let answer = respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs);
+            let mut answer = respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs);
+            let required = match k {
+                "HeaderDigest" => self.required_digests.0,
+                "DataDigest" => self.required_digests.1,
+                _ => false,
+            };
+            if required && matches!(answer, Answer::Value(_)) {
+                answer = match select_from_list(v, &["CRC32C"]) {
+                    Some(d) => Answer::Value(d.to_owned()),
+                    None => Answer::Reject,
+                };
+            }
             if k == "MaxRecvDataSegmentLength" && answer == Answer::Declared {
                 // Range-checked by respond_key.
                 self.connection.max_send_data_segment_length =
@@ -1146,6 +1167,50 @@ mod tests {
         assert_eq!(r.session.first_burst_length, 131072);
         assert_eq!(r.connection.max_send_data_segment_length, 262144);
         assert_eq!(r.connection.max_recv_data_segment_length, 8192);
+    }
+
+    #[test]
+    fn required_digests_take_crc32c_from_a_none_first_offer() {
+        let accept = ConnectionParams {
+            header_digest: true,
+            data_digest: true,
+            ..ConnectionParams::default()
+        };
+        let respond = |header: bool, data: bool, offer: &str| {
+            let mut r = Responder::new(
+                ctx(SessionType::Normal, true),
+                SessionParams::default(),
+                accept.clone(),
+                None,
+            )
+            .require_digests(header, data);
+            let mut keys = TextKeys::new();
+            keys.push("HeaderDigest", offer);
+            keys.push("DataDigest", offer);
+            let out = r.respond(&keys).unwrap();
+            (
+                out.get("HeaderDigest").map(str::to_owned),
+                out.get("DataDigest").map(str::to_owned),
+                r.connection.header_digest,
+                r.connection.data_digest,
+            )
+        };
+        let none = Some("None".to_owned());
+        let crc = Some("CRC32C".to_owned());
+        let reject = Some("Reject".to_owned());
+        assert_eq!(
+            respond(false, false, "None,CRC32C"),
+            (none.clone(), none.clone(), false, false)
+        );
+        assert_eq!(
+            respond(true, false, "None,CRC32C"),
+            (crc.clone(), none.clone(), true, false)
+        );
+        assert_eq!(
+            respond(true, true, "None,CRC32C"),
+            (crc.clone(), crc, true, true)
+        );
+        assert_eq!(respond(true, false, "None"), (reject, none, false, false));
     }
 
     #[test]

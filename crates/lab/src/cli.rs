@@ -22,7 +22,7 @@ pub struct LabArgs {
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1 or all.
+    /// Run a scenario: r0, r1, rtt or all.
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
@@ -55,8 +55,13 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "r1",
-        "R1: 4 concurrent image backups into one 1 Gbit/s bottleneck with a shallow queue: \
+        "R1: 4 concurrent image backups into one 250 Mbit/s bottleneck with a shallow queue: \
          unpaced CUBIC, unpaced BBR, paced to 1/4 each; per-stream, total, link use, Jain",
+    ),
+    (
+        "rtt",
+        "RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults \
+         writing and reading, as a share of the link",
     ),
 ];
 
@@ -98,6 +103,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                 match name {
                     "r0" => {
                         crate::r0::run(quick, &out, command.clone())?;
+                    }
+                    "rtt" => {
+                        crate::rtt::run(quick, &out, command.clone())?;
                     }
                     _ => {
                         crate::r1::run(quick, &out, command.clone())?;

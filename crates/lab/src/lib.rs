@@ -13,3 +13,4 @@ mod plot;
 mod proc;
 mod r0;
 mod r1;
+mod rtt;

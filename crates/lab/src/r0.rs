@@ -37,7 +37,8 @@ impl Params {
             } else {
                 vec![0.001, 0.01, 0.1, 1.0, 5.0]
             },
-            seconds: if quick { 3 } else { 10 },
+            // Long enough that BBR's start-up (about a second at 100 ms) is a small part.
+            seconds: if quick { 3 } else { 30 },
             qemu_max_bytes: if quick { 16 << 20 } else { 256 << 20 },
             // Reads double the time; the quick version leaves them out.
             reads: !quick,
@@ -135,10 +136,20 @@ pub fn configs() -> Vec<IscsiConfig> {
             io_size: "1m",
             initiator_opts: Vec::new(),
         },
+        IscsiConfig {
+            key: "reservoir-rate",
+            label: "Reservoir --rate 100mbit",
+            sysctl: linux_default_tcp(),
+            target_session: String::new(),
+            connections: None,
+            queue_depth: None,
+            io_size: "1m",
+            initiator_opts: vec!["rate=100mbit".into()],
+        },
     ]
 }
 
-fn target_toml(session: &str) -> String {
+pub(crate) fn target_toml(session: &str) -> String {
     format!(
         "[session]\n{session}\n[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\n\
          backstore = \"ram\"\nsize = \"{LUN_SIZE}\"\n"
@@ -267,7 +278,7 @@ pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
     Ok(results)
 }
 
-fn set_tcp(link: &Link, settings: &[(String, String)]) -> Result<()> {
+pub(crate) fn set_tcp(link: &Link, settings: &[(String, String)]) -> Result<()> {
     for ns in link.all_ns() {
         sysctl(ns, settings)?;
     }
@@ -361,7 +372,7 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
 }
 
 /// A target that died during a run makes every row of its runs suspect: say so.
-fn check_target(target: &mut Proc, rows: &mut [Row]) {
+pub(crate) fn check_target(target: &mut Proc, rows: &mut [Row]) {
     if !target.alive() {
         let log = target.log_text();
         if let Some(r) = rows.last_mut() {
@@ -380,7 +391,7 @@ fn qemu_size(cubic_bytes_per_s: f64, p: &Params) -> u64 {
     (want / mib * mib).clamp(4 * mib, p.qemu_max_bytes)
 }
 
-fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path) -> Result<Row> {
+pub(crate) fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path) -> Result<Row> {
     let a = &link.a[0];
     let b = &link.b[0];
     let label = format!("iperf3 {}", cc.to_uppercase());
@@ -408,7 +419,7 @@ fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path) -> Result<
     Ok(row.measured(bytes, secs, o.ok()))
 }
 
-fn bench(
+pub(crate) fn bench(
     ns: &str,
     url: &str,
     cfg: &IscsiConfig,

@@ -38,14 +38,22 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
             applied.warnings.push(format!("TCP_NODELAY: {e}"));
         }
     }
+    // The FORCE variants pass net.core.[rw]mem_max where the process may (CAP_NET_ADMIN);
+    // elsewhere the plain option applies, silently capped by the kernel.
     if let Some(n) = tuning.send_buffer {
-        if let Err(e) = sock.set_send_buffer_size(n) {
-            applied.warnings.push(format!("SO_SNDBUF {n}: {e}"));
+        let v = n.min(i32::MAX as usize) as u32;
+        if setsockopt_u32(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+            if let Err(e) = sock.set_send_buffer_size(n) {
+                applied.warnings.push(format!("SO_SNDBUF {n}: {e}"));
+            }
         }
     }
     if let Some(n) = tuning.recv_buffer {
-        if let Err(e) = sock.set_recv_buffer_size(n) {
-            applied.warnings.push(format!("SO_RCVBUF {n}: {e}"));
+        let v = n.min(i32::MAX as usize) as u32;
+        if setsockopt_u32(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
+            if let Err(e) = sock.set_recv_buffer_size(n) {
+                applied.warnings.push(format!("SO_RCVBUF {n}: {e}"));
+            }
         }
     }
     if let Some(cc) = &tuning.congestion {
@@ -243,6 +251,150 @@ pub fn tcp_info(fd: impl AsFd) -> io::Result<TcpInfo> {
     })
 }
 
+/// What the kernel lets a socket's buffers grow to: the autotuning ceilings
+/// (`net.ipv4.tcp_wmem`/`tcp_rmem`, third field) and the ceilings of an explicit
+/// `SO_SNDBUF`/`SO_RCVBUF` (`net.core.wmem_max`/`rmem_max`), which a process with
+/// CAP_NET_ADMIN may pass with `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KernelLimits {
+    pub tcp_wmem_max: usize,
+    pub tcp_rmem_max: usize,
+    pub wmem_max: usize,
+    pub rmem_max: usize,
+    /// The process may exceed `wmem_max`/`rmem_max` (root or CAP_NET_ADMIN).
+    pub can_force: bool,
+}
+
+impl KernelLimits {
+    /// Reads the limits of the calling thread's network namespace.
+    pub fn read() -> KernelLimits {
+        let third = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(2).and_then(|x| x.parse().ok()))
+                .unwrap_or(4 << 20)
+        };
+        let one = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(212_992)
+        };
+        KernelLimits {
+            tcp_wmem_max: third("/proc/sys/net/ipv4/tcp_wmem"),
+            tcp_rmem_max: third("/proc/sys/net/ipv4/tcp_rmem"),
+            wmem_max: one("/proc/sys/net/core/wmem_max"),
+            rmem_max: one("/proc/sys/net/core/rmem_max"),
+            can_force: has_net_admin(),
+        }
+    }
+}
+
+fn has_net_admin() -> bool {
+    // CapEff in /proc/self/status; CAP_NET_ADMIN is bit 12.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 12) != 0)
+}
+
+/// The largest explicit buffer a socket may be given (bytes passed to setsockopt; the kernel
+/// doubles them for its bookkeeping).
+pub const MAX_EXPLICIT_BUFFER: usize = 64 << 20;
+
+/// How to give one socket room for `window` bytes in flight in one direction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BufferChoice {
+    /// `None`: leave the kernel's autotuning alone, it reaches the window.
+    pub bytes: Option<usize>,
+    pub why: String,
+}
+
+/// Chooses a buffer for `window` bytes in flight given the autotuning ceiling `auto_max`
+/// and the explicit ceiling `explicit_max` of that direction. The kernel's accounting
+/// (sk_buff overhead, `tcp_adv_win_scale`) makes roughly half of a buffer usable for
+/// payload, so a window needs twice its size.
+pub fn choose_buffer(
+    window: usize,
+    auto_max: usize,
+    explicit_max: usize,
+    can_force: bool,
+) -> BufferChoice {
+    let need = window.saturating_mul(2);
+    if need <= auto_max {
+        return BufferChoice {
+            bytes: None,
+            why: format!(
+                "kernel autotuning reaches {} (needs {})",
+                mib(auto_max),
+                mib(need)
+            ),
+        };
+    }
+    // setsockopt takes half of what the socket ends up with.
+    let want = window.min(MAX_EXPLICIT_BUFFER);
+    let cap = if can_force {
+        MAX_EXPLICIT_BUFFER
+    } else {
+        explicit_max
+    };
+    let bytes = want.min(cap).max(64 * 1024);
+    let why = if bytes < want {
+        format!(
+            "{} set explicitly, capped by net.core.[rw]mem_max (needs {}; run with \
+             CAP_NET_ADMIN or raise the sysctl)",
+            mib(bytes * 2),
+            mib(need)
+        )
+    } else {
+        format!(
+            "{} set explicitly: the autotuning ceiling {} is below the {} needed",
+            mib(bytes * 2),
+            mib(auto_max),
+            mib(need)
+        )
+    };
+    BufferChoice {
+        bytes: Some(bytes),
+        why,
+    }
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
+}
+
+/// The rate both ends size their buffers for when no rate is known: a fast WAN.
+pub const ASSUMED_RATE_BPS: u64 = 1_000_000_000;
+
+/// Buffers for one connection of a path with round-trip time `rtt` whose rate is not
+/// known (the target's side): room for twice the BDP at [`ASSUMED_RATE_BPS`], explicit only
+/// where the kernel's autotuning would stop short. Returns (send, receive).
+pub fn buffers_for_rtt(
+    rtt: std::time::Duration,
+    limits: &KernelLimits,
+) -> (BufferChoice, BufferChoice) {
+    let window = (bdp_bytes(ASSUMED_RATE_BPS, rtt) * 2) as usize;
+    (
+        choose_buffer(
+            window,
+            limits.tcp_wmem_max,
+            limits.wmem_max,
+            limits.can_force,
+        ),
+        choose_buffer(
+            window,
+            limits.tcp_rmem_max,
+            limits.rmem_max,
+            limits.can_force,
+        ),
+    )
+}
+
 /// Bandwidth-delay product in bytes for a rate in bits per second and an RTT.
 pub fn bdp_bytes(rate_bps: u64, rtt: std::time::Duration) -> u64 {
     (rate_bps as u128 * rtt.as_micros() / 8 / 1_000_000) as u64
@@ -253,6 +405,32 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
     use std::time::Duration;
+
+    #[test]
+    fn buffers_left_to_autotuning_when_it_reaches_the_window() {
+        let c = choose_buffer(1 << 20, 4 << 20, 212_992, false);
+        assert_eq!(c.bytes, None, "{}", c.why);
+    }
+
+    #[test]
+    fn buffers_set_explicitly_beyond_autotuning() {
+        // 25 MB in flight, 4 MiB autotuning ceiling: explicit, forced past wmem_max.
+        let c = choose_buffer(25_000_000, 4 << 20, 212_992, true);
+        assert_eq!(c.bytes, Some(25_000_000));
+        // Without CAP_NET_ADMIN the sysctl caps it and the reason says so.
+        let c = choose_buffer(25_000_000, 4 << 20, 8 << 20, false);
+        assert_eq!(c.bytes, Some(8 << 20));
+        assert!(c.why.contains("capped"), "{}", c.why);
+        // Never more than the explicit maximum.
+        let c = choose_buffer(usize::MAX / 4, 4 << 20, 8 << 20, true);
+        assert_eq!(c.bytes, Some(MAX_EXPLICIT_BUFFER));
+    }
+
+    #[test]
+    fn kernel_limits_are_readable() {
+        let l = KernelLimits::read();
+        assert!(l.tcp_rmem_max > 0 && l.tcp_wmem_max > 0 && l.rmem_max > 0);
+    }
 
     #[test]
     fn bdp_of_r0_link_is_1_25_mb() {

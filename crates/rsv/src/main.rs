@@ -33,6 +33,8 @@ enum Command {
     Cp(initiator::cli::CpArgs),
     /// Measure IOPS, throughput and latency of a LUN.
     Bench(initiator::cli::BenchArgs),
+    /// Show what auto-tuning measures and chooses for a LUN's path, and why.
+    Tune(initiator::cli::TuneArgs),
     /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
     Mount(initiator::cli::MountArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
@@ -66,6 +68,7 @@ fn main() -> anyhow::Result<ExitCode> {
         // 3 when --max-time stopped the copy early (1 is a failure).
         Command::Cp(args) => initiator::cli::cp(args),
         Command::Bench(args) => ok(initiator::cli::bench(args)),
+        Command::Tune(args) => ok(initiator::cli::tune(args)),
         Command::Mount(args) => ok(initiator::cli::mount(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
     }

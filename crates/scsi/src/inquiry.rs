@@ -2,7 +2,7 @@
 
 use crate::cdb::{ascii_field, be16, be32, truncate};
 use crate::sense::{self, Sense};
-use crate::LuConfig;
+use crate::{Designator, LuConfig};
 
 pub(crate) const VPD_SUPPORTED: u8 = 0x00;
 pub(crate) const VPD_SERIAL: u8 = 0x80;
@@ -38,7 +38,9 @@ impl Limits {
         Self {
             max_transfer,
             optimal_transfer: config.optimal_transfer_blocks.min(max_transfer),
-            granularity: (4096 / config.block_size).max(1) as u16,
+            granularity: (4096 / config.block_size)
+                .max(1)
+                .max(1 << config.physical_block_exponent.min(15)) as u16,
             max_compare_and_write: max_transfer.min(255) as u8,
             max_unmap_lba: 0xffff_ffff,
             max_unmap_descriptors: 256,
@@ -56,7 +58,7 @@ pub(crate) fn standard(config: &LuConfig) -> Vec<u8> {
     d[1] = if config.removable { 0x80 } else { 0 };
     d[2] = VERSION_SPC4;
     d[3] = 0x10 | 0x02; // HISUP, response data format 2
-    d[5] = 0x10; // TPGS 01b: implicit asymmetric access (REPORT TARGET PORT GROUPS)
+    d[5] = 0x10 | 0x08; // TPGS 01b (REPORT TARGET PORT GROUPS); 3PC (EXTENDED COPY)
     d[7] = 0x02; // CMDQUE
     d.extend(ascii_field(&config.vendor, 8));
     d.extend(ascii_field(&config.product, 16));
@@ -140,16 +142,15 @@ fn designator(code_set: u8, kind: u8, value: &[u8]) -> Vec<u8> {
     d
 }
 
-fn device_identification(config: &LuConfig) -> Vec<u8> {
-    let mut body = Vec::new();
+/// The designators of the logical unit itself (association 00b) in VPD page 83h; EXTENDED
+/// COPY names copy targets by them.
+pub(crate) fn lu_designators(config: &LuConfig) -> Vec<Designator> {
     let mut naa = config.naa_id.to_be_bytes().to_vec();
     if config.naa_id >> 60 == 6 {
         // NAA 6 (IEEE registered extended) is 16 bytes; the extension stays zero because
         // the 64-bit id is already unique per logical unit.
         naa.resize(16, 0);
     }
-    // Binary code set, association: logical unit, type 3: NAA.
-    body.extend(designator(0x01, 0x03, &naa));
     let mut t10 = ascii_field(&config.t10_vendor_id, 8);
     t10.extend(
         config
@@ -158,8 +159,27 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
             .filter(|b| (0x20..=0x7e).contains(b))
             .take(200),
     );
-    // ASCII code set, association: logical unit, type 1: T10 vendor ID.
-    body.extend(designator(0x02, 0x01, &t10));
+    vec![
+        // Binary code set, type 3: NAA.
+        Designator {
+            code_set: 0x01,
+            kind: 0x03,
+            value: naa,
+        },
+        // ASCII code set, type 1: T10 vendor ID.
+        Designator {
+            code_set: 0x02,
+            kind: 0x01,
+            value: t10,
+        },
+    ]
+}
+
+fn device_identification(config: &LuConfig) -> Vec<u8> {
+    let mut body = Vec::new();
+    for d in lu_designators(config) {
+        body.extend(designator(d.code_set, d.kind, &d.value));
+    }
     // iSCSI (protocol 5) with PIV, association: target port; binary code set.
     let mut rel = vec![0u8; 2];
     rel.extend_from_slice(&config.relative_port.to_be_bytes());

@@ -12,9 +12,11 @@ mod mode;
 mod opcodes;
 mod pr;
 pub mod sense;
+mod xcopy;
 
 pub use lu::LogicalUnit;
 pub use sense::Sense;
+pub use xcopy::{CopyTargets, Designator};
 
 /// SCSI status codes (SAM-5).
 pub mod status {
@@ -33,6 +35,9 @@ pub mod status {
 pub struct LuConfig {
     /// 512 or 4096.
     pub block_size: u32,
+    /// Logical blocks per physical block, as a power of two (READ CAPACITY(16) LOGICAL
+    /// BLOCKS PER PHYSICAL BLOCK EXPONENT): 3 with 512-byte blocks is a 4 KiB-sector disk.
+    pub physical_block_exponent: u8,
     pub read_only: bool,
     pub removable: bool,
     /// Thin provisioning: UNMAP, WRITE SAME with UNMAP, GET LBA STATUS, LBPME.
@@ -63,6 +68,7 @@ impl Default for LuConfig {
     fn default() -> Self {
         Self {
             block_size: 512,
+            physical_block_exponent: 0,
             read_only: false,
             removable: false,
             thin: true,

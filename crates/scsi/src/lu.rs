@@ -3,7 +3,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 
 use backstore::Backstore;
 
@@ -13,6 +15,7 @@ use crate::mode::{self, ModeState};
 use crate::opcodes::*;
 use crate::pr::{Fail, Notices, Reservations};
 use crate::sense::{self, Sense};
+use crate::xcopy::{self, CopyList, CopyState, CopyStatus, CopyTargets, Designator, Segment};
 use crate::{status, Command, LuConfig, Nexus, Response};
 
 type Outcome = Result<Vec<u8>, Sense>;
@@ -23,6 +26,8 @@ const LOCK_STRIPES: usize = 64;
 const STRIPE_BYTES: u64 = 64 * 1024;
 /// Largest buffer a WRITE SAME fills at once.
 const WRITE_SAME_CHUNK: u64 = 1 << 20;
+/// Bytes an EXTENDED COPY segment moves per read and write.
+const COPY_CHUNK: u64 = 1 << 20;
 
 /// Per-nexus state: unit attentions not yet reported.
 type Pending = Mutex<VecDeque<Sense>>;
@@ -39,12 +44,37 @@ pub struct LogicalUnit {
     nexuses: RwLock<HashMap<Nexus, Pending>>,
     /// Removable medium ejected by START STOP UNIT.
     no_medium: AtomicBool,
+    /// A SANITIZE is running: the medium answers nothing until it ends (SBC-4 4.11).
+    sanitizing: AtomicBool,
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
     /// Writes hold their stripes exclusively, reads shared: a write (WRITE ATOMIC above
     /// all) is never seen half done.
     write_locks: Vec<RwLock<()>>,
     reservations: Mutex<Reservations>,
+    /// VPD page 83h designators of this logical unit (association: logical unit).
+    designators: Vec<Designator>,
+    /// The other logical units EXTENDED COPY may reach, when the transport tells.
+    copy_targets: OnceLock<Weak<dyn CopyTargets>>,
+    /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
+    copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
+}
+
+/// A copy source or destination: this logical unit or another one.
+enum CopyTarget<'a> {
+    This(&'a LogicalUnit),
+    Other(Arc<LogicalUnit>),
+}
+
+impl std::ops::Deref for CopyTarget<'_> {
+    type Target = LogicalUnit;
+
+    fn deref(&self) -> &LogicalUnit {
+        match self {
+            CopyTarget::This(lu) => lu,
+            CopyTarget::Other(lu) => lu,
+        }
+    }
 }
 
 impl LogicalUnit {
@@ -52,6 +82,7 @@ impl LogicalUnit {
         let block_size = config.block_size.max(1) as u64;
         let capacity = store.size() / block_size;
         let limits = Limits::new(&config);
+        let designators = inquiry::lu_designators(&config);
         let reservations = config
             .pr_file
             .as_ref()
@@ -67,10 +98,29 @@ impl LogicalUnit {
             mode: RwLock::new(ModeState::default()),
             nexuses: RwLock::new(HashMap::new()),
             no_medium: AtomicBool::new(false),
+            sanitizing: AtomicBool::new(false),
             prevent: Mutex::new(HashSet::new()),
             write_locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             reservations: Mutex::new(reservations),
+            designators,
+            copy_targets: OnceLock::new(),
+            copies: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Lets EXTENDED COPY reach the logical units `targets` finds (the target's other
+    /// logical units). Set once; later calls change nothing.
+    pub fn set_copy_targets(&self, targets: Weak<dyn CopyTargets>) {
+        let _ = self.copy_targets.set(targets);
+    }
+
+    /// Whether `d` is one of this logical unit's designators (VPD page 83h).
+    pub fn has_designator(&self, d: &Designator) -> bool {
+        self.designators.contains(d)
+    }
+
+    fn copies(&self) -> MutexGuard<'_, HashMap<(Nexus, u8), CopyStatus>> {
+        self.copies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Names the initiator port (`iqn...,i,0x<isid>`) behind a nexus; persistent
@@ -125,6 +175,7 @@ impl LogicalUnit {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&nexus);
+        self.copies().retain(|(n, _), _| *n != nexus);
     }
 
     /// Bytes the initiator is to send for this CDB, or `None` if the CDB is not one this
@@ -150,6 +201,8 @@ impl LogicalUnit {
             SANITIZE => Some(be16(&cdb[7..9]) as u32),
             WRITE_ATOMIC_16 => u32::try_from(be16(&cdb[12..14]) as u64 * bs).ok(),
             PERSISTENT_RESERVE_OUT => Some(be32(&cdb[5..9])),
+            EXTENDED_COPY => Some(xcopy::parameter_list_length(cdb)),
+            RECEIVE_COPY_RESULTS => Some(0),
             RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10 | PERSISTENT_RESERVE_IN => Some(0),
             TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
             | PREVENT_ALLOW | READ_CAPACITY_10 | READ_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10
@@ -195,6 +248,11 @@ impl LogicalUnit {
                 return Err(ua.into());
             }
         }
+        if self.sanitizing.load(Ordering::Acquire)
+            && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
+        {
+            return Err(sense::SANITIZE_IN_PROGRESS.into());
+        }
         self.pr().check(cmd.nexus, cdb)?;
 
         let ptpl = self.config.pr_file.is_some();
@@ -229,6 +287,9 @@ impl LogicalUnit {
             MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cmd),
             START_STOP_UNIT => self.start_stop(cdb, cmd.nexus),
             PREVENT_ALLOW => self.prevent_allow(cdb, cmd.nexus),
+            // Each copy target's medium is checked when a segment reaches it.
+            EXTENDED_COPY => self.extended_copy(cmd),
+            RECEIVE_COPY_RESULTS => self.receive_copy_results(cdb, cmd.nexus),
             _ => {
                 self.medium_present()?;
                 self.media_command(cmd)
@@ -300,7 +361,7 @@ impl LogicalUnit {
             }
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
             UNMAP => self.unmap(cdb, cmd.data_out),
-            SANITIZE => self.sanitize(cdb),
+            SANITIZE => self.sanitize(cdb, cmd.data_out),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
             _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
         }
@@ -704,8 +765,9 @@ impl LogicalUnit {
     }
 
     /// SANITIZE (SBC-4 5.30): BLOCK ERASE and CRYPTOGRAPHIC ERASE both deallocate (or
-    /// zero) every block; there is no failure mode to leave. OVERWRITE is not offered.
-    fn sanitize(&self, cdb: &[u8]) -> Outcome {
+    /// zero) every block, OVERWRITE writes its pattern to every block; there is no failure
+    /// mode to leave.
+    fn sanitize(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
         let sa = cdb[1] & 0x1f;
         if cdb[1] & 0x40 != 0 {
             return Err(Sense::invalid_field_in_cdb(1, Some(6)));
@@ -715,30 +777,283 @@ impl LogicalUnit {
         }
         if !matches!(
             sa,
-            SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE | SA_SANITIZE_EXIT_FAILURE_MODE
+            SA_SANITIZE_OVERWRITE
+                | SA_SANITIZE_BLOCK_ERASE
+                | SA_SANITIZE_CRYPTO_ERASE
+                | SA_SANITIZE_EXIT_FAILURE_MODE
         ) {
             return Err(Sense::invalid_field_in_cdb(1, Some(4)));
         }
-        if be16(&cdb[7..9]) != 0 {
+        let len = be16(&cdb[7..9]) as u64;
+        if sa == SA_SANITIZE_OVERWRITE {
+            // The parameter list holds four bytes and a pattern of at most one block.
+            if len < 5 || len > self.block_size + 4 {
+                return Err(Sense::invalid_field_in_cdb(7, None));
+            }
+        } else if len != 0 {
             return Err(Sense::invalid_field_in_cdb(7, None));
         }
         if sa == SA_SANITIZE_EXIT_FAILURE_MODE {
             return Ok(Vec::new());
         }
         self.check_writable()?;
-        let _guards = self.lock_range(0, self.capacity);
-        let len = self.capacity * self.block_size;
-        let result = if self.config.thin && self.store.supports_discard() {
-            self.store.discard(0, len)
+        let block = if sa == SA_SANITIZE_OVERWRITE {
+            Some(self.overwrite_pattern(self.data(data_out, len)?)?)
         } else {
-            self.store.write_zeroes(0, len)
+            None
         };
-        result.map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
-        drop(_guards);
+        // Commands that come while the medium is being sanitized are turned away; only one
+        // SANITIZE runs, the others were turned away already.
+        if self.sanitizing.swap(true, Ordering::AcqRel) {
+            return Err(sense::SANITIZE_IN_PROGRESS);
+        }
+        let result = self.sanitize_medium(block.as_deref());
+        self.sanitizing.store(false, Ordering::Release);
+        result
+    }
+
+    /// Overwrites every block with `overwrite`, or erases them all.
+    fn sanitize_medium(&self, overwrite: Option<&[u8]>) -> Outcome {
+        let guards = self.lock_range(0, self.capacity);
+        let len = self.capacity * self.block_size;
+        if let Some(block) = overwrite {
+            self.fill(0, self.capacity, block)?;
+        } else if self.config.thin && self.store.supports_discard() {
+            self.store
+                .discard(0, len)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        } else {
+            self.store
+                .write_zeroes(0, len)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        drop(guards);
         self.store
             .flush()
             .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
         Ok(Vec::new())
+    }
+
+    /// The block SANITIZE OVERWRITE leaves everywhere: the initialization pattern repeated,
+    /// inverted when the last of an even number of passes with INVERT is. The passes
+    /// themselves are not repeated: on a file or in memory the last one is all that stays.
+    fn overwrite_pattern(&self, p: &[u8]) -> Result<Vec<u8>, Sense> {
+        let invert = p[0] & 0x80 != 0;
+        if p[0] & 0x60 != 0 {
+            return Err(Sense::invalid_field_in_parameter_list(0, Some(6)));
+        }
+        let passes = p[0] & 0x1f;
+        if passes == 0 {
+            return Err(Sense::invalid_field_in_parameter_list(0, Some(4)));
+        }
+        let len = be16(&p[2..4]) as usize;
+        if len == 0 || len > self.block_size as usize || len > p.len() - 4 {
+            return Err(Sense::invalid_field_in_parameter_list(2, None));
+        }
+        let pattern = &p[4..4 + len];
+        let flip = if invert && passes.is_multiple_of(2) {
+            0xff
+        } else {
+            0x00
+        };
+        Ok(pattern
+            .iter()
+            .cycle()
+            .take(self.block_size as usize)
+            .map(|b| b ^ flip)
+            .collect())
+    }
+
+    /// Writes `block` to every block of `[lba, lba + blocks)`; the caller holds the locks.
+    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
+        if block.iter().all(|&b| b == 0) {
+            return self
+                .store
+                .write_zeroes(lba * self.block_size, blocks * self.block_size)
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(lba)));
+        }
+        let per = (WRITE_SAME_CHUNK / self.block_size).max(1);
+        let buf = block.repeat(per.min(blocks) as usize);
+        let mut done = 0;
+        while done < blocks {
+            let n = per.min(blocks - done);
+            self.write_blocks(lba + done, &buf[..(n * self.block_size) as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// EXTENDED COPY (LID1, SPC-4 6.4): the segments run in order, each read from its
+    /// source logical unit and written to its destination as READ and WRITE would be.
+    fn extended_copy(&self, cmd: &Command) -> Outcome {
+        let len = xcopy::parameter_list_length(cmd.cdb);
+        let p = self.data(cmd.data_out, len as u64)?;
+        let Some(list) = xcopy::parse(p)? else {
+            return Ok(Vec::new());
+        };
+        let key = (cmd.nexus, list.list_id);
+        let tracked = list.list_id_usage != xcopy::LIST_ID_NONE;
+        let mut status = CopyStatus {
+            state: CopyState::InProgress,
+            segments_processed: 0,
+            bytes: 0,
+        };
+        if tracked {
+            let mut copies = self.copies();
+            if copies
+                .get(&key)
+                .is_some_and(|s| s.state == CopyState::InProgress)
+            {
+                return Err(sense::OPERATION_IN_PROGRESS);
+            }
+            copies.insert(key, status);
+        }
+        let result = self.run_segments(cmd.nexus, &list, &mut status);
+        status.state = if result.is_ok() {
+            CopyState::Done
+        } else {
+            CopyState::Failed
+        };
+        if tracked {
+            let mut copies = self.copies();
+            if list.list_id_usage == xcopy::LIST_ID_HOLD {
+                copies.insert(key, status);
+            } else {
+                copies.remove(&key);
+            }
+        }
+        result.map(|()| Vec::new())
+    }
+
+    fn run_segments(
+        &self,
+        nexus: Nexus,
+        list: &CopyList,
+        status: &mut CopyStatus,
+    ) -> Result<(), Sense> {
+        for seg in &list.segments {
+            let at = |s: Sense| s.at_parameter(seg.offset as u16);
+            let src = self.copy_target(list, seg.source).map_err(at)?;
+            let dst = self.copy_target(list, seg.destination).map_err(at)?;
+            status.bytes += self.copy_segment(nexus, &src, &dst, seg).map_err(at)?;
+            status.segments_processed += 1;
+        }
+        Ok(())
+    }
+
+    /// The logical unit a CSCD descriptor names.
+    fn copy_target(&self, list: &CopyList, index: u16) -> Result<CopyTarget<'_>, Sense> {
+        let cscd = list
+            .cscds
+            .get(index as usize)
+            .ok_or(sense::COPY_TARGET_DEVICE_NOT_REACHABLE)?;
+        if cscd.peripheral_type != 0 {
+            return Err(sense::INCORRECT_COPY_TARGET_DEVICE_TYPE);
+        }
+        // Only designators of logical units (association 00b) name copy targets.
+        if cscd.association != 0 {
+            return Err(sense::UNREACHABLE_COPY_TARGET);
+        }
+        let lu = if self.has_designator(&cscd.designator) {
+            CopyTarget::This(self)
+        } else {
+            self.copy_targets
+                .get()
+                .and_then(Weak::upgrade)
+                .and_then(|t| t.find(&cscd.designator))
+                .map(CopyTarget::Other)
+                .ok_or(sense::UNREACHABLE_COPY_TARGET)?
+        };
+        // A block device CSCD states the block length it expects.
+        if cscd.block_size as u64 != lu.block_size {
+            return Err(sense::INCORRECT_COPY_TARGET_DEVICE_TYPE);
+        }
+        if lu.medium_present().is_err() || lu.sanitizing.load(Ordering::Acquire) {
+            return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+        }
+        Ok(lu)
+    }
+
+    /// Copies one block to block segment; returns the bytes copied. Whatever a copy
+    /// target refuses (range, write protection, reservations, I/O) aborts the copy.
+    fn copy_segment(
+        &self,
+        nexus: Nexus,
+        src: &LogicalUnit,
+        dst: &LogicalUnit,
+        seg: &Segment,
+    ) -> Result<u64, Sense> {
+        let unit = if seg.destination_count {
+            dst.block_size
+        } else {
+            src.block_size
+        };
+        let bytes = seg.blocks as u64 * unit;
+        if !bytes.is_multiple_of(src.block_size) || !bytes.is_multiple_of(dst.block_size) {
+            return Err(sense::COPY_ABORTED);
+        }
+        let aborted = |_| sense::COPY_ABORTED;
+        src.check_range(seg.source_lba, bytes / src.block_size)
+            .map_err(aborted)?;
+        dst.check_range(seg.destination_lba, bytes / dst.block_size)
+            .map_err(aborted)?;
+        dst.check_writable().map_err(aborted)?;
+        // This logical unit checked the EXTENDED COPY itself against its reservations;
+        // other ones are asked as for a READ or WRITE from the same nexus.
+        for (lu, opcode) in [(src, READ_16), (dst, WRITE_16)] {
+            if !std::ptr::eq(lu, self) {
+                let mut cdb = [0u8; 16];
+                cdb[0] = opcode;
+                if lu.pr().check(nexus, &cdb).is_err() {
+                    return Err(sense::COPY_ABORTED);
+                }
+            }
+        }
+        let step = lcm(src.block_size, dst.block_size);
+        let chunk = (COPY_CHUNK / step).max(1) * step;
+        let mut starts: Vec<u64> = (0..bytes).step_by(chunk as usize).collect();
+        // Within one logical unit, a destination above an overlapping source is copied
+        // from the end so that no source block is overwritten before it is read.
+        if std::ptr::eq(src, dst) && seg.destination_lba > seg.source_lba {
+            starts.reverse();
+        }
+        for start in starts {
+            let n = chunk.min(bytes - start);
+            let (s_lba, s_blocks) = (seg.source_lba + start / src.block_size, n / src.block_size);
+            let (d_lba, d_blocks) = (
+                seg.destination_lba + start / dst.block_size,
+                n / dst.block_size,
+            );
+            let data = {
+                let _guards = src.lock_range_shared(s_lba, s_blocks);
+                src.read_blocks(s_lba, s_blocks).map_err(aborted)?
+            };
+            let _guards = dst.lock_range(d_lba, d_blocks);
+            dst.write_blocks(d_lba, &data).map_err(aborted)?;
+        }
+        dst.write_through(false).map_err(aborted)?;
+        Ok(bytes)
+    }
+
+    /// RECEIVE COPY RESULTS (LID1): COPY STATUS of a held list identifier (reported once
+    /// the copy has ended, then forgotten) and OPERATING PARAMETERS.
+    fn receive_copy_results(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
+        let sa = (cdb[1] & 0x1f) as u16;
+        let alloc = be32(&cdb[10..14]) as usize;
+        let data = if sa == SA_COPY_STATUS {
+            let key = (nexus, cdb[2]);
+            let mut copies = self.copies();
+            let status = *copies
+                .get(&key)
+                .ok_or(Sense::invalid_field_in_cdb(2, None))?;
+            if status.state != CopyState::InProgress {
+                copies.remove(&key);
+            }
+            status.data()
+        } else {
+            xcopy::operating_parameters(self.block_size as u32)
+        };
+        Ok(truncate(data, alloc))
     }
 
     fn unmap(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
@@ -799,6 +1114,7 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        d[13] = self.config.physical_block_exponent & 0x0f;
         if self.config.thin {
             d[14] = 0x80 | 0x40; // LBPME, LBPRZ
         }
@@ -849,6 +1165,11 @@ impl LogicalUnit {
         let alloc = cdb[4] as usize;
         let s = self
             .take_unit_attention(nexus)
+            .or_else(|| {
+                self.sanitizing
+                    .load(Ordering::Acquire)
+                    .then_some(sense::SANITIZE_IN_PROGRESS)
+            })
             .or_else(|| self.medium_present().err())
             .unwrap_or(sense::NO_SENSE);
         let data = if desc { s.descriptor() } else { s.fixed() };
@@ -920,6 +1241,14 @@ impl LogicalUnit {
         }
         Ok(Vec::new())
     }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a.max(1), b.max(1));
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a.max(1) / x * b.max(1)
 }
 
 fn read_defect_data(cdb: &[u8]) -> Outcome {

@@ -48,10 +48,12 @@ pub(crate) const RESERVE_10: u8 = 0x56;
 pub(crate) const RELEASE_10: u8 = 0x57;
 pub(crate) const PERSISTENT_RESERVE_IN: u8 = 0x5e;
 pub(crate) const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+pub(crate) const EXTENDED_COPY: u8 = 0x83;
 pub(crate) const RECEIVE_COPY_RESULTS: u8 = 0x84;
 pub(crate) const SANITIZE: u8 = 0x48;
 pub(crate) const WRITE_ATOMIC_16: u8 = 0x9c;
 
+pub(crate) const SA_SANITIZE_OVERWRITE: u8 = 0x01;
 pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
 pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
 pub(crate) const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
@@ -60,6 +62,9 @@ pub(crate) const SA_READ_CAPACITY_16: u16 = 0x10;
 pub(crate) const SA_GET_LBA_STATUS: u16 = 0x12;
 pub(crate) const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
 pub(crate) const SA_REPORT_TARGET_PORT_GROUPS: u16 = 0x0a;
+pub(crate) const SA_EXTENDED_COPY_LID1: u16 = 0x00;
+pub(crate) const SA_COPY_STATUS: u16 = 0x00;
+pub(crate) const SA_OPERATING_PARAMETERS: u16 = 0x03;
 
 /// One supported command.
 pub(crate) struct OpInfo {
@@ -447,6 +452,11 @@ pub(crate) static OPS: &[OpInfo] = &[
     ),
     op_sa(
         SANITIZE,
+        SA_SANITIZE_OVERWRITE as u16,
+        &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        SANITIZE,
         SA_SANITIZE_BLOCK_ERASE as u16,
         &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
     ),
@@ -459,6 +469,72 @@ pub(crate) static OPS: &[OpInfo] = &[
         SANITIZE,
         SA_SANITIZE_EXIT_FAILURE_MODE as u16,
         &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
+    ),
+    op_sa(
+        EXTENDED_COPY,
+        SA_EXTENDED_COPY_LID1,
+        &[
+            EXTENDED_COPY,
+            0x1f,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+        ],
+    ),
+    op_sa(
+        RECEIVE_COPY_RESULTS,
+        SA_COPY_STATUS,
+        &[
+            RECEIVE_COPY_RESULTS,
+            0x1f,
+            FF,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+        ],
+    ),
+    op_sa(
+        RECEIVE_COPY_RESULTS,
+        SA_OPERATING_PARAMETERS,
+        &[
+            RECEIVE_COPY_RESULTS,
+            0x1f,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            FF,
+            FF,
+            FF,
+            FF,
+            0,
+            0,
+        ],
     ),
     op_sa(
         MAINTENANCE_IN,

@@ -10,6 +10,7 @@ pub mod key {
     pub const ILLEGAL_REQUEST: u8 = 0x05;
     pub const UNIT_ATTENTION: u8 = 0x06;
     pub const DATA_PROTECT: u8 = 0x07;
+    pub const COPY_ABORTED: u8 = 0x0a;
     pub const ABORTED_COMMAND: u8 = 0x0b;
     pub const MISCOMPARE: u8 = 0x0e;
 }
@@ -39,6 +40,7 @@ pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUE
 pub const MEDIUM_REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
 pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
 pub const NOT_READY_INITIALIZING_COMMAND_REQUIRED: Sense = Sense::new(key::NOT_READY, 0x04, 0x02);
+pub const SANITIZE_IN_PROGRESS: Sense = Sense::new(key::NOT_READY, 0x04, 0x1b);
 pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
 pub const POWER_ON_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
 pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
@@ -50,6 +52,18 @@ pub const INVALID_RELEASE_OF_PERSISTENT_RESERVATION: Sense =
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);
 pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
 pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+pub const OPERATION_IN_PROGRESS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x00, 0x16);
+pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
+pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE: Sense =
+    Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x07);
+pub const TOO_MANY_SEGMENT_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x08);
+pub const UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE_CODE: Sense =
+    Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x09);
+/// A copy target failed the copy (its own error is not passed on in this form).
+pub const COPY_ABORTED: Sense = Sense::new(key::COPY_ABORTED, 0x00, 0x00);
+pub const UNREACHABLE_COPY_TARGET: Sense = Sense::new(key::COPY_ABORTED, 0x08, 0x04);
+pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x02);
+pub const INCORRECT_COPY_TARGET_DEVICE_TYPE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x03);
 
 /// Length of fixed-format sense data as built here.
 pub const FIXED_LEN: usize = 18;
@@ -84,6 +98,17 @@ impl Sense {
         Self {
             sks: Some(field_pointer(false, byte, bit)),
             ..INVALID_FIELD_IN_PARAMETER_LIST
+        }
+    }
+
+    /// The same condition, its sense-key specific bytes pointing at `byte` of the
+    /// parameter list. For COPY ABORTED that is a segment pointer (SPC-4 4.5.2.4.6) with
+    /// SD clear: the offset of the segment descriptor in the parameter list, laid out as a
+    /// field pointer is.
+    pub fn at_parameter(self, byte: u16) -> Self {
+        Self {
+            sks: Some(field_pointer(false, byte, None)),
+            ..self
         }
     }
 

@@ -75,9 +75,17 @@ pub struct SessionDefaults {
     pub login_timeout: u64,
     /// Seconds of silence before the target sends a NOP-In ping (0: never).
     pub nop_interval: u64,
+    /// SO_SNDBUF / SO_RCVBUF per connection; unset: auto-tuned from the handshake's RTT.
     pub send_buffer: Option<usize>,
     pub recv_buffer: Option<usize>,
     pub congestion: Option<String>,
+    /// SO_MAX_PACING_RATE per connection, bytes per second.
+    pub pacing_rate: Option<u64>,
+    /// TCP_NOTSENT_LOWAT per connection, bytes.
+    pub notsent_lowat: Option<u32>,
+    /// Size socket buffers from each connection's measured RTT where the kernel's
+    /// autotuning would stop short of the path's needs.
+    pub auto_tune: bool,
 }
 
 impl Default for SessionDefaults {
@@ -101,6 +109,9 @@ impl Default for SessionDefaults {
             send_buffer: None,
             recv_buffer: None,
             congestion: None,
+            pacing_rate: None,
+            notsent_lowat: None,
+            auto_tune: true,
         }
     }
 }
@@ -153,6 +164,10 @@ pub struct LunConfig {
     pub size: Option<Size>,
     #[serde(default = "default_block_size")]
     pub block_size: u32,
+    /// Logical blocks per physical block as a power of two (0: one; 3 with 512-byte
+    /// blocks: 4 KiB physical sectors), as READ CAPACITY(16) reports it.
+    #[serde(default)]
+    pub physical_block_exponent: u8,
     #[serde(default)]
     pub read_only: bool,
     #[serde(default)]
@@ -236,6 +251,7 @@ impl Config {
                     path: Some("lun0.img".into()),
                     size: Some(Size(DEFAULT_LUN_SIZE)),
                     block_size: 512,
+                    physical_block_exponent: 0,
                     read_only: false,
                     removable: false,
                     thin: true,
@@ -339,6 +355,9 @@ impl Config {
                 }
                 if l.block_size != 512 && l.block_size != 4096 {
                     return Err(format!("{at}: block_size must be 512 or 4096"));
+                }
+                if l.physical_block_exponent > 8 {
+                    return Err(format!("{at}: physical_block_exponent must be 0..8"));
                 }
                 match l.backstore {
                     BackstoreKind::File if l.path.is_none() => {
@@ -473,6 +492,11 @@ backstore = "ram"
 size = "64MiB"
 block_size = 4096
 read_only = true
+[[target.lun]]
+id = 2
+backstore = "ram"
+size = "64MiB"
+physical_block_exponent = 3
 "#,
             "test.toml",
         )
@@ -481,6 +505,8 @@ read_only = true
         assert_eq!(c.session.max_connections, 16);
         assert_eq!(c.targets[0].luns[0].size, Some(Size(2 << 30)));
         assert_eq!(c.targets[0].luns[1].block_size, 4096);
+        assert_eq!(c.targets[0].luns[1].physical_block_exponent, 0);
+        assert_eq!(c.targets[0].luns[2].physical_block_exponent, 3);
         assert_eq!(
             c.lun_path(&c.targets[0].luns[0]).unwrap(),
             PathBuf::from("/var/lib/reservoir/disk1.img")
@@ -505,6 +531,14 @@ read_only = true
         .unwrap_err()
         .to_string();
         assert!(e.contains("multiple of the block size"), "{e}");
+
+        let e = Config::parse(
+            "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 0\nbackstore = \"ram\"\nsize = 4096\nphysical_block_exponent = 9\n",
+            "p.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("physical_block_exponent"), "{e}");
 
         let e = Config::parse("[[target]]\niqn = \"foo\"\n", "c.toml")
             .unwrap_err()

@@ -61,18 +61,8 @@ mod tmf {
 }
 
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let s = &shared.config.session;
-    let applied = net::apply(
-        std::os::fd::AsFd::as_fd(&stream),
-        &net::SocketTuning {
-            send_buffer: s.send_buffer,
-            recv_buffer: s.recv_buffer,
-            // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
-            congestion: s.congestion.clone().or_else(net::preferred_congestion),
-            nodelay: true,
-            ..Default::default()
-        },
-    );
+    let tuning = socket_tuning(&shared.config.session, &stream, peer);
+    let applied = net::apply(std::os::fd::AsFd::as_fd(&stream), &tuning);
     for w in &applied.warnings {
         warn!("{peer}: socket tuning: {w}");
     }
@@ -80,6 +70,44 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         Ok(why) => debug!("{peer}: connection closed: {why}"),
         Err(e) => info!("{peer}: connection closed: {e:#}"),
     }
+}
+
+/// The configured socket options, with buffers auto-tuned where unset: the handshake's
+/// RTT tells how much a long path keeps in flight, and where the kernel's autotuning
+/// ceiling is lower, the buffers are set explicitly (see `net::buffers_for_rtt`).
+fn socket_tuning(
+    s: &crate::config::SessionDefaults,
+    stream: &TcpStream,
+    peer: SocketAddr,
+) -> net::SocketTuning {
+    let mut t = net::SocketTuning {
+        send_buffer: s.send_buffer,
+        recv_buffer: s.recv_buffer,
+        // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
+        congestion: s.congestion.clone().or_else(net::preferred_congestion),
+        pacing_rate: s.pacing_rate,
+        notsent_lowat: s.notsent_lowat,
+        nodelay: true,
+    };
+    if !s.auto_tune {
+        return t;
+    }
+    let Ok(info) = net::tcp_info(stream) else {
+        return t;
+    };
+    let rtt = std::time::Duration::from_micros(u64::from(info.rtt_us));
+    let (snd, rcv) = net::buffers_for_rtt(rtt, &net::KernelLimits::read());
+    if t.send_buffer.is_none() && snd.bytes.is_some() {
+        debug!("{peer}: RTT {rtt:?}: send buffer {}", snd.why);
+        t.send_buffer = snd.bytes;
+        // A large explicit buffer must not become a deep queue of unsent Data-In.
+        t.notsent_lowat = t.notsent_lowat.or(Some(1 << 20));
+    }
+    if t.recv_buffer.is_none() && rcv.bytes.is_some() {
+        debug!("{peer}: RTT {rtt:?}: receive buffer {}", rcv.why);
+        t.recv_buffer = rcv.bytes;
+    }
+    t
 }
 
 async fn read_pdu(
@@ -142,6 +170,11 @@ impl LoginPolicy for Policy<'_> {
     }
     fn connection_preferences(&self) -> &ConnectionParams {
         &self.connection
+    }
+    fn required_digests(&self) -> (bool, bool) {
+        let s = &self.shared.config.session;
+        let without_none = |l: &[String]| !l.iter().any(|d| d == "None");
+        (without_none(&s.header_digest), without_none(&s.data_digest))
     }
     fn random_bytes(&mut self, buf: &mut [u8]) {
         rand::thread_rng().fill_bytes(buf);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use backstore::{Backstore, FileBackstore, RamBackstore};
-use scsi::{LogicalUnit, LuConfig, Nexus};
+use scsi::{CopyTargets, Designator, LogicalUnit, LuConfig, Nexus};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
@@ -37,6 +37,16 @@ impl TargetNode {
 
     pub fn lun_ids(&self) -> Vec<u16> {
         self.luns.keys().copied().collect()
+    }
+}
+
+/// EXTENDED COPY sent to one logical unit of a target reaches the target's others.
+impl CopyTargets for TargetNode {
+    fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
+        self.luns
+            .values()
+            .find(|lu| lu.has_designator(designator))
+            .cloned()
     }
 }
 
@@ -248,6 +258,7 @@ impl Server {
                 let lu = LogicalUnit::new(
                     LuConfig {
                         block_size: l.block_size,
+                        physical_block_exponent: l.physical_block_exponent,
                         read_only: l.read_only,
                         removable: l.removable,
                         thin: l.thin && store.supports_discard(),
@@ -266,13 +277,19 @@ impl Server {
                 );
                 luns.insert(l.id, Arc::new(lu));
             }
-            targets.push(Arc::new(TargetNode {
+            let node = Arc::new(TargetNode {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 allowed_initiators: t.allowed_initiators.clone(),
                 chap: t.chap.clone(),
                 luns,
-            }));
+            });
+            // The logical units hold the node weakly: it owns them.
+            let peers = Arc::downgrade(&node) as std::sync::Weak<dyn CopyTargets>;
+            for lu in node.luns.values() {
+                lu.set_copy_targets(peers.clone());
+            }
+            targets.push(node);
         }
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
@@ -374,5 +391,107 @@ impl Server {
         }
         info!("stopped cleanly");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scsi::{Command, Response};
+
+    fn exec(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Response {
+        lu.execute(&Command {
+            cdb,
+            data_out,
+            nexus: Nexus(1),
+        })
+    }
+
+    /// The NAA designator (VPD page 83h) as an identification CSCD descriptor.
+    fn cscd(lu: &LogicalUnit) -> Vec<u8> {
+        let v = exec(lu, &[0x12, 1, 0x83, 1, 0, 0], &[]).data_in;
+        let mut i = 4;
+        while v[i + 1] & 0x0f != 3 {
+            i += 4 + v[i + 3] as usize;
+        }
+        let len = v[i + 3] as usize;
+        let mut d = vec![0u8; 32];
+        d[0] = 0xe4;
+        d[4..8].copy_from_slice(&v[i..i + 4]);
+        d[8..8 + len].copy_from_slice(&v[i + 4..i + 4 + len]);
+        d[30] = 0x02; // 512-byte blocks
+        d
+    }
+
+    #[tokio::test]
+    async fn extended_copy_reaches_the_other_luns_of_the_target() {
+        let config = Config::parse(
+            r#"
+portals = ["127.0.0.1:0"]
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:copy"
+[[target.lun]]
+id = 0
+backstore = "ram"
+size = "1MiB"
+[[target.lun]]
+id = 3
+backstore = "ram"
+size = "1MiB"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:elsewhere"
+[[target.lun]]
+id = 0
+backstore = "ram"
+size = "1MiB"
+"#,
+            "copy.toml",
+        )
+        .unwrap();
+        let server = Server::bind(config).await.unwrap();
+        let targets: Vec<&TargetNode> = server.targets().collect();
+        let (a, b) = (&targets[0].luns[&0], &targets[0].luns[&3]);
+        let other = &targets[1].luns[&0];
+        for lu in [a, b, other] {
+            exec(lu, &[0, 0, 0, 0, 0, 0], &[]); // power-on unit attention
+        }
+        let mut write = vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 2, 0];
+        assert_eq!(exec(a, &write, &[0x5c; 1024]).status, 0);
+
+        let list = |dst: &LogicalUnit| {
+            let mut p = vec![0u8; 16];
+            p[1] = 0x18; // LIST ID USAGE 11b: no list identifier
+            p[3] = 64;
+            p[11] = 28;
+            p.extend(cscd(a));
+            p.extend(cscd(dst));
+            let mut seg = vec![0u8; 28];
+            seg[0] = 0x02;
+            seg[3] = 24;
+            seg[7] = 1; // destination: the second CSCD descriptor
+            seg[11] = 2;
+            seg[27] = 40;
+            p.extend(seg);
+            p
+        };
+        let xcopy = |lu: &LogicalUnit, p: &[u8]| {
+            let mut c = vec![0u8; 16];
+            c[0] = 0x83;
+            c[13] = p.len() as u8;
+            exec(lu, &c, p)
+        };
+        // Sent to either LU of the target, the copy goes from LU 0 to LU 3.
+        for to in [a, b] {
+            write[5] = 40;
+            let r = xcopy(to, &list(b));
+            assert_eq!(r.status, 0, "{:02x?}", r.sense);
+            let read = [0x28, 0, 0, 0, 0, 40, 0, 0, 2, 0];
+            assert_eq!(exec(b, &read, &[]).data_in, vec![0x5c; 1024]);
+            assert_eq!(exec(b, &write, &[0; 1024]).status, 0);
+        }
+        // Another target's LU is not reachable.
+        let r = xcopy(a, &list(other));
+        let s = r.sense.unwrap();
+        assert_eq!((s[2] & 0x0f, s[12], s[13]), (0x0a, 0x08, 0x04));
     }
 }

@@ -1,0 +1,461 @@
+//! Auto-tuning: what a session should look like for the path it runs over.
+//!
+//! Before login a TCP handshake to the portal measures the round-trip time (`TCP_INFO`).
+//! With the bottleneck rate (`--rate`, or an assumed 1 Gbit/s) that gives the
+//! bandwidth-delay product, and from it [`plan`] chooses, for every option not set by hand:
+//!
+//! - **connections**: one on a LAN; on a long path two, or with a known rate 4 (from 10 ms)
+//!   or 8 (from 30 ms) paced ones, because a loss slows only the flow it hit; more when one
+//!   socket's buffer cannot hold its share of the window;
+//! - **queue depth**: enough commands to keep twice the BDP in flight (BBR's cwnd gain)
+//!   plus two per connection, so that every connection always has work;
+//! - **bursts**: on a long path FirstBurstLength and MaxBurstLength as large as one command,
+//!   so that a write goes out whole without waiting a round trip for an R2T;
+//! - **buffers**: left to the kernel's autotuning when its ceiling holds the connection's
+//!   share of the window, set explicitly (past `net.core.*mem_max` with CAP_NET_ADMIN)
+//!   when it does not;
+//! - **pacing**: with a known bottleneck rate, each connection is paced to its share of it
+//!   (R1's remedy: senders held to the bottleneck never overrun its queue).
+//!
+//! While the session runs, every connection's reader samples `TCP_INFO` once a second; the
+//! session grows its queue depth when the measured delivery rate needs more in flight than
+//! the plan assumed ([`grown_queue_depth`]).
+//!
+//! [`plan`] is a pure function of its inputs so that it can be unit-tested; [`probe`] does
+//! the I/O.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{Error, Result, SessionOptions};
+
+/// Rate assumed for sizing when none is given: a fast WAN. Sizing for more than the path
+/// carries costs memory only where data actually queues.
+pub const ASSUMED_RATE: u64 = net::ASSUMED_RATE_BPS / 8;
+/// Below this RTT the path is a LAN: one connection, the kernel's defaults.
+pub const LAN_RTT: Duration = Duration::from_millis(10);
+/// From this RTT on, eight connections.
+pub const LONG_RTT: Duration = Duration::from_millis(30);
+pub const MAX_CONNECTIONS: u16 = 32;
+pub const MAX_QUEUE_DEPTH: usize = 1024;
+/// The largest burst RFC 7143 allows (2^24 - 1) rounded down to 1 KiB.
+pub const MAX_BURST: u32 = 16_776_192;
+
+/// What was measured before login.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Probe {
+    /// Round-trip time of the handshake, microseconds.
+    pub rtt_us: u32,
+    pub mss: u32,
+}
+
+/// What auto-tuning saw and chose, and why. `rsv tune` prints it; `rsv cp --json` and
+/// `rsv bench --json` carry it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Plan {
+    pub enabled: bool,
+    pub rtt_ms: f64,
+    /// Bytes per second the plan was sized for.
+    pub rate_bytes_per_s: u64,
+    /// "given" (--rate) or "assumed".
+    pub rate_source: &'static str,
+    pub bdp_bytes: u64,
+    /// Bytes the session keeps in flight (twice the BDP).
+    pub in_flight_bytes: u64,
+    pub io_size: u64,
+    pub connections: u16,
+    pub queue_depth: usize,
+    pub first_burst: u32,
+    pub max_burst: u32,
+    pub send_buffer: Option<usize>,
+    pub recv_buffer: Option<usize>,
+    /// Bytes per second per connection.
+    pub pacing_rate: Option<u64>,
+    pub congestion: Option<String>,
+    pub kernel: net::KernelLimits,
+    /// One line per choice: what and why.
+    pub reasons: Vec<String>,
+}
+
+/// Applies auto-tuning to `opts` for a path measured by `probe`; returns the options to use
+/// and the plan that explains them. Options in `opts.pinned` are kept.
+pub fn plan(
+    opts: &SessionOptions,
+    probe: &Probe,
+    kernel: &net::KernelLimits,
+) -> (SessionOptions, Plan) {
+    let mut o = opts.clone();
+    let rtt = Duration::from_micros(u64::from(probe.rtt_us.max(1)));
+    let (rate, rate_source) = match opts.rate {
+        Some(r) => (r.max(1), "given"),
+        None => (ASSUMED_RATE, "assumed"),
+    };
+    let bdp = net::bdp_bytes(rate.saturating_mul(8), rtt);
+    let in_flight = bdp.saturating_mul(2).max(1 << 20);
+    let io = opts.io_size_hint.unwrap_or(1 << 20).clamp(4096, 64 << 20);
+    let mut reasons = Vec::new();
+    let mut plan = Plan {
+        enabled: opts.auto_tune,
+        rtt_ms: rtt.as_secs_f64() * 1e3,
+        rate_bytes_per_s: rate,
+        rate_source,
+        bdp_bytes: bdp,
+        in_flight_bytes: in_flight,
+        io_size: io,
+        connections: o.connections,
+        queue_depth: o.queue_depth,
+        first_burst: o.first_burst,
+        max_burst: o.max_burst,
+        send_buffer: o.send_buffer,
+        recv_buffer: o.recv_buffer,
+        pacing_rate: o.pacing_rate,
+        congestion: o.congestion.clone(),
+        kernel: *kernel,
+        reasons: Vec::new(),
+    };
+    if !opts.auto_tune {
+        plan.reasons
+            .push("auto-tuning off: every option as given or default".into());
+        return (o, plan);
+    }
+    let rate_note = match opts.rate {
+        Some(_) => format!("{} given", mbit(rate)),
+        None => format!(
+            "{} assumed (give --rate for the real bottleneck)",
+            mbit(rate)
+        ),
+    };
+    reasons.push(format!(
+        "RTT {:.1} ms measured on a TCP handshake; {rate_note}: BDP {}, {} kept in flight",
+        plan.rtt_ms,
+        bytes(bdp),
+        bytes(in_flight)
+    ));
+
+    // Connections: by RTT, then enough that one socket's share of the window fits the
+    // largest buffer it can have.
+    let per_socket_max = if kernel.can_force {
+        net::MAX_EXPLICIT_BUFFER
+    } else {
+        kernel.tcp_wmem_max.max(kernel.wmem_max) / 2
+    }
+    .max(64 * 1024) as u64;
+    if opts.is_pinned("connections") {
+        reasons.push(format!("connections: {} (set by hand)", o.connections));
+    } else {
+        // Measured on the R0 link (100 Mbit/s, 100 ms, 1 % and 5 % loss, BBR, buffers as
+        // below): unpaced, 1 or 2 connections keep the link full while 4 or 8 overrun the
+        // bottleneck queue and lose 10 % to retransmissions; paced to a known rate, 4 or 8
+        // do as well as 1 with a fifth of the retransmissions and no standing queue.
+        let paced = opts.rate.is_some() && !opts.is_pinned("pacing_rate");
+        let by_rtt: u16 = match (rtt < LAN_RTT, rtt < LONG_RTT, paced) {
+            (true, _, _) => 1,
+            (false, _, false) => 2,
+            (false, true, true) => 4,
+            (false, false, true) => 8,
+        };
+        let by_buffer = in_flight
+            .div_ceil(per_socket_max)
+            .min(u64::from(MAX_CONNECTIONS)) as u16;
+        o.connections = by_rtt.max(by_buffer).clamp(1, MAX_CONNECTIONS);
+        reasons.push(if by_buffer > by_rtt {
+            format!(
+                "connections: {} so that each holds its share of the window in a {} buffer",
+                o.connections,
+                bytes(per_socket_max)
+            )
+        } else if by_rtt == 1 {
+            "connections: 1 (RTT below 10 ms: one flow fills the path)".into()
+        } else if paced {
+            format!(
+                "connections: {} (RTT {}, paced to the given rate: a loss slows only the flow \
+                 it hits, 1/{} of the pipe, and pacing keeps the flows from overrunning the \
+                 bottleneck's queue)",
+                o.connections,
+                if rtt < LONG_RTT {
+                    "10-30 ms"
+                } else {
+                    "30 ms or more"
+                },
+                o.connections
+            )
+        } else {
+            format!(
+                "connections: {} (RTT 10 ms or more, rate unknown: two flows ride out a loss; \
+                 more unpaced flows would overrun the bottleneck's queue — give --rate to pace \
+                 more)",
+                o.connections
+            )
+        });
+    }
+    let n = u64::from(o.connections);
+
+    if opts.is_pinned("queue_depth") {
+        reasons.push(format!("queue depth: {} (set by hand)", o.queue_depth));
+    } else {
+        let qd = (in_flight.div_ceil(io) + 2 * n) as usize;
+        o.queue_depth = qd.clamp(opts.queue_depth.min(32), MAX_QUEUE_DEPTH);
+        reasons.push(format!(
+            "queue depth: {} commands of {} (the in-flight bytes plus two per connection)",
+            o.queue_depth,
+            bytes(io)
+        ));
+    }
+
+    if rtt >= LAN_RTT {
+        let burst = u32::try_from(io)
+            .unwrap_or(MAX_BURST)
+            .clamp(256 * 1024, MAX_BURST);
+        if !opts.is_pinned("max_burst") {
+            o.max_burst = o.max_burst.max(burst);
+        }
+        if !opts.is_pinned("first_burst") {
+            o.first_burst = o.first_burst.max(burst).min(o.max_burst);
+        }
+        if !opts.is_pinned("initial_r2t") {
+            o.initial_r2t = false;
+        }
+        if !opts.is_pinned("immediate_data") {
+            o.immediate_data = true;
+        }
+        reasons.push(format!(
+            "bursts: FirstBurstLength {}, MaxBurstLength {}, InitialR2T={}: a write goes out \
+             without waiting a round trip for an R2T (the target may grant less)",
+            bytes(u64::from(o.first_burst)),
+            bytes(u64::from(o.max_burst)),
+            if o.initial_r2t { "Yes" } else { "No" }
+        ));
+    }
+
+    let window = (in_flight / n) as usize;
+    for (key, auto_max, explicit_max, dir) in [
+        ("send_buffer", kernel.tcp_wmem_max, kernel.wmem_max, "send"),
+        (
+            "recv_buffer",
+            kernel.tcp_rmem_max,
+            kernel.rmem_max,
+            "receive",
+        ),
+    ] {
+        if opts.is_pinned(key) {
+            reasons.push(format!("{dir} buffer: set by hand"));
+            continue;
+        }
+        let c = net::choose_buffer(window, auto_max, explicit_max, kernel.can_force);
+        reasons.push(format!("{dir} buffer: {}", c.why));
+        if key == "send_buffer" {
+            o.send_buffer = c.bytes;
+        } else {
+            o.recv_buffer = c.bytes;
+        }
+    }
+
+    if opts.is_pinned("pacing_rate") {
+        reasons.push("pacing: set by hand".into());
+    } else if let Some(r) = opts.rate {
+        // 5 % above the share: the kernel paces whole packets, headers included, and a flow
+        // recovering from a loss leaves room the others may take.
+        let each = (r / n + r / n / 20).max(1);
+        o.pacing_rate = Some(each);
+        reasons.push(format!(
+            "pacing: {} per connection, the given rate shared by {n} plus 5 %: the senders \
+             never overrun the bottleneck's queue",
+            mbit(each)
+        ));
+    } else {
+        reasons.push("pacing: none (no --rate; the congestion control paces)".into());
+    }
+    reasons.push(match &o.congestion {
+        Some(cc) => format!("congestion control: {cc}"),
+        None => "congestion control: the kernel's default".into(),
+    });
+
+    plan.connections = o.connections;
+    plan.queue_depth = o.queue_depth;
+    plan.first_burst = o.first_burst;
+    plan.max_burst = o.max_burst;
+    plan.send_buffer = o.send_buffer;
+    plan.recv_buffer = o.recv_buffer;
+    plan.pacing_rate = o.pacing_rate;
+    plan.congestion = o.congestion.clone();
+    plan.reasons = reasons;
+    (o, plan)
+}
+
+/// The queue depth the measured path needs: twice the delivered bytes per RTT, in
+/// commands of `io` bytes, plus two per connection. `None` when `current` suffices.
+pub fn grown_queue_depth(
+    current: usize,
+    delivery_rate: u64,
+    min_rtt: Duration,
+    io: u64,
+    connections: usize,
+) -> Option<usize> {
+    let bdp = net::bdp_bytes(delivery_rate.saturating_mul(8), min_rtt);
+    let want =
+        (bdp.saturating_mul(2).div_ceil(io.max(1)) as usize + 2 * connections).min(MAX_QUEUE_DEPTH);
+    (want > current).then_some(want)
+}
+
+/// Handshakes per probe: a lost SYN or SYN-ACK makes one handshake's RTT a
+/// retransmission timeout, so the smallest of a few is taken.
+const PROBE_HANDSHAKES: usize = 3;
+
+/// Measures the path to `portal` with a few concurrent TCP handshakes (no login).
+pub async fn probe(portal: &str) -> Result<Probe> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..PROBE_HANDSHAKES {
+        set.spawn(handshake(portal.to_owned()));
+    }
+    let mut best: Option<Probe> = None;
+    let mut last_err = None;
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(p)) if best.is_none_or(|b| p.rtt_us < b.rtt_us) => best = Some(p),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => last_err = Some(e),
+            Err(e) => last_err = Some(Error::Protocol(e.to_string())),
+        }
+    }
+    best.ok_or_else(|| last_err.unwrap_or(Error::Closed))
+}
+
+async fn handshake(portal: String) -> Result<Probe> {
+    let s = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&portal),
+    )
+    .await
+    .map_err(|_| Error::Unreachable {
+        portal: portal.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s"),
+    })?
+    .map_err(|source| Error::Unreachable {
+        portal: portal.clone(),
+        source,
+    })?;
+    let info = net::tcp_info(&s)?;
+    Ok(Probe {
+        rtt_us: info.rtt_us.max(1),
+        mss: info.snd_mss,
+    })
+}
+
+fn mbit(bytes_per_s: u64) -> String {
+    format!("{:.0} Mbit/s", bytes_per_s as f64 * 8.0 / 1e6)
+}
+
+fn bytes(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{} KiB", b / 1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel() -> net::KernelLimits {
+        net::KernelLimits {
+            tcp_wmem_max: 4 << 20,
+            tcp_rmem_max: 6 << 20,
+            wmem_max: 212_992,
+            rmem_max: 212_992,
+            can_force: true,
+        }
+    }
+
+    fn probe_ms(ms: u32) -> Probe {
+        Probe {
+            rtt_us: ms * 1000,
+            mss: 1448,
+        }
+    }
+
+    #[test]
+    fn lan_keeps_one_connection_and_kernel_buffers() {
+        let (o, p) = plan(&SessionOptions::default(), &probe_ms(0), &kernel());
+        assert_eq!(o.connections, 1);
+        assert_eq!(o.send_buffer, None);
+        assert_eq!(o.recv_buffer, None);
+        assert_eq!(o.queue_depth, 32);
+        assert!(p.reasons.iter().any(|r| r.starts_with("connections: 1")));
+    }
+
+    #[test]
+    fn r0_path_gets_eight_connections_and_enough_in_flight() {
+        let mut opts = SessionOptions {
+            rate: Some(12_500_000),
+            ..SessionOptions::default()
+        };
+        opts.io_size_hint = Some(1 << 20);
+        let (o, p) = plan(&opts, &probe_ms(100), &kernel());
+        assert_eq!(p.bdp_bytes, 1_250_000);
+        assert_eq!(o.connections, 8);
+        // 2.5 MB in flight = 3 commands of 1 MiB, plus 16: never fewer than 32.
+        assert_eq!(o.queue_depth, 32);
+        assert_eq!(o.first_burst, 1 << 20);
+        assert!(!o.initial_r2t && o.immediate_data);
+        // The given rate is shared by 8 connections, plus 5 %.
+        assert_eq!(o.pacing_rate, Some(12_500_000 / 8 * 105 / 100));
+        // 2.5 MB over 8 sockets fits the kernel's autotuning.
+        assert_eq!(o.send_buffer, None);
+        // Without a rate: two unpaced connections sized for 1 Gbit/s, 12.5 MB each.
+        let (o, _) = plan(&SessionOptions::default(), &probe_ms(100), &kernel());
+        assert_eq!((o.connections, o.pacing_rate), (2, None));
+        assert_eq!(o.send_buffer, Some(12_500_000));
+    }
+
+    #[test]
+    fn fast_long_path_sets_buffers_and_more_in_flight() {
+        // R2: 8.2 Gbit/s, 350 ms: BDP 358 MB.
+        let mut opts = SessionOptions {
+            rate: Some(8_200_000_000 / 8),
+            ..SessionOptions::default()
+        };
+        opts.io_size_hint = Some(4 << 20);
+        let (o, p) = plan(&opts, &probe_ms(350), &kernel());
+        assert_eq!(p.bdp_bytes, 358_750_000);
+        // 717.5 MB in flight needs 11 sockets of 64 MiB.
+        assert_eq!(o.connections, 11);
+        assert_eq!(o.queue_depth, 172 + 22);
+        assert!(o.send_buffer.unwrap() > 60_000_000);
+        assert!(o.recv_buffer.unwrap() > 60_000_000);
+    }
+
+    #[test]
+    fn pinned_options_are_kept() {
+        let mut opts = SessionOptions::default();
+        opts.set("connections", "2").unwrap();
+        opts.set("queue_depth", "7").unwrap();
+        opts.set("first_burst", "65536").unwrap();
+        let (o, p) = plan(&opts, &probe_ms(100), &kernel());
+        assert_eq!((o.connections, o.queue_depth, o.first_burst), (2, 7, 65536));
+        assert!(p.reasons.iter().any(|r| r.contains("set by hand")));
+    }
+
+    #[test]
+    fn off_means_untouched() {
+        let opts = SessionOptions {
+            auto_tune: false,
+            ..SessionOptions::default()
+        };
+        let (o, p) = plan(&opts, &probe_ms(100), &kernel());
+        assert_eq!(o, opts);
+        assert!(!p.enabled);
+    }
+
+    #[test]
+    fn queue_grows_with_measured_rate() {
+        // 100 MB/s delivered over 100 ms: 10 MB per RTT, 20 MB in flight = 20 x 1 MiB.
+        let g = grown_queue_depth(32, 100_000_000, Duration::from_millis(100), 1 << 20, 8);
+        assert_eq!(g, Some(36));
+        assert_eq!(
+            grown_queue_depth(64, 100_000_000, Duration::from_millis(100), 1 << 20, 8),
+            None
+        );
+    }
+}

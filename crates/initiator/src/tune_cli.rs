@@ -1,0 +1,168 @@
+//! `rsv tune URL`: what auto-tuning measures and chooses for a LUN's path, and why —
+//! before a copy. With `--probe SECS` it also reads for that long and shows what the
+//! connections measured meanwhile (rate, RTT, retransmits) and how the queue depth grew.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::cli::SessionFlags;
+use crate::{IscsiUrl, PathReport, Session, SessionInfo};
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// iscsi://host/TARGET-IQN/LUN
+    pub url: String,
+    #[command(flatten)]
+    pub session: SessionFlags,
+    /// Bytes per command the copy will use (sizes bursts and the queue depth).
+    #[arg(long, default_value = "1m", value_parser = |s: &str| crate::parse_size(s).ok_or(format!("{s}: expected a size like 1m")))]
+    pub io_size: u64,
+    /// Read sequentially for this many seconds and report what the connections measured.
+    #[arg(long, default_value_t = 0.0)]
+    pub probe: f64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TuneReport {
+    pub session: SessionInfo,
+    /// Bytes read by the probe and its rate (absent without --probe).
+    pub probe_bytes: Option<u64>,
+    pub probe_mb_per_s: Option<f64>,
+    pub path: Option<PathReport>,
+}
+
+pub async fn run_tune(args: &TuneArgs) -> anyhow::Result<TuneReport> {
+    let url = IscsiUrl::parse(&args.url)?;
+    let lun = url.lun_required()?;
+    let mut opts = args.session.options(&url)?;
+    opts.io_size_hint = Some(args.io_size);
+    let s = Session::connect(&url, &opts).await?;
+    let (mut probe_bytes, mut probe_rate) = (None, None);
+    if args.probe > 0.0 {
+        let cap = s.read_capacity(lun).await?;
+        let bs = u64::from(cap.block_size);
+        let io = (args.io_size.max(bs) / bs * bs).min(cap.bytes());
+        let slots = (cap.bytes() / io).max(1);
+        let deadline = Instant::now() + Duration::from_secs_f64(args.probe);
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let start = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        // One worker per allowed command; workers added as auto-tuning grows the depth.
+        let mut workers = 0;
+        loop {
+            while workers < s.queue_depth() && Instant::now() < deadline {
+                let (s, next, done) = (s.clone(), next.clone(), done.clone());
+                set.spawn(async move {
+                    while Instant::now() < deadline {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        let slot = next.fetch_add(1, Relaxed) % slots;
+                        s.read(lun, slot * io / bs, (io / bs) as u32).await?;
+                        done.fetch_add(io, Relaxed);
+                    }
+                    Ok::<_, crate::Error>(())
+                });
+                workers += 1;
+            }
+            tokio::select! {
+                r = set.join_next() => match r {
+                    Some(r) => r??,
+                    None => break,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        let b = done.load(std::sync::atomic::Ordering::Relaxed);
+        probe_bytes = Some(b);
+        probe_rate = Some(b as f64 / 1e6 / start.elapsed().as_secs_f64());
+    }
+    let session = s.info();
+    let path = session.path.clone();
+    let _ = s.logout().await;
+    Ok(TuneReport {
+        session,
+        probe_bytes,
+        probe_mb_per_s: probe_rate,
+        path,
+    })
+}
+
+pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(run_tune(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let i = &r.session;
+    match &i.tuning {
+        Some(p) => {
+            println!(
+                "measured: RTT {:.1} ms; sized for {:.0} Mbit/s ({}), BDP {} bytes",
+                p.rtt_ms,
+                p.rate_bytes_per_s as f64 * 8e-6,
+                p.rate_source,
+                p.bdp_bytes
+            );
+            println!("chosen, and why:");
+            for reason in &p.reasons {
+                println!("  - {reason}");
+            }
+        }
+        None => println!("auto-tuning off: options as given"),
+    }
+    println!(
+        "negotiated with {}: {} of {} connections, queue depth {}, InitialR2T={}, \
+         ImmediateData={}, FirstBurstLength {}, MaxBurstLength {}, MaxRecvDataSegmentLength \
+         {}/{}, digests {}/{}, ERL {}",
+        i.target,
+        i.connections,
+        i.max_connections,
+        i.queue_depth,
+        yes(i.initial_r2t),
+        yes(i.immediate_data),
+        i.first_burst_length,
+        i.max_burst_length,
+        i.max_recv_data_segment_length,
+        i.max_send_data_segment_length,
+        if i.header_digest { "CRC32C" } else { "None" },
+        if i.data_digest { "CRC32C" } else { "None" },
+        i.error_recovery_level
+    );
+    println!(
+        "socket: congestion {}, send buffer {}, receive buffer {}",
+        i.congestion.as_deref().unwrap_or("default"),
+        i.send_buffer,
+        i.recv_buffer
+    );
+    if let (Some(b), Some(rate)) = (r.probe_bytes, r.probe_mb_per_s) {
+        println!("probe: read {b} bytes at {rate:.1} MB/s");
+    }
+    if let Some(p) = &r.path {
+        println!(
+            "path as measured by {} connections: min RTT {:.1} ms, smoothed RTT {:.1} ms, \
+             {:.1} Mbit/s, {} retransmits",
+            p.connections_sampled,
+            p.min_rtt_ms,
+            p.srtt_ms,
+            p.rate_bytes_per_s as f64 * 8e-6,
+            p.retransmits
+        );
+    }
+    Ok(())
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "Yes"
+    } else {
+        "No"
+    }
+}

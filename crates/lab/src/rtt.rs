@@ -1,0 +1,164 @@
+//! RTT sweep: one link at a high rate, round-trip times from 1 to 300 ms, no loss;
+//! iperf3 BBR as the network's ceiling and Reservoir's defaults (auto-tuned, nothing
+//! set by hand) writing and reading. The goal: at least 90 % of the link at every point.
+
+use crate::env::Environment;
+use crate::peers::{rsv_target, ISCSI_PORT};
+use crate::proc::{self, check_interrupt, Link};
+use crate::r0::{self, IscsiConfig, Row, IQN};
+use anyhow::Result;
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Params {
+    pub rate: String,
+    pub rate_bps: u64,
+    pub rtt_ms: Vec<u32>,
+    pub seconds: u64,
+}
+
+impl Params {
+    pub fn new(quick: bool) -> Params {
+        // The emulator holds 1 Gbit/s on an idle machine; with the target, the initiator
+        // and the relay on two shared cores, 500 Mbit/s is what it holds steadily.
+        let (rate, rate_bps) = if quick {
+            ("100mbit", 100_000_000)
+        } else {
+            ("500mbit", 500_000_000)
+        };
+        Params {
+            rate: rate.into(),
+            rate_bps,
+            rtt_ms: if quick {
+                vec![50]
+            } else {
+                vec![1, 10, 50, 100, 200, 300]
+            },
+            seconds: if quick { 3 } else { 30 },
+        }
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Point {
+    pub rtt_ms: u32,
+    pub row: Row,
+    /// Payload rate as a share of the link rate.
+    pub link_pct: f64,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub scenario: &'static str,
+    pub quick: bool,
+    pub command: String,
+    pub params: Params,
+    pub environment: Environment,
+    pub points: Vec<Point>,
+}
+
+fn reservoir() -> IscsiConfig {
+    IscsiConfig {
+        key: "reservoir",
+        label: "Reservoir default",
+        sysctl: r0::linux_default_tcp(),
+        target_session: String::new(),
+        connections: None,
+        queue_depth: None,
+        io_size: "1m",
+        initiator_opts: Vec::new(),
+    }
+}
+
+pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
+    let params = Params::new(quick);
+    let environment = crate::env::collect();
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
+    let scratch = proc::Scratch::new(Path::new("/dev/shm"), "rtt")?;
+    let dir = &scratch.0;
+    let link = Link::up(
+        "lrtt",
+        &[
+            "--rtt".into(),
+            format!("{}ms", params.rtt_ms[0]),
+            "--rate".into(),
+            params.rate.clone(),
+        ],
+        1,
+    )?;
+    r0::set_tcp(&link, &r0::linux_default_tcp())?;
+    let (a, b) = (&link.a[0], &link.b[0]);
+    let mut target = rsv_target(&b.ns, b.addr, &r0::target_toml(""), dir, "rtt")?;
+    let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
+    let cfg = reservoir();
+    let mut points = Vec::new();
+    for &rtt in &params.rtt_ms {
+        check_interrupt()?;
+        // The queue stays one BDP (the emulator's default) as the RTT changes.
+        link.set(&["--rtt".into(), format!("{rtt}ms")])?;
+        eprintln!("rtt: {rtt} ms");
+        let mut rows = vec![r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?];
+        for rw in ["write", "read"] {
+            rows.push(r0::bench(&a.ns, &url, &cfg, rw, 0.0, params.seconds, dir)?);
+        }
+        for row in rows {
+            let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
+            eprintln!(
+                "  {:<7} {:<22} {:>8.2} Mbit/s  {:>5.1} % of the link{}",
+                row.direction,
+                row.config,
+                row.mbit_per_s,
+                link_pct,
+                if row.error.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", row.error)
+                }
+            );
+            points.push(Point {
+                rtt_ms: rtt,
+                row,
+                link_pct,
+            });
+        }
+    }
+    if let Some(p) = points.last_mut() {
+        r0::check_target(&mut target, std::slice::from_mut(&mut p.row));
+    }
+    drop(link);
+    let results = Results {
+        scenario: "rtt",
+        quick,
+        command,
+        params,
+        environment,
+        points,
+    };
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("rtt.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    let mut csv = String::from(
+        "scenario,rtt_ms,direction,config,tool,bytes,seconds,mbit_per_s,link_pct,complete,error\n",
+    );
+    for p in &results.points {
+        let r = &p.row;
+        csv += &format!(
+            "rtt,{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
+            p.rtt_ms,
+            r.direction,
+            r.config,
+            r.tool,
+            r.bytes,
+            r.seconds,
+            r.mbit_per_s,
+            p.link_pct,
+            r.complete,
+            r.error
+        );
+    }
+    std::fs::write(out.join("rtt.csv"), csv)?;
+    Ok(results)
+}
