@@ -322,20 +322,17 @@ impl CuttingProxy {
                 let Ok(u) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                // Only the first connection that carries enough bytes is cut.
-                let limit = if armed.swap(false, Ordering::AcqRel) {
-                    Some(cut_after)
-                } else {
-                    None
-                };
+                // Only the first connection that carries enough bytes is cut (not the
+                // first one: auto-tuning's RTT probe connects and goes).
+                let limit = armed.load(Ordering::Acquire).then_some(cut_after);
                 let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
                 let (c3, u3) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-                let cuts = cuts2.clone();
+                let cut = Some((c3, u3, cuts2.clone(), armed.clone()));
                 if replies {
                     thread::spawn(move || pump(c, u, None, None));
-                    thread::spawn(move || pump(u2, c2, limit, Some((c3, u3, cuts))));
+                    thread::spawn(move || pump(u2, c2, limit, cut));
                 } else {
-                    thread::spawn(move || pump(c, u, limit, Some((c3, u3, cuts))));
+                    thread::spawn(move || pump(c, u, limit, cut));
                     thread::spawn(move || pump(u2, c2, None, None));
                 }
             }
@@ -351,7 +348,7 @@ impl Drop for CuttingProxy {
     }
 }
 
-type Cut = (TcpStream, TcpStream, Arc<AtomicUsize>);
+type Cut = (TcpStream, TcpStream, Arc<AtomicUsize>, Arc<AtomicBool>);
 
 fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<usize>, cut: Option<Cut>) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -366,12 +363,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<usize>, cut: Optio
         }
         total += n;
         if limit.is_some_and(|l| total >= l) {
-            if let Some((a, b, cuts)) = &cut {
-                cuts.fetch_add(1, Ordering::SeqCst);
-                let _ = a.shutdown(Shutdown::Both);
-                let _ = b.shutdown(Shutdown::Both);
+            match &cut {
+                Some((a, b, cuts, armed)) if armed.swap(false, Ordering::AcqRel) => {
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                    let _ = a.shutdown(Shutdown::Both);
+                    let _ = b.shutdown(Shutdown::Both);
+                    break;
+                }
+                // Another connection was cut already: this one carries on.
+                _ => continue,
             }
-            break;
         }
     }
     let _ = to.shutdown(Shutdown::Both);
