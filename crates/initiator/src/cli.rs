@@ -52,6 +52,11 @@ pub struct SessionFlags {
     /// The target's CHAP secret: asks the target to authenticate itself (mutual CHAP).
     #[arg(long, env = "RSV_TARGET_PASSWORD")]
     pub target_password: Option<String>,
+    /// ErrorRecoveryLevel to propose: 2 (default) recovers a lost connection by task
+    /// reassignment where the target grants it; 0 reissues lost commands (what targets
+    /// granting only 0, such as tgt, get anyway).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub erl: Option<u8>,
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
@@ -106,6 +111,9 @@ impl SessionFlags {
         }
         if self.target_password.is_some() {
             o.target_secret = self.target_password.clone();
+        }
+        if let Some(erl) = self.erl {
+            o.error_recovery_level = erl;
         }
         for kv in &self.opts {
             let (k, v) = kv
@@ -417,29 +425,63 @@ pub struct CpArgs {
     /// Write every chunk, zeros included, even to a fresh file.
     #[arg(long)]
     pub no_sparse: bool,
-    /// After the copy, re-read both sides and compare checksums.
+    /// After the copy, re-read both sides and compare checksums (not after --max-time
+    /// stopped it early).
     #[arg(long)]
     pub verify: bool,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
-    /// No progress bar even on a terminal.
+    /// No progress bar even on a terminal (same as --progress none).
     #[arg(long)]
     pub no_progress: bool,
+    /// Progress report on stderr: a bar (on a terminal only), one JSON line per second
+    /// (`{"seconds":..,"bytes":..,"total_bytes":..,"bytes_per_s":..,"eta_s":..}`), or
+    /// none.
+    #[arg(long, value_enum, default_value = "bar")]
+    pub progress: ProgressMode,
+    /// Stop after this many seconds: no new chunk is started, those in flight finish,
+    /// the destination is flushed, and the summary says how far the copy got. Exit
+    /// status 3 (not 0, not the failure status 1) tells that it stopped early.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration_arg)]
+    pub max_time: Option<Duration>,
 }
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    Bar,
+    Json,
+    None,
+}
+
+/// `rsv cp`'s exit status when --max-time stopped the copy before its end.
+pub const EXIT_STOPPED_BY_MAX_TIME: u8 = 3;
 
 #[derive(Serialize, Debug, Clone)]
 pub struct CpSummary {
     pub src: String,
     pub dst: String,
+    /// Bytes copied (all of the source unless --max-time stopped the copy).
     pub bytes: u64,
+    /// Size of the source.
+    pub total_bytes: u64,
+    /// False when --max-time stopped the copy before the end.
+    pub complete: bool,
+    /// Every byte below this offset is copied: where a stopped copy can resume.
+    pub copied_prefix_bytes: u64,
     /// All-zero bytes not written (sparse).
     pub skipped_zero_bytes: u64,
     pub seconds: f64,
     #[serde(rename = "MB_per_s")]
     pub mb_per_s: f64,
+    /// Commands issued again after a connection failure or timeout (ERL 0 recovery, or
+    /// commands the target never received).
     pub retries: u64,
     pub reinstatements: u64,
+    /// Commands carried on by another connection through TASK REASSIGN (ERL 2).
+    pub reassigned_tasks: u64,
+    /// Connections logged in again while their session went on.
+    pub reconnections: u64,
     pub verified: bool,
     /// CRC32C over the per-chunk CRC32Cs of the source, when verified.
     pub checksum: Option<String>,
@@ -658,16 +700,34 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     let sparse = !args.no_sparse && (args.sparse || fresh);
     let src = Arc::new(src);
     let dst = Arc::new(dst);
-    let pb = progress(size, !args.no_progress, "copy");
+    let mode = if args.no_progress {
+        ProgressMode::None
+    } else {
+        args.progress
+    };
+    let pb = progress(size, mode == ProgressMode::Bar, "copy");
     let skipped = Arc::new(AtomicU64::new(0));
+    let copied = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let mut set: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    let reporter = (mode == ProgressMode::Json)
+        .then(|| tokio::spawn(json_progress(copied.clone(), size, start)));
+    let deadline = args.max_time.map(|t| start + t);
+    let mut done = vec![false; size.div_ceil(io) as usize];
+    let mut set: JoinSet<anyhow::Result<u64>> = JoinSet::new();
     let mut off = 0u64;
-    while off < size || !set.is_empty() {
+    let mut stopped = false;
+    while (off < size && !stopped) || !set.is_empty() {
+        stopped |= deadline.is_some_and(|d| Instant::now() >= d);
         opts_qd = opts_qd.max(queue_depth(&src, &dst));
-        while off < size && set.len() < opts_qd {
+        while off < size && !stopped && set.len() < opts_qd {
             let len = io.min(size - off) as usize;
-            let (src, dst, skipped, pb) = (src.clone(), dst.clone(), skipped.clone(), pb.clone());
+            let (src, dst, skipped, pb, copied) = (
+                src.clone(),
+                dst.clone(),
+                skipped.clone(),
+                pb.clone(),
+                copied.clone(),
+            );
             let at = off;
             set.spawn(async move {
                 let data = src
@@ -682,18 +742,38 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
                         .with_context(|| format!("writing {len} bytes at offset {at}"))?;
                 }
                 pb.inc(len as u64);
-                Ok(())
+                copied.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(at)
             });
             off += len as u64;
         }
-        if let Some(r) = set.join_next().await {
-            r??;
+        let joined = match deadline.filter(|_| !stopped) {
+            // Wake at the deadline even when every chunk in flight is slow.
+            Some(d) => tokio::time::timeout_at(d.into(), set.join_next())
+                .await
+                .unwrap_or(None),
+            None => set.join_next().await,
+        };
+        if let Some(r) = joined {
+            done[(r?? / io) as usize] = true;
         }
     }
     dst.flush().await.context("flushing the destination")?;
     let seconds = start.elapsed().as_secs_f64();
+    if let Some(r) = reporter {
+        r.abort();
+    }
     pb.finish_and_clear();
-    let checksum = if args.verify {
+    let bytes = copied.load(Ordering::Relaxed);
+    let complete = bytes == size;
+    let copied_prefix_bytes = done.iter().position(|d| !d).map_or(size, |i| i as u64 * io);
+    if mode == ProgressMode::Json {
+        eprintln!(
+            "{}",
+            progress_line(bytes, size, seconds, bytes as f64 / seconds.max(1e-9))
+        );
+    }
+    let checksum = if args.verify && complete {
         Some(verify(&src, &dst, size, io, opts_qd).await?)
     } else {
         None
@@ -705,13 +785,18 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     let summary = CpSummary {
         src: redact(&args.src),
         dst: redact(&args.dst),
-        bytes: size,
+        bytes,
+        total_bytes: size,
+        complete,
+        copied_prefix_bytes,
         skipped_zero_bytes: skipped.load(Ordering::Relaxed),
         seconds,
-        mb_per_s: size as f64 / 1e6 / seconds.max(1e-9),
+        mb_per_s: bytes as f64 / 1e6 / seconds.max(1e-9),
         retries: sessions.iter().map(|s| s.retries()).sum(),
         reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
-        verified: args.verify,
+        reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
+        reconnections: sessions.iter().map(|s| s.reconnections()).sum(),
+        verified: checksum.is_some(),
         checksum: checksum.map(|c| format!("{c:08x}")),
         io_size: io,
         queue_depth: opts_qd,
@@ -722,6 +807,41 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         let _ = s.logout().await;
     }
     Ok(summary)
+}
+
+/// One line of `--progress json`.
+fn progress_line(bytes: u64, total: u64, seconds: f64, rate: f64) -> String {
+    let avg = bytes as f64 / seconds.max(1e-9);
+    let eta = (avg > 0.0).then(|| (total - bytes.min(total)) as f64 / avg);
+    serde_json::json!({
+        "seconds": (seconds * 1000.0).round() / 1000.0,
+        "bytes": bytes,
+        "total_bytes": total,
+        "bytes_per_s": rate.round(),
+        "eta_s": eta.map(|e| (e * 10.0).round() / 10.0),
+    })
+    .to_string()
+}
+
+/// `--progress json`: every second, bytes done, the rate over that second and the time
+/// left at the average rate so far.
+async fn json_progress(copied: Arc<AtomicU64>, total: u64, start: Instant) {
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let mut last = (0u64, start);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let bytes = copied.load(Ordering::Relaxed);
+        let rate = (bytes - last.0) as f64 / now.duration_since(last.1).as_secs_f64().max(1e-9);
+        last = (bytes, now);
+        eprintln!(
+            "{}",
+            progress_line(bytes, total, now.duration_since(start).as_secs_f64(), rate)
+        );
+    }
 }
 
 fn redact(spec: &str) -> String {
@@ -781,14 +901,30 @@ async fn verify(
     Ok(crc32c::crc32c(&all))
 }
 
-pub fn cp(args: CpArgs) -> anyhow::Result<()> {
+/// `rsv cp`. Exit status: 0 copied, 1 failed, [`EXIT_STOPPED_BY_MAX_TIME`] stopped by
+/// --max-time (what was copied is flushed and reported).
+pub fn cp(args: CpArgs) -> anyhow::Result<std::process::ExitCode> {
     let s = runtime()?.block_on(copy(&args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         eprintln!(
-            "copied {} in {:.2} s ({:.1} MB/s){}{}{}",
-            human(s.bytes),
+            "{} {} in {:.2} s ({:.1} MB/s){}{}{}{}",
+            if s.complete {
+                "copied"
+            } else {
+                "stopped by --max-time after"
+            },
+            if s.complete {
+                human(s.bytes)
+            } else {
+                format!(
+                    "{} of {} (all below offset {} done)",
+                    human(s.bytes),
+                    human(s.total_bytes),
+                    s.copied_prefix_bytes
+                )
+            },
             s.seconds,
             s.mb_per_s,
             if s.skipped_zero_bytes > 0 {
@@ -804,13 +940,25 @@ pub fn cp(args: CpArgs) -> anyhow::Result<()> {
             } else {
                 String::new()
             },
+            if s.reassigned_tasks > 0 || s.reconnections > 0 {
+                format!(
+                    ", {} commands reassigned, {} reconnections",
+                    s.reassigned_tasks, s.reconnections
+                )
+            } else {
+                String::new()
+            },
             match &s.checksum {
                 Some(c) => format!(", verified (crc32c {c})"),
                 None => String::new(),
             }
         );
     }
-    Ok(())
+    Ok(if s.complete {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(EXIT_STOPPED_BY_MAX_TIME)
+    })
 }
 
 // ------------------------------------------------------------------------------- bench
@@ -846,7 +994,9 @@ pub struct BenchArgs {
     /// Bytes per command.
     #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
     pub block_size: u64,
-    /// How long to run (seconds).
+    /// How long to run (seconds). Nothing is issued after that, commands still in
+    /// flight are abandoned rather than waited for, and the figures count only the I/Os
+    /// that completed within this window, divided by its length.
     #[arg(long, default_value = "10", value_parser = parse_duration_arg)]
     pub duration: Duration,
     /// Only touch the first SIZE bytes of the LUN.
@@ -873,6 +1023,8 @@ pub struct BenchReport {
     pub latency_us_p999: u64,
     pub latency_us_max: u64,
     pub retries: u64,
+    /// Commands still in flight at the end of the window: abandoned, not counted.
+    pub abandoned_at_deadline: u64,
     /// The session as negotiated, with what auto-tuning chose and measured.
     pub session: SessionInfo,
 }
@@ -902,11 +1054,18 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         Bytes::from(b)
     };
     let seq = Arc::new(AtomicU64::new(0));
+    let abandoned = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + args.duration;
     let mut set = JoinSet::new();
     for _ in 0..queue_depth {
-        let (s, seq, payload, args) = (s.clone(), seq.clone(), payload.clone(), args.clone());
+        let (s, seq, payload, args, abandoned) = (
+            s.clone(),
+            seq.clone(),
+            payload.clone(),
+            args.clone(),
+            abandoned.clone(),
+        );
         set.spawn(async move {
             let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
             let mut rng = rand::rngs::StdRng::from_entropy();
@@ -923,10 +1082,21 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                     Rw::Mixed => rng.gen_range(0..100u8) < args.read_percent,
                 };
                 let t = Instant::now();
-                if read {
-                    s.read(lun, lba, (io / bs) as u32).await?;
-                } else {
-                    s.write(lun, lba, payload.clone()).await?;
+                let one = async {
+                    if read {
+                        s.read(lun, lba, (io / bs) as u32).await.map(drop)
+                    } else {
+                        s.write(lun, lba, payload.clone()).await
+                    }
+                };
+                // A long queue on a slow link would otherwise keep the run going well past
+                // its window; what has not completed by then does not count.
+                match tokio::time::timeout_at(deadline.into(), one).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        abandoned.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
                 }
                 h.saturating_record(t.elapsed().as_micros() as u64);
             }
@@ -937,7 +1107,8 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     while let Some(r) = set.join_next().await {
         total.add(r??).ok();
     }
-    let seconds = start.elapsed().as_secs_f64();
+    // The window, not the time the last worker took to notice its end.
+    let seconds = start.elapsed().min(args.duration).as_secs_f64();
     let info = s.info();
     let report = BenchReport {
         pattern: args.pattern,
@@ -954,9 +1125,12 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         latency_us_p999: total.value_at_quantile(0.999),
         latency_us_max: total.max(),
         retries: s.retries(),
+        abandoned_at_deadline: abandoned.load(Ordering::Relaxed),
         session: info,
     };
-    let _ = s.logout().await;
+    // Abandoned writes may leave data queued on the sockets, and the Logout would wait
+    // behind it: give it a moment, then just close.
+    let _ = tokio::time::timeout(Duration::from_secs(1), s.logout()).await;
     Ok(report)
 }
 

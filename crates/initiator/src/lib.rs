@@ -10,11 +10,17 @@
 //! - Writes carry immediate data and unsolicited Data-Out as negotiated and answer R2Ts.
 //! - Keep-alive NOP-Outs, answers to the target's NOP-In pings, ABORT TASK for commands
 //!   that time out, LUN RESET, clean logout.
-//! - Recovery (ERL 0): when one connection of several fails, the session goes on over the
-//!   others, the lost commands are issued again there, and the connection logs in again
-//!   with the same TSIH and CID in the background. When the last one fails, the session
-//!   is reinstated with the same ISID and every command not yet answered is issued again.
-//!   Either way a copy survives a cut link. See [`Session`].
+//! - Recovery at ErrorRecoveryLevel 2 (proposed by default): when a connection fails, it
+//!   is logged out "for recovery" through another connection (or, when it was the last,
+//!   its CID logs in again, which does the same), and every command it carried is moved
+//!   to a live connection with TASK REASSIGN; the target resends what was lost (R2Ts,
+//!   Data-In from the first one missing, status). Commands the target never received are
+//!   sent again.
+//! - Recovery at ERL 0 (targets such as tgt): when one connection of several fails, the
+//!   session goes on over the others, the lost commands are issued again there, and the
+//!   connection logs in again with the same TSIH and CID in the background. When the last
+//!   one fails, the session is reinstated with the same ISID and every command not yet
+//!   answered is issued again. Either way a copy survives a cut link. See [`Session`].
 //! - [`mount`]: a LUN as a regular file through FUSE (`rsv mount`).
 
 pub mod cli;
@@ -119,6 +125,10 @@ pub struct SessionOptions {
     /// How long recovery keeps trying to reinstate a failed session.
     #[serde(with = "secs")]
     pub recovery_timeout: Duration,
+    /// ErrorRecoveryLevel to propose (the target may grant less). At 2 a lost connection
+    /// is recovered by task reassignment: commands in flight go on where they were. At 0
+    /// and 1 they are issued again (this initiator sends no SNACK).
+    pub error_recovery_level: u8,
     /// Choose connections, queue depth, bursts, buffers and pacing from the measured path
     /// (see [`tune`]); options set by hand are kept as they are.
     pub auto_tune: bool,
@@ -165,6 +175,7 @@ impl Default for SessionOptions {
             command_timeout: Duration::from_secs(30),
             nop_interval: Duration::from_secs(5),
             recovery_timeout: Duration::from_secs(60),
+            error_recovery_level: 2,
             auto_tune: true,
             rate: None,
             io_size_hint: None,
@@ -280,6 +291,16 @@ impl SessionOptions {
             "command_timeout" => self.command_timeout = secs(v)?,
             "nop_interval" => self.nop_interval = secs(v)?,
             "recovery_timeout" => self.recovery_timeout = secs(v)?,
+            "error_recovery_level" | "erl" => {
+                self.error_recovery_level = match v {
+                    "0" => 0,
+                    "1" => 1,
+                    "2" => 2,
+                    _ => {
+                        return Err(Error::Option(format!("{key}={v}: expected 0, 1 or 2")));
+                    }
+                }
+            }
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
             "rate" => {
                 self.rate = Some(parse_rate(v).ok_or_else(|| {
@@ -292,7 +313,8 @@ impl SessionOptions {
                      data_digest, initiator_name, target_password, max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
-                     nop_interval, recovery_timeout, auto_tune, rate"
+                     nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
+                     rate"
                 )))
             }
         }

@@ -2,7 +2,7 @@
 //! that routes target PDUs, keep-alive, task management, recovery and logout.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -222,10 +222,24 @@ fn connection_prefs(opts: &SessionOptions) -> ConnectionParams {
     }
 }
 
+/// A PDU for a task, with the connection it came on.
+type Routed = (Pdu, Arc<Conn>);
+
 struct Task {
+    /// Unique in the session's life: an ITT is used again once its task is gone.
+    id: u64,
     /// [`Conn::serial`] of the connection the task is allegiant to.
     serial: u64,
-    tx: mpsc::UnboundedSender<Pdu>,
+    tx: mpsc::UnboundedSender<Routed>,
+    /// SCSI commands only: what TASK REASSIGN needs to move it to another connection.
+    command: Option<Reassignable>,
+}
+
+struct Reassignable {
+    lun: u16,
+    cmdsn: u32,
+    /// The next Data-In DataSN the command waits for: TASK REASSIGN's ExpDataSN.
+    exp_datasn: Arc<AtomicU32>,
 }
 
 /// Progress of the recovery of one lost connection, as the commands it carried see it.
@@ -246,6 +260,7 @@ struct State {
     expcmdsn: u32,
     maxcmdsn: u32,
     next_itt: u32,
+    next_task_id: u64,
     tasks: HashMap<u32, Task>,
     conns: Vec<Arc<Conn>>,
     /// Connections being recovered, by [`Conn::serial`].
@@ -265,6 +280,34 @@ impl State {
                 return itt;
             }
         }
+    }
+
+    /// A lost connection is being brought back (ERL 2): commands wait for it rather than
+    /// have the session reinstated.
+    fn recovering(&self) -> bool {
+        self.params.error_recovery_level >= 2
+            && self.losses.values().any(|l| *l.borrow() == Loss::Pending)
+    }
+
+    fn new_task(
+        &mut self,
+        conn: &Conn,
+        command: Option<Reassignable>,
+    ) -> (u32, u64, mpsc::UnboundedReceiver<Routed>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let itt = self.alloc_itt();
+        self.next_task_id += 1;
+        let id = self.next_task_id;
+        self.tasks.insert(
+            itt,
+            Task {
+                id,
+                serial: conn.serial,
+                tx,
+                command,
+            },
+        );
+        (itt, id, rx)
     }
 
     fn pick_conn(&self) -> Option<Arc<Conn>> {
@@ -288,6 +331,8 @@ struct Shared {
     capacity: Mutex<HashMap<u16, Capacity>>,
     retries: AtomicU64,
     reinstatements: AtomicU64,
+    reassigned: AtomicU64,
+    reconnections: AtomicU64,
     epoch: Instant,
     /// Commands allowed in flight now: the slots' total, grown by auto-tuning.
     queue_depth: std::sync::atomic::AtomicUsize,
@@ -297,16 +342,26 @@ struct Shared {
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
 /// session. Commands may be issued concurrently from many tasks.
 ///
-/// Recovery works at ErrorRecoveryLevel 0, where the target recovers nothing itself.
-/// When one of several connections fails, a surviving one logs the lost CID out (the
-/// target then drops what it still held of it, and its ExpCmdSN tells which of the lost
-/// commands it had received). Those it never received are sent again with their own
-/// CmdSN, which plugs the hole that would otherwise stall the session's command order;
-/// those it had are issued as new commands (new ITT and CmdSN, RFC 7143 allows that on
-/// any connection). Meanwhile the CID logs in again with the session's TSIH. Only when
-/// no connection is left is the session reinstated (same ISID, TSIH 0, so the target
-/// closes the old one) and every command without status issued anew. Reads and writes
-/// are idempotent, so a copy ends the same as without the failure.
+/// When the target grants ErrorRecoveryLevel 2, a failed connection is recovered by
+/// task reassignment (RFC 7143 6.2.2): a surviving connection logs the lost CID out with
+/// reason "remove the connection for recovery" (with none left, the CID logs in again
+/// with the session's TSIH, which does the same implicitly), then each command the lost
+/// connection carried is moved with TASK REASSIGN to a live connection, where the target
+/// carries it on: R2Ts for the data it still lacks, Data-In from the first one we lack
+/// (ExpDataSN), the status. The commands wait meanwhile; they are not issued again. One
+/// the target does not know (it never arrived) is sent again as below.
+///
+/// At ErrorRecoveryLevel 0 or 1 (the target recovers nothing itself; SNACK is not used
+/// here) the recovery is by reissue. When one of several connections fails, a surviving
+/// one logs the lost CID out (the target then drops what it still held of it, and its
+/// ExpCmdSN tells which of the lost commands it had received). Those it never received
+/// are sent again with their own CmdSN, which plugs the hole that would otherwise stall
+/// the session's command order; those it had are issued as new commands (new ITT and
+/// CmdSN, RFC 7143 allows that on any connection). Meanwhile the CID logs in again with
+/// the session's TSIH. Only when no connection is left is the session reinstated (same
+/// ISID, TSIH 0, so the target closes the old one) and every command without status
+/// issued anew. Reads and writes are idempotent, so a copy ends the same as without the
+/// failure.
 #[derive(Clone)]
 pub struct Session {
     shared: Arc<Shared>,
@@ -331,8 +386,20 @@ enum Attempt {
 struct TaskGuard<'a> {
     shared: &'a Shared,
     itt: u32,
+    id: u64,
     conn: Arc<Conn>,
     weight: u64,
+}
+
+impl TaskGuard<'_> {
+    /// The task goes on on `to` (reassigned): its weight moves there.
+    fn move_to(&mut self, to: &Arc<Conn>) {
+        self.conn
+            .outstanding
+            .fetch_sub(self.weight, Ordering::Relaxed);
+        to.outstanding.fetch_add(self.weight, Ordering::Relaxed);
+        self.conn = to.clone();
+    }
 }
 
 impl Drop for TaskGuard<'_> {
@@ -341,11 +408,7 @@ impl Drop for TaskGuard<'_> {
             .outstanding
             .fetch_sub(self.weight, Ordering::Relaxed);
         let mut st = self.shared.state.lock().unwrap();
-        if st
-            .tasks
-            .get(&self.itt)
-            .is_some_and(|t| t.serial == self.conn.serial)
-        {
+        if st.tasks.get(&self.itt).is_some_and(|t| t.id == self.id) {
             st.tasks.remove(&self.itt);
         }
     }
@@ -380,6 +443,7 @@ impl Session {
                 expcmdsn: 1,
                 maxcmdsn: 1,
                 next_itt: 0x100,
+                next_task_id: 0,
                 tasks: HashMap::new(),
                 conns: Vec::new(),
                 losses: HashMap::new(),
@@ -394,6 +458,8 @@ impl Session {
             capacity: Mutex::new(HashMap::new()),
             retries: AtomicU64::new(0),
             reinstatements: AtomicU64::new(0),
+            reassigned: AtomicU64::new(0),
+            reconnections: AtomicU64::new(0),
             epoch: Instant::now(),
             queue_depth: opts.queue_depth.max(1).into(),
             plan,
@@ -426,6 +492,17 @@ impl Session {
     /// Times the session was reinstated after a failure.
     pub fn reinstatements(&self) -> u64 {
         self.shared.reinstatements.load(Ordering::Relaxed)
+    }
+
+    /// Commands moved to another connection by TASK REASSIGN (ERL 2) and carried on there.
+    pub fn reassigned_tasks(&self) -> u64 {
+        self.shared.reassigned.load(Ordering::Relaxed)
+    }
+
+    /// Connections of the session logged in again after a failure (the session itself
+    /// went on).
+    pub fn reconnections(&self) -> u64 {
+        self.shared.reconnections.load(Ordering::Relaxed)
     }
 
     /// Issues one SCSI command and waits for its status. Retries transparently on
@@ -616,7 +693,9 @@ impl Session {
             let st = self.shared.state.lock().unwrap();
             st.pick_conn().ok_or(Error::Closed)?
         };
-        self.shared.task_mgmt(&conn, 5, lun, RESERVED_TAG, 0).await
+        self.shared
+            .task_mgmt(&conn, 5, lun, RESERVED_TAG, 0, 0)
+            .await
     }
 
     /// Closes the session (Logout, reason "close the session") and all connections.
@@ -629,17 +708,17 @@ impl Session {
         self.shared.window.notify_waiters();
         let result = match conn {
             Some(conn) => {
-                let (itt, mut rx) = self.shared.register(&conn);
+                let (guard, mut rx) = self.shared.register(&conn);
                 let cmdsn = self.shared.state.lock().unwrap().cmdsn;
                 conn.send(Pdu::LogoutRequest(LogoutRequest {
                     immediate: true,
                     reason: 0,
-                    itt,
+                    itt: guard.itt,
                     cid: conn.cid,
                     cmdsn,
                     expstatsn: 0,
                 }));
-                match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+                match tokio::time::timeout(Duration::from_secs(5), recv_pdu(&mut rx)).await {
                     Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => Ok(()),
                     Ok(Some(Pdu::LogoutResponse(r))) => Err(Error::Protocol(format!(
                         "logout refused (response {})",
@@ -754,7 +833,7 @@ impl Shared {
             max_burst_length: o.max_burst,
             first_burst_length: o.first_burst.min(o.max_burst),
             max_outstanding_r2t: 8,
-            error_recovery_level: 0,
+            error_recovery_level: o.error_recovery_level,
             ..SessionParams::default()
         };
         let portal = self.portal();
@@ -926,7 +1005,7 @@ impl Shared {
             "recovering connection {} of the session on the others",
             lost.cid
         );
-        let logged_out = self.logout_connection(&lost).await;
+        let logged_out = self.logout_connection(&lost, 1).await;
         let _ = tx.send(match logged_out {
             Some(expcmdsn) => Loss::LoggedOut { expcmdsn },
             None => Loss::Failed,
@@ -934,6 +1013,127 @@ impl Shared {
         if logged_out.is_none() {
             return;
         }
+        self.relogin(&lost).await;
+    }
+
+    /// Recovers one lost connection at ERL 2 (RFC 7143 6.2.2): logs it out "for recovery"
+    /// through a surviving connection, or, when none is left, logs its CID in again
+    /// (which logs the old one out implicitly); then moves each of its commands to a live
+    /// connection with TASK REASSIGN. A command the target does not know (it never
+    /// arrived) is sent again like at ERL 0; when no connection can be had at all, only
+    /// session reinstatement is left.
+    async fn reassign_connection(self: Arc<Self>, lost: Arc<Conn>, tx: watch::Sender<Loss>) {
+        tracing::warn!(
+            cid = lost.cid,
+            "recovering connection {} by task reassignment",
+            lost.cid
+        );
+        let (carrier, expcmdsn) = match self.logout_connection(&lost, 2).await {
+            Some(exp) => (None, Some(exp)),
+            None => match self.relogin(&lost).await {
+                Some((conn, exp)) => (Some(conn), Some(exp)),
+                None => (None, None),
+            },
+        };
+        let _ = tx.send(match expcmdsn {
+            Some(expcmdsn) => Loss::LoggedOut { expcmdsn },
+            None => Loss::Failed,
+        });
+        let orphans: Vec<(u32, u64, u16, u32, Arc<AtomicU32>)> = {
+            let mut st = self.state.lock().unwrap();
+            let list = st
+                .tasks
+                .iter()
+                .filter(|(_, t)| t.serial == lost.serial)
+                .filter_map(|(itt, t)| {
+                    let c = t.command.as_ref()?;
+                    Some((*itt, t.id, c.lun, c.cmdsn, c.exp_datasn.clone()))
+                })
+                .collect();
+            if expcmdsn.is_none() {
+                // Their attempts see the connection lost and the session reinstated.
+                st.tasks.retain(|_, t| t.serial != lost.serial);
+            }
+            list
+        };
+        self.window.notify_waiters();
+        if expcmdsn.is_none() {
+            return;
+        }
+        let mut jobs = tokio::task::JoinSet::new();
+        for (itt, id, lun, cmdsn, exp_datasn) in orphans {
+            let (me, carrier) = (self.clone(), carrier.clone());
+            jobs.spawn(async move {
+                me.reassign_task(carrier, itt, id, lun, cmdsn, &exp_datasn)
+                    .await
+            });
+        }
+        while jobs.join_next().await.is_some() {}
+        if carrier.is_none() {
+            // Logged out through another connection: bring the CID back for later.
+            self.relogin(&lost).await;
+        }
+    }
+
+    /// TASK REASSIGN of one command to `carrier` (or any live connection). When the
+    /// target refuses, the command is dropped here and its attempt sends it again.
+    async fn reassign_task(
+        &self,
+        carrier: Option<Arc<Conn>>,
+        itt: u32,
+        id: u64,
+        lun: u16,
+        cmdsn: u32,
+        exp_datasn: &AtomicU32,
+    ) {
+        let mut still_allegiant = 0;
+        let outcome = loop {
+            let via = {
+                let mut st = self.state.lock().unwrap();
+                let via = carrier
+                    .clone()
+                    .filter(|c| c.is_alive())
+                    .or_else(|| st.pick_conn());
+                match (st.tasks.get_mut(&itt), &via) {
+                    (Some(t), Some(via)) if t.id == id => t.serial = via.serial,
+                    (Some(t), None) if t.id == id => break Err("no connection left".to_owned()),
+                    // The command ended meanwhile.
+                    _ => return,
+                }
+                via.expect("checked above")
+            };
+            let exp = exp_datasn.load(Ordering::Acquire);
+            match self.task_mgmt(&via, 8, lun, itt, cmdsn, exp).await {
+                Ok(0) => break Ok(()),
+                // The old connection is not logged out yet: that takes a moment.
+                Ok(3) if still_allegiant < 50 => {
+                    still_allegiant += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(r) => break Err(format!("TASK REASSIGN answered {r}")),
+                // Its new connection failed too: that connection's recovery has it now.
+                Err(_) if !via.is_alive() => return,
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                self.reassigned.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(itt, "task reassigned");
+            }
+            Err(why) => {
+                tracing::debug!(itt, "task not reassigned ({why}); it is sent again");
+                let mut st = self.state.lock().unwrap();
+                if st.tasks.get(&itt).is_some_and(|t| t.id == id) {
+                    st.tasks.remove(&itt);
+                }
+            }
+        }
+    }
+
+    /// Logs the CID of `lost` in again with the session's TSIH, retrying until
+    /// `recovery_timeout`; returns the running connection and the target's ExpCmdSN.
+    async fn relogin(self: &Arc<Self>, lost: &Arc<Conn>) -> Option<(Arc<Conn>, u32)> {
         let deadline = Instant::now() + self.opts.recovery_timeout;
         let mut delay = Duration::from_millis(50);
         loop {
@@ -942,7 +1142,7 @@ impl Shared {
                 (st.gen, st.tsih, st.params.clone(), st.cmdsn, st.closed)
             };
             if closed || gen != lost.gen {
-                return;
+                return None;
             }
             let login = async {
                 let mut raw = RawConn::connect(&lost.portal, &self.opts).await?;
@@ -959,15 +1159,25 @@ impl Shared {
                 Ok((raw, done)) => {
                     let mut st = self.state.lock().unwrap();
                     if st.closed || st.gen != lost.gen {
-                        return;
+                        return None;
                     }
                     let conn = self.start_conn(raw, &done, lost.cid, gen);
                     st.conns.retain(|c| c.serial != lost.serial);
-                    st.conns.push(conn);
+                    st.conns.push(conn.clone());
                     drop(st);
+                    self.reconnections.fetch_add(1, Ordering::Relaxed);
                     self.update_window(done.expcmdsn, done.maxcmdsn);
+                    self.window.notify_waiters();
                     tracing::info!(cid = lost.cid, "connection {} re-established", lost.cid);
-                    return;
+                    return Some((conn, done.expcmdsn));
+                }
+                Err(e @ (Error::Auth { .. } | Error::LoginRefused { class: 2, .. })) => {
+                    tracing::warn!(
+                        cid = lost.cid,
+                        "connection {} could not be re-established: {e}",
+                        lost.cid
+                    );
+                    return None;
                 }
                 Err(e) if Instant::now() + delay > deadline => {
                     tracing::warn!(
@@ -975,7 +1185,7 @@ impl Shared {
                         "connection {} could not be re-established: {e}; going on with fewer",
                         lost.cid
                     );
-                    return;
+                    return None;
                 }
                 Err(e) => {
                     tracing::debug!(cid = lost.cid, "re-login: {e}");
@@ -986,9 +1196,10 @@ impl Shared {
         }
     }
 
-    /// Logout "close the connection" of `lost`'s CID on another connection; returns the
-    /// target's ExpCmdSN once the target no longer knows the CID.
-    async fn logout_connection(&self, lost: &Conn) -> Option<u32> {
+    /// Logout of `lost`'s CID on another connection, with `reason` 1 "close the
+    /// connection" or 2 "remove the connection for recovery"; returns the target's
+    /// ExpCmdSN once the target no longer knows the CID.
+    async fn logout_connection(&self, lost: &Conn, reason: u8) -> Option<u32> {
         let start = Instant::now();
         loop {
             let via = {
@@ -998,30 +1209,25 @@ impl Shared {
                 }
                 st.pick_conn()?
             };
-            let (itt, mut rx) = self.register(&via);
-            let _guard = TaskGuard {
-                shared: self,
-                itt,
-                conn: via.clone(),
-                weight: 0,
-            };
+            let (guard, mut rx) = self.register(&via);
             let cmdsn = self.state.lock().unwrap().cmdsn;
             via.send(Pdu::LogoutRequest(LogoutRequest {
                 immediate: true,
-                reason: 1,
-                itt,
+                reason,
+                itt: guard.itt,
                 cid: lost.cid,
                 cmdsn,
                 expstatsn: 0,
             }));
-            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            match tokio::time::timeout(Duration::from_secs(10), recv_pdu(&mut rx)).await {
                 // 1: CID not found — the target has dropped the connection and the
                 // commands it queued for it.
                 Ok(Some(Pdu::LogoutResponse(r))) if r.response == 1 => return Some(r.expcmdsn),
                 // Accepted: the target closes it now; ask again until it is gone (a
-                // target that closes synchronously is believed after a while).
+                // target that closes synchronously is believed after a while). For
+                // recovery, success means the tasks are ready to be reassigned.
                 Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => {
-                    if start.elapsed() > Duration::from_secs(2) {
+                    if reason == 2 || start.elapsed() > Duration::from_secs(2) {
                         return Some(r.expcmdsn);
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1072,18 +1278,18 @@ impl Shared {
         conn
     }
 
-    fn register(&self, conn: &Arc<Conn>) -> (u32, mpsc::UnboundedReceiver<Pdu>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut st = self.state.lock().unwrap();
-        let itt = st.alloc_itt();
-        st.tasks.insert(
+    /// A task other than a SCSI command (NOP, TMF, Logout) on `conn`; it ends with the
+    /// guard.
+    fn register(&self, conn: &Arc<Conn>) -> (TaskGuard<'_>, mpsc::UnboundedReceiver<Routed>) {
+        let (itt, id, rx) = self.state.lock().unwrap().new_task(conn, None);
+        let guard = TaskGuard {
+            shared: self,
             itt,
-            Task {
-                serial: conn.serial,
-                tx,
-            },
-        );
-        (itt, rx)
+            id,
+            conn: conn.clone(),
+            weight: 0,
+        };
+        (guard, rx)
     }
 
     /// One try at a command: wait for a CmdSN in the window, send the command with its
@@ -1107,7 +1313,8 @@ impl Shared {
         };
         let wire_lun = lun_to_wire(lun);
         let wait_start = Instant::now();
-        let (conn, itt, cmdsn, mut rx) = loop {
+        let exp_datasn = Arc::new(AtomicU32::new(0));
+        let (conn, itt, id, cmdsn, mut rx) = loop {
             let notified = self.window.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -1116,36 +1323,42 @@ impl Shared {
                 if st.closed {
                     return Err(Attempt::Fatal(Error::Closed));
                 }
-                let Some(conn) = st.pick_conn() else {
-                    return Err(Attempt::Lost {
-                        gen: st.gen,
-                        why: "no connection left".into(),
-                        sent: None,
-                    });
+                let conn = st.pick_conn();
+                let conn = match conn {
+                    Some(c) => Some(c),
+                    // ERL 2: the lost connection is on its way back; wait for it.
+                    None if st.recovering() => None,
+                    None => {
+                        return Err(Attempt::Lost {
+                            gen: st.gen,
+                            why: "no connection left".into(),
+                            sent: None,
+                        })
+                    }
                 };
                 // A plug reuses the CmdSN of a command the target never received, which
                 // was inside the window when first sent; a fresh ITT, because the target
                 // may still be forgetting the old one.
-                if plug.is_some() || sn_le(st.cmdsn, st.maxcmdsn) {
+                if let Some(conn) = conn.filter(|_| plug.is_some() || sn_le(st.cmdsn, st.maxcmdsn))
+                {
                     let cmdsn = plug.unwrap_or_else(|| {
                         let cmdsn = st.cmdsn;
                         st.cmdsn = cmdsn.wrapping_add(1);
                         cmdsn
                     });
-                    let itt = st.alloc_itt();
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    st.tasks.insert(
-                        itt,
-                        Task {
-                            serial: conn.serial,
-                            tx,
-                        },
+                    let (itt, id, rx) = st.new_task(
+                        &conn,
+                        Some(Reassignable {
+                            lun,
+                            cmdsn,
+                            exp_datasn: exp_datasn.clone(),
+                        }),
                     );
                     // Sent under the lock so that each connection carries CmdSNs in order.
                     self.send_command(
                         &st.params, &conn, wire_lun, itt, cmdsn, cdb, edtl, read, write,
                     );
-                    break (conn, itt, cmdsn, rx);
+                    break (conn, itt, id, cmdsn, rx);
                 }
             }
             if wait_start.elapsed() > self.opts.command_timeout {
@@ -1160,17 +1373,26 @@ impl Shared {
         };
         let weight = u64::from(edtl) + 4096;
         conn.outstanding.fetch_add(weight, Ordering::Relaxed);
-        let _guard = TaskGuard {
+        let mut guard = TaskGuard {
             shared: self,
             itt,
+            id,
             conn: conn.clone(),
             weight,
         };
+        let mut conn = conn;
         let mut data_in = ReadData::default();
         let protocol = |m: String| Attempt::Fatal(Error::Protocol(m));
         loop {
             let pdu = match tokio::time::timeout(self.opts.command_timeout, rx.recv()).await {
-                Ok(Some(p)) => p,
+                Ok(Some((p, via))) => {
+                    if via.serial != conn.serial {
+                        // Reassigned (ERL 2): R2Ts are answered where they come from.
+                        guard.move_to(&via);
+                        conn = via;
+                    }
+                    p
+                }
                 Ok(None) => {
                     return Err(Attempt::Lost {
                         gen: conn.gen,
@@ -1180,7 +1402,7 @@ impl Shared {
                 }
                 Err(_) => {
                     tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
-                    return match self.task_mgmt(&conn, 1, lun, itt, cmdsn).await {
+                    return match self.task_mgmt(&conn, 1, lun, itt, cmdsn, 0).await {
                         Ok(_) => Err(Attempt::Aborted),
                         Err(_) => {
                             conn.kill();
@@ -1204,6 +1426,12 @@ impl Shared {
                         )));
                     }
                     data_in.add(off, d.data);
+                    let _ = exp_datasn.compare_exchange(
+                        d.datasn,
+                        d.datasn.wrapping_add(1),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
                     if d.status_present {
                         let residual = if d.underflow { d.residual_count } else { 0 };
                         return Ok(ScsiResult {
@@ -1321,26 +1549,22 @@ impl Shared {
         lun: u16,
         referenced: u32,
         refcmdsn: u32,
+        expdatasn: u32,
     ) -> Result<u8> {
-        let (itt, mut rx) = self.register(conn);
+        let (guard, mut rx) = self.register(conn);
         let cmdsn = self.state.lock().unwrap().cmdsn;
-        let _guard = TaskGuard {
-            shared: self,
-            itt,
-            conn: conn.clone(),
-            weight: 0,
-        };
         conn.send(Pdu::TaskMgmtRequest(TaskMgmtRequest {
             immediate: true,
             function,
             lun: lun_to_wire(lun),
-            itt,
+            itt: guard.itt,
             referenced_task_tag: referenced,
             cmdsn,
             refcmdsn,
+            expdatasn,
             ..TaskMgmtRequest::default()
         }));
-        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+        match tokio::time::timeout(Duration::from_secs(10), recv_pdu(&mut rx)).await {
             Ok(Some(Pdu::TaskMgmtResponse(r))) => Ok(r.response),
             Ok(_) => Err(Error::ConnectionLost {
                 portal: conn.portal.clone(),
@@ -1370,14 +1594,14 @@ impl Shared {
         }
     }
 
-    fn route(&self, itt: u32, pdu: Pdu) {
+    fn route(&self, conn: &Arc<Conn>, itt: u32, pdu: Pdu) {
         let tx = {
             let st = self.state.lock().unwrap();
             st.tasks.get(&itt).map(|t| t.tx.clone())
         };
         match tx {
             Some(tx) => {
-                let _ = tx.send(pdu);
+                let _ = tx.send((pdu, conn.clone()));
             }
             None => tracing::debug!(itt, "{:?} for no known task", pdu.opcode()),
         }
@@ -1420,7 +1644,7 @@ impl Shared {
                     }));
                 }
                 if p.itt != RESERVED_TAG {
-                    self.route(p.itt, Pdu::NopIn(p));
+                    self.route(conn, p.itt, Pdu::NopIn(p));
                 }
             }
             Pdu::AsyncMessage(m) => match m.async_event {
@@ -1437,14 +1661,14 @@ impl Shared {
             Pdu::Reject(r) => {
                 if r.data.len() >= 20 {
                     let itt = u32::from_be_bytes(r.data[16..20].try_into().unwrap());
-                    self.route(itt, Pdu::Reject(r));
+                    self.route(conn, itt, Pdu::Reject(r));
                 } else {
                     tracing::warn!("Reject without the rejected header");
                 }
             }
             other => {
                 let itt = other.itt();
-                self.route(itt, other);
+                self.route(conn, itt, other);
             }
         }
     }
@@ -1460,13 +1684,25 @@ impl Shared {
             "connection to {} failed: {why}",
             conn.portal
         );
+        let current = conn.gen == st.gen && !st.losses.contains_key(&conn.serial);
+        if current && st.params.error_recovery_level >= 2 {
+            // ERL 2: its commands stay where they are until TASK REASSIGN moves them.
+            st.tasks
+                .retain(|_, t| t.serial != conn.serial || t.command.is_some());
+            let (tx, rx) = watch::channel(Loss::Pending);
+            st.losses.insert(conn.serial, rx);
+            tokio::spawn(self.clone().reassign_connection(conn.clone(), tx));
+            drop(st);
+            self.window.notify_waiters();
+            return;
+        }
         st.tasks.retain(|_, t| t.serial != conn.serial);
         // Another connection of this session is still up: recover this one alone.
         let others = st
             .conns
             .iter()
             .any(|c| c.is_alive() && c.serial != conn.serial);
-        if conn.gen == st.gen && others && !st.losses.contains_key(&conn.serial) {
+        if current && others {
             let (tx, rx) = watch::channel(Loss::Pending);
             st.losses.insert(conn.serial, rx);
             tokio::spawn(self.clone().recover_connection(conn.clone(), tx));
@@ -1527,6 +1763,10 @@ impl ReadData {
         }
         out.freeze()
     }
+}
+
+async fn recv_pdu(rx: &mut mpsc::UnboundedReceiver<Routed>) -> Option<Pdu> {
+    rx.recv().await.map(|(p, _)| p)
 }
 
 /// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
@@ -1619,18 +1859,12 @@ async fn keepalive(shared: Weak<Shared>) {
             }
             let s2 = s.clone();
             tokio::spawn(async move {
-                let (itt, mut rx) = s2.register(&c);
+                let (guard, mut rx) = s2.register(&c);
                 let cmdsn = s2.state.lock().unwrap().cmdsn;
-                let _guard = TaskGuard {
-                    shared: &s2,
-                    itt,
-                    conn: c.clone(),
-                    weight: 0,
-                };
                 c.send(Pdu::NopOut(NopOut {
                     immediate: true,
                     lun: 0,
-                    itt,
+                    itt: guard.itt,
                     ttt: RESERVED_TAG,
                     cmdsn,
                     expstatsn: 0,
@@ -1648,6 +1882,7 @@ async fn keepalive(shared: Weak<Shared>) {
                         c.kill();
                     }
                 }
+                drop(guard);
                 c.pinging.store(false, Ordering::Release);
             });
         }

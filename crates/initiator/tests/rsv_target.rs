@@ -105,6 +105,8 @@ fn cp_with_eight_connections_and_verify() {
     assert!(same_files(&img, &back));
 }
 
+/// At ErrorRecoveryLevel 0 (asked for here; tgt grants no more) a session of one
+/// connection recovers by reinstatement.
 #[test]
 fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     let t = rsv_or_skip!();
@@ -113,7 +115,7 @@ fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     random_file(&img, size as usize, 4);
-    let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
+    let url = format!("iscsi://{}/{}/0?connections=1&erl=0", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -126,9 +128,9 @@ fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
     assert!(s.verified);
 }
 
-/// One of four connections is cut mid-copy: the session goes on over the other three,
-/// the lost commands are issued again there, and the connection comes back with the same
-/// TSIH and CID — no session reinstatement.
+/// ERL 0: one of four connections is cut mid-copy: the session goes on over the other
+/// three, the lost commands are issued again there, and the connection comes back with
+/// the same TSIH and CID — no session reinstatement.
 #[test]
 fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let t = rsv_or_skip!();
@@ -138,7 +140,7 @@ fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let img = dir.path().join("image");
     let back = dir.path().join("back");
     random_file(&img, size as usize, 5);
-    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let url = format!("iscsi://{}/{}/0?connections=4&erl=0", proxy.portal, t.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -154,6 +156,228 @@ fn cp_with_four_connections_recovers_a_cut_connection_alone() {
     let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
     rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
         .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    assert!(same_files(&img, &back));
+}
+
+/// Reads `size` bytes of LUN 0 straight from the target into a file.
+fn read_back(t: &RsvTarget, back: &std::path::Path, size: u64) {
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+}
+
+/// ERL 2 (our default, and the target's): a connection cut in the middle of a write is
+/// logged out for recovery through another one, and its commands are moved there by
+/// TASK REASSIGN: the target asks again for the data it lacked, or answers again what
+/// was lost. Nothing is issued twice that the target had, no session reinstatement.
+#[test]
+fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let proxy = CuttingProxy::start(t.portal.clone(), 4 * MIB as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 6);
+    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            img.to_str().unwrap(),
+            &url,
+            "--verify",
+        ])))
+        .unwrap();
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(s.sessions[0].error_recovery_level, 2, "{s:?}");
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    assert!(s.verified && s.complete);
+    read_back(&t, &back, size);
+    assert!(same_files(&img, &back));
+}
+
+/// ERL 2 with one connection: its CID logs in again to the same session (an implicit
+/// logout for recovery) and the commands are reassigned to the new connection. Reads
+/// this time: the target sends the Data-In the initiator had not received again.
+#[test]
+fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 7);
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
+        .unwrap();
+    // Cut amid the Data-In, so that some reads the target has are lost with it.
+    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 24 * MIB as usize);
+    let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            &url,
+            back.to_str().unwrap(),
+            "--io-size",
+            "64k",
+            "--json",
+        ])))
+        .unwrap();
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    assert!(s.reconnections >= 1, "{s:?}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&back)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    assert!(same_files(&img, &back));
+}
+
+/// `rsv cp --max-time`: a copy paced far below what the time allows stops cleanly —
+/// exit status 3, a JSON progress line per second on stderr, the summary saying how far
+/// it got — and everything below `copied_prefix_bytes` is on the LUN.
+#[test]
+fn cp_max_time_stops_cleanly_with_json_progress_and_exit_status_3() {
+    let t = rsv_or_skip!();
+    let Some(bin) = rsv_bin() else { return };
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    random_file(&img, size as usize, 8);
+    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    // 8 Mbit/s: a megabyte a second, over a minute for the whole image.
+    let out = std::process::Command::new(bin)
+        .args(["cp", img.to_str().unwrap(), &url])
+        .args([
+            "--pacing-rate",
+            "8mbit",
+            "--queue-depth",
+            "2",
+            "--io-size",
+            "256k",
+        ])
+        .args(["--max-time", "2.5", "--progress", "json", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["complete"], false);
+    let bytes = summary["bytes"].as_u64().unwrap();
+    let prefix = summary["copied_prefix_bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes < size, "{summary}");
+    assert!(prefix <= bytes && prefix > 0, "{summary}");
+    assert_eq!(summary["total_bytes"], size);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        lines.len() >= 2,
+        "one line a second and a last one: {lines:?}"
+    );
+    for l in &lines {
+        assert!(l["bytes"].as_u64().unwrap() <= size);
+        assert_eq!(l["total_bytes"], size);
+        assert!(l["bytes_per_s"].is_number() && l.get("eta_s").is_some());
+    }
+    assert_eq!(lines.last().unwrap()["bytes"], bytes);
+    // What the summary calls done is on the LUN.
+    let back = dir.path().join("back");
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[&url, back.to_str().unwrap()])))
+        .unwrap();
+    assert!(s.complete);
+    let (a, b) = (std::fs::read(&img).unwrap(), std::fs::read(&back).unwrap());
+    assert!(a[..prefix as usize] == b[..prefix as usize]);
+}
+
+#[derive(Parser)]
+struct BenchCli {
+    #[command(flatten)]
+    args: cli::BenchArgs,
+}
+
+/// `rsv bench` ends at its deadline: with 1 MiB writes paced to a megabyte a second and
+/// eight in flight, the queue could not drain within the window; what was still in
+/// flight is abandoned and not counted, and the rate is over the window alone.
+#[test]
+fn bench_stops_at_its_deadline_and_counts_only_completed_io() {
+    let t = rsv_or_skip!();
+    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    let args = BenchCli::parse_from([
+        "bench",
+        &url,
+        "--rw",
+        "write",
+        "--block-size",
+        "1m",
+        "--queue-depth",
+        "8",
+        "--pacing-rate",
+        "8mbit",
+        "--duration",
+        "2",
+        "--span",
+        "64m",
+    ])
+    .args;
+    let r = rt().block_on(cli::run_bench(&args)).unwrap();
+    assert!(r.seconds <= 2.0, "{r:?}");
+    assert!(r.abandoned_at_deadline > 0, "{r:?}");
+    assert!(
+        r.ios < 8,
+        "paced at 1 MB/s, 8 MiB cannot complete in 2 s: {r:?}"
+    );
+    assert_eq!(r.mb_per_s, r.ios as f64 * 1048576.0 / 1e6 / r.seconds);
+}
+
+/// ERL 2 with four connections and CRC32C digests, reading: the cut connection is logged
+/// out for recovery through another, its reads are reassigned there and the target sends
+/// again the Data-In they had not delivered.
+#[test]
+fn read_at_erl2_with_digests_survives_a_cut_connection() {
+    let t = rsv_or_skip!();
+    let size = 64 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("image");
+    let back = dir.path().join("back");
+    random_file(&img, size as usize, 9);
+    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
+        .unwrap();
+    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 8 * MIB as usize);
+    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
+    let s = rt()
+        .block_on(cli::copy(&cp_args(&[
+            &url,
+            back.to_str().unwrap(),
+            "--io-size",
+            "64k",
+            "--header-digest",
+            "--data-digest",
+        ])))
+        .unwrap();
+    eprintln!("{}", serde_json::to_string(&s).unwrap());
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(s.sessions[0].header_digest && s.sessions[0].data_digest);
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
     std::fs::OpenOptions::new()
         .write(true)
         .open(&back)

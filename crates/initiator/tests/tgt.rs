@@ -195,6 +195,8 @@ fn cp_image_to_lun_and_back_with_verify() {
     assert!(same_files(&img, &back));
 }
 
+/// tgt grants ErrorRecoveryLevel 0 only: the initiator falls back to session
+/// reinstatement and reissue.
 #[test]
 fn cp_survives_a_cut_connection() {
     let size = 64 * MIB;
@@ -209,6 +211,9 @@ fn cp_survives_a_cut_connection() {
         .block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &url])))
         .unwrap();
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // We ask for ErrorRecoveryLevel 2; tgt grants 0, so recovery is by reinstatement.
+    assert_eq!(s.sessions[0].error_recovery_level, 0, "{s:?}");
+    assert_eq!(s.reassigned_tasks, 0, "{s:?}");
     assert!(s.reinstatements >= 1, "{s:?}");
     assert!(s.retries >= 1, "{s:?}");
     rt().block_on(cli::copy(&cp_args(&[&url, back.to_str().unwrap()])))

@@ -1,5 +1,7 @@
 //! `rsv`: the one Reservoir binary. Thin: parses arguments and calls the libraries.
 
+use std::process::ExitCode;
+
 use clap::{ArgAction, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -54,18 +56,20 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Target(args) => target::cli::run(args),
-        Command::Wan(args) => wan::cli::run(args),
-        Command::Ls(args) => initiator::cli::ls(args),
-        Command::Inq(args) => initiator::cli::inq(args),
+        Command::Target(args) => ok(target::cli::run(args)),
+        Command::Wan(args) => ok(wan::cli::run(args)),
+        Command::Ls(args) => ok(initiator::cli::ls(args)),
+        Command::Inq(args) => ok(initiator::cli::inq(args)),
+        // 3 when --max-time stopped the copy early (1 is a failure).
         Command::Cp(args) => initiator::cli::cp(args),
-        Command::Bench(args) => initiator::cli::bench(args),
-        Command::Tune(args) => initiator::cli::tune(args),
-        Command::Mount(args) => initiator::cli::mount(args),
-        Command::Lab(args) => lab::cli::run(args),
+        Command::Bench(args) => ok(initiator::cli::bench(args)),
+        Command::Tune(args) => ok(initiator::cli::tune(args)),
+        Command::Mount(args) => ok(initiator::cli::mount(args)),
+        Command::Lab(args) => ok(lab::cli::run(args)),
     }
 }

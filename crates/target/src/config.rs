@@ -100,7 +100,7 @@ impl Default for SessionDefaults {
             max_outstanding_r2t: 16,
             default_time2wait: 2,
             default_time2retain: 20,
-            error_recovery_level: 0,
+            error_recovery_level: 2,
             header_digest: vec!["None".into(), "CRC32C".into()],
             data_digest: vec!["None".into(), "CRC32C".into()],
             queue_depth: 256,

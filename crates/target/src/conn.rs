@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::server::{Shared, TargetNode};
-use crate::session::{ConnEvent, ConnHandle, Ordered, Session, TaskCtl, TaskRec};
+use crate::session::{self, ConnEvent, ConnHandle, Ordered, Reassigned, Session, TaskCtl, TaskRec};
 
 /// Largest write a single command may ask us to buffer. Bigger transfers are refused with
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
@@ -57,7 +57,6 @@ mod tmf {
     pub const COMPLETE: u8 = 0;
     pub const NO_TASK: u8 = 1;
     pub const NO_LUN: u8 = 2;
-    pub const REASSIGN_UNSUPPORTED: u8 = 4;
     pub const NOT_SUPPORTED: u8 = 5;
 }
 
@@ -485,9 +484,17 @@ async fn run(
 
     let (rd, wr) = stream.into_split();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(writer(wr, out_rx, session.clone(), digests, statsn));
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(writer(wr, out_rx, session.clone(), digests, statsn, cid));
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let handle = ConnHandle { events: ev_tx };
+    if session.erl2() && session.close_for_recovery(cid).await {
+        // Connection reinstatement at ERL 2 is an implicit logout for recovery: the old
+        // connection's tasks are handed over before this one may reassign them.
+        debug!(
+            "session {}: cid {cid} reinstated for recovery",
+            session.tsih
+        );
+    }
     if let Some(old) = session.add_connection(cid, handle.clone()) {
         // Connection reinstatement: same CID logged in again.
         let _ = old.events.send(ConnEvent::Close("connection reinstated"));
@@ -506,12 +513,21 @@ async fn run(
         executing: Arc::new(Executing::default()),
         ping: None,
         closing: false,
+        keep_tasks: true,
     };
-    let why = conn.serve(rd, dec, buf, ev_rx).await;
-    conn.cleanup();
-    let last = session.remove_connection(cid, &handle);
-    if last {
-        // ErrorRecoveryLevel 0: losing the last connection ends the session.
+    let why = conn.serve(rd, dec, buf, &mut ev_rx).await;
+    let recovering = session.erl2() && conn.keep_tasks && !session.is_closed();
+    let last = if recovering {
+        let tasks = std::mem::take(&mut conn.tasks);
+        let last = session.retire_connection(cid, &handle, tasks, &mut ev_rx);
+        tokio::spawn(expire_retained(shared.clone(), session.clone(), last));
+        last
+    } else {
+        conn.cleanup();
+        session.remove_connection(cid, &handle)
+    };
+    if last && !recovering {
+        // Below ERL 2 (or after a logout), losing the last connection ends the session.
         session.close();
         shared.remove_session(session.tsih);
         debug!("session {} ended", session.tsih);
@@ -520,6 +536,21 @@ async fn run(
     drop(conn);
     let _ = writer.await;
     why
+}
+
+/// ERL 2: after a connection failed, what waited for reassignment longer than the
+/// session's DefaultTime2Wait + DefaultTime2Retain goes; so does the session when no
+/// connection came back to it (RFC 7143 6.3.6).
+async fn expire_retained(shared: Arc<Shared>, session: Arc<Session>, was_last: bool) {
+    tokio::time::sleep(session.retention() + Duration::from_millis(100)).await;
+    session.purge_retained();
+    if was_last && session.connection_count() == 0 && session.close() {
+        for (_, _, ctl) in session.tasks_on(None) {
+            ctl.abort();
+        }
+        shared.remove_session(session.tsih);
+        debug!("session {} ended: no connection came back", session.tsih);
+    }
 }
 
 enum Out {
@@ -570,7 +601,9 @@ async fn writer(
     session: Arc<Session>,
     digests: Digests,
     mut statsn: u32,
+    cid: u16,
 ) -> std::io::Result<()> {
+    let erl2 = session.erl2();
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.
@@ -600,6 +633,11 @@ async fn writer(
         let window = session.window();
         for p in &mut batch {
             stamp(p, &mut statsn, window);
+            if erl2 {
+                if let Some((itt, sn)) = session::status_of(p) {
+                    session.stamped(cid, itt, sn);
+                }
+            }
             let start = headers.len();
             p.encode_header(&mut headers, digests);
             let (trailer, n) = if p.data().is_empty() {
@@ -674,7 +712,7 @@ struct Sequence {
 }
 
 /// A SCSI command whose data is still arriving or whose turn has not come.
-struct Task {
+pub(crate) struct Task {
     cmd: ScsiCommand,
     lun: Option<u16>,
     ctl: Arc<TaskCtl>,
@@ -690,6 +728,10 @@ struct Task {
 }
 
 impl Task {
+    pub(crate) fn mark_delivered(&mut self) {
+        self.delivered = true;
+    }
+
     fn data_complete(&self) -> bool {
         !self.cmd.write || self.received >= self.cmd.edtl
     }
@@ -711,6 +753,9 @@ struct Conn {
     /// A NOP-In ping of ours awaiting its NOP-Out: (TTT, sent at).
     ping: Option<(u32, Instant)>,
     closing: bool,
+    /// ERL 2: when the connection ends, its tasks wait for reassignment (a failure or a
+    /// logout for recovery), rather than end with it (a logout, a session's end).
+    keep_tasks: bool,
 }
 
 /// Why the connection must close, when it is not the peer's doing.
@@ -747,7 +792,7 @@ impl Conn {
         mut rd: tokio::net::tcp::OwnedReadHalf,
         mut dec: PduDecoder,
         mut buf: BytesMut,
-        mut events: mpsc::UnboundedReceiver<ConnEvent>,
+        events: &mut mpsc::UnboundedReceiver<ConnEvent>,
     ) -> anyhow::Result<String> {
         let nop_interval = self.shared.config.session.nop_interval;
         let nop_every = (nop_interval > 0).then(|| Duration::from_secs(nop_interval));
@@ -791,7 +836,16 @@ impl Conn {
                         }
                     }
                     Some(ConnEvent::Abort(itt)) => self.drop_task(itt),
-                    Some(ConnEvent::Close(why)) => return Ok(why.into()),
+                    Some(ConnEvent::Close(why)) => {
+                        self.keep_tasks = false;
+                        return Ok(why.into());
+                    }
+                    Some(ConnEvent::Recover) => return Ok("closed for recovery".into()),
+                    Some(ConnEvent::Send(pdus)) => {
+                        for p in pdus {
+                            self.send(p);
+                        }
+                    }
                     Some(ConnEvent::RequestLogout) => self.send(AsyncMessage {
                         async_event: 1,
                         parameter3: 5,
@@ -821,6 +875,11 @@ impl Conn {
     }
 
     async fn on_pdu(&mut self, pdu: Pdu) -> Result<(), Close> {
+        if self.session.erl2() {
+            if let Some(exp) = session::exp_statsn(&pdu) {
+                self.session.acknowledge(self.cid, exp);
+            }
+        }
         match pdu {
             Pdu::ScsiCommand(c) => self.on_scsi(c),
             Pdu::DataOut(d) => self.on_data_out(d),
@@ -885,12 +944,7 @@ impl Conn {
     async fn deliver(&mut self, item: Ordered) -> Result<(), Close> {
         match item {
             Ordered::Scsi(itt) => {
-                if let Some(t) = self.tasks.get_mut(&itt) {
-                    t.delivered = true;
-                    if t.data_complete() {
-                        self.execute(itt);
-                    }
-                }
+                self.deliver_now(itt);
                 Ok(())
             }
             Ordered::Pdu(p) => self.run_ordered(*p).await,
@@ -1054,11 +1108,15 @@ impl Conn {
     }
 
     fn deliver_now(&mut self, itt: u32) {
-        if let Some(t) = self.tasks.get_mut(&itt) {
-            t.delivered = true;
-            if t.data_complete() {
-                self.execute(itt);
+        match self.tasks.get_mut(&itt) {
+            Some(t) => {
+                t.delivered = true;
+                if t.data_complete() {
+                    self.execute(itt);
+                }
             }
+            // A command of an earlier connection with this CID, waiting for reassignment.
+            None => self.session.deliver_orphan(itt),
         }
     }
 
@@ -1211,10 +1269,11 @@ impl Conn {
         let session = self.session.clone();
         let shared = self.shared.clone();
         let executing = self.executing.clone();
+        let cid = self.cid;
         tokio::task::spawn_blocking(move || {
             let ctl = job.task.ctl.clone();
             let pdus = job.run();
-            if ctl.claim_answer() {
+            if ctl.claim_answer() && session.answer_here(cid, itt, &pdus) {
                 for p in pdus {
                     let _ = job.out.send(Out::Pdu(p));
                 }
@@ -1390,6 +1449,7 @@ impl Conn {
         let (t2w, t2r) = (p.default_time2wait, p.default_time2retain);
         let response = match l.reason & 0x7f {
             0 => {
+                self.keep_tasks = false;
                 self.executing.wait().await;
                 self.session.close();
                 for (_, _, ctl) in self.session.tasks_on(None) {
@@ -1402,6 +1462,7 @@ impl Conn {
                 0
             }
             1 if l.cid == self.cid => {
+                self.keep_tasks = false;
                 self.executing.wait().await;
                 self.closing = true;
                 0
@@ -1416,7 +1477,7 @@ impl Conn {
                     1
                 }
             }
-            // Connection recovery needs ErrorRecoveryLevel 2.
+            2 => self.logout_for_recovery(l.cid).await,
             _ => 2,
         };
         self.send(LogoutResponse {
@@ -1427,6 +1488,93 @@ impl Conn {
             ..Default::default()
         });
         Ok(())
+    }
+
+    /// Logout reason 2, "remove the connection for recovery" (RFC 7143 11.14.1): the
+    /// connection closes and its tasks wait for TASK REASSIGN elsewhere. Below ERL 2 the
+    /// answer is 2, "connection recovery is not supported".
+    async fn logout_for_recovery(&mut self, cid: u16) -> u8 {
+        if !self.session.erl2() {
+            return 2;
+        }
+        if cid == self.cid {
+            self.closing = true;
+            return 0;
+        }
+        if self.session.close_for_recovery(cid).await {
+            0
+        } else {
+            // CID not found: it failed and was handed over already.
+            1
+        }
+    }
+
+    /// Carries on a task reassigned to this connection (RFC 7143 6.2.2).
+    fn adopt(&mut self, itt: u32, how: Reassigned) {
+        match how {
+            Reassigned::Running => {}
+            Reassigned::Answered(pdus) => {
+                for p in pdus {
+                    self.send(p);
+                }
+            }
+            Reassigned::Pending(mut task) => {
+                self.resolicit(&mut task);
+                let ready = task.delivered && task.data_complete();
+                self.tasks.insert(itt, *task);
+                if ready {
+                    self.execute(itt);
+                }
+            }
+        }
+    }
+
+    /// The R2Ts the old connection had out, and unsolicited data it was still receiving,
+    /// are void after reassignment: asks again for what they had not brought, then goes
+    /// on soliciting as usual. More gaps than MaxOutstandingR2T allows are asked for in
+    /// one range from the first to the last; data received twice lands twice, harmlessly.
+    fn resolicit(&mut self, task: &mut Task) {
+        if !task.cmd.write {
+            return;
+        }
+        let mut missing: Vec<(u32, u32)> = task
+            .unsolicited
+            .take()
+            .into_iter()
+            .chain(task.r2ts.drain(..))
+            .filter(|s| s.received < s.len)
+            .map(|s| (s.start + s.received, s.start + s.len))
+            .collect();
+        missing.sort_unstable();
+        let max_out = self.session.params.max_outstanding_r2t.max(1) as usize;
+        if missing.len() > max_out {
+            let (start, end) = (missing[0].0, missing[missing.len() - 1].1);
+            missing = vec![(start, end)];
+        }
+        let asked: u32 = missing.iter().map(|(a, b)| b - a).sum();
+        task.received = task.next_solicit.saturating_sub(asked);
+        for (start, end) in missing {
+            let ttt = self.new_ttt();
+            let r2tsn = task.next_r2tsn;
+            task.next_r2tsn += 1;
+            task.r2ts.push(Sequence {
+                ttt,
+                start,
+                len: end - start,
+                received: 0,
+                next_datasn: 0,
+            });
+            self.send(R2t {
+                lun: task.cmd.lun,
+                itt: task.cmd.itt,
+                ttt,
+                r2tsn,
+                buffer_offset: start,
+                desired_data_transfer_length: end - start,
+                ..Default::default()
+            });
+        }
+        self.solicit(task);
     }
 
     /// Stops the listed tasks: those not yet running are dropped, running ones finish
@@ -1465,6 +1613,7 @@ impl Conn {
             (Some(tg), Some(l)) => tg.luns.get(&l).cloned(),
             _ => None,
         };
+        let mut reassigned = None;
         let response = match function {
             tmf::ABORT_TASK => match self.session.task(t.referenced_task_tag) {
                 None => tmf::NO_TASK,
@@ -1504,7 +1653,18 @@ impl Conn {
                 }
             },
             tmf::CLEAR_ACA => tmf::NOT_SUPPORTED,
-            tmf::TASK_REASSIGN => tmf::REASSIGN_UNSUPPORTED,
+            tmf::TASK_REASSIGN => {
+                match self
+                    .session
+                    .reassign(t.referenced_task_tag, self.cid, t.expdatasn)
+                {
+                    Ok(how) => {
+                        reassigned = Some(how);
+                        tmf::COMPLETE
+                    }
+                    Err(response) => response,
+                }
+            }
             _ => tmf::NOT_SUPPORTED,
         };
         info!(
@@ -1516,6 +1676,9 @@ impl Conn {
             itt: t.itt,
             ..Default::default()
         });
+        if let Some(how) = reassigned {
+            self.adopt(t.referenced_task_tag, how);
+        }
         if function == tmf::TARGET_COLD_RESET && response == tmf::COMPLETE {
             // A cold reset ends every session of the target (RFC 7143 11.5.1).
             if let Some(tg) = target {

@@ -13,6 +13,10 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::server::TargetNode;
 
+mod recovery;
+pub(crate) use recovery::Reassigned;
+pub use recovery::{exp_statsn, status_of};
+
 /// Something a connection must do that another connection (or the server) decided.
 #[derive(Debug)]
 pub enum ConnEvent {
@@ -24,6 +28,11 @@ pub enum ConnEvent {
     Close(&'static str),
     /// Ask the initiator to log out (target shutdown): Async Message event 1.
     RequestLogout,
+    /// Close the connection but keep its tasks for reassignment (ERL 2: logout for
+    /// recovery, or its CID logging in again).
+    Recover,
+    /// Send these PDUs: the answer of a task reassigned to this connection.
+    Send(Vec<Pdu>),
 }
 
 /// A non-immediate PDU waiting for its turn in CmdSN order.
@@ -114,6 +123,7 @@ struct Inner {
     conns: HashMap<u16, ConnHandle>,
     tasks: HashMap<u32, TaskRec>,
     closed: bool,
+    retained: recovery::Retained,
 }
 
 impl Session {
@@ -143,6 +153,7 @@ impl Session {
                 conns: HashMap::new(),
                 tasks: HashMap::new(),
                 closed: false,
+                retained: Default::default(),
             }),
         }
     }
@@ -221,9 +232,10 @@ impl Session {
     }
 
     pub fn send_to(&self, cid: u16, ev: ConnEvent) -> bool {
-        let g = self.lock();
+        let mut g = self.lock();
         match g.conns.get(&cid) {
             Some(h) => h.events.send(ev).is_ok(),
+            None if self.erl2() => Self::orphan_event(&mut g, &ev),
             None => false,
         }
     }
@@ -250,6 +262,9 @@ impl Session {
         let mut g = self.lock();
         if g.tasks.contains_key(&itt) {
             return false;
+        }
+        if self.erl2() {
+            Self::forget_retained(&mut g, itt);
         }
         g.tasks.insert(itt, rec);
         true

@@ -599,3 +599,300 @@ fn malformed_input_closes_only_that_connection() {
     };
     assert_eq!(r.status, 0);
 }
+
+fn erl(level: u8) -> SessionParams {
+    SessionParams {
+        error_recovery_level: level,
+        ..prefs()
+    }
+}
+
+impl Raw {
+    fn tmf(&mut self, itt: u32, function: u8, task: u32, refcmdsn: u32, expdatasn: u32) -> u8 {
+        let p = Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function: 0x80 | function,
+            lun: lun_to_wire(0),
+            itt,
+            referenced_task_tag: task,
+            cmdsn: self.cmdsn,
+            expstatsn: self.statsn,
+            refcmdsn,
+            expdatasn,
+        });
+        self.send(&p);
+        let Pdu::TaskMgmtResponse(t) = self.recv() else {
+            panic!("expected a TMF response")
+        };
+        assert_eq!(t.itt, itt);
+        t.response
+    }
+
+    fn logout(&mut self, itt: u32, reason: u8, cid: u16) -> u8 {
+        let p = Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason,
+            itt,
+            cid,
+            cmdsn: self.cmdsn,
+            expstatsn: self.statsn,
+        });
+        self.send(&p);
+        let Pdu::LogoutResponse(l) = self.recv() else {
+            panic!("expected a logout response")
+        };
+        assert_eq!(l.itt, itt);
+        l.response
+    }
+
+    fn data_out(&mut self, itt: u32, ttt: u32, datasn: u32, off: usize, data: &[u8], last: bool) {
+        self.send(&Pdu::DataOut(DataOut {
+            final_: last,
+            lun: lun_to_wire(0),
+            itt,
+            ttt,
+            datasn,
+            buffer_offset: off as u32,
+            data: data.to_vec().into(),
+            ..Default::default()
+        }));
+    }
+
+    /// Reads `data.len()` bytes at LBA `lba` and checks them.
+    fn check_read(&mut self, itt: u32, lba: u32, data: &[u8]) {
+        let blocks = (data.len() / 512) as u16;
+        let r = self.scsi(
+            itt,
+            self.cmdsn,
+            &read10(lba, blocks),
+            true,
+            false,
+            data.len() as u32,
+            &[],
+        );
+        self.cmdsn += 1;
+        self.send(&r);
+        let mut got = Vec::new();
+        loop {
+            let Pdu::DataIn(d) = self.recv() else {
+                panic!("expected Data-In")
+            };
+            got.extend_from_slice(&d.data);
+            if d.status_present {
+                break;
+            }
+        }
+        assert!(got == data, "read back differs");
+    }
+}
+
+/// ERL 2: a write whose connection dies half-way through its data is reassigned to
+/// another connection of the session (RFC 7143 6.2.2): after Logout "remove the
+/// connection for recovery" and TASK REASSIGN, the target asks there for exactly the data
+/// it lacks, and the command completes on the new connection.
+#[test]
+fn task_reassign_at_erl2_carries_a_half_written_command_on() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x21];
+    let mut a = Raw::login(addr, isid, 0, 1, 1, erl(2));
+    let mut b = Raw::login(addr, isid, a.tsih, 2, 1, erl(2));
+    assert_eq!(a.params.error_recovery_level, 2, "the target grants ERL 2");
+    clear_ua(&mut a, 1);
+    b.cmdsn = a.cmdsn;
+    let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+    let cmdsn = a.cmdsn;
+    let w = a.scsi(0x500, cmdsn, &write10(40, 16), false, true, 8192, &[]);
+    a.cmdsn += 1;
+    b.cmdsn = a.cmdsn;
+    a.send(&w);
+    let Pdu::R2t(r2t) = a.recv() else {
+        panic!("expected R2T")
+    };
+    assert_eq!(r2t.desired_data_transfer_length, 8192);
+    // Half of the burst, then the connection dies.
+    a.data_out(0x500, r2t.ttt, 0, 0, &data[..3072], false);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(a);
+    // 0: closed now for recovery; 1: the target had seen it fail and handed it over.
+    let logged_out = b.logout(0x601, 2, 1);
+    assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
+    assert_eq!(b.tmf(0x602, 8, 0x500, cmdsn, 0), 0, "function complete");
+    // The R2T of the dead connection is void: a new one asks for the rest only.
+    let Pdu::R2t(again) = b.recv() else {
+        panic!("expected an R2T on the new connection")
+    };
+    assert_eq!(
+        (
+            again.itt,
+            again.buffer_offset,
+            again.desired_data_transfer_length
+        ),
+        (0x500, 3072, 8192 - 3072)
+    );
+    assert!(again.r2tsn >= 1, "R2TSN goes on counting");
+    b.data_out(0x500, again.ttt, 0, 3072, &data[3072..], true);
+    let Pdu::ScsiResponse(resp) = b.recv() else {
+        panic!("expected the write's status on the new connection")
+    };
+    assert_eq!((resp.itt, resp.status), (0x500, 0));
+    b.check_read(0x501, 40, &data);
+}
+
+/// ERL 2: a read whose Data-In and status were lost with their connection is answered
+/// again after reassignment, from the ExpDataSN the initiator gives; its connection's
+/// CID logging in again to the session is the logout for recovery (implicit).
+#[test]
+fn task_reassign_at_erl2_resends_lost_data_in_and_status_from_expdatasn() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x22];
+    let mut a = Raw::login(addr, isid, 0, 1, 1, erl(2));
+    clear_ua(&mut a, 1);
+    let data: Vec<u8> = (0..131072).map(|i| (i * 13 % 251) as u8).collect();
+    let w = a.scsi(0x700, a.cmdsn, &write10(200, 256), false, true, 131072, &[]);
+    a.cmdsn += 1;
+    a.send(&w);
+    let mut sent = 0;
+    while sent < data.len() {
+        let Pdu::R2t(r) = a.recv() else {
+            panic!("expected R2T")
+        };
+        let (off, len) = (
+            r.buffer_offset as usize,
+            r.desired_data_transfer_length as usize,
+        );
+        for (sn, chunk) in data[off..off + len].chunks(16384).enumerate() {
+            let at = off + sn * 16384;
+            a.data_out(
+                0x700,
+                r.ttt,
+                sn as u32,
+                at,
+                chunk,
+                at + chunk.len() == off + len,
+            );
+        }
+        sent += len;
+    }
+    let Pdu::ScsiResponse(_) = a.recv() else {
+        panic!()
+    };
+    // 128 KiB read in Data-In of 16 KiB (MaxBurstLength): DataSN 0 to 7. The initiator
+    // gets DataSN 0 to 2, then the connection is lost.
+    let cmdsn = a.cmdsn;
+    let r = a.scsi(0x701, cmdsn, &read10(200, 256), true, false, 131072, &[]);
+    a.cmdsn += 1;
+    a.send(&r);
+    let mut got = Vec::new();
+    for sn in 0..3 {
+        let Pdu::DataIn(d) = a.recv() else {
+            panic!("expected Data-In")
+        };
+        assert_eq!((d.datasn, d.status_present), (sn, false));
+        got.extend_from_slice(&d.data);
+    }
+    let next_cmdsn = a.cmdsn;
+    let statsn = a.statsn;
+    // The same CID logs in again: the old connection is logged out for recovery.
+    let mut b = Raw::login(addr, isid, a.tsih, 1, next_cmdsn, erl(2));
+    b.statsn = statsn;
+    assert_eq!(b.tmf(0x800, 8, 0x701, cmdsn, 3), 0, "function complete");
+    for sn in 3..8 {
+        let Pdu::DataIn(d) = b.recv() else {
+            panic!("expected the rest of the Data-In on the new connection")
+        };
+        assert_eq!((d.itt, d.datasn, d.buffer_offset), (0x701, sn, sn * 16384));
+        assert_eq!(d.status_present, sn == 7, "status in the last Data-In");
+        got.extend_from_slice(&d.data);
+    }
+    assert!(got == data, "reassigned read returned other data");
+    drop(a);
+}
+
+/// Below ERL 2 there is no connection recovery: TASK REASSIGN is answered "task
+/// allegiance reassignment not supported" and Logout reason 2 "connection recovery not
+/// supported". At ERL 2, a task whose connection is alive is "still allegiant", and an
+/// unknown one "does not exist".
+#[test]
+fn task_reassign_refused_below_erl2_and_for_live_or_unknown_tasks() {
+    let addr = start("");
+    for level in [0u8, 1] {
+        let isid = [0x80, 0, 0, 0, 0, 0x30 + level];
+        let mut a = Raw::login(addr, isid, 0, 1, 1, erl(level));
+        assert_eq!(a.params.error_recovery_level, level);
+        let mut b = Raw::login(addr, isid, a.tsih, 2, 1, erl(level));
+        clear_ua(&mut a, 1);
+        b.cmdsn = a.cmdsn;
+        let w = a.scsi(0x900, a.cmdsn, &write10(0, 1), false, true, 512, &[]);
+        a.cmdsn += 1;
+        b.cmdsn = a.cmdsn;
+        a.send(&w);
+        let Pdu::R2t(_) = a.recv() else {
+            panic!("expected R2T")
+        };
+        drop(a);
+        assert_eq!(
+            b.logout(0x901, 2, 1),
+            2,
+            "connection recovery not supported"
+        );
+        assert_eq!(
+            b.tmf(0x902, 8, 0x900, 0, 0),
+            4,
+            "reassignment not supported"
+        );
+    }
+    let isid = [0x80, 0, 0, 0, 0, 0x3f];
+    let mut a = Raw::login(addr, isid, 0, 1, 1, erl(2));
+    let mut b = Raw::login(addr, isid, a.tsih, 2, 1, erl(2));
+    clear_ua(&mut a, 1);
+    b.cmdsn = a.cmdsn;
+    let w = a.scsi(0xa00, a.cmdsn, &write10(0, 1), false, true, 512, &[]);
+    a.cmdsn += 1;
+    b.cmdsn = a.cmdsn;
+    a.send(&w);
+    let Pdu::R2t(r2t) = a.recv() else {
+        panic!("expected R2T")
+    };
+    assert_eq!(b.tmf(0xa01, 8, 0xa00, 0, 0), 3, "task still allegiant");
+    assert_eq!(b.tmf(0xa02, 8, 0xdead, 0, 0), 1, "task does not exist");
+    // The command is unharmed on its own connection.
+    a.data_out(0xa00, r2t.ttt, 0, 0, &[7; 512], true);
+    let Pdu::ScsiResponse(r) = a.recv() else {
+        panic!()
+    };
+    assert_eq!((r.itt, r.status), (0xa00, 0));
+}
+
+/// ERL 2: a command waiting for an earlier CmdSN when its connection died keeps its
+/// place in the order. The hole is filled on the connection that logged in again with
+/// the same CID, before the command is reassigned there: it runs in its turn all the
+/// same, and answers on the new connection.
+#[test]
+fn task_reassign_at_erl2_keeps_a_waiting_command_in_cmdsn_order() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x23];
+    let mut a = Raw::login(addr, isid, 0, 1, 1, erl(2));
+    clear_ua(&mut a, 1);
+    let hole = a.cmdsn;
+    // CmdSN hole+1 arrives; hole never does on this connection.
+    let r = a.scsi(0xb00, hole + 1, &read10(0, 1), true, false, 512, &[]);
+    a.send(&r);
+    let (tsih, statsn) = (a.tsih, a.statsn);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(a);
+    let mut b = Raw::login(addr, isid, tsih, 1, hole, erl(2));
+    b.statsn = statsn;
+    let t = b.scsi(0xb01, hole, &tur(), false, false, 0, &[]);
+    b.send(&t);
+    let Pdu::ScsiResponse(r) = b.recv() else {
+        panic!("expected the TUR's status")
+    };
+    assert_eq!((r.itt, r.status), (0xb01, 0));
+    assert_eq!(r.expcmdsn, hole + 2, "the waiting read took its turn");
+    assert_eq!(b.tmf(0xb02, 8, 0xb00, hole + 1, 0), 0, "function complete");
+    let Pdu::DataIn(d) = b.recv() else {
+        panic!("expected the read's Data-In on the new connection")
+    };
+    assert_eq!(d.itt, 0xb00);
+    assert!(d.status_present && d.status == 0);
+}

@@ -287,7 +287,8 @@ impl Drop for RsvTarget {
 }
 
 /// Forwards connections to `upstream`; the first connection is cut (both directions,
-/// abruptly) once `cut_after` bytes went from client to target. Later connections pass.
+/// abruptly) once `cut_after` bytes went from client to target (or, with
+/// [`CuttingProxy::start_on_replies`], from target to client). Later connections pass.
 pub struct CuttingProxy {
     pub portal: String,
     pub cuts: Arc<AtomicUsize>,
@@ -296,6 +297,16 @@ pub struct CuttingProxy {
 
 impl CuttingProxy {
     pub fn start(upstream: String, cut_after: usize) -> CuttingProxy {
+        Self::start_counting(upstream, cut_after, false)
+    }
+
+    /// Like [`CuttingProxy::start`], but counts the bytes from the target to the client:
+    /// the cut then falls among answers the target has sent, in the middle of a read.
+    pub fn start_on_replies(upstream: String, cut_after: usize) -> CuttingProxy {
+        Self::start_counting(upstream, cut_after, true)
+    }
+
+    fn start_counting(upstream: String, cut_after: usize, replies: bool) -> CuttingProxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let portal = l.local_addr().unwrap().to_string();
         let cuts = Arc::new(AtomicUsize::new(0));
@@ -311,17 +322,19 @@ impl CuttingProxy {
                 let Ok(u) = TcpStream::connect(&upstream) else {
                     continue;
                 };
-                // Only the first connection that carries enough bytes is cut.
-                let limit = if armed.swap(false, Ordering::AcqRel) {
-                    Some(cut_after)
-                } else {
-                    None
-                };
+                // Only the first connection that carries enough bytes is cut (not the
+                // first one: auto-tuning's RTT probe connects and goes).
+                let limit = armed.load(Ordering::Acquire).then_some(cut_after);
                 let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
                 let (c3, u3) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-                let cuts = cuts2.clone();
-                thread::spawn(move || pump(c, u, limit, Some((c3, u3, cuts))));
-                thread::spawn(move || pump(u2, c2, None, None));
+                let cut = Some((c3, u3, cuts2.clone(), armed.clone()));
+                if replies {
+                    thread::spawn(move || pump(c, u, None, None));
+                    thread::spawn(move || pump(u2, c2, limit, cut));
+                } else {
+                    thread::spawn(move || pump(c, u, limit, cut));
+                    thread::spawn(move || pump(u2, c2, None, None));
+                }
             }
         });
         CuttingProxy { portal, cuts, stop }
@@ -335,7 +348,7 @@ impl Drop for CuttingProxy {
     }
 }
 
-type Cut = (TcpStream, TcpStream, Arc<AtomicUsize>);
+type Cut = (TcpStream, TcpStream, Arc<AtomicUsize>, Arc<AtomicBool>);
 
 fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<usize>, cut: Option<Cut>) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -350,12 +363,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<usize>, cut: Optio
         }
         total += n;
         if limit.is_some_and(|l| total >= l) {
-            if let Some((a, b, cuts)) = &cut {
-                cuts.fetch_add(1, Ordering::SeqCst);
-                let _ = a.shutdown(Shutdown::Both);
-                let _ = b.shutdown(Shutdown::Both);
+            match &cut {
+                Some((a, b, cuts, armed)) if armed.swap(false, Ordering::AcqRel) => {
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                    let _ = a.shutdown(Shutdown::Both);
+                    let _ = b.shutdown(Shutdown::Both);
+                    break;
+                }
+                // Another connection was cut already: this one carries on.
+                _ => continue,
             }
-            break;
         }
     }
     let _ = to.shutdown(Shutdown::Both);
