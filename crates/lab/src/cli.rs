@@ -37,6 +37,12 @@ enum LabCommand {
         /// Do not touch the result document.
         #[arg(long, conflicts_with = "doc")]
         no_doc: bool,
+        /// r0: only these loss rates, in percent (e.g. 1,5).
+        #[arg(long, value_delimiter = ',')]
+        loss: Vec<f64>,
+        /// r0 and rtt: seconds per measurement instead of the scenario's own.
+        #[arg(long)]
+        seconds: Option<u64>,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -80,6 +86,8 @@ pub fn run(args: LabArgs) -> Result<()> {
             out,
             doc,
             no_doc,
+            loss,
+            seconds,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS.iter().map(|s| s.0).collect(),
@@ -102,10 +110,21 @@ pub fn run(args: LabArgs) -> Result<()> {
             for name in names {
                 match name {
                     "r0" => {
-                        crate::r0::run(quick, &out, command.clone())?;
+                        let mut p = crate::r0::Params::new(quick);
+                        if !loss.is_empty() {
+                            p.loss_pct = loss.clone();
+                        }
+                        if let Some(s) = seconds {
+                            p.seconds = s;
+                        }
+                        crate::r0::run(p, quick, &out, command.clone())?;
                     }
                     "rtt" => {
-                        crate::rtt::run(quick, &out, command.clone())?;
+                        let mut p = crate::rtt::Params::new(quick);
+                        if let Some(s) = seconds {
+                            p.seconds = s;
+                        }
+                        crate::rtt::run(p, quick, &out, command.clone())?;
                     }
                     _ => {
                         crate::r1::run(quick, &out, command.clone())?;

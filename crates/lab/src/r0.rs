@@ -220,8 +220,7 @@ pub struct Results {
     pub rows: Vec<Row>,
 }
 
-pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
-    let params = Params::new(quick);
+pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
     let environment = crate::env::collect();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r0")?;

@@ -280,10 +280,12 @@ fn backups(
         .map(|i| {
             let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/{i}", b.addr);
             let mut c = in_ns(&link.a[i].ns, rsv_bin());
-            c.arg("cp")
-                .arg(src)
-                .arg(&url)
-                .args(["--json", "--no-progress", "--io-size", &p.io_size]);
+            c.arg("cp").arg(src).arg(&url).args([
+                "--json",
+                "--no-progress",
+                "--io-size",
+                &p.io_size,
+            ]);
             if cc != AUTO {
                 c.args(["--opt", &format!("congestion={cc}")]);
             }

@@ -71,8 +71,7 @@ fn reservoir() -> IscsiConfig {
     }
 }
 
-pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
-    let params = Params::new(quick);
+pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
     let environment = crate::env::collect();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "rtt")?;
@@ -140,13 +139,23 @@ pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
         out.join("rtt.json"),
         serde_json::to_string_pretty(&results)?,
     )?;
-    let mut csv = String::from("scenario,rtt_ms,direction,config,tool,bytes,seconds,mbit_per_s,link_pct,complete,error\n");
+    let mut csv = String::from(
+        "scenario,rtt_ms,direction,config,tool,bytes,seconds,mbit_per_s,link_pct,complete,error\n",
+    );
     for p in &results.points {
         let r = &p.row;
         csv += &format!(
             "rtt,{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
-            p.rtt_ms, r.direction, r.config, r.tool, r.bytes, r.seconds, r.mbit_per_s, p.link_pct,
-            r.complete, r.error
+            p.rtt_ms,
+            r.direction,
+            r.config,
+            r.tool,
+            r.bytes,
+            r.seconds,
+            r.mbit_per_s,
+            p.link_pct,
+            r.complete,
+            r.error
         );
     }
     std::fs::write(out.join("rtt.csv"), csv)?;
