@@ -195,10 +195,11 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
     }
     let _ = writeln!(
         doc,
-        "- Note on Reservoir default: `rsv bench` with no session flags, i.e. the initiator's own \
-         defaults (one connection, queue depth 32, and BBR on its sockets where the kernel has \
-         it — so writes, sent by the initiator, use BBR; reads are sent by the target, which \
-         keeps the namespace default, CUBIC)."
+        "- Note on Reservoir default: `rsv bench` with no session flags, i.e. auto-tuning: the \
+         initiator measures the RTT before login and chooses connections (2 unpaced on this \
+         path; with `--rate`, 8 paced to the rate's share), queue depth, bursts and buffers; \
+         both ends use BBR on their sockets where the kernel has it, and the target sizes its \
+         buffers from each connection's RTT. `rsv tune URL` shows the choices."
     );
     let _ = writeln!(
         doc,
