@@ -160,7 +160,11 @@ fn lab_quick_r0_and_r1() {
     }
     let rows = csv(&out.join("r1.csv"));
     let totals: Vec<_> = rows.iter().filter(|r| r["stream"] == "total").collect();
-    assert_eq!(totals.len(), 4, "iperf3 reference plus three backup modes");
+    assert_eq!(
+        totals.len(),
+        5,
+        "iperf3 reference plus four backup modes (Reservoir default among them)"
+    );
     for t in &totals {
         let jain = num(t, "jain");
         assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{t:?}");
