@@ -5,7 +5,7 @@ mod common;
 
 use clap::Parser;
 use common::*;
-use initiator::cli::{self, CpArgs, SessionFlags};
+use initiator::cli::{self, CpArgs, CpSummary, SessionFlags};
 use initiator::IscsiUrl;
 
 const MIB: u64 = 1 << 20;
@@ -209,37 +209,33 @@ fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
     assert!(same_files(&img, &back));
 }
 
-/// ERL 2 with one connection: its CID logs in again to the same session (an implicit
-/// logout for recovery) and the commands are reassigned to the new connection. Reads
-/// this time: the target sends the Data-In the initiator had not received again.
-#[test]
-fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
-    let t = rsv_or_skip!();
+/// Writes a random image of `size` bytes to LUN 0 directly, then copies it back through a
+/// proxy that cuts the first busy connection once `cut_after` bytes of replies (Data-In)
+/// went by, with `query` on the URL and `extra` cp flags. Returns the summary once the
+/// copy-back is checked byte-identical (the file is extended to `size` first: the copy
+/// skips zero chunks).
+fn read_back_through_a_cut(
+    t: &RsvTarget,
+    seed: u64,
+    cut_after: usize,
+    query: &str,
+    extra: &[&str],
+) -> CpSummary {
     let size = 64 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     let back = dir.path().join("back");
-    random_file(&img, size as usize, 7);
+    random_file(&img, size as usize, seed);
     let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
     rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
         .unwrap();
-    // Cut amid the Data-In, so that some reads the target has are lost with it.
-    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 24 * MIB as usize);
-    let url = format!("iscsi://{}/{}/0?connections=1", proxy.portal, t.iqn);
-    let s = rt()
-        .block_on(cli::copy(&cp_args(&[
-            &url,
-            back.to_str().unwrap(),
-            "--io-size",
-            "64k",
-            "--json",
-        ])))
-        .unwrap();
-    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(s.reinstatements, 0, "{s:?}");
+    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), cut_after);
+    let url = format!("iscsi://{}/{}/0?{query}", proxy.portal, t.iqn);
+    let mut args = vec![url.as_str(), back.to_str().unwrap(), "--io-size", "64k"];
+    args.extend_from_slice(extra);
+    let s = rt().block_on(cli::copy(&cp_args(&args))).unwrap();
     eprintln!("{}", serde_json::to_string(&s).unwrap());
-    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
-    assert!(s.reconnections >= 1, "{s:?}");
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&back)
@@ -247,6 +243,20 @@ fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
         .set_len(size)
         .unwrap();
     assert!(same_files(&img, &back));
+    s
+}
+
+/// ERL 2 with one connection: its CID logs in again to the same session (an implicit
+/// logout for recovery) and the commands are reassigned to the new connection. Reads
+/// this time: the target sends the Data-In the initiator had not received again.
+#[test]
+fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
+    let t = rsv_or_skip!();
+    // Cut amid the Data-In, so that some reads the target has are lost with it.
+    let s = read_back_through_a_cut(&t, 7, 24 * MIB as usize, "connections=1", &["--json"]);
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+    assert!(s.reconnections >= 1, "{s:?}");
 }
 
 /// `rsv cp --max-time`: a copy paced far below what the time allows stops cleanly —
@@ -353,36 +363,14 @@ fn bench_stops_at_its_deadline_and_counts_only_completed_io() {
 #[test]
 fn read_at_erl2_with_digests_survives_a_cut_connection() {
     let t = rsv_or_skip!();
-    let size = 64 * MIB;
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("image");
-    let back = dir.path().join("back");
-    random_file(&img, size as usize, 9);
-    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
-    rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
-        .unwrap();
-    let proxy = CuttingProxy::start_on_replies(t.portal.clone(), 8 * MIB as usize);
-    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
-    let s = rt()
-        .block_on(cli::copy(&cp_args(&[
-            &url,
-            back.to_str().unwrap(),
-            "--io-size",
-            "64k",
-            "--header-digest",
-            "--data-digest",
-        ])))
-        .unwrap();
-    eprintln!("{}", serde_json::to_string(&s).unwrap());
-    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let s = read_back_through_a_cut(
+        &t,
+        9,
+        8 * MIB as usize,
+        "connections=4",
+        &["--header-digest", "--data-digest"],
+    );
     assert!(s.sessions[0].header_digest && s.sessions[0].data_digest);
     assert_eq!(s.reinstatements, 0, "{s:?}");
     assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&back)
-        .unwrap()
-        .set_len(size)
-        .unwrap();
-    assert!(same_files(&img, &back));
 }
