@@ -271,16 +271,13 @@ impl Conn {
         (conn, dead_rx)
     }
 
-    /// Samples TCP_INFO if the last sample is a second old; returns true when it did.
+    /// Samples TCP_INFO (the reader calls it about once a second); false if it could not.
     pub fn sample_path(&self, sock: &impl AsFd) -> bool {
-        let now = std::time::Instant::now();
-        let mut g = self.path.lock().unwrap();
-        if g.is_some_and(|p| now.duration_since(p.at) < Duration::from_secs(1)) {
-            return false;
-        }
         let Ok(info) = net::tcp_info(sock) else {
             return false;
         };
+        let now = std::time::Instant::now();
+        let mut g = self.path.lock().unwrap();
         // Reads leave the initiator's delivery_rate (its own sent data) near zero: the
         // received bytes tell the rate then.
         let rate = match *g {

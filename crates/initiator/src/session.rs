@@ -1791,6 +1791,9 @@ fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: u
     }
 }
 
+/// How often a connection's reader samples TCP_INFO for auto-tuning.
+const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
 async fn reader(
     shared: Weak<Shared>,
     conn: Arc<Conn>,
@@ -1799,6 +1802,9 @@ async fn reader(
     mut dec: PduDecoder,
     mut dead: watch::Receiver<bool>,
 ) {
+    // The first read samples at once; later ones once per interval, so that the hot path
+    // pays one clock read per socket read.
+    let mut next_sample = Instant::now();
     let why: String = 'outer: loop {
         loop {
             match dec.decode(&mut buf) {
@@ -1817,8 +1823,12 @@ async fn reader(
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
-                    if let Some(s) = shared.upgrade() {
-                        s.observe(&conn, &rd);
+                    let now = Instant::now();
+                    if now >= next_sample {
+                        next_sample = now + PATH_SAMPLE_INTERVAL;
+                        if let Some(s) = shared.upgrade() {
+                            s.observe(&conn, &rd);
+                        }
                     }
                 }
                 Err(e) => break e.to_string(),

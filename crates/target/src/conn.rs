@@ -89,7 +89,7 @@ fn socket_tuning(
         notsent_lowat: s.notsent_lowat,
         nodelay: true,
     };
-    if !s.auto_tune {
+    if !s.auto_tune || (t.send_buffer.is_some() && t.recv_buffer.is_some()) {
         return t;
     }
     let Ok(info) = net::tcp_info(stream) else {
