@@ -17,7 +17,11 @@ RSV=$PWD/target/release/rsv
 work=$(mktemp -d /dev/shm/rsv-bench.XXXXXX)
 pids=()
 cleanup() {
+  # tgtd does not stop on SIGTERM: its own shutdown first, SIGKILL if it lingers.
+  [ -n "${cport:-}" ] && tgtadm -C "$cport" --mode system --op delete >/dev/null 2>&1 || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 0.5
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }

@@ -3,6 +3,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::{check_range, push_extent, Backstore, StoreError};
 
@@ -14,6 +15,29 @@ pub struct FileBackstore {
     file: File,
     size: u64,
     read_only: bool,
+    /// How [`Backstore::try_read_at`] learns whether a read would wait: one of `NOWAIT_*`.
+    nowait: AtomicU8,
+}
+
+/// The file system honours `RWF_NOWAIT` on reads (ext4, xfs, btrfs): a read that would go
+/// to the device fails with `EAGAIN`.
+const NOWAIT_PROBE: u8 = 0;
+/// tmpfs: the data is in memory, reads never wait for a device (tmpfs refuses
+/// `RWF_NOWAIT`, so it cannot be asked).
+const NOWAIT_MEMORY: u8 = 1;
+/// Neither: every read may wait.
+const NOWAIT_NEVER: u8 = 2;
+
+fn nowait_mode(file: &File) -> u8 {
+    const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+    // SAFETY: fstatfs fills the zeroed struct we own; the descriptor is open.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    if rc == 0 && st.f_type as libc::c_long == TMPFS_MAGIC {
+        NOWAIT_MEMORY
+    } else {
+        NOWAIT_PROBE
+    }
 }
 
 const ZERO_BUF: usize = 1 << 20;
@@ -76,6 +100,7 @@ impl FileBackstore {
         };
         Ok(Self {
             path: path.to_path_buf(),
+            nowait: AtomicU8::new(nowait_mode(&file)),
             file,
             size,
             read_only,
@@ -153,6 +178,46 @@ impl Backstore for FileBackstore {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size)?;
         self.file.read_exact_at(buf, offset)
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        match self.nowait.load(Ordering::Relaxed) {
+            NOWAIT_MEMORY => return self.read_at(buf, offset).map(|()| true),
+            NOWAIT_NEVER => return Ok(false),
+            _ => {}
+        }
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec over `buf`, which we borrow mutably for the call; the
+        // descriptor is ours and open.
+        let n = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n == buf.len() as isize {
+            return Ok(true);
+        }
+        if n >= 0 {
+            // Partly cached (or a racing truncation): the blocking path reads it whole.
+            return Ok(false);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(false),
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+                self.nowait.store(NOWAIT_NEVER, Ordering::Relaxed);
+                Ok(false)
+            }
+            _ => Err(err),
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -5,6 +5,7 @@
 
 use std::io;
 
+pub mod buffers;
 mod file;
 mod ram;
 
@@ -17,6 +18,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn size(&self) -> u64;
     /// Fills the whole of `buf` from `offset`, or fails.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads like [`Backstore::read_at`], but only if that needs no wait for a device (the
+    /// data is in memory or in the page cache): `Ok(false)` when it would wait, and then
+    /// `buf` holds nothing of use. Lets an event loop serve cached reads without handing
+    /// them to a thread that may block.
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Writes the whole of `buf` at `offset`, or fails.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.

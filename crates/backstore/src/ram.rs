@@ -81,6 +81,10 @@ impl Backstore for RamBackstore {
         })
     }
 
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        self.read_at(buf, offset).map(|()| true)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size)?;
         Self::pieces(offset, buf.len() as u64, |index, within, pos, n| {

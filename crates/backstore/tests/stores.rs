@@ -189,3 +189,35 @@ fn ram_store_is_lazy() {
         vec![(0, 1 << 30, false)]
     );
 }
+
+/// A read the store serves without waiting returns exactly what `read_at` would; one it
+/// cannot serve says so and is no error. Data just written is in memory or the page cache,
+/// so the ram store, a file on tmpfs and a file on a `RWF_NOWAIT` file system serve it.
+#[test]
+fn try_read_at_serves_cached_data_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = stores(&dir);
+    let shm = std::path::Path::new("/dev/shm");
+    let shm_dir = shm.is_dir().then(|| tempfile::tempdir_in(shm).unwrap());
+    if let Some(d) = &shm_dir {
+        all.push(Arc::new(
+            FileBackstore::open(d.path().join("lun.img"), Some(8 * MIB), true, false).unwrap(),
+        ));
+    }
+    for store in all {
+        let data = pattern(9, MIB as usize);
+        store.write_at(&data, 3 * MIB + 512).unwrap();
+        let mut buf = vec![0u8; MIB as usize];
+        let served = store.try_read_at(&mut buf, 3 * MIB + 512).unwrap();
+        if served {
+            assert_eq!(buf, data, "{store:?}");
+        }
+        let is_ram = format!("{store:?}").starts_with("Ram");
+        let on_tmpfs = format!("{store:?}").contains("/dev/shm");
+        if is_ram || on_tmpfs {
+            assert!(served, "{store:?} keeps its data in memory");
+        }
+        let mut past = [0u8; 512];
+        assert!(store.try_read_at(&mut past, 8 * MIB - 256).is_err());
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::{
     Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
 
+use backstore::buffers::Buf;
 use backstore::Backstore;
 
 use crate::cdb::{self, be16, be32, be64, block_range, truncate, BlockRange};
@@ -223,6 +224,47 @@ impl LogicalUnit {
                 sense: None,
                 data_in: Vec::new(),
             },
+        }
+    }
+
+    /// Answers a plain READ now if the store can serve it without waiting for a device (see
+    /// [`Backstore::try_read_at`]); `None` otherwise — for another command, for a read that
+    /// would wait, or for one that [`LogicalUnit::execute`] would refuse — and then nothing
+    /// has changed: no unit attention taken, no state touched. Lets a transport answer cached
+    /// reads on its event loop and keep a thread that may block for the rest.
+    pub fn try_read_now(&self, cmd: &Command) -> Option<Response> {
+        let cdb = cmd.cdb;
+        if !matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
+            || cdb::check_len(cdb).is_err()
+            || self.sanitizing.load(Ordering::Acquire)
+            || self.medium_present().is_err()
+        {
+            return None;
+        }
+        // An unknown nexus gets its power-on unit attention on its first command, and a
+        // pending one goes with the next: both are execute()'s to report.
+        {
+            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+            let pending = nexuses.get(&cmd.nexus)?;
+            if !pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                return None;
+            }
+        }
+        let r = block_range(cdb);
+        if r.flags & 0xe0 != 0
+            || r.blocks == 0
+            || self.check_range(r.lba, r.blocks).is_err()
+            || self.check_transfer(cdb, r.blocks).is_err()
+            || self.pr().check(cmd.nexus, cdb).is_err()
+        {
+            return None;
+        }
+        let _guards = self.lock_range_shared(r.lba, r.blocks);
+        let mut buf = Buf::take((r.blocks * self.block_size) as usize);
+        match self.store.try_read_at(&mut buf, r.lba * self.block_size) {
+            Ok(true) => Some(Response::good(buf.into_vec())),
+            // Errors too are execute()'s to report, with its sense data and log line.
+            Ok(false) | Err(_) => None,
         }
     }
 
@@ -493,11 +535,11 @@ impl LogicalUnit {
     }
 
     fn read_blocks(&self, lba: u64, blocks: u64) -> Outcome {
-        let mut buf = vec![0u8; (blocks * self.block_size) as usize];
+        let mut buf = Buf::take((blocks * self.block_size) as usize);
         self.store
             .read_at(&mut buf, lba * self.block_size)
             .map_err(|e| self.io_error(e, sense::UNRECOVERED_READ_ERROR.with_information(lba)))?;
-        Ok(buf)
+        Ok(buf.into_vec())
     }
 
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), Sense> {

@@ -66,3 +66,81 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A transport that tries `try_read_now` first and falls back to `execute` sees
+    /// exactly what one that only calls `execute` sees, command for command: the fast
+    /// path answers as `execute` would and, when it declines, leaves no trace (a unit
+    /// attention it skipped is still reported, a reservation still conflicts).
+    #[test]
+    fn try_read_now_answers_as_execute_would(
+        cdbs in prop::collection::vec((prop_oneof![cdb(), io_cdb(), io_cdb()], prop::collection::vec(any::<u8>(), 0..2048), 0u64..3), 1..10),
+        removable: bool,
+    ) {
+        let fast = lu(removable, false);
+        let plain = lu(removable, false);
+        let mut served = 0;
+        for (cdb, data_out, nexus) in &cdbs {
+            let cmd = Command { cdb, data_out, nexus: Nexus(*nexus) };
+            let a = match fast.try_read_now(&cmd) {
+                Some(r) => {
+                    served += 1;
+                    r
+                }
+                None => fast.execute(&cmd),
+            };
+            let b = plain.execute(&cmd);
+            prop_assert_eq!(a, b, "cdb {:02x?}", cdb);
+        }
+        let _ = served;
+    }
+}
+
+/// READ(10) and WRITE(10) within the 1 MiB LU, so that reads are served from data written.
+fn io_cdb() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(&[0x28u8, 0x2a][..]),
+        0u32..2040,
+        1u16..8,
+        prop::sample::select(&[0u8, 0x08, 0x10][..]),
+    )
+        .prop_map(|(op, lba, blocks, flags)| {
+            let mut c = vec![op, flags, 0, 0, 0, 0, 0, 0, 0, 0];
+            c[2..6].copy_from_slice(&lba.to_be_bytes());
+            c[7..9].copy_from_slice(&blocks.to_be_bytes());
+            c
+        })
+}
+
+/// The fast path does serve plain reads once the nexus has seen its unit attention, and
+/// leaves anything else to `execute`.
+#[test]
+fn try_read_now_serves_plain_reads_only() {
+    let lu = lu(false, false);
+    let n = Nexus(7);
+    const READ10: [u8; 10] = [0x28, 0, 0, 0, 0, 8, 0, 0, 4, 0];
+    let read10 = &READ10;
+    let cmd = |cdb: &'static [u8]| Command {
+        cdb,
+        data_out: &[],
+        nexus: n,
+    };
+    // A new nexus: its power-on unit attention comes first, from execute().
+    assert!(lu.try_read_now(&cmd(read10)).is_none());
+    assert_eq!(lu.execute(&cmd(read10)).status, 0x02);
+    let r = lu.try_read_now(&cmd(read10)).expect("a cached read");
+    assert_eq!((r.status, r.data_in.len()), (0, 4 * 512));
+    // Not reads, or reads execute() refuses: declined.
+    assert!(lu.try_read_now(&cmd(&[0x00, 0, 0, 0, 0, 0])).is_none());
+    assert!(lu
+        .try_read_now(&cmd(&[0x28, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 1, 0]))
+        .is_none());
+    assert!(lu
+        .try_read_now(&cmd(&[0x28, 0xe0, 0, 0, 0, 0, 0, 0, 1, 0]))
+        .is_none());
+    assert!(lu
+        .try_read_now(&cmd(&[0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0]))
+        .is_none());
+}

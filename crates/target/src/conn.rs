@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
+use backstore::buffers::Buf;
 use bytes::{Bytes, BytesMut};
 use iscsi::framing::{FrameError, FrameLimits, PduDecoder};
 use iscsi::login::{
@@ -716,7 +717,10 @@ pub(crate) struct Task {
     cmd: ScsiCommand,
     lun: Option<u16>,
     ctl: Arc<TaskCtl>,
-    buf: Vec<u8>,
+    /// The write's data as it arrives, at its buffer offsets. From the pool, so it holds
+    /// stale bytes until the data sequences have covered all of it, which they must before
+    /// the command runs.
+    buf: Buf,
     received: u32,
     unsolicited: Option<Sequence>,
     r2ts: Vec<Sequence>,
@@ -1037,7 +1041,7 @@ impl Conn {
         } else {
             cmd.edtl as usize
         };
-        let mut buf = vec![0u8; keep];
+        let mut buf = Buf::take(keep);
         if keep > 0 {
             buf[..imm as usize].copy_from_slice(&cmd.data);
         }
@@ -1270,9 +1274,8 @@ impl Conn {
         let shared = self.shared.clone();
         let executing = self.executing.clone();
         let cid = self.cid;
-        tokio::task::spawn_blocking(move || {
-            let ctl = job.task.ctl.clone();
-            let pdus = job.run();
+        let finish = move |job: Job, pdus: Vec<Pdu>| {
+            let ctl = &job.task.ctl;
             if ctl.claim_answer() && session.answer_here(cid, itt, &pdus) {
                 for p in pdus {
                     let _ = job.out.send(Out::Pdu(p));
@@ -1285,6 +1288,15 @@ impl Conn {
                 executing.idle.notify_waiters();
             }
             shared.task_finished();
+        };
+        // A read the page cache can answer costs less than the hand-over to a worker.
+        if let Some(pdus) = job.run_now() {
+            finish(job, pdus);
+            return;
+        }
+        tokio::task::spawn_blocking(move || {
+            let pdus = job.run();
+            finish(job, pdus);
         });
     }
 
@@ -1699,6 +1711,9 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
+/// Largest read answered on the connection's task when the page cache holds it.
+const INLINE_READ_MAX: u32 = 128 * 1024;
+
 /// A command ready to run, with what it needs to answer.
 struct Job {
     task: Task,
@@ -1710,6 +1725,31 @@ struct Job {
 }
 
 impl Job {
+    /// The answer to a read that needs no wait for a device, or `None`: use [`Job::run`]
+    /// on a thread that may block.
+    fn run_now(&self) -> Option<Vec<Pdu>> {
+        let t = &self.task;
+        // A large read is mostly copying: on a worker it overlaps with the sending of the
+        // previous ones, inline it would hold up this connection's other commands.
+        if t.cmd.write || t.sink.is_some() || t.cmd.edtl > INLINE_READ_MAX {
+            return None;
+        }
+        let lu = self.target.luns.get(&t.lun?)?;
+        let resp = lu.try_read_now(&scsi::Command {
+            cdb: &t.cmd.cdb,
+            data_out: &[],
+            nexus: self.nexus,
+        })?;
+        Some(build_response(
+            &t.cmd,
+            resp,
+            None,
+            t.next_r2tsn,
+            self.max_seg.max(512),
+            self.max_burst.max(512),
+        ))
+    }
+
     fn run(&self) -> Vec<Pdu> {
         let t = &self.task;
         let cdb = &t.cmd.cdb[..];
@@ -1829,7 +1869,8 @@ fn build_response(
     let mut pdus = Vec::new();
     let good = resp.status == scsi::status::GOOD && resp.sense.is_none();
     if sent > 0 {
-        let data = Bytes::from(resp.data_in);
+        // Back to the pool when the writer has sent the last PDU that refers to it.
+        let data = Bytes::from_owner(Buf::from_vec(resp.data_in));
         let mut off = 0u32;
         let mut datasn = 0u32;
         let mut burst_used = 0u32;
