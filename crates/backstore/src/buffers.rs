@@ -34,7 +34,7 @@ static POOL: Pool = Pool {
 
 /// The size class whose buffers hold `len` bytes, if `len` is pooled at all.
 fn class_of(len: usize) -> Option<usize> {
-    if len < 1 << MIN_SHIFT || len > 1 << MAX_SHIFT {
+    if !(1 << MIN_SHIFT..=1 << MAX_SHIFT).contains(&len) {
         return None;
     }
     let shift = usize::BITS - (len - 1).leading_zeros();
