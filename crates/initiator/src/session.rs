@@ -113,6 +113,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
         session: SessionParams::default(),
         connection: connection_prefs(opts),
         leading: true,
+        pacing_hint: None,
     };
     let done = raw.login(cfg, 1, 1).await?;
     let mut cmdsn = done.expcmdsn;
@@ -819,6 +820,7 @@ impl Shared {
             session,
             connection: connection_prefs(o),
             leading: tsih == 0,
+            pacing_hint: None,
         }
     }
 

@@ -11,7 +11,7 @@ use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView, SessionType,
 };
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::*;
 use target::config::Config;
 
@@ -57,6 +57,8 @@ struct Raw {
     tsih: u16,
     params: SessionParams,
     conn: ConnectionParams,
+    /// What the target answered to X-org.reservoir.PacingRate.
+    pacing: TargetPacing,
 }
 
 impl Raw {
@@ -67,6 +69,19 @@ impl Raw {
         cid: u16,
         cmdsn: u32,
         prefs: SessionParams,
+    ) -> Raw {
+        Self::login_paced(addr, isid, tsih, cid, cmdsn, prefs, None)
+    }
+
+    /// Logs in asking the target to pace the connection at `pacing_hint` bytes per second.
+    fn login_paced(
+        addr: SocketAddr,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        cmdsn: u32,
+        prefs: SessionParams,
+        pacing_hint: Option<u64>,
     ) -> Raw {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -79,6 +94,7 @@ impl Raw {
             tsih,
             params: prefs.clone(),
             conn: ConnectionParams::default(),
+            pacing: TargetPacing::NotAsked,
         };
         let mut login = InitiatorLogin::new(InitiatorLoginConfig {
             initiator_name: "iqn.2026-11.org.reservoir:raw-initiator".into(),
@@ -95,6 +111,7 @@ impl Raw {
                 ..ConnectionParams::default()
             },
             leading: tsih == 0,
+            pacing_hint,
         });
         let mut rng = |b: &mut [u8]| b.fill(7);
         let mut out = login.start(&mut rng);
@@ -113,6 +130,7 @@ impl Raw {
                     raw.tsih = r.tsih;
                     raw.params = outcome.session;
                     raw.conn = outcome.connection;
+                    raw.pacing = outcome.pacing;
                     raw.dec
                         .set_max_recv_data_segment(raw.conn.max_recv_data_segment_length);
                     return raw;
