@@ -1415,6 +1415,9 @@ impl Conn {
         for (k, v) in keys.iter() {
             if k == "SendTargets" {
                 self.send_targets(v, &mut answer);
+            } else if k == iscsi::negotiate::PACING_RATE_KEY {
+                // Ours, but a login key: the rate is fixed for the connection's life.
+                answer.push(k, iscsi::text::IRRELEVANT);
             } else if k.starts_with("X-")
                 || k.starts_with("X#")
                 || iscsi::negotiate::lookup(k).is_none()

@@ -1079,4 +1079,20 @@ fn malformed_pacing_hint_is_rejected_without_failing_the_login() {
     assert_eq!(target_side_pacing(&raw.s), u64::MAX);
     clear_ua(&mut raw, 2);
     read_ok(&mut raw, 3, 1);
+    // After login the key is irrelevant: the rate is the connection's for its life.
+    raw.send(&Pdu::TextRequest(TextRequest {
+        final_: true,
+        itt: 4,
+        ttt: RESERVED_TAG,
+        cmdsn: raw.cmdsn,
+        expstatsn: raw.statsn,
+        data: b"X-org.reservoir.PacingRate=1000000\0".to_vec().into(),
+        ..Default::default()
+    }));
+    let Pdu::TextResponse(t) = raw.recv() else {
+        panic!("expected a text response")
+    };
+    let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
+    assert_eq!(keys.get("X-org.reservoir.PacingRate"), Some("Irrelevant"));
+    assert_eq!(target_side_pacing(&raw.s), u64::MAX);
 }
