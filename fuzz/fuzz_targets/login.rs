@@ -3,7 +3,7 @@
 #![no_main]
 
 use iscsi::login::*;
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
 use libfuzzer_sys::fuzz_target;
 
 struct Policy {
@@ -35,6 +35,12 @@ impl LoginPolicy for Policy {
     }
     fn connection_preferences(&self) -> &ConnectionParams {
         &self.connection
+    }
+    fn pacing_policy(&self) -> Option<PacingPolicy> {
+        Some(PacingPolicy {
+            accept_hint: true,
+            configured: None,
+        })
     }
     fn random_bytes(&mut self, buf: &mut [u8]) {
         for b in buf {
@@ -125,6 +131,7 @@ fn fuzz_initiator_side(mode: u8, input: &[u8]) {
         session: SessionParams::default(),
         connection: ConnectionParams::default(),
         leading: true,
+        pacing_hint: (mode & 8 != 0).then_some(12_500_000),
     };
     let mut login = InitiatorLogin::new(config);
     let mut rng = |buf: &mut [u8]| buf.fill(7);

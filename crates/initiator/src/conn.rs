@@ -11,6 +11,7 @@ use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginOutcome, LoginResponseView,
 };
+use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
@@ -226,6 +227,8 @@ pub(crate) struct Conn {
     pub pinging: AtomicBool,
     /// The last TCP_INFO sample of this connection and the rate it measured.
     pub path: std::sync::Mutex<Option<PathSample>>,
+    /// How the target answered the pacing hint at this connection's login.
+    pub target_pacing: TargetPacing,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -238,6 +241,7 @@ pub(crate) struct PathSample {
 }
 
 impl Conn {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cid: u16,
         gen: u64,
@@ -246,6 +250,7 @@ impl Conn {
         exp_statsn: u32,
         w: OwnedWriteHalf,
         digests: Digests,
+        target_pacing: TargetPacing,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (dead, dead_rx) = watch::channel(false);
@@ -266,6 +271,7 @@ impl Conn {
             last_rx_ms: AtomicU64::new(0),
             pinging: AtomicBool::new(false),
             path: std::sync::Mutex::new(None),
+            target_pacing,
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)

@@ -111,6 +111,10 @@ pub struct SessionOptions {
     pub initial_r2t: bool,
     /// Bytes per second per connection (SO_MAX_PACING_RATE).
     pub pacing_rate: Option<u64>,
+    /// With a `pacing_rate` in force, ask the target at each connection's login to pace
+    /// its sends (Data-In) the same way (`X-org.reservoir.PacingRate`; targets that do not
+    /// know the key answer NotUnderstood and are simply not paced).
+    pub pacing_hint: bool,
     pub send_buffer: Option<usize>,
     pub recv_buffer: Option<usize>,
     /// TCP congestion control; defaults to bbr where the kernel has it.
@@ -168,6 +172,7 @@ impl Default for SessionOptions {
             immediate_data: true,
             initial_r2t: false,
             pacing_rate: None,
+            pacing_hint: true,
             send_buffer: None,
             recv_buffer: None,
             congestion: net::preferred_congestion(),
@@ -284,6 +289,7 @@ impl SessionOptions {
                     Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
                 })?)
             }
+            "pacing_hint" => self.pacing_hint = parse_bool_opt(key, v)?,
             "send_buffer" => self.send_buffer = Some(num(v)? as usize),
             "recv_buffer" => self.recv_buffer = Some(num(v)? as usize),
             "congestion" => self.congestion = Some(v.to_owned()),
@@ -312,7 +318,7 @@ impl SessionOptions {
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
                      data_digest, initiator_name, target_password, max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
-                     send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
+                     pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
                      rate"
                 )))
@@ -333,6 +339,11 @@ impl SessionOptions {
 
     pub fn is_pinned(&self, key: &str) -> bool {
         self.pinned.contains(key)
+    }
+
+    /// The rate to ask the target to pace each connection at, if any.
+    pub(crate) fn target_pacing_hint(&self) -> Option<u64> {
+        self.pacing_rate.filter(|r| *r > 0 && self.pacing_hint)
     }
 
     pub(crate) fn tuning(&self) -> net::SocketTuning {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use iscsi::framing::PduDecoder;
 use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::{
     lun_to_wire, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, TaskMgmtRequest, TextRequest,
     RESERVED_TAG,
@@ -83,6 +83,8 @@ pub struct SessionInfo {
     pub tuning: Option<crate::tune::Plan>,
     /// The path as the connections measured it last (TCP_INFO).
     pub path: Option<PathReport>,
+    /// Whether the target paces its sends to us, as each connection's login answered.
+    pub target_pacing: crate::tune::TargetPacingReport,
 }
 
 /// The session's connections' latest TCP_INFO, summed up.
@@ -113,6 +115,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
         session: SessionParams::default(),
         connection: connection_prefs(opts),
         leading: true,
+        pacing_hint: None,
     };
     let done = raw.login(cfg, 1, 1).await?;
     let mut cmdsn = done.expcmdsn;
@@ -476,6 +479,13 @@ impl Session {
         info.queue_depth = self.queue_depth();
         info.tuning = self.shared.plan.clone();
         info.path = Shared::path(&st.conns);
+        info.target_pacing = crate::tune::TargetPacingReport::new(
+            self.shared.opts.target_pacing_hint(),
+            st.conns
+                .iter()
+                .filter(|c| c.is_alive())
+                .map(|c| (c.cid, c.target_pacing)),
+        );
         info
     }
 
@@ -819,6 +829,7 @@ impl Shared {
             session,
             connection: connection_prefs(o),
             leading: tsih == 0,
+            pacing_hint: o.target_pacing_hint(),
         }
     }
 
@@ -919,6 +930,7 @@ impl Shared {
             recv_buffer: tuning.recv_buffer,
             tuning: None,
             path: None,
+            target_pacing: Default::default(),
         });
         st.params = params;
         drop(st);
@@ -1266,7 +1278,21 @@ impl Shared {
             exp_statsn,
             w,
             digests,
+            done.outcome.pacing,
         );
+        match done.outcome.pacing {
+            TargetPacing::NotAsked => {}
+            TargetPacing::Paced(r) => tracing::debug!(
+                cid,
+                "the target paces this connection's Data-In at {:.1} Mbit/s",
+                r as f64 * 8e-6
+            ),
+            other => tracing::debug!(
+                cid,
+                "the target does not pace this connection's Data-In (pacing hint {})",
+                other.as_str()
+            ),
+        }
         tokio::spawn(reader(
             Arc::downgrade(self),
             conn.clone(),

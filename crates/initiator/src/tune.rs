@@ -15,7 +15,9 @@
 //!   share of the window, set explicitly (past `net.core.*mem_max` with CAP_NET_ADMIN)
 //!   when it does not;
 //! - **pacing**: with a known bottleneck rate, each connection is paced to its share of it
-//!   (R1's remedy: senders held to the bottleneck never overrun its queue).
+//!   (R1's remedy: senders held to the bottleneck never overrun its queue). The rate goes
+//!   to the target too (`X-org.reservoir.PacingRate` at each connection's login), so that
+//!   its Data-In is paced the same way; [`TargetPacingReport`] says what it answered.
 //!
 //! While the session runs, every connection's reader samples `TCP_INFO` once a second; the
 //! session grows its queue depth when the measured delivery rate needs more in flight than
@@ -260,8 +262,13 @@ pub fn plan(
         o.pacing_rate = Some(each);
         reasons.push(format!(
             "pacing: {} per connection, the given rate shared by {n} plus 5 %: the senders \
-             never overrun the bottleneck's queue",
-            mbit(each)
+             never overrun the bottleneck's queue{}",
+            mbit(each),
+            if opts.pacing_hint {
+                "; the target is asked to pace its Data-In the same way"
+            } else {
+                ""
+            }
         ));
     } else {
         reasons.push("pacing: none (no --rate; the congestion control paces)".into());
@@ -281,6 +288,98 @@ pub fn plan(
     plan.congestion = o.congestion.clone();
     plan.reasons = reasons;
     (o, plan)
+}
+
+/// Whether the target paces what it sends us, from each connection's login answer to
+/// `X-org.reservoir.PacingRate` (see `docs/architecture.md`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct TargetPacingReport {
+    /// Bytes per second per connection asked of the target; `None`: not asked (no pacing
+    /// rate in force, or `pacing_hint=no`).
+    pub requested: Option<u64>,
+    /// Live connections the target paces.
+    pub paced_connections: usize,
+    pub connections: Vec<ConnPacing>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ConnPacing {
+    pub cid: u16,
+    /// "paced", "not paced" (the target answered 0), "not understood" (not a Reservoir
+    /// target), "refused" (Reject or a malformed answer), "not asked".
+    pub answer: &'static str,
+    /// The rate the target paces this connection at, bytes per second.
+    pub rate_bytes_per_s: Option<u64>,
+}
+
+impl TargetPacingReport {
+    pub fn new(
+        requested: Option<u64>,
+        conns: impl IntoIterator<Item = (u16, iscsi::negotiate::TargetPacing)>,
+    ) -> Self {
+        let mut connections: Vec<ConnPacing> = conns
+            .into_iter()
+            .map(|(cid, p)| ConnPacing {
+                cid,
+                answer: p.as_str(),
+                rate_bytes_per_s: p.rate(),
+            })
+            .collect();
+        connections.sort_by_key(|c| c.cid);
+        TargetPacingReport {
+            requested,
+            paced_connections: connections
+                .iter()
+                .filter(|c| c.rate_bytes_per_s.is_some())
+                .count(),
+            connections,
+        }
+    }
+
+    /// One line for people.
+    pub fn summary(&self) -> String {
+        let Some(asked) = self.requested else {
+            return "not asked (no pacing rate in force)".into();
+        };
+        let n = self.connections.len();
+        let mut rates: Vec<u64> = self
+            .connections
+            .iter()
+            .filter_map(|c| c.rate_bytes_per_s)
+            .collect();
+        rates.sort_unstable();
+        rates.dedup();
+        let mut line = format!(
+            "asked {} per connection; the target paces {} of {n}",
+            mbit(asked),
+            self.paced_connections
+        );
+        match rates.as_slice() {
+            [] => {}
+            [one] => line.push_str(&format!(" at {}", mbit(*one))),
+            [lo, .., hi] => line.push_str(&format!(" at {} to {}", mbit(*lo), mbit(*hi))),
+        }
+        for answer in ["not paced", "not understood", "refused", "not asked"] {
+            let k = self
+                .connections
+                .iter()
+                .filter(|c| c.answer == answer)
+                .count();
+            if k > 0 {
+                line.push_str(&format!(
+                    "; {k} {answer}{}",
+                    match answer {
+                        "not paced" => " (its pacing hints are off)",
+                        "not understood" => {
+                            " (not a Reservoir target: its congestion control alone paces it)"
+                        }
+                        _ => "",
+                    }
+                ));
+            }
+        }
+        line
+    }
 }
 
 /// The queue depth the measured path needs: twice the delivered bytes per RTT, in
@@ -446,6 +545,60 @@ mod tests {
         let (o, p) = plan(&opts, &probe_ms(100), &kernel());
         assert_eq!(o, opts);
         assert!(!p.enabled);
+    }
+
+    #[test]
+    fn target_pacing_report() {
+        use iscsi::negotiate::TargetPacing::*;
+        let r = TargetPacingReport::new(None, [(0, NotAsked)]);
+        assert_eq!(r.paced_connections, 0);
+        assert!(r.summary().starts_with("not asked"), "{}", r.summary());
+        let r = TargetPacingReport::new(
+            Some(1_640_625),
+            [(1, Paced(1_640_625)), (0, Paced(1_640_625))],
+        );
+        assert_eq!(r.paced_connections, 2);
+        assert_eq!(r.connections[0].cid, 0);
+        assert_eq!(r.connections[1].rate_bytes_per_s, Some(1_640_625));
+        assert_eq!(
+            r.summary(),
+            "asked 13 Mbit/s per connection; the target paces 2 of 2 at 13 Mbit/s"
+        );
+        // tgt, LIO: nothing paced, and the report says why.
+        let r = TargetPacingReport::new(Some(1_640_625), [(0, NotUnderstood), (1, NotUnderstood)]);
+        assert_eq!(r.paced_connections, 0);
+        assert_eq!(r.connections[0].answer, "not understood");
+        assert!(
+            r.summary().contains("paces 0 of 2; 2 not understood"),
+            "{}",
+            r.summary()
+        );
+        let r = TargetPacingReport::new(Some(1_640_625), [(0, NotPaced), (1, Refused)]);
+        assert!(
+            r.summary()
+                .ends_with("; 1 not paced (its pacing hints are off); 1 refused"),
+            "{}",
+            r.summary()
+        );
+        // The JSON names the answer per connection.
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["connections"][1]["answer"], "refused");
+        assert_eq!(j["requested"], 1_640_625);
+    }
+
+    #[test]
+    fn plan_pacing_reason_mentions_the_target_only_when_it_is_asked() {
+        let mut opts = SessionOptions {
+            rate: Some(12_500_000),
+            ..SessionOptions::default()
+        };
+        let (o, p) = plan(&opts, &probe_ms(100), &kernel());
+        assert_eq!(o.target_pacing_hint(), o.pacing_rate);
+        assert!(p.reasons.iter().any(|r| r.contains("the target is asked")));
+        opts.set("pacing_hint", "no").unwrap();
+        let (o, p) = plan(&opts, &probe_ms(100), &kernel());
+        assert_eq!(o.target_pacing_hint(), None);
+        assert!(!p.reasons.iter().any(|r| r.contains("the target is asked")));
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         i.send_buffer,
         i.recv_buffer
     );
+    println!("target pacing: {}", i.target_pacing.summary());
     if let (Some(b), Some(rate)) = (r.probe_bytes, r.probe_mb_per_s) {
         println!("probe: read {b} bytes at {rate:.1} MB/s");
     }

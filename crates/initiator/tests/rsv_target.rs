@@ -6,7 +6,7 @@ mod common;
 use clap::Parser;
 use common::*;
 use initiator::cli::{self, CpArgs, CpSummary, SessionFlags};
-use initiator::IscsiUrl;
+use initiator::{IscsiUrl, Session, SessionOptions};
 
 const MIB: u64 = 1 << 20;
 
@@ -373,4 +373,80 @@ fn read_at_erl2_with_digests_survives_a_cut_connection() {
     assert!(s.sessions[0].header_digest && s.sessions[0].data_digest);
     assert_eq!(s.reinstatements, 0, "{s:?}");
     assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
+}
+
+/// With a pacing rate in force, every connection asks Reservoir's target to pace its
+/// Data-In at that rate, and the session reports what the target answered.
+#[test]
+fn target_paces_each_connection_at_the_rate_asked() {
+    let t = rsv_or_skip!();
+    let rt = rt();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let mut o = SessionOptions::default();
+    o.set("connections", "3").unwrap();
+    o.set("pacing_rate", "80mbit").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let info = s.info();
+    assert_eq!(info.connections, 3);
+    let p = &info.target_pacing;
+    assert_eq!(p.requested, Some(10_000_000));
+    assert_eq!(p.paced_connections, 3, "{p:?}");
+    assert!(p
+        .connections
+        .iter()
+        .all(|c| c.answer == "paced" && c.rate_bytes_per_s == Some(10_000_000)));
+    // What `rsv cp --json` and `rsv bench --json` print.
+    let j = serde_json::to_value(&info).unwrap();
+    assert_eq!(j["target_pacing"]["paced_connections"], 3);
+    assert_eq!(
+        j["target_pacing"]["connections"][0]["rate_bytes_per_s"],
+        10_000_000
+    );
+    let data = rt.block_on(s.read(0, 0, 2048)).unwrap();
+    assert_eq!(data.len(), MIB as usize);
+    rt.block_on(s.logout()).unwrap();
+
+    // pacing_hint=no: nothing asked, nothing reported.
+    o.set("pacing_hint", "no").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let p = s.info().target_pacing;
+    assert_eq!((p.requested, p.paced_connections), (None, 0));
+    assert!(p.connections.iter().all(|c| c.answer == "not asked"));
+    rt.block_on(s.logout()).unwrap();
+}
+
+/// A target with `accept_pacing_hint = false` answers 0: the session logs in and runs,
+/// reported as not paced by the target.
+#[test]
+fn target_with_pacing_hints_off_says_it_does_not_pace() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("target.toml");
+    std::fs::write(
+        &cfg,
+        "[session]\naccept_pacing_hint = false\n\n[[target]]\n\
+         iqn = \"iqn.2026-11.org.reservoir:nohint\"\n\n[[target.lun]]\nid = 0\n\
+         backstore = \"ram\"\nsize = \"16MiB\"\n",
+    )
+    .unwrap();
+    let Some(t) = RsvTarget::start(&["--config", cfg.to_str().unwrap()]) else {
+        eprintln!("SKIP: no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+        return;
+    };
+    let rt = rt();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let mut o = SessionOptions::default();
+    o.set("connections", "2").unwrap();
+    o.set("pacing_rate", "80mbit").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let p = s.info().target_pacing;
+    assert_eq!(p.requested, Some(10_000_000));
+    assert_eq!(p.paced_connections, 0);
+    assert_eq!(p.connections.len(), 2);
+    assert!(
+        p.connections.iter().all(|c| c.answer == "not paced"),
+        "{p:?}"
+    );
+    let data = rt.block_on(s.read(0, 0, 64)).unwrap();
+    assert_eq!(data.len(), 64 * 512);
+    rt.block_on(s.logout()).unwrap();
 }

@@ -220,3 +220,29 @@ fn cp_survives_a_cut_connection() {
         .unwrap();
     assert!(same_files(&img, &back));
 }
+
+/// tgt does not know X-org.reservoir.PacingRate: it answers NotUnderstood, every
+/// connection logs in as without the key, and the session reports the target unpaced.
+#[test]
+fn pacing_hint_not_understood_by_tgt_leaves_the_login_intact() {
+    let tgt = tgt_or_skip!(8 * MIB, None);
+    let rt = rt();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let mut o = SessionOptions::default();
+    o.set("connections", "2").unwrap();
+    o.set("pacing_rate", "80mbit").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let info = s.info();
+    let p = &info.target_pacing;
+    assert_eq!(p.requested, Some(10_000_000));
+    assert_eq!(p.paced_connections, 0);
+    assert_eq!(p.connections.len(), info.connections);
+    assert!(
+        p.connections.iter().all(|c| c.answer == "not understood"),
+        "{p:?}"
+    );
+    assert!(p.summary().contains("not understood"), "{}", p.summary());
+    let data = rt.block_on(s.read(1, 0, 64)).unwrap();
+    assert_eq!(data.len(), 64 * 512);
+    rt.block_on(s.logout()).unwrap();
+}

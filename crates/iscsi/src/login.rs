@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 use crate::chap::{self, ChapError, CHALLENGE_LEN, CHAP_MD5};
 pub use crate::negotiate::SessionType;
 use crate::negotiate::{
-    ConnectionParams, KeyLedger, NegotiationContext, Originator, Phase, Responder, SessionParams,
+    ConnectionParams, KeyLedger, NegotiationContext, Originator, PacingPolicy, Phase, Responder,
+    SessionParams, TargetPacing,
 };
 use crate::text::{
     encode_hex, parse_number, split_for_pdus, TextAccumulator, TextKeys, IRRELEVANT,
@@ -146,6 +147,9 @@ pub struct LoginOutcome {
     pub target_alias: Option<String>,
     /// As declared on a leading login (the target's own on the target side).
     pub target_portal_group_tag: Option<u16>,
+    /// How `X-org.reservoir.PacingRate` went: on the target, the rate to pace this
+    /// connection at; on the initiator, what the target answered.
+    pub pacing: TargetPacing,
 }
 
 /// What the target daemon knows that the login needs.
@@ -161,6 +165,11 @@ pub trait LoginPolicy {
     /// prefers); by default neither.
     fn required_digests(&self) -> (bool, bool) {
         (false, false)
+    }
+    /// How to answer `X-org.reservoir.PacingRate`; `None` (the default): NotUnderstood,
+    /// like a target that does not know the key.
+    fn pacing_policy(&self) -> Option<PacingPolicy> {
+        None
     }
     /// Fills `buf` with unpredictable bytes (CHAP identifiers and challenges).
     fn random_bytes(&mut self, buf: &mut [u8]);
@@ -551,7 +560,8 @@ impl TargetLogin {
                 policy.connection_preferences().clone(),
                 self.existing_session.clone(),
             )
-            .require_digests(header, data),
+            .require_digests(header, data)
+            .pacing(policy.pacing_policy()),
         );
         self.identity = Some(Identity {
             initiator_name,
@@ -694,6 +704,7 @@ impl TargetLogin {
             connection: responder.connection.clone(),
             target_alias: identity.target_alias.clone(),
             target_portal_group_tag: self.sent_tpgt,
+            pacing: responder.pacing,
         })
     }
 }
@@ -728,6 +739,9 @@ pub struct InitiatorLoginConfig {
     /// What we offer (digests) and declare (MaxRecvDataSegmentLength).
     pub connection: ConnectionParams,
     pub leading: bool,
+    /// Bytes per second to ask the target to pace this connection's sends at
+    /// (`X-org.reservoir.PacingRate`); `None` sends no key.
+    pub pacing_hint: Option<u64>,
 }
 
 /// The fields of the Login Request to send. ITT, CmdSN and ExpStatSN belong to the
@@ -925,7 +939,8 @@ impl InitiatorLogin {
             config.session.clone(),
             config.connection.clone(),
             existing,
-        );
+        )
+        .pacing_hint(config.pacing_hint);
         InitiatorLogin {
             config,
             stage: STAGE_SECURITY,
@@ -1261,6 +1276,7 @@ impl InitiatorLogin {
             connection: self.originator.connection.clone(),
             target_alias: self.target_alias.clone(),
             target_portal_group_tag: self.target_portal_group_tag,
+            pacing: self.originator.pacing,
         }
     }
 }

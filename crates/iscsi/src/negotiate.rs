@@ -421,6 +421,101 @@ pub fn lookup(name: &str) -> Option<&'static KeyDef> {
     KEYS.iter().find(|k| k.name == name)
 }
 
+/// Reservoir's private login key (RFC 7143 13.1: `X-` and a reversed domain name): the
+/// initiator asks the target to pace what it sends on this connection (Data-In above all)
+/// at most at the value, in bytes per second, as the initiator paces its own sends.
+///
+/// - Sent by the initiator only, in the operational stage of every connection's login
+///   (leading and non-leading: each connection has its own share of the rate), only in a
+///   normal session and only when it has a rate. `0` asks for no pacing.
+/// - A target that knows the key answers with the rate it paces the connection at after
+///   the login, in bytes per second, `0` for none: the hint clamped to
+///   [`PACING_HINT_MIN`]..=[`PACING_HINT_MAX`]; its own configured rate instead, which
+///   wins; `0` when it is configured to ignore hints. A value that is no number is
+///   answered `Reject`, the key in a discovery session or after login `Irrelevant`.
+/// - A target that does not know it (tgt, LIO) answers `NotUnderstood` (RFC 7143 6.2).
+///   None of these answers fails a login: the initiator records them and goes on.
+pub const PACING_RATE_KEY: &str = "X-org.reservoir.PacingRate";
+/// Smallest rate a target applies from a hint (1 Mbit/s): slower would stall commands.
+pub const PACING_HINT_MIN: u64 = 125_000;
+/// Largest rate a target applies from a hint (400 Gbit/s): beyond, pacing means nothing.
+pub const PACING_HINT_MAX: u64 = 50_000_000_000;
+
+/// What a target does with [`PACING_RATE_KEY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PacingPolicy {
+    /// Pace a connection at the rate its initiator asks for.
+    pub accept_hint: bool,
+    /// The target's own rate for every connection (bytes per second); wins over a hint.
+    pub configured: Option<u64>,
+}
+
+/// How [`PACING_RATE_KEY`] went on one connection's login, on either side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TargetPacing {
+    /// The key was not exchanged.
+    #[default]
+    NotAsked,
+    /// The target paces this connection's sends at most at this many bytes per second.
+    Paced(u64),
+    /// The target answered 0: it does not pace this connection.
+    NotPaced,
+    /// The target does not know the key: not paced by the target.
+    NotUnderstood,
+    /// Reject, Irrelevant, or an answer that is no number: not paced by the target.
+    Refused,
+}
+
+impl TargetPacing {
+    /// The rate in force, if the target paces.
+    pub fn rate(self) -> Option<u64> {
+        match self {
+            TargetPacing::Paced(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetPacing::NotAsked => "not asked",
+            TargetPacing::Paced(_) => "paced",
+            TargetPacing::NotPaced => "not paced",
+            TargetPacing::NotUnderstood => "not understood",
+            TargetPacing::Refused => "refused",
+        }
+    }
+}
+
+/// The target's answer to `X-org.reservoir.PacingRate=offered` and what it then does.
+/// Pure; the context (sender, phase, session type) is checked by the caller.
+pub fn answer_pacing_hint(offered: &str, policy: &PacingPolicy) -> (Answer, TargetPacing) {
+    let Ok(hint) = parse_number(offered) else {
+        return (Answer::Reject, TargetPacing::Refused);
+    };
+    if let Some(r) = policy.configured.filter(|r| *r > 0) {
+        return (Answer::Value(r.to_string()), TargetPacing::Paced(r));
+    }
+    if !policy.accept_hint || hint == 0 {
+        return (Answer::Value("0".into()), TargetPacing::NotPaced);
+    }
+    let r = hint.clamp(PACING_HINT_MIN, PACING_HINT_MAX);
+    (Answer::Value(r.to_string()), TargetPacing::Paced(r))
+}
+
+/// The initiator's reading of the target's answer to [`PACING_RATE_KEY`]. Never an error:
+/// whatever the target says, the login goes on.
+pub fn pacing_from_answer(answer: &str) -> TargetPacing {
+    match answer {
+        NOT_UNDERSTOOD => TargetPacing::NotUnderstood,
+        REJECT | IRRELEVANT => TargetPacing::Refused,
+        v => match parse_number(v) {
+            Ok(0) => TargetPacing::NotPaced,
+            Ok(n) => TargetPacing::Paced(n),
+            Err(_) => TargetPacing::Refused,
+        },
+    }
+}
+
 /// Session-wide operational parameters. As a configuration these are our preferences and
 /// limits; as a negotiation result, the values in force.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -765,6 +860,10 @@ pub struct Responder {
     ledger: KeyLedger,
     /// Header and data digests without which the connection is refused.
     required_digests: (bool, bool),
+    /// `None`: [`PACING_RATE_KEY`] is not understood, as by a target without it.
+    pacing_policy: Option<PacingPolicy>,
+    /// What the answer to [`PACING_RATE_KEY`] promised.
+    pub pacing: TargetPacing,
 }
 
 impl Responder {
@@ -786,7 +885,30 @@ impl Responder {
             connection,
             ledger: KeyLedger::default(),
             required_digests: (false, false),
+            pacing_policy: None,
+            pacing: TargetPacing::NotAsked,
         }
+    }
+
+    /// Understands [`PACING_RATE_KEY`] and answers it by `policy`.
+    pub fn pacing(mut self, policy: Option<PacingPolicy>) -> Self {
+        self.pacing_policy = policy;
+        self
+    }
+
+    fn answer_pacing(&mut self, offered: &str) -> Answer {
+        let Some(policy) = self.pacing_policy else {
+            return Answer::NotUnderstood;
+        };
+        let relevant = self.ctx.we_are_target
+            && self.ctx.phase != Phase::FullFeature
+            && self.ctx.session_type == SessionType::Normal;
+        if !relevant {
+            return Answer::Irrelevant;
+        }
+        let (answer, pacing) = answer_pacing_hint(offered, &policy);
+        self.pacing = pacing;
+        answer
     }
 
     /// Accepts only CRC32C for the header and/or data digest: an initiator offering
@@ -806,7 +928,11 @@ impl Responder {
             if !self.ledger.record(k, v)? {
                 continue;
             }
-            let mut answer = respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs);
+            let mut answer = if k == PACING_RATE_KEY {
+                self.answer_pacing(v)
+            } else {
+                respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs)
+            };
             let required = match k {
                 "HeaderDigest" => self.required_digests.0,
                 "DataDigest" => self.required_digests.1,
@@ -874,6 +1000,10 @@ pub struct Originator {
     /// Offers still waiting for an answer.
     outstanding: Vec<(String, String)>,
     ledger: KeyLedger,
+    /// Bytes per second to ask the target to pace this connection at.
+    pacing_hint: Option<u64>,
+    /// How the target answered [`PACING_RATE_KEY`].
+    pub pacing: TargetPacing,
 }
 
 impl Originator {
@@ -895,7 +1025,16 @@ impl Originator {
             connection,
             outstanding: Vec::new(),
             ledger: KeyLedger::default(),
+            pacing_hint: None,
+            pacing: TargetPacing::NotAsked,
         }
+    }
+
+    /// Asks the target to pace this connection at `rate` bytes per second
+    /// ([`PACING_RATE_KEY`]); `None` sends no key.
+    pub fn pacing_hint(mut self, rate: Option<u64>) -> Self {
+        self.pacing_hint = rate;
+        self
     }
 
     /// Our offer: digests and our MaxRecvDataSegmentLength always; the session keys on the
@@ -925,6 +1064,11 @@ impl Originator {
             keys.push("DataPDUInOrder", encode_bool(s.data_pdu_in_order));
             keys.push("DataSequenceInOrder", encode_bool(s.data_sequence_in_order));
             keys.push("ErrorRecoveryLevel", s.error_recovery_level.to_string());
+        }
+        if let Some(rate) = self.pacing_hint {
+            if self.ctx.session_type == SessionType::Normal {
+                keys.push(PACING_RATE_KEY, rate.to_string());
+            }
         }
         for (k, v) in keys.iter() {
             // Our own declaration needs no answer; the peer declares its own value.
@@ -984,6 +1128,10 @@ impl Originator {
             value: answer.to_owned(),
             offered: offered.to_owned(),
         };
+        if key == PACING_RATE_KEY {
+            self.pacing = pacing_from_answer(answer);
+            return Ok(());
+        }
         // Keys the peer could not or would not take keep their defaults.
         if matches!(answer, NOT_UNDERSTOOD | IRRELEVANT | REJECT) {
             return Ok(());
@@ -1021,6 +1169,10 @@ impl Originator {
     /// Offers nobody answered keep the RFC defaults (RFC 7143 6.2.1: a key not answered is
     /// not negotiated). Call when the peer transits to the next stage.
     pub fn finish(&mut self) {
+        // A target that let the pacing key pass without an answer did not understand it.
+        if self.outstanding.iter().any(|(k, _)| k == PACING_RATE_KEY) {
+            self.pacing = TargetPacing::NotUnderstood;
+        }
         self.outstanding.clear();
         if self.session.first_burst_length > self.session.max_burst_length {
             self.session.first_burst_length = self.session.max_burst_length;
@@ -1279,5 +1431,209 @@ mod tests {
         keys.push("MaxRecvDataSegmentLength", "65536");
         o.on_response(&keys).unwrap();
         assert_eq!(o.connection.max_send_data_segment_length, 65536);
+    }
+
+    const ACCEPT: PacingPolicy = PacingPolicy {
+        accept_hint: true,
+        configured: None,
+    };
+
+    #[test]
+    fn pacing_hint_answers() {
+        let v = |s: &str| Answer::Value(s.into());
+        assert_eq!(
+            answer_pacing_hint("1640625", &ACCEPT),
+            (v("1640625"), TargetPacing::Paced(1_640_625))
+        );
+        // Hex is a number too (RFC 7143 6.1).
+        assert_eq!(
+            answer_pacing_hint("0x100000", &ACCEPT),
+            (v("1048576"), TargetPacing::Paced(1 << 20))
+        );
+        // Absurd values are clamped, and the answer says to what.
+        assert_eq!(
+            answer_pacing_hint("1", &ACCEPT),
+            (
+                v(&PACING_HINT_MIN.to_string()),
+                TargetPacing::Paced(PACING_HINT_MIN)
+            )
+        );
+        assert_eq!(
+            answer_pacing_hint("18446744073709551615", &ACCEPT),
+            (
+                v(&PACING_HINT_MAX.to_string()),
+                TargetPacing::Paced(PACING_HINT_MAX)
+            )
+        );
+        // 0 asks for none.
+        assert_eq!(
+            answer_pacing_hint("0", &ACCEPT),
+            (v("0"), TargetPacing::NotPaced)
+        );
+        // Malformed: Reject, nothing applied.
+        for bad in ["", "-5", "fast", "18446744073709551616", "1e6", "0xZZ"] {
+            assert_eq!(
+                answer_pacing_hint(bad, &ACCEPT),
+                (Answer::Reject, TargetPacing::Refused),
+                "{bad:?}"
+            );
+        }
+        // Hints off: the target says it does not pace.
+        let off = PacingPolicy {
+            accept_hint: false,
+            configured: None,
+        };
+        assert_eq!(
+            answer_pacing_hint("1640625", &off),
+            (v("0"), TargetPacing::NotPaced)
+        );
+        // A configured rate wins over the hint, whatever the switch says.
+        for accept_hint in [true, false] {
+            let fixed = PacingPolicy {
+                accept_hint,
+                configured: Some(5_000_000),
+            };
+            assert_eq!(
+                answer_pacing_hint("1640625", &fixed),
+                (v("5000000"), TargetPacing::Paced(5_000_000))
+            );
+        }
+    }
+
+    #[test]
+    fn pacing_answers_as_the_initiator_reads_them() {
+        assert_eq!(
+            pacing_from_answer("1640625"),
+            TargetPacing::Paced(1_640_625)
+        );
+        assert_eq!(pacing_from_answer("0"), TargetPacing::NotPaced);
+        assert_eq!(
+            pacing_from_answer("NotUnderstood"),
+            TargetPacing::NotUnderstood
+        );
+        assert_eq!(pacing_from_answer("Reject"), TargetPacing::Refused);
+        assert_eq!(pacing_from_answer("Irrelevant"), TargetPacing::Refused);
+        assert_eq!(pacing_from_answer("lots"), TargetPacing::Refused);
+        assert_eq!(pacing_from_answer(""), TargetPacing::Refused);
+    }
+
+    #[test]
+    fn responder_answers_pacing_only_where_it_knows_the_key() {
+        let offer = |r: &mut Responder, v: &str| {
+            let mut keys = TextKeys::new();
+            keys.push(PACING_RATE_KEY, v);
+            r.respond(&keys)
+        };
+        let mk = |ctx: NegotiationContext, policy: Option<PacingPolicy>| {
+            Responder::new(
+                ctx,
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing(policy)
+        };
+        // Like tgt: not understood, nothing recorded.
+        let mut r = mk(ctx(SessionType::Normal, true), None);
+        let out = offer(&mut r, "1640625").unwrap();
+        assert_eq!(out.get(PACING_RATE_KEY), Some("NotUnderstood"));
+        assert_eq!(r.pacing, TargetPacing::NotAsked);
+        // Reservoir: on leading and non-leading connections.
+        for leading in [true, false] {
+            let mut r = mk(ctx(SessionType::Normal, leading), Some(ACCEPT));
+            let out = offer(&mut r, "1640625").unwrap();
+            assert_eq!(out.get(PACING_RATE_KEY), Some("1640625"));
+            assert_eq!(r.pacing, TargetPacing::Paced(1_640_625));
+            // Twice in one login is a renegotiation (RFC 7143 6.1).
+            assert!(offer(&mut r, "1640625").is_err());
+        }
+        let mut r = mk(ctx(SessionType::Normal, true), Some(ACCEPT));
+        assert_eq!(
+            offer(&mut r, "soon").unwrap().get(PACING_RATE_KEY),
+            Some("Reject")
+        );
+        assert_eq!(r.pacing, TargetPacing::Refused);
+        // Discovery and full feature phase: irrelevant.
+        let mut r = mk(ctx(SessionType::Discovery, true), Some(ACCEPT));
+        assert_eq!(
+            offer(&mut r, "1640625").unwrap().get(PACING_RATE_KEY),
+            Some("Irrelevant")
+        );
+        assert_eq!(r.pacing, TargetPacing::NotAsked);
+        let ffp = NegotiationContext {
+            phase: Phase::FullFeature,
+            ..ctx(SessionType::Normal, true)
+        };
+        let mut r = mk(ffp, Some(ACCEPT));
+        assert_eq!(
+            offer(&mut r, "1640625").unwrap().get(PACING_RATE_KEY),
+            Some("Irrelevant")
+        );
+        // An initiator does not answer a target that offers it.
+        let mut r = mk(
+            NegotiationContext {
+                we_are_target: false,
+                ..ctx(SessionType::Normal, true)
+            },
+            Some(ACCEPT),
+        );
+        assert_eq!(
+            offer(&mut r, "1640625").unwrap().get(PACING_RATE_KEY),
+            Some("Irrelevant")
+        );
+    }
+
+    #[test]
+    fn originator_offers_pacing_and_takes_any_answer() {
+        let mk = |session_type, leading, hint| {
+            let mut o = Originator::new(
+                NegotiationContext {
+                    we_are_target: false,
+                    ..ctx(session_type, leading)
+                },
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing_hint(hint);
+            let offer = o.offer();
+            (o, offer)
+        };
+        for leading in [true, false] {
+            let (_, offer) = mk(SessionType::Normal, leading, Some(1_640_625));
+            assert_eq!(offer.get(PACING_RATE_KEY), Some("1640625"));
+        }
+        assert_eq!(
+            mk(SessionType::Normal, true, None).1.get(PACING_RATE_KEY),
+            None
+        );
+        assert_eq!(
+            mk(SessionType::Discovery, true, Some(1))
+                .1
+                .get(PACING_RATE_KEY),
+            None
+        );
+        for (answer, want) in [
+            ("1640625", TargetPacing::Paced(1_640_625)),
+            ("0", TargetPacing::NotPaced),
+            ("NotUnderstood", TargetPacing::NotUnderstood),
+            ("Reject", TargetPacing::Refused),
+            ("Irrelevant", TargetPacing::Refused),
+            ("a lot", TargetPacing::Refused),
+        ] {
+            let (mut o, _) = mk(SessionType::Normal, true, Some(1_640_625));
+            let mut keys = TextKeys::new();
+            keys.push(PACING_RATE_KEY, answer);
+            let reply = o.on_response(&keys).expect("no answer fails a login");
+            assert!(reply.is_empty(), "{answer}: {reply:?}");
+            o.finish();
+            assert_eq!(o.pacing, want, "{answer}");
+            assert_eq!(o.session, SessionParams::default());
+        }
+        // A target that lets it pass unanswered did not understand it.
+        let (mut o, _) = mk(SessionType::Normal, true, Some(1_640_625));
+        o.on_response(&TextKeys::new()).unwrap();
+        o.finish();
+        assert_eq!(o.pacing, TargetPacing::NotUnderstood);
     }
 }

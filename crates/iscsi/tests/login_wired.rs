@@ -1,7 +1,7 @@
 //! InitiatorLogin and TargetLogin talking to each other through PDU fields.
 
 use iscsi::login::*;
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams, TargetPacing};
 
 const TARGET: &str = "iqn.2026-01.org.reservoir:disk1";
 const INITIATOR: &str = "iqn.2026-01.org.example:host";
@@ -13,6 +13,8 @@ struct Policy {
     auth: AuthRequirement,
     alias: Option<String>,
     seed: u8,
+    /// `None`: the target does not know X-org.reservoir.PacingRate (tgt, LIO).
+    pacing: Option<PacingPolicy>,
 }
 
 impl LoginPolicy for Policy {
@@ -37,6 +39,9 @@ impl LoginPolicy for Policy {
     }
     fn connection_preferences(&self) -> &ConnectionParams {
         &self.connection
+    }
+    fn pacing_policy(&self) -> Option<PacingPolicy> {
+        self.pacing
     }
     fn random_bytes(&mut self, buf: &mut [u8]) {
         for b in buf {
@@ -64,6 +69,7 @@ fn policy(auth: AuthRequirement) -> Policy {
         auth,
         alias: Some("first disk".into()),
         seed: 5,
+        pacing: None,
     }
 }
 
@@ -92,6 +98,7 @@ fn config(auth: Option<ChapCredentials>) -> InitiatorLoginConfig {
             ..ConnectionParams::default()
         },
         leading: true,
+        pacing_hint: None,
     }
 }
 
@@ -478,4 +485,135 @@ fn initiator_error_messages() {
         login.on_response(&resp, &mut rng),
         InitiatorStep::Failed(_)
     ));
+}
+
+/// Every connection's login carries X-org.reservoir.PacingRate; a target that knows it
+/// paces that connection at the hint and says so, one that does not answers NotUnderstood
+/// and the login goes on exactly as without the key.
+#[test]
+fn pacing_hint_on_leading_and_non_leading_logins() {
+    let accepting = Some(PacingPolicy {
+        accept_hint: true,
+        configured: None,
+    });
+    let login = |pacing: Option<PacingPolicy>,
+                 leading: Option<&LoginOutcome>,
+                 hint: Option<u64>,
+                 auth: bool| {
+        let mut p = policy(AuthRequirement::None);
+        p.pacing = pacing;
+        let creds = auth.then(|| ChapCredentials {
+            user: "alice".into(),
+            secret: b"alice-secret-12".to_vec(),
+            mutual: None,
+        });
+        if auth {
+            p.auth = AuthRequirement::Chap {
+                user: "alice".into(),
+                secret: b"alice-secret-12".to_vec(),
+                mutual: None,
+            };
+        }
+        let mut c = config(creds);
+        c.pacing_hint = hint;
+        let target = match leading {
+            None => TargetLogin::new(true, None),
+            Some(lead) => {
+                c.leading = false;
+                c.tsih = lead.tsih;
+                c.cid = 1;
+                c.session = lead.session.clone();
+                TargetLogin::new(false, Some(lead.session.clone()))
+            }
+        };
+        run(InitiatorLogin::new(c), target, &mut p, 0x31).unwrap()
+    };
+    // Reservoir's target: leading, non-leading, and through CHAP.
+    let (lead_i, lead_t, _) = login(accepting, None, Some(1_640_625), false);
+    assert_agree(&lead_i, &lead_t);
+    assert_eq!(lead_i.pacing, TargetPacing::Paced(1_640_625));
+    assert_eq!(lead_t.pacing, TargetPacing::Paced(1_640_625));
+    let (i, t, _) = login(accepting, Some(&lead_i), Some(1_640_625), false);
+    assert_agree(&i, &t);
+    assert_eq!(
+        (i.pacing, t.pacing),
+        (
+            TargetPacing::Paced(1_640_625),
+            TargetPacing::Paced(1_640_625)
+        )
+    );
+    let (i, t, exchanges) = login(accepting, None, Some(1_000_000), true);
+    assert_eq!(
+        (i.pacing, t.pacing),
+        (
+            TargetPacing::Paced(1_000_000),
+            TargetPacing::Paced(1_000_000)
+        )
+    );
+    assert_eq!(exchanges, 4);
+    // An absurdly low hint is raised to the floor, and the initiator learns the rate.
+    let (i, t, _) = login(accepting, None, Some(10), false);
+    assert_eq!(
+        i.pacing,
+        TargetPacing::Paced(iscsi::negotiate::PACING_HINT_MIN)
+    );
+    assert_eq!(t.pacing, i.pacing);
+    // Without a hint nothing is sent, nothing applied.
+    let (i, t, _) = login(accepting, None, None, false);
+    assert_eq!(
+        (i.pacing, t.pacing),
+        (TargetPacing::NotAsked, TargetPacing::NotAsked)
+    );
+
+    // A target that does not know the key (what tgt and LIO do): NotUnderstood, and the
+    // session's parameters come out as they do without the key.
+    let (plain_i, plain_t, _) = login(None, None, None, false);
+    let (i, t, exchanges) = login(None, None, Some(1_640_625), false);
+    assert_eq!(i.pacing, TargetPacing::NotUnderstood);
+    assert_eq!(t.pacing, TargetPacing::NotAsked);
+    assert_eq!(exchanges, 2);
+    assert_eq!(
+        (&i.session, &i.connection),
+        (&plain_i.session, &plain_i.connection)
+    );
+    assert_agree(&i, &t);
+    assert_agree(&plain_i, &plain_t);
+    let (i, _, _) = login(None, Some(&lead_i), Some(1_640_625), false);
+    assert_eq!(i.pacing, TargetPacing::NotUnderstood);
+
+    // A target configured to ignore hints says it does not pace.
+    let ignoring = Some(PacingPolicy {
+        accept_hint: false,
+        configured: None,
+    });
+    let (i, t, _) = login(ignoring, None, Some(1_640_625), false);
+    assert_eq!(
+        (i.pacing, t.pacing),
+        (TargetPacing::NotPaced, TargetPacing::NotPaced)
+    );
+}
+
+/// The key is answered in the login only: in a discovery session it is irrelevant.
+#[test]
+fn pacing_hint_is_not_sent_in_discovery() {
+    let mut p = policy(AuthRequirement::None);
+    p.pacing = Some(PacingPolicy {
+        accept_hint: true,
+        configured: None,
+    });
+    let mut c = config(None);
+    c.session_type = SessionType::Discovery;
+    c.target_name = None;
+    c.pacing_hint = Some(1_000_000);
+    let (i, t, _) = run(
+        InitiatorLogin::new(c),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        (i.pacing, t.pacing),
+        (TargetPacing::NotAsked, TargetPacing::NotAsked)
+    );
 }

@@ -160,6 +160,39 @@ pub fn set_pacing_rate(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> io::Result<()>
     )
 }
 
+/// The socket's SO_MAX_PACING_RATE in bytes per second; `u64::MAX` when unlimited (the
+/// kernel's default).
+pub fn max_pacing_rate(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: v and len describe a writable u64; the kernel writes at most len bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&mut v as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(match len {
+        // A kernel that answers with a u32 means unlimited by u32::MAX.
+        4 => {
+            let b = v.to_ne_bytes();
+            let v32 = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            if v32 == u32::MAX {
+                u64::MAX
+            } else {
+                u64::from(v32)
+            }
+        }
+        _ => v,
+    })
+}
+
 /// Congestion-control algorithms this kernel offers without loading modules.
 pub fn available_congestion() -> Vec<String> {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
@@ -455,12 +488,14 @@ mod tests {
             notsent_lowat: Some(128 * 1024),
             nodelay: true,
         };
+        assert_eq!(max_pacing_rate(c.as_fd()).unwrap(), u64::MAX);
         let a = apply(c.as_fd(), &t);
         assert!(
             a.warnings.is_empty(),
             "{:?} (available: {avail:?})",
             a.warnings
         );
+        assert_eq!(max_pacing_rate(c.as_fd()).unwrap(), 10_000_000);
         // The kernel doubles the requested size for bookkeeping, within the sysctl caps.
         assert!(a.send_buffer >= 200_000, "{}", a.send_buffer);
         assert_eq!(a.congestion, cc);

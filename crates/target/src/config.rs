@@ -79,8 +79,12 @@ pub struct SessionDefaults {
     pub send_buffer: Option<usize>,
     pub recv_buffer: Option<usize>,
     pub congestion: Option<String>,
-    /// SO_MAX_PACING_RATE per connection, bytes per second.
+    /// SO_MAX_PACING_RATE per connection, bytes per second. Wins over initiators' hints.
     pub pacing_rate: Option<u64>,
+    /// Pace each connection's sends (Data-In) at the rate its initiator asks for at login
+    /// (`X-org.reservoir.PacingRate`, clamped to 1 Mbit/s..400 Gbit/s). Off: the target
+    /// answers that it does not pace.
+    pub accept_pacing_hint: bool,
     /// TCP_NOTSENT_LOWAT per connection, bytes.
     pub notsent_lowat: Option<u32>,
     /// Size socket buffers from each connection's measured RTT where the kernel's
@@ -110,6 +114,7 @@ impl Default for SessionDefaults {
             recv_buffer: None,
             congestion: None,
             pacing_rate: None,
+            accept_pacing_hint: true,
             notsent_lowat: None,
             auto_tune: true,
         }
@@ -309,6 +314,9 @@ impl Config {
         }
         if s.error_recovery_level > 2 {
             return Err("session.error_recovery_level must be 0, 1 or 2".into());
+        }
+        if s.pacing_rate == Some(0) {
+            return Err("session.pacing_rate must be positive (leave it out for no pacing)".into());
         }
         if s.queue_depth == 0 || s.queue_depth > 1 << 20 {
             return Err("session.queue_depth must be 1..1048576".into());
@@ -544,6 +552,27 @@ physical_block_exponent = 3
             .unwrap_err()
             .to_string();
         assert!(e.contains("iqn."), "{e}");
+    }
+
+    #[test]
+    fn pacing_settings() {
+        let d = Config::embedded_default();
+        assert!(d.session.accept_pacing_hint);
+        assert_eq!(d.session.pacing_rate, None);
+        let c = Config::parse(
+            "[session]\naccept_pacing_hint = false\npacing_rate = 12500000\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert!(!c.session.accept_pacing_hint);
+        assert_eq!(c.session.pacing_rate, Some(12_500_000));
+        let e = Config::parse(
+            "[session]\npacing_rate = 0\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "z.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("pacing_rate"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use iscsi::login::{
     AuthRequirement, LoginOutcome, LoginPolicy, LoginReply, LoginRequestView, LoginStep,
     SessionType, TargetLogin, TargetLookup,
 };
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams, TargetPacing};
 use iscsi::pdu::{
     lun_from_wire, reject_reason, AsyncMessage, DataIn, DataOut, Digests, LoginRequest,
     LoginResponse, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu, R2t, Reject, ScsiCommand,
@@ -171,6 +171,13 @@ impl LoginPolicy for Policy<'_> {
     }
     fn connection_preferences(&self) -> &ConnectionParams {
         &self.connection
+    }
+    fn pacing_policy(&self) -> Option<PacingPolicy> {
+        let s = &self.shared.config.session;
+        Some(PacingPolicy {
+            accept_hint: s.accept_pacing_hint,
+            configured: s.pacing_rate,
+        })
     }
     fn required_digests(&self) -> (bool, bool) {
         let s = &self.shared.config.session;
@@ -348,6 +355,8 @@ async fn login(
                         return Ok(None);
                     }
                 };
+                // Paced before the last login response goes out: every Data-In is.
+                apply_pacing(stream, &outcome, shared, peer, session.tsih, req.cid);
                 let window = session.window();
                 send_now(
                     stream,
@@ -362,6 +371,44 @@ async fn login(
                 }));
             }
         }
+    }
+}
+
+/// Paces the connection's sends at the rate its login promised the initiator
+/// (`X-org.reservoir.PacingRate`); a configured `pacing_rate` is in force since accept.
+fn apply_pacing(
+    stream: &TcpStream,
+    outcome: &LoginOutcome,
+    shared: &Shared,
+    peer: SocketAddr,
+    tsih: u16,
+    cid: u16,
+) {
+    let fd = std::os::fd::AsFd::as_fd(stream);
+    match outcome.pacing {
+        TargetPacing::Paced(rate) if Some(rate) != shared.config.session.pacing_rate => {
+            if let Err(e) = net::set_pacing_rate(fd, rate) {
+                warn!("{peer}: session {tsih} cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                return;
+            }
+            info!(
+                "{peer}: session {tsih} cid {cid}: sends paced at {:.1} Mbit/s as the initiator \
+                 asked (SO_MAX_PACING_RATE {})",
+                rate as f64 * 8e-6,
+                net::max_pacing_rate(fd).map_or_else(|e| e.to_string(), |r| r.to_string())
+            );
+        }
+        TargetPacing::Paced(rate) => debug!(
+            "{peer}: session {tsih} cid {cid}: the initiator's pacing hint answered with the \
+             configured {rate} bytes/s"
+        ),
+        TargetPacing::NotPaced => debug!(
+            "{peer}: session {tsih} cid {cid}: pacing hint ignored (accept_pacing_hint = false)"
+        ),
+        TargetPacing::Refused => {
+            debug!("{peer}: session {tsih} cid {cid}: malformed pacing hint rejected")
+        }
+        TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
     }
 }
 
@@ -1380,6 +1427,9 @@ impl Conn {
         for (k, v) in keys.iter() {
             if k == "SendTargets" {
                 self.send_targets(v, &mut answer);
+            } else if k == iscsi::negotiate::PACING_RATE_KEY {
+                // Ours, but a login key: the rate is fixed for the connection's life.
+                answer.push(k, iscsi::text::IRRELEVANT);
             } else if k.starts_with("X-")
                 || k.starts_with("X#")
                 || iscsi::negotiate::lookup(k).is_none()

@@ -11,7 +11,7 @@ use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView, SessionType,
 };
-use iscsi::negotiate::{ConnectionParams, SessionParams};
+use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::*;
 use target::config::Config;
 
@@ -57,6 +57,8 @@ struct Raw {
     tsih: u16,
     params: SessionParams,
     conn: ConnectionParams,
+    /// What the target answered to X-org.reservoir.PacingRate.
+    pacing: TargetPacing,
 }
 
 impl Raw {
@@ -67,6 +69,19 @@ impl Raw {
         cid: u16,
         cmdsn: u32,
         prefs: SessionParams,
+    ) -> Raw {
+        Self::login_paced(addr, isid, tsih, cid, cmdsn, prefs, None)
+    }
+
+    /// Logs in asking the target to pace the connection at `pacing_hint` bytes per second.
+    fn login_paced(
+        addr: SocketAddr,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        cmdsn: u32,
+        prefs: SessionParams,
+        pacing_hint: Option<u64>,
     ) -> Raw {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -79,6 +94,7 @@ impl Raw {
             tsih,
             params: prefs.clone(),
             conn: ConnectionParams::default(),
+            pacing: TargetPacing::NotAsked,
         };
         let mut login = InitiatorLogin::new(InitiatorLoginConfig {
             initiator_name: "iqn.2026-11.org.reservoir:raw-initiator".into(),
@@ -95,6 +111,7 @@ impl Raw {
                 ..ConnectionParams::default()
             },
             leading: tsih == 0,
+            pacing_hint,
         });
         let mut rng = |b: &mut [u8]| b.fill(7);
         let mut out = login.start(&mut rng);
@@ -113,6 +130,7 @@ impl Raw {
                     raw.tsih = r.tsih;
                     raw.params = outcome.session;
                     raw.conn = outcome.connection;
+                    raw.pacing = outcome.pacing;
                     raw.dec
                         .set_max_recv_data_segment(raw.conn.max_recv_data_segment_length);
                     return raw;
@@ -895,4 +913,186 @@ fn task_reassign_at_erl2_keeps_a_waiting_command_in_cmdsn_order() {
     };
     assert_eq!(d.itt, 0xb00);
     assert!(d.status_present && d.status == 0);
+}
+
+/// SO_MAX_PACING_RATE of the target's end of `client`'s connection. The target runs in
+/// this process, so its socket is among our file descriptors; `u64::MAX` is unpaced.
+fn target_side_pacing(client: &TcpStream) -> u64 {
+    use std::os::fd::{AsFd, FromRawFd};
+    let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: dup only creates a descriptor of our own (-1 if fd is gone meanwhile).
+        let dup = unsafe { libc::dup(fd) };
+        if dup < 0 {
+            continue;
+        }
+        // SAFETY: dup is a fresh descriptor nobody else owns; dropping s closes it.
+        let s = unsafe { TcpStream::from_raw_fd(dup) };
+        if s.local_addr().ok() == Some(theirs) && s.peer_addr().ok() == Some(ours) {
+            return net::max_pacing_rate(s.as_fd()).unwrap();
+        }
+    }
+    panic!("the target's end of {ours} is not among our descriptors");
+}
+
+/// One READ of `blocks` blocks at LBA 0 on `c`, answered with GOOD status.
+fn read_ok(c: &mut Raw, itt: u32, blocks: u16) {
+    let p = c.scsi(
+        itt,
+        c.cmdsn,
+        &read10(0, blocks),
+        true,
+        false,
+        512 * u32::from(blocks),
+        &[],
+    );
+    c.cmdsn += 1;
+    c.send(&p);
+    loop {
+        match c.recv() {
+            Pdu::DataIn(d) if d.status_present => {
+                assert_eq!(d.status, 0);
+                return;
+            }
+            Pdu::DataIn(_) => {}
+            Pdu::ScsiResponse(r) => {
+                assert_eq!(r.status, 0);
+                return;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn pacing_hint_paces_each_connection_at_its_own_rate() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x21];
+    let mut a = Raw::login_paced(addr, isid, 0, 1, 1, prefs(), Some(1_640_625));
+    let mut b = Raw::login_paced(addr, isid, a.tsih, 2, 1, prefs(), Some(2_000_000));
+    let mut c = Raw::login(addr, isid, a.tsih, 3, 1, prefs());
+    // The answers say what the target did...
+    assert_eq!(a.pacing, TargetPacing::Paced(1_640_625));
+    assert_eq!(b.pacing, TargetPacing::Paced(2_000_000));
+    assert_eq!(c.pacing, TargetPacing::NotAsked);
+    // ...and it did: each socket of the target carries its own connection's rate.
+    assert_eq!(target_side_pacing(&a.s), 1_640_625);
+    assert_eq!(target_side_pacing(&b.s), 2_000_000);
+    assert_eq!(target_side_pacing(&c.s), u64::MAX);
+    clear_ua(&mut a, 1);
+    // CmdSN is the session's: 2, 3, 4 over the three connections.
+    for (cmdsn, conn) in [(2, &mut a), (3, &mut b), (4, &mut c)] {
+        conn.cmdsn = cmdsn;
+        read_ok(conn, cmdsn, 8);
+    }
+    // An absurd hint is clamped to 1 Mbit/s, and the answer says so.
+    let d = Raw::login_paced(addr, [0x80, 0, 0, 0, 0, 0x22], 0, 1, 1, prefs(), Some(1));
+    assert_eq!(d.pacing, TargetPacing::Paced(125_000));
+    assert_eq!(target_side_pacing(&d.s), 125_000);
+}
+
+#[test]
+fn pacing_hint_off_or_configured_rate_wins() {
+    // Hints off: "0" (not paced), the socket untouched, the login as good as any.
+    let addr = start("accept_pacing_hint = false");
+    let mut a = Raw::login_paced(
+        addr,
+        [0x80, 0, 0, 0, 0, 0x23],
+        0,
+        1,
+        1,
+        prefs(),
+        Some(1_640_625),
+    );
+    assert_eq!(a.pacing, TargetPacing::NotPaced);
+    assert_eq!(target_side_pacing(&a.s), u64::MAX);
+    clear_ua(&mut a, 1);
+    read_ok(&mut a, 2, 8);
+    // A configured rate is what every connection gets, and what the answer reports.
+    let addr = start("pacing_rate = 5000000");
+    let a = Raw::login_paced(
+        addr,
+        [0x80, 0, 0, 0, 0, 0x24],
+        0,
+        1,
+        1,
+        prefs(),
+        Some(1_640_625),
+    );
+    assert_eq!(a.pacing, TargetPacing::Paced(5_000_000));
+    assert_eq!(target_side_pacing(&a.s), 5_000_000);
+    let b = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x25], 0, 1, 1, prefs());
+    assert_eq!(target_side_pacing(&b.s), 5_000_000);
+}
+
+/// A hand-written login straight into the operational stage with a pacing hint that is no
+/// number: the key is answered Reject, nothing is paced, and the login succeeds.
+#[test]
+fn malformed_pacing_hint_is_rejected_without_failing_the_login() {
+    let addr = start("");
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = Raw {
+        s,
+        dec: PduDecoder::new(FrameLimits::default()),
+        buf: BytesMut::new(),
+        cmdsn: 1,
+        statsn: 0,
+        tsih: 0,
+        params: SessionParams::default(),
+        conn: ConnectionParams::default(),
+        pacing: TargetPacing::NotAsked,
+    };
+    let text = format!(
+        "InitiatorName=iqn.2026-11.org.reservoir:raw-initiator\0TargetName={IQN}\0\
+         SessionType=Normal\0X-org.reservoir.PacingRate=fast\0"
+    );
+    raw.send(&Pdu::LoginRequest(LoginRequest {
+        transit: true,
+        cont: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 0x26],
+        tsih: 0,
+        itt: 1,
+        cid: 1,
+        cmdsn: 1,
+        expstatsn: 0,
+        data: text.into_bytes().into(),
+    }));
+    let Pdu::LoginResponse(r) = raw.recv() else {
+        panic!("expected a login response")
+    };
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert!(
+        r.transit && r.nsg == 3,
+        "the login goes to full feature phase"
+    );
+    let keys = iscsi::text::TextKeys::parse(&r.data).unwrap();
+    assert_eq!(keys.get("X-org.reservoir.PacingRate"), Some("Reject"));
+    raw.statsn = r.statsn.wrapping_add(1);
+    assert_eq!(target_side_pacing(&raw.s), u64::MAX);
+    clear_ua(&mut raw, 2);
+    read_ok(&mut raw, 3, 1);
+    // After login the key is irrelevant: the rate is the connection's for its life.
+    raw.send(&Pdu::TextRequest(TextRequest {
+        final_: true,
+        itt: 4,
+        ttt: RESERVED_TAG,
+        cmdsn: raw.cmdsn,
+        expstatsn: raw.statsn,
+        data: b"X-org.reservoir.PacingRate=1000000\0".to_vec().into(),
+        ..Default::default()
+    }));
+    let Pdu::TextResponse(t) = raw.recv() else {
+        panic!("expected a text response")
+    };
+    let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
+    assert_eq!(keys.get("X-org.reservoir.PacingRate"), Some("Irrelevant"));
+    assert_eq!(target_side_pacing(&raw.s), u64::MAX);
 }
