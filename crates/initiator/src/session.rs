@@ -1396,7 +1396,8 @@ impl Shared {
             ),
         };
         let wire_lun = lun_to_wire(lun);
-        let wait_start = Instant::now();
+        // Set when the command first has to wait for the window (or a connection).
+        let mut wait_start = None;
         let exp_datasn = Arc::new(AtomicU32::new(0));
         let sink = (read && edtl as usize >= PLACE_MIN).then(|| {
             Arc::new(ReadSink {
@@ -1406,9 +1407,13 @@ impl Shared {
             })
         });
         let (conn, itt, id, cmdsn, mut rx) = loop {
-            let notified = self.window.notified();
+            // Registered before the state is looked at, so that no opening of the window
+            // is missed; only once the command had to wait (the first look is free).
+            let notified = wait_start.map(|_| self.window.notified());
             tokio::pin!(notified);
-            notified.as_mut().enable();
+            if let Some(n) = notified.as_mut().as_pin_mut() {
+                n.enable();
+            }
             {
                 let mut st = self.state.lock().unwrap();
                 if st.closed {
@@ -1453,7 +1458,12 @@ impl Shared {
                     break (conn, itt, id, cmdsn, rx);
                 }
             }
-            if wait_start.elapsed() > self.opts.command_timeout {
+            let Some(since) = wait_start else {
+                // Look again, now registered for the window's opening.
+                wait_start = Some(Instant::now());
+                continue;
+            };
+            if since.elapsed() > self.opts.command_timeout {
                 let gen = self.state.lock().unwrap().gen;
                 return Err(Attempt::Lost {
                     gen,
@@ -1461,7 +1471,9 @@ impl Shared {
                     sent: None,
                 });
             }
-            let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+            if let Some(n) = notified.as_pin_mut() {
+                let _ = tokio::time::timeout(Duration::from_millis(500), n).await;
+            }
         };
         let weight = u64::from(edtl) + 4096;
         conn.outstanding.fetch_add(weight, Ordering::Relaxed);
@@ -1695,26 +1707,25 @@ impl Shared {
     }
 
     fn route(&self, conn: &Arc<Conn>, itt: u32, pdu: Pdu, placed: usize) {
-        let tx = {
-            let st = self.state.lock().unwrap();
-            st.tasks.get(&itt).map(|t| t.tx.clone())
-        };
-        match tx {
-            Some(tx) => {
-                let _ = tx.send(Routed {
+        let st = self.state.lock().unwrap();
+        match st.tasks.get(&itt) {
+            // Sending never blocks: it only queues and wakes the task.
+            Some(t) => {
+                let _ = t.tx.send(Routed {
                     pdu,
                     via: conn.clone(),
                     placed,
                 });
             }
-            None => tracing::debug!(itt, "{:?} for no known task", pdu.opcode()),
+            None => {
+                drop(st);
+                tracing::debug!(itt, "{:?} for no known task", pdu.opcode())
+            }
         }
     }
 
     /// Handles a PDU from the target; `placed` as in [`Routed`].
     fn dispatch(&self, conn: &Arc<Conn>, pdu: Pdu, placed: usize) {
-        conn.last_rx_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
         let window = match &pdu {
             Pdu::ScsiResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
             Pdu::DataIn(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, p.status_present)),
@@ -1964,6 +1975,9 @@ async fn reader(
     // The first read samples at once; later ones once per interval, so that the hot path
     // pays one clock read per socket read.
     let mut next_sample = Instant::now();
+    let Some(epoch) = shared.upgrade().map(|s| s.epoch) else {
+        return;
+    };
     // After a segment was read into its command's buffer, the next read takes only the
     // next header, so that the segment after it (a read's next Data-In, typically) can go
     // straight to its place too rather than into `buf`.
@@ -2029,6 +2043,8 @@ async fn reader(
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
                     let now = Instant::now();
+                    conn.last_rx_ms
+                        .store(now.duration_since(epoch).as_millis() as u64, Ordering::Relaxed);
                     if now >= next_sample {
                         next_sample = now + PATH_SAMPLE_INTERVAL;
                         if let Some(s) = shared.upgrade() {
