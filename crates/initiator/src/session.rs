@@ -259,14 +259,15 @@ impl BufPool {
     /// Bytes of idle buffers kept at most.
     const MAX_IDLE: usize = 64 << 20;
 
-    /// An empty buffer of at least `cap` bytes' capacity (and not wastefully more).
+    /// An empty buffer of at least `cap` bytes' capacity (and not wastefully more): the
+    /// one given back last, whose memory is likeliest still in the CPU's caches.
     fn take(&self, cap: usize) -> Vec<u8> {
         let mut free = self.free.lock().unwrap();
         match free
             .iter()
-            .position(|v| v.capacity() >= cap && v.capacity() / 2 <= cap)
+            .rposition(|v| v.capacity() >= cap && v.capacity() / 2 <= cap)
         {
-            Some(i) => free.swap_remove(i),
+            Some(i) => free.remove(i),
             None => {
                 drop(free);
                 Vec::with_capacity(cap)
