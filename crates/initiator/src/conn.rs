@@ -222,7 +222,7 @@ pub(crate) struct Conn {
     pub max_send_segment: u32,
     pub exp_statsn: Arc<AtomicU32>,
     dead: Arc<watch::Sender<bool>>,
-    /// Milliseconds since the session epoch at which the last PDU arrived.
+    /// Milliseconds since the session epoch at which the reader last got data.
     pub last_rx_ms: AtomicU64,
     pub pinging: AtomicBool,
     /// The last TCP_INFO sample of this connection and the rate it measured.

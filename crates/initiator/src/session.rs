@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use iscsi::framing::PduDecoder;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use iscsi::framing::{PduDecoder, PeekedHeader};
 use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::{
-    lun_to_wire, DataOut, LogoutRequest, NopOut, Pdu, ScsiCommand, TaskMgmtRequest, TextRequest,
-    RESERVED_TAG,
+    lun_to_wire, DataOut, LogoutRequest, NopOut, Opcode, Pdu, ScsiCommand, TaskMgmtRequest,
+    TextRequest, BHS_LEN, RESERVED_TAG,
 };
 use iscsi::serial::{sn_gt, sn_le, sn_lt};
 use serde::Serialize;
@@ -226,7 +226,86 @@ fn connection_prefs(opts: &SessionOptions) -> ConnectionParams {
 }
 
 /// A PDU for a task, with the connection it came on.
-type Routed = (Pdu, Arc<Conn>);
+struct Routed {
+    pdu: Pdu,
+    via: Arc<Conn>,
+    /// Bytes of a Data-In's segment its reader put straight into the task's [`ReadSink`]
+    /// at the PDU's buffer offset (the PDU itself then carries no data); 0 otherwise.
+    placed: usize,
+}
+
+/// Data-In segments at least this large that arrive in order go from the socket straight
+/// into their read's buffer rather than through the connection's buffer and a copy when
+/// the read completes.
+const PLACE_MIN: usize = 32 * 1024;
+
+/// The buffer of one read that its connection's reader fills straight from the socket
+/// with the Data-In segments that arrive in order (see [`PLACE_MIN`]).
+struct ReadSink {
+    /// The read's expected length: the buffer's capacity.
+    edtl: usize,
+    /// The data placed so far, from offset 0. The reader takes it out while it reads
+    /// into it (`None` meanwhile) and puts it back before it tells the task.
+    buf: Mutex<Option<Vec<u8>>>,
+    /// Where the buffer comes from and goes back to once the caller drops the data.
+    pool: Arc<BufPool>,
+}
+
+/// Read buffers used before, kept for the next reads: a fresh one costs a page fault and
+/// a zeroed page per 4 KiB as the socket's data is copied into it.
+#[derive(Default)]
+struct BufPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufPool {
+    /// Bytes of idle buffers kept at most.
+    const MAX_IDLE: usize = 64 << 20;
+
+    /// An empty buffer of at least `cap` bytes' capacity (and not wastefully more): the
+    /// one given back last, whose memory is likeliest still in the CPU's caches.
+    fn take(&self, cap: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap();
+        match free
+            .iter()
+            .rposition(|v| v.capacity() >= cap && v.capacity() / 2 <= cap)
+        {
+            Some(i) => free.remove(i),
+            None => {
+                drop(free);
+                Vec::with_capacity(cap)
+            }
+        }
+    }
+
+    fn put(&self, mut v: Vec<u8>) {
+        v.clear();
+        let mut free = self.free.lock().unwrap();
+        let idle: usize = free.iter().map(Vec::capacity).sum();
+        if idle + v.capacity() <= Self::MAX_IDLE {
+            free.push(v);
+        }
+    }
+
+    /// `v` as the caller's data; the buffer comes back here when the last `Bytes` of it
+    /// is dropped.
+    fn wrap(self: &Arc<Self>, v: Vec<u8>) -> Bytes {
+        struct Pooled(Vec<u8>, std::sync::Weak<BufPool>);
+        impl AsRef<[u8]> for Pooled {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Pooled {
+            fn drop(&mut self) {
+                if let Some(pool) = self.1.upgrade() {
+                    pool.put(std::mem::take(&mut self.0));
+                }
+            }
+        }
+        Bytes::from_owner(Pooled(v, Arc::downgrade(self)))
+    }
+}
 
 struct Task {
     /// Unique in the session's life: an ITT is used again once its task is gone.
@@ -236,6 +315,8 @@ struct Task {
     tx: mpsc::UnboundedSender<Routed>,
     /// SCSI commands only: what TASK REASSIGN needs to move it to another connection.
     command: Option<Reassignable>,
+    /// Large reads only: where their reader places Data-In segments.
+    sink: Option<Arc<ReadSink>>,
 }
 
 struct Reassignable {
@@ -296,6 +377,7 @@ impl State {
         &mut self,
         conn: &Conn,
         command: Option<Reassignable>,
+        sink: Option<Arc<ReadSink>>,
     ) -> (u32, u64, mpsc::UnboundedReceiver<Routed>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let itt = self.alloc_itt();
@@ -308,6 +390,7 @@ impl State {
                 serial: conn.serial,
                 tx,
                 command,
+                sink,
             },
         );
         (itt, id, rx)
@@ -340,6 +423,7 @@ struct Shared {
     /// Commands allowed in flight now: the slots' total, grown by auto-tuning.
     queue_depth: std::sync::atomic::AtomicUsize,
     plan: Option<crate::tune::Plan>,
+    bufs: Arc<BufPool>,
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -466,6 +550,7 @@ impl Session {
             epoch: Instant::now(),
             queue_depth: opts.queue_depth.max(1).into(),
             plan,
+            bufs: Arc::default(),
         });
         Shared::establish(&shared).await?;
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
@@ -1307,7 +1392,7 @@ impl Shared {
     /// A task other than a SCSI command (NOP, TMF, Logout) on `conn`; it ends with the
     /// guard.
     fn register(&self, conn: &Arc<Conn>) -> (TaskGuard<'_>, mpsc::UnboundedReceiver<Routed>) {
-        let (itt, id, rx) = self.state.lock().unwrap().new_task(conn, None);
+        let (itt, id, rx) = self.state.lock().unwrap().new_task(conn, None, None);
         let guard = TaskGuard {
             shared: self,
             itt,
@@ -1338,12 +1423,24 @@ impl Shared {
             ),
         };
         let wire_lun = lun_to_wire(lun);
-        let wait_start = Instant::now();
+        // Set when the command first has to wait for the window (or a connection).
+        let mut wait_start = None;
         let exp_datasn = Arc::new(AtomicU32::new(0));
+        let sink = (read && edtl as usize >= PLACE_MIN).then(|| {
+            Arc::new(ReadSink {
+                edtl: edtl as usize,
+                buf: Mutex::new(Some(Vec::new())),
+                pool: self.bufs.clone(),
+            })
+        });
         let (conn, itt, id, cmdsn, mut rx) = loop {
-            let notified = self.window.notified();
+            // Registered before the state is looked at, so that no opening of the window
+            // is missed; only once the command had to wait (the first look is free).
+            let notified = wait_start.map(|_| self.window.notified());
             tokio::pin!(notified);
-            notified.as_mut().enable();
+            if let Some(n) = notified.as_mut().as_pin_mut() {
+                n.enable();
+            }
             {
                 let mut st = self.state.lock().unwrap();
                 if st.closed {
@@ -1379,6 +1476,7 @@ impl Shared {
                             cmdsn,
                             exp_datasn: exp_datasn.clone(),
                         }),
+                        sink.clone(),
                     );
                     // Sent under the lock so that each connection carries CmdSNs in order.
                     self.send_command(
@@ -1387,7 +1485,12 @@ impl Shared {
                     break (conn, itt, id, cmdsn, rx);
                 }
             }
-            if wait_start.elapsed() > self.opts.command_timeout {
+            let Some(since) = wait_start else {
+                // Look again, now registered for the window's opening.
+                wait_start = Some(Instant::now());
+                continue;
+            };
+            if since.elapsed() > self.opts.command_timeout {
                 let gen = self.state.lock().unwrap().gen;
                 return Err(Attempt::Lost {
                     gen,
@@ -1395,7 +1498,9 @@ impl Shared {
                     sent: None,
                 });
             }
-            let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+            if let Some(n) = notified.as_pin_mut() {
+                let _ = tokio::time::timeout(Duration::from_millis(500), n).await;
+            }
         };
         let weight = u64::from(edtl) + 4096;
         conn.outstanding.fetch_add(weight, Ordering::Relaxed);
@@ -1407,51 +1512,59 @@ impl Shared {
             weight,
         };
         let mut conn = conn;
-        let mut data_in = ReadData::default();
+        let mut data_in = ReadData {
+            sink,
+            ..ReadData::default()
+        };
         let protocol = |m: String| Attempt::Fatal(Error::Protocol(m));
         loop {
-            let pdu = match tokio::time::timeout(self.opts.command_timeout, rx.recv()).await {
-                Ok(Some((p, via))) => {
-                    if via.serial != conn.serial {
-                        // Reassigned (ERL 2): R2Ts are answered where they come from.
-                        guard.move_to(&via);
-                        conn = via;
-                    }
-                    p
-                }
-                Ok(None) => {
-                    return Err(Attempt::Lost {
-                        gen: conn.gen,
-                        why: format!("connection {} failed", conn.cid),
-                        sent: Some((conn.serial, cmdsn)),
-                    })
-                }
-                Err(_) => {
-                    tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
-                    return match self.task_mgmt(&conn, 1, lun, itt, cmdsn, 0).await {
-                        Ok(_) => Err(Attempt::Aborted),
-                        Err(_) => {
-                            conn.kill();
-                            Err(Attempt::Lost {
-                                gen: conn.gen,
-                                why: "command and abort timed out".into(),
-                                sent: None,
-                            })
+            let (pdu, placed) =
+                match tokio::time::timeout(self.opts.command_timeout, rx.recv()).await {
+                    Ok(Some(Routed { pdu, via, placed })) => {
+                        if via.serial != conn.serial {
+                            // Reassigned (ERL 2): R2Ts are answered where they come from.
+                            guard.move_to(&via);
+                            conn = via;
                         }
-                    };
-                }
-            };
+                        (pdu, placed)
+                    }
+                    Ok(None) => {
+                        return Err(Attempt::Lost {
+                            gen: conn.gen,
+                            why: format!("connection {} failed", conn.cid),
+                            sent: Some((conn.serial, cmdsn)),
+                        })
+                    }
+                    Err(_) => {
+                        tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
+                        return match self.task_mgmt(&conn, 1, lun, itt, cmdsn, 0).await {
+                            Ok(_) => Err(Attempt::Aborted),
+                            Err(_) => {
+                                conn.kill();
+                                Err(Attempt::Lost {
+                                    gen: conn.gen,
+                                    why: "command and abort timed out".into(),
+                                    sent: None,
+                                })
+                            }
+                        };
+                    }
+                };
             match pdu {
                 Pdu::DataIn(d) => {
                     let off = d.buffer_offset as usize;
-                    let end = off + d.data.len();
+                    let end = off + d.data.len() + placed;
                     if !read || end > edtl as usize {
                         return Err(protocol(format!(
                             "Data-In at {off}..{end} beyond the expected {} bytes",
                             if read { edtl } else { 0 }
                         )));
                     }
-                    data_in.add(off, d.data);
+                    if placed > 0 {
+                        data_in.placed(off, placed);
+                    } else {
+                        data_in.add(off, d.data);
+                    }
                     let _ = exp_datasn.compare_exchange(
                         d.datasn,
                         d.datasn.wrapping_add(1),
@@ -1620,22 +1733,26 @@ impl Shared {
         }
     }
 
-    fn route(&self, conn: &Arc<Conn>, itt: u32, pdu: Pdu) {
-        let tx = {
-            let st = self.state.lock().unwrap();
-            st.tasks.get(&itt).map(|t| t.tx.clone())
-        };
-        match tx {
-            Some(tx) => {
-                let _ = tx.send((pdu, conn.clone()));
+    fn route(&self, conn: &Arc<Conn>, itt: u32, pdu: Pdu, placed: usize) {
+        let st = self.state.lock().unwrap();
+        match st.tasks.get(&itt) {
+            // Sending never blocks: it only queues and wakes the task.
+            Some(t) => {
+                let _ = t.tx.send(Routed {
+                    pdu,
+                    via: conn.clone(),
+                    placed,
+                });
             }
-            None => tracing::debug!(itt, "{:?} for no known task", pdu.opcode()),
+            None => {
+                drop(st);
+                tracing::debug!(itt, "{:?} for no known task", pdu.opcode())
+            }
         }
     }
 
-    fn dispatch(&self, conn: &Arc<Conn>, pdu: Pdu) {
-        conn.last_rx_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    /// Handles a PDU from the target; `placed` as in [`Routed`].
+    fn dispatch(&self, conn: &Arc<Conn>, pdu: Pdu, placed: usize) {
         let window = match &pdu {
             Pdu::ScsiResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
             Pdu::DataIn(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, p.status_present)),
@@ -1670,7 +1787,7 @@ impl Shared {
                     }));
                 }
                 if p.itt != RESERVED_TAG {
-                    self.route(conn, p.itt, Pdu::NopIn(p));
+                    self.route(conn, p.itt, Pdu::NopIn(p), 0);
                 }
             }
             Pdu::AsyncMessage(m) => match m.async_event {
@@ -1687,16 +1804,48 @@ impl Shared {
             Pdu::Reject(r) => {
                 if r.data.len() >= 20 {
                     let itt = u32::from_be_bytes(r.data[16..20].try_into().unwrap());
-                    self.route(conn, itt, Pdu::Reject(r));
+                    self.route(conn, itt, Pdu::Reject(r), 0);
                 } else {
                     tracing::warn!("Reject without the rejected header");
                 }
             }
             other => {
                 let itt = other.itt();
-                self.route(conn, itt, other);
+                self.route(conn, itt, other, placed);
             }
         }
+    }
+
+    /// The buffer of the read that the Data-In `h` (at the front of `buffered` bytes)
+    /// carries data for, taken out of its sink to read the segment into, when the
+    /// segment is large, comes next in it and fits. `None`: decode the PDU as usual.
+    fn sink_for(&self, h: &PeekedHeader, buffered: usize) -> Option<(Arc<ReadSink>, Vec<u8>)> {
+        if h.bhs[0] & 0x3f != Opcode::DataIn as u8
+            || h.data_len < PLACE_MIN
+            || !h.data_len.is_multiple_of(4)
+        {
+            return None;
+        }
+        let itt = u32::from_be_bytes(h.bhs[16..20].try_into().unwrap());
+        let off = u32::from_be_bytes(h.bhs[40..44].try_into().unwrap()) as usize;
+        let sink = self.state.lock().unwrap().tasks.get(&itt)?.sink.clone()?;
+        // All of the read in one segment already buffered: the decoder's slice of the
+        // socket buffer is as good and costs nothing.
+        let whole = off == 0 && h.data_len == sink.edtl;
+        if (whole && buffered >= h.header_len + h.data_len) || off + h.data_len > sink.edtl {
+            return None;
+        }
+        let mut v = {
+            let mut g = sink.buf.lock().unwrap();
+            if g.as_ref().map(Vec::len) != Some(off) {
+                return None;
+            }
+            g.take()?
+        };
+        if v.capacity() == 0 {
+            v = sink.pool.take(sink.edtl);
+        }
+        Some((sink, v))
     }
 
     fn conn_failed(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
@@ -1738,15 +1887,27 @@ impl Shared {
     }
 }
 
-/// The Data-In payloads of one read, kept as the slices the decoder cut from the socket
-/// buffer: nothing is zeroed or copied until the status arrives.
+/// The Data-In payloads of one read: a prefix its reader placed in the read's own buffer
+/// ([`ReadSink`]), and the others kept as the slices the decoder cut from the socket
+/// buffer. Nothing is zeroed or copied until the status arrives, and then only when
+/// segments were not placed.
 #[derive(Default)]
 struct ReadData {
     parts: Vec<(usize, Bytes)>,
     received: usize,
+    sink: Option<Arc<ReadSink>>,
+    /// Bytes of the sink, from offset 0, that the reader said it placed.
+    placed: usize,
 }
 
 impl ReadData {
+    /// The reader put `len` bytes at `off` into the sink: always where the previous
+    /// placement ended.
+    fn placed(&mut self, off: usize, len: usize) {
+        self.placed = self.placed.max(off + len);
+        self.received = self.received.max(off + len);
+    }
+
     fn add(&mut self, off: usize, data: Bytes) {
         self.received = self.received.max(off + data.len());
         if !data.is_empty() {
@@ -1757,11 +1918,21 @@ impl ReadData {
     /// The data of a read of `edtl` bytes with `residual` not sent: one payload is
     /// returned as it is, several in order are joined with a single copy; gaps (out of
     /// order, or less sent than the residual says) read as zeros.
-    fn into_bytes(self, edtl: u32, residual: u32) -> Bytes {
+    fn into_bytes(mut self, edtl: u32, residual: u32) -> Bytes {
         let len = self
             .received
             .max(edtl.saturating_sub(residual) as usize)
             .min(edtl as usize);
+        if let Some(sink) = self.sink.take().filter(|_| self.placed > 0) {
+            let mut v = sink.buf.lock().unwrap().take().unwrap_or_default();
+            // What the task was told of (the reader puts the buffer back first).
+            v.resize(self.placed, 0);
+            if self.parts.is_empty() || v.len() >= len {
+                v.resize(len, 0);
+                return sink.pool.wrap(v);
+            }
+            self.parts.insert(0, (0, sink.pool.wrap(v)));
+        }
         if let [(0, b)] = &self.parts[..] {
             if b.len() >= len {
                 return b.slice(..len);
@@ -1792,7 +1963,7 @@ impl ReadData {
 }
 
 async fn recv_pdu(rx: &mut mpsc::UnboundedReceiver<Routed>) -> Option<Pdu> {
-    rx.recv().await.map(|(p, _)| p)
+    rx.recv().await.map(|r| r.pdu)
 }
 
 /// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
@@ -1831,13 +2002,61 @@ async fn reader(
     // The first read samples at once; later ones once per interval, so that the hot path
     // pays one clock read per socket read.
     let mut next_sample = Instant::now();
+    let Some(epoch) = shared.upgrade().map(|s| s.epoch) else {
+        return;
+    };
+    // After a segment was read into its command's buffer, the next read takes only the
+    // next header, so that the segment after it (a read's next Data-In, typically) can go
+    // straight to its place too rather than into `buf`.
+    let header_only = BHS_LEN + if dec.digests().header { 4 } else { 0 };
+    let mut read_limit = usize::MAX;
     let why: String = 'outer: loop {
         loop {
-            match dec.decode(&mut buf) {
-                Ok(Some(pdu)) => match shared.upgrade() {
-                    Some(s) => s.dispatch(&conn, pdu),
+            let Some(s) = shared.upgrade() else { return };
+            let h = match dec.peek_header(&buf) {
+                Ok(h) => h,
+                Err(e) => break 'outer format!("bad PDU from the target: {e}"),
+            };
+            if let Some((h, sink, mut v)) =
+                h.and_then(|h| s.sink_for(&h, buf.len()).map(|(k, v)| (h, k, v)))
+            {
+                drop(s);
+                let pdu = match dec.take_header(&mut buf, &h) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        *sink.buf.lock().unwrap() = Some(v);
+                        break 'outer format!("bad PDU from the target: {e}");
+                    }
+                };
+                let committed = v.len();
+                let have = buf.len().min(h.data_len);
+                v.extend_from_slice(&buf[..have]);
+                buf.advance(have);
+                let rest = h.data_len - have;
+                let r = if rest > 0 {
+                    read_limit = header_only;
+                    tokio::select! {
+                        r = read_exact_into(&mut rd, &mut v, rest) => r.map_err(|e| e.to_string()),
+                        _ = dead.changed() => Err("closed".to_owned()),
+                    }
+                } else {
+                    Ok(())
+                };
+                if r.is_err() {
+                    v.truncate(committed);
+                }
+                *sink.buf.lock().unwrap() = Some(v);
+                if let Err(why) = r {
+                    break 'outer why;
+                }
+                match shared.upgrade() {
+                    Some(s) => s.dispatch(&conn, pdu, h.data_len),
                     None => return,
-                },
+                }
+                continue;
+            }
+            match dec.decode(&mut buf) {
+                Ok(Some(pdu)) => s.dispatch(&conn, pdu, 0),
                 Ok(None) => break,
                 Err(e) => break 'outer format!("bad PDU from the target: {e}"),
             }
@@ -1845,11 +2064,14 @@ async fn reader(
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
+        let mut dst = (&mut buf).limit(std::mem::replace(&mut read_limit, usize::MAX));
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
+            r = rd.read_buf(&mut dst) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
                     let now = Instant::now();
+                    conn.last_rx_ms
+                        .store(now.duration_since(epoch).as_millis() as u64, Ordering::Relaxed);
                     if now >= next_sample {
                         next_sample = now + PATH_SAMPLE_INTERVAL;
                         if let Some(s) = shared.upgrade() {
@@ -1865,6 +2087,20 @@ async fn reader(
     if let Some(s) = shared.upgrade() {
         s.conn_failed(&conn, &why);
     }
+}
+
+/// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
+async fn read_exact_into(rd: &mut OwnedReadHalf, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+    let mut dst = v.limit(n);
+    while dst.has_remaining_mut() {
+        if rd.read_buf(&mut dst).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed by the target",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Pings idle connections with NOP-Out; one that does not answer is dropped (and the
@@ -1934,6 +2170,7 @@ mod tests {
         let whole = ReadData {
             parts: vec![(0, Bytes::from_static(b"abcd"))],
             received: 4,
+            ..ReadData::default()
         };
         assert_eq!(&whole.into_bytes(4, 0)[..], b"abcd");
         let mut parts = ReadData::default();
@@ -1944,6 +2181,46 @@ mod tests {
         shuffled.add(2, Bytes::from_static(b"cd"));
         shuffled.add(0, Bytes::from_static(b"ab"));
         assert_eq!(&shuffled.into_bytes(8, 4)[..], b"abcd");
+    }
+
+    #[test]
+    fn read_data_with_a_placed_prefix() {
+        let pool = Arc::new(BufPool::default());
+        let sink = |placed: &[u8]| {
+            Arc::new(ReadSink {
+                edtl: 8,
+                buf: Mutex::new(Some(placed.to_vec())),
+                pool: pool.clone(),
+            })
+        };
+        // Placed, then a segment that was not: joined.
+        let mut d = ReadData {
+            sink: Some(sink(b"abcd")),
+            ..ReadData::default()
+        };
+        d.placed(0, 4);
+        d.add(4, Bytes::from_static(b"efgh"));
+        assert_eq!(&d.into_bytes(8, 0)[..], b"abcdefgh");
+        // All placed: the buffer itself, which goes back to the pool when dropped.
+        let mut d = ReadData {
+            sink: Some(sink(b"abcdefgh")),
+            ..ReadData::default()
+        };
+        d.placed(0, 4);
+        d.placed(4, 4);
+        let b = d.into_bytes(8, 0);
+        assert_eq!(&b[..], b"abcdefgh");
+        assert_eq!(pool.free.lock().unwrap().len(), 1);
+        drop(b);
+        assert_eq!(pool.free.lock().unwrap().len(), 2);
+        assert!(pool.take(8).capacity() >= 8);
+        // Less sent than expected: what the reader placed, no more.
+        let mut d = ReadData {
+            sink: Some(sink(b"abcdef")),
+            ..ReadData::default()
+        };
+        d.placed(0, 6);
+        assert_eq!(&d.into_bytes(8, 2)[..], b"abcdef");
     }
 
     #[test]

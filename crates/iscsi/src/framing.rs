@@ -155,22 +155,13 @@ impl PduDecoder {
                     self.state = State::Header;
                 }
                 State::Header => {
-                    let Some(bhs) = buf.first_chunk::<BHS_LEN>().copied() else {
-                        buf.reserve(BHS_LEN - buf.len());
+                    let Some((bhs, header_len)) = self.header(buf)? else {
+                        let want = buf
+                            .first_chunk::<BHS_LEN>()
+                            .map_or(BHS_LEN, |bhs| self.header_len(bhs));
+                        buf.reserve(want - buf.len());
                         return Ok(None);
                     };
-                    let header_digest = self.digests.header;
-                    let covered = BHS_LEN + pdu::total_ahs_len(&bhs);
-                    let header_len = covered + if header_digest { DIGEST_LEN } else { 0 };
-                    if buf.len() < header_len {
-                        buf.reserve(header_len - buf.len());
-                        return Ok(None);
-                    }
-                    if header_digest
-                        && !digest::verify_digest(&buf[..covered], &buf[covered..header_len])
-                    {
-                        return Err(FrameError::HeaderDigest);
-                    }
                     let data_len = pdu::data_segment_len(&bhs);
                     let data_digest = self.digests.data && data_len > 0;
                     let max = self.limits.max_recv_data_segment;
@@ -228,6 +219,104 @@ impl PduDecoder {
                 }
             }
         }
+    }
+}
+
+/// The header of the next PDU, whole in the buffer and checked: see
+/// [`PduDecoder::peek_header`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeekedHeader {
+    pub bhs: [u8; BHS_LEN],
+    /// Bytes the header takes at the front of the buffer: BHS, AHS, header digest.
+    pub header_len: usize,
+    /// DataSegmentLength: bytes of data after the header, without padding.
+    pub data_len: usize,
+}
+
+impl PduDecoder {
+    /// Bytes of the header that starts with `bhs`: BHS, AHS and header digest.
+    fn header_len(&self, bhs: &[u8; BHS_LEN]) -> usize {
+        BHS_LEN + pdu::total_ahs_len(bhs) + if self.digests.header { DIGEST_LEN } else { 0 }
+    }
+
+    /// The BHS and header length of the PDU at the front of `buf` once its whole header is
+    /// there, checked against the header digest; consumes nothing.
+    fn header(&self, buf: &[u8]) -> Result<Option<([u8; BHS_LEN], usize)>, FrameError> {
+        let Some(bhs) = buf.first_chunk::<BHS_LEN>().copied() else {
+            return Ok(None);
+        };
+        let header_len = self.header_len(&bhs);
+        if buf.len() < header_len {
+            return Ok(None);
+        }
+        if self.digests.header {
+            let covered = header_len - DIGEST_LEN;
+            if !digest::verify_digest(&buf[..covered], &buf[covered..header_len]) {
+                return Err(FrameError::HeaderDigest);
+            }
+        }
+        Ok(Some((bhs, header_len)))
+    }
+
+    /// The header of the next PDU once it is whole in `buf` and checked, consuming nothing,
+    /// so that a reader can take a large data segment off the stream itself, straight to
+    /// where it belongs ([`PduDecoder::take_header`]). `None` when more bytes are needed,
+    /// and for what [`PduDecoder::decode`] must handle: a segment being skipped, over the
+    /// limit, or with a data digest. Either way `decode` may be called next as usual.
+    pub fn peek_header(&mut self, buf: &BytesMut) -> Result<Option<PeekedHeader>, FrameError> {
+        let (bhs, header_len, data_len) = match self.state {
+            State::Skip { .. } => return Ok(None),
+            State::Body {
+                data_digest: true, ..
+            } => return Ok(None),
+            State::Body {
+                bhs,
+                header_len,
+                data_len,
+                ..
+            } => (bhs, header_len, data_len),
+            State::Header => {
+                let Some((bhs, header_len)) = self.header(buf)? else {
+                    return Ok(None);
+                };
+                let data_len = pdu::data_segment_len(&bhs);
+                if data_len > self.limits.max_recv_data_segment as usize {
+                    return Ok(None);
+                }
+                let data_digest = self.digests.data && data_len > 0;
+                // As `decode` would: the header is checked, the body is awaited.
+                self.state = State::Body {
+                    bhs,
+                    header_len,
+                    data_len,
+                    data_digest,
+                };
+                if data_digest {
+                    return Ok(None);
+                }
+                (bhs, header_len, data_len)
+            }
+        };
+        Ok(Some(PeekedHeader {
+            bhs,
+            header_len,
+            data_len,
+        }))
+    }
+
+    /// Takes the header that [`PduDecoder::peek_header`] returned off `buf` and decodes the
+    /// PDU as if its data segment were empty. The `data_len` bytes of the segment and its
+    /// padding are then the caller's to take off the stream (first whatever of them is
+    /// already in `buf`); the decoder expects the next PDU after them. An error leaves the
+    /// stream in the middle of the PDU: drop the connection.
+    pub fn take_header(&mut self, buf: &mut BytesMut, h: &PeekedHeader) -> Result<Pdu, FrameError> {
+        self.state = State::Header;
+        let header = buf.split_to(h.header_len);
+        let mut bhs = h.bhs;
+        bhs[5..8].fill(0);
+        let ahs = &header[BHS_LEN..BHS_LEN + pdu::total_ahs_len(&bhs)];
+        Pdu::decode(&bhs, ahs, bytes::Bytes::new())
+            .map_err(|err| FrameError::Pdu { bhs: h.bhs, err })
     }
 }
 

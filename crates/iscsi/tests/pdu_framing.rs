@@ -255,3 +255,61 @@ fn digests_switch_between_pdus() {
     assert_eq!(dec.digests(), BOTH);
     assert_eq!(dec.decode(&mut buf).unwrap(), Some(cmd));
 }
+
+#[test]
+fn header_taken_alone_leaves_the_segment_to_the_caller() {
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: false,
+        },
+    ] {
+        let data_in = DataIn {
+            itt: 7,
+            datasn: 3,
+            buffer_offset: 65536,
+            data: Bytes::from(vec![0xa5; 8192]),
+            ..Default::default()
+        };
+        let next = Pdu::NopIn(NopIn {
+            itt: 8,
+            ..Default::default()
+        });
+        let bytes = wire(&[Pdu::DataIn(data_in.clone()), next.clone()], digests);
+        let mut dec = decoder(digests, 1 << 20);
+        // Part of the header: nothing to peek yet.
+        let mut buf = BytesMut::from(&bytes[..40]);
+        assert_eq!(dec.peek_header(&buf).unwrap(), None);
+        buf.extend_from_slice(&bytes[40..100]);
+        let h = dec.peek_header(&buf).unwrap().expect("whole header");
+        assert_eq!(h.data_len, 8192);
+        assert_eq!(h.header_len, if digests.header { 52 } else { 48 });
+        // Peeking again, or decoding, sees the same PDU.
+        assert_eq!(dec.peek_header(&buf).unwrap(), Some(h));
+        let hdr = dec.take_header(&mut buf, &h).unwrap();
+        let Pdu::DataIn(d) = hdr else {
+            panic!("{hdr:?}")
+        };
+        assert_eq!((d.itt, d.datasn, d.buffer_offset), (7, 3, 65536));
+        assert!(d.data.is_empty());
+        // The caller takes the segment: what is buffered, then the rest of the stream.
+        let seg_start = h.header_len;
+        assert_eq!(&buf[..], &bytes[seg_start..100]);
+        let mut buf = BytesMut::from(&bytes[seg_start + h.data_len..]);
+        assert_eq!(dec.decode(&mut buf).unwrap(), Some(next));
+        assert!(buf.is_empty());
+    }
+    // With a data digest the decoder keeps the PDU; decode returns it whole.
+    let bytes = wire(
+        &[Pdu::DataIn(DataIn {
+            data: Bytes::from(vec![1; 100]),
+            ..Default::default()
+        })],
+        BOTH,
+    );
+    let mut dec = decoder(BOTH, 1 << 20);
+    let mut buf = BytesMut::from(&bytes[..]);
+    assert_eq!(dec.peek_header(&buf).unwrap(), None);
+    assert!(matches!(dec.decode(&mut buf), Ok(Some(Pdu::DataIn(_)))));
+}

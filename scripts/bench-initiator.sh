@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): Reservoir's initiator (`rsv bench`) against libiscsi's iscsi-perf,
+# both reading from Reservoir's target and from tgt, started here on loopback over the same
+# kind of backing store (a file in /dev/shm filled with random data), in the same run.
+#
+#   scripts/bench-initiator.sh [SECONDS]      (default 10 s per measurement)
+#
+# Workloads, both QD32 over the whole LUN: 4 KiB random reads and 1 MiB sequential reads.
+# Each tool runs alone (one at a time). rsv bench runs with 1 connection on both targets and
+# with 4 on Reservoir's (tgt grants one). The ratios are rsv / iscsi-perf on the same target
+# and workload, from IOPS (same block size, so the same as from throughput).
+#
+# Environment: RSV=path to a built rsv (else `cargo build --release` here, honouring
+# CARGO_TARGET_DIR); SIZE (default 1GiB); OUT (default bench-initiator.json).
+# Both tools share the machine with their target: on few cores the figures move with
+# whatever else runs; the load average is printed with the table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+OUT=${OUT:-bench-initiator.json}
+SIZE=${SIZE:-1GiB}
+QD=32
+if [ -z "${RSV:-}" ]; then
+  ./scripts/setup.sh
+  cargo build --release --bin rsv >/dev/null
+  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
+fi
+
+work=$(mktemp -d /dev/shm/rsv-ibench.XXXXXX)
+rsv_pid=
+tgt_pid=
+cport=$((100 + RANDOM % 1000))
+cleanup() {
+  set +e
+  [ -n "$rsv_pid" ] && kill "$rsv_pid" 2>/dev/null
+  if [ -n "$tgt_pid" ]; then
+    # tgtd ignores SIGTERM: ask it to stop, then make sure.
+    timeout 3 tgtadm -C "$cport" --lld iscsi --mode target --op delete --force --tid 1 >/dev/null 2>&1
+    timeout 3 tgtadm -C "$cport" --mode system --op delete >/dev/null 2>&1
+    for _ in $(seq 20); do kill -0 "$tgt_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$tgt_pid" 2>/dev/null
+  fi
+  [ -n "$rsv_pid" ] && { timeout 5 tail --pid="$rsv_pid" -f /dev/null || kill -9 "$rsv_pid" 2>/dev/null; }
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+bytes() { python3 -c "
+s='$1'.strip().lower(); m={'k':1<<10,'kib':1<<10,'m':1<<20,'mib':1<<20,'g':1<<30,'gib':1<<30}
+for k in sorted(m, key=len, reverse=True):
+    if s.endswith(k): print(int(float(s[:-len(k)])*m[k])); break
+else: print(int(s))"; }
+
+# Both images hold the same random data, so reads hit data, not holes.
+size_b=$(bytes "$SIZE")
+head -c "$size_b" /dev/urandom >"$work/rsv.img"
+cp "$work/rsv.img" "$work/tgt.img"
+
+cat >"$work/rsv.toml" <<TOML
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:ibench"
+[[target.lun]]
+id = 0
+backstore = "file"
+path = "$work/rsv.img"
+TOML
+rport=$(free_port)
+"$RSV" target --config "$work/rsv.toml" --listen "127.0.0.1:$rport" >"$work/rsv.out" 2>"$work/rsv.log" &
+rsv_pid=$!
+
+tport=$(free_port)
+tgtd -f --iscsi "portal=127.0.0.1:$tport" -C "$cport" >"$work/tgt.log" 2>&1 &
+tgt_pid=$!
+disown "$tgt_pid" # its kill -9 in cleanup is expected; no job report for it
+for _ in $(seq 100); do
+  grep -q ready "$work/rsv.out" 2>/dev/null && tgtadm -C "$cport" --mode sys --op show >/dev/null 2>&1 && break
+  sleep 0.1
+done
+tgtadm -C "$cport" --lld iscsi --op new --mode target --tid 1 -T iqn.2026-11.org.reservoir:tgt-ibench
+tgtadm -C "$cport" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/tgt.img"
+tgtadm -C "$cport" --lld iscsi --op bind --mode target --tid 1 -I ALL
+
+RSV_URL="iscsi://127.0.0.1:$rport/iqn.2026-11.org.reservoir:ibench/0"
+TGT_URL="iscsi://127.0.0.1:$tport/iqn.2026-11.org.reservoir:tgt-ibench/1"
+
+# Block size of a LUN, for iscsi-perf's blocks per request.
+block_size() { "$RSV" inq --json "$1" 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("block_size") or d["capacity"]["block_size"])' 2>/dev/null || echo 512; }
+
+# iscsi-perf prints "iops average N (M MB/s)" last; random LBAs over the whole LUN.
+iperf_iops() { # url bytes seq|rand
+  local bs blocks args
+  bs=$(block_size "$1")
+  blocks=$(($2 / bs))
+  args=(-b "$blocks" -m "$QD" -t "$SECS")
+  [ "$3" = rand ] && args+=(-r)
+  timeout $((SECS + 30)) iscsi-perf "${args[@]}" "$1" 2>&1 | tr '\r' '\n' |
+    grep -o 'iops average [0-9]*' | tail -1 | grep -o '[0-9]*$' || echo 0
+}
+# rsv bench over the whole LUN, the same QD and duration, queue depth and connections
+# pinned so that auto-tuning changes neither.
+rsv_iops() { # url bytes seq|rand connections
+  timeout $((SECS + 30)) "$RSV" bench --json --rw read --pattern "$3" --block-size "$2" \
+    --queue-depth "$QD" --connections "$4" --duration "$SECS" "$1" 2>"$work/bench.err" |
+    python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["iops"]), d["connections"])' ||
+    { cat "$work/bench.err" >&2; echo "0 0"; }
+}
+
+declare -A R
+for wl in rand:4096 seq:1048576; do
+  pat=${wl%%:*} io=${wl##*:}
+  R[$pat.tgt.perf]=$(iperf_iops "$TGT_URL" "$io" "$pat")
+  read -r R[$pat.tgt.rsv1] _ <<<"$(rsv_iops "$TGT_URL" "$io" "$pat" 1)"
+  R[$pat.rsv.perf]=$(iperf_iops "$RSV_URL" "$io" "$pat")
+  read -r R[$pat.rsv.rsv1] _ <<<"$(rsv_iops "$RSV_URL" "$io" "$pat" 1)"
+  read -r R[$pat.rsv.rsv4] R[$pat.rsv.rsv4c] <<<"$(rsv_iops "$RSV_URL" "$io" "$pat" 4)"
+done
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+
+ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
+mbs() { python3 -c "print(f'{$1*$2/1e6:.0f}')"; }
+echo
+printf '%-22s %-10s %-26s %10s %9s %12s\n' workload target initiator IOPS MB/s "÷iscsi-perf"
+for wl in rand:4096 seq:1048576; do
+  pat=${wl%%:*} io=${wl##*:}
+  name=$([ "$pat" = rand ] && echo "4 KiB random, QD$QD" || echo "1 MiB sequential, QD$QD")
+  for t in tgt rsv; do
+    tname=$([ "$t" = rsv ] && echo reservoir || echo tgt)
+    base=${R[$pat.$t.perf]}
+    printf '%-22s %-10s %-26s %10s %9s %12s\n' "$name" "$tname" "iscsi-perf" "$base" "$(mbs "$base" "$io")" ""
+    printf '%-22s %-10s %-26s %10s %9s %12s\n' "$name" "$tname" "rsv bench, 1 connection" "${R[$pat.$t.rsv1]}" "$(mbs "${R[$pat.$t.rsv1]}" "$io")" "$(ratio "${R[$pat.$t.rsv1]}" "$base")"
+    if [ "$t" = rsv ]; then
+      printf '%-22s %-10s %-26s %10s %9s %12s\n' "$name" "$tname" "rsv bench, ${R[$pat.rsv.rsv4c]} connections" "${R[$pat.rsv.rsv4]}" "$(mbs "${R[$pat.rsv.rsv4]}" "$io")" "$(ratio "${R[$pat.rsv.rsv4]}" "$base")"
+    fi
+  done
+done
+echo "load average at the end: $load (nproc $(nproc)); ${SECS} s per measurement"
+cat >"$OUT" <<JSON
+{"seconds": $SECS, "nproc": $(nproc), "loadavg": "$load", "queue_depth": $QD,
+ "rand_4k_iops": {"tgt": {"iscsi_perf": ${R[rand.tgt.perf]}, "rsv_1c": ${R[rand.tgt.rsv1]}},
+                  "reservoir": {"iscsi_perf": ${R[rand.rsv.perf]}, "rsv_1c": ${R[rand.rsv.rsv1]}, "rsv_4c": ${R[rand.rsv.rsv4]}}},
+ "seq_1m_iops": {"tgt": {"iscsi_perf": ${R[seq.tgt.perf]}, "rsv_1c": ${R[seq.tgt.rsv1]}},
+                 "reservoir": {"iscsi_perf": ${R[seq.rsv.perf]}, "rsv_1c": ${R[seq.rsv.rsv1]}, "rsv_4c": ${R[seq.rsv.rsv4]}}}}
+JSON
