@@ -178,11 +178,11 @@ fn content(i: usize) -> Vec<u8> {
 #[test]
 fn ext4_on_a_fuse_mounted_lun() {
     if let Some(why) = why_skip() {
-        eprintln!("SKIP: {why}");
+        skip(&why);
         return;
     }
     let Some(bin) = rsv_bin() else {
-        eprintln!("SKIP: no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
         return;
     };
     let help = Command::new(&bin)

@@ -15,7 +15,7 @@ macro_rules! rsv_or_skip {
         match RsvTarget::start(&[]) {
             Some(t) => t,
             None => {
-                eprintln!("SKIP: no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+                skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
                 return;
             }
         }
@@ -429,7 +429,7 @@ fn target_with_pacing_hints_off_says_it_does_not_pace() {
     )
     .unwrap();
     let Some(t) = RsvTarget::start(&["--config", cfg.to_str().unwrap()]) else {
-        eprintln!("SKIP: no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
         return;
     };
     let rt = rt();

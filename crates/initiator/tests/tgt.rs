@@ -14,7 +14,7 @@ macro_rules! tgt_or_skip {
         match Tgt::start($size, $chap) {
             Some(t) => t,
             None => {
-                eprintln!("SKIP: tgtd/tgtadm not installed");
+                skip("tgtd/tgtadm not installed");
                 return;
             }
         }
