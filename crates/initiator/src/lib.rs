@@ -25,6 +25,7 @@
 
 pub mod cli;
 mod conn;
+mod inbox;
 pub mod mount;
 pub mod scsi;
 mod session;

@@ -18,9 +18,10 @@ use iscsi::serial::{sn_gt, sn_le, sn_lt};
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::conn::{Conn, LoginDone, RawConn};
+use crate::inbox;
 use crate::scsi::{self, Capacity, Inquiry, Sense};
 use crate::{Error, IscsiUrl, Result, SessionOptions};
 
@@ -312,7 +313,7 @@ struct Task {
     id: u64,
     /// [`Conn::serial`] of the connection the task is allegiant to.
     serial: u64,
-    tx: mpsc::UnboundedSender<Routed>,
+    tx: inbox::Sender<Routed>,
     /// SCSI commands only: what TASK REASSIGN needs to move it to another connection.
     command: Option<Reassignable>,
     /// Large reads only: where their reader places Data-In segments.
@@ -378,8 +379,8 @@ impl State {
         conn: &Conn,
         command: Option<Reassignable>,
         sink: Option<Arc<ReadSink>>,
-    ) -> (u32, u64, mpsc::UnboundedReceiver<Routed>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    ) -> (u32, u64, inbox::Receiver<Routed>) {
+        let (tx, rx) = inbox::inbox();
         let itt = self.alloc_itt();
         self.next_task_id += 1;
         let id = self.next_task_id;
@@ -1391,7 +1392,7 @@ impl Shared {
 
     /// A task other than a SCSI command (NOP, TMF, Logout) on `conn`; it ends with the
     /// guard.
-    fn register(&self, conn: &Arc<Conn>) -> (TaskGuard<'_>, mpsc::UnboundedReceiver<Routed>) {
+    fn register(&self, conn: &Arc<Conn>) -> (TaskGuard<'_>, inbox::Receiver<Routed>) {
         let (itt, id, rx) = self.state.lock().unwrap().new_task(conn, None, None);
         let guard = TaskGuard {
             shared: self,
@@ -1738,7 +1739,7 @@ impl Shared {
         match st.tasks.get(&itt) {
             // Sending never blocks: it only queues and wakes the task.
             Some(t) => {
-                let _ = t.tx.send(Routed {
+                t.tx.send(Routed {
                     pdu,
                     via: conn.clone(),
                     placed,
@@ -1962,7 +1963,7 @@ impl ReadData {
     }
 }
 
-async fn recv_pdu(rx: &mut mpsc::UnboundedReceiver<Routed>) -> Option<Pdu> {
+async fn recv_pdu(rx: &mut inbox::Receiver<Routed>) -> Option<Pdu> {
     rx.recv().await.map(|r| r.pdu)
 }
 
