@@ -1790,14 +1790,19 @@ impl Job {
             data_out: &[],
             nexus: self.nexus,
         })?;
-        Some(build_response(
-            &t.cmd,
+        Some(self.respond(resp, None))
+    }
+
+    /// The Data-In PDUs and status that carry `resp` back on this connection.
+    fn respond(&self, resp: scsi::Response, spdtl_out: Option<u32>) -> Vec<Pdu> {
+        build_response(
+            &self.task.cmd,
             resp,
-            None,
-            t.next_r2tsn,
+            spdtl_out,
+            self.task.next_r2tsn,
             self.max_seg.max(512),
             self.max_burst.max(512),
-        ))
+        )
     }
 
     fn run(&self) -> Vec<Pdu> {
@@ -1847,14 +1852,7 @@ impl Job {
             }
             _ => resp,
         };
-        build_response(
-            &t.cmd,
-            resp,
-            spdtl_out,
-            t.next_r2tsn,
-            self.max_seg.max(512),
-            self.max_burst.max(512),
-        )
+        self.respond(resp, spdtl_out)
     }
 
     /// For a write whose CDB covers more than the initiator sent: the blocks as they are on
