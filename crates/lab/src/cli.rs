@@ -40,6 +40,9 @@ enum LabCommand {
         /// r0: only these loss rates, in percent (e.g. 1,5).
         #[arg(long, value_delimiter = ',')]
         loss: Vec<f64>,
+        /// rtt: only these round-trip times, in milliseconds (e.g. 200,300).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        rtt: Vec<u32>,
         /// r0 and rtt: seconds per measurement instead of the scenario's own.
         #[arg(long)]
         seconds: Option<u64>,
@@ -87,6 +90,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             doc,
             no_doc,
             loss,
+            rtt,
             seconds,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
@@ -121,6 +125,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                     }
                     "rtt" => {
                         let mut p = crate::rtt::Params::new(quick);
+                        if !rtt.is_empty() {
+                            p.rtt_ms = rtt.clone();
+                        }
                         if let Some(s) = seconds {
                             p.seconds = s;
                         }
