@@ -231,8 +231,9 @@ impl LogicalUnit {
     /// [`Backstore::try_read_at`]); `None` otherwise — for another command, for a read that
     /// would wait, or for one that [`LogicalUnit::execute`] would refuse — and then nothing
     /// has changed: no unit attention taken, no state touched. Lets a transport answer cached
-    /// reads on its event loop and keep a thread that may block for the rest.
-    pub fn try_read_now(&self, cmd: &Command) -> Option<Response> {
+    /// reads on its event loop and keep a thread that may block for the rest. Reads of more
+    /// than `max_bytes` (as the CDB asks, whatever the transport expects) are declined too.
+    pub fn try_read_now(&self, cmd: &Command, max_bytes: u64) -> Option<Response> {
         let cdb = cmd.cdb;
         if !matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
             || cdb::check_len(cdb).is_err()
@@ -253,6 +254,7 @@ impl LogicalUnit {
         let r = block_range(cdb);
         if r.flags & 0xe0 != 0
             || r.blocks == 0
+            || r.blocks.saturating_mul(self.block_size) > max_bytes
             || self.check_range(r.lba, r.blocks).is_err()
             || self.check_transfer(cdb, r.blocks).is_err()
             || self.pr().check(cmd.nexus, cdb).is_err()

@@ -1785,11 +1785,14 @@ impl Job {
             return None;
         }
         let lu = self.target.luns.get(&t.lun?)?;
-        let resp = lu.try_read_now(&scsi::Command {
-            cdb: &t.cmd.cdb,
-            data_out: &[],
-            nexus: self.nexus,
-        })?;
+        let resp = lu.try_read_now(
+            &scsi::Command {
+                cdb: &t.cmd.cdb,
+                data_out: &[],
+                nexus: self.nexus,
+            },
+            INLINE_READ_MAX.into(),
+        )?;
         Some(self.respond(resp, None))
     }
 
