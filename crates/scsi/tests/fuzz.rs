@@ -130,15 +130,22 @@ fn try_read_now_serves_plain_reads_only() {
     // A new nexus: its power-on unit attention comes first, from execute().
     assert!(lu.try_read_now(&cmd(read10), u64::MAX).is_none());
     assert_eq!(lu.execute(&cmd(read10)).status, 0x02);
-    let r = lu.try_read_now(&cmd(read10), u64::MAX).expect("a cached read");
+    let r = lu
+        .try_read_now(&cmd(read10), u64::MAX)
+        .expect("a cached read");
     assert_eq!((r.status, r.data_in.len()), (0, 4 * 512));
     // More than the caller will read inline: declined, whatever the transport expects.
     assert!(lu.try_read_now(&cmd(read10), 4 * 512 - 1).is_none());
     assert!(lu.try_read_now(&cmd(read10), 4 * 512).is_some());
     // Not reads, or reads execute() refuses: declined.
-    assert!(lu.try_read_now(&cmd(&[0x00, 0, 0, 0, 0, 0]), u64::MAX).is_none());
     assert!(lu
-        .try_read_now(&cmd(&[0x28, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 1, 0]), u64::MAX)
+        .try_read_now(&cmd(&[0x00, 0, 0, 0, 0, 0]), u64::MAX)
+        .is_none());
+    assert!(lu
+        .try_read_now(
+            &cmd(&[0x28, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 1, 0]),
+            u64::MAX
+        )
         .is_none());
     assert!(lu
         .try_read_now(&cmd(&[0x28, 0xe0, 0, 0, 0, 0, 0, 0, 1, 0]), u64::MAX)
