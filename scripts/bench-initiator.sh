@@ -27,26 +27,13 @@ if [ -z "${RSV:-}" ]; then
 fi
 
 work=$(mktemp -d /dev/shm/rsv-ibench.XXXXXX)
-rsv_pid=
-tgt_pid=
-cport=$((100 + RANDOM % 1000))
+. scripts/bench-peers.sh
 cleanup() {
-  set +e
-  [ -n "$rsv_pid" ] && kill "$rsv_pid" 2>/dev/null
-  if [ -n "$tgt_pid" ]; then
-    # tgtd ignores SIGTERM: ask it to stop, then make sure.
-    timeout 3 tgtadm -C "$cport" --lld iscsi --mode target --op delete --force --tid 1 >/dev/null 2>&1
-    timeout 3 tgtadm -C "$cport" --mode system --op delete >/dev/null 2>&1
-    for _ in $(seq 20); do kill -0 "$tgt_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$tgt_pid" 2>/dev/null
-  fi
-  [ -n "$rsv_pid" ] && { timeout 5 tail --pid="$rsv_pid" -f /dev/null || kill -9 "$rsv_pid" 2>/dev/null; }
-  wait 2>/dev/null
+  stop_peers
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 bytes() { python3 -c "
 s='$1'.strip().lower(); m={'k':1<<10,'kib':1<<10,'m':1<<20,'mib':1<<20,'g':1<<30,'gib':1<<30}
 for k in sorted(m, key=len, reverse=True):
@@ -58,32 +45,7 @@ size_b=$(bytes "$SIZE")
 head -c "$size_b" /dev/urandom >"$work/rsv.img"
 cp "$work/rsv.img" "$work/tgt.img"
 
-cat >"$work/rsv.toml" <<TOML
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:ibench"
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$work/rsv.img"
-TOML
-rport=$(free_port)
-"$RSV" target --config "$work/rsv.toml" --listen "127.0.0.1:$rport" >"$work/rsv.out" 2>"$work/rsv.log" &
-rsv_pid=$!
-
-tport=$(free_port)
-tgtd -f --iscsi "portal=127.0.0.1:$tport" -C "$cport" >"$work/tgt.log" 2>&1 &
-tgt_pid=$!
-disown "$tgt_pid" # its kill -9 in cleanup is expected; no job report for it
-for _ in $(seq 100); do
-  grep -q ready "$work/rsv.out" 2>/dev/null && tgtadm -C "$cport" --mode sys --op show >/dev/null 2>&1 && break
-  sleep 0.1
-done
-tgtadm -C "$cport" --lld iscsi --op new --mode target --tid 1 -T iqn.2026-11.org.reservoir:tgt-ibench
-tgtadm -C "$cport" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/tgt.img"
-tgtadm -C "$cport" --lld iscsi --op bind --mode target --tid 1 -I ALL
-
-RSV_URL="iscsi://127.0.0.1:$rport/iqn.2026-11.org.reservoir:ibench/0"
-TGT_URL="iscsi://127.0.0.1:$tport/iqn.2026-11.org.reservoir:tgt-ibench/1"
+start_peers ibench
 
 # Block size of a LUN, for iscsi-perf's blocks per request.
 block_size() { "$RSV" inq --json "$1" 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("block_size") or d["capacity"]["block_size"])' 2>/dev/null || echo 512; }

@@ -15,46 +15,16 @@ cargo build --release --bin rsv >/dev/null
 RSV=$PWD/target/release/rsv
 
 work=$(mktemp -d /dev/shm/rsv-bench.XXXXXX)
-pids=()
+. scripts/bench-peers.sh
 cleanup() {
-  # tgtd does not stop on SIGTERM: its own shutdown first, SIGKILL if it lingers.
-  [ -n "${cport:-}" ] && tgtadm -C "$cport" --mode system --op delete >/dev/null 2>&1 || true
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  stop_peers
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 SIZE=1GiB
-cat > "$work/rsv.toml" <<TOML
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:bench"
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$work/rsv.img"
-size = "$SIZE"
-TOML
-rport=$(free_port)
-"$RSV" target --config "$work/rsv.toml" --listen "127.0.0.1:$rport" >"$work/rsv.out" 2>"$work/rsv.log" &
-pids+=($!)
-
-tport=$(free_port)
-cport=$((100 + RANDOM % 1000))
-truncate -s "$SIZE" "$work/tgt.img"
-tgtd -f --iscsi "portal=127.0.0.1:$tport" -C "$cport" >"$work/tgt.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do grep -q ready "$work/rsv.out" 2>/dev/null && tgtadm -C "$cport" --mode sys --op show >/dev/null 2>&1 && break; sleep 0.1; done
-tgtadm -C "$cport" --lld iscsi --op new --mode target --tid 1 -T iqn.2026-11.org.reservoir:tgt-bench
-tgtadm -C "$cport" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/tgt.img"
-tgtadm -C "$cport" --lld iscsi --op bind --mode target --tid 1 -I ALL
-
-RSV_URL="iscsi://127.0.0.1:$rport/iqn.2026-11.org.reservoir:bench/0"
-TGT_URL="iscsi://127.0.0.1:$tport/iqn.2026-11.org.reservoir:tgt-bench/1"
+truncate -s "$SIZE" "$work/rsv.img" "$work/tgt.img"
+start_peers bench
 
 # Fill both images so reads hit data, not holes.
 for u in "$RSV_URL" "$TGT_URL"; do
