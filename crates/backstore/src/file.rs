@@ -3,8 +3,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use crate::lend::{Lent, Mapping};
 use crate::{check_range, push_extent, Backstore, StoreError};
 
 /// A sparse file accessed with positioned reads and writes, so many threads share one
@@ -17,6 +19,11 @@ pub struct FileBackstore {
     read_only: bool,
     /// How [`Backstore::try_read_at`] learns whether a read would wait: one of `NOWAIT_*`.
     nowait: AtomicU8,
+    /// The whole file mapped read-only, made on the first [`Backstore::lend`]; `None` when
+    /// the system would not map it.
+    map: OnceLock<Option<Arc<Mapping>>>,
+    /// `MADV_POPULATE_READ` is refused (a kernel before 5.14): lend only what is resident.
+    no_populate: AtomicBool,
 }
 
 /// The file system honours `RWF_NOWAIT` on reads (ext4, xfs, btrfs): a read that would go
@@ -104,6 +111,8 @@ impl FileBackstore {
             file,
             size,
             read_only,
+            map: OnceLock::new(),
+            no_populate: AtomicBool::new(false),
         })
     }
 
@@ -218,6 +227,33 @@ impl Backstore for FileBackstore {
             }
             _ => Err(err),
         }
+    }
+
+    fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
+        check_range(offset, len, self.size)?;
+        let Some(map) = self
+            .map
+            .get_or_init(|| Mapping::new(self.file.as_raw_fd(), self.size))
+        else {
+            return Ok(None);
+        };
+        let (offset, len) = (offset as usize, len as usize);
+        // tmpfs holds its data in memory; elsewhere the pages must be in the page cache,
+        // or be read in now if the caller may wait.
+        let ready = self.nowait.load(Ordering::Relaxed) == NOWAIT_MEMORY
+            || map.resident(offset, len)
+            || (wait
+                && !self.no_populate.load(Ordering::Relaxed)
+                && match map.populate(offset, len) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                        self.no_populate.store(true, Ordering::Relaxed);
+                        false
+                    }
+                    // The copying read reports it, with the offset that failed.
+                    Err(_) => false,
+                });
+        Ok(ready.then(|| map.lend(offset, len)))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -7,9 +7,11 @@ use std::io;
 
 pub mod buffers;
 mod file;
+mod lend;
 mod ram;
 
 pub use file::FileBackstore;
+pub use lend::Lent;
 pub use ram::RamBackstore;
 
 /// Byte-addressed storage of a fixed size.
@@ -24,6 +26,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// them to a thread that may block.
     fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<bool> {
         Ok(false)
+    }
+    /// Lends `[offset, offset + len)` without copying it (see [`Lent`]), when the store
+    /// can: `Ok(None)` when it cannot, or when `wait` is false and the bytes are not in
+    /// memory yet. With `wait`, the call may block until they are. The caller keeps
+    /// writers off the range for as long as the window lives.
+    fn lend(&self, _offset: u64, _len: u64, _wait: bool) -> io::Result<Option<Lent>> {
+        Ok(None)
     }
     /// Writes the whole of `buf` at `offset`, or fails.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;

@@ -221,3 +221,41 @@ fn try_read_at_serves_cached_data_exactly() {
         assert!(store.try_read_at(&mut past, 8 * MIB - 256).is_err());
     }
 }
+
+/// A file store lends what `read_at` would read, on tmpfs and on the test directory's file
+/// system alike; a hole lends zeros; the window shows later writes (the lender's lock is
+/// what keeps them off); a range past the end is an error; a window outlives its store.
+#[test]
+fn file_store_lends_exactly_what_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = std::path::Path::new("/dev/shm");
+    let shm_dir = shm.is_dir().then(|| tempfile::tempdir_in(shm).unwrap());
+    let mut paths = vec![dir.path().join("lun.img")];
+    paths.extend(shm_dir.as_ref().map(|d| d.path().join("lun.img")));
+    for path in paths {
+        let store = FileBackstore::open(&path, Some(8 * MIB), true, false).unwrap();
+        let data = pattern(5, MIB as usize + 1000);
+        store.write_at(&data, 2 * MIB + 512).unwrap();
+        for wait in [false, true] {
+            // Just written, so in memory: lent with or without waiting.
+            let lent = store
+                .lend(2 * MIB + 512, data.len() as u64, wait)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{path:?}: cached data not lent (wait {wait})"));
+            assert_eq!(lent.len(), data.len());
+            assert_eq!(lent.as_ref(), &data[..], "{path:?}");
+        }
+        let hole = store.lend(6 * MIB, 4096, true).unwrap().expect("a hole");
+        assert!(hole.as_ref().iter().all(|&b| b == 0));
+        let before = store.lend(2 * MIB + 512, 16, true).unwrap().unwrap();
+        store.write_at(&[0xee; 16], 2 * MIB + 512).unwrap();
+        assert_eq!(before.as_ref(), &[0xee; 16]);
+        assert!(store.lend(8 * MIB - 256, 512, true).is_err());
+        assert!(store.lend(u64::MAX - 10, 20, false).is_err());
+        drop(store);
+        assert_eq!(before.as_ref(), &[0xee; 16]);
+    }
+    // The ram store copies; it lends nothing.
+    let ram = RamBackstore::new(MIB);
+    assert!(ram.lend(0, 4096, true).unwrap().is_none());
+}

@@ -1,0 +1,152 @@
+//! Lending a store's bytes without copying them: a read-only memory mapping of the backing
+//! file, of which a [`Lent`] is a window.
+//!
+//! A copy from the page cache into a buffer was a third of the target's CPU on large reads;
+//! a window on the mapping goes from the page cache to the socket in the kernel's one copy.
+//! The window is meant for the kernel only (`writev`, `send`): if the file shrinks behind
+//! our back, or a page cannot be read from the device, a user-space read of the window
+//! raises SIGBUS where a kernel copy from it fails with `EFAULT`. Callers that must look
+//! at the bytes themselves (a data digest, say) read them instead.
+
+use std::io;
+use std::os::unix::io::RawFd;
+use std::sync::Arc;
+
+/// A shared, read-only mapping of a whole file, unmapped when the last window goes.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only for us and lives until the last owner drops it; the
+// pointer is only handed out as windows within `len`.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` from its start; `None` when the system refuses (or `len` is 0).
+    pub(crate) fn new(fd: RawFd, len: u64) -> Option<Arc<Self>> {
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        // SAFETY: a fresh shared read-only mapping of our own open descriptor; nothing else
+        // refers to the address range the kernel picks.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            tracing::debug!(
+                "no memory mapping of the store ({}); reads copy",
+                io::Error::last_os_error()
+            );
+            return None;
+        }
+        Some(Arc::new(Self { ptr, len }))
+    }
+
+    /// The page-aligned address range that covers `[offset, offset + len)`.
+    fn pages(&self, offset: usize, len: usize) -> (*mut libc::c_void, usize) {
+        let page = page_size();
+        let start = offset / page * page;
+        let end = (offset + len).div_ceil(page) * page;
+        // SAFETY: `start` is within the mapping (offset < self.len), so is the pointer.
+        (
+            unsafe { self.ptr.cast::<u8>().add(start) }.cast(),
+            end - start,
+        )
+    }
+
+    /// Whether every page of the range is in memory now (in the page cache; not
+    /// necessarily mapped in this process yet, which then costs a minor fault only).
+    pub(crate) fn resident(&self, offset: usize, len: usize) -> bool {
+        const MAX_PAGES: usize = 4096;
+        let (addr, bytes) = self.pages(offset, len);
+        let pages = bytes / page_size();
+        if pages > MAX_PAGES {
+            return false;
+        }
+        let mut vec = [0u8; MAX_PAGES];
+        // SAFETY: the range lies within our mapping; `vec` has room for one byte per page.
+        let rc = unsafe { libc::mincore(addr, bytes, vec.as_mut_ptr()) };
+        rc == 0 && vec[..pages].iter().all(|b| b & 1 == 1)
+    }
+
+    /// Reads the range into memory now, waiting for the device if need be. Errors (a bad
+    /// sector, a file cut short) come back as errors, not as a signal; `Unsupported` on a
+    /// kernel before 5.14.
+    pub(crate) fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
+        let (addr, bytes) = self.pages(offset, len);
+        // SAFETY: advice on a range within our own mapping; it changes no memory contents.
+        let rc = unsafe { libc::madvise(addr, bytes, MADV_POPULATE_READ) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINVAL) => Err(io::ErrorKind::Unsupported.into()),
+            _ => Err(err),
+        }
+    }
+
+    /// A window on `[offset, offset + len)`, which the caller has checked lies within.
+    pub(crate) fn lend(self: &Arc<Self>, offset: usize, len: usize) -> Lent {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
+        Lent {
+            map: self.clone(),
+            offset,
+            len,
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped; no window outlives the Arc that owns us.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// `MADV_POPULATE_READ` (Linux 5.14, the same on every architecture); not in `libc` yet.
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Bytes of a store lent without a copy: a read-only window on the store's memory mapping.
+/// Hand it to the kernel (`writev`); see the module's note before reading it in user space.
+/// The bytes are those on the store while the window is sent: whoever lends it keeps
+/// writers off the range until it is dropped.
+#[derive(Debug)]
+pub struct Lent {
+    map: Arc<Mapping>,
+    offset: usize,
+    len: usize,
+}
+
+impl Lent {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the window lies within the mapping (checked in `Mapping::lend`), which
+        // lives as long as `self`. The memory is mapped read-only; writes through the file
+        // are kept off this range by the lender's lock while the window lives.
+        unsafe { std::slice::from_raw_parts(self.map.ptr.cast::<u8>().add(self.offset), self.len) }
+    }
+}
