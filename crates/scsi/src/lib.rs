@@ -11,10 +11,11 @@ mod lu;
 mod mode;
 mod opcodes;
 mod pr;
+mod range_lock;
 pub mod sense;
 mod xcopy;
 
-pub use lu::LogicalUnit;
+pub use lu::{LentRead, LogicalUnit};
 pub use sense::Sense;
 pub use xcopy::{CopyTargets, Designator};
 

@@ -3,28 +3,23 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{
-    Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
-};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
 use backstore::buffers::Buf;
-use backstore::Backstore;
+use backstore::{Backstore, Lent};
 
 use crate::cdb::{self, be16, be32, be64, block_range, truncate, BlockRange};
 use crate::inquiry::{self, Limits};
 use crate::mode::{self, ModeState};
 use crate::opcodes::*;
 use crate::pr::{Fail, Notices, Reservations};
+use crate::range_lock::{RangeGuard, RangeLocks};
 use crate::sense::{self, Sense};
 use crate::xcopy::{self, CopyList, CopyState, CopyStatus, CopyTargets, Designator, Segment};
 use crate::{status, Command, LuConfig, Nexus, Response};
 
 type Outcome = Result<Vec<u8>, Sense>;
 
-/// Stripes of the write lock table; a command locks every stripe its range touches.
-const LOCK_STRIPES: usize = 64;
-/// Bytes covered by one stripe before the table wraps around.
-const STRIPE_BYTES: u64 = 64 * 1024;
 /// Largest buffer a WRITE SAME fills at once.
 const WRITE_SAME_CHUNK: u64 = 1 << 20;
 /// Bytes an EXTENDED COPY segment moves per read and write.
@@ -49,9 +44,9 @@ pub struct LogicalUnit {
     sanitizing: AtomicBool,
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
-    /// Writes hold their stripes exclusively, reads shared: a write (WRITE ATOMIC above
-    /// all) is never seen half done.
-    write_locks: Vec<RwLock<()>>,
+    /// Writes hold their blocks exclusively, reads shared: a write (WRITE ATOMIC above
+    /// all) is never seen half done, not even by a read whose bytes are still being sent.
+    locks: Arc<RangeLocks>,
     reservations: Mutex<Reservations>,
     /// VPD page 83h designators of this logical unit (association: logical unit).
     designators: Vec<Designator>,
@@ -59,6 +54,20 @@ pub struct LogicalUnit {
     copy_targets: OnceLock<Weak<dyn CopyTargets>>,
     /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
     copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
+}
+
+/// The data of a READ lent by the store (see [`LogicalUnit::try_read_lent`]): writes to its
+/// blocks wait until it is dropped.
+#[derive(Debug)]
+pub struct LentRead {
+    data: Lent,
+    _guard: RangeGuard,
+}
+
+impl AsRef<[u8]> for LentRead {
+    fn as_ref(&self) -> &[u8] {
+        self.data.as_ref()
+    }
 }
 
 /// A copy source or destination: this logical unit or another one.
@@ -101,7 +110,7 @@ impl LogicalUnit {
             no_medium: AtomicBool::new(false),
             sanitizing: AtomicBool::new(false),
             prevent: Mutex::new(HashSet::new()),
-            write_locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            locks: Arc::default(),
             reservations: Mutex::new(reservations),
             designators,
             copy_targets: OnceLock::new(),
@@ -227,13 +236,11 @@ impl LogicalUnit {
         }
     }
 
-    /// Answers a plain READ now if the store can serve it without waiting for a device (see
-    /// [`Backstore::try_read_at`]); `None` otherwise — for another command, for a read that
-    /// would wait, or for one that [`LogicalUnit::execute`] would refuse — and then nothing
-    /// has changed: no unit attention taken, no state touched. Lets a transport answer cached
-    /// reads on its event loop and keep a thread that may block for the rest. Reads of more
-    /// than `max_bytes` (as the CDB asks, whatever the transport expects) are declined too.
-    pub fn try_read_now(&self, cmd: &Command, max_bytes: u64) -> Option<Response> {
+    /// The blocks of a plain READ that [`LogicalUnit::execute`] would answer with GOOD and
+    /// the data, changing nothing else; `None` for any other command or outcome (a pending
+    /// unit attention, a reservation conflict, a bad field, more than `max_bytes` as the
+    /// CDB asks, whatever the transport expects).
+    fn plain_read(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
         let cdb = cmd.cdb;
         if !matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
             || cdb::check_len(cdb).is_err()
@@ -252,22 +259,56 @@ impl LogicalUnit {
             }
         }
         let r = block_range(cdb);
-        if r.flags & 0xe0 != 0
-            || r.blocks == 0
-            || r.blocks.saturating_mul(self.block_size) > max_bytes
-            || self.check_range(r.lba, r.blocks).is_err()
-            || self.check_transfer(cdb, r.blocks).is_err()
-            || self.pr().check(cmd.nexus, cdb).is_err()
-        {
-            return None;
-        }
-        let _guards = self.lock_range_shared(r.lba, r.blocks);
+        let ok = r.flags & 0xe0 == 0
+            && r.blocks > 0
+            && r.blocks.saturating_mul(self.block_size) <= max_bytes
+            && self.check_range(r.lba, r.blocks).is_ok()
+            && self.check_transfer(cdb, r.blocks).is_ok()
+            && self.pr().check(cmd.nexus, cdb).is_ok();
+        ok.then_some(r)
+    }
+
+    /// Answers a plain READ now if the store can serve it without waiting for a device (see
+    /// [`Backstore::try_read_at`]) and no write holds its blocks; `None` otherwise — for
+    /// another command, for a read that would wait, or for one that
+    /// [`LogicalUnit::execute`] would refuse — and then nothing has changed: no unit
+    /// attention taken, no state touched. Lets a transport answer cached reads on its event
+    /// loop and keep a thread that may block for the rest. Reads of more than `max_bytes`
+    /// (as the CDB asks, whatever the transport expects) are declined too.
+    pub fn try_read_now(&self, cmd: &Command, max_bytes: u64) -> Option<Response> {
+        let r = self.plain_read(cmd, max_bytes)?;
+        let _guard = self.locks.try_lock(r.lba, r.lba + r.blocks, false)?;
         let mut buf = Buf::take((r.blocks * self.block_size) as usize);
         match self.store.try_read_at(&mut buf, r.lba * self.block_size) {
             Ok(true) => Some(Response::good(buf.into_vec())),
             // Errors too are execute()'s to report, with its sense data and log line.
             Ok(false) | Err(_) => None,
         }
+    }
+
+    /// Answers a plain READ with the store's bytes lent rather than copied (see
+    /// [`Backstore::lend`]), under the same rules as [`LogicalUnit::try_read_now`]: `None`
+    /// and nothing changed when it cannot. The answer is GOOD with [`LentRead`]'s bytes,
+    /// which hold the read's blocks against writes until dropped: drop it once they are
+    /// sent. With `wait` the call may block — for a write in the way, for the device —
+    /// where without it declines.
+    pub fn try_read_lent(&self, cmd: &Command, max_bytes: u64, wait: bool) -> Option<LentRead> {
+        let r = self.plain_read(cmd, max_bytes)?;
+        let (start, end) = (r.lba, r.lba + r.blocks);
+        let guard = if wait {
+            self.locks.lock(start, end, false)
+        } else {
+            self.locks.try_lock(start, end, false)?
+        };
+        let offset = r.lba * self.block_size;
+        let data = self
+            .store
+            .lend(offset, r.blocks * self.block_size, wait)
+            .ok()??;
+        Some(LentRead {
+            data,
+            _guard: guard,
+        })
     }
 
     fn run(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
@@ -496,44 +537,16 @@ impl LogicalUnit {
             .ok_or(sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT)
     }
 
-    /// Locks every stripe `[lba, lba + blocks)` touches, in index order so that two
-    /// commands can never wait for each other.
-    fn lock_range(&self, lba: u64, blocks: u64) -> Vec<RwLockWriteGuard<'_, ()>> {
-        self.stripes(lba, blocks)
-            .into_iter()
-            .map(|i| {
-                self.write_locks[i]
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-            })
-            .collect()
+    /// Locks blocks `[lba, lba + blocks)` for a write, once no other command uses them.
+    fn lock_range(&self, lba: u64, blocks: u64) -> RangeGuard {
+        self.locks
+            .lock(lba, lba.saturating_add(blocks.max(1)), true)
     }
 
-    /// The same stripes, shared, for a read.
-    fn lock_range_shared(&self, lba: u64, blocks: u64) -> Vec<RwLockReadGuard<'_, ()>> {
-        self.stripes(lba, blocks)
-            .into_iter()
-            .map(|i| {
-                self.write_locks[i]
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-            })
-            .collect()
-    }
-
-    fn stripes(&self, lba: u64, blocks: u64) -> Vec<usize> {
-        let first = lba * self.block_size / STRIPE_BYTES;
-        let last = ((lba + blocks.max(1)) * self.block_size - 1) / STRIPE_BYTES;
-        let mut stripes: Vec<usize> = if last - first + 1 >= LOCK_STRIPES as u64 {
-            (0..LOCK_STRIPES).collect()
-        } else {
-            (first..=last)
-                .map(|s| (s % LOCK_STRIPES as u64) as usize)
-                .collect()
-        };
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
+    /// The same blocks, shared, for a read.
+    fn lock_range_shared(&self, lba: u64, blocks: u64) -> RangeGuard {
+        self.locks
+            .lock(lba, lba.saturating_add(blocks.max(1)), false)
     }
 
     fn read_blocks(&self, lba: u64, blocks: u64) -> Outcome {
