@@ -1316,6 +1316,9 @@ impl Conn {
             out: self.out.clone(),
             max_seg: self.params.max_send_data_segment_length,
             max_burst: self.session.params.max_burst_length,
+            // A data digest reads the bytes in user space, and at ERL 2 an answer is kept
+            // (and its blocks held) until acknowledged: both copy.
+            lend: !self.params.data_digest && !self.session.erl2(),
         };
         let session = self.session.clone();
         let shared = self.shared.clone();
@@ -1761,8 +1764,11 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Largest read answered on the connection's task when the page cache holds it.
+/// Largest read copied on the connection's task when the page cache holds it.
 const INLINE_READ_MAX: u32 = 128 * 1024;
+/// Smallest read whose data the store lends rather than copies: below it the copy costs
+/// less than the lock held until the bytes are sent.
+const LEND_MIN: u32 = 32 * 1024;
 
 /// A command ready to run, with what it needs to answer.
 struct Job {
@@ -1772,6 +1778,8 @@ struct Job {
     out: mpsc::UnboundedSender<Out>,
     max_seg: u32,
     max_burst: u32,
+    /// Large reads may send the store's bytes without a copy (see `LogicalUnit::try_read_lent`).
+    lend: bool,
 }
 
 impl Job {
@@ -1779,28 +1787,49 @@ impl Job {
     /// on a thread that may block.
     fn run_now(&self) -> Option<Vec<Pdu>> {
         let t = &self.task;
-        // A large read is mostly copying: on a worker it overlaps with the sending of the
-        // previous ones, inline it would hold up this connection's other commands.
-        if t.cmd.write || t.sink.is_some() || t.cmd.edtl > INLINE_READ_MAX {
+        if t.cmd.write || t.sink.is_some() {
             return None;
         }
         let lu = self.target.luns.get(&t.lun?)?;
-        let resp = lu.try_read_now(
-            &scsi::Command {
-                cdb: &t.cmd.cdb,
-                data_out: &[],
-                nexus: self.nexus,
-            },
-            INLINE_READ_MAX.into(),
-        )?;
+        let cmd = scsi::Command {
+            cdb: &t.cmd.cdb,
+            data_out: &[],
+            nexus: self.nexus,
+        };
+        if self.lend && t.cmd.edtl >= LEND_MIN {
+            if let Some(lent) = lu.try_read_lent(&cmd, u64::MAX, false) {
+                return Some(self.respond_lent(lent));
+            }
+        }
+        // A large read copied inline would hold up this connection's other commands; on a
+        // worker the copy overlaps with the sending of the previous ones.
+        if t.cmd.edtl > INLINE_READ_MAX {
+            return None;
+        }
+        let resp = lu.try_read_now(&cmd, INLINE_READ_MAX.into())?;
         Some(self.respond(resp, None))
     }
 
     /// The Data-In PDUs and status that carry `resp` back on this connection.
     fn respond(&self, resp: scsi::Response, spdtl_out: Option<u32>) -> Vec<Pdu> {
+        self.answer(Answer::from(resp), spdtl_out)
+    }
+
+    /// A GOOD read whose Data-In PDUs send the store's lent bytes: its blocks stay locked
+    /// against writes until the writer has handed the last of them to the socket.
+    fn respond_lent(&self, lent: scsi::LentRead) -> Vec<Pdu> {
+        let answer = Answer {
+            status: scsi::status::GOOD,
+            sense: None,
+            data: Bytes::from_owner(lent),
+        };
+        self.answer(answer, None)
+    }
+
+    fn answer(&self, answer: Answer, spdtl_out: Option<u32>) -> Vec<Pdu> {
         build_response(
             &self.task.cmd,
-            resp,
+            answer,
             spdtl_out,
             self.task.next_r2tsn,
             self.max_seg.max(512),
@@ -1813,6 +1842,18 @@ impl Job {
         let cdb = &t.cmd.cdb[..];
         let edtl = t.cmd.edtl;
         let lu = t.lun.and_then(|l| self.target.luns.get(&l));
+        if let Some(lu) = lu.filter(|_| self.lend && !t.cmd.write && t.sink.is_none()) {
+            if t.cmd.edtl >= LEND_MIN {
+                let cmd = scsi::Command {
+                    cdb,
+                    data_out: &[],
+                    nexus: self.nexus,
+                };
+                if let Some(lent) = lu.try_read_lent(&cmd, u64::MAX, true) {
+                    return self.respond_lent(lent);
+                }
+            }
+        }
         // Residuals for data the initiator sends are judged against what the CDB asks for.
         let spdtl_out = match lu {
             Some(lu) if t.cmd.write => LogicalUnit::data_out_len(cdb, lu.config().block_size),
@@ -1892,17 +1933,41 @@ fn write_lba(cdb: &[u8]) -> Option<u64> {
     }
 }
 
+/// What a finished command sends back: its status, sense data, and Data-In bytes (copied
+/// into a pooled buffer, or lent by the store).
+struct Answer {
+    status: u8,
+    sense: Option<Vec<u8>>,
+    data: Bytes,
+}
+
+impl From<scsi::Response> for Answer {
+    fn from(r: scsi::Response) -> Self {
+        Self {
+            status: r.status,
+            sense: r.sense,
+            // Back to the pool when the writer has sent the last PDU that refers to it.
+            data: if r.data_in.is_empty() {
+                Bytes::new()
+            } else {
+                Bytes::from_owner(Buf::from_vec(r.data_in))
+            },
+        }
+    }
+}
+
 /// The Data-In PDUs and the status for a finished command (RFC 7143 11.4, 11.7).
 fn build_response(
     cmd: &ScsiCommand,
-    resp: scsi::Response,
+    resp: impl Into<Answer>,
     spdtl_out: Option<u32>,
     r2t_count: u32,
     max_seg: u32,
     max_burst: u32,
 ) -> Vec<Pdu> {
+    let resp: Answer = resp.into();
     let edtl = cmd.edtl;
-    let produced = resp.data_in.len() as u32;
+    let produced = resp.data.len() as u32;
     let sent = if cmd.read { produced.min(edtl) } else { 0 };
     let (overflow, underflow, residual) = if cmd.write && !cmd.read {
         match spdtl_out {
@@ -1920,8 +1985,7 @@ fn build_response(
     let mut pdus = Vec::new();
     let good = resp.status == scsi::status::GOOD && resp.sense.is_none();
     if sent > 0 {
-        // Back to the pool when the writer has sent the last PDU that refers to it.
-        let data = Bytes::from_owner(Buf::from_vec(resp.data_in));
+        let data = resp.data;
         let mut off = 0u32;
         let mut datasn = 0u32;
         let mut burst_used = 0u32;
