@@ -323,36 +323,50 @@ struct BenchCli {
     args: cli::BenchArgs,
 }
 
-/// `rsv bench` ends at its deadline: with 1 MiB writes paced to a megabyte a second and
-/// eight in flight, the queue could not drain within the window; what was still in
-/// flight is abandoned and not counted, and the rate is over the window alone.
+/// `rsv bench --duration` issues for that long, then waits (a quarter of it, at least a
+/// second) for what is in flight and counts it over the time to the last completion; what
+/// is still not done then is abandoned, not counted, and the whole wait counts as time.
 #[test]
-fn bench_stops_at_its_deadline_and_counts_only_completed_io() {
+fn bench_drains_its_queue_after_the_window_and_abandons_what_does_not_finish() {
     let t = rsv_or_skip!();
     let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
-    let args = BenchCli::parse_from([
-        "bench",
-        &url,
-        "--rw",
-        "write",
-        "--block-size",
-        "1m",
-        "--queue-depth",
-        "8",
-        "--pacing-rate",
-        "8mbit",
-        "--duration",
-        "2",
-        "--span",
-        "64m",
-    ])
-    .args;
-    let r = rt().block_on(cli::run_bench(&args)).unwrap();
-    assert!(r.seconds <= 2.0, "{r:?}");
+    let bench = |qd: &str, bs: &str| {
+        let args = BenchCli::parse_from([
+            "bench",
+            &url,
+            "--rw",
+            "write",
+            "--block-size",
+            bs,
+            "--queue-depth",
+            qd,
+            "--pacing-rate",
+            "8mbit",
+            "--duration",
+            "2",
+            "--span",
+            "64m",
+        ])
+        .args;
+        rt().block_on(cli::run_bench(&args)).unwrap()
+    };
+    // Paced at 1 MB/s, one 256 KiB write at a time: the one in flight at 2 s finishes
+    // within the wait and counts.
+    let r = bench("1", "256k");
+    assert_eq!(
+        (r.drained_after_window, r.abandoned_at_deadline),
+        (1, 0),
+        "{r:?}"
+    );
+    assert!(r.seconds > 2.0 && r.seconds < 3.0, "{r:?}");
+    assert_eq!(r.mb_per_s, r.ios as f64 * 262144.0 / 1e6 / r.seconds);
+    // Eight 1 MiB writes in flight: 8 MiB cannot finish within 3 s at 1 MB/s.
+    let r = bench("8", "1m");
     assert!(r.abandoned_at_deadline > 0, "{r:?}");
+    assert!(r.ios < 8, "{r:?}");
     assert!(
-        r.ios < 8,
-        "paced at 1 MB/s, 8 MiB cannot complete in 2 s: {r:?}"
+        (r.seconds - 3.0).abs() < 0.01,
+        "the wait counts whole: {r:?}"
     );
     assert_eq!(r.mb_per_s, r.ios as f64 * 1048576.0 / 1e6 / r.seconds);
 }
