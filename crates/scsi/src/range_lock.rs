@@ -66,16 +66,8 @@ impl RangeLocks {
     /// Locks blocks `[start, end)`, waiting for the commands in the way.
     pub(crate) fn lock(self: &Arc<Self>, start: u64, end: u64, write: bool) -> RangeGuard {
         let mut st = self.lock_state();
-        let id = st.next_id;
-        st.next_id += 1;
         // A write is seen (and holds off new reads) from the moment it asks.
-        st.held.push(Entry {
-            id,
-            start,
-            end,
-            write,
-            granted: false,
-        });
+        let id = st.add(start, end, write, false);
         while blocked(&st, id, start, end, write) {
             st.sleepers += 1;
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -96,22 +88,29 @@ impl RangeLocks {
         write: bool,
     ) -> Option<RangeGuard> {
         let mut st = self.lock_state();
-        let id = st.next_id;
-        if blocked(&st, id, start, end, write) {
+        if blocked(&st, st.next_id, start, end, write) {
             return None;
         }
-        st.next_id += 1;
-        st.held.push(Entry {
-            id,
-            start,
-            end,
-            write,
-            granted: true,
-        });
+        let id = st.add(start, end, write, true);
         Some(RangeGuard {
             locks: self.clone(),
             id,
         })
+    }
+}
+
+impl State {
+    fn add(&mut self, start: u64, end: u64, write: bool, granted: bool) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.held.push(Entry {
+            id,
+            start,
+            end,
+            write,
+            granted,
+        });
+        id
     }
 }
 

@@ -348,22 +348,7 @@ fn r2ts_honour_max_burst_and_max_outstanding_and_data_lands() {
                 );
                 // Answer one R2T at a time, in 4 KiB PDUs, oldest first.
                 let r = outstanding.remove(0);
-                let (off, len) = (
-                    r.buffer_offset as usize,
-                    r.desired_data_transfer_length as usize,
-                );
-                for (sn, chunk) in data[off..off + len].chunks(4096).enumerate() {
-                    a.send(&Pdu::DataOut(DataOut {
-                        final_: (sn + 1) * 4096 >= len,
-                        lun: lun_to_wire(0),
-                        itt: 0x10,
-                        ttt: r.ttt,
-                        datasn: sn as u32,
-                        buffer_offset: (off + sn * 4096) as u32,
-                        data: chunk.to_vec().into(),
-                        ..Default::default()
-                    }));
-                }
+                send_burst(&mut a, 0x10, &r, &data);
             }
             Pdu::ScsiResponse(r) => {
                 assert_eq!(r.status, 0);
@@ -1127,6 +1112,7 @@ fn write_at(c: &mut Raw, itt: u32, lba: u32, data: &[u8]) {
     }
 }
 
+/// Answers one R2T with its part of `data`, in 4 KiB Data-Out PDUs.
 fn send_burst(c: &mut Raw, itt: u32, r: &R2t, data: &[u8]) {
     let (off, len) = (
         r.buffer_offset as usize,
