@@ -169,6 +169,42 @@ pub struct Row {
     /// The transfer ran to its planned end (a fixed size, or the time for a timed run).
     pub complete: bool,
     pub error: String,
+    /// For `rsv bench` rows: what the session used and what its sockets saw (JSON only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionSummary>,
+}
+
+/// What `rsv bench` reported about its session, so that a figure can be explained.
+#[derive(Serialize, Clone, Debug, Default)]
+pub struct SessionSummary {
+    pub connections: u64,
+    pub queue_depth: u64,
+    pub congestion: String,
+    /// Per-connection pacing, bytes/s; none when the congestion control paces alone.
+    pub pacing_rate: Option<u64>,
+    /// TCP retransmissions over the session's connections (the last TCP_INFO sample).
+    pub retransmits: u64,
+    pub min_rtt_ms: f64,
+    /// Commands that finished after the issuing window and were counted.
+    pub drained_after_window: u64,
+    /// Commands that did not finish in the wait after it and were not.
+    pub abandoned: u64,
+}
+
+impl SessionSummary {
+    fn from_bench(v: &Value) -> SessionSummary {
+        let s = &v["session"];
+        SessionSummary {
+            connections: v["connections"].as_u64().unwrap_or(0),
+            queue_depth: v["queue_depth"].as_u64().unwrap_or(0),
+            congestion: s["congestion"].as_str().unwrap_or("").into(),
+            pacing_rate: s["tuning"]["pacing_rate"].as_u64(),
+            retransmits: s["path"]["retransmits"].as_u64().unwrap_or(0),
+            min_rtt_ms: s["path"]["min_rtt_ms"].as_f64().unwrap_or(0.0),
+            drained_after_window: v["drained_after_window"].as_u64().unwrap_or(0),
+            abandoned: v["abandoned_at_deadline"].as_u64().unwrap_or(0),
+        }
+    }
 }
 
 impl Row {
@@ -183,6 +219,7 @@ impl Row {
             mbit_per_s: 0.0,
             complete: false,
             error: String::new(),
+            session: None,
         }
     }
 
@@ -205,6 +242,25 @@ impl Row {
 
     pub fn ok(&self) -> bool {
         self.error.is_empty() && self.mbit_per_s > 0.0
+    }
+
+    /// What follows the figure on the progress line: the error, or the session's shape.
+    pub fn note(&self) -> String {
+        match &self.session {
+            _ if !self.error.is_empty() => format!("  ({})", self.error),
+            Some(s) => format!(
+                "  ({} conn, QD {}, {}{}, {} retransmits)",
+                s.connections,
+                s.queue_depth,
+                s.congestion,
+                s.pacing_rate.map_or(String::new(), |r| format!(
+                    " paced {:.1} Mbit/s",
+                    r as f64 * 8e-6
+                )),
+                s.retransmits
+            ),
+            None => String::new(),
+        }
     }
 }
 
@@ -253,11 +309,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                 r.config,
                 r.tool,
                 r.mbit_per_s,
-                if r.error.is_empty() {
-                    String::new()
-                } else {
-                    format!("  ({})", r.error)
-                }
+                r.note()
             );
         }
         rows.extend(point);
@@ -454,7 +506,9 @@ pub(crate) fn bench(
     let ios = v["ios"].as_u64().unwrap_or(0);
     let bs = v["block_size"].as_u64().unwrap_or(0);
     let secs = v["seconds"].as_f64().unwrap_or(0.0);
-    Ok(row.measured(ios * bs, secs, o.ok()))
+    let mut row = row.measured(ios * bs, secs, o.ok());
+    row.session = Some(SessionSummary::from_bench(&v));
+    Ok(row)
 }
 
 /// Last "(P/100%)" that `qemu-img convert -p` printed.

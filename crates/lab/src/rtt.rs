@@ -109,11 +109,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                 row.config,
                 row.mbit_per_s,
                 link_pct,
-                if row.error.is_empty() {
-                    String::new()
-                } else {
-                    format!("  ({})", row.error)
-                }
+                row.note()
             );
             points.push(Point {
                 rtt_ms: rtt,
