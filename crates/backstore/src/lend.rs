@@ -150,3 +150,54 @@ impl AsRef<[u8]> for Lent {
         unsafe { std::slice::from_raw_parts(self.map.ptr.cast::<u8>().add(self.offset), self.len) }
     }
 }
+
+/// Copies bytes that may lie in a lent window into a fresh buffer, through the kernel: a
+/// page it cannot read (a file cut short behind our back, a failing device) comes back as
+/// an error (`EFAULT`, `EIO`) where a copy in user space would take SIGBUS. For when lent
+/// bytes must be kept past their lease; slower than a plain copy (a pipe, two kernel
+/// copies), so not for the fast path.
+pub fn copy_checked(src: &[u8]) -> io::Result<Vec<u8>> {
+    const CHUNK: usize = 64 * 1024; // a pipe's default capacity: a write never blocks
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors we pass room for.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and ours alone; OwnedFd closes them.
+    let (r, w) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    use std::os::fd::AsRawFd;
+    let mut out = vec![0u8; src.len()];
+    let mut off = 0;
+    while off < src.len() {
+        let n = (src.len() - off).min(CHUNK);
+        // SAFETY: reads at most `n` bytes of `src` from `off`; the kernel checks the pages.
+        let wrote = unsafe { libc::write(w.as_raw_fd(), src[off..].as_ptr().cast(), n) };
+        if wrote <= 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let wrote = wrote as usize;
+        let mut got = 0;
+        while got < wrote {
+            // SAFETY: fills at most `wrote - got` bytes of `out`, which we own, from `off + got`.
+            let n = unsafe {
+                libc::read(
+                    r.as_raw_fd(),
+                    out[off + got..].as_mut_ptr().cast(),
+                    wrote - got,
+                )
+            };
+            if n <= 0 {
+                return Err(io::Error::last_os_error());
+            }
+            got += n as usize;
+        }
+        off += wrote;
+    }
+    Ok(out)
+}

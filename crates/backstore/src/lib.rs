@@ -11,7 +11,7 @@ mod lend;
 mod ram;
 
 pub use file::FileBackstore;
-pub use lend::Lent;
+pub use lend::{copy_checked, Lent};
 pub use ram::RamBackstore;
 
 /// Byte-addressed storage of a fixed size.

@@ -259,3 +259,25 @@ fn file_store_lends_exactly_what_it_reads() {
     let ram = RamBackstore::new(MIB);
     assert!(ram.lend(0, 4096, true).unwrap().is_none());
 }
+
+/// A lent window whose file is cut short behind the store's back: copying it through
+/// `copy_checked` is an error, not a SIGBUS that kills the process; before, it copies
+/// exactly.
+#[test]
+fn a_window_on_a_file_cut_short_copies_as_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun.img");
+    let store = FileBackstore::open(&path, Some(4 * MIB), true, false).unwrap();
+    let data = pattern(3, 200_000);
+    store.write_at(&data, MIB).unwrap();
+    let lent = store.lend(MIB, data.len() as u64, true).unwrap().unwrap();
+    assert_eq!(backstore::copy_checked(lent.as_ref()).unwrap(), data);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let err = backstore::copy_checked(lent.as_ref()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
+}

@@ -642,6 +642,10 @@ fn stamp(p: &mut Pdu, statsn: &mut u32, (exp, max): (u32, u32)) {
 /// Most PDUs gathered into one `writev`; bounds the iovec count and the memory pinned.
 const BATCH_PDUS: usize = 128;
 const BATCH_BYTES: usize = 4 << 20;
+/// Longest the socket may keep Data-In that the store lent (see `Job::respond_lent`)
+/// waiting: then what is still unsent is copied and its blocks let go, so that a peer that
+/// stops reading holds up no write to them, from any session, for longer.
+const LENT_HOLD: Duration = Duration::from_secs(1);
 
 async fn writer(
     mut wr: OwnedWriteHalf,
@@ -652,12 +656,23 @@ async fn writer(
     cid: u16,
 ) -> std::io::Result<()> {
     let erl2 = session.erl2();
+    // As `Job::lend`: Data-In may be lent only without data digests and below ERL 2.
+    let lends = !digests.data && !erl2;
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.
     let mut headers: Vec<u8> = Vec::with_capacity(BATCH_PDUS * (BHS_LEN + 4));
-    let mut layout: Vec<(std::ops::Range<usize>, [u8; 7], usize)> = Vec::with_capacity(BATCH_PDUS);
-    while let Some(first) = rx.recv().await {
+    let mut layout: Vec<Layout> = Vec::with_capacity(BATCH_PDUS);
+    // PDUs taken off the channel early, to copy their lent payloads; they go first.
+    let mut backlog: VecDeque<Out> = VecDeque::new();
+    loop {
+        let first = match backlog.pop_front() {
+            Some(o) => o,
+            None => match rx.recv().await {
+                Some(o) => o,
+                None => break,
+            },
+        };
         let mut close = false;
         let mut bytes = 0usize;
         let mut next = Some(first);
@@ -673,7 +688,7 @@ async fn writer(
                 }
             }
             if batch.len() < BATCH_PDUS && bytes < BATCH_BYTES {
-                next = rx.try_recv().ok();
+                next = backlog.pop_front().or_else(|| rx.try_recv().ok());
             }
         }
         headers.clear();
@@ -695,18 +710,46 @@ async fn writer(
             };
             layout.push((start..headers.len(), trailer, n));
         }
-        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(batch.len() * 3);
-        for (p, (range, trailer, n)) in batch.iter().zip(&layout) {
-            slices.push(std::io::IoSlice::new(&headers[range.clone()]));
-            if !p.data().is_empty() {
-                slices.push(std::io::IoSlice::new(p.data()));
-                if *n > 0 {
-                    slices.push(std::io::IoSlice::new(&trailer[..*n]));
+        let mut written = 0usize;
+        let sent = {
+            let mut slices = batch_slices(&batch, &headers, &layout);
+            let mut rest = &mut slices[..];
+            // Most batches fit the socket now: no timer for them.
+            let taken = try_write_now(&wr, &mut rest, &mut written)?;
+            if taken || !lends {
+                write_all_vectored(&mut wr, rest, &mut written).await?;
+                true
+            } else {
+                let w = write_all_vectored(&mut wr, rest, &mut written);
+                match tokio::time::timeout(LENT_HOLD, w).await {
+                    Ok(r) => r.map(|()| true)?,
+                    Err(_elapsed) => false,
                 }
             }
+        };
+        if !sent {
+            // The peer is slow to take data: copy what is unsent, here and queued.
+            let mut end = 0;
+            for (p, (range, _, n)) in batch.iter_mut().zip(&layout) {
+                end += range.len() + p.data().len() + n;
+                if end > written {
+                    unlend(p)?;
+                }
+            }
+            while let Ok(o) = rx.try_recv() {
+                backlog.push_back(o);
+            }
+            for o in &mut backlog {
+                if let Out::Pdu(p) = o {
+                    unlend(p)?;
+                }
+            }
+            debug!("cid {cid}: the peer is slow to read; lent Data-In copied after {LENT_HOLD:?}");
+            let mut slices = batch_slices(&batch, &headers, &layout);
+            let mut rest = &mut slices[..];
+            std::io::IoSlice::advance_slices(&mut rest, written);
+            write_all_vectored(&mut wr, rest, &mut written).await?;
         }
-        write_all_vectored(&mut wr, &mut slices).await?;
-        drop(slices);
         batch.clear();
         if close {
             let _ = wr.shutdown().await;
@@ -716,15 +759,75 @@ async fn writer(
     Ok(())
 }
 
+/// Per PDU of a batch: its header's range in the headers buffer, and the trailer
+/// (padding + data digest) that follows its payload, with its length.
+type Layout = (std::ops::Range<usize>, [u8; 7], usize);
+
+/// The iovecs of a batch: each PDU's header, payload and trailer, in order.
+fn batch_slices<'a>(
+    batch: &'a [Pdu],
+    headers: &'a [u8],
+    layout: &'a [Layout],
+) -> Vec<std::io::IoSlice<'a>> {
+    let mut slices = Vec::with_capacity(batch.len() * 3);
+    for (p, (range, trailer, n)) in batch.iter().zip(layout) {
+        slices.push(std::io::IoSlice::new(&headers[range.clone()]));
+        if !p.data().is_empty() {
+            slices.push(std::io::IoSlice::new(p.data()));
+            if *n > 0 {
+                slices.push(std::io::IoSlice::new(&trailer[..*n]));
+            }
+        }
+    }
+    slices
+}
+
+/// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
+/// the blocks they hold). The copy goes through the kernel, which reports a page of a
+/// shrunken file as an error where reading it here would take SIGBUS.
+fn unlend(p: &mut Pdu) -> std::io::Result<()> {
+    if let Pdu::DataIn(d) = p {
+        if !d.data.is_empty() {
+            d.data = Bytes::from(backstore::copy_checked(&d.data)?);
+        }
+    }
+    Ok(())
+}
+
+/// Writes what the socket takes without waiting; true when that was everything.
+fn try_write_now(
+    wr: &OwnedWriteHalf,
+    slices: &mut &mut [std::io::IoSlice<'_>],
+    written: &mut usize,
+) -> std::io::Result<bool> {
+    let stream: &TcpStream = wr.as_ref();
+    while !slices.is_empty() {
+        match stream.try_write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n;
+                std::io::IoSlice::advance_slices(slices, n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `slices`, counting in `written` as it goes (so that a caller that stops
+/// waiting knows how far it got).
 async fn write_all_vectored(
     wr: &mut OwnedWriteHalf,
     mut slices: &mut [std::io::IoSlice<'_>],
+    written: &mut usize,
 ) -> std::io::Result<()> {
     while !slices.is_empty() {
         let n = wr.write_vectored(slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
+        *written += n;
         std::io::IoSlice::advance_slices(&mut slices, n);
     }
     Ok(())

@@ -18,10 +18,10 @@ use target::config::Config;
 const IQN: &str = "iqn.2026-11.org.reservoir:raw";
 
 fn start(session_toml: &str) -> SocketAddr {
-    start_with(session_toml, "backstore = \"ram\"")
+    start_with(session_toml, "backstore = \"ram\"\nsize = \"16MiB\"")
 }
 
-/// A target whose LUN 0 (16 MiB) is described by `lun_toml`.
+/// A target whose LUN 0 is described by `lun_toml`.
 fn start_with(session_toml: &str, lun_toml: &str) -> SocketAddr {
     let toml = format!(
         r#"
@@ -32,7 +32,6 @@ portals = ["127.0.0.1:0"]
 iqn = "{IQN}"
 [[target.lun]]
 id = 0
-size = "16MiB"
 {lun_toml}
 "#
     );
@@ -1176,7 +1175,10 @@ fn large_reads_of_a_file_lun_send_whole_data_and_free_their_blocks() {
             let path = d.join("lun.img");
             let addr = start_with(
                 "",
-                &format!("backstore = \"file\"\npath = \"{}\"", path.display()),
+                &format!(
+                    "backstore = \"file\"\npath = \"{}\"\nsize = \"16MiB\"",
+                    path.display()
+                ),
             );
             let p = SessionParams {
                 max_burst_length: 262144,
@@ -1241,4 +1243,72 @@ fn large_reads_of_a_file_lun_send_whole_data_and_free_their_blocks() {
             }
         }
     }
+}
+
+/// A peer that stops reading cannot hold up writes to the blocks of the reads queued for
+/// it: after a second the target copies the lent Data-In still unsent and lets the blocks
+/// go. The stalled reads then deliver the data as it was when they ran.
+#[test]
+fn a_peer_that_stops_reading_holds_no_write_up_for_long() {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let path = dir.path().join("lun.img");
+    let addr = start_with(
+        "",
+        &format!(
+            "backstore = \"file\"\npath = \"{}\"\nsize = \"64MiB\"",
+            path.display()
+        ),
+    );
+    let p = SessionParams {
+        max_burst_length: 262144,
+        ..prefs()
+    };
+    let mut a = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x40], 0, 1, 1, p.clone());
+    let mut b = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x41], 0, 1, 1, p);
+    clear_ua(&mut a, 1);
+    clear_ua(&mut b, 1);
+    // 24 MiB of reads, more than the sockets between us hold; A reads none of it yet.
+    const READS: u32 = 24;
+    const BLOCKS: u16 = 2048; // 1 MiB
+    for i in 0..READS {
+        let r = a.scsi(
+            0x100 + i,
+            a.cmdsn,
+            &read10(i * u32::from(BLOCKS), BLOCKS),
+            true,
+            false,
+            1 << 20,
+            &[],
+        );
+        a.cmdsn += 1;
+        a.send(&r);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // B overwrites the last read's blocks; its answer must come while A still sleeps.
+    let last = (READS - 1) * u32::from(BLOCKS);
+    write_at(&mut b, 2, last, &vec![0xee; 1 << 20]);
+    let mut got = vec![Vec::new(); READS as usize];
+    let mut done = 0;
+    while done < READS {
+        let Pdu::DataIn(d) = a.recv() else {
+            panic!("expected Data-In")
+        };
+        let i = (d.itt - 0x100) as usize;
+        assert_eq!(d.buffer_offset as usize, got[i].len());
+        got[i].extend_from_slice(&d.data);
+        if d.status_present {
+            assert_eq!(d.status, 0);
+            done += 1;
+        }
+    }
+    assert!(
+        got[READS as usize - 1].iter().all(|&x| x == 0),
+        "the stalled read shows the blocks as they were when it ran"
+    );
+    assert!(read_at(&mut b, 3, last, BLOCKS).iter().all(|&x| x == 0xee));
 }
