@@ -1027,6 +1027,9 @@ pub struct BenchReport {
     pub retries: u64,
     /// Commands that completed after the issuing window, counted (see `--duration`).
     pub drained_after_window: u64,
+    /// MB/s completed in each second of the run, from its start (the last one may be part
+    /// of a second, the wait after the window): how fast the path came up to speed.
+    pub per_second_mb_per_s: Vec<f64>,
     /// Commands not done when the wait after the window ran out: abandoned, not counted.
     pub abandoned_at_deadline: u64,
     /// The session as negotiated, with what auto-tuning chose and measured.
@@ -1086,6 +1089,8 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             tokio::pin!(end);
             let mut t = Instant::now();
             let mut last = None;
+            // Completed I/Os per second of the run.
+            let mut per_second: Vec<u64> = Vec::new();
             while t < deadline {
                 let slot = match args.pattern {
                     Pattern::Seq => seq.fetch_add(1, Ordering::Relaxed) % slots,
@@ -1119,18 +1124,30 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                 if done >= deadline {
                     drained.fetch_add(1, Ordering::Relaxed);
                 }
+                let second = done.duration_since(start).as_secs() as usize;
+                if per_second.len() <= second {
+                    per_second.resize(second + 1, 0);
+                }
+                per_second[second] += 1;
                 t = done;
                 last = Some(done);
             }
-            Ok::<_, crate::Error>((h, last))
+            Ok::<_, crate::Error>((h, last, per_second))
         });
     }
     let mut total = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
     let mut last = start;
+    let mut per_second: Vec<u64> = Vec::new();
     while let Some(r) = set.join_next().await {
-        let (h, l) = r??;
+        let (h, l, ps) = r??;
         total.add(h).ok();
         last = last.max(l.unwrap_or(start));
+        if per_second.len() < ps.len() {
+            per_second.resize(ps.len(), 0);
+        }
+        for (a, b) in per_second.iter_mut().zip(ps) {
+            *a += b;
+        }
     }
     let abandoned = abandoned.load(Ordering::Relaxed);
     // To the last completion; with abandoned commands, the whole wait for them.
@@ -1140,6 +1157,15 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         last.max(deadline)
     };
     let seconds = end.duration_since(start).as_secs_f64();
+    let per_second_mb_per_s = per_second
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            // The last bucket spans only to the end of the run.
+            let span = (seconds - i as f64).clamp(1e-3, 1.0);
+            ((n * io) as f64 / 1e6 / span * 1e3).round() / 1e3
+        })
+        .collect();
     let info = s.info();
     let report = BenchReport {
         pattern: args.pattern,
@@ -1157,6 +1183,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         latency_us_max: total.max(),
         retries: s.retries(),
         drained_after_window: drained.load(Ordering::Relaxed),
+        per_second_mb_per_s,
         abandoned_at_deadline: abandoned,
         session: info,
     };
