@@ -157,3 +157,10 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     std::fs::write(out.join("rtt.csv"), csv)?;
     Ok(results)
 }
+
+pub fn load(out: &Path) -> Result<serde_json::Value> {
+    let p = out.join("rtt.json");
+    let t =
+        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+    serde_json::from_str(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
