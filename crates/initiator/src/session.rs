@@ -1817,10 +1817,10 @@ impl Shared {
         }
     }
 
-    /// The buffer of the read that the Data-In `h` (at the front of `buffered` bytes)
-    /// carries data for, taken out of its sink to read the segment into, when the
-    /// segment is large, comes next in it and fits. `None`: decode the PDU as usual.
-    fn sink_for(&self, h: &PeekedHeader, buffered: usize) -> Option<(Arc<ReadSink>, Vec<u8>)> {
+    /// The buffer of the read that the Data-In `h` carries data for, taken out of its
+    /// sink to read the segment into, when the segment is large, comes next in it and
+    /// fits. `None`: decode the PDU as usual.
+    fn sink_for(&self, h: &PeekedHeader) -> Option<(Arc<ReadSink>, Vec<u8>)> {
         if h.bhs[0] & 0x3f != Opcode::DataIn as u8
             || h.data_len < PLACE_MIN
             || !h.data_len.is_multiple_of(4)
@@ -1830,10 +1830,7 @@ impl Shared {
         let itt = u32::from_be_bytes(h.bhs[16..20].try_into().unwrap());
         let off = u32::from_be_bytes(h.bhs[40..44].try_into().unwrap()) as usize;
         let sink = self.state.lock().unwrap().tasks.get(&itt)?.sink.clone()?;
-        // All of the read in one segment already buffered: the decoder's slice of the
-        // socket buffer is as good and costs nothing.
-        let whole = off == 0 && h.data_len == sink.edtl;
-        if (whole && buffered >= h.header_len + h.data_len) || off + h.data_len > sink.edtl {
+        if off + h.data_len > sink.edtl {
             return None;
         }
         let mut v = {
@@ -1889,9 +1886,8 @@ impl Shared {
 }
 
 /// The Data-In payloads of one read: a prefix its reader placed in the read's own buffer
-/// ([`ReadSink`]), and the others kept as the slices the decoder cut from the socket
-/// buffer. Nothing is zeroed or copied until the status arrives, and then only when
-/// segments were not placed.
+/// ([`ReadSink`]), and the others as the reader's copies of them. Nothing is zeroed or
+/// copied again until the status arrives, and then only when segments were not placed.
 #[derive(Default)]
 struct ReadData {
     parts: Vec<(usize, Bytes)>,
@@ -2018,9 +2014,7 @@ async fn reader(
                 Ok(h) => h,
                 Err(e) => break 'outer format!("bad PDU from the target: {e}"),
             };
-            if let Some((h, sink, mut v)) =
-                h.and_then(|h| s.sink_for(&h, buf.len()).map(|(k, v)| (h, k, v)))
-            {
+            if let Some((h, sink, mut v)) = h.and_then(|h| s.sink_for(&h).map(|(k, v)| (h, k, v))) {
                 drop(s);
                 let pdu = match dec.take_header(&mut buf, &h) {
                     Ok(p) => p,
@@ -2057,7 +2051,20 @@ async fn reader(
                 continue;
             }
             match dec.decode(&mut buf) {
-                Ok(Some(pdu)) => s.dispatch(&conn, pdu, 0),
+                Ok(Some(mut pdu)) => {
+                    // A small Data-In's segment is copied out rather than kept as a slice
+                    // of `buf` until its command ends (and its caller drops the data):
+                    // slices held keep `buf` shared, and each reserve below then
+                    // allocates a fresh buffer, whose pages fault in as the socket fills
+                    // them (about one fault per 4 KiB read). The copy lands in memory
+                    // the allocator just freed, still in the cache.
+                    if let Pdu::DataIn(d) = &mut pdu {
+                        if !d.data.is_empty() {
+                            d.data = Bytes::copy_from_slice(&d.data);
+                        }
+                    }
+                    s.dispatch(&conn, pdu, 0);
+                }
                 Ok(None) => break,
                 Err(e) => break 'outer format!("bad PDU from the target: {e}"),
             }
