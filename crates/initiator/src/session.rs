@@ -1985,6 +1985,15 @@ fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: u
     }
 }
 
+/// Bytes of data a connection's reader hands to commands before it lets them run. Left
+/// alone, it goes on until the socket is drained or tokio's budget runs out, which with a
+/// target streaming 1 MiB reads is some 17 reads: 17 buffers filled before any caller
+/// takes its data and frees its buffer, so each new read lands in memory long out of the
+/// CPU's caches. Yielding once per 1 MiB lets the callers drop their data and the pool
+/// hand the same few buffers out again: the kernel's copy into them, most of the
+/// initiator's CPU time for large reads, got some 20 % cheaper per read on loopback.
+const YIELD_BYTES: usize = 1 << 20;
+
 /// How often a connection's reader samples TCP_INFO for auto-tuning.
 const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -2007,6 +2016,8 @@ async fn reader(
     // straight to its place too rather than into `buf`.
     let header_only = BHS_LEN + if dec.digests().header { 4 } else { 0 };
     let mut read_limit = usize::MAX;
+    // Data bytes handed to tasks since the reader last let them run.
+    let mut moved = 0usize;
     let why: String = 'outer: loop {
         loop {
             let Some(s) = shared.upgrade() else { return };
@@ -2048,10 +2059,17 @@ async fn reader(
                     Some(s) => s.dispatch(&conn, pdu, h.data_len),
                     None => return,
                 }
+                // The tasks this reader woke run now and then (see YIELD_BYTES).
+                moved += h.data_len;
+                if moved >= YIELD_BYTES {
+                    moved = 0;
+                    tokio::task::yield_now().await;
+                }
                 continue;
             }
             match dec.decode(&mut buf) {
                 Ok(Some(mut pdu)) => {
+                    moved += pdu.data().len();
                     // A small Data-In's segment is copied out rather than kept as a slice
                     // of `buf` until its command ends (and its caller drops the data):
                     // slices held keep `buf` shared, and each reserve below then
@@ -2064,6 +2082,11 @@ async fn reader(
                         }
                     }
                     s.dispatch(&conn, pdu, 0);
+                    if moved >= YIELD_BYTES {
+                        moved = 0;
+                        drop(s);
+                        tokio::task::yield_now().await;
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => break 'outer format!("bad PDU from the target: {e}"),
