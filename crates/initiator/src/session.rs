@@ -1985,6 +1985,38 @@ fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: u
     }
 }
 
+/// Gives a PDU the reader decoded a data segment of its own. The decoder's segment is a
+/// slice of the reader's buffer, and even an empty one holds a reference to it: while any
+/// PDU handed to a task lives (a read's Data-In until its caller drops the data), the
+/// buffer is shared, and each reserve in the reader then allocates a fresh one, whose
+/// pages fault in as the socket fills them, and which the allocator gets from the kernel
+/// with brk or mmap and gives back again. A small segment's copy lands in memory the
+/// allocator just freed, still in the cache; large ones go to their read's buffer
+/// ([`ReadSink`]) and do not come here unless out of order.
+fn detach_data(pdu: &mut Pdu) {
+    let data = match pdu {
+        Pdu::NopOut(p) => &mut p.data,
+        Pdu::ScsiCommand(p) => &mut p.data,
+        Pdu::LoginRequest(p) => &mut p.data,
+        Pdu::TextRequest(p) => &mut p.data,
+        Pdu::DataOut(p) => &mut p.data,
+        Pdu::NopIn(p) => &mut p.data,
+        Pdu::ScsiResponse(p) => &mut p.data,
+        Pdu::LoginResponse(p) => &mut p.data,
+        Pdu::TextResponse(p) => &mut p.data,
+        Pdu::DataIn(p) => &mut p.data,
+        Pdu::AsyncMessage(p) => &mut p.data,
+        Pdu::Reject(p) => &mut p.data,
+        Pdu::TaskMgmtRequest(_)
+        | Pdu::LogoutRequest(_)
+        | Pdu::SnackRequest(_)
+        | Pdu::TaskMgmtResponse(_)
+        | Pdu::LogoutResponse(_)
+        | Pdu::R2t(_) => return,
+    };
+    *data = Bytes::copy_from_slice(data);
+}
+
 /// Bytes of data a connection's reader hands to commands before it lets them run. Left
 /// alone, it goes on until the socket is drained or tokio's budget runs out, which with a
 /// target streaming 1 MiB reads is some 17 reads: 17 buffers filled before any caller
@@ -2070,17 +2102,7 @@ async fn reader(
             match dec.decode(&mut buf) {
                 Ok(Some(mut pdu)) => {
                     moved += pdu.data().len();
-                    // A small Data-In's segment is copied out rather than kept as a slice
-                    // of `buf` until its command ends (and its caller drops the data):
-                    // slices held keep `buf` shared, and each reserve below then
-                    // allocates a fresh buffer, whose pages fault in as the socket fills
-                    // them (about one fault per 4 KiB read). The copy lands in memory
-                    // the allocator just freed, still in the cache.
-                    if let Pdu::DataIn(d) = &mut pdu {
-                        if !d.data.is_empty() {
-                            d.data = Bytes::copy_from_slice(&d.data);
-                        }
-                    }
+                    detach_data(&mut pdu);
                     s.dispatch(&conn, pdu, 0);
                     if moved >= YIELD_BYTES {
                         moved = 0;
