@@ -66,7 +66,8 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
         doc,
         "Link: {} at {} RTT, random loss both ways (`rsv wan`). Target in site b, initiator in \
          site a. Each point moves data for {} s (`rsv bench --pattern seq`, sequential 256 KiB or \
-         1 MiB commands) or copies an image sized to what the link carried in that time \
+         1 MiB commands; those in flight at the end are waited for and counted over the longer \
+         time, as a copy of what was issued) or copies an image sized to what the link carried in that time \
          (`qemu-img convert`, at most {} MiB; cut at twice the time, bytes so far counted, marked †). \
          Throughput in Mbit/s of payload.\n",
         s(&p["rate"]),
@@ -279,9 +280,9 @@ fn rtt_section(doc: &mut String, r: &Value) {
         doc,
         "Link: {} (`rsv wan`), no loss, the queue one BDP at each RTT. Each figure moves data \
          for {} s: iperf3 BBR (one stream) as the network's ceiling, and `rsv bench --pattern \
-         seq` with Reservoir's defaults writing and reading 1 MiB commands. Share of the link \
-         in payload over the whole run; in brackets the steady share (the run's later half) \
-         and the ramp (seconds until 90 % of it). The goal is 90 % at every point.\n",
+         seq` with Reservoir's defaults writing and reading 1 MiB commands: share of the link \
+         in payload, over the whole run (start-up included, and the commands in flight at its \
+         end waited for). The goal is 90 % at every point.\n",
         s(&p["rate"]),
         f(&p["seconds"]),
     );
@@ -289,7 +290,6 @@ fn rtt_section(doc: &mut String, r: &Value) {
         doc,
         "| RTT (ms) | iperf3 BBR | Reservoir write | Reservoir read |\n|---:|---:|---:|---:|"
     );
-    let rate = f(&p["rate_bps"]);
     let mut rtts: Vec<u64> = points.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect();
     rtts.dedup();
     for rtt in rtts {
@@ -304,17 +304,7 @@ fn rtt_section(doc: &mut String, r: &Value) {
             if !s(&row["error"]).is_empty() {
                 return format!("failed: {}", s(&row["error"]));
             }
-            let mut c = format!("{:.1} %", f(&x["link_pct"]));
-            let steady = f(&row["session"]["steady_mbit_per_s"]);
-            if steady > 0.0 && rate > 0.0 {
-                let _ = write!(
-                    c,
-                    " ({:.1} %, {} s)",
-                    steady * 1e8 / rate,
-                    f(&row["session"]["ramp_seconds"])
-                );
-            }
-            c
+            format!("{:.1} %", f(&x["link_pct"]))
         };
         let _ = writeln!(
             doc,

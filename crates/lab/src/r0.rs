@@ -189,10 +189,6 @@ pub struct SessionSummary {
     pub drained_after_window: u64,
     /// Commands that did not finish in the wait after it and were not.
     pub abandoned: u64,
-    /// Mean rate over the second half of the run's whole seconds: the path at speed.
-    pub steady_mbit_per_s: f64,
-    /// Seconds before the rate first reached 90 % of the steady one: the ramp.
-    pub ramp_seconds: f64,
 }
 
 impl SessionSummary {
@@ -207,29 +203,7 @@ impl SessionSummary {
             min_rtt_ms: s["path"]["min_rtt_ms"].as_f64().unwrap_or(0.0),
             drained_after_window: v["drained_after_window"].as_u64().unwrap_or(0),
             abandoned: v["abandoned_at_deadline"].as_u64().unwrap_or(0),
-            ..Self::default()
         }
-        .with_timeline(
-            &v["per_second_mb_per_s"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
-                .unwrap_or_default(),
-            v["seconds"].as_f64().unwrap_or(0.0),
-        )
-    }
-
-    /// Steady rate and ramp from the per-second rates of a run of `seconds`.
-    fn with_timeline(mut self, mb_per_s: &[f64], seconds: f64) -> Self {
-        let whole = (seconds.floor() as usize).min(mb_per_s.len());
-        let late = &mb_per_s[whole / 2..whole];
-        if !late.is_empty() {
-            self.steady_mbit_per_s = late.iter().sum::<f64>() / late.len() as f64 * 8.0;
-            self.ramp_seconds = mb_per_s
-                .iter()
-                .position(|&r| r * 8.0 >= 0.9 * self.steady_mbit_per_s)
-                .unwrap_or(whole) as f64;
-        }
-        self
     }
 }
 
@@ -630,21 +604,4 @@ pub fn load(out: &Path) -> Result<Value> {
     let p = out.join("r0.json");
     let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::SessionSummary;
-
-    #[test]
-    fn steady_rate_is_the_late_half_and_the_ramp_ends_at_ninety_percent_of_it() {
-        let s =
-            SessionSummary::default().with_timeline(&[1.0, 5.0, 9.5, 10.0, 10.0, 10.0, 3.0], 6.3);
-        // Whole seconds 0..6; the late half is 3..6; the partial seventh is left out.
-        assert_eq!(s.steady_mbit_per_s, 80.0);
-        assert_eq!(s.ramp_seconds, 2.0);
-        // Too short to tell: nothing claimed.
-        let s = SessionSummary::default().with_timeline(&[4.0], 0.5);
-        assert_eq!((s.steady_mbit_per_s, s.ramp_seconds), (0.0, 0.0));
-    }
 }
