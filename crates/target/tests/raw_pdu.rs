@@ -667,28 +667,7 @@ impl Raw {
 
     /// Reads `data.len()` bytes at LBA `lba` and checks them.
     fn check_read(&mut self, itt: u32, lba: u32, data: &[u8]) {
-        let blocks = (data.len() / 512) as u16;
-        let r = self.scsi(
-            itt,
-            self.cmdsn,
-            &read10(lba, blocks),
-            true,
-            false,
-            data.len() as u32,
-            &[],
-        );
-        self.cmdsn += 1;
-        self.send(&r);
-        let mut got = Vec::new();
-        loop {
-            let Pdu::DataIn(d) = self.recv() else {
-                panic!("expected Data-In")
-            };
-            got.extend_from_slice(&d.data);
-            if d.status_present {
-                break;
-            }
-        }
+        let got = read_at(self, itt, lba, (data.len() / 512) as u16);
         assert!(got == data, "read back differs");
     }
 }
