@@ -1027,9 +1027,9 @@ pub struct BenchReport {
     pub retries: u64,
     /// Commands that completed after the issuing window, counted (see `--duration`).
     pub drained_after_window: u64,
-    /// MB/s completed in each second of the run, from its start (the last one may be part
-    /// of a second, the wait after the window): how fast the path came up to speed.
-    pub per_second_mb_per_s: Vec<f64>,
+    /// MB completed in each second of the run, from its start (the last one may be part
+    /// of a second, in the wait after the window). Completions lag the wire by the queue.
+    pub per_second_mb: Vec<f64>,
     /// Commands not done when the wait after the window ran out: abandoned, not counted.
     pub abandoned_at_deadline: u64,
     /// The session as negotiated, with what auto-tuning chose and measured.
@@ -1157,15 +1157,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         last.max(deadline)
     };
     let seconds = end.duration_since(start).as_secs_f64();
-    let per_second_mb_per_s = per_second
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            // The last bucket spans only to the end of the run.
-            let span = (seconds - i as f64).clamp(1e-3, 1.0);
-            ((n * io) as f64 / 1e6 / span * 1e3).round() / 1e3
-        })
-        .collect();
+    let per_second_mb = per_second.iter().map(|&n| (n * io) as f64 / 1e6).collect();
     let info = s.info();
     let report = BenchReport {
         pattern: args.pattern,
@@ -1183,7 +1175,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         latency_us_max: total.max(),
         retries: s.retries(),
         drained_after_window: drained.load(Ordering::Relaxed),
-        per_second_mb_per_s,
+        per_second_mb,
         abandoned_at_deadline: abandoned,
         session: info,
     };
