@@ -22,15 +22,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-SIZE=1GiB
-truncate -s "$SIZE" "$work/rsv.img" "$work/tgt.img"
+# Both images hold the same random data, all of them: reads hit data, not holes (a hole
+# reads as the shared zero page, a cheaper copy that flattered whichever target read more
+# of them).
+head -c 1G /dev/urandom >"$work/rsv.img"
+cp "$work/rsv.img" "$work/tgt.img"
 start_peers bench
-
-# Fill both images so reads hit data, not holes.
-for u in "$RSV_URL" "$TGT_URL"; do
-  qemu-img convert -n -f raw -O raw <(head -c 512M /dev/urandom) "$u" 2>/dev/null ||
-    { head -c 512M /dev/urandom > "$work/fill.raw"; qemu-img convert -n -f raw -O raw "$work/fill.raw" "$u"; rm -f "$work/fill.raw"; }
-done
 
 # iscsi-perf prints "iops average N (M MB/s)" last.
 perf() { # url blocks_per_request random?
