@@ -1066,8 +1066,8 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let start = Instant::now();
     let deadline = start + args.duration;
     // Commands in flight at the deadline hold data already on its way: a timed run that
-    // dropped them would undercount a long fat pipe by its whole queue (on 100 ms at
-    // 100 Mbit/s, seven 1 MiB commands: 2 % of 30 s). They finish and count, up to a limit.
+    // dropped them would undercount a long fat pipe by up to its whole queue (32 commands
+    // of 1 MiB are 2.7 s of a 100 Mbit/s link). They finish and count, up to a limit.
     let drain_end = deadline + (args.duration / 4).max(Duration::from_secs(1));
     let mut set = JoinSet::new();
     for _ in 0..queue_depth {
