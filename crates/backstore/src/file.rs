@@ -229,6 +229,10 @@ impl Backstore for FileBackstore {
         }
     }
 
+    fn can_lend(&self) -> bool {
+        true
+    }
+
     fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
         check_range(offset, len, self.size)?;
         let Some(map) = self

@@ -9,6 +9,7 @@
 //! at the bytes themselves (a data digest, say) read them instead.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 
@@ -164,14 +165,7 @@ pub fn copy_checked(src: &[u8]) -> io::Result<Vec<u8>> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: both descriptors are fresh and ours alone; OwnedFd closes them.
-    let (r, w) = unsafe {
-        use std::os::fd::FromRawFd;
-        (
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        )
-    };
-    use std::os::fd::AsRawFd;
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let mut out = vec![0u8; src.len()];
     let mut off = 0;
     while off < src.len() {

@@ -34,6 +34,11 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn lend(&self, _offset: u64, _len: u64, _wait: bool) -> io::Result<Option<Lent>> {
         Ok(None)
     }
+    /// Whether [`Backstore::lend`] can ever lend: a store that copies says no, and callers
+    /// skip the lending path for it.
+    fn can_lend(&self) -> bool {
+        false
+    }
     /// Writes the whole of `buf` at `offset`, or fails.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.

@@ -293,18 +293,23 @@ impl LogicalUnit {
     /// sent. With `wait` the call may block — for a write in the way, for the device —
     /// where without it declines.
     pub fn try_read_lent(&self, cmd: &Command, max_bytes: u64, wait: bool) -> Option<LentRead> {
+        // A store that copies (the ram store) is not asked to check the command again.
+        if !self.store.can_lend() {
+            return None;
+        }
         let r = self.plain_read(cmd, max_bytes)?;
+        // The window is only a view: taking it before the lock reads nothing yet, and a store
+        // that cannot lend now leaves the lock table alone.
+        let data = self
+            .store
+            .lend(r.lba * self.block_size, r.blocks * self.block_size, wait)
+            .ok()??;
         let (start, end) = (r.lba, r.lba + r.blocks);
         let guard = if wait {
             self.locks.lock(start, end, false)
         } else {
             self.locks.try_lock(start, end, false)?
         };
-        let offset = r.lba * self.block_size;
-        let data = self
-            .store
-            .lend(offset, r.blocks * self.block_size, wait)
-            .ok()??;
         Some(LentRead {
             data,
             _guard: guard,
