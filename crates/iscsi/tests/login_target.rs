@@ -384,6 +384,19 @@ fn chap_mutual_request_without_target_secret_fails() {
 }
 
 #[test]
+fn chap_for_normal_sessions_does_not_guard_discovery_without_its_own() {
+    // The policy asks CHAP of normal sessions and nothing of discovery: a discovery login
+    // that starts in the operational stage is in (found by the property test below).
+    let mut policy = Policy::new(chap_req());
+    let mut login = TargetLogin::new(true, None);
+    let (_, outcome) = expect_done(login.step(
+        &req(1, 3, true, b"SessionType=Discovery\0InitiatorName=i\0"),
+        &mut policy,
+    ));
+    assert_eq!(outcome.session_type, SessionType::Discovery);
+}
+
+#[test]
 fn chap_required_but_not_offered_or_skipped() {
     let mut policy = Policy::new(chap_req());
     let mut login = TargetLogin::new(true, None);
@@ -751,10 +764,11 @@ mod arbitrary_sequences {
                         prop_assert!(!(reply.transit && reply.cont));
                         prop_assert!(reply.nsg <= r.nsg || !reply.transit);
                     }
-                    LoginStep::Done { reply, .. } => {
+                    LoginStep::Done { reply, outcome } => {
                         prop_assert_eq!(reply.nsg, STAGE_FULL_FEATURE);
-                        // Nobody reaches full feature phase past CHAP with a made-up response.
-                        prop_assert!(!chap);
+                        // Nobody reaches full feature phase past CHAP with a made-up response;
+                        // CHAP guards normal sessions here, discovery asks for nothing.
+                        prop_assert!(!chap || outcome.session_type == SessionType::Discovery);
                         break;
                     }
                     LoginStep::Failed(_) => break,
