@@ -229,6 +229,11 @@ pub(crate) struct Conn {
     pub path: std::sync::Mutex<Option<PathSample>>,
     /// How the target answered the pacing hint at this connection's login.
     pub target_pacing: TargetPacing,
+    /// Pacing rate set on this socket by the session's rate control (0: none).
+    pub applied_pace: AtomicU64,
+    /// The target's last answer to a pacing hint in full feature phase.
+    pub ffp_pacing: std::sync::Mutex<Option<TargetPacing>>,
+    span: std::sync::Mutex<crate::tune::SpanRate>,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -238,6 +243,14 @@ pub(crate) struct PathSample {
     pub info: net::TcpInfo,
     /// Bytes per second moved in either direction since the previous sample.
     pub rate: u64,
+    /// Bytes that crossed the path in either direction since the connection began, as
+    /// segments times their size: those delivered to the target (SACKed ones included,
+    /// so that a hole filled after a loss does not count its whole window at once) and
+    /// those that arrived from it (duplicates included: they used the path too).
+    pub wire: u64,
+    /// Bytes per second of `wire` over the last span (see [`crate::tune::SpanRate`]);
+    /// `None` until the connection has run that long.
+    pub span_rate: Option<u64>,
 }
 
 impl Conn {
@@ -272,13 +285,17 @@ impl Conn {
             pinging: AtomicBool::new(false),
             path: std::sync::Mutex::new(None),
             target_pacing,
+            applied_pace: AtomicU64::new(0),
+            ffp_pacing: std::sync::Mutex::new(None),
+            span: Default::default(),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)
     }
 
-    /// Samples TCP_INFO (the reader calls it about once a second); false if it could not.
-    pub fn sample_path(&self, sock: &impl AsFd) -> bool {
+    /// Samples TCP_INFO (the reader calls it every so often); false if it could not.
+    /// `at`: time since the session began; `span`: what the span rate is measured over.
+    pub fn sample_path(&self, sock: &impl AsFd, at: Duration, span: Duration) -> bool {
         let Ok(info) = net::tcp_info(sock) else {
             return false;
         };
@@ -295,12 +312,47 @@ impl Conn {
             }
             None => 0,
         };
+        let wire = match *g {
+            Some(p) => {
+                p.wire
+                    + u64::from(info.delivered.wrapping_sub(p.info.delivered))
+                        * u64::from(info.snd_mss)
+                    + u64::from(info.data_segs_in.wrapping_sub(p.info.data_segs_in))
+                        * u64::from(info.rcv_mss)
+            }
+            None => 0,
+        };
+        let span_rate = self.span.lock().unwrap().push(at, wire, span);
         *g = Some(PathSample {
             at: now,
             info,
             rate,
+            wire,
+            span_rate,
         });
         true
+    }
+
+    /// How the target paces this connection now: its answer to the last hint in full
+    /// feature phase, else the login's.
+    pub fn target_pacing_now(&self) -> TargetPacing {
+        self.ffp_pacing
+            .lock()
+            .unwrap()
+            .unwrap_or(self.target_pacing)
+    }
+
+    /// Whether a pacing hint may go to the target in full feature phase: only when it
+    /// answered a number to the one at login (it knows the key: tgt resets the connection
+    /// on a Text request it does not know), and paced at the last hint since.
+    pub fn target_takes_hints(&self) -> bool {
+        match *self.ffp_pacing.lock().unwrap() {
+            Some(answer) => matches!(answer, TargetPacing::Paced(_)),
+            None => matches!(
+                self.target_pacing,
+                TargetPacing::Paced(_) | TargetPacing::NotPaced
+            ),
+        }
     }
 
     pub fn send(&self, pdu: Pdu) -> bool {

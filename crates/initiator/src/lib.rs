@@ -140,6 +140,9 @@ pub struct SessionOptions {
     /// The bottleneck's rate in bytes per second, when known: auto-tuning sizes for it
     /// and paces the connections to share it.
     pub rate: Option<u64>,
+    /// Without a `rate`, find the bottleneck's rate while the session runs and pace to it
+    /// (`tune::RateControl`): `None` on paths of 1 ms RTT and more, or as set.
+    pub rate_control: Option<bool>,
     /// Bytes per command the caller will issue (cp and bench set it); sizes bursts and
     /// the queue depth.
     #[serde(skip)]
@@ -184,6 +187,7 @@ impl Default for SessionOptions {
             error_recovery_level: 2,
             auto_tune: true,
             rate: None,
+            rate_control: None,
             io_size_hint: None,
             pinned: Default::default(),
         }
@@ -309,6 +313,7 @@ impl SessionOptions {
                 }
             }
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
+            "rate_control" => self.rate_control = Some(parse_bool_opt(key, v)?),
             "rate" => {
                 self.rate = Some(parse_rate(v).ok_or_else(|| {
                     Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
@@ -321,7 +326,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate"
+                     rate, rate_control"
                 )))
             }
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use iscsi::framing::{PduDecoder, PeekedHeader};
 use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
-use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
+use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing, PACING_RATE_KEY};
 use iscsi::pdu::{
     lun_to_wire, DataOut, LogoutRequest, NopOut, Opcode, Pdu, ScsiCommand, TaskMgmtRequest,
     TextRequest, BHS_LEN, RESERVED_TAG,
@@ -23,6 +23,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use crate::conn::{Conn, LoginDone, RawConn};
 use crate::inbox;
 use crate::scsi::{self, Capacity, Inquiry, Sense};
+use crate::tune::RateControl;
 use crate::{Error, IscsiUrl, Result, SessionOptions};
 
 /// Direction and size of a command's data.
@@ -84,8 +85,12 @@ pub struct SessionInfo {
     pub tuning: Option<crate::tune::Plan>,
     /// The path as the connections measured it last (TCP_INFO).
     pub path: Option<PathReport>,
-    /// Whether the target paces its sends to us, as each connection's login answered.
+    /// Whether the target paces its sends to us, as each connection last answered
+    /// (at login, or to a hint of the rate control since).
     pub target_pacing: crate::tune::TargetPacingReport,
+    /// The bottleneck found and the pacing chosen without a given rate (absent when
+    /// auto-tuning is off or a rate was given).
+    pub rate_control: Option<crate::tune::RateControlReport>,
 }
 
 /// The session's connections' latest TCP_INFO, summed up.
@@ -425,6 +430,15 @@ struct Shared {
     queue_depth: std::sync::atomic::AtomicUsize,
     plan: Option<crate::tune::Plan>,
     bufs: Arc<BufPool>,
+    /// Finds the bottleneck and paces the session to it, when auto-tuning is on and no
+    /// rate was given (see [`crate::tune::RateControl`]).
+    rate: Option<Mutex<RateControl>>,
+    /// The session's total pacing rate from `rate`, bytes per second (0: none yet).
+    pace_total: AtomicU64,
+    /// How often the readers sample TCP_INFO, microseconds.
+    sample_every_us: AtomicU64,
+    /// The least time the connections' rates are measured over, microseconds.
+    span_us: AtomicU64,
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -520,6 +534,7 @@ impl Session {
             (opts.clone(), None)
         };
         let opts = &opts;
+        let rate_control = plan.as_ref().is_some_and(|p| p.rate_control);
         let shared = Arc::new(Shared {
             url: url.clone(),
             target,
@@ -552,6 +567,10 @@ impl Session {
             queue_depth: opts.queue_depth.max(1).into(),
             plan,
             bufs: Arc::default(),
+            rate: rate_control.then(|| Mutex::new(RateControl::default())),
+            pace_total: AtomicU64::new(0),
+            sample_every_us: AtomicU64::new(PATH_SAMPLE_INTERVAL.as_micros() as u64),
+            span_us: AtomicU64::new(RateControl::span(Duration::ZERO).as_micros() as u64),
         });
         Shared::establish(&shared).await?;
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
@@ -565,13 +584,24 @@ impl Session {
         info.queue_depth = self.queue_depth();
         info.tuning = self.shared.plan.clone();
         info.path = Shared::path(&st.conns);
+        let live = st.conns.iter().filter(|c| c.is_alive()).count().max(1) as u64;
+        let hinted = match self.shared.pace_total.load(Ordering::Relaxed) {
+            0 => None,
+            _ if !self.shared.opts.pacing_hint => None,
+            total => Some(total / live),
+        };
         info.target_pacing = crate::tune::TargetPacingReport::new(
-            self.shared.opts.target_pacing_hint(),
+            self.shared.opts.target_pacing_hint().or(hinted),
             st.conns
                 .iter()
                 .filter(|c| c.is_alive())
-                .map(|c| (c.cid, c.target_pacing)),
+                .map(|c| (c.cid, c.target_pacing_now())),
         );
+        info.rate_control = self
+            .shared
+            .rate
+            .as_ref()
+            .map(|r| r.lock().unwrap().report());
         info
     }
 
@@ -866,17 +896,28 @@ impl Shared {
         Some(r)
     }
 
-    /// Called by a connection's reader after a read: samples its TCP_INFO about once a
-    /// second and grows the queue depth when the measured path needs more in flight.
-    fn observe(&self, conn: &Conn, sock: &OwnedReadHalf) {
+    /// Called by a connection's reader after a read, every [`Shared::sample_every`]:
+    /// samples its TCP_INFO, grows the queue depth when the measured path needs more in
+    /// flight, and runs the rate control.
+    fn observe(self: &Arc<Self>, conn: &Arc<Conn>, sock: &OwnedReadHalf) {
         let stream: &tokio::net::TcpStream = sock.as_ref();
-        if !conn.sample_path(stream) || !self.opts.auto_tune || self.opts.is_pinned("queue_depth") {
+        let span = Duration::from_micros(self.span_us.load(Ordering::Relaxed));
+        if !conn.sample_path(stream, self.epoch.elapsed(), span) || !self.opts.auto_tune {
             return;
         }
         let conns = self.state.lock().unwrap().conns.clone();
         let Some(path) = Self::path(&conns) else {
             return;
         };
+        if !self.opts.is_pinned("queue_depth") {
+            self.grow_queue(&path, conns.len());
+        }
+        if self.rate.is_some() {
+            self.control_rate(conn, stream, &conns, &path);
+        }
+    }
+
+    fn grow_queue(&self, path: &PathReport, connections: usize) {
         let io = self.plan.as_ref().map_or(1 << 20, |p| p.io_size);
         let current = self.queue_depth.load(Ordering::Relaxed);
         if let Some(q) = crate::tune::grown_queue_depth(
@@ -884,7 +925,7 @@ impl Shared {
             path.rate_bytes_per_s,
             Duration::from_secs_f64(path.min_rtt_ms / 1e3),
             io,
-            conns.len(),
+            connections,
         ) {
             if self
                 .queue_depth
@@ -901,6 +942,120 @@ impl Shared {
         }
     }
 
+    /// How often a reader samples its connection's TCP_INFO.
+    fn sample_every(&self) -> Duration {
+        Duration::from_micros(self.sample_every_us.load(Ordering::Relaxed))
+    }
+
+    /// Feeds the rate control what the session's connections delivered, and paces this
+    /// connection to its share of the session's rate: its own sends with
+    /// SO_MAX_PACING_RATE, the target's with a hint (`X-org.reservoir.PacingRate` in a
+    /// Text request) where the target takes them.
+    fn control_rate(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        stream: &tokio::net::TcpStream,
+        conns: &[Arc<Conn>],
+        path: &PathReport,
+    ) {
+        let Some(rate) = &self.rate else { return };
+        let min_rtt = Duration::from_secs_f64(path.min_rtt_ms / 1e3);
+        let every = RateControl::interval(min_rtt);
+        self.sample_every_us
+            .store(every.as_micros() as u64, Ordering::Relaxed);
+        self.span_us.store(
+            RateControl::span(min_rtt).as_micros() as u64,
+            Ordering::Relaxed,
+        );
+        let live: Vec<&Arc<Conn>> = conns.iter().filter(|c| c.is_alive()).collect();
+        {
+            let mut rc = rate.lock().unwrap();
+            let now = self.epoch.elapsed();
+            if rc.due(now, every) {
+                // The sum of every live connection's rate over its own last span.
+                let rates: Vec<Option<u64>> = live
+                    .iter()
+                    .map(|c| c.path.lock().unwrap().and_then(|p| p.span_rate))
+                    .collect();
+                let rate = rates.iter().copied().sum::<Option<u64>>();
+                // Busy: more than three quarters of the queue in use (a session short
+                // of work measures itself, not the path).
+                let busy =
+                    self.slots.available_permits() * 4 < self.queue_depth.load(Ordering::Relaxed);
+                if let Some(total) = rc.sample(now, rate, busy) {
+                    self.pace_total.store(total, Ordering::Relaxed);
+                    let r = rc.report();
+                    tracing::info!(
+                        "rate control ({}): bottleneck {:.1} Mbit/s, session paced at {:.1} \
+                         Mbit/s over {} connections",
+                        r.phase,
+                        r.bottleneck_bytes_per_s as f64 * 8e-6,
+                        total as f64 * 8e-6,
+                        live.len()
+                    );
+                }
+            }
+        }
+        let total = self.pace_total.load(Ordering::Relaxed);
+        if total == 0 {
+            return;
+        }
+        let share = (total / live.len().max(1) as u64).max(1);
+        let applied = conn.applied_pace.load(Ordering::Relaxed);
+        if share.abs_diff(applied) * 50 <= applied {
+            return;
+        }
+        conn.applied_pace.store(share, Ordering::Relaxed);
+        if let Err(e) = net::set_pacing_rate(std::os::fd::AsFd::as_fd(stream), share) {
+            tracing::warn!(cid = conn.cid, "SO_MAX_PACING_RATE {share}: {e}");
+        }
+        if conn.target_takes_hints() {
+            self.hint_target_pacing(conn, share);
+        }
+    }
+
+    /// Asks the target to pace what it sends on `conn` at `rate` bytes per second
+    /// (a Text request in full feature phase) and records its answer.
+    fn hint_target_pacing(self: &Arc<Self>, conn: &Arc<Conn>, rate: u64) {
+        let s = self.clone();
+        let c = conn.clone();
+        tokio::spawn(async move {
+            let (guard, mut rx) = s.register(&c);
+            let cmdsn = s.state.lock().unwrap().cmdsn;
+            c.send(Pdu::TextRequest(TextRequest {
+                immediate: true,
+                final_: true,
+                cont: false,
+                lun: 0,
+                itt: guard.itt,
+                ttt: RESERVED_TAG,
+                cmdsn,
+                expstatsn: 0,
+                data: Bytes::from(format!("{PACING_RATE_KEY}={rate}\0")),
+            }));
+            let answer =
+                match tokio::time::timeout(Duration::from_secs(10), recv_pdu(&mut rx)).await {
+                    Ok(Some(Pdu::TextResponse(r))) => iscsi::text::TextKeys::parse(&r.data)
+                        .ok()
+                        .and_then(|k| {
+                            k.get(PACING_RATE_KEY)
+                                .map(iscsi::negotiate::pacing_from_answer)
+                        })
+                        .unwrap_or(TargetPacing::Refused),
+                    Ok(Some(_)) => TargetPacing::Refused,
+                    // No answer (the connection went): nothing learnt.
+                    _ => return,
+                };
+            tracing::debug!(
+                cid = c.cid,
+                "pacing hint {rate}: the target answered {}",
+                answer.as_str()
+            );
+            *c.ffp_pacing.lock().unwrap() = Some(answer);
+            drop(guard);
+        });
+    }
+
     fn login_config(&self, cid: u16, tsih: u16, session: SessionParams) -> InitiatorLoginConfig {
         let o = &self.opts;
         InitiatorLoginConfig {
@@ -915,7 +1070,13 @@ impl Shared {
             session,
             connection: connection_prefs(o),
             leading: tsih == 0,
-            pacing_hint: o.target_pacing_hint(),
+            // With the rate control on, "0" (no pacing yet) asks whether the target knows
+            // the key: only then do hints follow in full feature phase.
+            pacing_hint: o.target_pacing_hint().or(self
+                .rate
+                .as_ref()
+                .filter(|_| o.pacing_hint)
+                .map(|_| 0)),
         }
     }
 
@@ -1017,6 +1178,7 @@ impl Shared {
             tuning: None,
             path: None,
             target_pacing: Default::default(),
+            rate_control: None,
         });
         st.params = params;
         drop(st);
@@ -2126,8 +2288,8 @@ async fn reader(
                     conn.last_rx_ms
                         .store(now.duration_since(epoch).as_millis() as u64, Ordering::Relaxed);
                     if now >= next_sample {
-                        next_sample = now + PATH_SAMPLE_INTERVAL;
                         if let Some(s) = shared.upgrade() {
+                            next_sample = now + s.sample_every();
                             s.observe(&conn, &rd);
                         }
                     }

@@ -76,6 +76,9 @@ pub struct Plan {
     pub pacing_rate: Option<u64>,
     pub congestion: Option<String>,
     pub kernel: net::KernelLimits,
+    /// Whether the session finds the bottleneck's rate while it runs and paces to it
+    /// ([`RateControl`]).
+    pub rate_control: bool,
     /// One line per choice: what and why.
     pub reasons: Vec<String>,
 }
@@ -114,6 +117,7 @@ pub fn plan(
         pacing_rate: o.pacing_rate,
         congestion: o.congestion.clone(),
         kernel: *kernel,
+        rate_control: false,
         reasons: Vec::new(),
     };
     if !opts.auto_tune {
@@ -270,8 +274,28 @@ pub fn plan(
                 ""
             }
         ));
+    } else if !opts.rate_control.unwrap_or(rtt >= RATE_CONTROL_MIN_RTT) {
+        reasons.push(format!(
+            "pacing: none (no --rate; {}: the congestion control paces)",
+            if opts.rate_control.is_some() {
+                "rate_control=no"
+            } else {
+                "RTT below 1 ms, a host or a LAN"
+            }
+        ));
     } else {
-        reasons.push("pacing: none (no --rate; the congestion control paces)".into());
+        plan.rate_control = true;
+        reasons.push(format!(
+            "pacing: none at first (no --rate); once the connections stop speeding up, the \
+             rate they reached is the bottleneck's, and every connection is paced at its \
+             share of {}% of it{}, to keep the bottleneck's queue short",
+            CRUISE_GAIN,
+            if opts.pacing_hint {
+                " (and the target asked to pace its Data-In alike)"
+            } else {
+                ""
+            }
+        ));
     }
     reasons.push(match &o.congestion {
         Some(cc) => format!("congestion control: {cc}"),
@@ -395,6 +419,166 @@ pub fn grown_queue_depth(
     let want =
         (bdp.saturating_mul(2).div_ceil(io.max(1)) as usize + 2 * connections).min(MAX_QUEUE_DEPTH);
     (want > current).then_some(want)
+}
+
+/// Finds the bottleneck's rate from what the session delivers, and paces the session to
+/// it, when nobody gave the rate (`--rate`). R1's remedy without being told the number:
+/// senders held to the bottleneck never fill its queue, so it drops nothing and the round
+/// trip stays at its floor.
+///
+/// It is fed the bytes the session's connections moved (acknowledged or received, from
+/// `TCP_INFO`) every few round trips ([`RateControl::interval`]) and answers with the
+/// total pacing rate the session should keep, to be shared by its connections:
+///
+/// - **start-up**: no pacing while the congestion control ramps up; the highest rate seen
+///   so far is remembered. When [`FLAT_TICKS`] busy samples in a row fail to grow it by
+///   a quarter, the pipe is full and that rate is the bottleneck's.
+/// - **cruise**: the session is paced at [`CRUISE_GAIN`] times the highest rate of the
+///   last [`WINDOW`] busy samples. The margin lets the rate grow by a few percent per
+///   sample when the path frees up (the delivered rate follows the pacing up), and the
+///   window lets it fall when the path is shared.
+///
+/// Samples while the session had little to do (`busy` false) are skipped: an idle
+/// session delivers little, and that says nothing about the path.
+#[derive(Clone, Debug, Default)]
+pub struct RateControl {
+    last: Option<Duration>,
+    cruising: bool,
+    best: u64,
+    flat: u32,
+    recent: std::collections::VecDeque<u64>,
+    pace: Option<u64>,
+}
+
+/// One connection's delivery rate over at least a span of time: ACKs that arrive in
+/// bunches and a hole filled after a loss make short-term rates jump far above what the
+/// path carries.
+#[derive(Clone, Debug, Default)]
+pub struct SpanRate {
+    /// Earlier samples (time, bytes delivered), oldest first.
+    hist: std::collections::VecDeque<(Duration, u64)>,
+}
+
+impl SpanRate {
+    /// Records the counter `delivered` at `at`; returns the rate since the newest earlier
+    /// sample at least `span` older, if there is one. A counter that goes backwards
+    /// starts afresh.
+    pub fn push(&mut self, at: Duration, delivered: u64, span: Duration) -> Option<u64> {
+        if self
+            .hist
+            .back()
+            .is_some_and(|&(t, d)| delivered < d || at < t)
+        {
+            self.hist.clear();
+        }
+        let from = self
+            .hist
+            .iter()
+            .rposition(|&(t, _)| at.saturating_sub(t) >= span && t < at);
+        let rate = from.map(|i| {
+            let (t0, d0) = self.hist[i];
+            self.hist.drain(..i);
+            ((delivered - d0) as f64 / (at - t0).as_secs_f64()) as u64
+        });
+        self.hist.push_back((at, delivered));
+        rate
+    }
+}
+
+/// Below this RTT the path is a host or a LAN: no rate control (pacing costs more
+/// there than a queue does).
+pub const RATE_CONTROL_MIN_RTT: Duration = Duration::from_millis(1);
+
+/// Busy samples without growth that end the start-up.
+pub const FLAT_TICKS: u32 = 3;
+/// Busy samples the bottleneck estimate is the maximum of, in cruise.
+pub const WINDOW: usize = 10;
+/// Pacing over the estimate, in cruise, in hundredths.
+pub const CRUISE_GAIN: u64 = 105;
+/// A new pacing rate is applied only when it differs from the one in force by more than
+/// this many hundredths (each change costs a setsockopt per socket, and a Text request
+/// per connection when the target paces its Data-In).
+const CHANGE_MIN: u64 = 2;
+
+/// What [`RateControl`] knows, for `--json` and `rsv tune`.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct RateControlReport {
+    /// "start-up" or "cruise".
+    pub phase: &'static str,
+    /// The bottleneck's rate as measured, payload bytes per second.
+    pub bottleneck_bytes_per_s: u64,
+    /// The session's total pacing rate, bytes per second (None: unpaced).
+    pub pacing_bytes_per_s: Option<u64>,
+}
+
+impl RateControl {
+    /// How often to sample: a few round trips, so that a sample sees the pacing of the
+    /// one before, within 50 ms..1 s.
+    pub fn interval(min_rtt: Duration) -> Duration {
+        (min_rtt * 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+
+    /// The least time a rate is measured over: eight round trips, within 1..4 s.
+    pub fn span(min_rtt: Duration) -> Duration {
+        (min_rtt * 8).clamp(Duration::from_secs(1), Duration::from_secs(4))
+    }
+
+    /// One sample: `delivered` bytes moved by the session since it began, at `at`.
+    /// Returns the new total pacing rate when it changes.
+    /// `rate`: what the session's connections delivered lately, bytes per second, each
+    /// measured over a [`SpanRate`] and summed; `busy`: whether the session had work
+    /// queued meanwhile.
+    pub fn sample(&mut self, at: Duration, rate: Option<u64>, busy: bool) -> Option<u64> {
+        self.last = Some(at);
+        let rate = rate.filter(|_| busy)?;
+        if !self.cruising {
+            if rate > self.best.saturating_add(self.best / 4) {
+                self.flat = 0;
+            } else {
+                self.flat += 1;
+            }
+            self.best = self.best.max(rate);
+            if self.flat < FLAT_TICKS {
+                return None;
+            }
+            self.cruising = true;
+            self.recent.push_back(self.best);
+        } else {
+            self.recent.push_back(rate);
+            if self.recent.len() > WINDOW {
+                self.recent.pop_front();
+            }
+        }
+        let est = self.recent.iter().copied().max().unwrap_or(0).max(1);
+        let pace = est.saturating_mul(CRUISE_GAIN) / 100;
+        let changed = match self.pace {
+            None => true,
+            Some(p) => pace.abs_diff(p).saturating_mul(100) > p.saturating_mul(CHANGE_MIN),
+        };
+        if changed {
+            self.pace = Some(pace);
+            return Some(pace);
+        }
+        None
+    }
+
+    /// Whether a sample is due at `at`, `every` being the sampling interval.
+    pub fn due(&self, at: Duration, every: Duration) -> bool {
+        self.last
+            .is_none_or(|t| at.saturating_sub(t) >= every.mul_f64(0.9))
+    }
+
+    pub fn report(&self) -> RateControlReport {
+        RateControlReport {
+            phase: if self.cruising { "cruise" } else { "start-up" },
+            bottleneck_bytes_per_s: if self.cruising {
+                self.recent.iter().copied().max().unwrap_or(0)
+            } else {
+                self.best
+            },
+            pacing_bytes_per_s: self.pace,
+        }
+    }
 }
 
 /// Handshakes per probe: a lost SYN or SYN-ACK makes one handshake's RTT a
@@ -599,6 +783,128 @@ mod tests {
         let (o, p) = plan(&opts, &probe_ms(100), &kernel());
         assert_eq!(o.target_pacing_hint(), None);
         assert!(!p.reasons.iter().any(|r| r.contains("the target is asked")));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn rate_control_finds_the_bottleneck_and_paces_just_above_it() {
+        let mut rc = RateControl::default();
+        let mut t = 0u64;
+        let mut step = |rc: &mut RateControl, rate: u64| {
+            t += 100;
+            rc.sample(ms(t), Some(rate), true)
+        };
+        // Start-up: the rate doubles; nothing is paced.
+        for r in [1_000_000, 2_000_000, 4_000_000, 8_000_000] {
+            assert_eq!(step(&mut rc, r), None);
+            assert_eq!(rc.report().phase, "start-up");
+        }
+        // The pipe is full at 12.5 MB/s: three samples without a quarter's growth.
+        assert_eq!(step(&mut rc, 12_500_000), None);
+        assert_eq!(step(&mut rc, 12_400_000), None);
+        assert_eq!(step(&mut rc, 12_600_000), None);
+        let p = step(&mut rc, 12_500_000).expect("paced once the pipe is full");
+        assert_eq!(p, 12_600_000 * 105 / 100);
+        let r = rc.report();
+        assert_eq!((r.phase, r.bottleneck_bytes_per_s), ("cruise", 12_600_000));
+        // Steady at the bottleneck: no change.
+        for _ in 0..5 {
+            assert_eq!(step(&mut rc, 12_500_000), None);
+        }
+        // The path frees up: the delivered rate follows the pacing up, a few % a sample.
+        let mut pace = p;
+        for _ in 0..20 {
+            if let Some(n) = step(&mut rc, pace.min(25_000_000)) {
+                assert!(n > pace);
+                pace = n;
+            }
+        }
+        assert!(pace > 25_000_000, "{pace}");
+        // Shared with others now: after a window of lower samples the pacing comes down.
+        for _ in 0..WINDOW {
+            step(&mut rc, 10_000_000);
+        }
+        assert_eq!(rc.report().bottleneck_bytes_per_s, 10_000_000);
+        assert_eq!(rc.report().pacing_bytes_per_s, Some(10_500_000));
+    }
+
+    #[test]
+    fn rate_control_ignores_idle_samples() {
+        let mut rc = RateControl::default();
+        let mut changes = Vec::new();
+        for i in 0..5u64 {
+            changes.extend(rc.sample(ms(100 * i), Some(10_000_000), true));
+        }
+        // Three samples without growth after the first end the start-up.
+        assert_eq!(changes, [10_500_000]);
+        let paced = rc.report().pacing_bytes_per_s;
+        // Idle, or no rate measured yet: nothing changes.
+        for i in 5..40u64 {
+            assert_eq!(rc.sample(ms(100 * i), Some(1000), false), None);
+            assert_eq!(rc.sample(ms(100 * i), None, true), None);
+        }
+        assert_eq!(rc.report().pacing_bytes_per_s, paced);
+        assert!(!rc.due(ms(3950), ms(100)));
+        assert!(rc.due(ms(4000), ms(100)));
+    }
+
+    #[test]
+    fn span_rate_averages_bursts() {
+        let mut sr = SpanRate::default();
+        // 10 MB/s on average, delivered in bursts: 0, 3 MB, 0, 1 MB every 100 ms.
+        let mut d = 0u64;
+        let mut rates = Vec::new();
+        for i in 0..200u64 {
+            d += [0, 3_000_000, 0, 1_000_000][(i % 4) as usize];
+            rates.extend(sr.push(ms(100 * i), d, ms(1000)));
+        }
+        // Measured over a second at least, never 30 MB/s.
+        assert_eq!(rates.len(), 190);
+        assert!(
+            rates.iter().all(|r| (8_000_000..=12_000_000).contains(r)),
+            "{rates:?}"
+        );
+        // It keeps about a span of samples, not the whole run.
+        assert!(sr.hist.len() <= 12, "{}", sr.hist.len());
+        // A counter that goes backwards (a connection replaced) starts afresh.
+        assert_eq!(sr.push(ms(20_000), 5, ms(1000)), None);
+        assert_eq!(sr.hist.len(), 1);
+    }
+
+    #[test]
+    fn plan_runs_the_rate_control_only_without_a_rate_past_a_lan() {
+        let d = SessionOptions::default();
+        assert!(plan(&d, &probe_ms(100), &kernel()).1.rate_control);
+        assert!(plan(&d, &probe_ms(1), &kernel()).1.rate_control);
+        let (_, p) = plan(&d, &probe_ms(0), &kernel());
+        assert!(!p.rate_control);
+        assert!(p.reasons.iter().any(|r| r.contains("RTT below 1 ms")));
+        let mut o = d.clone();
+        o.set("rate_control", "yes").unwrap();
+        assert!(plan(&o, &probe_ms(0), &kernel()).1.rate_control);
+        o.set("rate_control", "no").unwrap();
+        let (_, p) = plan(&o, &probe_ms(100), &kernel());
+        assert!(!p.rate_control);
+        assert!(p.reasons.iter().any(|r| r.contains("rate_control=no")));
+        // A given rate, or pacing set by hand, paces already.
+        let mut o = d.clone();
+        o.set("rate", "100mbit").unwrap();
+        assert!(!plan(&o, &probe_ms(100), &kernel()).1.rate_control);
+        let mut o = d;
+        o.set("pacing_rate", "100mbit").unwrap();
+        assert!(!plan(&o, &probe_ms(100), &kernel()).1.rate_control);
+    }
+
+    #[test]
+    fn rate_control_interval_is_a_few_round_trips() {
+        assert_eq!(RateControl::interval(ms(1)), ms(50));
+        assert_eq!(RateControl::interval(ms(100)), ms(400));
+        assert_eq!(RateControl::interval(ms(300)), ms(1000));
+        assert_eq!(RateControl::span(ms(1)), ms(1000));
+        assert_eq!(RateControl::span(ms(300)), ms(2400));
     }
 
     #[test]

@@ -472,3 +472,86 @@ fn target_with_pacing_hints_off_says_it_does_not_pace() {
     assert_eq!(data.len(), 64 * 512);
     rt.block_on(s.logout()).unwrap();
 }
+
+/// Runs `depth` reads of 1 MiB at a time on `s` until `done` says so (checked every
+/// 100 ms) or `limit` passes; true if `done` did.
+async fn busy_until(
+    s: &Session,
+    depth: usize,
+    limit: std::time::Duration,
+    done: impl Fn(&Session) -> bool,
+) -> bool {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..depth {
+        let (s, stop) = (s.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let data = s.read(0, (i as u64 % 8) * 2048, 2048).await.unwrap();
+                assert_eq!(data.len(), MIB as usize);
+            }
+        }));
+    }
+    let end = std::time::Instant::now() + limit;
+    let mut ok = false;
+    while std::time::Instant::now() < end {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if done(s) {
+            ok = true;
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    ok
+}
+
+/// Without a rate the session finds the bottleneck itself (`rate_control=yes` here, as
+/// loopback is below the 1 ms where it starts by default): once reads stop speeding up it
+/// paces the session just above what they reached, and asks Reservoir's target, which
+/// answered the login's "0", to pace each connection's Data-In at its share.
+#[test]
+fn rate_control_paces_the_session_and_the_target_once_the_pipe_is_full() {
+    let t = rsv_or_skip!();
+    let rt = rt();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let mut o = SessionOptions::default();
+    o.set("connections", "2").unwrap();
+    o.set("rate_control", "yes").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let info = s.info();
+    assert!(info.tuning.as_ref().unwrap().rate_control);
+    // Asked at login with "0": understood, nothing paced yet.
+    assert!(
+        info.target_pacing
+            .connections
+            .iter()
+            .all(|c| c.answer == "not paced"),
+        "{:?}",
+        info.target_pacing
+    );
+    let depth = s.queue_depth();
+    let paced = rt.block_on(busy_until(
+        &s,
+        depth,
+        std::time::Duration::from_secs(30),
+        |s| s.info().target_pacing.paced_connections == 2,
+    ));
+    let info = s.info();
+    assert!(paced, "{:?} {:?}", info.rate_control, info.target_pacing);
+    let rc = info.rate_control.unwrap();
+    assert_eq!(rc.phase, "cruise");
+    assert!(rc.bottleneck_bytes_per_s > 0);
+    let total = rc.pacing_bytes_per_s.unwrap();
+    assert!(total >= rc.bottleneck_bytes_per_s, "{rc:?}");
+    for c in &info.target_pacing.connections {
+        // The target paces at the share it was last asked for (within the 2 % a change
+        // needs, or its own clamp).
+        let r = c.rate_bytes_per_s.unwrap();
+        assert!(r.abs_diff(total / 2) * 20 <= total / 2, "{c:?} of {total}");
+    }
+    assert_eq!((s.reinstatements(), s.retries()), (0, 0));
+    rt.block_on(s.logout()).unwrap();
+}

@@ -246,3 +246,55 @@ fn pacing_hint_not_understood_by_tgt_leaves_the_login_intact() {
     assert_eq!(data.len(), 64 * 512);
     rt.block_on(s.logout()).unwrap();
 }
+
+/// The rate control asks a target in full feature phase only when it knew the pacing key
+/// at login: tgt answers NotUnderstood there, and a Text request with the key would make
+/// it reset the connection. So with `rate_control=yes` a session to tgt runs on, paced on
+/// our side only, without a single reinstatement.
+#[test]
+fn rate_control_sends_tgt_no_hints() {
+    let tgt = tgt_or_skip!(16 * MIB, None);
+    let rt = rt();
+    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let mut o = SessionOptions::default();
+    o.set("rate_control", "yes").unwrap();
+    let s = rt.block_on(Session::connect(&url, &o)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..s.queue_depth() as u64 {
+        let (s, stop) = (s.clone(), stop.clone());
+        tasks.push(rt.spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let data = s.read(1, (i % 8) * 2048, 2048).await.unwrap();
+                assert_eq!(data.len(), MIB as usize);
+            }
+        }));
+    }
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < end
+        && s.info()
+            .rate_control
+            .is_none_or(|r| r.pacing_bytes_per_s.is_none())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // A few more samples in cruise, where a hint would go out.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        rt.block_on(t).unwrap();
+    }
+    let info = s.info();
+    let rc = info.rate_control.clone().unwrap();
+    assert_eq!(rc.phase, "cruise", "{rc:?}");
+    assert!(
+        info.target_pacing
+            .connections
+            .iter()
+            .all(|c| c.answer == "not understood"),
+        "{:?}",
+        info.target_pacing
+    );
+    assert_eq!((s.reinstatements(), s.retries()), (0, 0));
+    rt.block_on(s.logout()).unwrap();
+}

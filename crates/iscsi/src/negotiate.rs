@@ -432,7 +432,11 @@ pub fn lookup(name: &str) -> Option<&'static KeyDef> {
 ///   the login, in bytes per second, `0` for none: the hint clamped to
 ///   [`PACING_HINT_MIN`]..=[`PACING_HINT_MAX`]; its own configured rate instead, which
 ///   wins; `0` when it is configured to ignore hints. A value that is no number is
-///   answered `Reject`, the key in a discovery session or after login `Irrelevant`.
+///   answered `Reject`, the key in a discovery session `Irrelevant`.
+/// - In full feature phase the initiator may send the key again, alone in a Text request
+///   (immediate, on the connection it is about), when its rate control has found the
+///   bottleneck and the connection's share of it changes; the target answers and paces
+///   as at login, from then on.
 /// - A target that does not know it (tgt, LIO) answers `NotUnderstood` (RFC 7143 6.2).
 ///   None of these answers fails a login: the initiator records them and goes on.
 pub const PACING_RATE_KEY: &str = "X-org.reservoir.PacingRate";
@@ -618,7 +622,8 @@ pub enum Answer {
 }
 
 impl Answer {
-    fn wire(&self) -> Option<&str> {
+    /// The value as it goes on the wire; `None` for a declaration (no answer).
+    pub fn wire(&self) -> Option<&str> {
         match self {
             Answer::Value(v) => Some(v),
             Answer::Declared => None,

@@ -224,11 +224,19 @@ pub struct TcpInfo {
     pub delivery_rate: u64,
     pub bytes_acked: u64,
     pub bytes_received: u64,
+    /// The receiver's estimate of the peer's segment size.
+    pub rcv_mss: u32,
+    /// Data segments received, duplicates and out-of-order ones included.
+    pub data_segs_in: u32,
+    /// Segments delivered to the peer (cumulatively or selectively acknowledged),
+    /// retransmitted ones included once.
+    pub delivered: u32,
 }
 
 // Offsets into struct tcp_info (include/uapi/linux/tcp.h), stable ABI since the fields were
 // appended in order.
 const OFF_SND_MSS: usize = 16;
+const OFF_RCV_MSS: usize = 20;
 const OFF_RTT: usize = 68;
 const OFF_RTTVAR: usize = 72;
 const OFF_SND_CWND: usize = 80;
@@ -237,7 +245,9 @@ const OFF_PACING_RATE: usize = 104;
 const OFF_BYTES_ACKED: usize = 120;
 const OFF_BYTES_RECEIVED: usize = 128;
 const OFF_MIN_RTT: usize = 148;
+const OFF_DATA_SEGS_IN: usize = 152;
 const OFF_DELIVERY_RATE: usize = 160;
+const OFF_DELIVERED: usize = 192;
 
 pub fn tcp_info(fd: impl AsFd) -> io::Result<TcpInfo> {
     let mut buf = [0u8; 256];
@@ -281,6 +291,9 @@ pub fn tcp_info(fd: impl AsFd) -> io::Result<TcpInfo> {
         delivery_rate: u64_at(OFF_DELIVERY_RATE),
         bytes_acked: u64_at(OFF_BYTES_ACKED),
         bytes_received: u64_at(OFF_BYTES_RECEIVED),
+        rcv_mss: u32_at(OFF_RCV_MSS),
+        data_segs_in: u32_at(OFF_DATA_SEGS_IN),
+        delivered: u32_at(OFF_DELIVERED),
     })
 }
 

@@ -81,9 +81,9 @@ pub struct SessionDefaults {
     pub congestion: Option<String>,
     /// SO_MAX_PACING_RATE per connection, bytes per second. Wins over initiators' hints.
     pub pacing_rate: Option<u64>,
-    /// Pace each connection's sends (Data-In) at the rate its initiator asks for at login
-    /// (`X-org.reservoir.PacingRate`, clamped to 1 Mbit/s..400 Gbit/s). Off: the target
-    /// answers that it does not pace.
+    /// Pace each connection's sends (Data-In) at the rate its initiator asks for, at
+    /// login or later in a Text request (`X-org.reservoir.PacingRate`, clamped to
+    /// 1 Mbit/s..400 Gbit/s). Off: the target answers that it does not pace.
     pub accept_pacing_hint: bool,
     /// TCP_NOTSENT_LOWAT per connection, bytes.
     pub notsent_lowat: Option<u32>,
@@ -117,6 +117,17 @@ impl Default for SessionDefaults {
             accept_pacing_hint: true,
             notsent_lowat: None,
             auto_tune: true,
+        }
+    }
+}
+
+impl SessionDefaults {
+    /// What the target does with an initiator's `X-org.reservoir.PacingRate`, at login
+    /// or later.
+    pub fn pacing_policy(&self) -> iscsi::negotiate::PacingPolicy {
+        iscsi::negotiate::PacingPolicy {
+            accept_hint: self.accept_pacing_hint,
+            configured: self.pacing_rate,
         }
     }
 }

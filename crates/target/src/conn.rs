@@ -173,11 +173,7 @@ impl LoginPolicy for Policy<'_> {
         &self.connection
     }
     fn pacing_policy(&self) -> Option<PacingPolicy> {
-        let s = &self.shared.config.session;
-        Some(PacingPolicy {
-            accept_hint: s.accept_pacing_hint,
-            configured: s.pacing_rate,
-        })
+        Some(self.shared.config.session.pacing_policy())
     }
     fn required_digests(&self) -> (bool, bool) {
         let s = &self.shared.config.session;
@@ -603,6 +599,9 @@ async fn expire_retained(shared: Arc<Shared>, session: Arc<Session>, was_last: b
 
 enum Out {
     Pdu(Pdu),
+    /// Pace the connection's sends at most at this many bytes per second from now on
+    /// (`u64::MAX`: not at all).
+    Pace(u64),
     Close,
 }
 
@@ -681,6 +680,12 @@ async fn writer(
                 Out::Pdu(p) => {
                     bytes += p.data().len();
                     batch.push(p);
+                }
+                Out::Pace(rate) => {
+                    let fd = std::os::fd::AsFd::as_fd(wr.as_ref());
+                    if let Err(e) = net::set_pacing_rate(fd, rate) {
+                        warn!("cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                    }
                 }
                 Out::Close => {
                     close = true;
@@ -1534,8 +1539,7 @@ impl Conn {
             if k == "SendTargets" {
                 self.send_targets(v, &mut answer);
             } else if k == iscsi::negotiate::PACING_RATE_KEY {
-                // Ours, but a login key: the rate is fixed for the connection's life.
-                answer.push(k, iscsi::text::IRRELEVANT);
+                self.pacing_hint(v, &mut answer);
             } else if k.starts_with("X-")
                 || k.starts_with("X#")
                 || iscsi::negotiate::lookup(k).is_none()
@@ -1563,6 +1567,35 @@ impl Conn {
         if more {
             self.text_out = Some((t.itt, ttt, chunks));
         }
+    }
+
+    /// `X-org.reservoir.PacingRate` in full feature phase: the initiator's rate control
+    /// found the bottleneck and asks for this connection's share of it. Answered as at
+    /// login (the target's own rate wins; hints may be off); applied by the writer, so
+    /// that the answer goes out already paced. Discovery sessions send no data to pace.
+    fn pacing_hint(&self, offered: &str, answer: &mut TextKeys) {
+        let key = iscsi::negotiate::PACING_RATE_KEY;
+        if self.session.is_discovery() {
+            answer.push(key, iscsi::text::IRRELEVANT);
+            return;
+        }
+        let s = &self.shared.config.session;
+        let (a, pacing) = iscsi::negotiate::answer_pacing_hint(offered, &s.pacing_policy());
+        match pacing {
+            TargetPacing::Paced(rate) if Some(rate) != s.pacing_rate => {
+                debug!(
+                    "cid {}: Data-In paced at {rate} bytes/s as the initiator asks",
+                    self.cid
+                );
+                let _ = self.out.send(Out::Pace(rate));
+            }
+            TargetPacing::NotPaced if s.pacing_rate.is_none() && s.accept_pacing_hint => {
+                // "0": the initiator no longer wants this connection paced.
+                let _ = self.out.send(Out::Pace(u64::MAX));
+            }
+            _ => {}
+        }
+        answer.push(key, a.wire().unwrap_or(iscsi::text::REJECT));
     }
 
     fn portal_addresses(&self) -> Vec<String> {

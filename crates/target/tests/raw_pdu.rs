@@ -997,9 +997,10 @@ fn pacing_hint_off_or_configured_rate_wins() {
 }
 
 /// A hand-written login straight into the operational stage with a pacing hint that is no
-/// number: the key is answered Reject, nothing is paced, and the login succeeds.
+/// number: the key is answered Reject, nothing is paced, and the login succeeds. Later
+/// hints in Text requests pace the connection, or stop pacing it.
 #[test]
-fn malformed_pacing_hint_is_rejected_without_failing_the_login() {
+fn malformed_pacing_hint_is_rejected_without_failing_the_login_and_later_hints_apply() {
     let addr = start("");
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -1047,22 +1048,39 @@ fn malformed_pacing_hint_is_rejected_without_failing_the_login() {
     assert_eq!(target_side_pacing(&raw.s), u64::MAX);
     clear_ua(&mut raw, 2);
     read_ok(&mut raw, 3, 1);
-    // After login the key is irrelevant: the rate is the connection's for its life.
-    raw.send(&Pdu::TextRequest(TextRequest {
-        final_: true,
-        itt: 4,
-        ttt: RESERVED_TAG,
-        cmdsn: raw.cmdsn,
-        expstatsn: raw.statsn,
-        data: b"X-org.reservoir.PacingRate=1000000\0".to_vec().into(),
-        ..Default::default()
-    }));
-    let Pdu::TextResponse(t) = raw.recv() else {
-        panic!("expected a text response")
-    };
-    let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
-    assert_eq!(keys.get("X-org.reservoir.PacingRate"), Some("Irrelevant"));
-    assert_eq!(target_side_pacing(&raw.s), u64::MAX);
+    // In full feature phase a hint (the initiator's rate control found the bottleneck)
+    // paces the connection from the answer on; 0 ends the pacing; no number is refused.
+    for (itt, hint, answer, paced) in [
+        (4, "1000000", "1000000", 1_000_000),
+        (5, "fast", "Reject", 1_000_000),
+        (6, "1", "125000", 125_000),
+        (7, "0", "0", u64::MAX),
+    ] {
+        raw.send(&Pdu::TextRequest(TextRequest {
+            immediate: true,
+            final_: true,
+            itt,
+            ttt: RESERVED_TAG,
+            cmdsn: raw.cmdsn,
+            expstatsn: raw.statsn,
+            data: format!("X-org.reservoir.PacingRate={hint}\0")
+                .into_bytes()
+                .into(),
+            ..Default::default()
+        }));
+        let Pdu::TextResponse(t) = raw.recv() else {
+            panic!("expected a text response")
+        };
+        raw.statsn = t.statsn.wrapping_add(1);
+        let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
+        assert_eq!(
+            keys.get("X-org.reservoir.PacingRate"),
+            Some(answer),
+            "{hint}"
+        );
+        assert_eq!(target_side_pacing(&raw.s), paced, "{hint}");
+    }
+    read_ok(&mut raw, 8, 1);
 }
 
 /// Writes `data` at `lba` as the target's R2Ts ask, in 4 KiB Data-Out PDUs, and checks GOOD.
