@@ -655,8 +655,8 @@ async fn writer(
     cid: u16,
 ) -> std::io::Result<()> {
     let erl2 = session.erl2();
-    // As `Job::lend`: Data-In may be lent only without data digests and below ERL 2.
-    let lends = !digests.data && !erl2;
+    // As `Job::lend`: Data-In may be lent only without data digests.
+    let lends = !digests.data;
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.
@@ -790,7 +790,7 @@ fn batch_slices<'a>(
 /// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
 /// the blocks they hold). The copy goes through the kernel, which reports a page of a
 /// shrunken file as an error where reading it here would take SIGBUS.
-fn unlend(p: &mut Pdu) -> std::io::Result<()> {
+pub(crate) fn unlend(p: &mut Pdu) -> std::io::Result<()> {
     if let Pdu::DataIn(d) = p {
         if !d.data.is_empty() {
             d.data = Bytes::from(backstore::copy_checked(&d.data)?);
@@ -1424,9 +1424,9 @@ impl Conn {
             out: self.out.clone(),
             max_seg: self.params.max_send_data_segment_length,
             max_burst: self.session.params.max_burst_length,
-            // A data digest reads the bytes in user space, and at ERL 2 an answer is kept
-            // (and its blocks held) until acknowledged: both copy.
-            lend: !self.params.data_digest && !self.session.erl2(),
+            // A data digest reads the bytes in user space: it copies. At ERL 2 an answer
+            // kept for reassignment keeps its blocks for a second at most (the writer).
+            lend: !self.params.data_digest,
         };
         let session = self.session.clone();
         let shared = self.shared.clone();
@@ -1438,6 +1438,18 @@ impl Conn {
                 for p in pdus {
                     let _ = job.out.send(Out::Pdu(p));
                 }
+            }
+            if job.may_lend() && session.erl2() {
+                // At ERL 2 the session keeps the answer until its status is acknowledged,
+                // and with it the blocks of a lent read: an initiator that goes quiet
+                // after the read would hold writes to them up. After LENT_HOLD a kept
+                // answer is copied and the blocks go (the writer does the same for what
+                // the socket has not taken).
+                let session = session.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(LENT_HOLD).await;
+                    session.unlend_retained(&[itt]);
+                });
             }
             session.unregister_task(itt);
             ctl.finished.store(true, Ordering::Release);
@@ -1919,6 +1931,12 @@ struct Job {
 }
 
 impl Job {
+    /// Whether the answer may send the store's lent bytes.
+    fn may_lend(&self) -> bool {
+        let c = &self.task.cmd;
+        self.lend && !c.write && self.task.sink.is_none() && c.edtl >= LEND_MIN
+    }
+
     /// The answer to a read that needs no wait for a device, or `None`: use [`Job::run`]
     /// on a thread that may block.
     fn run_now(&self) -> Option<Vec<Pdu>> {
@@ -1932,7 +1950,7 @@ impl Job {
             data_out: &[],
             nexus: self.nexus,
         };
-        if self.lend && t.cmd.edtl >= LEND_MIN {
+        if self.may_lend() {
             if let Some(lent) = lu.try_read_lent(&cmd, u64::MAX, false) {
                 return Some(self.respond_lent(lent));
             }
@@ -1978,16 +1996,14 @@ impl Job {
         let cdb = &t.cmd.cdb[..];
         let edtl = t.cmd.edtl;
         let lu = t.lun.and_then(|l| self.target.luns.get(&l));
-        if let Some(lu) = lu.filter(|_| self.lend && !t.cmd.write && t.sink.is_none()) {
-            if t.cmd.edtl >= LEND_MIN {
-                let cmd = scsi::Command {
-                    cdb,
-                    data_out: &[],
-                    nexus: self.nexus,
-                };
-                if let Some(lent) = lu.try_read_lent(&cmd, u64::MAX, true) {
-                    return self.respond_lent(lent);
-                }
+        if let Some(lu) = lu.filter(|_| self.may_lend()) {
+            let cmd = scsi::Command {
+                cdb,
+                data_out: &[],
+                nexus: self.nexus,
+            };
+            if let Some(lent) = lu.try_read_lent(&cmd, u64::MAX, true) {
+                return self.respond_lent(lent);
             }
         }
         // Residuals for data the initiator sends are judged against what the CDB asks for.

@@ -1247,6 +1247,31 @@ fn large_reads_of_a_file_lun_send_whole_data_and_free_their_blocks() {
 /// go. The stalled reads then deliver the data as it was when they ran.
 #[test]
 fn a_peer_that_stops_reading_holds_no_write_up_for_long() {
+    stalled_reader_at(0);
+}
+
+/// The same at ERL 2, where the session also keeps every answer until its status is
+/// acknowledged (for a task reassignment) and the stalled peer acknowledges nothing: the
+/// kept answers are copied after a second too. Then a peer that reads at once but goes
+/// quiet, never acknowledging, holds no write up either.
+#[test]
+fn at_erl2_kept_answers_hold_no_write_up_for_long() {
+    let (mut a, mut b) = stalled_reader_at(2);
+    let blocks = 2048u16;
+    for i in 0..4u32 {
+        let got = read_at(&mut a, 0x200 + i, i * u32::from(blocks), blocks);
+        assert_eq!(got.len(), 1 << 20);
+    }
+    // A says nothing more: its four statuses stay unacknowledged, their answers kept.
+    write_at(&mut b, 4, 3 * u32::from(blocks), &vec![0xdd; 1 << 20]);
+    assert!(read_at(&mut b, 5, 3 * u32::from(blocks), blocks)
+        .iter()
+        .all(|&x| x == 0xdd));
+}
+
+/// Logs in A (at `erl`) and B, stalls A behind 24 MiB of reads while B writes the last
+/// read's blocks, and checks both. Returns both sessions.
+fn stalled_reader_at(erl_level: u8) -> (Raw, Raw) {
     let shm = std::path::Path::new("/dev/shm");
     let dir = if shm.is_dir() {
         tempfile::tempdir_in(shm).unwrap()
@@ -1263,9 +1288,10 @@ fn a_peer_that_stops_reading_holds_no_write_up_for_long() {
     );
     let p = SessionParams {
         max_burst_length: 262144,
-        ..prefs()
+        ..erl(erl_level)
     };
     let mut a = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x40], 0, 1, 1, p.clone());
+    assert_eq!(a.params.error_recovery_level, erl_level);
     let mut b = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x41], 0, 1, 1, p);
     clear_ua(&mut a, 1);
     clear_ua(&mut b, 1);
@@ -1308,4 +1334,5 @@ fn a_peer_that_stops_reading_holds_no_write_up_for_long() {
         "the stalled read shows the blocks as they were when it ran"
     );
     assert!(read_at(&mut b, 3, last, BLOCKS).iter().all(|&x| x == 0xee));
+    (a, b)
 }

@@ -134,6 +134,27 @@ impl Session {
         }
     }
 
+    /// The answers of `itts`, if still kept, now hold copies of their Data-In rather than
+    /// the store's lent pages, whose blocks are then free for writes (see the writer's
+    /// LENT_HOLD). A copy that fails (the file shrank under the mapping) leaves the answer
+    /// without its data: a reassignment would then resend a short read, which the status
+    /// already kept says nothing about, so the answer is dropped instead.
+    pub fn unlend_retained(&self, itts: &[u32]) {
+        let mut g = self.lock();
+        for itt in itts {
+            let Some(a) = g.retained.answers.get_mut(itt) else {
+                continue;
+            };
+            if a.pdus
+                .iter_mut()
+                .map(crate::conn::unlend)
+                .any(|r| r.is_err())
+            {
+                g.retained.answers.remove(itt);
+            }
+        }
+    }
+
     /// The initiator acknowledged on `cid` every status before `exp`: those answers are
     /// not kept any longer.
     pub fn acknowledge(&self, cid: u16, exp: u32) {
