@@ -141,8 +141,9 @@ pub struct SessionOptions {
     /// and paces the connections to share it.
     pub rate: Option<u64>,
     /// Without a `rate`, find the bottleneck's rate while the session runs and pace to it
-    /// (`tune::RateControl`): `None` on paths of 1 ms RTT and more, or as set.
-    pub rate_control: Option<bool>,
+    /// (`tune::RateControl`). Off by default: see docs/architecture.md for what it did in
+    /// the lab.
+    pub rate_control: bool,
     /// Bytes per command the caller will issue (cp and bench set it); sizes bursts and
     /// the queue depth.
     #[serde(skip)]
@@ -187,7 +188,7 @@ impl Default for SessionOptions {
             error_recovery_level: 2,
             auto_tune: true,
             rate: None,
-            rate_control: None,
+            rate_control: false,
             io_size_hint: None,
             pinned: Default::default(),
         }
@@ -313,7 +314,7 @@ impl SessionOptions {
                 }
             }
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
-            "rate_control" => self.rate_control = Some(parse_bool_opt(key, v)?),
+            "rate_control" => self.rate_control = parse_bool_opt(key, v)?,
             "rate" => {
                 self.rate = Some(parse_rate(v).ok_or_else(|| {
                     Error::Option(format!("{key}={v}: expected a rate like 100mbit"))

@@ -274,15 +274,12 @@ pub fn plan(
                 ""
             }
         ));
-    } else if !opts.rate_control.unwrap_or(rtt >= RATE_CONTROL_MIN_RTT) {
-        reasons.push(format!(
-            "pacing: none (no --rate; {}: the congestion control paces)",
-            if opts.rate_control.is_some() {
-                "rate_control=no"
-            } else {
-                "RTT below 1 ms, a host or a LAN"
-            }
-        ));
+    } else if !opts.rate_control {
+        reasons.push(
+            "pacing: none (no --rate; the congestion control paces; rate_control=yes would \
+             find the bottleneck and pace to it)"
+                .into(),
+        );
     } else {
         plan.rate_control = true;
         reasons.push(format!(
@@ -484,10 +481,6 @@ impl SpanRate {
         rate
     }
 }
-
-/// Below this RTT the path is a host or a LAN: no rate control (pacing costs more
-/// there than a queue does).
-pub const RATE_CONTROL_MIN_RTT: Duration = Duration::from_millis(1);
 
 /// Busy samples without growth that end the start-up.
 pub const FLAT_TICKS: u32 = 3;
@@ -875,25 +868,20 @@ mod tests {
     }
 
     #[test]
-    fn plan_runs_the_rate_control_only_without_a_rate_past_a_lan() {
+    fn plan_runs_the_rate_control_only_when_asked_and_without_a_rate() {
         let d = SessionOptions::default();
-        assert!(plan(&d, &probe_ms(100), &kernel()).1.rate_control);
-        assert!(plan(&d, &probe_ms(1), &kernel()).1.rate_control);
-        let (_, p) = plan(&d, &probe_ms(0), &kernel());
+        let (_, p) = plan(&d, &probe_ms(100), &kernel());
         assert!(!p.rate_control);
-        assert!(p.reasons.iter().any(|r| r.contains("RTT below 1 ms")));
+        assert!(p.reasons.iter().any(|r| r.contains("rate_control=yes")));
         let mut o = d.clone();
         o.set("rate_control", "yes").unwrap();
         assert!(plan(&o, &probe_ms(0), &kernel()).1.rate_control);
-        o.set("rate_control", "no").unwrap();
-        let (_, p) = plan(&o, &probe_ms(100), &kernel());
-        assert!(!p.rate_control);
-        assert!(p.reasons.iter().any(|r| r.contains("rate_control=no")));
+        assert!(plan(&o, &probe_ms(100), &kernel()).1.rate_control);
         // A given rate, or pacing set by hand, paces already.
-        let mut o = d.clone();
         o.set("rate", "100mbit").unwrap();
         assert!(!plan(&o, &probe_ms(100), &kernel()).1.rate_control);
         let mut o = d;
+        o.set("rate_control", "yes").unwrap();
         o.set("pacing_rate", "100mbit").unwrap();
         assert!(!plan(&o, &probe_ms(100), &kernel()).1.rate_control);
     }

@@ -508,8 +508,8 @@ async fn busy_until(
     ok
 }
 
-/// Without a rate the session finds the bottleneck itself (`rate_control=yes` here, as
-/// loopback is below the 1 ms where it starts by default): once reads stop speeding up it
+/// With `rate_control=yes` and no rate the session finds the bottleneck itself: once
+/// reads stop speeding up it
 /// paces the session just above what they reached, and asks Reservoir's target, which
 /// answered the login's "0", to pace each connection's Data-In at its share.
 #[test]
