@@ -9,6 +9,7 @@ pub struct Environment {
     pub rsv: String,
     /// Which build ran (debug or release), by path.
     pub rsv_binary: String,
+    /// The commit the binary was built from (`-dirty`: with changes to tracked files).
     pub git_commit: String,
     pub tgtd: String,
     pub qemu_img: String,
@@ -62,7 +63,7 @@ pub fn collect() -> Environment {
         date_utc: first_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
         rsv,
         rsv_binary: crate::proc::rsv_bin().display().to_string(),
-        git_commit: first_line("git", &["rev-parse", "--short", "HEAD"]),
+        git_commit: env!("RSV_BUILD_COMMIT").to_owned(),
         tgtd: format!("tgt {tgtd}"),
         qemu_img: first_line("qemu-img", &["--version"]),
         iperf3: first_line("iperf3", &["--version"]),
