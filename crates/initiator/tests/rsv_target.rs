@@ -473,41 +473,6 @@ fn target_with_pacing_hints_off_says_it_does_not_pace() {
     rt.block_on(s.logout()).unwrap();
 }
 
-/// Runs `depth` reads of 1 MiB at a time on `s` until `done` says so (checked every
-/// 100 ms) or `limit` passes; true if `done` did.
-async fn busy_until(
-    s: &Session,
-    depth: usize,
-    limit: std::time::Duration,
-    done: impl Fn(&Session) -> bool,
-) -> bool {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for i in 0..depth {
-        let (s, stop) = (s.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let data = s.read(0, (i as u64 % 8) * 2048, 2048).await.unwrap();
-                assert_eq!(data.len(), MIB as usize);
-            }
-        }));
-    }
-    let end = std::time::Instant::now() + limit;
-    let mut ok = false;
-    while std::time::Instant::now() < end {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        if done(s) {
-            ok = true;
-            break;
-        }
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    ok
-}
-
 /// With `rate_control=yes` and no rate the session finds the bottleneck itself: once
 /// reads stop speeding up it
 /// paces the session just above what they reached, and asks Reservoir's target, which
@@ -535,6 +500,7 @@ fn rate_control_paces_the_session_and_the_target_once_the_pipe_is_full() {
     let depth = s.queue_depth();
     let paced = rt.block_on(busy_until(
         &s,
+        0,
         depth,
         std::time::Duration::from_secs(30),
         |s| s.info().target_pacing.paced_connections == 2,

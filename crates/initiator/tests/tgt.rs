@@ -259,31 +259,16 @@ fn rate_control_sends_tgt_no_hints() {
     let mut o = SessionOptions::default();
     o.set("rate_control", "yes").unwrap();
     let s = rt.block_on(Session::connect(&url, &o)).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for i in 0..s.queue_depth() as u64 {
-        let (s, stop) = (s.clone(), stop.clone());
-        tasks.push(rt.spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let data = s.read(1, (i % 8) * 2048, 2048).await.unwrap();
-                assert_eq!(data.len(), MIB as usize);
-            }
-        }));
-    }
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::time::Instant::now() < end
-        && s.info()
+    let depth = s.queue_depth();
+    let limit = std::time::Duration::from_secs(30);
+    rt.block_on(busy_until(&s, 1, depth, limit, |s| {
+        s.info()
             .rate_control
-            .is_none_or(|r| r.pacing_bytes_per_s.is_none())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+            .is_some_and(|r| r.pacing_bytes_per_s.is_some())
+    }));
     // A few more samples in cruise, where a hint would go out.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for t in tasks {
-        rt.block_on(t).unwrap();
-    }
+    let more = std::time::Duration::from_millis(500);
+    rt.block_on(busy_until(&s, 1, depth, more, |_| false));
     let info = s.info();
     let rc = info.rate_control.clone().unwrap();
     assert_eq!(rc.phase, "cruise", "{rc:?}");

@@ -387,3 +387,39 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<usize>, cut: Optio
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);
 }
+
+/// Runs `depth` reads of 1 MiB at a time (within the first 8 MiB of `lun`) on `s` until
+/// `done` says so (checked every 100 ms) or `limit` passes; true if `done` did.
+pub async fn busy_until(
+    s: &initiator::Session,
+    lun: u16,
+    depth: usize,
+    limit: std::time::Duration,
+    done: impl Fn(&initiator::Session) -> bool,
+) -> bool {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..depth {
+        let (s, stop) = (s.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let data = s.read(lun, (i as u64 % 8) * 2048, 2048).await.unwrap();
+                assert_eq!(data.len(), 1 << 20);
+            }
+        }));
+    }
+    let end = std::time::Instant::now() + limit;
+    let mut ok = false;
+    while std::time::Instant::now() < end {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if done(s) {
+            ok = true;
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    ok
+}
