@@ -233,6 +233,7 @@ pub(crate) struct Conn {
     pub applied_pace: AtomicU64,
     /// The target's last answer to a pacing hint in full feature phase.
     pub ffp_pacing: std::sync::Mutex<Option<TargetPacing>>,
+    /// The bytes that crossed the path, sampled, for a rate over a span.
     span: std::sync::Mutex<crate::tune::SpanRate>,
 }
 

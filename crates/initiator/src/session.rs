@@ -88,8 +88,8 @@ pub struct SessionInfo {
     /// Whether the target paces its sends to us, as each connection last answered
     /// (at login, or to a hint of the rate control since).
     pub target_pacing: crate::tune::TargetPacingReport,
-    /// The bottleneck found and the pacing chosen without a given rate (absent when
-    /// auto-tuning is off or a rate was given).
+    /// The bottleneck found and the pacing chosen without a given rate (absent unless the
+    /// rate control runs: `rate_control=yes`, auto-tuning on, no rate or pacing given).
     pub rate_control: Option<crate::tune::RateControlReport>,
 }
 
@@ -430,8 +430,8 @@ struct Shared {
     queue_depth: std::sync::atomic::AtomicUsize,
     plan: Option<crate::tune::Plan>,
     bufs: Arc<BufPool>,
-    /// Finds the bottleneck and paces the session to it, when auto-tuning is on and no
-    /// rate was given (see [`crate::tune::RateControl`]).
+    /// Finds the bottleneck and paces the session to it, when asked (`rate_control=yes`)
+    /// and no rate was given (see [`crate::tune::RateControl`]).
     rate: Option<Mutex<RateControl>>,
     /// The session's total pacing rate from `rate`, bytes per second (0: none yet).
     pace_total: AtomicU64,
