@@ -286,6 +286,12 @@ impl LogicalUnit {
         }
     }
 
+    /// Whether reads may be answered with the store's bytes lent (see
+    /// [`LogicalUnit::try_read_lent`]).
+    pub fn can_lend(&self) -> bool {
+        self.store.can_lend()
+    }
+
     /// Answers a plain READ with the store's bytes lent rather than copied (see
     /// [`Backstore::lend`]), under the same rules as [`LogicalUnit::try_read_now`]: `None`
     /// and nothing changed when it cannot. The answer is GOOD with [`LentRead`]'s bytes,

@@ -1933,8 +1933,14 @@ struct Job {
 impl Job {
     /// Whether the answer may send the store's lent bytes.
     fn may_lend(&self) -> bool {
-        let c = &self.task.cmd;
-        self.lend && !c.write && self.task.sink.is_none() && c.edtl >= LEND_MIN
+        let t = &self.task;
+        self.lend
+            && !t.cmd.write
+            && t.sink.is_none()
+            && t.cmd.edtl >= LEND_MIN
+            && t.lun
+                .and_then(|l| self.target.luns.get(&l))
+                .is_some_and(|lu| lu.can_lend())
     }
 
     /// The answer to a read that needs no wait for a device, or `None`: use [`Job::run`]
