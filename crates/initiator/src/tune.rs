@@ -423,9 +423,10 @@ pub fn grown_queue_depth(
 /// senders held to the bottleneck never fill its queue, so it drops nothing and the round
 /// trip stays at its floor.
 ///
-/// It is fed the bytes the session's connections moved (acknowledged or received, from
-/// `TCP_INFO`) every few round trips ([`RateControl::interval`]) and answers with the
-/// total pacing rate the session should keep, to be shared by its connections:
+/// Every few round trips ([`RateControl::interval`]) it is fed the rate at which the
+/// session's connections moved segments across the path, each measured from `TCP_INFO`
+/// over a [`SpanRate`] and summed, and answers with the total pacing rate the session
+/// should keep, to be shared by its connections:
 ///
 /// - **start-up**: no pacing while the congestion control ramps up; the highest rate seen
 ///   so far is remembered. When [`FLAT_TICKS`] busy samples in a row fail to grow it by
@@ -437,6 +438,11 @@ pub fn grown_queue_depth(
 ///
 /// Samples while the session had little to do (`busy` false) are skipped: an idle
 /// session delivers little, and that says nothing about the path.
+///
+/// Off by default (`rate_control=yes`): in the lab it helped nowhere beyond noise and
+/// cost four independent backups sharing one bottleneck (R1) 12 points of the link and
+/// their fairness, each pacing itself to its own measurement
+/// (`lab/results-rate-control/`).
 #[derive(Clone, Debug, Default)]
 pub struct RateControl {
     last: Option<Duration>,
@@ -498,7 +504,7 @@ const CHANGE_MIN: u64 = 2;
 pub struct RateControlReport {
     /// "start-up" or "cruise".
     pub phase: &'static str,
-    /// The bottleneck's rate as measured, payload bytes per second.
+    /// The bottleneck's rate as measured: segments across the path × MSS, per second.
     pub bottleneck_bytes_per_s: u64,
     /// The session's total pacing rate, bytes per second (None: unpaced).
     pub pacing_bytes_per_s: Option<u64>,
@@ -516,11 +522,10 @@ impl RateControl {
         (min_rtt * 8).clamp(Duration::from_secs(1), Duration::from_secs(4))
     }
 
-    /// One sample: `delivered` bytes moved by the session since it began, at `at`.
-    /// Returns the new total pacing rate when it changes.
-    /// `rate`: what the session's connections delivered lately, bytes per second, each
-    /// measured over a [`SpanRate`] and summed; `busy`: whether the session had work
-    /// queued meanwhile.
+    /// One sample at `at`. `rate`: what the session's connections moved lately, bytes
+    /// per second, each measured over a [`SpanRate`] and summed (`None` while one has not
+    /// run a span yet); `busy`: whether the session had work queued meanwhile. Returns
+    /// the new total pacing rate when it changes.
     pub fn sample(&mut self, at: Duration, rate: Option<u64>, busy: bool) -> Option<u64> {
         self.last = Some(at);
         let rate = rate.filter(|_| busy)?;
