@@ -1262,7 +1262,8 @@ fn at_erl2_kept_answers_hold_no_write_up_for_long() {
         let got = read_at(&mut a, 0x200 + i, i * u32::from(blocks), blocks);
         assert_eq!(got.len(), 1 << 20);
     }
-    // A says nothing more: its four statuses stay unacknowledged, their answers kept.
+    // A says nothing more: its last read's status is never acknowledged, and the session
+    // keeps that answer, lent, for a reassignment.
     write_at(&mut b, 4, 3 * u32::from(blocks), &vec![0xdd; 1 << 20]);
     assert!(read_at(&mut b, 5, 3 * u32::from(blocks), blocks)
         .iter()
