@@ -973,11 +973,10 @@ impl Shared {
             let now = self.epoch.elapsed();
             if rc.due(now, every) {
                 // The sum of every live connection's rate over its own last span.
-                let rates: Vec<Option<u64>> = live
+                let rate: Option<u64> = live
                     .iter()
                     .map(|c| c.path.lock().unwrap().and_then(|p| p.span_rate))
-                    .collect();
-                let rate = rates.iter().copied().sum::<Option<u64>>();
+                    .sum();
                 // Busy: more than three quarters of the queue in use (a session short
                 // of work measures itself, not the path).
                 let busy =

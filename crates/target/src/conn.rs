@@ -1439,7 +1439,8 @@ impl Conn {
                     let _ = job.out.send(Out::Pdu(p));
                 }
             }
-            if job.may_lend() && session.erl2() {
+            // erl2() first: may_lend() looks the LU up, and this runs for every command.
+            if session.erl2() && job.may_lend() {
                 // At ERL 2 the session keeps the answer until its status is acknowledged,
                 // and with it the blocks of a lent read: an initiator that goes quiet
                 // after the read would hold writes to them up. After LENT_HOLD a kept
