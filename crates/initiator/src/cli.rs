@@ -1015,6 +1015,9 @@ pub struct BenchReport {
     pub block_size: u64,
     pub queue_depth: usize,
     pub connections: usize,
+    /// When the timed run began (after login), seconds since the Unix epoch: lines the
+    /// run up with what others saw meanwhile (the lab's link counters).
+    pub started_unix_s: f64,
     pub seconds: f64,
     pub ios: u64,
     pub iops: f64,
@@ -1064,6 +1067,9 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let abandoned = Arc::new(AtomicU64::new(0));
     let drained = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
+    let started_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let deadline = start + args.duration;
     // Commands in flight at the deadline hold data already on its way: a timed run that
     // dropped them would undercount a long fat pipe by up to its whole queue (32 commands
@@ -1165,6 +1171,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         block_size: io,
         queue_depth,
         connections: info.connections,
+        started_unix_s,
         seconds,
         ios: total.len(),
         iops: total.len() as f64 / seconds,

@@ -5,6 +5,7 @@
 //! `qemu-img`, `iperf3`) inside the emulator's namespaces, so the lab measures exactly
 //! what a user of those commands gets.
 
+mod busy;
 pub mod cli;
 mod doc;
 mod env;

@@ -1,6 +1,7 @@
 //! Processes, namespaces and links the lab starts, each owned by a guard that removes it on
 //! every way out (error, panic, SIGINT/SIGTERM).
 
+use crate::busy::Sample;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::fs::File;
@@ -304,6 +305,29 @@ pub struct Link {
     pub name: String,
     pub a: Vec<Host>,
     pub b: Vec<Host>,
+    /// The bottleneck's rate each way as brought up, bits per second.
+    pub rate_bps: u64,
+}
+
+/// The bottleneck's counters read on a thread every so often while a measurement runs
+/// (`Link::watch`), each way: a→b and b→a.
+pub struct Watch {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<Sample>, Vec<Sample>)>,
+}
+
+impl Watch {
+    /// Stops the readings and returns them, a→b and b→a.
+    pub fn finish(self) -> (Vec<Sample>, Vec<Sample>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn hosts(site: &Value) -> Result<Vec<Host>> {
@@ -332,6 +356,7 @@ impl Link {
             name: name.to_owned(),
             a: Vec::new(),
             b: Vec::new(),
+            rate_bps: 0,
         };
         let out = run_ok(
             Command::new(rsv_bin())
@@ -343,6 +368,7 @@ impl Link {
             .with_context(|| format!("rsv wan up --json printed {out:?}"))?;
         link.a = hosts(&v["a"])?;
         link.b = hosts(&v["b"])?;
+        link.rate_bps = v["ab"]["rate_bps"].as_u64().unwrap_or(0);
         if link.a.is_empty() || link.b.is_empty() {
             bail!("rsv wan up: no hosts in {out}");
         }
@@ -372,6 +398,43 @@ impl Link {
             ab["tx_bytes"].as_u64().unwrap_or(0),
             ab["drop_queue"].as_u64().unwrap_or(0),
         ))
+    }
+
+    /// Reads the bottleneck's byte counters every `every` until the watch is finished.
+    /// The reading's time is taken halfway through the `rsv wan stats` call.
+    pub fn watch(&self, every: Duration) -> Watch {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (name, flag) = (self.name.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let (mut ab, mut ba) = (Vec::new(), Vec::new());
+            // One reading after the stop too: the window ends as the measurement does.
+            loop {
+                let stopping = flag.load(Ordering::Relaxed);
+                let before = unix_now();
+                let out = run_ok(
+                    Command::new(rsv_bin()).args(["wan", "stats", "--name", &name, "--json"]),
+                );
+                let at = (before + unix_now()) / 2.0;
+                if let Ok(v) = out.and_then(|o| Ok(serde_json::from_str::<Value>(&o)?)) {
+                    for (dir, list) in [("ab", &mut ab), ("ba", &mut ba)] {
+                        let d = if v[dir].is_object() {
+                            &v[dir]
+                        } else {
+                            &v["stats"][dir]
+                        };
+                        if let Some(bytes) = d["tx_bytes"].as_u64() {
+                            list.push(Sample { at, bytes });
+                        }
+                    }
+                }
+                if stopping {
+                    break;
+                }
+                std::thread::sleep(every);
+            }
+            (ab, ba)
+        });
+        Watch { stop, thread }
     }
 
     pub fn all_ns(&self) -> impl Iterator<Item = &str> {

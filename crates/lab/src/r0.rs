@@ -2,6 +2,7 @@
 //! the study's "before" and "tuned (2b)" settings, Reservoir's defaults, qemu-img (libiscsi)
 //! into tgt and into Reservoir, and iperf3 single streams as the network's own ceiling.
 
+use crate::busy;
 use crate::env::Environment;
 use crate::peers::{rsv_target, Tgt, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
@@ -172,6 +173,9 @@ pub struct Row {
     /// For `rsv bench` rows: what the session used and what its sockets saw (JSON only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionSummary>,
+    /// For `rsv bench` rows: how busy the bottleneck was over the measured time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<busy::LinkUse>,
 }
 
 /// What `rsv bench` reported about its session, so that a figure can be explained.
@@ -220,6 +224,7 @@ impl Row {
             complete: false,
             error: String::new(),
             session: None,
+            link: None,
         }
     }
 
@@ -248,17 +253,29 @@ impl Row {
     pub fn note(&self) -> String {
         match &self.session {
             _ if !self.error.is_empty() => format!("  ({})", self.error),
-            Some(s) => format!(
-                "  ({} conn, QD {}, {}{}, {} retransmits)",
-                s.connections,
-                s.queue_depth,
-                s.congestion,
-                s.pacing_rate.map_or(String::new(), |r| format!(
-                    " paced {:.1} Mbit/s",
-                    r as f64 * 8e-6
-                )),
-                s.retransmits
-            ),
+            Some(s) => {
+                format!(
+                    "  ({} conn, QD {}, {}{}, {} retransmits)",
+                    s.connections,
+                    s.queue_depth,
+                    s.congestion,
+                    s.pacing_rate.map_or(String::new(), |r| format!(
+                        " paced {:.1} Mbit/s",
+                        r as f64 * 8e-6
+                    )),
+                    s.retransmits
+                ) + &self.link.as_ref().map_or(String::new(), |u| {
+                    format!(
+                        "  link busy {:.1} %, {:.1} % of it payload: {:.1} s lost starting (full \
+                     after {:.1} s), {:.1} s later",
+                        u.busy_pct,
+                        self.bytes as f64 / u.wire_bytes.max(1) as f64 * 100.0,
+                        u.lost_start_s,
+                        u.start_s,
+                        u.lost_later_s
+                    )
+                })
+            }
             None => String::new(),
         }
     }
@@ -373,7 +390,7 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
             &["write"]
         };
         for rw in dirs {
-            rows.push(bench(&a.ns, &url, &cfg, rw, loss, p.seconds, dir)?);
+            rows.push(bench(link, &url, &cfg, rw, loss, p.seconds, dir)?);
         }
         if cfg.key == "reservoir" {
             let size = qemu_size(cubic_rate, p);
@@ -470,8 +487,9 @@ pub(crate) fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path)
     Ok(row.measured(bytes, secs, o.ok()))
 }
 
+/// One `rsv bench` run from site a over `link`, with the bottleneck watched meanwhile.
 pub(crate) fn bench(
-    ns: &str,
+    link: &Link,
     url: &str,
     cfg: &IscsiConfig,
     rw: &str,
@@ -480,7 +498,7 @@ pub(crate) fn bench(
     dir: &Path,
 ) -> Result<Row> {
     let row = Row::new(loss, rw, cfg.label, "rsv bench --pattern seq");
-    let mut c = in_ns(ns, rsv_bin());
+    let mut c = in_ns(&link.a[0].ns, rsv_bin());
     c.args(["bench", url, "--json", "--pattern", "seq", "--rw", rw])
         .args([
             "--block-size",
@@ -497,8 +515,11 @@ pub(crate) fn bench(
     for o in &cfg.initiator_opts {
         c.args(["--opt", o]);
     }
+    let watch = link.watch(WATCH_EVERY);
     // At 5 % loss a single command can wait many retransmission timeouts.
-    let o = proc::run(c, Duration::from_secs(seconds + 60), dir)?;
+    let o = proc::run(c, Duration::from_secs(seconds + 60), dir);
+    let (ab, ba) = watch.finish();
+    let o = o?;
     let v: Value = match serde_json::from_str(&o.stdout) {
         Ok(v) => v,
         Err(_) => return Ok(row.failed(format!("rsv bench: {}", o.describe()))),
@@ -508,8 +529,24 @@ pub(crate) fn bench(
     let secs = v["seconds"].as_f64().unwrap_or(0.0);
     let mut row = row.measured(ios * bs, secs, o.ok());
     row.session = Some(SessionSummary::from_bench(&v));
+    // Writes cross a→b (the initiator is in site a), reads b→a.
+    let samples = if rw == "write" { ab } else { ba };
+    let from = v["started_unix_s"].as_f64().unwrap_or(0.0);
+    row.link = busy::link_use(&samples, from, from + secs, link.rate_bps);
+    if row.link.is_none() {
+        eprintln!(
+            "  (the link's counters do not cover {from:.1}..{:.1}: {} readings, {:?}..{:?})",
+            from + secs,
+            samples.len(),
+            samples.first().map(|s| s.at),
+            samples.last().map(|s| s.at)
+        );
+    }
     Ok(row)
 }
+
+/// How often the bottleneck's counters are read during a measurement.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// Last "(P/100%)" that `qemu-img convert -p` printed.
 fn qemu_progress(out: &str) -> f64 {

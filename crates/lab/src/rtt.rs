@@ -87,7 +87,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         1,
     )?;
     r0::set_tcp(&link, &r0::linux_default_tcp())?;
-    let (a, b) = (&link.a[0], &link.b[0]);
+    let b = &link.b[0];
     let mut target = rsv_target(&b.ns, b.addr, &r0::target_toml(""), dir, "rtt")?;
     let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
     let cfg = reservoir();
@@ -99,7 +99,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         eprintln!("rtt: {rtt} ms");
         let mut rows = vec![r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?];
         for rw in ["write", "read"] {
-            rows.push(r0::bench(&a.ns, &url, &cfg, rw, 0.0, params.seconds, dir)?);
+            rows.push(r0::bench(&link, &url, &cfg, rw, 0.0, params.seconds, dir)?);
         }
         for row in rows {
             let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
