@@ -5,7 +5,7 @@
 //! as it goes out, so numbers are assigned in the order the initiator sees them. SCSI
 //! commands execute on blocking workers and queue their own Data-In and response PDUs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 
 use crate::server::{Shared, TargetNode};
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Reassigned, Session, TaskCtl, TaskRec};
+use crate::tags::TagMap;
 
 /// Largest write a single command may ask us to buffer. Bigger transfers are refused with
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
@@ -549,7 +550,7 @@ async fn run(
         cid,
         params: outcome.connection.clone(),
         out: out_tx,
-        tasks: HashMap::new(),
+        tasks: TagMap::default(),
         next_ttt: 1,
         text_in: TextAccumulator::default(),
         text_out: None,
@@ -902,7 +903,7 @@ struct Conn {
     cid: u16,
     params: ConnectionParams,
     out: mpsc::UnboundedSender<Out>,
-    tasks: HashMap<u32, Task>,
+    tasks: TagMap<u32, Task>,
     next_ttt: u32,
     text_in: TextAccumulator,
     /// The rest of a Text Response that did not fit in one PDU: (ITT, TTT, chunks).

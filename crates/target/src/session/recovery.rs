@@ -22,11 +22,11 @@ use crate::conn::Task;
 #[derive(Default)]
 pub(super) struct Retained {
     /// Data-In and status of finished tasks until their status is acknowledged, by ITT.
-    answers: HashMap<u32, Answer>,
+    answers: TagMap<u32, Answer>,
     /// Tasks of failed connections waiting for TASK REASSIGN, by ITT.
-    orphans: HashMap<u32, Orphan>,
+    orphans: TagMap<u32, Orphan>,
     /// Highest ExpStatSN seen on each connection.
-    acked: HashMap<u16, u32>,
+    acked: TagMap<u16, u32>,
 }
 
 struct Answer {
@@ -188,7 +188,7 @@ impl Session {
         &self,
         cid: u16,
         handle: &ConnHandle,
-        mut tasks: HashMap<u32, Task>,
+        mut tasks: TagMap<u32, Task>,
         events: &mut mpsc::UnboundedReceiver<ConnEvent>,
     ) -> bool {
         let mut g = self.lock();
