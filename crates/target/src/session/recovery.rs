@@ -95,13 +95,16 @@ impl Session {
         )
     }
 
-    /// A task of connection `cid` finished with `pdus`. True when `cid` sends them itself;
-    /// otherwise they went to the connection the task was reassigned to, or wait for a
-    /// reassignment. At ERL 2 the answer is kept until its status is acknowledged.
-    pub fn answer_here(&self, cid: u16, itt: u32, pdus: &[Pdu]) -> bool {
+    /// A task of connection `cid` finished with `pdus`. Gives them back when `cid` sends
+    /// them itself; otherwise they went to the connection the task was reassigned to, or
+    /// wait for a reassignment. At ERL 2 the answer is kept until its status is
+    /// acknowledged.
+    pub fn answer_here(&self, cid: u16, itt: u32, pdus: Vec<Pdu>) -> Option<Vec<Pdu>> {
         if !self.erl2() {
-            return true;
+            return Some(pdus);
         }
+        // Copied outside the lock: nearly always both copies are needed.
+        let kept = pdus.clone();
         let mut g = self.lock();
         let owner = g.tasks.get(&itt).map_or(cid, |r| r.cid);
         g.retained.answers.insert(
@@ -109,27 +112,30 @@ impl Session {
             Answer {
                 cid: owner,
                 statsn: None,
-                pdus: pdus.to_vec(),
+                pdus: kept,
             },
         );
         if g.retained.orphans.contains_key(&itt) {
-            return false;
+            return None;
         }
         if owner == cid {
-            return true;
+            return Some(pdus);
         }
         if let Some(h) = g.conns.get(&owner) {
-            let _ = h.events.send(ConnEvent::Send(pdus.to_vec()));
+            let _ = h.events.send(ConnEvent::Send(pdus));
         }
-        false
+        None
     }
 
-    /// The writer of `cid` gave a task's status this StatSN.
-    pub fn stamped(&self, cid: u16, itt: u32, statsn: u32) {
+    /// The writer of `cid` gave these tasks' statuses these StatSNs: (ITT, StatSN), in
+    /// the order it stamped them.
+    pub fn stamped(&self, cid: u16, stamps: &[(u32, u32)]) {
         let mut g = self.lock();
-        if let Some(a) = g.retained.answers.get_mut(&itt) {
-            if a.cid == cid {
-                a.statsn = Some(statsn);
+        for &(itt, statsn) in stamps {
+            if let Some(a) = g.retained.answers.get_mut(&itt) {
+                if a.cid == cid {
+                    a.statsn = Some(statsn);
+                }
             }
         }
     }
