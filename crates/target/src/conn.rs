@@ -5,7 +5,7 @@
 //! as it goes out, so numbers are assigned in the order the initiator sees them. SCSI
 //! commands execute on blocking workers and queue their own Data-In and response PDUs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 
 use crate::server::{Shared, TargetNode};
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Reassigned, Session, TaskCtl, TaskRec};
+use crate::tags::TagMap;
 
 /// Largest write a single command may ask us to buffer. Bigger transfers are refused with
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
@@ -549,7 +550,7 @@ async fn run(
         cid,
         params: outcome.connection.clone(),
         out: out_tx,
-        tasks: HashMap::new(),
+        tasks: TagMap::default(),
         next_ttt: 1,
         text_in: TextAccumulator::default(),
         text_out: None,
@@ -558,6 +559,7 @@ async fn run(
         ping: None,
         closing: false,
         keep_tasks: true,
+        acked: None,
     };
     let why = conn.serve(rd, dec, buf, &mut ev_rx).await;
     let recovering = session.erl2() && conn.keep_tasks && !session.is_closed();
@@ -664,6 +666,8 @@ async fn writer(
     let mut layout: Vec<Layout> = Vec::with_capacity(BATCH_PDUS);
     // PDUs taken off the channel early, to copy their lent payloads; they go first.
     let mut backlog: VecDeque<Out> = VecDeque::new();
+    // ERL 2: (ITT, StatSN) of the statuses in the batch, told to the session at once.
+    let mut stamps: Vec<(u32, u32)> = Vec::new();
     loop {
         let first = match backlog.pop_front() {
             Some(o) => o,
@@ -702,8 +706,8 @@ async fn writer(
         for p in &mut batch {
             stamp(p, &mut statsn, window);
             if erl2 {
-                if let Some((itt, sn)) = session::status_of(p) {
-                    session.stamped(cid, itt, sn);
+                if let Some(stamp) = session::status_of(p) {
+                    stamps.push(stamp);
                 }
             }
             let start = headers.len();
@@ -714,6 +718,11 @@ async fn writer(
                 Pdu::data_trailer(p.data(), digests)
             };
             layout.push((start..headers.len(), trailer, n));
+        }
+        if !stamps.is_empty() {
+            // Before the batch goes out: no acknowledgement can come ahead of it.
+            session.stamped(cid, &stamps);
+            stamps.clear();
         }
         let mut written = 0usize;
         let sent = {
@@ -902,7 +911,7 @@ struct Conn {
     cid: u16,
     params: ConnectionParams,
     out: mpsc::UnboundedSender<Out>,
-    tasks: HashMap<u32, Task>,
+    tasks: TagMap<u32, Task>,
     next_ttt: u32,
     text_in: TextAccumulator,
     /// The rest of a Text Response that did not fit in one PDU: (ITT, TTT, chunks).
@@ -915,6 +924,9 @@ struct Conn {
     /// ERL 2: when the connection ends, its tasks wait for reassignment (a failure or a
     /// logout for recovery), rather than end with it (a logout, a session's end).
     keep_tasks: bool,
+    /// ERL 2: the last ExpStatSN handed to the session; the same again acknowledges
+    /// nothing new, and needs no trip through the session's lock.
+    acked: Option<u32>,
 }
 
 /// Why the connection must close, when it is not the peer's doing.
@@ -1036,7 +1048,9 @@ impl Conn {
     async fn on_pdu(&mut self, pdu: Pdu) -> Result<(), Close> {
         if self.session.erl2() {
             if let Some(exp) = session::exp_statsn(&pdu) {
-                self.session.acknowledge(self.cid, exp);
+                if self.acked.replace(exp) != Some(exp) {
+                    self.session.acknowledge(self.cid, exp);
+                }
             }
         }
         match pdu {
@@ -1434,9 +1448,11 @@ impl Conn {
         let cid = self.cid;
         let finish = move |job: Job, pdus: Vec<Pdu>| {
             let ctl = &job.task.ctl;
-            if ctl.claim_answer() && session.answer_here(cid, itt, &pdus) {
-                for p in pdus {
-                    let _ = job.out.send(Out::Pdu(p));
+            if ctl.claim_answer() {
+                if let Some(pdus) = session.answer_here(cid, itt, pdus) {
+                    for p in pdus {
+                        let _ = job.out.send(Out::Pdu(p));
+                    }
                 }
             }
             // erl2() first: may_lend() looks the LU up, and this runs for every command.

@@ -7,6 +7,7 @@ pub mod config;
 mod conn;
 pub mod server;
 mod session;
+mod tags;
 
 pub use config::Config;
 pub use server::Server;

@@ -1,7 +1,6 @@
 //! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
 //! connections, and the registry of its tasks (for task management across connections).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +11,7 @@ use scsi::Nexus;
 use tokio::sync::{mpsc, Notify};
 
 use crate::server::TargetNode;
+use crate::tags::TagMap;
 
 mod recovery;
 pub(crate) use recovery::Reassigned;
@@ -119,9 +119,9 @@ pub struct Session {
 
 struct Inner {
     exp_cmdsn: u32,
-    pending: HashMap<u32, (u16, Ordered)>,
-    conns: HashMap<u16, ConnHandle>,
-    tasks: HashMap<u32, TaskRec>,
+    pending: TagMap<u32, (u16, Ordered)>,
+    conns: TagMap<u16, ConnHandle>,
+    tasks: TagMap<u32, TaskRec>,
     closed: bool,
     retained: recovery::Retained,
 }
@@ -149,9 +149,9 @@ impl Session {
             exp_cmdsn: AtomicU32::new(first_cmdsn),
             inner: Mutex::new(Inner {
                 exp_cmdsn: first_cmdsn,
-                pending: HashMap::new(),
-                conns: HashMap::new(),
-                tasks: HashMap::new(),
+                pending: TagMap::default(),
+                conns: TagMap::default(),
+                tasks: TagMap::default(),
                 closed: false,
                 retained: Default::default(),
             }),
