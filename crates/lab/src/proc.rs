@@ -324,6 +324,21 @@ impl Watch {
     }
 }
 
+/// `rsv wan stats --json` of link `name`.
+fn wan_stats(name: &str) -> Result<Value> {
+    let out = run_ok(Command::new(rsv_bin()).args(["wan", "stats", "--name", name, "--json"]))?;
+    Ok(serde_json::from_str(&out)?)
+}
+
+/// One direction's counters ("ab" or "ba") in `wan_stats`, at the top or under "stats".
+fn direction<'a>(v: &'a Value, dir: &str) -> &'a Value {
+    if v[dir].is_object() {
+        &v[dir]
+    } else {
+        &v["stats"][dir]
+    }
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -386,14 +401,8 @@ impl Link {
 
     /// Bytes that left the bottleneck from A to B so far, and the queue-overflow drops.
     pub fn ab_counters(&self) -> Result<(u64, u64)> {
-        let out =
-            run_ok(Command::new(rsv_bin()).args(["wan", "stats", "--name", &self.name, "--json"]))?;
-        let v: Value = serde_json::from_str(&out)?;
-        let ab = if v["ab"].is_object() {
-            &v["ab"]
-        } else {
-            &v["stats"]["ab"]
-        };
+        let v = wan_stats(&self.name)?;
+        let ab = direction(&v, "ab");
         Ok((
             ab["tx_bytes"].as_u64().unwrap_or(0),
             ab["drop_queue"].as_u64().unwrap_or(0),
@@ -411,18 +420,11 @@ impl Link {
             loop {
                 let stopping = flag.load(Ordering::Relaxed);
                 let before = unix_now();
-                let out = run_ok(
-                    Command::new(rsv_bin()).args(["wan", "stats", "--name", &name, "--json"]),
-                );
+                let stats = wan_stats(&name);
                 let at = (before + unix_now()) / 2.0;
-                if let Ok(v) = out.and_then(|o| Ok(serde_json::from_str::<Value>(&o)?)) {
+                if let Ok(v) = stats {
                     for (dir, list) in [("ab", &mut ab), ("ba", &mut ba)] {
-                        let d = if v[dir].is_object() {
-                            &v[dir]
-                        } else {
-                            &v["stats"][dir]
-                        };
-                        if let Some(bytes) = d["tx_bytes"].as_u64() {
+                        if let Some(bytes) = direction(&v, dir)["tx_bytes"].as_u64() {
                             list.push(Sample { at, bytes });
                         }
                     }
