@@ -124,8 +124,7 @@ impl Target {
     pub fn into_dir(mut self) -> tempfile::TempDir {
         let st = self.stop();
         assert!(st.success(), "rsv target exited with {st}");
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        dir
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
     }
 }
 
