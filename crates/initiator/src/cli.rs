@@ -1076,7 +1076,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     // of 1 MiB are 2.7 s of a 100 Mbit/s link). They finish and count, up to a limit.
     let drain_end = deadline + (args.duration / 4).max(Duration::from_secs(1));
     let mut set = JoinSet::new();
-    for _ in 0..queue_depth {
+    for worker in 0..queue_depth {
         let (s, seq, payload, args, abandoned, drained) = (
             s.clone(),
             seq.clone(),
@@ -1098,6 +1098,14 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             // Completed I/Os per second of the run.
             let mut per_second: Vec<u64> = Vec::new();
             while t < deadline {
+                // A worker beyond the session's queue depth (auto-tuning cut it back on a
+                // long path) sits out: its command would only wait for a slot, which is
+                // not the command's latency, and at the deadline it would still be queued.
+                if worker >= s.queue_depth() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    t = Instant::now();
+                    continue;
+                }
                 let slot = match args.pattern {
                     Pattern::Seq => seq.fetch_add(1, Ordering::Relaxed) % slots,
                     Pattern::Rand => rng.gen_range(0..slots),

@@ -426,8 +426,13 @@ struct Shared {
     reassigned: AtomicU64,
     reconnections: AtomicU64,
     epoch: Instant,
-    /// Commands allowed in flight now: the slots' total, grown by auto-tuning.
+    /// Commands allowed in flight now: the slots' total, grown or cut back by auto-tuning.
     queue_depth: std::sync::atomic::AtomicUsize,
+    /// Slots still to be taken away after a cut: commands in flight when the queue was cut
+    /// keep theirs until they finish, and it is forgotten then ([`Slot`]).
+    slot_debt: std::sync::atomic::AtomicUsize,
+    /// The session's peak delivery rate while busy, for cutting a long path's queue back.
+    peak: Mutex<crate::tune::PeakRate>,
     plan: Option<crate::tune::Plan>,
     bufs: Arc<BufPool>,
     /// Finds the bottleneck and paces the session to it, when asked (`rate_control=yes`)
@@ -439,6 +444,23 @@ struct Shared {
     sample_every_us: AtomicU64,
     /// The least time the connections' rates are measured over, microseconds.
     span_us: AtomicU64,
+}
+
+/// A command's place in the session's queue: given back when the command is done, or
+/// forgotten if the queue was cut back meanwhile.
+struct Slot<'a> {
+    shared: &'a Shared,
+    permit: Option<tokio::sync::SemaphorePermit<'a>>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            if self.shared.take_debt(1) == 1 {
+                p.forget();
+            }
+        }
+    }
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -565,6 +587,8 @@ impl Session {
             reconnections: AtomicU64::new(0),
             epoch: Instant::now(),
             queue_depth: opts.queue_depth.max(1).into(),
+            slot_debt: 0.into(),
+            peak: Mutex::default(),
             plan,
             bufs: Arc::default(),
             rate: rate_control.then(|| Mutex::new(RateControl::default())),
@@ -635,12 +659,16 @@ impl Session {
     /// connection loss (after recovery), on UNIT ATTENTION and on BUSY/TASK SET FULL.
     /// A status other than GOOD is returned as a result, not an error.
     pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
-        let _slot = self
-            .shared
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Closed)?;
+        let _slot = Slot {
+            shared: &self.shared,
+            permit: Some(
+                self.shared
+                    .slots
+                    .acquire()
+                    .await
+                    .map_err(|_| Error::Closed)?,
+            ),
+        };
         let mut attempts = 0;
         let mut unit_attentions = 0;
         let mut plug = None;
@@ -911,6 +939,7 @@ impl Shared {
         };
         if !self.opts.is_pinned("queue_depth") {
             self.grow_queue(&path, conns.len());
+            self.shrink_queue(&path, conns.len());
         }
         if self.rate.is_some() {
             self.control_rate(conn, stream, &conns, &path);
@@ -932,7 +961,10 @@ impl Shared {
                 .compare_exchange(current, q, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                self.slots.add_permits(q - current);
+                // Slots owed from an earlier cut are simply not taken away.
+                let more = q - current;
+                let owed = self.take_debt(more);
+                self.slots.add_permits(more - owed);
                 tracing::info!(
                     "auto-tuning: queue depth {current} -> {q} for {:.0} Mbit/s at {:.1} ms",
                     path.rate_bytes_per_s as f64 * 8e-6,
@@ -940,6 +972,59 @@ impl Shared {
                 );
             }
         }
+    }
+
+    /// Cuts a long path's queue back to what its measured peak rate needs
+    /// ([`crate::tune::shrunk_queue_depth`]) once the session has been busy long enough to
+    /// know it.
+    fn shrink_queue(&self, path: &PathReport, connections: usize) {
+        let io = self.plan.as_ref().map_or(1 << 20, |p| p.io_size);
+        let current = self.queue_depth.load(Ordering::Relaxed);
+        let busy = self.slots.available_permits() * 4 < current;
+        let peak =
+            self.peak
+                .lock()
+                .unwrap()
+                .push(self.epoch.elapsed(), path.rate_bytes_per_s, busy);
+        let Some(q) = peak.and_then(|peak| {
+            crate::tune::shrunk_queue_depth(
+                current,
+                peak,
+                Duration::from_secs_f64(path.min_rtt_ms / 1e3),
+                io,
+                connections,
+            )
+        }) else {
+            return;
+        };
+        if self
+            .queue_depth
+            .compare_exchange(current, q, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let cut = current - q;
+        let now = self.slots.forget_permits(cut);
+        self.slot_debt.fetch_add(cut - now, Ordering::Relaxed);
+        tracing::info!(
+            "auto-tuning: queue depth {current} -> {q}: a peak of {:.0} Mbit/s at {:.1} ms \
+             needs no more",
+            peak.unwrap_or(0) as f64 * 8e-6,
+            path.min_rtt_ms
+        );
+    }
+
+    /// Takes up to `n` slots off the debt; returns how many.
+    fn take_debt(&self, n: usize) -> usize {
+        let mut took = 0;
+        let _ = self
+            .slot_debt
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                took = d.min(n);
+                Some(d - took)
+            });
+        took
     }
 
     /// How often a reader samples its connection's TCP_INFO.

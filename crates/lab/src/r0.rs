@@ -183,6 +183,8 @@ pub struct Row {
 pub struct SessionSummary {
     pub connections: u64,
     pub queue_depth: u64,
+    /// The queue depth at the end, after auto-tuning grew or cut it.
+    pub queue_depth_end: u64,
     pub congestion: String,
     /// Per-connection pacing, bytes/s; none when the congestion control paces alone.
     pub pacing_rate: Option<u64>,
@@ -201,6 +203,7 @@ impl SessionSummary {
         SessionSummary {
             connections: v["connections"].as_u64().unwrap_or(0),
             queue_depth: v["queue_depth"].as_u64().unwrap_or(0),
+            queue_depth_end: s["queue_depth"].as_u64().unwrap_or(0),
             congestion: s["congestion"].as_str().unwrap_or("").into(),
             pacing_rate: s["tuning"]["pacing_rate"].as_u64(),
             retransmits: s["path"]["retransmits"].as_u64().unwrap_or(0),
@@ -255,9 +258,14 @@ impl Row {
             _ if !self.error.is_empty() => format!("  ({})", self.error),
             Some(s) => {
                 format!(
-                    "  ({} conn, QD {}, {}{}, {} retransmits)",
+                    "  ({} conn, QD {}{}, {}{}, {} retransmits)",
                     s.connections,
                     s.queue_depth,
+                    if s.queue_depth_end != s.queue_depth && s.queue_depth_end > 0 {
+                        format!("→{}", s.queue_depth_end)
+                    } else {
+                        String::new()
+                    },
                     s.congestion,
                     s.pacing_rate.map_or(String::new(), |r| format!(
                         " paced {:.1} Mbit/s",
