@@ -21,7 +21,8 @@
 //!
 //! While the session runs, every connection's reader samples `TCP_INFO` once a second; the
 //! session grows its queue depth when the measured delivery rate needs more in flight than
-//! the plan assumed ([`grown_queue_depth`]).
+//! the plan assumed ([`grown_queue_depth`]), and on a long path cuts it back when it holds
+//! far more than the measured peak rate needs ([`shrunk_queue_depth`]).
 //!
 //! [`plan`] is a pure function of its inputs so that it can be unit-tested; [`probe`] does
 //! the I/O.
