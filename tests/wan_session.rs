@@ -29,6 +29,13 @@ impl Drop for Lab {
     }
 }
 
+/// `rsv` in one of the link's namespaces.
+fn rsv_in(ns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(rsv());
+    c
+}
+
 fn json(out: &[u8]) -> serde_json::Value {
     serde_json::from_slice(out).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(out)))
 }
@@ -70,9 +77,7 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     lab.target = Some(
-        Command::new("ip")
-            .args(["netns", "exec", &format!("{}-b", lab.name)])
-            .arg(rsv())
+        rsv_in(&format!("{}-b", lab.name))
             .args(["target", "--listen", &format!("{addr}:3260"), "--data-dir"])
             .arg(&data)
             .stdout(Stdio::null())
@@ -83,9 +88,7 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
     let url = format!("iscsi://{addr}/iqn.2026-11.org.reservoir:target0/0");
     let ready = Instant::now() + Duration::from_secs(10);
     loop {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &format!("{}-a", lab.name)])
-            .arg(rsv())
+        let o = rsv_in(&format!("{}-a", lab.name))
             .args(["inq", &url])
             .output()
             .unwrap();
@@ -108,9 +111,7 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(&src, &bytes).unwrap();
-    let cp = Command::new("ip")
-        .args(["netns", "exec", &format!("{}-a", lab.name)])
-        .arg(rsv())
+    let cp = rsv_in(&format!("{}-a", lab.name))
         .arg("cp")
         .arg(&src)
         .args([&url, "--verify", "--json"])

@@ -204,9 +204,15 @@ pub fn plan(
         let qd = (in_flight.div_ceil(io) + 2 * n) as usize;
         o.queue_depth = qd.clamp(opts.queue_depth.min(32), MAX_QUEUE_DEPTH);
         reasons.push(format!(
-            "queue depth: {} commands of {} (the in-flight bytes plus two per connection)",
+            "queue depth: {} commands of {} (the in-flight bytes plus two per connection{})",
             o.queue_depth,
-            bytes(io)
+            bytes(io),
+            if rtt >= LAN_RTT {
+                "; cut back to eight round trips of the measured rate once 8 s of work \
+                 have measured it"
+            } else {
+                ""
+            }
         ));
     }
 
