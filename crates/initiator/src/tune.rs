@@ -419,10 +419,16 @@ pub fn grown_queue_depth(
     io: u64,
     connections: usize,
 ) -> Option<usize> {
-    let bdp = net::bdp_bytes(delivery_rate.saturating_mul(8), min_rtt);
-    let want =
-        (bdp.saturating_mul(2).div_ceil(io.max(1)) as usize + 2 * connections).min(MAX_QUEUE_DEPTH);
+    let want = depth_for(delivery_rate, min_rtt, 2, io, connections);
     (want > current).then_some(want)
+}
+
+/// Commands of `io` bytes that hold `round_trips` round trips of `rate` bytes per second,
+/// plus two per connection.
+fn depth_for(rate: u64, min_rtt: Duration, round_trips: u64, io: u64, connections: usize) -> usize {
+    let bdp = net::bdp_bytes(rate.saturating_mul(8), min_rtt);
+    (bdp.saturating_mul(round_trips).div_ceil(io.max(1)) as usize + 2 * connections)
+        .min(MAX_QUEUE_DEPTH)
 }
 
 /// Bytes kept in flight, in round trips of the measured peak rate, when a long path's queue
@@ -459,9 +465,7 @@ pub fn shrunk_queue_depth(
     if min_rtt < LAN_RTT || peak_rate == 0 {
         return None;
     }
-    let bdp = net::bdp_bytes(peak_rate.saturating_mul(8), min_rtt);
-    let want = (bdp.saturating_mul(SHRINK_BDPS).div_ceil(io.max(1)) as usize + 2 * connections)
-        .min(MAX_QUEUE_DEPTH);
+    let want = depth_for(peak_rate, min_rtt, SHRINK_BDPS, io, connections);
     (current > want + want / 2).then_some(want)
 }
 
