@@ -1015,14 +1015,15 @@ impl Shared {
         );
     }
 
-    /// Takes up to `n` slots off the debt; returns how many.
+    /// Takes up to `n` slots off the debt; returns how many. Every command's finish asks:
+    /// with no debt (nearly always) it only reads.
     fn take_debt(&self, n: usize) -> usize {
         let mut took = 0;
         let _ = self
             .slot_debt
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
                 took = d.min(n);
-                Some(d - took)
+                (took > 0).then(|| d - took)
             });
         took
     }
