@@ -36,8 +36,12 @@ fn rsv_in(ns: &str) -> Command {
     c
 }
 
-fn json(out: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(out).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(out)))
+/// Runs `cmd`, which must succeed, and parses what it printed as JSON.
+fn run_json(cmd: &mut Command) -> serde_json::Value {
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 #[test]
@@ -60,19 +64,9 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
         .output();
     // 20 ms and 60 Mbit/s: a long path (auto-tuning's two connections, bursts, queue
     // sized for 1 Gbit/s, that is 32 commands of 1 MiB) whose rate needs about six.
-    let up = Command::new(rsv())
-        .args([
-            "wan", "up", "--name", lab.name, "--rtt", "20ms", "--rate", "60mbit",
-        ])
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
-    let link = json(&up.stdout);
+    let link = run_json(Command::new(rsv()).args([
+        "wan", "up", "--name", lab.name, "--rtt", "20ms", "--rate", "60mbit", "--json",
+    ]));
     let addr = link["b"]["addr"].as_str().unwrap().to_owned();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -111,18 +105,12 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(&src, &bytes).unwrap();
-    let cp = rsv_in(&format!("{}-a", lab.name))
-        .arg("cp")
-        .arg(&src)
-        .args([&url, "--verify", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        cp.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cp.stderr)
+    let summary = run_json(
+        rsv_in(&format!("{}-a", lab.name))
+            .arg("cp")
+            .arg(&src)
+            .args([&url, "--verify", "--json"]),
     );
-    let summary = json(&cp.stdout);
     assert_eq!(summary["complete"], true, "{summary}");
     assert_eq!(summary["verified"], true, "{summary}");
     let session = &summary["sessions"][0];
