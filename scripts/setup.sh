@@ -1,51 +1,220 @@
 #!/usr/bin/env bash
-# Installs what Reservoir's run and test commands need on a fresh Debian machine (as root).
-# Fast when everything is already there: apt is only called for what is missing.
+# Installs what Reservoir's run and test commands need on a Debian machine (as root), then
+# checks that every tool works, not only that it is installed.
+#
+#   scripts/setup.sh           install what is missing or broken, then check everything
+#   scripts/setup.sh --check   install nothing: check everything, exit 1 if anything fails
+#
+# Idempotent: when every check passes it calls neither apt nor the network.
 set -euo pipefail
 
-# command -> Debian package that provides it
-declare -A NEED=(
-  [iscsi-test-cu]=libiscsi-bin
-  [qemu-img]=qemu-utils
-  [tgtd]=tgt
-  [iperf3]=iperf3
-  [ip]=iproute2
-  [ping]=iputils-ping
-  [isnsd]=open-isns-server
-  [isnsadm]=open-isns-utils
-  [fusermount3]=fuse3
-  [mkfs.ext4]=e2fsprogs
-  [losetup]=mount
+export DEBIAN_FRONTEND=noninteractive
+export PATH="$PATH:/usr/sbin:/sbin"
+
+# Runs a check quietly; on failure keeps its output for the report.
+quiet() { "$@" >"$scratch/out" 2>&1; }
+# The last lines of the last check's output, indented, for a report.
+why() { tail -n 3 "$scratch/out" 2>/dev/null | sed 's/^/      /'; }
+
+# --- the checks: each proves a tool does its job here ------------------------------------
+
+check_libiscsi() {
+  # The suite must list its tests, and each client must at least parse its arguments.
+  quiet iscsi-test-cu --list && grep -q '^SCSI\.' "$scratch/out" || return 1
+  local tool
+  for tool in iscsi-ls iscsi-inq iscsi-perf; do
+    command -v "$tool" >"$scratch/out" 2>&1 || return 1
+  done
+}
+
+check_qemu() {
+  # qemu-img opens iscsi:// only through the block-iscsi module of qemu-block-extra, which
+  # must be the same build as qemu-utils. Asked for a port where nothing listens, a working
+  # pair fails to connect; a missing or mismatched module fails to load instead.
+  quiet qemu-img --version || return 1
+  quiet qemu-io --version || return 1
+  quiet timeout 20 qemu-img info 'iscsi://127.0.0.1:9/iqn.2000-01.invalid:setup-check/0' && return 1
+  if grep -qiE 'unable to load module|unknown protocol|unknown driver|must specify either driver' "$scratch/out"; then
+    return 1
+  fi
+  grep -qiE 'connect|iscsi' "$scratch/out"
+}
+
+check_tgt() {
+  # tgtadm and tgtd parse their options; the tests start their own tgtd on a free port.
+  quiet tgtadm --help && quiet tgtd --help
+}
+
+check_iperf3() { quiet iperf3 --version; }
+
+check_iproute2() {
+  # The WAN emulator and the lab put test hosts in network namespaces joined by veth and TUN.
+  quiet ip -V || return 1
+  quiet tc -V || return 1
+  local ns="rsv-setup-$$"
+  quiet ip netns add "$ns" || return 1
+  quiet ip -n "$ns" link set lo up
+  local rc=$?
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  [ "$rc" -eq 0 ] && [ -c /dev/net/tun ]
+}
+
+check_ping() { quiet ping -c 1 -W 2 127.0.0.1; }
+
+check_fuse() {
+  # rsv mount serves a LUN as a file through FUSE.
+  quiet fusermount3 -V && [ -c /dev/fuse ]
+}
+
+check_ext4_loop() {
+  # A file system on a remote LUN: losetup over the FUSE file, then mkfs.ext4. Checked on a
+  # scratch image file, without touching any device.
+  quiet mkfs.ext4 -V || return 1
+  truncate -s 8M "$scratch/fs.img"
+  quiet mkfs.ext4 -q -F "$scratch/fs.img" || return 1
+  quiet losetup --version || return 1
+  quiet mount --version
+}
+
+check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
+
+check_cargo() { quiet cargo --version; }
+
+# name | Debian packages | what Reservoir needs it for | check
+TOOLS=(
+  "libiscsi's tools|libiscsi-bin|iscsi-test-cu (conformance suite) and iscsi-ls/-inq/-perf, standard clients of the target|check_libiscsi"
+  "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
+  "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
+  "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"
+  "ip, tc and network namespaces|iproute2|test hosts and the WAN emulator's sites|check_iproute2"
+  "ping|iputils-ping|round-trip checks across the emulated link|check_ping"
+  "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
+  "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
+  "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
 )
 
-missing=()
-for cmd in "${!NEED[@]}"; do
-  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || [ -x "/sbin/$cmd" ] || missing+=("${NEED[$cmd]}")
-done
+failing=()  # indices into TOOLS
+run_checks() {
+  failing=()
+  local i name pkgs need check
+  for i in "${!TOOLS[@]}"; do
+    IFS='|' read -r name pkgs need check <<<"${TOOLS[$i]}"
+    if ! "$check"; then failing+=("$i"); fi
+  done
+}
 
-# qemu-img reaches iscsi:// URLs through a module that qemu-block-extra ships; it must come
-# from the same release as qemu-utils, so both are installed together.
-if ! ls /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so /usr/lib/*/qemu/block-iscsi.so >/dev/null 2>&1; then
-  missing+=(qemu-utils qemu-block-extra)
-fi
+report_failing() {
+  local i name pkgs need check
+  for i in "${failing[@]}"; do
+    IFS='|' read -r name pkgs need check <<<"${TOOLS[$i]}"
+    echo "setup: NOT WORKING: $name (Debian: $pkgs): $need" >&2
+    "$check" >/dev/null 2>&1 || true
+    why >&2
+  done
+}
 
-# The lab draws its plots with this font.
-[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
-
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "setup: need root to install: ${missing[*]}" >&2
-    exit 1
+# The newest version that the configured repositories offer for both qemu packages. The
+# installed qemu-utils is kept when its own module can be had; otherwise the pair is
+# installed at the version found here, downgrading qemu-utils if need be (a backported
+# qemu-utils without a repository behind it has no matching qemu-block-extra).
+qemu_pair_version() {
+  local installed best="" v
+  installed=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+  local block utils
+  block=$(apt-cache madison qemu-block-extra 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+  utils=$(apt-cache madison qemu-utils 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}')
+  if [ -n "$installed" ] && grep -qxF -- "$installed" <<<"$block"; then
+    echo "$installed"
+    return
   fi
-  echo "setup: installing ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
+  for v in $block; do
+    grep -qxF -- "$v" <<<"$utils" || continue
+    if [ -z "$best" ] || dpkg --compare-versions "$v" gt "$best"; then best=$v; fi
+  done
+  echo "$best"
+}
+
+install_failing() {
+  local i name pkgs need check plain=() qemu=0 p
+  for i in "${failing[@]}"; do
+    IFS='|' read -r name pkgs need check <<<"${TOOLS[$i]}"
+    for p in $pkgs; do
+      case "$p" in
+        qemu-utils | qemu-block-extra) qemu=1 ;;
+        *) plain+=("$p") ;;
+      esac
+    done
+  done
+  echo "setup: updating the package lists" >&2
   apt-get update -qq
   # iperf3 asks whether to start a daemon; answer no.
   echo "iperf3 iperf3/start_daemon boolean false" | debconf-set-selections 2>/dev/null || true
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+  if [ "${#plain[@]}" -gt 0 ]; then
+    echo "setup: installing ${plain[*]}" >&2
+    apt-get install -y -qq --no-install-recommends "${plain[@]}" >"$scratch/apt.log" 2>&1 ||
+      { tail -n 20 "$scratch/apt.log" >&2; echo "setup: apt-get install ${plain[*]} failed" >&2; exit 1; }
+  fi
+  if [ "$qemu" -eq 1 ]; then
+    local v
+    v=$(qemu_pair_version)
+    if [ -z "$v" ]; then
+      echo "setup: no version of qemu-block-extra in the configured repositories matches an installable qemu-utils." >&2
+      echo "       qemu-img needs the module block-iscsi.so from qemu-block-extra of exactly its own version." >&2
+      echo "       Add Debian's main repository (e.g. 'deb http://deb.debian.org/debian bookworm main')" >&2
+      echo "       to /etc/apt/sources.list, or install qemu-block-extra built for the installed qemu-utils," >&2
+      echo "       then run this script again." >&2
+      apt-cache policy qemu-utils qemu-block-extra >&2 || true
+      exit 1
+    fi
+    local now
+    now=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || echo none)
+    echo "setup: installing qemu-utils and qemu-block-extra $v (qemu-utils was $now)" >&2
+    apt-get install -y -qq --no-install-recommends --allow-downgrades \
+      "qemu-utils=$v" "qemu-block-extra=$v" >"$scratch/apt.log" 2>&1 ||
+      { tail -n 20 "$scratch/apt.log" >&2; echo "setup: apt-get install qemu-utils=$v qemu-block-extra=$v failed" >&2; exit 1; }
+  fi
+}
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: cargo not found; install Rust (rustup) first" >&2
+# Sourced (by tests/setup.rs), the script only defines its functions.
+if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then return 0; fi
+
+mode=install
+case "${1:-}" in
+  "") ;;
+  --check) mode=check ;;
+  -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup: unknown option '$1' (see scripts/setup.sh --help)" >&2; exit 2 ;;
+esac
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+if ! check_cargo; then
+  echo "setup: cargo not found: install Rust with rustup (https://rustup.rs) first" >&2
   exit 1
 fi
+
+run_checks
+if [ "${#failing[@]}" -eq 0 ]; then
+  echo "setup: all ${#TOOLS[@]} tools present and working; nothing to install" >&2
+  exit 0
+fi
+if [ "$mode" = check ]; then
+  report_failing
+  echo "setup: ${#failing[@]} of ${#TOOLS[@]} tools missing or broken; run scripts/setup.sh as root to install them" >&2
+  exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  report_failing
+  echo "setup: need root to install what is missing (run as root, or sudo scripts/setup.sh)" >&2
+  exit 1
+fi
+
+install_failing
+run_checks
+if [ "${#failing[@]}" -gt 0 ]; then
+  report_failing
+  echo "setup: ${#failing[@]} of ${#TOOLS[@]} tools still not working after installing; see above" >&2
+  exit 1
+fi
+echo "setup: all ${#TOOLS[@]} tools present and working" >&2

@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# The set-up is idempotent and its checks are the gate: a second run must find every real
+# peer working and install nothing; if one is missing, stop here and say which.
+./scripts/setup.sh --check
 cargo build --workspace --all-targets
 # The fuzz targets are built (not run) so they cannot rot.
 if [ -f fuzz/Cargo.toml ]; then
