@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the iSCSI target (with no flags: one 1 GiB sparse LUN under ./data on 127.0.0.1:3260).
-    Target(target::cli::TargetArgs),
+    Target(targetd::cli::TargetArgs),
     /// User-space WAN emulator between two network namespaces.
     Wan(wan::cli::WanArgs),
     /// List targets, portals and LUNs (with sizes) of a portal or target.
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<ExitCode> {
     init_logging(cli.verbose);
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Target(args) => ok(target::cli::run(args)),
+        Command::Target(args) => ok(targetd::cli::run(args)),
         Command::Wan(args) => ok(wan::cli::run(args)),
         Command::Ls(args) => ok(initiator::cli::ls(args)),
         Command::Inq(args) => ok(initiator::cli::inq(args)),

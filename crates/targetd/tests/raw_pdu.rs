@@ -13,7 +13,7 @@ use iscsi::login::{
 };
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::*;
-use target::config::Config;
+use targetd::config::Config;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:raw";
 
@@ -40,7 +40,7 @@ id = 0
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async move {
-            let server = target::Server::bind(config).await.unwrap();
+            let server = targetd::Server::bind(config).await.unwrap();
             tx.send(server.portals()[0]).unwrap();
             server
                 .run(std::future::pending(), Duration::from_secs(1))
