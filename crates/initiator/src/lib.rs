@@ -21,16 +21,12 @@
 //!   connection logs in again with the same TSIH and CID in the background. When the last
 //!   one fails, the session is reinstated with the same ISID and every command not yet
 //!   answered is issued again. Either way a copy survives a cut link. See [`Session`].
-//! - [`mount`]: a LUN as a regular file through FUSE (`rsv mount`).
 
-pub mod cli;
 mod conn;
 mod inbox;
-pub mod mount;
 pub mod scsi;
 mod session;
 pub mod tune;
-mod tune_cli;
 pub mod url;
 
 use std::time::Duration;

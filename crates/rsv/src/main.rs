@@ -26,17 +26,17 @@ enum Command {
     /// User-space WAN emulator between two network namespaces.
     Wan(wan::cli::WanArgs),
     /// List targets, portals and LUNs (with sizes) of a portal or target.
-    Ls(initiator::cli::LsArgs),
+    Ls(tools::cli::LsArgs),
     /// INQUIRY (standard, VPD 0x80/0x83/0xB0) and capacity of a LUN.
-    Inq(initiator::cli::InqArgs),
+    Inq(tools::cli::InqArgs),
     /// Copy between files, block devices and iscsi:// LUNs (image backup and restore).
-    Cp(initiator::cli::CpArgs),
+    Cp(tools::cli::CpArgs),
     /// Measure IOPS, throughput and latency of a LUN.
-    Bench(initiator::cli::BenchArgs),
+    Bench(tools::cli::BenchArgs),
     /// Show what auto-tuning measures and chooses for a LUN's path, and why.
-    Tune(initiator::cli::TuneArgs),
+    Tune(tools::cli::TuneArgs),
     /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
-    Mount(initiator::cli::MountArgs),
+    Mount(tools::cli::MountArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
 }
@@ -63,13 +63,13 @@ fn main() -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Target(args) => ok(targetd::cli::run(args)),
         Command::Wan(args) => ok(wan::cli::run(args)),
-        Command::Ls(args) => ok(initiator::cli::ls(args)),
-        Command::Inq(args) => ok(initiator::cli::inq(args)),
+        Command::Ls(args) => ok(tools::cli::ls(args)),
+        Command::Inq(args) => ok(tools::cli::inq(args)),
         // 3 when --max-time stopped the copy early (1 is a failure).
-        Command::Cp(args) => initiator::cli::cp(args),
-        Command::Bench(args) => ok(initiator::cli::bench(args)),
-        Command::Tune(args) => ok(initiator::cli::tune(args)),
-        Command::Mount(args) => ok(initiator::cli::mount(args)),
+        Command::Cp(args) => tools::cli::cp(args),
+        Command::Bench(args) => ok(tools::cli::bench(args)),
+        Command::Tune(args) => ok(tools::cli::tune(args)),
+        Command::Mount(args) => ok(tools::cli::mount(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
     }
 }

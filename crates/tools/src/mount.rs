@@ -21,7 +21,7 @@ use fuser::{
 };
 
 use crate::cli::SessionFlags;
-use crate::{IscsiUrl, Session};
+use initiator::{IscsiUrl, Session};
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
@@ -69,7 +69,7 @@ impl LunFile {
         block: u64,
         off: u64,
         len: usize,
-    ) -> crate::Result<Bytes> {
+    ) -> initiator::Result<Bytes> {
         let first = off / block;
         let last = (off + len as u64).div_ceil(block);
         let data = session.read(lun, first, (last - first) as u32).await?;
@@ -84,7 +84,7 @@ impl LunFile {
         rmw: &tokio::sync::Mutex<()>,
         off: u64,
         data: Bytes,
-    ) -> crate::Result<()> {
+    ) -> initiator::Result<()> {
         let end = off + data.len() as u64;
         if off.is_multiple_of(block) && end.is_multiple_of(block) {
             return session.write(lun, off / block, data).await;
@@ -420,7 +420,7 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
         let m = Mounted::start(&args).await?;
         eprintln!(
             "mounted {} ({} bytes) on {}",
-            crate::url::IscsiUrl::parse(&args.url)?,
+            IscsiUrl::parse(&args.url)?,
             m.size,
             m.file.display()
         );

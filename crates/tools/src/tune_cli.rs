@@ -8,7 +8,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::cli::SessionFlags;
-use crate::{IscsiUrl, PathReport, Session, SessionInfo};
+use initiator::{IscsiUrl, PathReport, Session, SessionInfo};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
@@ -17,7 +17,7 @@ pub struct TuneArgs {
     #[command(flatten)]
     pub session: SessionFlags,
     /// Bytes per command the copy will use (sizes bursts and the queue depth).
-    #[arg(long, default_value = "1m", value_parser = |s: &str| crate::parse_size(s).ok_or(format!("{s}: expected a size like 1m")))]
+    #[arg(long, default_value = "1m", value_parser = |s: &str| initiator::parse_size(s).ok_or(format!("{s}: expected a size like 1m")))]
     pub io_size: u64,
     /// Read sequentially for this many seconds and report what the connections measured.
     #[arg(long, default_value_t = 0.0)]
@@ -65,7 +65,7 @@ pub async fn run_tune(args: &TuneArgs) -> anyhow::Result<TuneReport> {
                         s.read(lun, slot * io / bs, (io / bs) as u32).await?;
                         done.fetch_add(io, Relaxed);
                     }
-                    Ok::<_, crate::Error>(())
+                    Ok::<_, initiator::Error>(())
                 });
                 workers += 1;
             }

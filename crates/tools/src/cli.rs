@@ -15,9 +15,9 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 pub use crate::mount::{mount, MountArgs};
-use crate::scsi::{self, Capacity};
 pub use crate::tune_cli::{tune, TuneArgs};
-use crate::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
+use initiator::scsi::{self, Capacity};
+use initiator::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
 
 /// Session flags shared by the commands. A flag overrides the same key in the URL's query
 /// string, which overrides the default.
@@ -80,7 +80,7 @@ fn parse_duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 impl SessionFlags {
-    pub fn options(&self, url: &IscsiUrl) -> crate::Result<SessionOptions> {
+    pub fn options(&self, url: &IscsiUrl) -> initiator::Result<SessionOptions> {
         let mut o = url.options(&SessionOptions::default())?;
         if let Some(n) = self.connections {
             o.connections = n.max(1);
@@ -118,7 +118,7 @@ impl SessionFlags {
         for kv in &self.opts {
             let (k, v) = kv
                 .split_once('=')
-                .ok_or_else(|| crate::Error::Option(format!("{kv}: expected KEY=VALUE")))?;
+                .ok_or_else(|| initiator::Error::Option(format!("{kv}: expected KEY=VALUE")))?;
             o.set(k, v)?;
         }
         Ok(o)
@@ -179,10 +179,10 @@ pub struct TargetListing {
     pub error: Option<String>,
 }
 
-pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> crate::Result<Vec<TargetListing>> {
+pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> initiator::Result<Vec<TargetListing>> {
     let opts = flags.options(url)?;
     let targets = match &url.target {
-        Some(t) => vec![crate::DiscoveredTarget {
+        Some(t) => vec![initiator::DiscoveredTarget {
             name: t.clone(),
             portals: vec![url.portal()],
         }],
@@ -210,7 +210,7 @@ pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> crate::Result<Vec<Tar
     Ok(out)
 }
 
-async fn lun_listing(url: &IscsiUrl, opts: &SessionOptions) -> crate::Result<Vec<LunListing>> {
+async fn lun_listing(url: &IscsiUrl, opts: &SessionOptions) -> initiator::Result<Vec<LunListing>> {
     let s = Session::connect(url, opts).await?;
     let result = async {
         let mut luns = Vec::new();
@@ -294,7 +294,7 @@ pub struct InquiryReport {
     pub session: SessionInfo,
 }
 
-pub async fn inquire(url: &IscsiUrl, flags: &SessionFlags) -> crate::Result<InquiryReport> {
+pub async fn inquire(url: &IscsiUrl, flags: &SessionFlags) -> initiator::Result<InquiryReport> {
     let lun = url.lun_required()?;
     let mut opts = flags.options(url)?;
     opts.connections = 1;
@@ -1146,7 +1146,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                 t = done;
                 last = Some(done);
             }
-            Ok::<_, crate::Error>((h, last, per_second))
+            Ok::<_, initiator::Error>((h, last, per_second))
         });
     }
     let mut total = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();

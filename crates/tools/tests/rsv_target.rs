@@ -5,8 +5,8 @@ mod common;
 
 use clap::Parser;
 use common::*;
-use initiator::cli::{self, CpArgs, CpSummary, SessionFlags};
 use initiator::{IscsiUrl, Session, SessionOptions};
+use tools::cli::{self, CpArgs, CpSummary, SessionFlags};
 
 const MIB: u64 = 1 << 20;
 

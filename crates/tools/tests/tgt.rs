@@ -4,8 +4,8 @@ mod common;
 
 use clap::Parser;
 use common::*;
-use initiator::cli::{self, CpArgs, SessionFlags};
 use initiator::{Error, IscsiUrl, Session, SessionOptions};
+use tools::cli::{self, CpArgs, SessionFlags};
 
 const MIB: u64 = 1 << 20;
 
