@@ -21,9 +21,11 @@
 //!   connection logs in again with the same TSIH and CID in the background. When the last
 //!   one fails, the session is reinstated with the same ISID and every command not yet
 //!   answered is issued again. Either way a copy survives a cut link. See [`Session`].
+//! - [`Lun`]: a LUN read and written at byte offsets, split at the target's limits.
 
 mod conn;
 mod inbox;
+mod lun;
 pub mod scsi;
 mod session;
 pub mod tune;
@@ -31,7 +33,8 @@ pub mod url;
 
 use std::time::Duration;
 
-pub use scsi::{Capacity, Inquiry, Sense};
+pub use lun::{LbaExtent, Lun};
+pub use scsi::{Capacity, Inquiry, Provisioning, Sense};
 pub use session::{
     discover, DataDir, DiscoveredTarget, PathReport, ScsiResult, Session, SessionInfo,
 };
@@ -64,6 +67,13 @@ pub enum Error {
     Login { target: String, message: String },
     #[error("LUN {lun} not found on {target}; `rsv ls` lists the LUNs it has")]
     LunNotFound { target: String, lun: u16 },
+    #[error("{len} bytes at offset {offset} reach past the end of LUN {lun} ({size} bytes)")]
+    OutOfRange {
+        lun: u16,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
     #[error("connection to {portal} lost: {why}")]
     ConnectionLost { portal: String, why: String },
     #[error("protocol error from the target: {0}")]

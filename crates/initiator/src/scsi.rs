@@ -19,6 +19,18 @@ pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
     rw16(0x8a, lba, blocks)
 }
 
+/// WRITE (16) with FUA: the target acknowledges only once the data is on stable storage.
+pub fn write16_fua(lba: u64, blocks: u32) -> [u8; 16] {
+    let mut c = rw16(0x8a, lba, blocks);
+    c[1] = 0x08;
+    c
+}
+
+/// WRITE SAME (16) of the one block sent as data, without UNMAP.
+pub fn write_same16(lba: u64, blocks: u32) -> [u8; 16] {
+    rw16(0x93, lba, blocks)
+}
+
 fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = op;
@@ -60,6 +72,75 @@ pub fn sync_cache10() -> [u8; 10] {
 
 pub fn test_unit_ready() -> [u8; 6] {
     [0; 6]
+}
+
+/// UNMAP of the `(lba, blocks)` ranges: the CDB and its parameter list.
+pub fn unmap(ranges: &[(u64, u32)]) -> ([u8; 10], Vec<u8>) {
+    let len = 8 + 16 * ranges.len();
+    let mut p = Vec::with_capacity(len);
+    p.extend_from_slice(&((len - 2) as u16).to_be_bytes());
+    p.extend_from_slice(&((len - 8) as u16).to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    for &(lba, blocks) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&blocks.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    let mut c = [0u8; 10];
+    c[0] = 0x42;
+    c[7..9].copy_from_slice(&(len as u16).to_be_bytes());
+    (c, p)
+}
+
+/// GET LBA STATUS (16) from `lba`.
+pub fn get_lba_status16(lba: u64, alloc: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x12;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&alloc.to_be_bytes());
+    c
+}
+
+/// Provisioning status of a run of blocks (SBC-4 GET LBA STATUS descriptor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provisioning {
+    Mapped,
+    Deallocated,
+    Anchored,
+}
+
+/// One descriptor of GET LBA STATUS data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbaStatus {
+    pub lba: u64,
+    pub blocks: u32,
+    pub status: Provisioning,
+}
+
+pub fn parse_lba_status(b: &[u8]) -> Vec<LbaStatus> {
+    let Some(n) = b
+        .get(..4)
+        .map(|l| u32::from_be_bytes(l.try_into().unwrap()) as usize)
+    else {
+        return Vec::new();
+    };
+    let end = (4 + n).min(b.len());
+    b.get(8..end)
+        .unwrap_or_default()
+        .chunks_exact(16)
+        .map(|d| LbaStatus {
+            lba: u64::from_be_bytes(d[..8].try_into().unwrap()),
+            blocks: u32::from_be_bytes(d[8..12].try_into().unwrap()),
+            status: match d[12] & 0x0f {
+                1 => Provisioning::Deallocated,
+                2 => Provisioning::Anchored,
+                // Reserved codes: taken as holding data, the safe reading for a copy.
+                _ => Provisioning::Mapped,
+            },
+        })
+        .collect()
 }
 
 /// Sense data, fixed or descriptor format.
@@ -292,6 +373,11 @@ pub struct BlockLimits {
     pub optimal_transfer_blocks: u32,
     pub optimal_granularity_blocks: u16,
     pub max_unmap_blocks: u32,
+    /// Not in `rsv inq --json`, whose fields stay as they were.
+    #[serde(skip)]
+    pub max_unmap_descriptors: u32,
+    #[serde(skip)]
+    pub max_write_same_blocks: u64,
 }
 
 pub fn parse_vpd_b0(b: &[u8]) -> Option<BlockLimits> {
@@ -308,6 +394,10 @@ pub fn parse_vpd_b0(b: &[u8]) -> Option<BlockLimits> {
         max_transfer_blocks: u32at(8),
         optimal_transfer_blocks: u32at(12),
         max_unmap_blocks: u32at(20),
+        max_unmap_descriptors: u32at(24),
+        max_write_same_blocks: b
+            .get(36..44)
+            .map_or(0, |s| u64::from_be_bytes(s.try_into().unwrap())),
     })
 }
 
