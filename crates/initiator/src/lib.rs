@@ -22,8 +22,11 @@
 //!   one fails, the session is reinstated with the same ISID and every command not yet
 //!   answered is issued again. Either way a copy survives a cut link. See [`Session`].
 //! - [`Lun`]: a LUN read and written at byte offsets, split at the target's limits.
+//! - [`copy`]: the parallel chunk copy behind `rsv cp`, between files, block devices and
+//!   LUNs.
 
 mod conn;
+pub mod copy;
 mod inbox;
 mod lun;
 pub mod scsi;
