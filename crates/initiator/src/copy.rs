@@ -381,7 +381,7 @@ pub async fn copy(
         .position(|d| !d)
         .map_or(size, |i| start_at + i as u64 * io);
     let checksum = if opts.verify && complete {
-        Some(verify(src, dst, size, io, qd, &mut progress).await?)
+        Some(verify(src, dst, io, qd, &mut progress).await?)
     } else {
         None
     };
@@ -407,15 +407,17 @@ fn is_zero(b: &[u8]) -> bool {
         && rest.iter().all(|&x| x == 0)
 }
 
-/// Re-reads both sides chunk by chunk; returns the CRC32C over the chunk CRCs.
-async fn verify(
+/// Reads all of `src` and as much of `dst` again, `chunk_size` at a time with up to
+/// half of `queue_depth` chunks in flight, and compares them; returns the CRC32C over the
+/// per-chunk CRC32Cs of the source.
+pub async fn verify(
     src: &Endpoint,
     dst: &Endpoint,
-    size: u64,
-    io: u64,
-    qd: usize,
-    progress: &mut impl FnMut(Progress),
+    chunk_size: u64,
+    queue_depth: usize,
+    mut progress: impl FnMut(Progress),
 ) -> Result<u32, CopyError> {
+    let (size, io, qd) = (src.size(), chunk_size.max(1), queue_depth);
     let chunks = size.div_ceil(io) as usize;
     let mut crcs = vec![0u32; chunks];
     let mut set: JoinSet<Result<(usize, u32, u32), CopyError>> = JoinSet::new();

@@ -150,11 +150,14 @@ impl Lun {
             return Ok(Bytes::new());
         }
         let span = covering(offset, len as u64, self.bs());
-        let mut pieces = self.read_blocks(span.first, span.count).await?;
-        if pieces.len() == 1 {
-            let data = pieces.pop().unwrap();
+        if span.count <= self.limits.max_transfer {
+            let data = self
+                .session
+                .read(self.lun, span.first, span.count as u32)
+                .await?;
             return Ok(data.slice(span.head..span.head + len));
         }
+        let pieces = self.read_blocks(span.first, span.count).await?;
         let mut out = BytesMut::with_capacity(len);
         gather(&pieces, span.head, len, |part| out.extend_from_slice(part));
         Ok(out.freeze())
@@ -331,11 +334,7 @@ impl Lun {
                 let (s, lun) = (self.session.clone(), self.lun);
                 let from = ((at - lba) * bs) as usize;
                 let part = data.slice(from..from + (n * bs) as usize);
-                let cdb = if fua {
-                    scsi::write16_fua(at, n as u32)
-                } else {
-                    scsi::write16(at, n as u32)
-                };
+                let cdb = write_cdb(at, n as u32, fua);
                 Box::pin(async move {
                     s.command_ok(lun, &cdb, DataDir::Write(part))
                         .await
@@ -351,6 +350,15 @@ impl Lun {
             return Ok(());
         }
         let plan = plan_write(offset, data.len() as u64, self.bs());
+        let blocks = data.len() as u64 / self.bs();
+        if plan.edges.is_empty() && blocks <= self.limits.max_transfer {
+            let cdb = write_cdb(offset / self.bs(), blocks as u32, fua);
+            return self
+                .session
+                .command_ok(self.lun, &cdb, DataDir::Write(data))
+                .await
+                .map(drop);
+        }
         let mut jobs = match &plan.middle {
             Some((lba, r)) => self.write_blocks(*lba, data.slice(r.clone()), fua),
             None => Vec::new(),
@@ -379,6 +387,14 @@ impl Lun {
             jobs.extend(self.write_blocks(e.lba, block.freeze(), fua));
         }
         all(jobs).await.map(drop)
+    }
+}
+
+fn write_cdb(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    if fua {
+        scsi::write16_fua(lba, blocks)
+    } else {
+        scsi::write16(lba, blocks)
     }
 }
 
