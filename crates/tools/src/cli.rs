@@ -2,21 +2,22 @@
 //! logic. The `rsv` binary only dispatches here.
 
 use std::io::IsTerminal;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
 pub use crate::mount::{mount, MountArgs};
 pub use crate::tune_cli::{tune, TuneArgs};
+use initiator::copy::{CopyOptions, Endpoint};
 use initiator::scsi::{self, Capacity};
+use initiator::Lun;
 use initiator::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
 
 /// Session flags shared by the commands. A flag overrides the same key in the URL's query
@@ -445,6 +446,12 @@ pub struct CpArgs {
     /// status 3 (not 0, not the failure status 1) tells that it stopped early.
     #[arg(long, value_name = "SECS", value_parser = parse_duration_arg)]
     pub max_time: Option<Duration>,
+    /// Resume a copy that --max-time stopped: start at this offset (the summary's
+    /// copied_prefix_bytes, a multiple of 4096) and keep the destination's contents (a
+    /// file is not truncated, so zero chunks are written unless --sparse). The summary
+    /// and progress count this run's bytes.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size_arg)]
+    pub resume_from: Option<u64>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -491,161 +498,29 @@ pub struct CpSummary {
     pub sessions: Vec<SessionInfo>,
 }
 
-enum Endpoint {
-    File {
-        file: Arc<std::fs::File>,
-        size: u64,
-    },
-    Lun {
-        session: Session,
-        lun: u16,
-        cap: Capacity,
-    },
-}
-
-impl Endpoint {
-    async fn open(
-        spec: &str,
-        flags: &SessionFlags,
-        io_size: u64,
-        dst_size: Option<u64>,
-    ) -> anyhow::Result<(Endpoint, bool)> {
-        if spec.starts_with("iscsi://") {
-            let url = IscsiUrl::parse(spec)?;
-            let lun = url.lun_required()?;
-            let mut opts = flags.options(&url)?;
-            opts.io_size_hint = Some(io_size);
-            let session = Session::connect(&url, &opts).await?;
-            let cap = session.read_capacity(lun).await?;
-            return Ok((Endpoint::Lun { session, lun, cap }, false));
-        }
-        let path = PathBuf::from(spec);
-        match dst_size {
-            None => {
-                let file = std::fs::File::open(&path)
-                    .with_context(|| format!("cannot open {spec} for reading"))?;
-                let size = file_size(&file)?;
-                Ok((
-                    Endpoint::File {
-                        file: Arc::new(file),
-                        size,
-                    },
-                    false,
-                ))
-            }
-            Some(size) => {
-                let is_blockdev = std::fs::metadata(&path)
-                    .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
-                    .unwrap_or(false);
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .read(true)
-                    .create(!is_blockdev)
-                    .truncate(!is_blockdev)
-                    .open(&path)
-                    .with_context(|| format!("cannot open {spec} for writing"))?;
-                if !is_blockdev {
-                    file.set_len(size)?;
-                }
-                let size = file_size(&file)?;
-                // A file we just truncated reads as zeros everywhere: zero chunks need no write.
-                Ok((
-                    Endpoint::File {
-                        file: Arc::new(file),
-                        size,
-                    },
-                    !is_blockdev,
-                ))
-            }
-        }
+/// Opens one side of a copy: an iscsi:// LUN, a file or a block device. `dst_size`:
+/// the destination, sized to the source; `truncate` empties a destination file first.
+async fn open_endpoint(
+    spec: &str,
+    flags: &SessionFlags,
+    io_size: u64,
+    dst_size: Option<u64>,
+    truncate: bool,
+) -> anyhow::Result<(Endpoint, bool)> {
+    if spec.starts_with("iscsi://") {
+        let url = IscsiUrl::parse(spec)?;
+        let mut opts = flags.options(&url)?;
+        opts.io_size_hint = Some(io_size);
+        return Ok((Endpoint::Lun(Lun::open_url(&url, &opts).await?), false));
     }
-
-    fn size(&self) -> u64 {
-        match self {
-            Endpoint::File { size, .. } => *size,
-            Endpoint::Lun { cap, .. } => cap.bytes(),
-        }
+    let path = Path::new(spec);
+    match dst_size {
+        None => Endpoint::open_file(path)
+            .map(|e| (e, false))
+            .with_context(|| format!("cannot open {spec} for reading")),
+        Some(size) => Endpoint::create_file(path, size, truncate)
+            .with_context(|| format!("cannot open {spec} for writing")),
     }
-
-    fn session(&self) -> Option<&Session> {
-        match self {
-            Endpoint::Lun { session, .. } => Some(session),
-            Endpoint::File { .. } => None,
-        }
-    }
-
-    async fn read(&self, off: u64, len: usize) -> anyhow::Result<Bytes> {
-        match self {
-            Endpoint::File { file, .. } => {
-                let file = file.clone();
-                Ok(tokio::task::spawn_blocking(move || {
-                    let mut buf = BytesMut::zeroed(len);
-                    file.read_exact_at(&mut buf, off).map(|_| buf.freeze())
-                })
-                .await??)
-            }
-            Endpoint::Lun { session, lun, cap } => {
-                let bs = u64::from(cap.block_size);
-                let blocks = (len as u64).div_ceil(bs);
-                let data = session.read(*lun, off / bs, blocks as u32).await?;
-                Ok(data.slice(..len))
-            }
-        }
-    }
-
-    async fn write(&self, off: u64, data: Bytes) -> anyhow::Result<()> {
-        match self {
-            Endpoint::File { file, .. } => {
-                let file = file.clone();
-                tokio::task::spawn_blocking(move || file.write_all_at(&data, off)).await??;
-                Ok(())
-            }
-            Endpoint::Lun { session, lun, cap } => {
-                let bs = cap.block_size as usize;
-                let data = if !data.len().is_multiple_of(bs) {
-                    // The image ends inside a block: the rest of that block is zero-filled.
-                    let mut padded = BytesMut::zeroed(data.len().div_ceil(bs) * bs);
-                    padded[..data.len()].copy_from_slice(&data);
-                    padded.freeze()
-                } else {
-                    data
-                };
-                session.write(*lun, off / bs as u64, data).await?;
-                Ok(())
-            }
-        }
-    }
-
-    async fn flush(&self) -> anyhow::Result<()> {
-        match self {
-            Endpoint::File { file, .. } => {
-                let file = file.clone();
-                tokio::task::spawn_blocking(move || file.sync_data()).await??;
-            }
-            Endpoint::Lun { session, lun, .. } => session.sync_cache(*lun).await?,
-        }
-        Ok(())
-    }
-}
-
-fn file_size(file: &std::fs::File) -> anyhow::Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    let m = file.metadata()?;
-    if m.is_file() {
-        return Ok(m.len());
-    }
-    // Block devices report length 0 in their metadata; their end is their size.
-    let mut f = file;
-    Ok(f.seek(SeekFrom::End(0))?)
-}
-
-fn is_zero(b: &[u8]) -> bool {
-    let chunks = b.chunks_exact(16);
-    let rest = chunks.remainder();
-    chunks
-        .map(|c| u128::from_ne_bytes(c.try_into().unwrap()))
-        .all(|x| x == 0)
-        && rest.iter().all(|&x| x == 0)
 }
 
 fn progress(total: u64, enabled: bool, msg: &'static str) -> indicatif::ProgressBar {
@@ -669,9 +544,16 @@ fn progress(total: u64, enabled: bool, msg: &'static str) -> indicatif::Progress
 
 /// Copies with `args`; the library entry point behind `rsv cp`.
 pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
-    let (src, _) = Endpoint::open(&args.src, &args.session, args.io_size, None).await?;
+    let (src, _) = open_endpoint(&args.src, &args.session, args.io_size, None, false).await?;
     let size = src.size();
-    let (dst, fresh) = Endpoint::open(&args.dst, &args.session, args.io_size, Some(size)).await?;
+    let (dst, fresh) = open_endpoint(
+        &args.dst,
+        &args.session,
+        args.io_size,
+        Some(size),
+        args.resume_from.is_none(),
+    )
+    .await?;
     if dst.size() < size {
         bail!(
             "destination {} holds {} but the source has {}; use a larger LUN",
@@ -680,126 +562,79 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
             human(size)
         );
     }
-    let io = args.io_size.max(4096);
-    let io = io - io % 4096;
-    // Commands in flight: as given, else the sessions' (auto-tuning may grow it as the
-    // copy runs).
-    let queue_depth = |src: &Endpoint, dst: &Endpoint| {
-        args.session
-            .queue_depth
-            .or_else(|| {
-                [src, dst]
-                    .iter()
-                    .filter_map(|e| e.session().map(Session::queue_depth))
-                    .max()
-            })
-            .unwrap_or(32)
-    };
-    let mut opts_qd = queue_depth(&src, &dst);
     // Skipping zeros is only safe where the destination already reads as zero.
     let sparse = !args.no_sparse && (args.sparse || fresh);
-    let src = Arc::new(src);
-    let dst = Arc::new(dst);
+    let opts = CopyOptions {
+        chunk_size: args.io_size,
+        queue_depth: args.session.queue_depth,
+        skip_zeros: sparse,
+        verify: false,
+        max_time: args.max_time,
+        start_offset: args.resume_from.unwrap_or(0),
+    };
     let mode = if args.no_progress {
         ProgressMode::None
     } else {
         args.progress
     };
-    let pb = progress(size, mode == ProgressMode::Bar, "copy");
-    let skipped = Arc::new(AtomicU64::new(0));
+    let todo = size.saturating_sub(opts.start_offset);
+    let pb = progress(todo, mode == ProgressMode::Bar, "copy");
     let copied = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
     let reporter = (mode == ProgressMode::Json)
-        .then(|| tokio::spawn(json_progress(copied.clone(), size, start)));
-    let deadline = args.max_time.map(|t| start + t);
-    let mut done = vec![false; size.div_ceil(io) as usize];
-    let mut set: JoinSet<anyhow::Result<u64>> = JoinSet::new();
-    let mut off = 0u64;
-    let mut stopped = false;
-    while (off < size && !stopped) || !set.is_empty() {
-        stopped |= deadline.is_some_and(|d| Instant::now() >= d);
-        opts_qd = opts_qd.max(queue_depth(&src, &dst));
-        while off < size && !stopped && set.len() < opts_qd {
-            let len = io.min(size - off) as usize;
-            let (src, dst, skipped, pb, copied) = (
-                src.clone(),
-                dst.clone(),
-                skipped.clone(),
-                pb.clone(),
-                copied.clone(),
-            );
-            let at = off;
-            set.spawn(async move {
-                let data = src
-                    .read(at, len)
-                    .await
-                    .with_context(|| format!("reading {len} bytes at offset {at}"))?;
-                if sparse && is_zero(&data) {
-                    skipped.fetch_add(len as u64, Ordering::Relaxed);
-                } else {
-                    dst.write(at, data)
-                        .await
-                        .with_context(|| format!("writing {len} bytes at offset {at}"))?;
-                }
-                pb.inc(len as u64);
-                copied.fetch_add(len as u64, Ordering::Relaxed);
-                Ok(at)
-            });
-            off += len as u64;
-        }
-        let joined = match deadline.filter(|_| !stopped) {
-            // Wake at the deadline even when every chunk in flight is slow.
-            Some(d) => tokio::time::timeout_at(d.into(), set.join_next())
-                .await
-                .unwrap_or(None),
-            None => set.join_next().await,
-        };
-        if let Some(r) = joined {
-            done[(r?? / io) as usize] = true;
-        }
-    }
-    dst.flush().await.context("flushing the destination")?;
-    let seconds = start.elapsed().as_secs_f64();
+        .then(|| tokio::spawn(json_progress(copied.clone(), todo, Instant::now())));
+    let r = initiator::copy::copy(&src, &dst, &opts, |p| {
+        pb.set_position(p.bytes);
+        copied.store(p.bytes, Ordering::Relaxed);
+    })
+    .await?;
     if let Some(r) = reporter {
         r.abort();
     }
     pb.finish_and_clear();
-    let bytes = copied.load(Ordering::Relaxed);
-    let complete = bytes == size;
-    let copied_prefix_bytes = done.iter().position(|d| !d).map_or(size, |i| i as u64 * io);
     if mode == ProgressMode::Json {
         eprintln!(
             "{}",
-            progress_line(bytes, size, seconds, bytes as f64 / seconds.max(1e-9))
+            progress_line(
+                r.bytes,
+                todo,
+                r.seconds,
+                r.bytes as f64 / r.seconds.max(1e-9)
+            )
         );
     }
-    let checksum = if args.verify && complete {
-        Some(verify(&src, &dst, size, io, opts_qd).await?)
+    let checksum = if args.verify && r.complete {
+        let pb = progress(size, true, "verify");
+        let sum = initiator::copy::verify(&src, &dst, r.chunk_size, r.queue_depth, |p| {
+            pb.set_position(p.bytes)
+        })
+        .await?;
+        pb.finish_and_clear();
+        Some(sum)
     } else {
         None
     };
-    let sessions: Vec<&Session> = [&*src, &*dst]
+    let sessions: Vec<&Session> = [&src, &dst]
         .into_iter()
-        .filter_map(Endpoint::session)
+        .filter_map(|e| e.lun().map(Lun::session))
         .collect();
     let summary = CpSummary {
         src: redact(&args.src),
         dst: redact(&args.dst),
-        bytes,
-        total_bytes: size,
-        complete,
-        copied_prefix_bytes,
-        skipped_zero_bytes: skipped.load(Ordering::Relaxed),
-        seconds,
-        mb_per_s: bytes as f64 / 1e6 / seconds.max(1e-9),
+        bytes: r.bytes,
+        total_bytes: r.total_bytes,
+        complete: r.complete,
+        copied_prefix_bytes: r.copied_prefix_bytes,
+        skipped_zero_bytes: r.skipped_zero_bytes,
+        seconds: r.seconds,
+        mb_per_s: r.bytes as f64 / 1e6 / r.seconds.max(1e-9),
         retries: sessions.iter().map(|s| s.retries()).sum(),
         reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
         reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
         reconnections: sessions.iter().map(|s| s.reconnections()).sum(),
         verified: checksum.is_some(),
         checksum: checksum.map(|c| format!("{c:08x}")),
-        io_size: io,
-        queue_depth: opts_qd,
+        io_size: r.chunk_size,
+        queue_depth: r.queue_depth,
         sparse,
         sessions: sessions.iter().map(|s| s.info()).collect(),
     };
@@ -850,59 +685,6 @@ fn redact(spec: &str) -> String {
         .unwrap_or_else(|_| spec.to_owned())
 }
 
-/// Re-reads both sides chunk by chunk; returns the CRC32C over the chunk CRCs.
-async fn verify(
-    src: &Arc<Endpoint>,
-    dst: &Arc<Endpoint>,
-    size: u64,
-    io: u64,
-    qd: usize,
-) -> anyhow::Result<u32> {
-    let pb = progress(size, true, "verify");
-    let chunks = size.div_ceil(io) as usize;
-    let mut crcs = vec![0u32; chunks];
-    let mut set: JoinSet<anyhow::Result<(usize, u32, u32)>> = JoinSet::new();
-    let mut next = 0usize;
-    let mut mismatches = Vec::new();
-    while next < chunks || !set.is_empty() {
-        while next < chunks && set.len() < qd.max(2) / 2 {
-            let (src, dst, pb) = (src.clone(), dst.clone(), pb.clone());
-            let i = next;
-            set.spawn(async move {
-                let off = i as u64 * io;
-                let len = io.min(size - off) as usize;
-                let (a, b) = tokio::try_join!(src.read(off, len), dst.read(off, len))?;
-                pb.inc(len as u64);
-                Ok((i, crc32c::crc32c(&a), crc32c::crc32c(&b)))
-            });
-            next += 1;
-        }
-        if let Some(r) = set.join_next().await {
-            let (i, a, b) = r??;
-            crcs[i] = a;
-            if a != b {
-                mismatches.push(i as u64 * io);
-            }
-        }
-    }
-    pb.finish_and_clear();
-    if !mismatches.is_empty() {
-        mismatches.sort_unstable();
-        bail!(
-            "verify failed: {} chunk(s) differ, first at offset {}",
-            mismatches.len(),
-            mismatches[0]
-        );
-    }
-    let mut all = Vec::with_capacity(crcs.len() * 4);
-    for c in crcs {
-        all.extend_from_slice(&c.to_be_bytes());
-    }
-    Ok(crc32c::crc32c(&all))
-}
-
-/// `rsv cp`. Exit status: 0 copied, 1 failed, [`EXIT_STOPPED_BY_MAX_TIME`] stopped by
-/// --max-time (what was copied is flushed and reported).
 pub fn cp(args: CpArgs) -> anyhow::Result<std::process::ExitCode> {
     let s = runtime()?.block_on(copy(&args))?;
     if args.json {
@@ -1041,11 +823,11 @@ pub struct BenchReport {
 
 pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let url = IscsiUrl::parse(&args.url)?;
-    let lun = url.lun_required()?;
     let mut opts = args.session.options(&url)?;
     opts.io_size_hint = Some(args.block_size);
-    let s = Session::connect(&url, &opts).await?;
-    let cap = s.read_capacity(lun).await?;
+    let lun = Lun::open_url(&url, &opts).await?;
+    let s = lun.session().clone();
+    let cap = lun.capacity().clone();
     // Workers: the session's queue depth, as given or as auto-tuning chose it.
     let queue_depth = s.queue_depth();
     let bs = u64::from(cap.block_size);
@@ -1077,8 +859,9 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let drain_end = deadline + (args.duration / 4).max(Duration::from_secs(1));
     let mut set = JoinSet::new();
     for worker in 0..queue_depth {
-        let (s, seq, payload, args, abandoned, drained) = (
+        let (s, lun, seq, payload, args, abandoned, drained) = (
             s.clone(),
+            lun.clone(),
             seq.clone(),
             payload.clone(),
             args.clone(),
@@ -1110,7 +893,6 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                     Pattern::Seq => seq.fetch_add(1, Ordering::Relaxed) % slots,
                     Pattern::Rand => rng.gen_range(0..slots),
                 };
-                let lba = slot * io / bs;
                 let read = match args.rw {
                     Rw::Read => true,
                     Rw::Write => false,
@@ -1118,9 +900,9 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
                 };
                 let one = async {
                     if read {
-                        s.read(lun, lba, (io / bs) as u32).await.map(drop)
+                        lun.read_at(slot * io, io as usize).await.map(drop)
                     } else {
-                        s.write(lun, lba, payload.clone()).await
+                        lun.write_at(slot * io, payload.clone()).await
                     }
                 };
                 // A command stuck past the wait (many retransmission timeouts on a lossy

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use clap::Args;
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, InitFlags, KernelConfig,
@@ -21,7 +21,7 @@ use fuser::{
 };
 
 use crate::cli::SessionFlags;
-use initiator::{IscsiUrl, Session};
+use initiator::{IscsiUrl, Lun};
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
@@ -45,60 +45,16 @@ const MAX_IO: u32 = 1 << 20;
 const TTL: Duration = Duration::from_secs(1);
 
 struct LunFile {
-    session: Session,
-    lun: u16,
-    block: u64,
+    lun: Lun,
     size: u64,
     read_only: bool,
     rt: tokio::runtime::Handle,
     attr: FileAttr,
-    /// Serialises read-modify-write of partial blocks (rare: loop devices and file
-    /// systems write whole blocks).
-    rmw: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn eio(e: impl std::fmt::Display) -> Errno {
     tracing::warn!("I/O on the LUN failed: {e}");
     Errno::EIO
-}
-
-impl LunFile {
-    async fn read_at(
-        session: &Session,
-        lun: u16,
-        block: u64,
-        off: u64,
-        len: usize,
-    ) -> initiator::Result<Bytes> {
-        let first = off / block;
-        let last = (off + len as u64).div_ceil(block);
-        let data = session.read(lun, first, (last - first) as u32).await?;
-        let skip = (off - first * block) as usize;
-        Ok(data.slice(skip..skip + len))
-    }
-
-    async fn write_at(
-        session: &Session,
-        lun: u16,
-        block: u64,
-        rmw: &tokio::sync::Mutex<()>,
-        off: u64,
-        data: Bytes,
-    ) -> initiator::Result<()> {
-        let end = off + data.len() as u64;
-        if off.is_multiple_of(block) && end.is_multiple_of(block) {
-            return session.write(lun, off / block, data).await;
-        }
-        let _g = rmw.lock().await;
-        let first = off / block;
-        let last = end.div_ceil(block);
-        let old = session.read(lun, first, (last - first) as u32).await?;
-        let mut buf = BytesMut::with_capacity(old.len());
-        buf.extend_from_slice(&old);
-        let skip = (off - first * block) as usize;
-        buf[skip..skip + data.len()].copy_from_slice(&data);
-        session.write(lun, first, buf.freeze()).await
-    }
 }
 
 impl fuser::Filesystem for LunFile {
@@ -170,9 +126,9 @@ impl fuser::Filesystem for LunFile {
         if len == 0 {
             return reply.data(&[]);
         }
-        let (session, lun, block) = (self.session.clone(), self.lun, self.block);
+        let lun = self.lun.clone();
         self.rt.spawn(async move {
-            match LunFile::read_at(&session, lun, block, offset, len).await {
+            match lun.read_at(offset, len).await {
                 Ok(d) => reply.data(&d),
                 Err(e) => reply.error(eio(e)),
             }
@@ -198,11 +154,10 @@ impl fuser::Filesystem for LunFile {
             return reply.error(Errno::ENOSPC);
         }
         let data = Bytes::copy_from_slice(data);
-        let (session, lun, block, rmw) =
-            (self.session.clone(), self.lun, self.block, self.rmw.clone());
+        let lun = self.lun.clone();
         self.rt.spawn(async move {
             let n = data.len() as u32;
-            match LunFile::write_at(&session, lun, block, &rmw, offset, data).await {
+            match lun.write_at(offset, data).await {
                 Ok(()) => reply.written(n),
                 Err(e) => reply.error(eio(e)),
             }
@@ -264,9 +219,9 @@ impl LunFile {
         if self.read_only {
             return reply.ok();
         }
-        let (session, lun) = (self.session.clone(), self.lun);
+        let lun = self.lun.clone();
         self.rt.spawn(async move {
-            match session.sync_cache(lun).await {
+            match lun.flush().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(eio(e)),
             }
@@ -312,8 +267,7 @@ impl Unmounter {
 pub struct Mounted {
     fuse: std::thread::JoinHandle<std::io::Result<()>>,
     unmounter: Unmounter,
-    session: Session,
-    lun: u16,
+    lun: Lun,
     pub file: PathBuf,
     pub size: u64,
 }
@@ -323,7 +277,7 @@ impl Mounted {
     /// thread of its own and the I/O on the current tokio runtime.
     pub async fn start(args: &MountArgs) -> anyhow::Result<Mounted> {
         let url = IscsiUrl::parse(&args.url)?;
-        let lun = url.lun_required()?;
+        url.lun_required()?;
         let opts = args.session.options(&url)?;
         if !args.file.exists() {
             std::fs::File::create(&args.file).with_context(|| {
@@ -333,18 +287,14 @@ impl Mounted {
         if !std::fs::metadata(&args.file)?.is_file() {
             anyhow::bail!("{} is not a regular file", args.file.display());
         }
-        let session = Session::connect(&url, &opts).await?;
-        let cap = session.read_capacity(lun).await?;
-        let size = cap.bytes();
+        let lun = Lun::open_url(&url, &opts).await?;
+        let size = lun.size();
         let fs = LunFile {
-            session: session.clone(),
-            lun,
-            block: u64::from(cap.block_size),
+            lun: lun.clone(),
             size,
             read_only: args.read_only,
             rt: tokio::runtime::Handle::current(),
-            attr: file_attr(size, cap.block_size, args.read_only),
-            rmw: Arc::new(tokio::sync::Mutex::new(())),
+            attr: file_attr(size, lun.block_size(), args.read_only),
         };
         let mut config = Config::default();
         config.mount_options = vec![
@@ -368,7 +318,7 @@ impl Mounted {
         let mut fuse = match mounted {
             Ok(f) => f,
             Err(e) => {
-                let _ = session.logout().await;
+                let _ = lun.session().logout().await;
                 return Err(e).with_context(|| {
                     format!(
                         "cannot mount on {} (FUSE needs /dev/fuse and fusermount3)",
@@ -384,7 +334,6 @@ impl Mounted {
         Ok(Mounted {
             fuse,
             unmounter,
-            session,
             lun,
             file: args.file.clone(),
             size,
@@ -400,8 +349,8 @@ impl Mounted {
     pub async fn wait(self) -> anyhow::Result<()> {
         let fuse = self.fuse;
         let ran = tokio::task::spawn_blocking(move || fuse.join()).await?;
-        let synced = self.session.sync_cache(self.lun).await;
-        let _ = self.session.logout().await;
+        let synced = self.lun.flush().await;
+        let _ = self.lun.session().logout().await;
         match ran {
             Ok(r) => r.context("FUSE session")?,
             Err(_) => anyhow::bail!("the FUSE thread panicked"),
