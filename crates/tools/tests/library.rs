@@ -226,7 +226,7 @@ async fn copy_resumes_from_an_offset_with_progress() {
     assert_eq!((r.bytes, r.total_bytes), (size - resume, size));
     assert_eq!(r.copied_prefix_bytes, size);
     assert_eq!((r.chunk_size, r.queue_depth), (256 * 1024, 4));
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert_eq!(seen.len() as u64, (size - resume).div_ceil(256 * 1024));
     assert!(seen.windows(2).all(|w| w[0].bytes < w[1].bytes));
     let last = seen.last().unwrap();
