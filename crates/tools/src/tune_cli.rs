@@ -8,7 +8,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::cli::SessionFlags;
-use initiator::{IscsiUrl, PathReport, Session, SessionInfo};
+use initiator::{IscsiUrl, Lun, PathReport, Session, SessionInfo};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
@@ -44,10 +44,10 @@ pub async fn run_tune(args: &TuneArgs) -> anyhow::Result<TuneReport> {
     let s = Session::connect(&url, &opts).await?;
     let (mut probe_bytes, mut probe_rate) = (None, None);
     if args.probe > 0.0 {
-        let cap = s.read_capacity(lun).await?;
-        let bs = u64::from(cap.block_size);
-        let io = (args.io_size.max(bs) / bs * bs).min(cap.bytes());
-        let slots = (cap.bytes() / io).max(1);
+        let l = Lun::open(s.clone(), lun).await?;
+        let bs = u64::from(l.block_size());
+        let io = (args.io_size.max(bs) / bs * bs).min(l.size());
+        let slots = (l.size() / io).max(1);
         let deadline = Instant::now() + Duration::from_secs_f64(args.probe);
         let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -57,12 +57,12 @@ pub async fn run_tune(args: &TuneArgs) -> anyhow::Result<TuneReport> {
         let mut workers = 0;
         loop {
             while workers < s.queue_depth() && Instant::now() < deadline {
-                let (s, next, done) = (s.clone(), next.clone(), done.clone());
+                let (l, next, done) = (l.clone(), next.clone(), done.clone());
                 set.spawn(async move {
                     while Instant::now() < deadline {
                         use std::sync::atomic::Ordering::Relaxed;
                         let slot = next.fetch_add(1, Relaxed) % slots;
-                        s.read(lun, slot * io / bs, (io / bs) as u32).await?;
+                        l.read_at(slot * io, io as usize).await?;
                         done.fetch_add(io, Relaxed);
                     }
                     Ok::<_, initiator::Error>(())
