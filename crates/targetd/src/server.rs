@@ -347,7 +347,7 @@ impl Server {
                         Ok((stream, peer)) => {
                             let shared = shared.clone();
                             tokio::spawn(async move {
-                                crate::conn::serve(shared, stream, peer).await;
+                                crate::conn::serve(shared, stream.into(), peer).await;
                             });
                         }
                         Err(e) => {
