@@ -1,5 +1,7 @@
-//! One TCP connection: connect and tune, the login exchange on the raw stream, and after
-//! login the writer task that owns the write half.
+//! One connection, and the only module of the initiator that touches its transport:
+//! connect and tune, the login exchange on the raw stream, and after login the writer task
+//! that owns the write half and the [`Reader`] through which the session's reader task
+//! reads.
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -14,9 +16,9 @@ use iscsi::login::{
 use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
+use bytes::BufMut;
+use net::transport::{ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::{Error, Result, SessionOptions};
@@ -27,7 +29,7 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// A connection before full feature phase: PDUs are exchanged one at a time.
 pub(crate) struct RawConn {
     pub portal: String,
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
     dec: PduDecoder,
     digests: Digests,
@@ -41,22 +43,25 @@ pub(crate) struct LoginDone {
     pub maxcmdsn: u32,
 }
 
+/// Opens a connection to `portal` (`host:port`), or says why it cannot.
+pub(crate) async fn dial(portal: &str) -> Result<Stream> {
+    let unreachable = |source| Error::Unreachable {
+        portal: portal.to_owned(),
+        source,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, Stream::connect(portal)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(unreachable(e)),
+        Err(_) => Err(unreachable(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer within 10 s",
+        ))),
+    }
+}
+
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
-        let unreachable = |source| Error::Unreachable {
-            portal: portal.to_owned(),
-            source,
-        };
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(portal)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(unreachable(e)),
-            Err(_) => {
-                return Err(unreachable(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer within 10 s",
-                )))
-            }
-        };
+        let stream = dial(portal).await?;
         let tuning = net::apply(stream.as_fd(), &opts.tuning());
         for w in &tuning.warnings {
             tracing::debug!(portal, "socket tuning: {w}");
@@ -160,9 +165,41 @@ impl RawConn {
         }
     }
 
-    pub fn into_parts(self) -> (OwnedReadHalf, OwnedWriteHalf, BytesMut, PduDecoder, Digests) {
+    pub fn into_parts(self) -> (Reader, WriteHalf, BytesMut, PduDecoder, Digests) {
         let (r, w) = self.stream.into_split();
-        (r, w, self.buf, self.dec, self.digests)
+        (Reader(r), w, self.buf, self.dec, self.digests)
+    }
+}
+
+/// The receiving side of a connection in full feature phase, for the session's reader.
+/// Lends the socket out ([`AsFd`]) for TCP_INFO and pacing.
+pub(crate) struct Reader(ReadHalf);
+
+impl Reader {
+    /// Reads what has arrived into `dst`'s spare capacity; 0 when the target closed.
+    /// Cancel-safe.
+    pub async fn fill(&mut self, dst: &mut impl BufMut) -> std::io::Result<usize> {
+        self.0.read_buf(dst).await
+    }
+
+    /// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
+    pub async fn read_exact_into(&mut self, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+        let mut dst = v.limit(n);
+        while dst.has_remaining_mut() {
+            if self.0.read_buf(&mut dst).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed by the target",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsFd for Reader {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 
@@ -262,7 +299,7 @@ impl Conn {
         portal: String,
         max_send_segment: u32,
         exp_statsn: u32,
-        w: OwnedWriteHalf,
+        w: WriteHalf,
         digests: Digests,
         target_pacing: TargetPacing,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
@@ -401,7 +438,7 @@ fn set_expstatsn(pdu: &mut Pdu, v: u32) {
 
 async fn writer(
     mut rx: mpsc::UnboundedReceiver<Pdu>,
-    w: OwnedWriteHalf,
+    w: WriteHalf,
     digests: Digests,
     exp_statsn: Arc<AtomicU32>,
     dead_tx: Arc<watch::Sender<bool>>,

@@ -16,11 +16,9 @@ use iscsi::pdu::{
 };
 use iscsi::serial::{sn_gt, sn_le, sn_lt};
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{watch, Notify, Semaphore};
 
-use crate::conn::{Conn, LoginDone, RawConn};
+use crate::conn::{Conn, LoginDone, RawConn, Reader};
 use crate::inbox;
 use crate::scsi::{self, Capacity, Inquiry, Sense};
 use crate::tune::RateControl;
@@ -927,8 +925,7 @@ impl Shared {
     /// Called by a connection's reader after a read, every [`Shared::sample_every`]:
     /// samples its TCP_INFO, grows the queue depth when the measured path needs more in
     /// flight, and runs the rate control.
-    fn observe(self: &Arc<Self>, conn: &Arc<Conn>, sock: &OwnedReadHalf) {
-        let stream: &tokio::net::TcpStream = sock.as_ref();
+    fn observe(self: &Arc<Self>, conn: &Arc<Conn>, stream: &Reader) {
         let span = Duration::from_micros(self.span_us.load(Ordering::Relaxed));
         if !conn.sample_path(stream, self.epoch.elapsed(), span) || !self.opts.auto_tune {
             return;
@@ -1040,7 +1037,7 @@ impl Shared {
     fn control_rate(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
-        stream: &tokio::net::TcpStream,
+        stream: &Reader,
         conns: &[Arc<Conn>],
         path: &PathReport,
     ) {
@@ -2279,7 +2276,7 @@ const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 async fn reader(
     shared: Weak<Shared>,
     conn: Arc<Conn>,
-    mut rd: OwnedReadHalf,
+    mut rd: Reader,
     mut buf: BytesMut,
     mut dec: PduDecoder,
     mut dead: watch::Receiver<bool>,
@@ -2321,7 +2318,7 @@ async fn reader(
                 let r = if rest > 0 {
                     read_limit = header_only;
                     tokio::select! {
-                        r = read_exact_into(&mut rd, &mut v, rest) => r.map_err(|e| e.to_string()),
+                        r = rd.read_exact_into(&mut v, rest) => r.map_err(|e| e.to_string()),
                         _ = dead.changed() => Err("closed".to_owned()),
                     }
                 } else {
@@ -2366,7 +2363,7 @@ async fn reader(
         }
         let mut dst = (&mut buf).limit(std::mem::replace(&mut read_limit, usize::MAX));
         tokio::select! {
-            r = rd.read_buf(&mut dst) => match r {
+            r = rd.fill(&mut dst) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
                     let now = Instant::now();
@@ -2387,20 +2384,6 @@ async fn reader(
     if let Some(s) = shared.upgrade() {
         s.conn_failed(&conn, &why);
     }
-}
-
-/// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
-async fn read_exact_into(rd: &mut OwnedReadHalf, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    let mut dst = v.limit(n);
-    while dst.has_remaining_mut() {
-        if rd.read_buf(&mut dst).await? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "closed by the target",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Pings idle connections with NOP-Out; one that does not answer is dropped (and the

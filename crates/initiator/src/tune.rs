@@ -682,19 +682,7 @@ pub async fn probe(portal: &str) -> Result<Probe> {
 }
 
 async fn handshake(portal: String) -> Result<Probe> {
-    let s = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::net::TcpStream::connect(&portal),
-    )
-    .await
-    .map_err(|_| Error::Unreachable {
-        portal: portal.clone(),
-        source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s"),
-    })?
-    .map_err(|source| Error::Unreachable {
-        portal: portal.clone(),
-        source,
-    })?;
+    let s = crate::conn::dial(&portal).await?;
     let info = net::tcp_info(&s)?;
     Ok(Probe {
         rtt_us: info.rtt_us.max(1),
