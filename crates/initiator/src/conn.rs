@@ -3,7 +3,7 @@
 //! that owns the write half and the [`Reader`] through which the session's reader task
 //! reads.
 
-use std::os::fd::AsFd;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
 use bytes::BufMut;
-use net::transport::{ReadHalf, Stream, WriteHalf};
+use net::transport::{Dialer, ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch};
 
@@ -43,13 +43,20 @@ pub(crate) struct LoginDone {
     pub maxcmdsn: u32,
 }
 
-/// Opens a connection to `portal` (`host:port`), or says why it cannot.
-pub(crate) async fn dial(portal: &str) -> Result<Stream> {
+/// Opens a connection to `portal` (`host:port`) through `dialer` (TCP without one), or
+/// says why it cannot.
+pub(crate) async fn dial(portal: &str, dialer: Option<&Dialer>) -> Result<Stream> {
     let unreachable = |source| Error::Unreachable {
         portal: portal.to_owned(),
         source,
     };
-    match tokio::time::timeout(CONNECT_TIMEOUT, Stream::connect(portal)).await {
+    let connect = async {
+        match dialer {
+            Some(d) => d.dial(portal).await,
+            None => Stream::connect(portal).await,
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(unreachable(e)),
         Err(_) => Err(unreachable(std::io::Error::new(
@@ -61,8 +68,11 @@ pub(crate) async fn dial(portal: &str) -> Result<Stream> {
 
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
-        let stream = dial(portal).await?;
-        let tuning = net::apply(stream.as_fd(), &opts.tuning());
+        let stream = dial(portal, opts.dialer.as_ref()).await?;
+        let tuning = stream
+            .socket()
+            .map(|fd| net::apply(fd, &opts.tuning()))
+            .unwrap_or_default();
         for w in &tuning.warnings {
             tracing::debug!(portal, "socket tuning: {w}");
         }
@@ -172,7 +182,6 @@ impl RawConn {
 }
 
 /// The receiving side of a connection in full feature phase, for the session's reader.
-/// Lends the socket out ([`AsFd`]) for TCP_INFO and pacing.
 pub(crate) struct Reader(ReadHalf);
 
 impl Reader {
@@ -197,9 +206,11 @@ impl Reader {
     }
 }
 
-impl AsFd for Reader {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.0.as_fd()
+impl Reader {
+    /// The TCP socket under the connection, for TCP_INFO and pacing; `None` on a carrier
+    /// without one.
+    pub fn socket(&self) -> Option<BorrowedFd<'_>> {
+        self.0.socket()
     }
 }
 
@@ -333,7 +344,7 @@ impl Conn {
 
     /// Samples TCP_INFO (the reader calls it every so often); false if it could not.
     /// `at`: time since the session began; `span`: what the span rate is measured over.
-    pub fn sample_path(&self, sock: &impl AsFd, at: Duration, span: Duration) -> bool {
+    pub fn sample_path(&self, sock: BorrowedFd<'_>, at: Duration, span: Duration) -> bool {
         let Ok(info) = net::tcp_info(sock) else {
             return false;
         };

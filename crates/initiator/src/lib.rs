@@ -151,6 +151,10 @@ pub struct SessionOptions {
     /// Options set by hand (URL, flags): auto-tuning leaves them alone.
     #[serde(skip)]
     pub pinned: std::collections::BTreeSet<String>,
+    /// Opens the session's connections instead of plain TCP (tests run whole sessions in
+    /// memory with it).
+    #[serde(skip)]
+    pub dialer: Option<net::transport::Dialer>,
 }
 
 mod secs {
@@ -191,6 +195,7 @@ impl Default for SessionOptions {
             rate_control: false,
             io_size_hint: None,
             pinned: Default::default(),
+            dialer: None,
         }
     }
 }

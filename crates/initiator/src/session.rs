@@ -544,7 +544,7 @@ impl Session {
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
         let (opts, plan) = if opts.auto_tune {
-            let probe = crate::tune::probe(&url.portal()).await?;
+            let probe = crate::tune::probe(&url.portal(), opts.dialer.as_ref()).await?;
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");
@@ -927,7 +927,10 @@ impl Shared {
     /// flight, and runs the rate control.
     fn observe(self: &Arc<Self>, conn: &Arc<Conn>, stream: &Reader) {
         let span = Duration::from_micros(self.span_us.load(Ordering::Relaxed));
-        if !conn.sample_path(stream, self.epoch.elapsed(), span) || !self.opts.auto_tune {
+        let Some(fd) = stream.socket() else {
+            return;
+        };
+        if !conn.sample_path(fd, self.epoch.elapsed(), span) || !self.opts.auto_tune {
             return;
         }
         let conns = self.state.lock().unwrap().conns.clone();
@@ -1088,7 +1091,8 @@ impl Shared {
             return;
         }
         conn.applied_pace.store(share, Ordering::Relaxed);
-        if let Err(e) = net::set_pacing_rate(std::os::fd::AsFd::as_fd(stream), share) {
+        let Some(fd) = stream.socket() else { return };
+        if let Err(e) = net::set_pacing_rate(fd, share) {
             tracing::warn!(cid = conn.cid, "SO_MAX_PACING_RATE {share}: {e}");
         }
         if conn.target_takes_hints() {

@@ -189,6 +189,21 @@ impl Shared {
     }
 }
 
+/// Hands a running target connections that did not come through its listeners: an
+/// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
+#[derive(Clone)]
+pub struct Connector(Arc<Shared>);
+
+impl Connector {
+    /// Serves `stream` as if a portal had accepted it: login, then full feature phase.
+    pub fn serve(&self, stream: net::transport::Stream) {
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        tokio::spawn(crate::conn::serve(self.0.clone(), stream, peer));
+    }
+}
+
 /// A target ready to accept connections.
 pub struct Server {
     shared: Arc<Shared>,
@@ -316,6 +331,11 @@ impl Server {
             listeners,
             shutdown_tx,
         })
+    }
+
+    /// Where connections from elsewhere than the portals come in; see [`Connector`].
+    pub fn connector(&self) -> Connector {
+        Connector(self.shared.clone())
     }
 
     pub fn portals(&self) -> &[SocketAddr] {

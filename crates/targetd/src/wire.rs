@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,8 +25,11 @@ use crate::session::{self, Session};
 
 /// Tunes a new connection's socket as configured; see [`socket_tuning`].
 pub(crate) fn tune(shared: &Shared, stream: &Stream, peer: SocketAddr) {
-    let tuning = socket_tuning(&shared.config.session, stream, peer);
-    let applied = net::apply(std::os::fd::AsFd::as_fd(stream), &tuning);
+    let Some(fd) = stream.socket() else {
+        return;
+    };
+    let tuning = socket_tuning(&shared.config.session, fd, peer);
+    let applied = net::apply(fd, &tuning);
     for w in &applied.warnings {
         warn!("{peer}: socket tuning: {w}");
     }
@@ -51,7 +55,7 @@ impl Reader {
 /// ceiling is lower, the buffers are set explicitly (see `net::buffers_for_rtt`).
 fn socket_tuning(
     s: &crate::config::SessionDefaults,
-    stream: &Stream,
+    stream: BorrowedFd<'_>,
     peer: SocketAddr,
 ) -> net::SocketTuning {
     let mut t = net::SocketTuning {
@@ -122,7 +126,9 @@ pub(crate) fn apply_pacing(
     tsih: u16,
     cid: u16,
 ) {
-    let fd = std::os::fd::AsFd::as_fd(stream);
+    let Some(fd) = stream.socket() else {
+        return;
+    };
     match outcome.pacing {
         TargetPacing::Paced(rate) if Some(rate) != shared.config.session.pacing_rate => {
             if let Err(e) = net::set_pacing_rate(fd, rate) {
@@ -238,9 +244,10 @@ pub(crate) async fn writer(
                     batch.push(p);
                 }
                 Out::Pace(rate) => {
-                    let fd = std::os::fd::AsFd::as_fd(&wr);
-                    if let Err(e) = net::set_pacing_rate(fd, rate) {
-                        warn!("cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                    if let Some(fd) = wr.socket() {
+                        if let Err(e) = net::set_pacing_rate(fd, rate) {
+                            warn!("cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                        }
                     }
                 }
                 Out::Close => {
@@ -281,7 +288,7 @@ pub(crate) async fn writer(
             let mut slices = batch_slices(&batch, &headers, &layout);
             let mut rest = &mut slices[..];
             // Most batches fit the socket now: no timer for them.
-            let taken = try_write_now(&wr, &mut rest, &mut written)?;
+            let taken = try_write_now(&mut wr, &mut rest, &mut written)?;
             if taken || !lends {
                 write_all_vectored(&mut wr, rest, &mut written).await?;
                 true
@@ -362,7 +369,7 @@ pub(crate) fn unlend(p: &mut Pdu) -> std::io::Result<()> {
 
 /// Writes what the socket takes without waiting; true when that was everything.
 fn try_write_now(
-    wr: &WriteHalf,
+    wr: &mut WriteHalf,
     slices: &mut &mut [std::io::IoSlice<'_>],
     written: &mut usize,
 ) -> std::io::Result<bool> {
