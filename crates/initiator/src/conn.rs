@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BufMut;
 use bytes::BytesMut;
 use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
@@ -16,7 +17,6 @@ use iscsi::login::{
 use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
-use bytes::BufMut;
 use net::transport::{Dialer, ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch};

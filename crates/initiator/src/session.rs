@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use iscsi::ffp::{self, logout, tmf};
 use iscsi::framing::{PduDecoder, PeekedHeader};
 use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing, PACING_RATE_KEY};
@@ -165,7 +166,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
     let _ = raw
         .send(&Pdu::LogoutRequest(LogoutRequest {
             immediate: true,
-            reason: 0,
+            reason: logout::CLOSE_SESSION,
             itt: 3,
             cid: 0,
             cmdsn,
@@ -846,7 +847,7 @@ impl Session {
             st.pick_conn().ok_or(Error::Closed)?
         };
         self.shared
-            .task_mgmt(&conn, 5, lun, RESERVED_TAG, 0, 0)
+            .task_mgmt(&conn, tmf::LOGICAL_UNIT_RESET, lun, RESERVED_TAG, 0, 0)
             .await
     }
 
@@ -864,7 +865,7 @@ impl Session {
                 let cmdsn = self.shared.state.lock().unwrap().cmdsn;
                 conn.send(Pdu::LogoutRequest(LogoutRequest {
                     immediate: true,
-                    reason: 0,
+                    reason: logout::CLOSE_SESSION,
                     itt: guard.itt,
                     cid: conn.cid,
                     cmdsn,
@@ -1351,7 +1352,9 @@ impl Shared {
             "recovering connection {} of the session on the others",
             lost.cid
         );
-        let logged_out = self.logout_connection(&lost, 1).await;
+        let logged_out = self
+            .logout_connection(&lost, logout::CLOSE_CONNECTION)
+            .await;
         let _ = tx.send(match logged_out {
             Some(expcmdsn) => Loss::LoggedOut { expcmdsn },
             None => Loss::Failed,
@@ -1374,7 +1377,10 @@ impl Shared {
             "recovering connection {} by task reassignment",
             lost.cid
         );
-        let (carrier, expcmdsn) = match self.logout_connection(&lost, 2).await {
+        let (carrier, expcmdsn) = match self
+            .logout_connection(&lost, logout::REMOVE_FOR_RECOVERY)
+            .await
+        {
             Some(exp) => (None, Some(exp)),
             None => match self.relogin(&lost).await {
                 Some((conn, exp)) => (Some(conn), Some(exp)),
@@ -1449,7 +1455,10 @@ impl Shared {
                 via.expect("checked above")
             };
             let exp = exp_datasn.load(Ordering::Acquire);
-            match self.task_mgmt(&via, 8, lun, itt, cmdsn, exp).await {
+            match self
+                .task_mgmt(&via, tmf::TASK_REASSIGN, lun, itt, cmdsn, exp)
+                .await
+            {
                 Ok(0) => break Ok(()),
                 // The old connection is not logged out yet: that takes a moment.
                 Ok(3) if still_allegiant < 50 => {
@@ -1573,7 +1582,9 @@ impl Shared {
                 // target that closes synchronously is believed after a while). For
                 // recovery, success means the tasks are ready to be reassigned.
                 Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => {
-                    if reason == 2 || start.elapsed() > Duration::from_secs(2) {
+                    if reason == logout::REMOVE_FOR_RECOVERY
+                        || start.elapsed() > Duration::from_secs(2)
+                    {
                         return Some(r.expcmdsn);
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1786,7 +1797,10 @@ impl Shared {
                     }
                     Err(_) => {
                         tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
-                        return match self.task_mgmt(&conn, 1, lun, itt, cmdsn, 0).await {
+                        return match self
+                            .task_mgmt(&conn, tmf::ABORT_TASK, lun, itt, cmdsn, 0)
+                            .await
+                        {
                             Ok(_) => Err(Attempt::Aborted),
                             Err(_) => {
                                 conn.kill();
@@ -1889,17 +1903,20 @@ impl Shared {
         read: bool,
         write: Option<&Bytes>,
     ) {
-        let seg = conn.max_send_segment as usize;
-        let first_burst = (params.first_burst_length as usize).min(edtl as usize);
-        let immediate_len = match write {
-            Some(_) if params.immediate_data => first_burst.min(seg),
-            _ => 0,
+        let plan = match write {
+            Some(_) => ffp::WritePlan::initiator(
+                edtl,
+                &ffp::DataRules::from(params),
+                conn.max_send_segment,
+            ),
+            None => ffp::WritePlan {
+                immediate: 0,
+                unsolicited_end: 0,
+            },
         };
-        let unsolicited_end = match write {
-            Some(_) if !params.initial_r2t => first_burst,
-            _ => immediate_len,
-        };
-        let final_ = unsolicited_end == immediate_len;
+        let (immediate_len, unsolicited_end) =
+            (plan.immediate as usize, plan.unsolicited_end as usize);
+        let final_ = plan.final_bit();
         conn.send(Pdu::ScsiCommand(ScsiCommand {
             immediate: false,
             final_,
@@ -2213,23 +2230,18 @@ async fn recv_pdu(rx: &mut inbox::Receiver<Routed>) -> Option<Pdu> {
 
 /// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
 fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: usize, end: usize) {
-    let seg = (conn.max_send_segment as usize).max(512);
-    let mut pos = off;
-    let mut datasn = 0u32;
-    while pos < end {
-        let n = seg.min(end - pos);
+    for seg in ffp::data_out(off as u32..end as u32, conn.max_send_segment) {
+        let at = seg.offset as usize;
         conn.send(Pdu::DataOut(DataOut {
-            final_: pos + n == end,
+            final_: seg.final_,
             lun,
             itt,
             ttt,
             expstatsn: 0,
-            datasn,
-            buffer_offset: pos as u32,
-            data: data.slice(pos..pos + n),
+            datasn: seg.datasn,
+            buffer_offset: seg.offset,
+            data: data.slice(at..at + seg.len as usize),
         }));
-        datasn += 1;
-        pos += n;
     }
 }
 

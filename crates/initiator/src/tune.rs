@@ -690,7 +690,10 @@ async fn handshake(portal: String, dialer: Option<net::transport::Dialer>) -> Re
     let s = crate::conn::dial(&portal, dialer.as_ref()).await?;
     let Some(fd) = s.socket() else {
         // A carrier with no socket under it (in memory) has no path to wait for.
-        return Ok(Probe { rtt_us: 1, mss: LOOPBACK_MSS });
+        return Ok(Probe {
+            rtt_us: 1,
+            mss: LOOPBACK_MSS,
+        });
     };
     let info = net::tcp_info(fd)?;
     Ok(Probe {

@@ -123,10 +123,17 @@ async fn login_reads_and_writes_by_r2t_over_two_connections() {
     }
     for i in 0..8u64 {
         let off = i * io as u64;
-        let got = s.read(0, off / BLOCK as u64, (io / BLOCK) as u32).await.unwrap();
+        let got = s
+            .read(0, off / BLOCK as u64, (io / BLOCK) as u32)
+            .await
+            .unwrap();
         assert!(got == pattern(off, io, 1), "MiB {i} read back differs");
     }
-    assert_eq!(p.cuts.lock().unwrap().len(), 2, "one in-memory pair per connection");
+    assert_eq!(
+        p.cuts.lock().unwrap().len(),
+        2,
+        "one in-memory pair per connection"
+    );
     s.logout().await.unwrap();
 }
 
@@ -163,8 +170,14 @@ async fn a_connection_cut_mid_transfer_is_recovered_by_task_reassignment() {
     assert!(s.reassigned_tasks() > 0, "no task was reassigned");
     for i in 0..count {
         let off = i * io as u64;
-        let got = s.read(0, off / BLOCK as u64, (io / BLOCK) as u32).await.unwrap();
-        assert!(got == pattern(off, io, 7), "MiB {i} read back differs after the cut");
+        let got = s
+            .read(0, off / BLOCK as u64, (io / BLOCK) as u32)
+            .await
+            .unwrap();
+        assert!(
+            got == pattern(off, io, 7),
+            "MiB {i} read back differs after the cut"
+        );
     }
     // The cut connection's CID logs in again in the background, through the dialer.
     for _ in 0..100 {

@@ -85,7 +85,10 @@ fn cut_error() -> io::Error {
 }
 
 impl MemoryStream {
-    fn with<T>(&self, f: impl FnOnce(Pin<&mut DuplexStream>) -> Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(Pin<&mut DuplexStream>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
         match self.pipe.lock().unwrap().as_mut() {
             Some(d) => f(Pin::new(d)),
             None => Poll::Ready(Err(cut_error())),
@@ -104,7 +107,11 @@ impl AsyncRead for MemoryStream {
 }
 
 impl AsyncWrite for MemoryStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.with(|d| d.poll_write(cx, buf))
     }
 
@@ -121,7 +128,8 @@ impl AsyncWrite for MemoryStream {
 #[derive(Clone)]
 pub struct Dialer(Arc<DialFn>);
 
-type DialFn = dyn Fn(String) -> Pin<Box<dyn Future<Output = io::Result<Stream>> + Send>> + Send + Sync;
+type DialFn =
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = io::Result<Stream>> + Send>> + Send + Sync;
 
 impl Dialer {
     /// A dialer that calls `f` with the portal (`host:port`) to reach.
@@ -261,7 +269,11 @@ impl AsyncRead for ReadHalf {
 }
 
 impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Memory(m) => Pin::new(m).poll_write(cx, buf),
@@ -302,7 +314,11 @@ impl AsyncWrite for Stream {
 }
 
 impl AsyncWrite for WriteHalf {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             WriteHalf::Tcp(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Memory(m) => Pin::new(m).poll_write(cx, buf),
@@ -392,7 +408,9 @@ mod tests {
         let n = xw.try_write_vectored(&[IoSlice::new(&big)]).unwrap();
         assert_eq!(n, 1 << 10);
         assert_eq!(
-            xw.try_write_vectored(&[IoSlice::new(&big)]).unwrap_err().kind(),
+            xw.try_write_vectored(&[IoSlice::new(&big)])
+                .unwrap_err()
+                .kind(),
             io::ErrorKind::WouldBlock
         );
         // A reader parked on the pipe wakes with an error when the link is cut.

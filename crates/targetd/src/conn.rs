@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::bail;
 use backstore::buffers::Buf;
 use bytes::{Bytes, BytesMut};
+use iscsi::ffp::{self, logout, tmf, DataRules, DataSequence, SequenceFault, WritePlan};
 use iscsi::framing::{FrameError, FrameLimits, PduDecoder};
 use iscsi::login::{
     AuthRequirement, LoginOutcome, LoginPolicy, LoginReply, LoginRequestView, LoginStep,
@@ -28,9 +29,9 @@ use iscsi::pdu::{
     RESERVED_TAG,
 };
 use iscsi::text::{split_for_pdus, TextAccumulator, TextKeys};
+use net::transport::Stream;
 use rand::RngCore;
 use scsi::{LogicalUnit, Sense};
-use net::transport::Stream;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -44,23 +45,6 @@ use crate::wire::{self, Out, Reader};
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
 /// less than this.
 const MAX_TASK_BYTES: u32 = 64 << 20;
-
-/// TMF function codes and responses (RFC 7143 11.5 / 11.6).
-mod tmf {
-    pub const ABORT_TASK: u8 = 1;
-    pub const ABORT_TASK_SET: u8 = 2;
-    pub const CLEAR_ACA: u8 = 3;
-    pub const CLEAR_TASK_SET: u8 = 4;
-    pub const LOGICAL_UNIT_RESET: u8 = 5;
-    pub const TARGET_WARM_RESET: u8 = 6;
-    pub const TARGET_COLD_RESET: u8 = 7;
-    pub const TASK_REASSIGN: u8 = 8;
-
-    pub const COMPLETE: u8 = 0;
-    pub const NO_TASK: u8 = 1;
-    pub const NO_LUN: u8 = 2;
-    pub const NOT_SUPPORTED: u8 = 5;
-}
 
 pub async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr) {
     wire::tune(&shared, &stream, peer);
@@ -377,11 +361,7 @@ fn bind_session(
     }))
 }
 
-async fn run(
-    shared: Arc<Shared>,
-    mut stream: Stream,
-    peer: SocketAddr,
-) -> anyhow::Result<String> {
+async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyhow::Result<String> {
     let local = stream.local_addr()?;
     let mut dec = PduDecoder::new(FrameLimits::default());
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -424,7 +404,14 @@ async fn run(
 
     let (rd, wr) = stream.into_split();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(wire::writer(wr, out_rx, session.clone(), digests, statsn, cid));
+    let writer = tokio::spawn(wire::writer(
+        wr,
+        out_rx,
+        session.clone(),
+        digests,
+        statsn,
+        cid,
+    ));
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let handle = ConnHandle { events: ev_tx };
     if session.erl2() && session.close_for_recovery(cid).await {
@@ -513,16 +500,6 @@ impl Executing {
     }
 }
 
-/// One received data sequence: unsolicited (TTT 0xffffffff) or answering one R2T.
-#[derive(Debug)]
-struct Sequence {
-    ttt: u32,
-    start: u32,
-    len: u32,
-    received: u32,
-    next_datasn: u32,
-}
-
 /// A SCSI command whose data is still arriving or whose turn has not come.
 pub(crate) struct Task {
     cmd: ScsiCommand,
@@ -533,8 +510,10 @@ pub(crate) struct Task {
     /// the command runs.
     buf: Buf,
     received: u32,
-    unsolicited: Option<Sequence>,
-    r2ts: Vec<Sequence>,
+    /// The data sequences still open: the unsolicited one (TTT 0xffffffff) and one per
+    /// R2T out.
+    unsolicited: Option<DataSequence>,
+    r2ts: Vec<DataSequence>,
     next_solicit: u32,
     next_r2tsn: u32,
     delivered: bool,
@@ -812,20 +791,16 @@ impl Conn {
             reject(self, cmd, reject_reason::PROTOCOL_ERROR);
             return Ok(());
         }
-        let p = &self.session.params;
         let imm = cmd.data.len() as u32;
-        let protocol_error = (imm > 0 && (!cmd.write || !p.immediate_data))
-            || imm > cmd.edtl
-            || imm > p.first_burst_length
-            || (!cmd.final_ && (p.initial_r2t || !cmd.write));
-        if protocol_error {
-            warn!(
-                "connection {}: SCSI command ITT {:#x} breaks the negotiated data rules",
-                self.cid, cmd.itt
-            );
-            reject(self, cmd, reject_reason::PROTOCOL_ERROR);
-            return Ok(());
-        }
+        let rules = DataRules::from(&self.session.params);
+        let plan = match WritePlan::target(cmd.write, cmd.edtl, imm, cmd.final_, &rules) {
+            Ok(plan) => plan,
+            Err(e) => {
+                warn!("connection {}: ITT {:#x}: {e}", self.cid, cmd.itt);
+                reject(self, cmd, reject_reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+        };
         if !cmd.immediate {
             let (exp, max) = self.session.window();
             if !iscsi::serial::sn_in_window(cmd.cmdsn, exp, max) {
@@ -861,18 +836,9 @@ impl Conn {
         if keep > 0 {
             buf[..imm as usize].copy_from_slice(&cmd.data);
         }
-        let unsolicited_end = if cmd.write && !cmd.final_ {
-            p.first_burst_length.min(cmd.edtl)
-        } else {
-            imm
-        };
-        let unsolicited = (unsolicited_end > imm).then_some(Sequence {
-            ttt: RESERVED_TAG,
-            start: imm,
-            len: unsolicited_end - imm,
-            received: 0,
-            next_datasn: 0,
-        });
+        let unsolicited_end = plan.unsolicited_end;
+        let unsolicited =
+            (unsolicited_end > imm).then(|| DataSequence::new(RESERVED_TAG, imm..unsolicited_end));
         let itt = cmd.itt;
         let immediate = cmd.immediate;
         let cmdsn = cmd.cmdsn;
@@ -942,31 +908,26 @@ impl Conn {
 
     /// Sends R2Ts until MaxOutstandingR2T are out or everything is asked for.
     fn solicit(&mut self, task: &mut Task) {
-        let p = &self.session.params;
-        let max_out = p.max_outstanding_r2t.max(1) as usize;
-        let burst = p.max_burst_length.max(512);
-        while task.r2ts.len() < max_out && task.next_solicit < task.cmd.edtl {
-            let len = burst.min(task.cmd.edtl - task.next_solicit);
+        let rules = DataRules::from(&self.session.params);
+        let max_out = rules.max_outstanding_r2t.max(1) as usize;
+        while task.r2ts.len() < max_out {
+            let Some(range) = ffp::next_r2t(task.next_solicit, task.cmd.edtl, &rules) else {
+                break;
+            };
             let ttt = self.new_ttt();
             let r2tsn = task.next_r2tsn;
             task.next_r2tsn += 1;
-            task.r2ts.push(Sequence {
-                ttt,
-                start: task.next_solicit,
-                len,
-                received: 0,
-                next_datasn: 0,
-            });
+            task.next_solicit = range.end;
             let _ = self.out.send(Out::Pdu(Pdu::R2t(R2t {
                 lun: task.cmd.lun,
                 itt: task.cmd.itt,
                 ttt,
                 r2tsn,
-                buffer_offset: task.next_solicit,
-                desired_data_transfer_length: len,
+                buffer_offset: range.start,
+                desired_data_transfer_length: range.end - range.start,
                 ..Default::default()
             })));
-            task.next_solicit += len;
+            task.r2ts.push(DataSequence::new(ttt, range));
         }
     }
 
@@ -988,44 +949,17 @@ impl Conn {
         // At ErrorRecoveryLevel 0 a broken data sequence cannot be repaired: the command
         // ends with CHECK CONDITION and the connection goes on (SPC-5 "DATA PHASE ERROR"
         // family), so one bad command does not cost the initiator its session.
-        let fault = match seq {
-            None => Some((
-                0x01,
-                format!("TTT {:#x} that no R2T of ours carries", d.ttt),
-            )),
-            Some(seq) if d.datasn != seq.next_datasn => Some((
-                0x00,
-                format!("DataSN {} where {} was due", d.datasn, seq.next_datasn),
-            )),
-            Some(seq) if d.buffer_offset != seq.start + seq.received => Some((
-                0x05,
-                format!(
-                    "offset {} where {} was due",
-                    d.buffer_offset,
-                    seq.start + seq.received
-                ),
-            )),
-            Some(seq) if seq.received + len > seq.len => Some((
-                0x02,
-                format!(
-                    "{} bytes beyond the sequence's {}",
-                    seq.received + len - seq.len,
-                    seq.len
-                ),
-            )),
-            Some(seq) if d.final_ && seq.received + len != seq.len => Some((
-                0x00,
-                format!("F bit after {} of {} bytes", seq.received + len, seq.len),
-            )),
-            Some(_) => None,
+        let checked = match seq {
+            None => Err(SequenceFault::unknown_ttt(d.ttt)),
+            Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
         };
-        if let Some((ascq, why)) = fault {
+        if let Err(fault) = checked {
             warn!(
-                "connection {}: Data-Out ITT {:#x}: {why}; command ended",
+                "connection {}: Data-Out ITT {:#x}: {fault}; command ended",
                 self.cid, d.itt
             );
             self.session.unregister_task(d.itt);
-            let sense = Sense::new(scsi::sense::key::ABORTED_COMMAND, 0x4b, ascq);
+            let sense = Sense::new(scsi::sense::key::ABORTED_COMMAND, 0x4b, fault.ascq);
             self.send(ScsiResponse {
                 itt: d.itt,
                 expdatasn: task.next_r2tsn,
@@ -1043,9 +977,8 @@ impl Conn {
             let off = d.buffer_offset as usize;
             task.buf[off..off + len as usize].copy_from_slice(&d.data);
         }
-        seq.received += len;
-        seq.next_datasn += 1;
-        let seq_done = seq.received == seq.len;
+        seq.advance(len);
+        let seq_done = seq.is_done();
         task.received += len;
         if seq_done {
             if d.ttt == RESERVED_TAG {
@@ -1325,7 +1258,7 @@ impl Conn {
         let p = &self.session.params;
         let (t2w, t2r) = (p.default_time2wait, p.default_time2retain);
         let response = match l.reason & 0x7f {
-            0 => {
+            logout::CLOSE_SESSION => {
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.session.close();
@@ -1336,26 +1269,26 @@ impl Conn {
                     .broadcast(|| ConnEvent::Close("session logged out"));
                 self.shared.remove_session(self.session.tsih);
                 self.closing = true;
-                0
+                logout::CLOSED
             }
-            1 if l.cid == self.cid => {
+            logout::CLOSE_CONNECTION if l.cid == self.cid => {
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.closing = true;
-                0
+                logout::CLOSED
             }
-            1 => {
+            logout::CLOSE_CONNECTION => {
                 if self
                     .session
                     .send_to(l.cid, ConnEvent::Close("logged out by another connection"))
                 {
-                    0
+                    logout::CLOSED
                 } else {
-                    1
+                    logout::CID_NOT_FOUND
                 }
             }
-            2 => self.logout_for_recovery(l.cid).await,
-            _ => 2,
+            logout::REMOVE_FOR_RECOVERY => self.logout_for_recovery(l.cid).await,
+            _ => logout::RECOVERY_NOT_SUPPORTED,
         };
         self.send(LogoutResponse {
             response,
@@ -1372,17 +1305,17 @@ impl Conn {
     /// answer is 2, "connection recovery is not supported".
     async fn logout_for_recovery(&mut self, cid: u16) -> u8 {
         if !self.session.erl2() {
-            return 2;
+            return logout::RECOVERY_NOT_SUPPORTED;
         }
         if cid == self.cid {
             self.closing = true;
-            return 0;
+            return logout::CLOSED;
         }
         if self.session.close_for_recovery(cid).await {
-            0
+            logout::CLOSED
         } else {
-            // CID not found: it failed and was handed over already.
-            1
+            // It failed and was handed over already.
+            logout::CID_NOT_FOUND
         }
     }
 
@@ -1419,8 +1352,11 @@ impl Conn {
             .take()
             .into_iter()
             .chain(task.r2ts.drain(..))
-            .filter(|s| s.received < s.len)
-            .map(|s| (s.start + s.received, s.start + s.len))
+            .filter(|s| !s.is_done())
+            .map(|s| {
+                let m = s.missing();
+                (m.start, m.end)
+            })
             .collect();
         missing.sort_unstable();
         let max_out = self.session.params.max_outstanding_r2t.max(1) as usize;
@@ -1434,13 +1370,7 @@ impl Conn {
             let ttt = self.new_ttt();
             let r2tsn = task.next_r2tsn;
             task.next_r2tsn += 1;
-            task.r2ts.push(Sequence {
-                ttt,
-                start,
-                len: end - start,
-                received: 0,
-                next_datasn: 0,
-            });
+            task.r2ts.push(DataSequence::new(ttt, start..end));
             self.send(R2t {
                 lun: task.cmd.lun,
                 itt: task.cmd.itt,
@@ -1808,20 +1738,11 @@ fn build_response(
     let good = resp.status == scsi::status::GOOD && resp.sense.is_none();
     if sent > 0 {
         let data = resp.data;
-        let mut off = 0u32;
-        let mut datasn = 0u32;
-        let mut burst_used = 0u32;
-        while off < sent {
-            let n = max_seg.min(sent - off).min(max_burst - burst_used);
-            burst_used += n;
-            let last = off + n == sent;
-            let end_of_burst = last || burst_used == max_burst;
-            if end_of_burst {
-                burst_used = 0;
-            }
-            let with_status = last && good;
+        for seg in ffp::data_in(sent, max_seg, max_burst) {
+            let (off, n) = (seg.offset, seg.len);
+            let with_status = off + n == sent && good;
             pdus.push(Pdu::DataIn(DataIn {
-                final_: end_of_burst,
+                final_: seg.final_,
                 status_present: with_status,
                 status: if with_status { resp.status } else { 0 },
                 overflow: with_status && overflow,
@@ -1829,13 +1750,11 @@ fn build_response(
                 residual_count: if with_status { residual } else { 0 },
                 lun: cmd.lun,
                 itt: cmd.itt,
-                datasn,
+                datasn: seg.datasn,
                 buffer_offset: off,
                 data: data.slice(off as usize..(off + n) as usize),
                 ..Default::default()
             }));
-            off += n;
-            datasn += 1;
         }
         if good {
             return pdus;

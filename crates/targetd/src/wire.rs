@@ -88,7 +88,6 @@ fn socket_tuning(
     t
 }
 
-
 pub(crate) async fn read_pdu(
     stream: &mut Stream,
     dec: &mut PduDecoder,
@@ -107,14 +106,12 @@ pub(crate) async fn read_pdu(
     }
 }
 
-
 pub(crate) async fn send_now(stream: &mut Stream, pdu: &Pdu) -> anyhow::Result<()> {
     let mut out = Vec::with_capacity(BHS_LEN + pdu.data().len() + 8);
     pdu.encode(&mut out, Digests::default());
     stream.write_all(&out).await?;
     Ok(())
 }
-
 
 /// Paces the connection's sends at the rate its login promised the initiator
 /// (`X-org.reservoir.PacingRate`); a configured `pacing_rate` is in force since accept.
@@ -155,7 +152,6 @@ pub(crate) fn apply_pacing(
         TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
     }
 }
-
 
 pub(crate) enum Out {
     Pdu(Pdu),
