@@ -219,7 +219,7 @@ impl fmt::Display for Size {
                 .or_else(|| exact_unit(b, DECIMAL))
                 .unwrap_or((b, "B")),
         };
-        write!(f, "{n}{unit}")
+        f.pad(&format!("{n}{unit}"))
     }
 }
 
@@ -374,7 +374,7 @@ impl fmt::Display for Rate {
             0 => (0, "bit"),
             b => exact_unit(b, UNITS).unwrap_or((b, "bit")),
         };
-        write!(f, "{n}{unit}")
+        f.pad(&format!("{n}{unit}"))
     }
 }
 

@@ -324,6 +324,11 @@ fn printing_reads_back() {
         assert_eq!(format_duration(d), text);
         assert_eq!(parse_duration(text), Ok(d), "{text}");
     }
+    // Column widths apply, for tables of counters.
+    assert_eq!(
+        format!("{:>8}|{:<8}|", Size(1 << 20), Rate::from_bits_per_sec(1000)),
+        "    1MiB|1kbit   |"
+    );
     assert_eq!(format_probability(0.001), "0.1%");
     assert_eq!(parse_probability(&format_probability(0.001)), Ok(0.001));
 }

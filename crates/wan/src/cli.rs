@@ -263,8 +263,8 @@ fn print_dir(label: &str, d: &DirStats) {
         d.drop_loss,
         d.drop_queue,
         d.drop_other,
-        Size(d.queue_bytes).to_string(),
-        Size(d.queue_max_bytes).to_string()
+        Size(d.queue_bytes),
+        Size(d.queue_max_bytes)
     );
 }
 
@@ -290,7 +290,7 @@ fn describe(d: &DirParams) -> String {
         fmt_rate(d.rate_bps),
         fmt_duration(d.delay_ns),
         loss,
-        Size(d.queue_bytes).to_string()
+        Size(d.queue_bytes)
     );
     if d.jitter_ns > 0 {
         s += &format!(" jitter ±{}", fmt_duration(d.jitter_ns));
