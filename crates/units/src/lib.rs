@@ -178,12 +178,6 @@ pub fn parse_size(s: &str) -> Result<u64, ParseError> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Size(pub u64);
 
-impl Size {
-    pub fn bytes(self) -> u64 {
-        self.0
-    }
-}
-
 impl FromStr for Size {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Size, ParseError> {
