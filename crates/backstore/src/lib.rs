@@ -1,4 +1,5 @@
-//! Block storage behind a logical unit: the [`Backstore`] trait and its kinds.
+//! Block storage behind a logical unit: the [`Backstore`] trait, its kinds, and the
+//! [`StoreSpec`] that describes one.
 //!
 //! Every method takes `&self`: a store is shared by all connections of a target and must
 //! allow reads and writes from many threads at once.
@@ -9,10 +10,12 @@ pub mod buffers;
 mod file;
 mod lend;
 mod ram;
+mod spec;
 
 pub use file::FileBackstore;
 pub use lend::{copy_checked, Lent};
 pub use ram::RamBackstore;
+pub use spec::{SpecError, StoreSpec};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
