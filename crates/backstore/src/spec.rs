@@ -203,9 +203,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| "expected a number with an optional unit (1GiB, 1G, 1GB, 4096)".to_owned())?;
+    let not_a_number =
+        || "expected a number with an optional unit (1GiB, 1G, 1GB, 4096)".to_owned();
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -222,6 +221,11 @@ fn parse_size(s: &str) -> Result<u64, String> {
             ))
         }
     };
+    // Whole numbers are exact: a float would round sizes past 2^53 bytes.
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(scale).ok_or_else(|| "too large".into());
+    }
+    let n: f64 = num.parse().map_err(|_| not_a_number())?;
     let bytes = n * scale as f64;
     if !bytes.is_finite() || bytes > u64::MAX as f64 {
         return Err("too large".into());
@@ -259,14 +263,38 @@ impl fmt::Display for StoreSpec {
     }
 }
 
+/// Escapes what would end the text early where it may stand (in a member list); brackets
+/// that pair up stay as they are, so an IPv6 address reads as one.
 fn escape(s: &str, path: bool) -> String {
+    let mut depth = 0i32;
+    let paired = s.chars().all(|c| {
+        depth += match c {
+            '[' => 1,
+            ']' => -1,
+            _ => 0,
+        };
+        depth >= 0
+    }) && depth == 0;
+    depth = 0;
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
+        let open = depth > 0;
+        depth += match c {
+            '[' if paired => 1,
+            ']' if paired => -1,
+            _ => 0,
+        };
         match c {
-            '%' | '&' | ',' | '[' | ']' => out.push_str(&format!("%{:02X}", c as u32)),
-            '?' if path => out.push_str("%3F"),
-            c => out.push(c),
+            '%' | '&' => {}
+            ',' if !open => {}
+            '[' | ']' if !paired => {}
+            '?' if path => {}
+            c => {
+                out.push(c);
+                continue;
+            }
         }
+        out.push_str(&format!("%{:02X}", c as u32));
     }
     out
 }
@@ -628,6 +656,8 @@ mod tests {
             "ram:",
             "stripe:?unit=1M&members=[file:a%5D.img,stripe:?members=[ram:?size=1G,ram:?size=1G]]",
             "file:?path=",
+            "iscsi://[::1]:3260/iqn.2026-11.x:y/0",
+            "stripe:?members=[iscsi://[::1]/iqn.2026-11.x:y/0,x:?v=a[b,c]d&w=%5D%2C]",
         ] {
             assert_eq!(spec(text).to_string(), text);
             assert_eq!(spec(&spec(text).to_string()), spec(text));
@@ -640,6 +670,36 @@ mod tests {
             .unwrap()
             .with_member(spec("ram:?size=1M"));
         assert_eq!(spec(&built.to_string()), built);
+    }
+
+    fn arb_spec() -> impl proptest::strategy::Strategy<Value = StoreSpec> {
+        use proptest::prelude::*;
+        let text = "[a-c:/%&,?=\\[\\] ]{0,8}";
+        let leaf = (
+            "[a-z][a-z0-9_-]{0,4}",
+            proptest::collection::btree_map("[a-z][a-z0-9_]{0,4}", text, 0..4),
+        )
+            .prop_map(|(kind, params)| {
+                params
+                    .into_iter()
+                    .filter(|(k, _)| k != "kind" && k != "members")
+                    .fold(StoreSpec::new(kind).unwrap(), |s, (k, v)| {
+                        s.with(k, v).unwrap()
+                    })
+            });
+        leaf.prop_recursive(2, 12, 3, |inner| {
+            (inner.clone(), proptest::collection::vec(inner, 1..3))
+                .prop_map(|(s, members)| members.into_iter().fold(s, StoreSpec::with_member))
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_spec_reads_back_from_its_text(s in arb_spec()) {
+            let text = s.to_string();
+            let back: StoreSpec = text.parse().map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{text}: {e}")))?;
+            proptest::prop_assert_eq!(back, s, "{}", text);
+        }
     }
 
     #[test]
@@ -684,6 +744,8 @@ mod tests {
         assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
         assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
         assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("18446744073709551104").unwrap(), u64::MAX - 511);
+        assert!(parse_size("16777216T").is_err());
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
     }
