@@ -74,7 +74,7 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
         for t in &config.targets {
             for l in &t.luns {
                 let at = format!("target {} LUN {}", t.iqn, l.id);
-                let spec = l.store_spec().map_err(|e| anyhow!("{at}: {e}"))?;
+                let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
                 let description = opener
                     .read_only(l.read_only)
                     .check(&spec)

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use backstore::StoreSpec;
+use backstore::{Registry, StoreSpec};
 use serde::Deserialize;
 
 pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
@@ -196,7 +196,9 @@ pub struct LunConfig {
 impl LunConfig {
     /// The store to open: `store` as written, or the older keys mapped onto a spec
     /// (`backstore = "file"`, `path = "a.img"`, `size = "1GiB"` is `file:a.img?size=1073741824`).
-    pub fn store_spec(&self) -> Result<StoreSpec, String> {
+    /// Older keys that `stores` says the kind does not take are left out, as they always
+    /// were ignored (a ram LUN's `path`).
+    pub fn store_spec(&self, stores: &Registry) -> Result<StoreSpec, String> {
         match (&self.store, &self.backstore) {
             (Some(spec), None) if self.path.is_none() && self.size.is_none() => Ok(spec.clone()),
             (Some(_), _) => Err(
@@ -204,13 +206,18 @@ impl LunConfig {
                     .into(),
             ),
             (None, Some(kind)) => {
+                // An unknown kind keeps every key: opening it fails on the kind.
+                let takes = |key: &str| match stores.get(kind) {
+                    Some(f) => f.params().iter().any(|p| p.name == key),
+                    None => true,
+                };
                 let mut spec = StoreSpec::new(kind.as_str()).map_err(|e| e.to_string())?;
-                if let Some(p) = &self.path {
+                if let Some(p) = self.path.as_ref().filter(|_| takes("path")) {
                     spec = spec
                         .with("path", p.to_string_lossy())
                         .map_err(|e| e.to_string())?;
                 }
-                if let Some(Size(n)) = self.size {
+                if let Some(Size(n)) = self.size.filter(|_| takes("size")) {
                     spec = spec
                         .with("size", n.to_string())
                         .map_err(|e| e.to_string())?;
@@ -411,7 +418,10 @@ impl Config {
                 if l.physical_block_exponent > 8 {
                     return Err(format!("{at}: physical_block_exponent must be 0..8"));
                 }
-                l.store_spec().map_err(|e| format!("{at}: {e}"))?;
+                // The form only: which parameters a kind takes is for the registry to say
+                // when the store is opened.
+                l.store_spec(&Registry::new())
+                    .map_err(|e| format!("{at}: {e}"))?;
                 if let Some(Size(n)) = l.size {
                     if n == 0 || n % l.block_size as u64 != 0 {
                         return Err(format!(
@@ -541,12 +551,10 @@ physical_block_exponent = 3
         assert_eq!(c.targets[0].luns[1].block_size, 4096);
         assert_eq!(c.targets[0].luns[1].physical_block_exponent, 0);
         assert_eq!(c.targets[0].luns[2].physical_block_exponent, 3);
-        let spec = c.targets[0].luns[0].store_spec().unwrap();
+        let stores = Registry::with_builtins();
+        let spec = c.targets[0].luns[0].store_spec(&stores).unwrap();
         assert_eq!(spec.to_string(), "file:disk1.img?size=2147483648");
-        let desc = backstore::Registry::with_builtins()
-            .context(&c.data_dir)
-            .check(&spec)
-            .unwrap();
+        let desc = stores.context(&c.data_dir).check(&spec).unwrap();
         assert!(
             desc.starts_with("file /var/lib/reservoir/disk1.img,"),
             "{desc}"
@@ -565,6 +573,7 @@ store = "ram:?size=64MiB"
 [[target.lun]]
 id = 1
 backstore = "ram"
+path = "ignored.img"
 size = "64MiB"
 [[target.lun]]
 id = 2
@@ -580,7 +589,11 @@ size = "1GiB"
         let specs: Vec<String> = c.targets[0]
             .luns
             .iter()
-            .map(|l| l.store_spec().unwrap().to_string())
+            .map(|l| {
+                l.store_spec(&Registry::with_builtins())
+                    .unwrap()
+                    .to_string()
+            })
             .collect();
         assert_eq!(
             specs,
@@ -593,7 +606,10 @@ size = "1GiB"
         assert_eq!(c.targets[0].luns[2].block_size, 4096);
         let default = &Config::embedded_default().targets[0].luns[0];
         assert_eq!(
-            default.store_spec().unwrap().to_string(),
+            default
+                .store_spec(&Registry::with_builtins())
+                .unwrap()
+                .to_string(),
             format!("file:lun0.img?size={DEFAULT_LUN_SIZE}")
         );
     }

@@ -219,7 +219,7 @@ impl Server {
             let mut luns = BTreeMap::new();
             for l in &t.luns {
                 let at = format!("target {} LUN {}", t.iqn, l.id);
-                let spec = l.store_spec().map_err(|e| anyhow!("{at}: {e}"))?;
+                let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
                 let store = opener
                     .read_only(l.read_only)
                     .open(&spec)
