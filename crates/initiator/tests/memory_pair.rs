@@ -37,7 +37,9 @@ size = "{lun_mib}MiB"
 "#
     );
     let config = targetd::Config::parse(&toml, "memory pair").unwrap();
-    let server = targetd::Server::bind(config).await.unwrap();
+    let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
+        .await
+        .unwrap();
     let connector = server.connector();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

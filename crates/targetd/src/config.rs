@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use backstore::{Registry, StoreSpec};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
@@ -171,22 +172,20 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum BackstoreKind {
-    File,
-    Ram,
-}
-
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
     pub id: u16,
-    pub backstore: BackstoreKind,
+    /// The store, as `"file:lun0.img?size=1GiB"` or a table with `kind`; relative paths
+    /// are taken from `data_dir`. Any kind the target's registry knows.
+    pub store: Option<StoreSpec>,
+    /// The form from before `store`, kept working: a kind, with `path` and `size` as its
+    /// parameters.
+    pub backstore: Option<String>,
     /// File backstores: the image path, relative to `data_dir` unless absolute.
     pub path: Option<PathBuf>,
-    /// "1GiB" or "1G" (binary), "1GB" (decimal), 4096 (bytes). Files: created sparse when missing; an existing
-    /// file's size is used when this is absent.
+    /// "1GiB" or "1G" (binary), "1GB" (decimal), 4096 (bytes). Files: created sparse when
+    /// missing; an existing file's size is used when this is absent.
     pub size: Option<Size>,
     #[serde(default = "default_block_size")]
     pub block_size: u32,
@@ -202,6 +201,46 @@ pub struct LunConfig {
     #[serde(default = "yes")]
     pub thin: bool,
     pub serial: Option<String>,
+}
+
+impl LunConfig {
+    /// The store to open: `store` as written, or the older keys mapped onto a spec
+    /// (`backstore = "file"`, `path = "a.img"`, `size = "1GiB"` is `file:a.img?size=1073741824`).
+    /// Older keys that `stores` says the kind does not take are left out, as they always
+    /// were ignored (a ram LUN's `path`).
+    pub fn store_spec(&self, stores: &Registry) -> Result<StoreSpec, String> {
+        match (&self.store, &self.backstore) {
+            (Some(spec), None) if self.path.is_none() && self.size.is_none() => Ok(spec.clone()),
+            (Some(_), _) => Err(
+                "`store` takes the place of `backstore`, `path` and `size`: give one form, not both"
+                    .into(),
+            ),
+            (None, Some(kind)) => {
+                // An unknown kind keeps every key: opening it fails on the kind.
+                let takes = |key: &str| match stores.get(kind) {
+                    Some(f) => f.params().iter().any(|p| p.name == key),
+                    None => true,
+                };
+                let mut spec = StoreSpec::new(kind.as_str()).map_err(|e| e.to_string())?;
+                if let Some(p) = self.path.as_ref().filter(|_| takes("path")) {
+                    spec = spec
+                        .with("path", p.to_string_lossy())
+                        .map_err(|e| e.to_string())?;
+                }
+                if let Some(Size(n)) = self.size.filter(|_| takes("size")) {
+                    spec = spec
+                        .with("size", n.to_string())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(spec)
+            }
+            (None, None) => Err(
+                "no store: give one, as in `store = \"file:lun0.img?size=1GiB\"` (or \
+                 `backstore = \"file\"` with `path` and `size`)"
+                    .into(),
+            ),
+        }
+    }
 }
 
 fn default_block_size() -> u32 {
@@ -279,7 +318,8 @@ impl Config {
                 chap: None,
                 luns: vec![LunConfig {
                     id: 0,
-                    backstore: BackstoreKind::File,
+                    store: None,
+                    backstore: Some("file".into()),
                     path: Some("lun0.img".into()),
                     size: Some(Size(DEFAULT_LUN_SIZE)),
                     block_size: 512,
@@ -391,15 +431,10 @@ impl Config {
                 if l.physical_block_exponent > 8 {
                     return Err(format!("{at}: physical_block_exponent must be 0..8"));
                 }
-                match l.backstore {
-                    BackstoreKind::File if l.path.is_none() => {
-                        return Err(format!("{at}: a file backstore needs a path"))
-                    }
-                    BackstoreKind::Ram if l.size.is_none() => {
-                        return Err(format!("{at}: a ram backstore needs a size"))
-                    }
-                    _ => {}
-                }
+                // The form only: which parameters a kind takes is for the registry to say
+                // when the store is opened.
+                l.store_spec(&Registry::new())
+                    .map_err(|e| format!("{at}: {e}"))?;
                 if let Some(Size(n)) = l.size {
                     if n == 0 || n % l.block_size as u64 != 0 {
                         return Err(format!(
@@ -414,16 +449,6 @@ impl Config {
             validate_chap(c).map_err(|e| format!("discovery chap: {e}"))?;
         }
         Ok(())
-    }
-
-    pub fn lun_path(&self, lun: &LunConfig) -> Option<PathBuf> {
-        lun.path.as_ref().map(|p| {
-            if p.is_absolute() {
-                p.clone()
-            } else {
-                self.data_dir.join(p)
-            }
-        })
     }
 }
 
@@ -539,10 +564,94 @@ physical_block_exponent = 3
         assert_eq!(c.targets[0].luns[1].block_size, 4096);
         assert_eq!(c.targets[0].luns[1].physical_block_exponent, 0);
         assert_eq!(c.targets[0].luns[2].physical_block_exponent, 3);
-        assert_eq!(
-            c.lun_path(&c.targets[0].luns[0]).unwrap(),
-            PathBuf::from("/var/lib/reservoir/disk1.img")
+        let stores = Registry::with_builtins();
+        let spec = c.targets[0].luns[0].store_spec(&stores).unwrap();
+        assert_eq!(spec.to_string(), "file:disk1.img?size=2147483648");
+        let desc = stores.context(&c.data_dir).check(&spec).unwrap();
+        assert!(
+            desc.starts_with("file /var/lib/reservoir/disk1.img,"),
+            "{desc}"
         );
+    }
+
+    #[test]
+    fn store_specs_as_text_or_table_and_the_older_keys() {
+        let c = Config::parse(
+            r#"
+[[target]]
+iqn = "iqn.2026-11.x:y"
+[[target.lun]]
+id = 0
+store = "ram:?size=64MiB"
+[[target.lun]]
+id = 1
+backstore = "ram"
+path = "ignored.img"
+size = "64MiB"
+[[target.lun]]
+id = 2
+block_size = 4096
+[target.lun.store]
+kind = "file"
+path = "two.img"
+size = "1GiB"
+"#,
+            "s.toml",
+        )
+        .unwrap();
+        let specs: Vec<String> = c.targets[0]
+            .luns
+            .iter()
+            .map(|l| {
+                l.store_spec(&Registry::with_builtins())
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            specs,
+            [
+                "ram:?size=64MiB",
+                "ram:?size=67108864",
+                "file:two.img?size=1GiB"
+            ]
+        );
+        assert_eq!(c.targets[0].luns[2].block_size, 4096);
+        let default = &Config::embedded_default().targets[0].luns[0];
+        assert_eq!(
+            default
+                .store_spec(&Registry::with_builtins())
+                .unwrap()
+                .to_string(),
+            format!("file:lun0.img?size={DEFAULT_LUN_SIZE}")
+        );
+    }
+
+    #[test]
+    fn store_errors_name_the_lun_and_the_spec() {
+        let lun = |body: &str| {
+            Config::parse(
+                &format!("[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 3\n{body}"),
+                "e.toml",
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = lun("store = \"ram:?size=1M\"\nbackstore = \"ram\"\n");
+        assert!(e.contains("lun 3") && e.contains("one form"), "{e}");
+        let e = lun("store = \"ram:?size=1M\"\nsize = 4096\n");
+        assert!(e.contains("lun 3") && e.contains("one form"), "{e}");
+        let e = lun("block_size = 512\n");
+        assert!(e.contains("lun 3") && e.contains("no store"), "{e}");
+        let e = lun("store = \"lun0.img\"\n");
+        assert!(
+            e.starts_with("e.toml:5:") && e.contains("`lun0.img`") && e.contains("KIND:"),
+            "{e}"
+        );
+        let e = lun("[target.lun.store]\npath = \"a.img\"\n");
+        assert!(e.starts_with("e.toml:") && e.contains("no `kind`"), "{e}");
+        let e = lun("backstore = \"File\"\npath = \"a.img\"\n");
+        assert!(e.contains("lun 3") && e.contains("\"File\""), "{e}");
     }
 
     #[test]
