@@ -30,7 +30,10 @@ impl FakeApt {
         );
         let dpkg_query = match installed_utils {
             Some(v) => format!("#!/bin/sh\nprintf '%s' '{v}'\n"),
-            None => "#!/bin/sh\necho 'dpkg-query: no packages found matching qemu-utils' >&2\nexit 1\n".into(),
+            None => {
+                "#!/bin/sh\necho 'dpkg-query: no packages found matching qemu-utils' >&2\nexit 1\n"
+                    .into()
+            }
         };
         for (name, body) in [("apt-cache", apt_cache), ("dpkg-query", dpkg_query)] {
             let p = dir.path().join(name);
@@ -43,14 +46,25 @@ impl FakeApt {
 
     /// What the script's `qemu_pair_version` picks with these package databases.
     fn pair_version(&self) -> String {
-        let path = format!("{}:{}", self.dir.path().display(), std::env::var("PATH").unwrap());
+        let path = format!(
+            "{}:{}",
+            self.dir.path().display(),
+            std::env::var("PATH").unwrap()
+        );
         let out = Command::new("bash")
             .arg("-c")
-            .arg(format!("source '{}' && qemu_pair_version", setup_script().display()))
+            .arg(format!(
+                "source '{}' && qemu_pair_version",
+                setup_script().display()
+            ))
             .env("PATH", path)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 }
@@ -87,7 +101,10 @@ fn no_version_offered_for_both_packages_gives_none() {
 
 #[test]
 fn a_second_run_finds_everything_working_and_installs_nothing() {
-    let out = Command::new(setup_script()).arg("--check").output().unwrap();
+    let out = Command::new(setup_script())
+        .arg("--check")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
@@ -96,6 +113,9 @@ fn a_second_run_finds_everything_working_and_installs_nothing() {
         eprintln!("SKIP: this machine lacks tools (run scripts/setup.sh as root):\n{stderr}");
         return;
     }
-    assert!(stderr.contains("present and working; nothing to install"), "{stderr}");
+    assert!(
+        stderr.contains("present and working; nothing to install"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("installing"), "{stderr}");
 }

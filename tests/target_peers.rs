@@ -282,3 +282,75 @@ fn a_bad_config_is_refused_with_line_and_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.toml:2:"), "{err}");
 }
+
+const SPEC_LUNS: &str = r#"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:specs"
+[[target.lun]]
+id = 0
+store = "file:spec.img?size=16MiB"
+[[target.lun]]
+id = 1
+block_size = 4096
+[target.lun.store]
+kind = "ram"
+size = "8MiB"
+"#;
+
+#[test]
+fn luns_given_as_store_specs_serve_io_and_show_in_check() {
+    if !have("qemu-io") {
+        return;
+    }
+    let t = Target::start(Some(SPEC_LUNS));
+    for (lun, offset) in [(0, "3M"), (1, "5M")] {
+        let url = t.url(lun);
+        let out = run_ok(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                &format!("write -P 0x3c {offset} 1M"),
+                "-c",
+                &format!("read -P 0x3c {offset} 1M"),
+                &url,
+            ],
+        );
+        assert!(!out.contains("verification failed"), "LUN {lun}: {out}");
+    }
+    let log = t.log();
+    assert!(
+        log.contains("on file ") && log.contains("spec.img") && log.contains("on ram, 8 MiB"),
+        "{log}"
+    );
+    // The file LUN's bytes are in the image the spec names, under the data directory.
+    let dir = t.into_dir();
+    let image = std::fs::read(dir.path().join("data/spec.img")).unwrap();
+    assert_eq!(image.len(), 16 << 20);
+    assert!(image[3 << 20..4 << 20].iter().all(|&b| b == 0x3c));
+    assert!(image[..3 << 20].iter().all(|&b| b == 0));
+
+    let out = std::process::Command::new(rsv())
+        .args(["target", "--check", "--config"])
+        .arg(dir.path().join("target.toml"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(
+            "target iqn.2026-11.org.reservoir:specs LUN 0: store file:spec.img?size=16MiB\n"
+        ) && text.contains("spec.img, 16 MiB\n")
+            && text.contains(
+                "LUN 1: store ram:?size=8MiB\n    ram, 8 MiB (lost when the target stops)"
+            ),
+        "{text}"
+    );
+}

@@ -7,7 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::lend::{Lent, Mapping};
-use crate::{check_range, push_extent, Backstore, StoreError};
+use crate::registry::human_size;
+use crate::{
+    check_range, push_extent, Backstore, OpenContext, OpenError, Param, StoreError, StoreFactory,
+    StoreSpec,
+};
 
 /// A sparse file accessed with positioned reads and writes, so many threads share one
 /// descriptor without seeking.
@@ -336,5 +340,105 @@ impl Backstore for FileBackstore {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn description(&self) -> String {
+        format!("file {}, {}", self.path.display(), human_size(self.size))
+    }
+
+    fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
+        let mut name = self.path.clone().into_os_string();
+        name.push(suffix);
+        Some(name.into())
+    }
+}
+
+/// `file:PATH?size=SIZE`.
+pub(crate) struct FileFactory;
+
+impl StoreFactory for FileFactory {
+    fn kind(&self) -> &str {
+        "file"
+    }
+
+    fn summary(&self) -> &str {
+        "a sparse image file (pread/pwrite; UNMAP punches holes); reservations kept with \
+         APTPL go beside it, in PATH.pr"
+    }
+
+    fn params(&self) -> &[Param] {
+        &[
+            Param {
+                name: "path",
+                required: true,
+                help: "the image, relative to the target's data_dir unless absolute; \
+                       created sparse when missing",
+            },
+            Param {
+                name: "size",
+                required: false,
+                help: "1GiB or 1G (binary), 1GB (decimal) or bytes; grows a smaller file, \
+                       never truncates; absent: the file's own size",
+            },
+        ]
+    }
+
+    fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError> {
+        let path = ctx.resolve(spec.require("path")?);
+        let size = spec.size("size")?;
+        let shown = path.display();
+        match std::fs::metadata(&path) {
+            Ok(meta) => {
+                let existing = meta.len();
+                match size {
+                    Some(want) if want < existing => Err(OpenError::invalid(
+                        spec,
+                        format!(
+                            "{shown} is {existing} bytes, more than size {want}; it is never \
+                             truncated (raise size, or leave it out to take the file's)"
+                        ),
+                    )),
+                    Some(want) if want > existing && ctx.is_read_only() => Err(OpenError::invalid(
+                        spec,
+                        format!("{shown} is {existing} bytes and read-only, size asks for {want}"),
+                    )),
+                    Some(want) if want > existing => Ok(format!(
+                        "file {shown}, {} (grown from {} on start)",
+                        human_size(want),
+                        human_size(existing)
+                    )),
+                    _ => Ok(format!("file {shown}, {}", human_size(existing))),
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match size {
+                _ if ctx.is_read_only() => Err(OpenError::invalid(
+                    spec,
+                    format!("{shown} does not exist, and a read-only store is not created"),
+                )),
+                None => Err(OpenError::invalid(
+                    spec,
+                    format!("{shown} does not exist, and no size is given to create it"),
+                )),
+                Some(want) => Ok(format!(
+                    "file {shown}, {} (created sparse on start)",
+                    human_size(want)
+                )),
+            },
+            Err(e) => Err(OpenError::io(
+                spec,
+                io::Error::new(e.kind(), format!("{shown}: {e}")),
+            )),
+        }
+    }
+
+    fn open(
+        &self,
+        spec: &StoreSpec,
+        ctx: &OpenContext<'_>,
+    ) -> Result<Arc<dyn Backstore>, OpenError> {
+        let path = ctx.resolve(spec.require("path")?);
+        let store = FileBackstore::open(&path, spec.size("size")?, true, ctx.is_read_only())
+            .map_err(|e| OpenError::io(spec, e))?;
+        Ok(Arc::new(store))
     }
 }

@@ -1,18 +1,24 @@
-//! Block storage behind a logical unit: the [`Backstore`] trait and its kinds.
+//! Block storage behind a logical unit: the [`Backstore`] trait, its kinds, and opening
+//! them from a [`StoreSpec`] through a [`Registry`] of [`StoreFactory`]s.
 //!
 //! Every method takes `&self`: a store is shared by all connections of a target and must
 //! allow reads and writes from many threads at once.
 
 use std::io;
+use std::path::PathBuf;
 
 pub mod buffers;
 mod file;
 mod lend;
 mod ram;
+mod registry;
+mod spec;
 
 pub use file::FileBackstore;
 pub use lend::{copy_checked, Lent};
 pub use ram::RamBackstore;
+pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
+pub use spec::{SpecError, StoreSpec};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
@@ -55,6 +61,17 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// Whether writes are refused.
     fn read_only(&self) -> bool {
         false
+    }
+    /// What the store is and where its data lives, for people reading the logs.
+    fn description(&self) -> String {
+        format!("{self:?}")
+    }
+    /// Where a file of state that belongs with the store's data goes, named with `suffix`
+    /// (persistent reservations kept with APTPL: `.pr`). A file store keeps it beside its
+    /// image, so it moves and is backed up with the data; `None`: the store has no such
+    /// place, and the state is not kept across restarts.
+    fn sidecar(&self, _suffix: &str) -> Option<PathBuf> {
+        None
     }
 }
 

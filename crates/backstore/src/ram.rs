@@ -1,7 +1,10 @@
 use std::io;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use crate::{check_range, push_extent, Backstore};
+use crate::registry::human_size;
+use crate::{
+    check_range, push_extent, Backstore, OpenContext, OpenError, Param, StoreFactory, StoreSpec,
+};
 
 const CHUNK: u64 = 1 << 20;
 
@@ -126,5 +129,48 @@ impl Backstore for RamBackstore {
 
     fn supports_discard(&self) -> bool {
         true
+    }
+
+    fn description(&self) -> String {
+        format!("ram, {}", human_size(self.size))
+    }
+}
+
+/// `ram:?size=SIZE`.
+pub(crate) struct RamFactory;
+
+impl StoreFactory for RamFactory {
+    fn kind(&self) -> &str {
+        "ram"
+    }
+
+    fn summary(&self) -> &str {
+        "memory, allocated in 1 MiB chunks as they are first written; lost when the \
+         target stops"
+    }
+
+    fn params(&self) -> &[Param] {
+        &[Param {
+            name: "size",
+            required: true,
+            help: "1GiB or 1G (binary), 1GB (decimal) or bytes",
+        }]
+    }
+
+    fn check(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<String, OpenError> {
+        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
+        Ok(format!(
+            "ram, {} (lost when the target stops)",
+            human_size(size)
+        ))
+    }
+
+    fn open(
+        &self,
+        spec: &StoreSpec,
+        _ctx: &OpenContext<'_>,
+    ) -> Result<Arc<dyn Backstore>, OpenError> {
+        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
+        Ok(Arc::new(RamBackstore::new(size)))
     }
 }

@@ -1,11 +1,14 @@
-//! One TCP connection: connect and tune, the login exchange on the raw stream, and after
-//! login the writer task that owns the write half.
+//! One connection, and the only module of the initiator that touches its transport:
+//! connect and tune, the login exchange on the raw stream, and after login the writer task
+//! that owns the write half and the [`Reader`] through which the session's reader task
+//! reads.
 
-use std::os::fd::AsFd;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BufMut;
 use bytes::BytesMut;
 use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::login::{
@@ -14,9 +17,8 @@ use iscsi::login::{
 use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
+use net::transport::{Dialer, ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::{Error, Result, SessionOptions};
@@ -27,7 +29,7 @@ const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// A connection before full feature phase: PDUs are exchanged one at a time.
 pub(crate) struct RawConn {
     pub portal: String,
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
     dec: PduDecoder,
     digests: Digests,
@@ -41,23 +43,36 @@ pub(crate) struct LoginDone {
     pub maxcmdsn: u32,
 }
 
+/// Opens a connection to `portal` (`host:port`) through `dialer` (TCP without one), or
+/// says why it cannot.
+pub(crate) async fn dial(portal: &str, dialer: Option<&Dialer>) -> Result<Stream> {
+    let unreachable = |source| Error::Unreachable {
+        portal: portal.to_owned(),
+        source,
+    };
+    let connect = async {
+        match dialer {
+            Some(d) => d.dial(portal).await,
+            None => Stream::connect(portal).await,
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(unreachable(e)),
+        Err(_) => Err(unreachable(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer within 10 s",
+        ))),
+    }
+}
+
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
-        let unreachable = |source| Error::Unreachable {
-            portal: portal.to_owned(),
-            source,
-        };
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(portal)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(unreachable(e)),
-            Err(_) => {
-                return Err(unreachable(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer within 10 s",
-                )))
-            }
-        };
-        let tuning = net::apply(stream.as_fd(), &opts.tuning());
+        let stream = dial(portal, opts.dialer.as_ref()).await?;
+        let tuning = stream
+            .socket()
+            .map(|fd| net::apply(fd, &opts.tuning()))
+            .unwrap_or_default();
         for w in &tuning.warnings {
             tracing::debug!(portal, "socket tuning: {w}");
         }
@@ -160,9 +175,42 @@ impl RawConn {
         }
     }
 
-    pub fn into_parts(self) -> (OwnedReadHalf, OwnedWriteHalf, BytesMut, PduDecoder, Digests) {
+    pub fn into_parts(self) -> (Reader, WriteHalf, BytesMut, PduDecoder, Digests) {
         let (r, w) = self.stream.into_split();
-        (r, w, self.buf, self.dec, self.digests)
+        (Reader(r), w, self.buf, self.dec, self.digests)
+    }
+}
+
+/// The receiving side of a connection in full feature phase, for the session's reader.
+pub(crate) struct Reader(ReadHalf);
+
+impl Reader {
+    /// Reads what has arrived into `dst`'s spare capacity; 0 when the target closed.
+    /// Cancel-safe.
+    pub async fn fill(&mut self, dst: &mut impl BufMut) -> std::io::Result<usize> {
+        self.0.read_buf(dst).await
+    }
+
+    /// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
+    pub async fn read_exact_into(&mut self, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
+        let mut dst = v.limit(n);
+        while dst.has_remaining_mut() {
+            if self.0.read_buf(&mut dst).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed by the target",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Reader {
+    /// The TCP socket under the connection, for TCP_INFO and pacing; `None` on a carrier
+    /// without one.
+    pub fn socket(&self) -> Option<BorrowedFd<'_>> {
+        self.0.socket()
     }
 }
 
@@ -262,7 +310,7 @@ impl Conn {
         portal: String,
         max_send_segment: u32,
         exp_statsn: u32,
-        w: OwnedWriteHalf,
+        w: WriteHalf,
         digests: Digests,
         target_pacing: TargetPacing,
     ) -> (Arc<Conn>, watch::Receiver<bool>) {
@@ -296,7 +344,7 @@ impl Conn {
 
     /// Samples TCP_INFO (the reader calls it every so often); false if it could not.
     /// `at`: time since the session began; `span`: what the span rate is measured over.
-    pub fn sample_path(&self, sock: &impl AsFd, at: Duration, span: Duration) -> bool {
+    pub fn sample_path(&self, sock: BorrowedFd<'_>, at: Duration, span: Duration) -> bool {
         let Ok(info) = net::tcp_info(sock) else {
             return false;
         };
@@ -401,7 +449,7 @@ fn set_expstatsn(pdu: &mut Pdu, v: u32) {
 
 async fn writer(
     mut rx: mpsc::UnboundedReceiver<Pdu>,
-    w: OwnedWriteHalf,
+    w: WriteHalf,
     digests: Digests,
     exp_statsn: Arc<AtomicU32>,
     dead_tx: Arc<watch::Sender<bool>>,

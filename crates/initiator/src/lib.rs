@@ -160,6 +160,10 @@ pub struct SessionOptions {
     /// Options set by hand (URL, flags): auto-tuning leaves them alone.
     #[serde(skip)]
     pub pinned: std::collections::BTreeSet<String>,
+    /// Opens the session's connections instead of plain TCP (tests run whole sessions in
+    /// memory with it).
+    #[serde(skip)]
+    pub dialer: Option<net::transport::Dialer>,
 }
 
 mod secs {
@@ -200,6 +204,7 @@ impl Default for SessionOptions {
             rate_control: false,
             io_size_hint: None,
             pinned: Default::default(),
+            dialer: None,
         }
     }
 }
@@ -233,50 +238,19 @@ fn parse_bool_opt(key: &str, v: &str) -> Result<bool> {
     }
 }
 
-/// `123`, `64k`, `1m`, `2g` (powers of 1024).
-pub fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim().to_ascii_lowercase();
-    let v = v
-        .strip_suffix("ib")
-        .or_else(|| v.strip_suffix('b'))
-        .unwrap_or(&v);
-    let (num, mult) = match v.chars().last()? {
-        'k' => (&v[..v.len() - 1], 1u64 << 10),
-        'm' => (&v[..v.len() - 1], 1 << 20),
-        'g' => (&v[..v.len() - 1], 1 << 30),
-        't' => (&v[..v.len() - 1], 1 << 40),
-        _ => (v, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
-
-/// Rates: `100m` means 100 megabits per second (as `tc` writes it); `bytes/s` otherwise:
-/// `12500000`. Returns bytes per second.
-pub fn parse_rate(v: &str) -> Option<u64> {
-    let l = v.trim().to_ascii_lowercase();
-    for (suffix, mult) in [
-        ("gbit", 1_000_000_000u64),
-        ("mbit", 1_000_000),
-        ("kbit", 1_000),
-        ("g", 1_000_000_000),
-        ("m", 1_000_000),
-        ("k", 1_000),
-    ] {
-        if let Some(n) = l.strip_suffix(suffix) {
-            return n
-                .parse::<f64>()
-                .ok()
-                .map(|x| (x * mult as f64 / 8.0) as u64);
-        }
-    }
-    l.parse().ok()
-}
-
 impl SessionOptions {
     /// Sets one option by its query-string name.
     pub fn set(&mut self, key: &str, v: &str) -> Result<()> {
-        let num = |v: &str| {
-            parse_size(v).ok_or_else(|| Error::Option(format!("{key}={v}: expected a number")))
+        let count = |v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| Error::Option(format!("{key}={v}: expected a whole number")))
+        };
+        let size = |v: &str| units::parse_size(v).map_err(|e| Error::Option(format!("{key}: {e}")));
+        let rate = |v: &str| {
+            units::parse_rate(v)
+                .map(units::Rate::bytes_per_sec)
+                .map_err(|e| Error::Option(format!("{key}: {e}")))
         };
         let secs = |v: &str| {
             v.parse::<f64>()
@@ -286,29 +260,25 @@ impl SessionOptions {
                 .ok_or_else(|| Error::Option(format!("{key}={v}: expected seconds")))
         };
         match key {
-            "connections" => self.connections = num(v)?.clamp(1, 64) as u16,
-            "queue_depth" => self.queue_depth = num(v)?.clamp(1, 4096) as usize,
+            "connections" => self.connections = count(v)?.clamp(1, 64) as u16,
+            "queue_depth" => self.queue_depth = count(v)?.clamp(1, 4096) as usize,
             "header_digest" => self.header_digest = parse_bool_opt(key, v)?,
             "data_digest" => self.data_digest = parse_bool_opt(key, v)?,
             "initiator_name" => self.initiator_name = v.to_owned(),
             "target_password" | "target_secret" => self.target_secret = Some(v.to_owned()),
             "max_recv_data_segment" => {
-                self.max_recv_data_segment = num(v)?.clamp(512, 16_777_215) as u32
+                self.max_recv_data_segment = size(v)?.clamp(512, 16_777_215) as u32
             }
-            "max_burst" => self.max_burst = num(v)?.clamp(512, 16_776_192) as u32,
-            "first_burst" => self.first_burst = num(v)?.clamp(512, 16_776_192) as u32,
+            "max_burst" => self.max_burst = size(v)?.clamp(512, 16_776_192) as u32,
+            "first_burst" => self.first_burst = size(v)?.clamp(512, 16_776_192) as u32,
             "immediate_data" => self.immediate_data = parse_bool_opt(key, v)?,
             "initial_r2t" => self.initial_r2t = parse_bool_opt(key, v)?,
-            "pacing_rate" => {
-                self.pacing_rate = Some(parse_rate(v).ok_or_else(|| {
-                    Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
-                })?)
-            }
+            "pacing_rate" => self.pacing_rate = Some(rate(v)?),
             "pacing_hint" => self.pacing_hint = parse_bool_opt(key, v)?,
-            "send_buffer" => self.send_buffer = Some(num(v)? as usize),
-            "recv_buffer" => self.recv_buffer = Some(num(v)? as usize),
+            "send_buffer" => self.send_buffer = Some(size(v)? as usize),
+            "recv_buffer" => self.recv_buffer = Some(size(v)? as usize),
             "congestion" => self.congestion = Some(v.to_owned()),
-            "notsent_lowat" => self.notsent_lowat = Some(num(v)? as u32),
+            "notsent_lowat" => self.notsent_lowat = Some(size(v)? as u32),
             "command_timeout" => self.command_timeout = secs(v)?,
             "nop_interval" => self.nop_interval = secs(v)?,
             "recovery_timeout" => self.recovery_timeout = secs(v)?,
@@ -324,11 +294,7 @@ impl SessionOptions {
             }
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
             "rate_control" => self.rate_control = parse_bool_opt(key, v)?,
-            "rate" => {
-                self.rate = Some(parse_rate(v).ok_or_else(|| {
-                    Error::Option(format!("{key}={v}: expected a rate like 100mbit"))
-                })?)
-            }
+            "rate" => self.rate = Some(rate(v)?),
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
@@ -379,13 +345,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_and_rates() {
-        assert_eq!(parse_size("64k"), Some(65536));
-        assert_eq!(parse_size("1MiB"), Some(1 << 20));
-        assert_eq!(parse_size("12"), Some(12));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_rate("100mbit"), Some(12_500_000));
-        assert_eq!(parse_rate("8k"), Some(1000));
-        assert_eq!(parse_rate("5000"), Some(5000));
+    fn sizes_and_rates_in_options() {
+        let mut o = SessionOptions::default();
+        o.set("max_burst", "256k").unwrap();
+        assert_eq!(o.max_burst, 256 << 10);
+        o.set("send_buffer", "1MiB").unwrap();
+        assert_eq!(o.send_buffer, Some(1 << 20));
+        o.set("recv_buffer", "174080").unwrap();
+        assert_eq!(o.recv_buffer, Some(174_080));
+        o.set("pacing_rate", "100mbit").unwrap();
+        assert_eq!(o.pacing_rate, Some(12_500_000));
+        o.set("rate", "12.5MB/s").unwrap();
+        assert_eq!(o.rate, Some(12_500_000));
+        o.set("connections", "4").unwrap();
+        assert_eq!(o.connections, 4);
+        // Spellings that used to mean something (bytes/s, bits/s, KiB) now say what to write.
+        let err = |k: &str, v: &str| o.clone().set(k, v).unwrap_err().to_string();
+        assert!(err("pacing_rate", "5000").contains("say bits or bytes per second"));
+        assert!(err("rate", "8k").contains("say 8kbit for bits or 8KB/s"));
+        assert!(err("rate", "0").contains("needs a rate"));
+        assert!(err("max_burst", "64kb").contains("lowercase b"));
+        assert!(err("connections", "1k").contains("expected a whole number"));
     }
 }

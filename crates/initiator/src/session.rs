@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use iscsi::ffp::{self, logout, tmf};
 use iscsi::framing::{PduDecoder, PeekedHeader};
 use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing, PACING_RATE_KEY};
@@ -16,11 +17,9 @@ use iscsi::pdu::{
 };
 use iscsi::serial::{sn_gt, sn_le, sn_lt};
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{watch, Notify, Semaphore};
 
-use crate::conn::{Conn, LoginDone, RawConn};
+use crate::conn::{Conn, LoginDone, RawConn, Reader};
 use crate::inbox;
 use crate::scsi::{self, Capacity, Inquiry, Sense};
 use crate::tune::RateControl;
@@ -167,7 +166,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
     let _ = raw
         .send(&Pdu::LogoutRequest(LogoutRequest {
             immediate: true,
-            reason: 0,
+            reason: logout::CLOSE_SESSION,
             itt: 3,
             cid: 0,
             cmdsn,
@@ -546,7 +545,7 @@ impl Session {
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
         let (opts, plan) = if opts.auto_tune {
-            let probe = crate::tune::probe(&url.portal()).await?;
+            let probe = crate::tune::probe(&url.portal(), opts.dialer.as_ref()).await?;
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");
@@ -848,7 +847,7 @@ impl Session {
             st.pick_conn().ok_or(Error::Closed)?
         };
         self.shared
-            .task_mgmt(&conn, 5, lun, RESERVED_TAG, 0, 0)
+            .task_mgmt(&conn, tmf::LOGICAL_UNIT_RESET, lun, RESERVED_TAG, 0, 0)
             .await
     }
 
@@ -866,7 +865,7 @@ impl Session {
                 let cmdsn = self.shared.state.lock().unwrap().cmdsn;
                 conn.send(Pdu::LogoutRequest(LogoutRequest {
                     immediate: true,
-                    reason: 0,
+                    reason: logout::CLOSE_SESSION,
                     itt: guard.itt,
                     cid: conn.cid,
                     cmdsn,
@@ -927,10 +926,12 @@ impl Shared {
     /// Called by a connection's reader after a read, every [`Shared::sample_every`]:
     /// samples its TCP_INFO, grows the queue depth when the measured path needs more in
     /// flight, and runs the rate control.
-    fn observe(self: &Arc<Self>, conn: &Arc<Conn>, sock: &OwnedReadHalf) {
-        let stream: &tokio::net::TcpStream = sock.as_ref();
+    fn observe(self: &Arc<Self>, conn: &Arc<Conn>, stream: &Reader) {
         let span = Duration::from_micros(self.span_us.load(Ordering::Relaxed));
-        if !conn.sample_path(stream, self.epoch.elapsed(), span) || !self.opts.auto_tune {
+        let Some(fd) = stream.socket() else {
+            return;
+        };
+        if !conn.sample_path(fd, self.epoch.elapsed(), span) || !self.opts.auto_tune {
             return;
         }
         let conns = self.state.lock().unwrap().conns.clone();
@@ -1040,7 +1041,7 @@ impl Shared {
     fn control_rate(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
-        stream: &tokio::net::TcpStream,
+        stream: &Reader,
         conns: &[Arc<Conn>],
         path: &PathReport,
     ) {
@@ -1091,7 +1092,8 @@ impl Shared {
             return;
         }
         conn.applied_pace.store(share, Ordering::Relaxed);
-        if let Err(e) = net::set_pacing_rate(std::os::fd::AsFd::as_fd(stream), share) {
+        let Some(fd) = stream.socket() else { return };
+        if let Err(e) = net::set_pacing_rate(fd, share) {
             tracing::warn!(cid = conn.cid, "SO_MAX_PACING_RATE {share}: {e}");
         }
         if conn.target_takes_hints() {
@@ -1350,7 +1352,9 @@ impl Shared {
             "recovering connection {} of the session on the others",
             lost.cid
         );
-        let logged_out = self.logout_connection(&lost, 1).await;
+        let logged_out = self
+            .logout_connection(&lost, logout::CLOSE_CONNECTION)
+            .await;
         let _ = tx.send(match logged_out {
             Some(expcmdsn) => Loss::LoggedOut { expcmdsn },
             None => Loss::Failed,
@@ -1373,7 +1377,10 @@ impl Shared {
             "recovering connection {} by task reassignment",
             lost.cid
         );
-        let (carrier, expcmdsn) = match self.logout_connection(&lost, 2).await {
+        let (carrier, expcmdsn) = match self
+            .logout_connection(&lost, logout::REMOVE_FOR_RECOVERY)
+            .await
+        {
             Some(exp) => (None, Some(exp)),
             None => match self.relogin(&lost).await {
                 Some((conn, exp)) => (Some(conn), Some(exp)),
@@ -1448,7 +1455,10 @@ impl Shared {
                 via.expect("checked above")
             };
             let exp = exp_datasn.load(Ordering::Acquire);
-            match self.task_mgmt(&via, 8, lun, itt, cmdsn, exp).await {
+            match self
+                .task_mgmt(&via, tmf::TASK_REASSIGN, lun, itt, cmdsn, exp)
+                .await
+            {
                 Ok(0) => break Ok(()),
                 // The old connection is not logged out yet: that takes a moment.
                 Ok(3) if still_allegiant < 50 => {
@@ -1572,7 +1582,9 @@ impl Shared {
                 // target that closes synchronously is believed after a while). For
                 // recovery, success means the tasks are ready to be reassigned.
                 Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => {
-                    if reason == 2 || start.elapsed() > Duration::from_secs(2) {
+                    if reason == logout::REMOVE_FOR_RECOVERY
+                        || start.elapsed() > Duration::from_secs(2)
+                    {
                         return Some(r.expcmdsn);
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1785,7 +1797,10 @@ impl Shared {
                     }
                     Err(_) => {
                         tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
-                        return match self.task_mgmt(&conn, 1, lun, itt, cmdsn, 0).await {
+                        return match self
+                            .task_mgmt(&conn, tmf::ABORT_TASK, lun, itt, cmdsn, 0)
+                            .await
+                        {
                             Ok(_) => Err(Attempt::Aborted),
                             Err(_) => {
                                 conn.kill();
@@ -1888,17 +1903,20 @@ impl Shared {
         read: bool,
         write: Option<&Bytes>,
     ) {
-        let seg = conn.max_send_segment as usize;
-        let first_burst = (params.first_burst_length as usize).min(edtl as usize);
-        let immediate_len = match write {
-            Some(_) if params.immediate_data => first_burst.min(seg),
-            _ => 0,
+        let plan = match write {
+            Some(_) => ffp::WritePlan::initiator(
+                edtl,
+                &ffp::DataRules::from(params),
+                conn.max_send_segment,
+            ),
+            None => ffp::WritePlan {
+                immediate: 0,
+                unsolicited_end: 0,
+            },
         };
-        let unsolicited_end = match write {
-            Some(_) if !params.initial_r2t => first_burst,
-            _ => immediate_len,
-        };
-        let final_ = unsolicited_end == immediate_len;
+        let (immediate_len, unsolicited_end) =
+            (plan.immediate as usize, plan.unsolicited_end as usize);
+        let final_ = plan.final_bit();
         conn.send(Pdu::ScsiCommand(ScsiCommand {
             immediate: false,
             final_,
@@ -2212,23 +2230,18 @@ async fn recv_pdu(rx: &mut inbox::Receiver<Routed>) -> Option<Pdu> {
 
 /// Data-Out PDUs for `data[off..end]`, each at most the target's MaxRecvDataSegmentLength.
 fn send_data_out(conn: &Conn, lun: u64, itt: u32, ttt: u32, data: &Bytes, off: usize, end: usize) {
-    let seg = (conn.max_send_segment as usize).max(512);
-    let mut pos = off;
-    let mut datasn = 0u32;
-    while pos < end {
-        let n = seg.min(end - pos);
+    for seg in ffp::data_out(off as u32..end as u32, conn.max_send_segment) {
+        let at = seg.offset as usize;
         conn.send(Pdu::DataOut(DataOut {
-            final_: pos + n == end,
+            final_: seg.final_,
             lun,
             itt,
             ttt,
             expstatsn: 0,
-            datasn,
-            buffer_offset: pos as u32,
-            data: data.slice(pos..pos + n),
+            datasn: seg.datasn,
+            buffer_offset: seg.offset,
+            data: data.slice(at..at + seg.len as usize),
         }));
-        datasn += 1;
-        pos += n;
     }
 }
 
@@ -2279,7 +2292,7 @@ const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 async fn reader(
     shared: Weak<Shared>,
     conn: Arc<Conn>,
-    mut rd: OwnedReadHalf,
+    mut rd: Reader,
     mut buf: BytesMut,
     mut dec: PduDecoder,
     mut dead: watch::Receiver<bool>,
@@ -2321,7 +2334,7 @@ async fn reader(
                 let r = if rest > 0 {
                     read_limit = header_only;
                     tokio::select! {
-                        r = read_exact_into(&mut rd, &mut v, rest) => r.map_err(|e| e.to_string()),
+                        r = rd.read_exact_into(&mut v, rest) => r.map_err(|e| e.to_string()),
                         _ = dead.changed() => Err("closed".to_owned()),
                     }
                 } else {
@@ -2366,7 +2379,7 @@ async fn reader(
         }
         let mut dst = (&mut buf).limit(std::mem::replace(&mut read_limit, usize::MAX));
         tokio::select! {
-            r = rd.read_buf(&mut dst) => match r {
+            r = rd.fill(&mut dst) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
                     let now = Instant::now();
@@ -2387,20 +2400,6 @@ async fn reader(
     if let Some(s) = shared.upgrade() {
         s.conn_failed(&conn, &why);
     }
-}
-
-/// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
-async fn read_exact_into(rd: &mut OwnedReadHalf, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
-    let mut dst = v.limit(n);
-    while dst.has_remaining_mut() {
-        if rd.read_buf(&mut dst).await? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "closed by the target",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Pings idle connections with NOP-Out; one that does not answer is dropped (and the

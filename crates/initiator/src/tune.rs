@@ -658,15 +658,20 @@ impl RateControl {
     }
 }
 
+/// What a connection without a TCP socket counts as carrying per segment: as much as
+/// loopback does.
+const LOOPBACK_MSS: u32 = 65_483;
+
 /// Handshakes per probe: a lost SYN or SYN-ACK makes one handshake's RTT a
 /// retransmission timeout, so the smallest of a few is taken.
 const PROBE_HANDSHAKES: usize = 3;
 
-/// Measures the path to `portal` with a few concurrent TCP handshakes (no login).
-pub async fn probe(portal: &str) -> Result<Probe> {
+/// Measures the path to `portal` with a few concurrent TCP handshakes (no login), each
+/// through `dialer` when one is given.
+pub async fn probe(portal: &str, dialer: Option<&net::transport::Dialer>) -> Result<Probe> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..PROBE_HANDSHAKES {
-        set.spawn(handshake(portal.to_owned()));
+        set.spawn(handshake(portal.to_owned(), dialer.cloned()));
     }
     let mut best: Option<Probe> = None;
     let mut last_err = None;
@@ -681,21 +686,16 @@ pub async fn probe(portal: &str) -> Result<Probe> {
     best.ok_or_else(|| last_err.unwrap_or(Error::Closed))
 }
 
-async fn handshake(portal: String) -> Result<Probe> {
-    let s = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::net::TcpStream::connect(&portal),
-    )
-    .await
-    .map_err(|_| Error::Unreachable {
-        portal: portal.clone(),
-        source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s"),
-    })?
-    .map_err(|source| Error::Unreachable {
-        portal: portal.clone(),
-        source,
-    })?;
-    let info = net::tcp_info(&s)?;
+async fn handshake(portal: String, dialer: Option<net::transport::Dialer>) -> Result<Probe> {
+    let s = crate::conn::dial(&portal, dialer.as_ref()).await?;
+    let Some(fd) = s.socket() else {
+        // A carrier with no socket under it (in memory) has no path to wait for.
+        return Ok(Probe {
+            rtt_us: 1,
+            mss: LOOPBACK_MSS,
+        });
+    };
+    let info = net::tcp_info(fd)?;
     Ok(Probe {
         rtt_us: info.rtt_us.max(1),
         mss: info.snd_mss,

@@ -1,8 +1,10 @@
 //! Sans-IO iSCSI (RFC 7143): PDU codec, digests, serial-number arithmetic, text keys and
-//! their negotiation, CHAP, and the login state machines. No sockets, no runtime, no clock.
+//! their negotiation, CHAP, the login state machines, and the full-feature-phase data
+//! transfer rules both ends share (`ffp`). No sockets, no runtime, no clock.
 
 pub mod chap;
 pub mod digest;
+pub mod ffp;
 pub mod framing;
 pub mod login;
 pub mod negotiate;

@@ -1,12 +1,15 @@
-//! Socket tuning that both ends share: buffer sizes, congestion control, pacing,
-//! TCP_NOTSENT_LOWAT and TCP_INFO sampling. Everything works on a raw fd so that std and
-//! tokio sockets alike can be tuned.
+//! The connection under both ends: the [`transport`] that carries an iSCSI connection's
+//! bytes, and socket tuning: buffer sizes, congestion control, pacing, TCP_NOTSENT_LOWAT
+//! and TCP_INFO sampling. Tuning works on a raw fd so that std and tokio sockets and every
+//! transport alike can be tuned.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use serde::Serialize;
 use socket2::SockRef;
+
+pub mod transport;
 
 /// What a connection should look like; `None` leaves the kernel's choice alone.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

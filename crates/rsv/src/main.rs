@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -57,11 +57,16 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    // Store kinds beyond the built-in ones are registered here.
+    let stores = backstore::Registry::with_builtins();
+    let matches = Cli::command()
+        .mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores))
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging(cli.verbose);
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Target(args) => ok(targetd::cli::run(args)),
+        Command::Target(args) => ok(targetd::cli::run(args, &stores)),
         Command::Wan(args) => ok(wan::cli::run(args)),
         Command::Ls(args) => ok(tools::cli::ls(args)),
         Command::Inq(args) => ok(tools::cli::inq(args)),

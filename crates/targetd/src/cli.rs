@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{anyhow, Context};
+use backstore::Registry;
 use clap::Args;
 use tracing::info;
 
@@ -15,7 +16,7 @@ use crate::server::Server;
 #[command(after_help = "\
 With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
 iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
-targets, LUNs (file or ram, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
+targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
 (one-way and mutual, per target and for discovery) and session defaults; --listen and
 --data-dir override it.
 
@@ -35,7 +36,7 @@ pub struct TargetArgs {
     /// Seconds to let in-flight commands finish on shutdown.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
-    /// Print the configuration in effect and exit.
+    /// Print the configuration in effect, with each LUN's store, and exit.
     #[arg(long)]
     pub check: bool,
 }
@@ -55,10 +56,36 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-pub fn run(args: TargetArgs) -> anyhow::Result<()> {
+/// `rsv target --help` ends with the store kinds `stores` knows and their parameters.
+pub fn document_stores(cmd: clap::Command, stores: &Registry) -> clap::Command {
+    let after = cmd
+        .get_after_help()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    cmd.after_long_help(format!("{after}\n\n{}", stores.help()))
+}
+
+/// Runs the target, opening stores of the kinds `stores` knows.
+pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
     let config = load(&args)?;
     if args.check {
+        let opener = stores.context(&config.data_dir);
+        let mut luns = Vec::new();
+        for t in &config.targets {
+            for l in &t.luns {
+                let at = format!("target {} LUN {}", t.iqn, l.id);
+                let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
+                let description = opener
+                    .read_only(l.read_only)
+                    .check(&spec)
+                    .with_context(|| format!("checking {at}"))?;
+                luns.push(format!("{at}: store {spec}\n    {description}"));
+            }
+        }
         println!("{config:#?}");
+        for l in luns {
+            println!("{l}");
+        }
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -67,25 +94,12 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let server = Server::bind(config).await?;
+        let server = Server::bind(config, stores).await?;
         for p in server.portals() {
             println!("portal {p}");
         }
         for t in server.targets() {
             println!("target {}", t.iqn);
-            for (id, lu) in &t.luns {
-                info!(
-                    "{} LUN {id}: {} blocks of {} bytes{}",
-                    t.iqn,
-                    lu.capacity_blocks(),
-                    lu.config().block_size,
-                    if lu.config().read_only {
-                        ", read-only"
-                    } else {
-                        ""
-                    }
-                );
-            }
         }
         println!("ready");
         use std::io::Write;

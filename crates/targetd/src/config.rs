@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use backstore::{Registry, StoreSpec};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 
 pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
 pub const DEFAULT_IQN: &str = "iqn.2026-11.org.reservoir:target0";
@@ -53,14 +55,18 @@ fn default_data_dir() -> PathBuf {
 }
 
 /// What the target offers in negotiation; the result is per the RFC's rule for each key.
+/// Lengths and buffers are bytes: a number, or a string such as "256KiB" or "1MB".
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionDefaults {
     pub max_connections: u16,
     pub initial_r2t: bool,
     pub immediate_data: bool,
+    #[serde(deserialize_with = "size")]
     pub first_burst_length: u32,
+    #[serde(deserialize_with = "size")]
     pub max_burst_length: u32,
+    #[serde(deserialize_with = "size")]
     pub max_recv_data_segment_length: u32,
     pub max_outstanding_r2t: u16,
     pub default_time2wait: u16,
@@ -76,16 +82,21 @@ pub struct SessionDefaults {
     /// Seconds of silence before the target sends a NOP-In ping (0: never).
     pub nop_interval: u64,
     /// SO_SNDBUF / SO_RCVBUF per connection; unset: auto-tuned from the handshake's RTT.
+    #[serde(deserialize_with = "some_size")]
     pub send_buffer: Option<usize>,
+    #[serde(deserialize_with = "some_size")]
     pub recv_buffer: Option<usize>,
     pub congestion: Option<String>,
-    /// SO_MAX_PACING_RATE per connection, bytes per second. Wins over initiators' hints.
+    /// SO_MAX_PACING_RATE per connection, bytes per second, written as a rate ("100mbit",
+    /// "12.5MB/s"). Wins over initiators' hints.
+    #[serde(deserialize_with = "pacing_rate")]
     pub pacing_rate: Option<u64>,
     /// Pace each connection's sends (Data-In) at the rate its initiator asks for, at
     /// login or later in a Text request (`X-org.reservoir.PacingRate`, clamped to
     /// 1 Mbit/s..400 Gbit/s). Off: the target answers that it does not pace.
     pub accept_pacing_hint: bool,
     /// TCP_NOTSENT_LOWAT per connection, bytes.
+    #[serde(deserialize_with = "some_size")]
     pub notsent_lowat: Option<u32>,
     /// Size socket buffers from each connection's measured RTT where the kernel's
     /// autotuning would stop short of the path's needs.
@@ -161,22 +172,20 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum BackstoreKind {
-    File,
-    Ram,
-}
-
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
     pub id: u16,
-    pub backstore: BackstoreKind,
+    /// The store, as `"file:lun0.img?size=1GiB"` or a table with `kind`; relative paths
+    /// are taken from `data_dir`. Any kind the target's registry knows.
+    pub store: Option<StoreSpec>,
+    /// The form from before `store`, kept working: a kind, with `path` and `size` as its
+    /// parameters.
+    pub backstore: Option<String>,
     /// File backstores: the image path, relative to `data_dir` unless absolute.
     pub path: Option<PathBuf>,
-    /// "1GiB", "512MiB", "4096" (bytes). Files: created sparse when missing; an existing
-    /// file's size is used when this is absent.
+    /// "1GiB" or "1G" (binary), "1GB" (decimal), 4096 (bytes). Files: created sparse when
+    /// missing; an existing file's size is used when this is absent.
     pub size: Option<Size>,
     #[serde(default = "default_block_size")]
     pub block_size: u32,
@@ -194,6 +203,46 @@ pub struct LunConfig {
     pub serial: Option<String>,
 }
 
+impl LunConfig {
+    /// The store to open: `store` as written, or the older keys mapped onto a spec
+    /// (`backstore = "file"`, `path = "a.img"`, `size = "1GiB"` is `file:a.img?size=1073741824`).
+    /// Older keys that `stores` says the kind does not take are left out, as they always
+    /// were ignored (a ram LUN's `path`).
+    pub fn store_spec(&self, stores: &Registry) -> Result<StoreSpec, String> {
+        match (&self.store, &self.backstore) {
+            (Some(spec), None) if self.path.is_none() && self.size.is_none() => Ok(spec.clone()),
+            (Some(_), _) => Err(
+                "`store` takes the place of `backstore`, `path` and `size`: give one form, not both"
+                    .into(),
+            ),
+            (None, Some(kind)) => {
+                // An unknown kind keeps every key: opening it fails on the kind.
+                let takes = |key: &str| match stores.get(kind) {
+                    Some(f) => f.params().iter().any(|p| p.name == key),
+                    None => true,
+                };
+                let mut spec = StoreSpec::new(kind.as_str()).map_err(|e| e.to_string())?;
+                if let Some(p) = self.path.as_ref().filter(|_| takes("path")) {
+                    spec = spec
+                        .with("path", p.to_string_lossy())
+                        .map_err(|e| e.to_string())?;
+                }
+                if let Some(Size(n)) = self.size.filter(|_| takes("size")) {
+                    spec = spec
+                        .with("size", n.to_string())
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(spec)
+            }
+            (None, None) => Err(
+                "no store: give one, as in `store = \"file:lun0.img?size=1GiB\"` (or \
+                 `backstore = \"file\"` with `path` and `size`)"
+                    .into(),
+            ),
+        }
+    }
+}
+
 fn default_block_size() -> u32 {
     512
 }
@@ -205,47 +254,53 @@ fn yes() -> bool {
 pub struct Size(pub u64);
 
 impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(Size(n)),
-            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        size(d).map(Size)
+    }
+}
+
+/// A size or rate as TOML gives it: a bare number or a string with its unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    N(u64),
+    T(String),
+}
+
+impl NumberOrText {
+    fn into_text(self) -> String {
+        match self {
+            NumberOrText::N(n) => n.to_string(),
+            NumberOrText::T(t) => t,
         }
     }
 }
 
-/// "1GiB", "1G" (binary), "1GB" (decimal), "4096".
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?}: expected a number with an optional unit"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        u => return Err(format!("size {s:?}: unknown unit {u:?}")),
+/// Bytes: a bare number, or a string in the units crate's spelling ("1GiB", "10MB").
+fn size<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
+    let bytes = match NumberOrText::deserialize(d)? {
+        NumberOrText::N(n) => n,
+        NumberOrText::T(t) => units::parse_size(&t).map_err(D::Error::custom)?,
     };
-    let v = n * mult as f64;
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
-        return Err(format!("size {s:?} out of range"));
+    T::try_from(bytes)
+        .map_err(|_| D::Error::custom(format!("{} is too large here", units::Size(bytes))))
+}
+
+fn some_size<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    size(d).map(Some)
+}
+
+/// Bytes per second, from a rate written with its unit; a bare number is refused as on the
+/// command line, since it reads as bits to some and as bytes to others.
+fn pacing_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match units::parse_rate_limit(&NumberOrText::deserialize(d)?.into_text()) {
+        Ok(Some(rate)) => Ok(Some(rate.bytes_per_sec())),
+        Ok(None) => Err(D::Error::custom(
+            "leave pacing_rate out for no pacing; it takes a rate such as \"100mbit\" or \
+             \"12.5MB/s\"",
+        )),
+        Err(e) => Err(D::Error::custom(e)),
     }
-    Ok(v as u64)
 }
 
 impl Config {
@@ -263,7 +318,8 @@ impl Config {
                 chap: None,
                 luns: vec![LunConfig {
                     id: 0,
-                    backstore: BackstoreKind::File,
+                    store: None,
+                    backstore: Some("file".into()),
                     path: Some("lun0.img".into()),
                     size: Some(Size(DEFAULT_LUN_SIZE)),
                     block_size: 512,
@@ -326,9 +382,6 @@ impl Config {
         if s.error_recovery_level > 2 {
             return Err("session.error_recovery_level must be 0, 1 or 2".into());
         }
-        if s.pacing_rate == Some(0) {
-            return Err("session.pacing_rate must be positive (leave it out for no pacing)".into());
-        }
         if s.queue_depth == 0 || s.queue_depth > 1 << 20 {
             return Err("session.queue_depth must be 1..1048576".into());
         }
@@ -378,15 +431,10 @@ impl Config {
                 if l.physical_block_exponent > 8 {
                     return Err(format!("{at}: physical_block_exponent must be 0..8"));
                 }
-                match l.backstore {
-                    BackstoreKind::File if l.path.is_none() => {
-                        return Err(format!("{at}: a file backstore needs a path"))
-                    }
-                    BackstoreKind::Ram if l.size.is_none() => {
-                        return Err(format!("{at}: a ram backstore needs a size"))
-                    }
-                    _ => {}
-                }
+                // The form only: which parameters a kind takes is for the registry to say
+                // when the store is opened.
+                l.store_spec(&Registry::new())
+                    .map_err(|e| format!("{at}: {e}"))?;
                 if let Some(Size(n)) = l.size {
                     if n == 0 || n % l.block_size as u64 != 0 {
                         return Err(format!(
@@ -401,16 +449,6 @@ impl Config {
             validate_chap(c).map_err(|e| format!("discovery chap: {e}"))?;
         }
         Ok(())
-    }
-
-    pub fn lun_path(&self, lun: &LunConfig) -> Option<PathBuf> {
-        lun.path.as_ref().map(|p| {
-            if p.is_absolute() {
-                p.clone()
-            } else {
-                self.data_dir.join(p)
-            }
-        })
     }
 }
 
@@ -526,10 +564,94 @@ physical_block_exponent = 3
         assert_eq!(c.targets[0].luns[1].block_size, 4096);
         assert_eq!(c.targets[0].luns[1].physical_block_exponent, 0);
         assert_eq!(c.targets[0].luns[2].physical_block_exponent, 3);
-        assert_eq!(
-            c.lun_path(&c.targets[0].luns[0]).unwrap(),
-            PathBuf::from("/var/lib/reservoir/disk1.img")
+        let stores = Registry::with_builtins();
+        let spec = c.targets[0].luns[0].store_spec(&stores).unwrap();
+        assert_eq!(spec.to_string(), "file:disk1.img?size=2147483648");
+        let desc = stores.context(&c.data_dir).check(&spec).unwrap();
+        assert!(
+            desc.starts_with("file /var/lib/reservoir/disk1.img,"),
+            "{desc}"
         );
+    }
+
+    #[test]
+    fn store_specs_as_text_or_table_and_the_older_keys() {
+        let c = Config::parse(
+            r#"
+[[target]]
+iqn = "iqn.2026-11.x:y"
+[[target.lun]]
+id = 0
+store = "ram:?size=64MiB"
+[[target.lun]]
+id = 1
+backstore = "ram"
+path = "ignored.img"
+size = "64MiB"
+[[target.lun]]
+id = 2
+block_size = 4096
+[target.lun.store]
+kind = "file"
+path = "two.img"
+size = "1GiB"
+"#,
+            "s.toml",
+        )
+        .unwrap();
+        let specs: Vec<String> = c.targets[0]
+            .luns
+            .iter()
+            .map(|l| {
+                l.store_spec(&Registry::with_builtins())
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            specs,
+            [
+                "ram:?size=64MiB",
+                "ram:?size=67108864",
+                "file:two.img?size=1GiB"
+            ]
+        );
+        assert_eq!(c.targets[0].luns[2].block_size, 4096);
+        let default = &Config::embedded_default().targets[0].luns[0];
+        assert_eq!(
+            default
+                .store_spec(&Registry::with_builtins())
+                .unwrap()
+                .to_string(),
+            format!("file:lun0.img?size={DEFAULT_LUN_SIZE}")
+        );
+    }
+
+    #[test]
+    fn store_errors_name_the_lun_and_the_spec() {
+        let lun = |body: &str| {
+            Config::parse(
+                &format!("[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 3\n{body}"),
+                "e.toml",
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = lun("store = \"ram:?size=1M\"\nbackstore = \"ram\"\n");
+        assert!(e.contains("lun 3") && e.contains("one form"), "{e}");
+        let e = lun("store = \"ram:?size=1M\"\nsize = 4096\n");
+        assert!(e.contains("lun 3") && e.contains("one form"), "{e}");
+        let e = lun("block_size = 512\n");
+        assert!(e.contains("lun 3") && e.contains("no store"), "{e}");
+        let e = lun("store = \"lun0.img\"\n");
+        assert!(
+            e.starts_with("e.toml:5:") && e.contains("`lun0.img`") && e.contains("KIND:"),
+            "{e}"
+        );
+        let e = lun("[target.lun.store]\npath = \"a.img\"\n");
+        assert!(e.starts_with("e.toml:") && e.contains("no `kind`"), "{e}");
+        let e = lun("backstore = \"File\"\npath = \"a.img\"\n");
+        assert!(e.contains("lun 3") && e.contains("\"File\""), "{e}");
     }
 
     #[test]
@@ -571,7 +693,7 @@ physical_block_exponent = 3
         assert!(d.session.accept_pacing_hint);
         assert_eq!(d.session.pacing_rate, None);
         let c = Config::parse(
-            "[session]\naccept_pacing_hint = false\npacing_rate = 12500000\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "[session]\naccept_pacing_hint = false\npacing_rate = \"100mbit\"\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
             "p.toml",
         )
         .unwrap();
@@ -583,17 +705,60 @@ physical_block_exponent = 3
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("pacing_rate"), "{e}");
+        assert!(e.contains("leave pacing_rate out"), "{e}");
+        // Bytes per second before, and bits to tc: neither guessed now.
+        let e = Config::parse(
+            "[session]\npacing_rate = 12500000\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "b.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("say bits or bytes per second"), "{e}");
+        let c = Config::parse(
+            "[session]\npacing_rate = \"12.5MB/s\"\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(c.session.pacing_rate, Some(12_500_000));
     }
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
-        assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("").is_err());
+        let lun = |size: &str| {
+            Config::parse(
+                &format!(
+                    "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 0\n\
+                     backstore = \"ram\"\nsize = {size}\n"
+                ),
+                "s.toml",
+            )
+            .map(|c| c.targets[0].luns[0].size)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(lun("\"1GiB\""), Ok(Some(Size(1 << 30))));
+        assert_eq!(lun("\"1g\""), Ok(Some(Size(1 << 30))));
+        assert_eq!(lun("\"1.5M\""), Ok(Some(Size(3 << 19))));
+        assert_eq!(lun("\"10240KB\""), Ok(Some(Size(10_240_000))));
+        assert_eq!(lun("4096"), Ok(Some(Size(4096))));
+        assert_eq!(lun("\"4096\""), Ok(Some(Size(4096))));
+        assert!(lun("\"12 parsecs\"").unwrap_err().contains("unknown unit"));
+        assert!(lun("\"64mb\"").unwrap_err().contains("lowercase b"));
+        assert!(lun("\"\"").is_err());
+
+        let c = Config::parse(
+            "[session]\nmax_burst_length = \"256KiB\"\nsend_buffer = \"4M\"\n\
+             recv_buffer = 174080\nnotsent_lowat = \"128K\"\n[[target]]\niqn = \"iqn.2026-11.x:y\"\n",
+            "b.toml",
+        )
+        .unwrap();
+        assert_eq!(c.session.max_burst_length, 256 << 10);
+        assert_eq!(c.session.send_buffer, Some(4 << 20));
+        assert_eq!(c.session.recv_buffer, Some(174_080));
+        assert_eq!(c.session.notsent_lowat, Some(128 << 10));
+        let e = Config::parse("[session]\nnotsent_lowat = \"8GiB\"\n", "n.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("8GiB is too large here"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! One TCP connection: login, then the full feature phase.
+//! One connection: login, then the full feature phase.
 //!
 //! The reader (this task) decodes PDUs, collects write data and decides what runs; a writer
-//! task owns the socket's write half and stamps StatSN, ExpCmdSN and MaxCmdSN on every PDU
-//! as it goes out, so numbers are assigned in the order the initiator sees them. SCSI
-//! commands execute on blocking workers and queue their own Data-In and response PDUs.
+//! task (`wire::writer`) owns the transport's write half and stamps StatSN, ExpCmdSN and
+//! MaxCmdSN on every PDU as it goes out, so numbers are assigned in the order the initiator
+//! sees them. SCSI commands execute on blocking workers and queue their own Data-In and
+//! response PDUs. Every byte to or from the peer goes through `wire`.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -11,9 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail};
+use anyhow::bail;
 use backstore::buffers::Buf;
 use bytes::{Bytes, BytesMut};
+use iscsi::ffp::{self, logout, tmf, DataRules, DataSequence, SequenceFault, WritePlan};
 use iscsi::framing::{FrameError, FrameLimits, PduDecoder};
 use iscsi::login::{
     AuthRequirement, LoginOutcome, LoginPolicy, LoginReply, LoginRequestView, LoginStep,
@@ -27,11 +29,9 @@ use iscsi::pdu::{
     RESERVED_TAG,
 };
 use iscsi::text::{split_for_pdus, TextAccumulator, TextKeys};
+use net::transport::Stream;
 use rand::RngCore;
 use scsi::{LogicalUnit, Sense};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -39,94 +39,18 @@ use tracing::{debug, info, warn};
 use crate::server::{Shared, TargetNode};
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Reassigned, Session, TaskCtl, TaskRec};
 use crate::tags::TagMap;
+use crate::wire::{self, Out, Reader};
 
 /// Largest write a single command may ask us to buffer. Bigger transfers are refused with
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
 /// less than this.
 const MAX_TASK_BYTES: u32 = 64 << 20;
 
-/// TMF function codes and responses (RFC 7143 11.5 / 11.6).
-mod tmf {
-    pub const ABORT_TASK: u8 = 1;
-    pub const ABORT_TASK_SET: u8 = 2;
-    pub const CLEAR_ACA: u8 = 3;
-    pub const CLEAR_TASK_SET: u8 = 4;
-    pub const LOGICAL_UNIT_RESET: u8 = 5;
-    pub const TARGET_WARM_RESET: u8 = 6;
-    pub const TARGET_COLD_RESET: u8 = 7;
-    pub const TASK_REASSIGN: u8 = 8;
-
-    pub const COMPLETE: u8 = 0;
-    pub const NO_TASK: u8 = 1;
-    pub const NO_LUN: u8 = 2;
-    pub const NOT_SUPPORTED: u8 = 5;
-}
-
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let tuning = socket_tuning(&shared.config.session, &stream, peer);
-    let applied = net::apply(std::os::fd::AsFd::as_fd(&stream), &tuning);
-    for w in &applied.warnings {
-        warn!("{peer}: socket tuning: {w}");
-    }
+pub async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr) {
+    wire::tune(&shared, &stream, peer);
     match run(shared, stream, peer).await {
         Ok(why) => debug!("{peer}: connection closed: {why}"),
         Err(e) => info!("{peer}: connection closed: {e:#}"),
-    }
-}
-
-/// The configured socket options, with buffers auto-tuned where unset: the handshake's
-/// RTT tells how much a long path keeps in flight, and where the kernel's autotuning
-/// ceiling is lower, the buffers are set explicitly (see `net::buffers_for_rtt`).
-fn socket_tuning(
-    s: &crate::config::SessionDefaults,
-    stream: &TcpStream,
-    peer: SocketAddr,
-) -> net::SocketTuning {
-    let mut t = net::SocketTuning {
-        send_buffer: s.send_buffer,
-        recv_buffer: s.recv_buffer,
-        // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
-        congestion: s.congestion.clone().or_else(net::preferred_congestion),
-        pacing_rate: s.pacing_rate,
-        notsent_lowat: s.notsent_lowat,
-        nodelay: true,
-    };
-    if !s.auto_tune || (t.send_buffer.is_some() && t.recv_buffer.is_some()) {
-        return t;
-    }
-    let Ok(info) = net::tcp_info(stream) else {
-        return t;
-    };
-    let rtt = std::time::Duration::from_micros(u64::from(info.rtt_us));
-    let (snd, rcv) = net::buffers_for_rtt(rtt, &net::KernelLimits::read());
-    if t.send_buffer.is_none() && snd.bytes.is_some() {
-        debug!("{peer}: RTT {rtt:?}: send buffer {}", snd.why);
-        t.send_buffer = snd.bytes;
-        // A large explicit buffer must not become a deep queue of unsent Data-In.
-        t.notsent_lowat = t.notsent_lowat.or(Some(1 << 20));
-    }
-    if t.recv_buffer.is_none() && rcv.bytes.is_some() {
-        debug!("{peer}: RTT {rtt:?}: receive buffer {}", rcv.why);
-        t.recv_buffer = rcv.bytes;
-    }
-    t
-}
-
-async fn read_pdu(
-    stream: &mut TcpStream,
-    dec: &mut PduDecoder,
-    buf: &mut BytesMut,
-) -> anyhow::Result<Option<Pdu>> {
-    loop {
-        match dec.decode(buf) {
-            Ok(Some(p)) => return Ok(Some(p)),
-            Ok(None) => {}
-            Err(e) => return Err(anyhow!("during login: {e}")),
-        }
-        buf.reserve(16 * 1024);
-        if stream.read_buf(buf).await? == 0 {
-            return Ok(None);
-        }
     }
 }
 
@@ -242,13 +166,6 @@ fn login_response(
     })
 }
 
-async fn send_now(stream: &mut TcpStream, pdu: &Pdu) -> anyhow::Result<()> {
-    let mut out = Vec::with_capacity(BHS_LEN + pdu.data().len() + 8);
-    pdu.encode(&mut out, Digests::default());
-    stream.write_all(&out).await?;
-    Ok(())
-}
-
 fn failure(class: u8, detail: u8) -> LoginReply {
     LoginReply {
         transit: false,
@@ -264,7 +181,7 @@ fn failure(class: u8, detail: u8) -> LoginReply {
 /// Login phase: returns None when the login failed (the reject was sent).
 async fn login(
     shared: &Arc<Shared>,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     dec: &mut PduDecoder,
     buf: &mut BytesMut,
     peer: SocketAddr,
@@ -279,7 +196,7 @@ async fn login(
     let mut machine: Option<(TargetLogin, Option<Arc<Session>>)> = None;
     let mut statsn = 0u32;
     loop {
-        let Some(pdu) = read_pdu(stream, dec, buf).await? else {
+        let Some(pdu) = wire::read_pdu(stream, dec, buf).await? else {
             bail!("closed during login");
         };
         let req = match pdu {
@@ -295,7 +212,7 @@ async fn login(
                     Some(s) if s.isid == req.isid && !s.is_closed() => Some(s),
                     _ => {
                         let reply = failure(2, 0x0a);
-                        send_now(
+                        wire::send_now(
                             stream,
                             &login_response(&req, reply, req.tsih, statsn, (req.cmdsn, req.cmdsn)),
                         )
@@ -316,7 +233,7 @@ async fn login(
         let view = LoginRequestView::from(&req);
         match m.step(&view, &mut policy) {
             LoginStep::Continue(reply) => {
-                send_now(
+                wire::send_now(
                     stream,
                     &login_response(&req, reply, req.tsih, statsn, window),
                 )
@@ -330,7 +247,7 @@ async fn login(
                     reply.status_class,
                     reply.status_detail
                 );
-                send_now(
+                wire::send_now(
                     stream,
                     &login_response(&req, reply, req.tsih, statsn, window),
                 )
@@ -344,7 +261,7 @@ async fn login(
                     Err((class, detail, why)) => {
                         info!("{peer}: login refused: {why}");
                         let reply = failure(class, detail);
-                        send_now(
+                        wire::send_now(
                             stream,
                             &login_response(&req, reply, req.tsih, statsn, window),
                         )
@@ -353,9 +270,9 @@ async fn login(
                     }
                 };
                 // Paced before the last login response goes out: every Data-In is.
-                apply_pacing(stream, &outcome, shared, peer, session.tsih, req.cid);
+                wire::apply_pacing(stream, &outcome, shared, peer, session.tsih, req.cid);
                 let window = session.window();
-                send_now(
+                wire::send_now(
                     stream,
                     &login_response(&req, reply, session.tsih, statsn, window),
                 )
@@ -368,44 +285,6 @@ async fn login(
                 }));
             }
         }
-    }
-}
-
-/// Paces the connection's sends at the rate its login promised the initiator
-/// (`X-org.reservoir.PacingRate`); a configured `pacing_rate` is in force since accept.
-fn apply_pacing(
-    stream: &TcpStream,
-    outcome: &LoginOutcome,
-    shared: &Shared,
-    peer: SocketAddr,
-    tsih: u16,
-    cid: u16,
-) {
-    let fd = std::os::fd::AsFd::as_fd(stream);
-    match outcome.pacing {
-        TargetPacing::Paced(rate) if Some(rate) != shared.config.session.pacing_rate => {
-            if let Err(e) = net::set_pacing_rate(fd, rate) {
-                warn!("{peer}: session {tsih} cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
-                return;
-            }
-            info!(
-                "{peer}: session {tsih} cid {cid}: sends paced at {:.1} Mbit/s as the initiator \
-                 asked (SO_MAX_PACING_RATE {})",
-                rate as f64 * 8e-6,
-                net::max_pacing_rate(fd).map_or_else(|e| e.to_string(), |r| r.to_string())
-            );
-        }
-        TargetPacing::Paced(rate) => debug!(
-            "{peer}: session {tsih} cid {cid}: the initiator's pacing hint answered with the \
-             configured {rate} bytes/s"
-        ),
-        TargetPacing::NotPaced => debug!(
-            "{peer}: session {tsih} cid {cid}: pacing hint ignored (accept_pacing_hint = false)"
-        ),
-        TargetPacing::Refused => {
-            debug!("{peer}: session {tsih} cid {cid}: malformed pacing hint rejected")
-        }
-        TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
     }
 }
 
@@ -482,11 +361,7 @@ fn bind_session(
     }))
 }
 
-async fn run(
-    shared: Arc<Shared>,
-    mut stream: TcpStream,
-    peer: SocketAddr,
-) -> anyhow::Result<String> {
+async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyhow::Result<String> {
     let local = stream.local_addr()?;
     let mut dec = PduDecoder::new(FrameLimits::default());
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -529,7 +404,14 @@ async fn run(
 
     let (rd, wr) = stream.into_split();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(writer(wr, out_rx, session.clone(), digests, statsn, cid));
+    let writer = tokio::spawn(wire::writer(
+        wr,
+        out_rx,
+        session.clone(),
+        digests,
+        statsn,
+        cid,
+    ));
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let handle = ConnHandle { events: ev_tx };
     if session.erl2() && session.close_for_recovery(cid).await {
@@ -561,7 +443,7 @@ async fn run(
         keep_tasks: true,
         acked: None,
     };
-    let why = conn.serve(rd, dec, buf, &mut ev_rx).await;
+    let why = conn.serve(Reader::new(rd), dec, buf, &mut ev_rx).await;
     let recovering = session.erl2() && conn.keep_tasks && !session.is_closed();
     let last = if recovering {
         let tasks = std::mem::take(&mut conn.tasks);
@@ -599,254 +481,6 @@ async fn expire_retained(shared: Arc<Shared>, session: Arc<Session>, was_last: b
     }
 }
 
-enum Out {
-    Pdu(Pdu),
-    /// Pace the connection's sends at most at this many bytes per second from now on
-    /// (`u64::MAX`: not at all).
-    Pace(u64),
-    Close,
-}
-
-/// Assigns the sequence numbers at send time.
-fn stamp(p: &mut Pdu, statsn: &mut u32, (exp, max): (u32, u32)) {
-    let mut next = || {
-        let s = *statsn;
-        *statsn = statsn.wrapping_add(1);
-        s
-    };
-    match p {
-        Pdu::ScsiResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
-        Pdu::DataIn(d) => {
-            if d.status_present {
-                d.statsn = next();
-            }
-            (d.expcmdsn, d.maxcmdsn) = (exp, max);
-        }
-        Pdu::R2t(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (*statsn, exp, max),
-        Pdu::NopIn(n) => {
-            n.statsn = if n.itt != RESERVED_TAG {
-                next()
-            } else {
-                *statsn
-            };
-            (n.expcmdsn, n.maxcmdsn) = (exp, max);
-        }
-        Pdu::TextResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
-        Pdu::LogoutResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
-        Pdu::TaskMgmtResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
-        Pdu::Reject(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
-        Pdu::AsyncMessage(m) => (m.statsn, m.expcmdsn, m.maxcmdsn) = (next(), exp, max),
-        _ => {}
-    }
-}
-
-/// Most PDUs gathered into one `writev`; bounds the iovec count and the memory pinned.
-const BATCH_PDUS: usize = 128;
-const BATCH_BYTES: usize = 4 << 20;
-/// Longest the socket may keep Data-In that the store lent (see `Job::respond_lent`)
-/// waiting: then what is still unsent is copied and its blocks let go, so that a peer that
-/// stops reading holds up no write to them, from any session, for longer.
-const LENT_HOLD: Duration = Duration::from_secs(1);
-
-async fn writer(
-    mut wr: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Out>,
-    session: Arc<Session>,
-    digests: Digests,
-    mut statsn: u32,
-    cid: u16,
-) -> std::io::Result<()> {
-    let erl2 = session.erl2();
-    // As `Job::lend`: Data-In may be lent only without data digests.
-    let lends = !digests.data;
-    let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
-    // Headers (with their digests) of the whole batch, back to back, and per PDU the
-    // header's range and the trailer (padding + data digest) that follows its payload.
-    let mut headers: Vec<u8> = Vec::with_capacity(BATCH_PDUS * (BHS_LEN + 4));
-    let mut layout: Vec<Layout> = Vec::with_capacity(BATCH_PDUS);
-    // PDUs taken off the channel early, to copy their lent payloads; they go first.
-    let mut backlog: VecDeque<Out> = VecDeque::new();
-    // ERL 2: (ITT, StatSN) of the statuses in the batch, told to the session at once.
-    let mut stamps: Vec<(u32, u32)> = Vec::new();
-    loop {
-        let first = match backlog.pop_front() {
-            Some(o) => o,
-            None => match rx.recv().await {
-                Some(o) => o,
-                None => break,
-            },
-        };
-        let mut close = false;
-        let mut bytes = 0usize;
-        let mut next = Some(first);
-        while let Some(o) = next.take() {
-            match o {
-                Out::Pdu(p) => {
-                    bytes += p.data().len();
-                    batch.push(p);
-                }
-                Out::Pace(rate) => {
-                    let fd = std::os::fd::AsFd::as_fd(wr.as_ref());
-                    if let Err(e) = net::set_pacing_rate(fd, rate) {
-                        warn!("cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
-                    }
-                }
-                Out::Close => {
-                    close = true;
-                    break;
-                }
-            }
-            if batch.len() < BATCH_PDUS && bytes < BATCH_BYTES {
-                next = backlog.pop_front().or_else(|| rx.try_recv().ok());
-            }
-        }
-        headers.clear();
-        layout.clear();
-        let window = session.window();
-        for p in &mut batch {
-            stamp(p, &mut statsn, window);
-            if erl2 {
-                if let Some(stamp) = session::status_of(p) {
-                    stamps.push(stamp);
-                }
-            }
-            let start = headers.len();
-            p.encode_header(&mut headers, digests);
-            let (trailer, n) = if p.data().is_empty() {
-                ([0; 7], 0)
-            } else {
-                Pdu::data_trailer(p.data(), digests)
-            };
-            layout.push((start..headers.len(), trailer, n));
-        }
-        if !stamps.is_empty() {
-            // Before the batch goes out: no acknowledgement can come ahead of it.
-            session.stamped(cid, &stamps);
-            stamps.clear();
-        }
-        let mut written = 0usize;
-        let sent = {
-            let mut slices = batch_slices(&batch, &headers, &layout);
-            let mut rest = &mut slices[..];
-            // Most batches fit the socket now: no timer for them.
-            let taken = try_write_now(&wr, &mut rest, &mut written)?;
-            if taken || !lends {
-                write_all_vectored(&mut wr, rest, &mut written).await?;
-                true
-            } else {
-                let w = write_all_vectored(&mut wr, rest, &mut written);
-                match tokio::time::timeout(LENT_HOLD, w).await {
-                    Ok(r) => r.map(|()| true)?,
-                    Err(_elapsed) => false,
-                }
-            }
-        };
-        if !sent {
-            // The peer is slow to take data: copy what is unsent, here and queued.
-            let mut end = 0;
-            for (p, (range, _, n)) in batch.iter_mut().zip(&layout) {
-                end += range.len() + p.data().len() + n;
-                if end > written {
-                    unlend(p)?;
-                }
-            }
-            while let Ok(o) = rx.try_recv() {
-                backlog.push_back(o);
-            }
-            for o in &mut backlog {
-                if let Out::Pdu(p) = o {
-                    unlend(p)?;
-                }
-            }
-            debug!("cid {cid}: the peer is slow to read; lent Data-In copied after {LENT_HOLD:?}");
-            let mut slices = batch_slices(&batch, &headers, &layout);
-            let mut rest = &mut slices[..];
-            std::io::IoSlice::advance_slices(&mut rest, written);
-            write_all_vectored(&mut wr, rest, &mut written).await?;
-        }
-        batch.clear();
-        if close {
-            let _ = wr.shutdown().await;
-            return Ok(());
-        }
-    }
-    Ok(())
-}
-
-/// Per PDU of a batch: its header's range in the headers buffer, and the trailer
-/// (padding + data digest) that follows its payload, with its length.
-type Layout = (std::ops::Range<usize>, [u8; 7], usize);
-
-/// The iovecs of a batch: each PDU's header, payload and trailer, in order.
-fn batch_slices<'a>(
-    batch: &'a [Pdu],
-    headers: &'a [u8],
-    layout: &'a [Layout],
-) -> Vec<std::io::IoSlice<'a>> {
-    let mut slices = Vec::with_capacity(batch.len() * 3);
-    for (p, (range, trailer, n)) in batch.iter().zip(layout) {
-        slices.push(std::io::IoSlice::new(&headers[range.clone()]));
-        if !p.data().is_empty() {
-            slices.push(std::io::IoSlice::new(p.data()));
-            if *n > 0 {
-                slices.push(std::io::IoSlice::new(&trailer[..*n]));
-            }
-        }
-    }
-    slices
-}
-
-/// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
-/// the blocks they hold). The copy goes through the kernel, which reports a page of a
-/// shrunken file as an error where reading it here would take SIGBUS.
-pub(crate) fn unlend(p: &mut Pdu) -> std::io::Result<()> {
-    if let Pdu::DataIn(d) = p {
-        if !d.data.is_empty() {
-            d.data = Bytes::from(backstore::copy_checked(&d.data)?);
-        }
-    }
-    Ok(())
-}
-
-/// Writes what the socket takes without waiting; true when that was everything.
-fn try_write_now(
-    wr: &OwnedWriteHalf,
-    slices: &mut &mut [std::io::IoSlice<'_>],
-    written: &mut usize,
-) -> std::io::Result<bool> {
-    let stream: &TcpStream = wr.as_ref();
-    while !slices.is_empty() {
-        match stream.try_write_vectored(slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                *written += n;
-                std::io::IoSlice::advance_slices(slices, n);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
-}
-
-/// Writes all of `slices`, counting in `written` as it goes (so that a caller that stops
-/// waiting knows how far it got).
-async fn write_all_vectored(
-    wr: &mut OwnedWriteHalf,
-    mut slices: &mut [std::io::IoSlice<'_>],
-    written: &mut usize,
-) -> std::io::Result<()> {
-    while !slices.is_empty() {
-        let n = wr.write_vectored(slices).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        *written += n;
-        std::io::IoSlice::advance_slices(&mut slices, n);
-    }
-    Ok(())
-}
-
 /// Commands of this connection running on workers; logout waits for them.
 #[derive(Default)]
 struct Executing {
@@ -866,16 +500,6 @@ impl Executing {
     }
 }
 
-/// One received data sequence: unsolicited (TTT 0xffffffff) or answering one R2T.
-#[derive(Debug)]
-struct Sequence {
-    ttt: u32,
-    start: u32,
-    len: u32,
-    received: u32,
-    next_datasn: u32,
-}
-
 /// A SCSI command whose data is still arriving or whose turn has not come.
 pub(crate) struct Task {
     cmd: ScsiCommand,
@@ -886,8 +510,10 @@ pub(crate) struct Task {
     /// the command runs.
     buf: Buf,
     received: u32,
-    unsolicited: Option<Sequence>,
-    r2ts: Vec<Sequence>,
+    /// The data sequences still open: the unsolicited one (TTT 0xffffffff) and one per
+    /// R2T out.
+    unsolicited: Option<DataSequence>,
+    r2ts: Vec<DataSequence>,
     next_solicit: u32,
     next_r2tsn: u32,
     delivered: bool,
@@ -960,7 +586,7 @@ impl Conn {
 
     async fn serve(
         &mut self,
-        mut rd: tokio::net::tcp::OwnedReadHalf,
+        mut rd: Reader,
         mut dec: PduDecoder,
         mut buf: BytesMut,
         events: &mut mpsc::UnboundedReceiver<ConnEvent>,
@@ -1024,7 +650,7 @@ impl Conn {
                     }),
                     None => return Ok("session gone".into()),
                 },
-                n = rd.read_buf(&mut buf) => {
+                n = rd.fill(&mut buf) => {
                     if n? == 0 {
                         return Ok("closed by the initiator".into());
                     }
@@ -1165,20 +791,16 @@ impl Conn {
             reject(self, cmd, reject_reason::PROTOCOL_ERROR);
             return Ok(());
         }
-        let p = &self.session.params;
         let imm = cmd.data.len() as u32;
-        let protocol_error = (imm > 0 && (!cmd.write || !p.immediate_data))
-            || imm > cmd.edtl
-            || imm > p.first_burst_length
-            || (!cmd.final_ && (p.initial_r2t || !cmd.write));
-        if protocol_error {
-            warn!(
-                "connection {}: SCSI command ITT {:#x} breaks the negotiated data rules",
-                self.cid, cmd.itt
-            );
-            reject(self, cmd, reject_reason::PROTOCOL_ERROR);
-            return Ok(());
-        }
+        let rules = DataRules::from(&self.session.params);
+        let plan = match WritePlan::target(cmd.write, cmd.edtl, imm, cmd.final_, &rules) {
+            Ok(plan) => plan,
+            Err(e) => {
+                warn!("connection {}: ITT {:#x}: {e}", self.cid, cmd.itt);
+                reject(self, cmd, reject_reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+        };
         if !cmd.immediate {
             let (exp, max) = self.session.window();
             if !iscsi::serial::sn_in_window(cmd.cmdsn, exp, max) {
@@ -1214,18 +836,9 @@ impl Conn {
         if keep > 0 {
             buf[..imm as usize].copy_from_slice(&cmd.data);
         }
-        let unsolicited_end = if cmd.write && !cmd.final_ {
-            p.first_burst_length.min(cmd.edtl)
-        } else {
-            imm
-        };
-        let unsolicited = (unsolicited_end > imm).then_some(Sequence {
-            ttt: RESERVED_TAG,
-            start: imm,
-            len: unsolicited_end - imm,
-            received: 0,
-            next_datasn: 0,
-        });
+        let unsolicited_end = plan.unsolicited_end;
+        let unsolicited =
+            (unsolicited_end > imm).then(|| DataSequence::new(RESERVED_TAG, imm..unsolicited_end));
         let itt = cmd.itt;
         let immediate = cmd.immediate;
         let cmdsn = cmd.cmdsn;
@@ -1295,31 +908,26 @@ impl Conn {
 
     /// Sends R2Ts until MaxOutstandingR2T are out or everything is asked for.
     fn solicit(&mut self, task: &mut Task) {
-        let p = &self.session.params;
-        let max_out = p.max_outstanding_r2t.max(1) as usize;
-        let burst = p.max_burst_length.max(512);
-        while task.r2ts.len() < max_out && task.next_solicit < task.cmd.edtl {
-            let len = burst.min(task.cmd.edtl - task.next_solicit);
+        let rules = DataRules::from(&self.session.params);
+        let max_out = rules.max_outstanding_r2t.max(1) as usize;
+        while task.r2ts.len() < max_out {
+            let Some(range) = ffp::next_r2t(task.next_solicit, task.cmd.edtl, &rules) else {
+                break;
+            };
             let ttt = self.new_ttt();
             let r2tsn = task.next_r2tsn;
             task.next_r2tsn += 1;
-            task.r2ts.push(Sequence {
-                ttt,
-                start: task.next_solicit,
-                len,
-                received: 0,
-                next_datasn: 0,
-            });
+            task.next_solicit = range.end;
             let _ = self.out.send(Out::Pdu(Pdu::R2t(R2t {
                 lun: task.cmd.lun,
                 itt: task.cmd.itt,
                 ttt,
                 r2tsn,
-                buffer_offset: task.next_solicit,
-                desired_data_transfer_length: len,
+                buffer_offset: range.start,
+                desired_data_transfer_length: range.end - range.start,
                 ..Default::default()
             })));
-            task.next_solicit += len;
+            task.r2ts.push(DataSequence::new(ttt, range));
         }
     }
 
@@ -1341,44 +949,17 @@ impl Conn {
         // At ErrorRecoveryLevel 0 a broken data sequence cannot be repaired: the command
         // ends with CHECK CONDITION and the connection goes on (SPC-5 "DATA PHASE ERROR"
         // family), so one bad command does not cost the initiator its session.
-        let fault = match seq {
-            None => Some((
-                0x01,
-                format!("TTT {:#x} that no R2T of ours carries", d.ttt),
-            )),
-            Some(seq) if d.datasn != seq.next_datasn => Some((
-                0x00,
-                format!("DataSN {} where {} was due", d.datasn, seq.next_datasn),
-            )),
-            Some(seq) if d.buffer_offset != seq.start + seq.received => Some((
-                0x05,
-                format!(
-                    "offset {} where {} was due",
-                    d.buffer_offset,
-                    seq.start + seq.received
-                ),
-            )),
-            Some(seq) if seq.received + len > seq.len => Some((
-                0x02,
-                format!(
-                    "{} bytes beyond the sequence's {}",
-                    seq.received + len - seq.len,
-                    seq.len
-                ),
-            )),
-            Some(seq) if d.final_ && seq.received + len != seq.len => Some((
-                0x00,
-                format!("F bit after {} of {} bytes", seq.received + len, seq.len),
-            )),
-            Some(_) => None,
+        let checked = match seq {
+            None => Err(SequenceFault::unknown_ttt(d.ttt)),
+            Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
         };
-        if let Some((ascq, why)) = fault {
+        if let Err(fault) = checked {
             warn!(
-                "connection {}: Data-Out ITT {:#x}: {why}; command ended",
+                "connection {}: Data-Out ITT {:#x}: {fault}; command ended",
                 self.cid, d.itt
             );
             self.session.unregister_task(d.itt);
-            let sense = Sense::new(scsi::sense::key::ABORTED_COMMAND, 0x4b, ascq);
+            let sense = Sense::new(scsi::sense::key::ABORTED_COMMAND, 0x4b, fault.ascq);
             self.send(ScsiResponse {
                 itt: d.itt,
                 expdatasn: task.next_r2tsn,
@@ -1396,9 +977,8 @@ impl Conn {
             let off = d.buffer_offset as usize;
             task.buf[off..off + len as usize].copy_from_slice(&d.data);
         }
-        seq.received += len;
-        seq.next_datasn += 1;
-        let seq_done = seq.received == seq.len;
+        seq.advance(len);
+        let seq_done = seq.is_done();
         task.received += len;
         if seq_done {
             if d.ttt == RESERVED_TAG {
@@ -1464,7 +1044,7 @@ impl Conn {
                 // the socket has not taken).
                 let session = session.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(LENT_HOLD).await;
+                    tokio::time::sleep(wire::LENT_HOLD).await;
                     session.unlend_retained(&[itt]);
                 });
             }
@@ -1678,7 +1258,7 @@ impl Conn {
         let p = &self.session.params;
         let (t2w, t2r) = (p.default_time2wait, p.default_time2retain);
         let response = match l.reason & 0x7f {
-            0 => {
+            logout::CLOSE_SESSION => {
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.session.close();
@@ -1689,26 +1269,26 @@ impl Conn {
                     .broadcast(|| ConnEvent::Close("session logged out"));
                 self.shared.remove_session(self.session.tsih);
                 self.closing = true;
-                0
+                logout::CLOSED
             }
-            1 if l.cid == self.cid => {
+            logout::CLOSE_CONNECTION if l.cid == self.cid => {
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.closing = true;
-                0
+                logout::CLOSED
             }
-            1 => {
+            logout::CLOSE_CONNECTION => {
                 if self
                     .session
                     .send_to(l.cid, ConnEvent::Close("logged out by another connection"))
                 {
-                    0
+                    logout::CLOSED
                 } else {
-                    1
+                    logout::CID_NOT_FOUND
                 }
             }
-            2 => self.logout_for_recovery(l.cid).await,
-            _ => 2,
+            logout::REMOVE_FOR_RECOVERY => self.logout_for_recovery(l.cid).await,
+            _ => logout::RECOVERY_NOT_SUPPORTED,
         };
         self.send(LogoutResponse {
             response,
@@ -1725,17 +1305,17 @@ impl Conn {
     /// answer is 2, "connection recovery is not supported".
     async fn logout_for_recovery(&mut self, cid: u16) -> u8 {
         if !self.session.erl2() {
-            return 2;
+            return logout::RECOVERY_NOT_SUPPORTED;
         }
         if cid == self.cid {
             self.closing = true;
-            return 0;
+            return logout::CLOSED;
         }
         if self.session.close_for_recovery(cid).await {
-            0
+            logout::CLOSED
         } else {
-            // CID not found: it failed and was handed over already.
-            1
+            // It failed and was handed over already.
+            logout::CID_NOT_FOUND
         }
     }
 
@@ -1772,8 +1352,11 @@ impl Conn {
             .take()
             .into_iter()
             .chain(task.r2ts.drain(..))
-            .filter(|s| s.received < s.len)
-            .map(|s| (s.start + s.received, s.start + s.len))
+            .filter(|s| !s.is_done())
+            .map(|s| {
+                let m = s.missing();
+                (m.start, m.end)
+            })
             .collect();
         missing.sort_unstable();
         let max_out = self.session.params.max_outstanding_r2t.max(1) as usize;
@@ -1787,13 +1370,7 @@ impl Conn {
             let ttt = self.new_ttt();
             let r2tsn = task.next_r2tsn;
             task.next_r2tsn += 1;
-            task.r2ts.push(Sequence {
-                ttt,
-                start,
-                len: end - start,
-                received: 0,
-                next_datasn: 0,
-            });
+            task.r2ts.push(DataSequence::new(ttt, start..end));
             self.send(R2t {
                 lun: task.cmd.lun,
                 itt: task.cmd.itt,
@@ -2161,20 +1738,11 @@ fn build_response(
     let good = resp.status == scsi::status::GOOD && resp.sense.is_none();
     if sent > 0 {
         let data = resp.data;
-        let mut off = 0u32;
-        let mut datasn = 0u32;
-        let mut burst_used = 0u32;
-        while off < sent {
-            let n = max_seg.min(sent - off).min(max_burst - burst_used);
-            burst_used += n;
-            let last = off + n == sent;
-            let end_of_burst = last || burst_used == max_burst;
-            if end_of_burst {
-                burst_used = 0;
-            }
-            let with_status = last && good;
+        for seg in ffp::data_in(sent, max_seg, max_burst) {
+            let (off, n) = (seg.offset, seg.len);
+            let with_status = off + n == sent && good;
             pdus.push(Pdu::DataIn(DataIn {
-                final_: end_of_burst,
+                final_: seg.final_,
                 status_present: with_status,
                 status: if with_status { resp.status } else { 0 },
                 overflow: with_status && overflow,
@@ -2182,13 +1750,11 @@ fn build_response(
                 residual_count: if with_status { residual } else { 0 },
                 lun: cmd.lun,
                 itt: cmd.itt,
-                datasn,
+                datasn: seg.datasn,
                 buffer_offset: off,
                 data: data.slice(off as usize..(off + n) as usize),
                 ..Default::default()
             }));
-            off += n;
-            datasn += 1;
         }
         if good {
             return pdus;
@@ -2348,22 +1914,5 @@ mod tests {
             panic!()
         };
         assert!(r.overflow && r.residual_count == 3072);
-    }
-
-    #[test]
-    fn statsn_advances_only_for_responses() {
-        let mut sn = 10;
-        let mut r2t = Pdu::R2t(R2t::default());
-        stamp(&mut r2t, &mut sn, (1, 2));
-        let mut di = Pdu::DataIn(DataIn::default());
-        stamp(&mut di, &mut sn, (1, 2));
-        assert_eq!(sn, 10);
-        let mut resp = Pdu::ScsiResponse(ScsiResponse::default());
-        stamp(&mut resp, &mut sn, (1, 2));
-        let Pdu::ScsiResponse(r) = resp else { panic!() };
-        assert_eq!((r.statsn, r.expcmdsn, r.maxcmdsn, sn), (10, 1, 2, 11));
-        let mut ping = Pdu::NopIn(NopIn::default());
-        stamp(&mut ping, &mut sn, (1, 2));
-        assert_eq!(sn, 11);
     }
 }

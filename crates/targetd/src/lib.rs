@@ -8,6 +8,7 @@ mod conn;
 pub mod server;
 mod session;
 mod tags;
+mod wire;
 
 pub use config::Config;
 pub use server::Server;

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use backstore::{Backstore, FileBackstore, RamBackstore};
+use anyhow::{anyhow, bail, Context};
+use backstore::Registry;
 use scsi::{CopyTargets, Designator, LogicalUnit, LuConfig, Nexus};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use crate::config::{BackstoreKind, Chap, Config};
+use crate::config::{Chap, Config};
 use crate::session::{ConnEvent, Session};
 
 /// One iSCSI target node: a name, its access rules and its logical units.
@@ -189,36 +189,26 @@ impl Shared {
     }
 }
 
+/// Hands a running target connections that did not come through its listeners: an
+/// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
+#[derive(Clone)]
+pub struct Connector(Arc<Shared>);
+
+impl Connector {
+    /// Serves `stream` as if a portal had accepted it: login, then full feature phase.
+    pub fn serve(&self, stream: net::transport::Stream) {
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        tokio::spawn(crate::conn::serve(self.0.clone(), stream, peer));
+    }
+}
+
 /// A target ready to accept connections.
 pub struct Server {
     shared: Arc<Shared>,
     listeners: Vec<TcpListener>,
     shutdown_tx: watch::Sender<bool>,
-}
-
-fn open_store(
-    config: &Config,
-    lun: &crate::config::LunConfig,
-) -> anyhow::Result<Arc<dyn Backstore>> {
-    Ok(match lun.backstore {
-        BackstoreKind::Ram => Arc::new(RamBackstore::new(lun.size.map(|s| s.0).unwrap_or(0))),
-        BackstoreKind::File => {
-            let path = config
-                .lun_path(lun)
-                .expect("validated: file LUNs have a path");
-            let store = FileBackstore::open(&path, lun.size.map(|s| s.0), true, lun.read_only)
-                .with_context(|| format!("opening LUN image {}", path.display()))?;
-            if store.size() % lun.block_size as u64 != 0 || store.size() == 0 {
-                bail!(
-                    "{}: size {} is not a positive multiple of the block size {}",
-                    path.display(),
-                    store.size(),
-                    lun.block_size
-                );
-            }
-            Arc::new(store)
-        }
-    })
 }
 
 /// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
@@ -234,23 +224,33 @@ fn stable_id(parts: &[&str]) -> u64 {
 }
 
 impl Server {
-    /// Opens every LUN and binds every portal.
-    pub async fn bind(config: Config) -> anyhow::Result<Server> {
+    /// Opens every LUN, each store with the factory `stores` has for its kind, and binds
+    /// every portal.
+    pub async fn bind(config: Config, stores: &Registry) -> anyhow::Result<Server> {
         config.validate().map_err(anyhow::Error::msg)?;
+        let opener = stores.context(&config.data_dir);
         let mut targets = Vec::new();
         for t in &config.targets {
             let mut luns = BTreeMap::new();
             for l in &t.luns {
-                let store = open_store(&config, l)?;
-                // APTPL reservations of a file LUN are kept beside its image.
-                let pr_file = (l.backstore == BackstoreKind::File)
-                    .then(|| config.lun_path(l))
-                    .flatten()
-                    .map(|p| {
-                        let mut name = p.into_os_string();
-                        name.push(".pr");
-                        std::path::PathBuf::from(name)
-                    });
+                let at = format!("target {} LUN {}", t.iqn, l.id);
+                let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
+                let store = opener
+                    .read_only(l.read_only)
+                    .open(&spec)
+                    .with_context(|| format!("opening {at}"))?;
+                if store.size() % l.block_size as u64 != 0 || store.size() == 0 {
+                    bail!(
+                        "{at}: {}: size {} is not a positive multiple of the block size {}",
+                        store.description(),
+                        store.size(),
+                        l.block_size
+                    );
+                }
+                let description = store.description();
+                // Reservations made with APTPL live where the store keeps state beside its
+                // data; a store without such a place cannot keep them.
+                let pr_file = store.sidecar(".pr");
                 let id = stable_id(&[&t.iqn.to_ascii_lowercase(), &l.id.to_string()]);
                 // NAA 6 with an IEEE company id of zero and our hash as the vendor part.
                 let naa_id = 0x6000_0000_0000_0000 | (id >> 4);
@@ -274,6 +274,12 @@ impl Server {
                         ..LuConfig::default()
                     },
                     store,
+                );
+                info!(
+                    "{at}: {} blocks of {} bytes{} on {description}",
+                    lu.capacity_blocks(),
+                    l.block_size,
+                    if l.read_only { ", read-only" } else { "" }
                 );
                 luns.insert(l.id, Arc::new(lu));
             }
@@ -318,6 +324,11 @@ impl Server {
         })
     }
 
+    /// Where connections from elsewhere than the portals come in; see [`Connector`].
+    pub fn connector(&self) -> Connector {
+        Connector(self.shared.clone())
+    }
+
     pub fn portals(&self) -> &[SocketAddr] {
         &self.shared.portals
     }
@@ -347,7 +358,7 @@ impl Server {
                         Ok((stream, peer)) => {
                             let shared = shared.clone();
                             tokio::spawn(async move {
-                                crate::conn::serve(shared, stream, peer).await;
+                                crate::conn::serve(shared, stream.into(), peer).await;
                             });
                         }
                         Err(e) => {
@@ -397,7 +408,94 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use backstore::{Backstore, OpenContext, OpenError, Param, StoreFactory, StoreSpec};
     use scsi::{Command, Response};
+
+    /// `alias:?members=[SPEC]`: its one member, under a kind the target has never heard of.
+    struct Alias;
+
+    impl StoreFactory for Alias {
+        fn kind(&self) -> &str {
+            "alias"
+        }
+        fn summary(&self) -> &str {
+            "another store under a new name"
+        }
+        fn params(&self) -> &[Param] {
+            &[Param {
+                name: "members",
+                required: true,
+                help: "the store",
+            }]
+        }
+        fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError> {
+            ctx.check(&spec.members()[0])
+        }
+        fn open(
+            &self,
+            spec: &StoreSpec,
+            ctx: &OpenContext<'_>,
+        ) -> Result<Arc<dyn Backstore>, OpenError> {
+            ctx.open(&spec.members()[0])
+        }
+    }
+
+    fn lun_config(dir: &std::path::Path, store: &str) -> Config {
+        Config::parse(
+            &format!(
+                r#"
+portals = ["127.0.0.1:0"]
+data_dir = "{}"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:specs"
+[[target.lun]]
+id = 0
+store = "{store}"
+[[target.lun]]
+id = 1
+store = "ram:?size=1MiB"
+"#,
+                dir.display()
+            ),
+            "specs.toml",
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn luns_open_with_the_kinds_of_the_registry_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = lun_config(dir.path(), "alias:?members=[file:a.img?size=1MiB]");
+        let e = Server::bind(config.clone(), &Registry::with_builtins())
+            .await
+            .err()
+            .expect("a kind the registry lacks");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("LUN 0") && e.contains("\"alias\"") && e.contains("file, ram"),
+            "{e}"
+        );
+
+        let mut stores = Registry::with_builtins();
+        stores.register(Alias);
+        let server = Server::bind(config, &stores).await.unwrap();
+        let t = server.targets().next().unwrap();
+        assert_eq!(t.luns[&0].capacity_blocks(), 2048);
+        // The file under the alias keeps APTPL reservations beside its image; ram nowhere.
+        assert_eq!(
+            t.luns[&0].config().pr_file,
+            Some(dir.path().join("a.img.pr"))
+        );
+        assert_eq!(t.luns[&1].config().pr_file, None);
+
+        let odd = lun_config(dir.path(), "ram:?size=1000");
+        let e = Server::bind(odd, &stores).await.err().expect("an odd size");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("LUN 0") && e.contains("not a positive multiple of the block size 512"),
+            "{e}"
+        );
+    }
 
     fn exec(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Response {
         lu.execute(&Command {
@@ -448,7 +546,9 @@ size = "1MiB"
             "copy.toml",
         )
         .unwrap();
-        let server = Server::bind(config).await.unwrap();
+        let server = Server::bind(config, &Registry::with_builtins())
+            .await
+            .unwrap();
         let targets: Vec<&TargetNode> = server.targets().collect();
         let (a, b) = (&targets[0].luns[&0], &targets[0].luns[&3]);
         let other = &targets[1].luns[&0];

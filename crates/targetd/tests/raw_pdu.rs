@@ -40,7 +40,9 @@ id = 0
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async move {
-            let server = targetd::Server::bind(config).await.unwrap();
+            let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
+                .await
+                .unwrap();
             tx.send(server.portals()[0]).unwrap();
             server
                 .run(std::future::pending(), Duration::from_secs(1))
@@ -980,7 +982,7 @@ fn pacing_hint_off_or_configured_rate_wins() {
     clear_ua(&mut a, 1);
     read_ok(&mut a, 2, 8);
     // A configured rate is what every connection gets, and what the answer reports.
-    let addr = start("pacing_rate = 5000000");
+    let addr = start("pacing_rate = \"5MB/s\"");
     let a = Raw::login_paced(
         addr,
         [0x80, 0, 0, 0, 0, 0x24],

@@ -12,13 +12,14 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::task::JoinSet;
+use units::Rate;
 
 pub use crate::mount::{mount, MountArgs};
 pub use crate::tune_cli::{tune, TuneArgs};
 use initiator::copy::{CopyOptions, Endpoint};
 use initiator::scsi::{self, Capacity};
 use initiator::Lun;
-use initiator::{discover, parse_rate, parse_size, IscsiUrl, Session, SessionInfo, SessionOptions};
+use initiator::{discover, IscsiUrl, Session, SessionInfo, SessionOptions};
 
 /// Session flags shared by the commands. A flag overrides the same key in the URL's query
 /// string, which overrides the default.
@@ -30,13 +31,14 @@ pub struct SessionFlags {
     /// Commands in flight per session.
     #[arg(long)]
     pub queue_depth: Option<usize>,
-    /// Pace each connection at this rate (e.g. 100mbit, or bytes/s).
-    #[arg(long, value_parser = parse_rate_arg)]
-    pub pacing_rate: Option<u64>,
-    /// The bottleneck's rate (e.g. 100mbit): auto-tuning sizes for it and paces the
+    /// Pace each connection at this rate: bits as tc writes them (100mbit) or bytes per
+    /// second (12.5MB/s); a bare number is refused.
+    #[arg(long, value_parser = units::parse_rate)]
+    pub pacing_rate: Option<Rate>,
+    /// The bottleneck's rate (100mbit, 12.5MB/s): auto-tuning sizes for it and paces the
     /// connections to share it.
-    #[arg(long, value_parser = parse_rate_arg)]
-    pub rate: Option<u64>,
+    #[arg(long, value_parser = units::parse_rate)]
+    pub rate: Option<Rate>,
     /// Take connections, queue depth, bursts and buffers as given instead of choosing
     /// them from the measured path.
     #[arg(long)]
@@ -63,14 +65,6 @@ pub struct SessionFlags {
     pub opts: Vec<String>,
 }
 
-fn parse_rate_arg(s: &str) -> Result<u64, String> {
-    parse_rate(s).ok_or_else(|| format!("{s}: expected a rate like 100mbit or 12500000"))
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).ok_or_else(|| format!("{s}: expected a size like 1m or 4096"))
-}
-
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     let t = s.trim_end_matches('s');
     t.parse::<f64>()
@@ -91,12 +85,12 @@ impl SessionFlags {
             o.queue_depth = q.max(1);
             o.pin("queue_depth");
         }
-        if self.pacing_rate.is_some() {
-            o.pacing_rate = self.pacing_rate;
+        if let Some(r) = self.pacing_rate {
+            o.pacing_rate = Some(r.bytes_per_sec());
             o.pin("pacing_rate");
         }
-        if self.rate.is_some() {
-            o.rate = self.rate;
+        if let Some(r) = self.rate {
+            o.rate = Some(r.bytes_per_sec());
         }
         if self.no_auto_tune {
             o.auto_tune = false;
@@ -416,8 +410,8 @@ pub struct CpArgs {
     pub dst: String,
     #[command(flatten)]
     pub session: SessionFlags,
-    /// Bytes per SCSI command.
-    #[arg(long, default_value = "1m", value_parser = parse_size_arg)]
+    /// Bytes per SCSI command: 4096, 256k, 1M (powers of 1024; KB, MB are powers of 1000).
+    #[arg(long, default_value = "1m", value_parser = units::parse_size)]
     pub io_size: u64,
     /// Skip all-zero chunks even when the destination is not known to be zero (it must
     /// be, or those regions keep their old contents).
@@ -450,7 +444,7 @@ pub struct CpArgs {
     /// copied_prefix_bytes, a multiple of 4096) and keep the destination's contents (a
     /// file is not truncated, so zero chunks are written unless --sparse). The summary
     /// and progress count this run's bytes.
-    #[arg(long, value_name = "BYTES", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "BYTES", value_parser = units::parse_size)]
     pub resume_from: Option<u64>,
 }
 
@@ -773,8 +767,8 @@ pub struct BenchArgs {
     /// Percentage of reads with --rw mixed.
     #[arg(long, default_value_t = 70)]
     pub read_percent: u8,
-    /// Bytes per command.
-    #[arg(long, default_value = "4k", value_parser = parse_size_arg)]
+    /// Bytes per command: 4096, 4k, 1M (powers of 1024; KB, MB are powers of 1000).
+    #[arg(long, default_value = "4k", value_parser = units::parse_size)]
     pub block_size: u64,
     /// How long to issue I/O (seconds). Commands still in flight then are waited for (up
     /// to a quarter of this, at least a second) and counted, and the rate is over the time
@@ -783,8 +777,8 @@ pub struct BenchArgs {
     /// whole wait counts as time.
     #[arg(long, default_value = "10", value_parser = parse_duration_arg)]
     pub duration: Duration,
-    /// Only touch the first SIZE bytes of the LUN.
-    #[arg(long, value_parser = parse_size_arg)]
+    /// Only touch the first SIZE bytes of the LUN (64M, 1G, ...).
+    #[arg(long, value_parser = units::parse_size)]
     pub span: Option<u64>,
     #[arg(long)]
     pub json: bool,

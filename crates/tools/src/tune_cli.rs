@@ -16,8 +16,8 @@ pub struct TuneArgs {
     pub url: String,
     #[command(flatten)]
     pub session: SessionFlags,
-    /// Bytes per command the copy will use (sizes bursts and the queue depth).
-    #[arg(long, default_value = "1m", value_parser = |s: &str| initiator::parse_size(s).ok_or(format!("{s}: expected a size like 1m")))]
+    /// Bytes per command the copy will use (sizes bursts and the queue depth): 256k, 1M.
+    #[arg(long, default_value = "1m", value_parser = units::parse_size)]
     pub io_size: u64,
     /// Read sequentially for this many seconds and report what the connections measured.
     #[arg(long, default_value_t = 0.0)]

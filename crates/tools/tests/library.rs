@@ -36,7 +36,9 @@ size = "{size}"
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async move {
-            let server = targetd::Server::bind(config).await.unwrap();
+            let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
+                .await
+                .unwrap();
             tx.send(server.portals()[0]).unwrap();
             server
                 .run(std::future::pending(), Duration::from_secs(1))

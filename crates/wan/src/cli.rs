@@ -3,10 +3,11 @@
 use crate::control::{self, DirStats, Request};
 use crate::link::{self, LinkConfig, LinkInfo, LinkUpdate, UpOptions};
 use crate::model::{DirParams, LossModel};
-use crate::units::{self, fmt_duration, fmt_probability, fmt_rate, fmt_size};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use std::process::Command;
+use std::time::Duration;
+use units::{format_probability, Rate, Size};
 
 #[derive(Args, Debug)]
 #[command(
@@ -81,7 +82,7 @@ struct UpArgs {
     #[arg(long, default_value_t = 1)]
     hosts_b: u32,
     /// Busy-wait this long before a departure instead of sleeping (trades CPU for timing).
-    #[arg(long, default_value = "0us", value_parser = units::parse_duration)]
+    #[arg(long, default_value = "0us", value_parser = nanoseconds)]
     spin: u64,
     /// Print namespaces and addresses as JSON.
     #[arg(long)]
@@ -92,20 +93,21 @@ struct UpArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct ParamArgs {
     /// Round-trip time, split evenly over the two directions (e.g. 100ms).
-    #[arg(long, value_parser = units::parse_duration)]
+    #[arg(long, value_parser = nanoseconds)]
     rtt: Option<u64>,
     /// One-way delay from A to B.
-    #[arg(long, value_parser = units::parse_duration)]
+    #[arg(long, value_parser = nanoseconds)]
     delay_ab: Option<u64>,
     /// One-way delay from B to A.
-    #[arg(long, value_parser = units::parse_duration)]
+    #[arg(long, value_parser = nanoseconds)]
     delay_ba: Option<u64>,
-    /// Bottleneck rate, both directions (e.g. 100mbit, 1gbit; 0 or unlimited: none).
-    #[arg(long, value_parser = units::parse_rate)]
+    /// Bottleneck rate, both directions, as tc writes it (100mbit, 1gbit) or in bytes
+    /// (12.5MB/s); 0, none or unlimited: no limit. A bare number is refused.
+    #[arg(long, value_parser = bits_per_sec)]
     rate: Option<u64>,
-    #[arg(long, value_parser = units::parse_rate)]
+    #[arg(long, value_parser = bits_per_sec)]
     rate_ab: Option<u64>,
-    #[arg(long, value_parser = units::parse_rate)]
+    #[arg(long, value_parser = bits_per_sec)]
     rate_ba: Option<u64>,
     /// Random (Bernoulli) loss, both directions (e.g. 0.1%).
     #[arg(long, value_parser = units::parse_probability)]
@@ -117,7 +119,8 @@ pub struct ParamArgs {
     /// Gilbert-Elliott burst loss, both directions: P_GB,P_BG,LOSS_G,LOSS_B (e.g. 1%,30%,0,50%).
     #[arg(long, value_parser = LossModel::parse_ge, conflicts_with = "loss")]
     ge: Option<LossModel>,
-    /// Bottleneck queue limit in bytes, both directions (default: one BDP, at least 16 MTU).
+    /// Bottleneck queue limit, both directions: bytes, 48KiB (powers of 1024: K, M, G),
+    /// 1.25MB (powers of 1000). Default: one BDP, at least 16 MTU.
     #[arg(long, value_parser = units::parse_size)]
     queue: Option<u64>,
     #[arg(long, value_parser = units::parse_size)]
@@ -125,8 +128,34 @@ pub struct ParamArgs {
     #[arg(long, value_parser = units::parse_size)]
     queue_ba: Option<u64>,
     /// Delay jitter: each packet's delay moves uniformly within ±JITTER, without reordering.
-    #[arg(long, value_parser = units::parse_duration)]
+    #[arg(long, value_parser = nanoseconds)]
     jitter: Option<u64>,
+}
+
+/// A delay, jitter or spin in nanoseconds, as the relay counts them.
+fn nanoseconds(s: &str) -> Result<u64, units::ParseError> {
+    let d = units::parse_duration(s)?;
+    // A packet held longer than this is a typo, not an emulated path.
+    if d > Duration::from_secs(3600) {
+        return Err(units::ParseError::new("duration", s, "longer than an hour"));
+    }
+    Ok(d.as_nanos() as u64)
+}
+
+/// A bottleneck rate in bits per second, as the relay counts it; 0 for no limit.
+fn bits_per_sec(s: &str) -> Result<u64, units::ParseError> {
+    Ok(units::parse_rate_limit(s)?.map_or(0, Rate::bits_per_sec))
+}
+
+fn fmt_rate(bits_per_sec: u64) -> String {
+    match bits_per_sec {
+        0 => "unlimited".into(),
+        b => Rate::from_bits_per_sec(b).to_string(),
+    }
+}
+
+fn fmt_duration(ns: u64) -> String {
+    units::format_duration(Duration::from_nanos(ns))
 }
 
 impl ParamArgs {
@@ -234,14 +263,14 @@ fn print_dir(label: &str, d: &DirStats) {
         d.drop_loss,
         d.drop_queue,
         d.drop_other,
-        fmt_size(d.queue_bytes),
-        fmt_size(d.queue_max_bytes)
+        Size(d.queue_bytes),
+        Size(d.queue_max_bytes)
     );
 }
 
 fn describe(d: &DirParams) -> String {
     let loss = match d.loss {
-        LossModel::Bernoulli { p } => fmt_probability(p),
+        LossModel::Bernoulli { p } => format_probability(p),
         ge @ LossModel::GilbertElliott {
             p_gb,
             p_bg,
@@ -249,11 +278,11 @@ fn describe(d: &DirParams) -> String {
             loss_b,
         } => format!(
             "gilbert-elliott {},{},{},{} (mean {})",
-            fmt_probability(p_gb),
-            fmt_probability(p_bg),
-            fmt_probability(loss_g),
-            fmt_probability(loss_b),
-            fmt_probability(ge.mean_loss())
+            format_probability(p_gb),
+            format_probability(p_bg),
+            format_probability(loss_g),
+            format_probability(loss_b),
+            format_probability(ge.mean_loss())
         ),
     };
     let mut s = format!(
@@ -261,7 +290,7 @@ fn describe(d: &DirParams) -> String {
         fmt_rate(d.rate_bps),
         fmt_duration(d.delay_ns),
         loss,
-        fmt_size(d.queue_bytes)
+        Size(d.queue_bytes)
     );
     if d.jitter_ns > 0 {
         s += &format!(" jitter ±{}", fmt_duration(d.jitter_ns));

@@ -45,4 +45,3 @@ pub mod link;
 pub mod model;
 pub mod relay;
 pub mod sys;
-pub mod units;

@@ -50,10 +50,10 @@ impl LossModel {
     }
 
     /// Parses `P_GB,P_BG,LOSS_G,LOSS_B`, each a fraction or a percentage.
-    pub fn parse_ge(s: &str) -> Result<LossModel, crate::units::ParseError> {
+    pub fn parse_ge(s: &str) -> Result<LossModel, units::ParseError> {
         let parts: Vec<&str> = s.split(',').collect();
         if parts.len() != 4 {
-            return Err(crate::units::err(
+            return Err(units::ParseError::new(
                 "Gilbert-Elliott model",
                 s,
                 "want four values P_GB,P_BG,LOSS_G,LOSS_B",
@@ -61,7 +61,7 @@ impl LossModel {
         }
         let p: Vec<f64> = parts
             .iter()
-            .map(|x| crate::units::parse_probability(x))
+            .map(|x| units::parse_probability(x))
             .collect::<Result<_, _>>()?;
         Ok(LossModel::GilbertElliott {
             p_gb: p[0],

@@ -224,7 +224,7 @@ impl Session {
             };
             if a.pdus
                 .iter_mut()
-                .map(crate::conn::unlend)
+                .map(crate::wire::unlend)
                 .any(|r| r.is_err())
             {
                 g.retained.answers.remove(itt);

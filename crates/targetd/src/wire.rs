@@ -1,0 +1,425 @@
+//! The only module of the target that touches a connection's transport: the login's PDU
+//! exchange, socket tuning and pacing, the reader's socket reads, and the writer task
+//! that stamps sequence numbers and sends PDUs in vectored batches (lending stores' pages
+//! where it may).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use bytes::{Bytes, BytesMut};
+use iscsi::framing::PduDecoder;
+use iscsi::login::LoginOutcome;
+use iscsi::negotiate::TargetPacing;
+use iscsi::pdu::{Digests, Pdu, BHS_LEN, RESERVED_TAG};
+use net::transport::{ReadHalf, Stream, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::server::Shared;
+use crate::session::{self, Session};
+
+/// Tunes a new connection's socket as configured; see [`socket_tuning`].
+pub(crate) fn tune(shared: &Shared, stream: &Stream, peer: SocketAddr) {
+    let Some(fd) = stream.socket() else {
+        return;
+    };
+    let tuning = socket_tuning(&shared.config.session, fd, peer);
+    let applied = net::apply(fd, &tuning);
+    for w in &applied.warnings {
+        warn!("{peer}: socket tuning: {w}");
+    }
+}
+
+/// The receiving side in full feature phase.
+pub(crate) struct Reader(ReadHalf);
+
+impl Reader {
+    pub(crate) fn new(rd: ReadHalf) -> Reader {
+        Reader(rd)
+    }
+
+    /// Reads what has arrived into `buf`'s spare capacity; 0 when the peer closed.
+    /// Cancel-safe: nothing is lost when another branch of a `select!` wins.
+    pub(crate) async fn fill(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        self.0.read_buf(buf).await
+    }
+}
+
+/// The configured socket options, with buffers auto-tuned where unset: the handshake's
+/// RTT tells how much a long path keeps in flight, and where the kernel's autotuning
+/// ceiling is lower, the buffers are set explicitly (see `net::buffers_for_rtt`).
+fn socket_tuning(
+    s: &crate::config::SessionDefaults,
+    stream: BorrowedFd<'_>,
+    peer: SocketAddr,
+) -> net::SocketTuning {
+    let mut t = net::SocketTuning {
+        send_buffer: s.send_buffer,
+        recv_buffer: s.recv_buffer,
+        // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
+        congestion: s.congestion.clone().or_else(net::preferred_congestion),
+        pacing_rate: s.pacing_rate,
+        notsent_lowat: s.notsent_lowat,
+        nodelay: true,
+    };
+    if !s.auto_tune || (t.send_buffer.is_some() && t.recv_buffer.is_some()) {
+        return t;
+    }
+    let Ok(info) = net::tcp_info(stream) else {
+        return t;
+    };
+    let rtt = std::time::Duration::from_micros(u64::from(info.rtt_us));
+    let (snd, rcv) = net::buffers_for_rtt(rtt, &net::KernelLimits::read());
+    if t.send_buffer.is_none() && snd.bytes.is_some() {
+        debug!("{peer}: RTT {rtt:?}: send buffer {}", snd.why);
+        t.send_buffer = snd.bytes;
+        // A large explicit buffer must not become a deep queue of unsent Data-In.
+        t.notsent_lowat = t.notsent_lowat.or(Some(1 << 20));
+    }
+    if t.recv_buffer.is_none() && rcv.bytes.is_some() {
+        debug!("{peer}: RTT {rtt:?}: receive buffer {}", rcv.why);
+        t.recv_buffer = rcv.bytes;
+    }
+    t
+}
+
+pub(crate) async fn read_pdu(
+    stream: &mut Stream,
+    dec: &mut PduDecoder,
+    buf: &mut BytesMut,
+) -> anyhow::Result<Option<Pdu>> {
+    loop {
+        match dec.decode(buf) {
+            Ok(Some(p)) => return Ok(Some(p)),
+            Ok(None) => {}
+            Err(e) => return Err(anyhow!("during login: {e}")),
+        }
+        buf.reserve(16 * 1024);
+        if stream.read_buf(buf).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+pub(crate) async fn send_now(stream: &mut Stream, pdu: &Pdu) -> anyhow::Result<()> {
+    let mut out = Vec::with_capacity(BHS_LEN + pdu.data().len() + 8);
+    pdu.encode(&mut out, Digests::default());
+    stream.write_all(&out).await?;
+    Ok(())
+}
+
+/// Paces the connection's sends at the rate its login promised the initiator
+/// (`X-org.reservoir.PacingRate`); a configured `pacing_rate` is in force since accept.
+pub(crate) fn apply_pacing(
+    stream: &Stream,
+    outcome: &LoginOutcome,
+    shared: &Shared,
+    peer: SocketAddr,
+    tsih: u16,
+    cid: u16,
+) {
+    let Some(fd) = stream.socket() else {
+        return;
+    };
+    match outcome.pacing {
+        TargetPacing::Paced(rate) if Some(rate) != shared.config.session.pacing_rate => {
+            if let Err(e) = net::set_pacing_rate(fd, rate) {
+                warn!("{peer}: session {tsih} cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                return;
+            }
+            info!(
+                "{peer}: session {tsih} cid {cid}: sends paced at {:.1} Mbit/s as the initiator \
+                 asked (SO_MAX_PACING_RATE {})",
+                rate as f64 * 8e-6,
+                net::max_pacing_rate(fd).map_or_else(|e| e.to_string(), |r| r.to_string())
+            );
+        }
+        TargetPacing::Paced(rate) => debug!(
+            "{peer}: session {tsih} cid {cid}: the initiator's pacing hint answered with the \
+             configured {rate} bytes/s"
+        ),
+        TargetPacing::NotPaced => debug!(
+            "{peer}: session {tsih} cid {cid}: pacing hint ignored (accept_pacing_hint = false)"
+        ),
+        TargetPacing::Refused => {
+            debug!("{peer}: session {tsih} cid {cid}: malformed pacing hint rejected")
+        }
+        TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
+    }
+}
+
+pub(crate) enum Out {
+    Pdu(Pdu),
+    /// Pace the connection's sends at most at this many bytes per second from now on
+    /// (`u64::MAX`: not at all).
+    Pace(u64),
+    Close,
+}
+
+/// Assigns the sequence numbers at send time.
+fn stamp(p: &mut Pdu, statsn: &mut u32, (exp, max): (u32, u32)) {
+    let mut next = || {
+        let s = *statsn;
+        *statsn = statsn.wrapping_add(1);
+        s
+    };
+    match p {
+        Pdu::ScsiResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
+        Pdu::DataIn(d) => {
+            if d.status_present {
+                d.statsn = next();
+            }
+            (d.expcmdsn, d.maxcmdsn) = (exp, max);
+        }
+        Pdu::R2t(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (*statsn, exp, max),
+        Pdu::NopIn(n) => {
+            n.statsn = if n.itt != RESERVED_TAG {
+                next()
+            } else {
+                *statsn
+            };
+            (n.expcmdsn, n.maxcmdsn) = (exp, max);
+        }
+        Pdu::TextResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
+        Pdu::LogoutResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
+        Pdu::TaskMgmtResponse(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
+        Pdu::Reject(r) => (r.statsn, r.expcmdsn, r.maxcmdsn) = (next(), exp, max),
+        Pdu::AsyncMessage(m) => (m.statsn, m.expcmdsn, m.maxcmdsn) = (next(), exp, max),
+        _ => {}
+    }
+}
+
+/// Most PDUs gathered into one `writev`; bounds the iovec count and the memory pinned.
+const BATCH_PDUS: usize = 128;
+const BATCH_BYTES: usize = 4 << 20;
+/// Longest the socket may keep Data-In that the store lent (see `Job::respond_lent`)
+/// waiting: then what is still unsent is copied and its blocks let go, so that a peer that
+/// stops reading holds up no write to them, from any session, for longer.
+pub(crate) const LENT_HOLD: Duration = Duration::from_secs(1);
+
+pub(crate) async fn writer(
+    mut wr: WriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    session: Arc<Session>,
+    digests: Digests,
+    mut statsn: u32,
+    cid: u16,
+) -> std::io::Result<()> {
+    let erl2 = session.erl2();
+    // As `Job::lend`: Data-In may be lent only without data digests.
+    let lends = !digests.data;
+    let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
+    // Headers (with their digests) of the whole batch, back to back, and per PDU the
+    // header's range and the trailer (padding + data digest) that follows its payload.
+    let mut headers: Vec<u8> = Vec::with_capacity(BATCH_PDUS * (BHS_LEN + 4));
+    let mut layout: Vec<Layout> = Vec::with_capacity(BATCH_PDUS);
+    // PDUs taken off the channel early, to copy their lent payloads; they go first.
+    let mut backlog: VecDeque<Out> = VecDeque::new();
+    // ERL 2: (ITT, StatSN) of the statuses in the batch, told to the session at once.
+    let mut stamps: Vec<(u32, u32)> = Vec::new();
+    loop {
+        let first = match backlog.pop_front() {
+            Some(o) => o,
+            None => match rx.recv().await {
+                Some(o) => o,
+                None => break,
+            },
+        };
+        let mut close = false;
+        let mut bytes = 0usize;
+        let mut next = Some(first);
+        while let Some(o) = next.take() {
+            match o {
+                Out::Pdu(p) => {
+                    bytes += p.data().len();
+                    batch.push(p);
+                }
+                Out::Pace(rate) => {
+                    if let Some(fd) = wr.socket() {
+                        if let Err(e) = net::set_pacing_rate(fd, rate) {
+                            warn!("cid {cid}: SO_MAX_PACING_RATE {rate}: {e}");
+                        }
+                    }
+                }
+                Out::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if batch.len() < BATCH_PDUS && bytes < BATCH_BYTES {
+                next = backlog.pop_front().or_else(|| rx.try_recv().ok());
+            }
+        }
+        headers.clear();
+        layout.clear();
+        let window = session.window();
+        for p in &mut batch {
+            stamp(p, &mut statsn, window);
+            if erl2 {
+                if let Some(stamp) = session::status_of(p) {
+                    stamps.push(stamp);
+                }
+            }
+            let start = headers.len();
+            p.encode_header(&mut headers, digests);
+            let (trailer, n) = if p.data().is_empty() {
+                ([0; 7], 0)
+            } else {
+                Pdu::data_trailer(p.data(), digests)
+            };
+            layout.push((start..headers.len(), trailer, n));
+        }
+        if !stamps.is_empty() {
+            // Before the batch goes out: no acknowledgement can come ahead of it.
+            session.stamped(cid, &stamps);
+            stamps.clear();
+        }
+        let mut written = 0usize;
+        let sent = {
+            let mut slices = batch_slices(&batch, &headers, &layout);
+            let mut rest = &mut slices[..];
+            // Most batches fit the socket now: no timer for them.
+            let taken = try_write_now(&mut wr, &mut rest, &mut written)?;
+            if taken || !lends {
+                write_all_vectored(&mut wr, rest, &mut written).await?;
+                true
+            } else {
+                let w = write_all_vectored(&mut wr, rest, &mut written);
+                match tokio::time::timeout(LENT_HOLD, w).await {
+                    Ok(r) => r.map(|()| true)?,
+                    Err(_elapsed) => false,
+                }
+            }
+        };
+        if !sent {
+            // The peer is slow to take data: copy what is unsent, here and queued.
+            let mut end = 0;
+            for (p, (range, _, n)) in batch.iter_mut().zip(&layout) {
+                end += range.len() + p.data().len() + n;
+                if end > written {
+                    unlend(p)?;
+                }
+            }
+            while let Ok(o) = rx.try_recv() {
+                backlog.push_back(o);
+            }
+            for o in &mut backlog {
+                if let Out::Pdu(p) = o {
+                    unlend(p)?;
+                }
+            }
+            debug!("cid {cid}: the peer is slow to read; lent Data-In copied after {LENT_HOLD:?}");
+            let mut slices = batch_slices(&batch, &headers, &layout);
+            let mut rest = &mut slices[..];
+            std::io::IoSlice::advance_slices(&mut rest, written);
+            write_all_vectored(&mut wr, rest, &mut written).await?;
+        }
+        batch.clear();
+        if close {
+            let _ = wr.shutdown().await;
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Per PDU of a batch: its header's range in the headers buffer, and the trailer
+/// (padding + data digest) that follows its payload, with its length.
+type Layout = (std::ops::Range<usize>, [u8; 7], usize);
+
+/// The iovecs of a batch: each PDU's header, payload and trailer, in order.
+fn batch_slices<'a>(
+    batch: &'a [Pdu],
+    headers: &'a [u8],
+    layout: &'a [Layout],
+) -> Vec<std::io::IoSlice<'a>> {
+    let mut slices = Vec::with_capacity(batch.len() * 3);
+    for (p, (range, trailer, n)) in batch.iter().zip(layout) {
+        slices.push(std::io::IoSlice::new(&headers[range.clone()]));
+        if !p.data().is_empty() {
+            slices.push(std::io::IoSlice::new(p.data()));
+            if *n > 0 {
+                slices.push(std::io::IoSlice::new(&trailer[..*n]));
+            }
+        }
+    }
+    slices
+}
+
+/// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
+/// the blocks they hold). The copy goes through the kernel, which reports a page of a
+/// shrunken file as an error where reading it here would take SIGBUS.
+pub(crate) fn unlend(p: &mut Pdu) -> std::io::Result<()> {
+    if let Pdu::DataIn(d) = p {
+        if !d.data.is_empty() {
+            d.data = Bytes::from(backstore::copy_checked(&d.data)?);
+        }
+    }
+    Ok(())
+}
+
+/// Writes what the socket takes without waiting; true when that was everything.
+fn try_write_now(
+    wr: &mut WriteHalf,
+    slices: &mut &mut [std::io::IoSlice<'_>],
+    written: &mut usize,
+) -> std::io::Result<bool> {
+    while !slices.is_empty() {
+        match wr.try_write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n;
+                std::io::IoSlice::advance_slices(slices, n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `slices`, counting in `written` as it goes (so that a caller that stops
+/// waiting knows how far it got).
+async fn write_all_vectored(
+    wr: &mut WriteHalf,
+    mut slices: &mut [std::io::IoSlice<'_>],
+    written: &mut usize,
+) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        let n = wr.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        *written += n;
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iscsi::pdu::{DataIn, NopIn, R2t, ScsiResponse};
+
+    #[test]
+    fn statsn_advances_only_for_responses() {
+        let mut sn = 10;
+        let mut r2t = Pdu::R2t(R2t::default());
+        stamp(&mut r2t, &mut sn, (1, 2));
+        let mut di = Pdu::DataIn(DataIn::default());
+        stamp(&mut di, &mut sn, (1, 2));
+        assert_eq!(sn, 10);
+        let mut resp = Pdu::ScsiResponse(ScsiResponse::default());
+        stamp(&mut resp, &mut sn, (1, 2));
+        let Pdu::ScsiResponse(r) = resp else { panic!() };
+        assert_eq!((r.statsn, r.expcmdsn, r.maxcmdsn, sn), (10, 1, 2, 11));
+        let mut ping = Pdu::NopIn(NopIn::default());
+        stamp(&mut ping, &mut sn, (1, 2));
+        assert_eq!(sn, 11);
+    }
+}
