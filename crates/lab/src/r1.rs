@@ -290,11 +290,7 @@ fn backups(
                 c.args(["--opt", &format!("congestion={cc}")]);
             }
             if let Some(r) = pacing {
-                // The published R1 runs gave this figure as a bare number, which `rsv cp`
-                // read as bytes per second: each stream paced at twice the bottleneck, not a
-                // quarter of it. Kept so that the results stand until R1 is rerun with
-                // `Rate::from_bits_per_sec`.
-                let rate = units::Rate::from_bytes_per_sec(r);
+                let rate = units::Rate::from_bits_per_sec(r);
                 c.args(["--pacing-rate", &rate.to_string()]);
             }
             c
