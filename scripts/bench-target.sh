@@ -6,13 +6,17 @@
 #   scripts/bench-target.sh [SECONDS]      (default 10 s per measurement)
 #
 # Prints one table and the ratios; --json-style lines go to $OUT (default bench-target.json).
+# Environment: RSV=path to a built rsv (else `cargo build --release` here, honouring
+# CARGO_TARGET_DIR), e.g. to compare two builds of Reservoir in one sitting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 OUT=${OUT:-bench-target.json}
 ./scripts/setup.sh
-cargo build --release --bin rsv >/dev/null
-RSV=$PWD/target/release/rsv
+if [ -z "${RSV:-}" ]; then
+  cargo build --release --bin rsv >/dev/null
+  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
+fi
 
 work=$(mktemp -d /dev/shm/rsv-bench.XXXXXX)
 . scripts/bench-peers.sh
