@@ -285,6 +285,13 @@ id = 2
 backstore = "ram"
 size = "16MiB"
 physical_block_exponent = 3
+
+# Data Reservoir's two levels of striping: across "disk servers" (the outer stripe), one
+# of which stripes across its own "disks" (the inner one); members of three kinds.
+[[target.lun]]
+id = 3
+store = "stripe:?unit=64K&members=[stripe:?unit=16K&members=[file:s0.img?size=16M,file:s1.img?size=16M],file:s2.img?size=32M,ram:?size=32M]"
+removable = true
 "#
     );
     let cfg = dir.join("target.toml");
@@ -377,6 +384,25 @@ fn libiscsi_suite_has_no_failures() {
         lbppb_tally.summary("Reservoir, 8 logical blocks per physical block")
     );
 
+    // The whole suite again on the two-level striped LUN.
+    let striped_out = suite(
+        &[
+            "-d",
+            "-S",
+            "-t",
+            list.to_str().unwrap(),
+            &url(&target.portals[0], 3),
+            &url(&target.portals[1], 3),
+        ],
+        Duration::from_secs(900),
+        &dir.path().join("suite-lun3.txt"),
+    );
+    let striped = Tally::parse(&striped_out);
+    println!(
+        "{}",
+        striped.summary("Reservoir, two-level stripe over file and RAM members")
+    );
+
     // A test skipped on the main LUN but run on another variant is not a gap.
     let variants = [&ro_tally, &lbppb_tally];
     let still_skipped: Vec<&str> = main
@@ -434,6 +460,16 @@ fn libiscsi_suite_has_no_failures() {
         LBPPB_TESTS.len(),
         "the unaligned tests must run:\n{}",
         lbppb_tally.summary("8 logical blocks per physical block")
+    );
+    assert!(
+        striped.results.len() > 200,
+        "suite output not understood:\n{striped_out}"
+    );
+    assert_eq!(
+        striped.count(Outcome::Failed),
+        0,
+        "{}",
+        striped.summary("two-level stripe")
     );
     drop(target);
 }

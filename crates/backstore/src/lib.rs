@@ -13,12 +13,14 @@ mod lend;
 mod ram;
 mod registry;
 mod spec;
+mod stripe;
 
 pub use file::FileBackstore;
 pub use lend::{copy_checked, Lent};
 pub use ram::RamBackstore;
 pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
 pub use spec::{SpecError, StoreSpec};
+pub use stripe::StripeBackstore;
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {

@@ -85,11 +85,12 @@ impl Registry {
         Self::default()
     }
 
-    /// The kinds this crate has: `file` and `ram`.
+    /// The kinds this crate has: `file`, `ram` and `stripe`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
         r.register(crate::file::FileFactory);
         r.register(crate::ram::RamFactory);
+        r.register(crate::stripe::StripeFactory);
         r
     }
 

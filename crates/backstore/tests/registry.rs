@@ -27,7 +27,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 fn builtin_kinds_open_from_specs() {
     let dir = tempfile::tempdir().unwrap();
     let reg = Registry::with_builtins();
-    assert_eq!(reg.kinds().collect::<Vec<_>>(), ["file", "ram"]);
+    assert_eq!(reg.kinds().collect::<Vec<_>>(), ["file", "ram", "stripe"]);
     let ctx = reg.context(dir.path());
 
     let file = spec("file:sub/lun0.img?size=4M");
@@ -344,7 +344,7 @@ members = ["file:lun.img?size=4M"]
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("\"tape\"") && e.contains("known kinds: file, ram, window"),
+        e.contains("\"tape\"") && e.contains("known kinds: file, ram, stripe, window"),
         "{e}"
     );
     let e = ctx
