@@ -11,7 +11,7 @@ use iscsi::pdu::{LogoutRequest, Pdu, TextRequest, RESERVED_TAG};
 use serde::Serialize;
 
 use crate::conn::RawConn;
-use crate::session::{chap, connection_prefs, new_isid};
+use crate::session::login::{chap, connection_prefs, new_isid};
 use crate::{Error, IscsiUrl, Result, SessionOptions};
 
 /// A target found by SendTargets.
