@@ -27,6 +27,7 @@
 
 mod conn;
 pub mod copy;
+mod discovery;
 mod inbox;
 mod lun;
 pub mod scsi;
@@ -36,11 +37,10 @@ pub mod url;
 
 use std::time::Duration;
 
+pub use discovery::{discover, DiscoveredTarget};
 pub use lun::{LbaExtent, Lun};
 pub use scsi::{Capacity, Inquiry, Provisioning, Sense};
-pub use session::{
-    discover, DataDir, DiscoveredTarget, PathReport, ScsiResult, Session, SessionInfo,
-};
+pub use session::{DataDir, PathReport, ScsiResult, Session, SessionInfo};
 pub use url::IscsiUrl;
 
 /// Everything that can go wrong, phrased for the person who has to fix it.

@@ -1,8 +1,10 @@
 //! The few CDBs the initiator issues and the answers it decodes.
 
-use std::fmt;
-
 use serde::Serialize;
+
+/// The `scsi` crate's sense data, the one the target builds: the initiator parses and
+/// prints it through the same type.
+pub use ::scsi::Sense;
 
 pub const STATUS_GOOD: u8 = 0x00;
 pub const STATUS_CHECK_CONDITION: u8 = 0x02;
@@ -141,68 +143,6 @@ pub fn parse_lba_status(b: &[u8]) -> Vec<LbaStatus> {
             },
         })
         .collect()
-}
-
-/// Sense data, fixed or descriptor format.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Sense {
-    pub key: u8,
-    pub asc: u8,
-    pub ascq: u8,
-}
-
-impl Sense {
-    pub fn parse(b: &[u8]) -> Option<Sense> {
-        match b.first()? & 0x7f {
-            0x70 | 0x71 if b.len() >= 14 => Some(Sense {
-                key: b[2] & 0xf,
-                asc: b[12],
-                ascq: b[13],
-            }),
-            0x72 | 0x73 if b.len() >= 4 => Some(Sense {
-                key: b[1] & 0xf,
-                asc: b[2],
-                ascq: b[3],
-            }),
-            _ => None,
-        }
-    }
-
-    pub fn key_name(&self) -> &'static str {
-        match self.key {
-            0x0 => "NO SENSE",
-            0x1 => "RECOVERED ERROR",
-            0x2 => "NOT READY",
-            0x3 => "MEDIUM ERROR",
-            0x4 => "HARDWARE ERROR",
-            0x5 => "ILLEGAL REQUEST",
-            0x6 => "UNIT ATTENTION",
-            0x7 => "DATA PROTECT",
-            0x8 => "BLANK CHECK",
-            0xb => "ABORTED COMMAND",
-            0xd => "VOLUME OVERFLOW",
-            0xe => "MISCOMPARE",
-            _ => "sense key",
-        }
-    }
-
-    /// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED.
-    pub fn is_lun_not_supported(&self) -> bool {
-        self.key == 0x5 && self.asc == 0x25
-    }
-}
-
-impl fmt::Display for Sense {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (key 0x{:x}, ASC 0x{:02x}, ASCQ 0x{:02x})",
-            self.key_name(),
-            self.key,
-            self.asc,
-            self.ascq
-        )
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

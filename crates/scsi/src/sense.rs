@@ -15,8 +15,9 @@ pub mod key {
     pub const MISCOMPARE: u8 = 0x0e;
 }
 
-/// One sense condition. Encoded on demand in fixed (70h) or descriptor (72h) format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One sense condition. Encoded on demand in fixed (70h) or descriptor (72h) format, and
+/// read back from either by [`Sense::parse`] (the initiator's side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Sense {
     pub key: u8,
     pub asc: u8,
@@ -112,6 +113,56 @@ impl Sense {
         }
     }
 
+    /// Sense data as a target sent it, fixed or descriptor format; `None` for a response
+    /// code that is neither or data too short for its format. The INFORMATION field is
+    /// read when valid; the sense-key specific bytes are not (no reader needs them).
+    pub fn parse(b: &[u8]) -> Option<Sense> {
+        match b.first()? & 0x7f {
+            0x70 | 0x71 if b.len() >= 14 => Some(Sense {
+                information: (b[0] & 0x80 != 0)
+                    .then(|| u64::from(u32::from_be_bytes(b[3..7].try_into().unwrap()))),
+                ..Sense::new(b[2] & 0x0f, b[12], b[13])
+            }),
+            0x72 | 0x73 if b.len() >= 4 => {
+                let mut sense = Sense::new(b[1] & 0x0f, b[2], b[3]);
+                let end = b.get(7).map_or(0, |&n| (8 + usize::from(n)).min(b.len()));
+                let mut at = 8;
+                while at + 2 <= end {
+                    let d = &b[at..(at + 2 + usize::from(b[at + 1])).min(end)];
+                    if d[0] == 0x00 && d.len() >= 12 && d[2] & 0x80 != 0 {
+                        sense.information = Some(u64::from_be_bytes(d[4..12].try_into().unwrap()));
+                    }
+                    at += d.len();
+                }
+                Some(sense)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn key_name(&self) -> &'static str {
+        match self.key {
+            0x0 => "NO SENSE",
+            0x1 => "RECOVERED ERROR",
+            0x2 => "NOT READY",
+            0x3 => "MEDIUM ERROR",
+            0x4 => "HARDWARE ERROR",
+            0x5 => "ILLEGAL REQUEST",
+            0x6 => "UNIT ATTENTION",
+            0x7 => "DATA PROTECT",
+            0x8 => "BLANK CHECK",
+            0xb => "ABORTED COMMAND",
+            0xd => "VOLUME OVERFLOW",
+            0xe => "MISCOMPARE",
+            _ => "sense key",
+        }
+    }
+
+    /// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED.
+    pub fn is_lun_not_supported(&self) -> bool {
+        self.key == key::ILLEGAL_REQUEST && self.asc == 0x25
+    }
+
     /// Fixed format (70h), 18 bytes.
     pub fn fixed(&self) -> Vec<u8> {
         let mut s = vec![0u8; FIXED_LEN];
@@ -148,6 +199,20 @@ impl Sense {
         }
         s[7] = (s.len() - 8) as u8;
         s
+    }
+}
+
+/// How the initiator's errors name a condition: the key's name and the three codes.
+impl std::fmt::Display for Sense {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (key 0x{:x}, ASC 0x{:02x}, ASCQ 0x{:02x})",
+            self.key_name(),
+            self.key,
+            self.asc,
+            self.ascq
+        )
     }
 }
 
@@ -192,5 +257,32 @@ mod tests {
         assert_eq!(d[0], 0x72);
         assert_eq!(d[7] as usize, d.len() - 8);
         assert_eq!(u64::from_be_bytes(d[12..20].try_into().unwrap()), 1 << 40);
+    }
+
+    #[test]
+    fn parse_reads_both_formats_back() {
+        for s in [
+            MISCOMPARE_DURING_VERIFY.with_information(513),
+            POWER_ON_RESET,
+        ] {
+            assert_eq!(Sense::parse(&s.fixed()), Some(s));
+            assert_eq!(Sense::parse(&s.descriptor()), Some(s));
+        }
+        let field = Sense::invalid_field_in_cdb(2, Some(5));
+        assert_eq!(Sense::parse(&field.fixed()), Some(INVALID_FIELD_IN_CDB));
+        assert_eq!(
+            Sense::parse(&field.descriptor()),
+            Some(INVALID_FIELD_IN_CDB)
+        );
+        // Too large for the fixed format's field: read back without it, as sent.
+        let big = MISCOMPARE_DURING_VERIFY.with_information(1 << 40);
+        assert_eq!(Sense::parse(&big.fixed()), Some(MISCOMPARE_DURING_VERIFY));
+        assert_eq!(Sense::parse(&big.descriptor()), Some(big));
+        assert_eq!(Sense::parse(&[0x70, 0, 6]), None);
+        assert_eq!(Sense::parse(&[0x00]), None);
+        assert_eq!(
+            POWER_ON_RESET.to_string(),
+            "UNIT ATTENTION (key 0x6, ASC 0x29, ASCQ 0x00)"
+        );
     }
 }

@@ -1,0 +1,220 @@
+//! Login of the session's connections: the leading one and the others, again after a
+//! reinstatement, and each connection's start in full feature phase.
+
+use std::sync::Arc;
+
+use iscsi::login::{ChapCredentials, InitiatorLoginConfig, SessionType};
+use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
+use iscsi::serial::sn_gt;
+
+use super::reader::reader;
+use super::{SessionInfo, Shared};
+use crate::conn::{Conn, LoginDone, RawConn};
+use crate::{Error, IscsiUrl, Result, SessionOptions};
+
+pub(crate) fn new_isid() -> [u8; 6] {
+    let r: [u8; 4] = rand::random();
+    // Type 0x80: random format (RFC 7143 11.12.5).
+    [0x80, r[0], r[1], r[2], 0, r[3] | 1]
+}
+
+pub(crate) fn chap(url: &IscsiUrl, opts: &SessionOptions) -> Option<ChapCredentials> {
+    let user = url.user.clone()?;
+    Some(ChapCredentials {
+        user,
+        secret: url.password.clone().unwrap_or_default().into_bytes(),
+        mutual: opts.target_secret.clone().map(String::into_bytes),
+    })
+}
+
+pub(crate) fn connection_prefs(opts: &SessionOptions) -> ConnectionParams {
+    ConnectionParams {
+        header_digest: opts.header_digest,
+        data_digest: opts.data_digest,
+        max_recv_data_segment_length: opts.max_recv_data_segment,
+        ..ConnectionParams::default()
+    }
+}
+
+impl Shared {
+    pub(super) fn login_config(
+        &self,
+        cid: u16,
+        tsih: u16,
+        session: SessionParams,
+    ) -> InitiatorLoginConfig {
+        let o = &self.opts;
+        InitiatorLoginConfig {
+            initiator_name: o.initiator_name.clone(),
+            initiator_alias: None,
+            target_name: Some(self.target.clone()),
+            session_type: SessionType::Normal,
+            isid: self.isid,
+            tsih,
+            cid,
+            auth: chap(&self.url, o),
+            session,
+            connection: connection_prefs(o),
+            leading: tsih == 0,
+            // With the rate control on, "0" (no pacing yet) asks whether the target knows
+            // the key: only then do hints follow in full feature phase.
+            pacing_hint: o.target_pacing_hint().or(self
+                .tuner
+                .rate
+                .as_ref()
+                .filter(|_| o.pacing_hint)
+                .map(|_| 0)),
+        }
+    }
+
+    /// Logs in the leading connection and the others, and installs them as a new
+    /// generation of the session.
+    pub(super) async fn establish(self: &Arc<Self>) -> Result<()> {
+        let o = &self.opts;
+        let proposal = SessionParams {
+            max_connections: o.connections,
+            initial_r2t: o.initial_r2t,
+            immediate_data: o.immediate_data,
+            max_burst_length: o.max_burst,
+            first_burst_length: o.first_burst.min(o.max_burst),
+            max_outstanding_r2t: 8,
+            error_recovery_level: o.error_recovery_level,
+            ..SessionParams::default()
+        };
+        let portal = self.portal();
+        let mut raw = RawConn::connect(&portal, o).await?;
+        let cmdsn = {
+            let st = self.state.lock().unwrap();
+            st.window.cmdsn
+        };
+        let lead = raw
+            .login(self.login_config(0, 0, proposal), 0, cmdsn)
+            .await?;
+        let params = lead.outcome.session.clone();
+        let tsih = lead.outcome.tsih;
+        let tuning = raw.tuning.clone();
+        let mut logged_in: Vec<(RawConn, LoginDone, u16)> = vec![(raw, lead, 0)];
+        let want = o.connections.min(params.max_connections).max(1);
+        for cid in 1..want {
+            let extra = async {
+                let mut raw = RawConn::connect(&portal, o).await?;
+                let done = raw
+                    .login(
+                        self.login_config(cid, tsih, params.clone()),
+                        u32::from(cid),
+                        cmdsn,
+                    )
+                    .await?;
+                Ok::<_, Error>((raw, done))
+            };
+            match extra.await {
+                Ok((raw, done)) => logged_in.push((raw, done, cid)),
+                Err(e) => {
+                    tracing::warn!("connection {cid} of the session could not log in: {e}");
+                    break;
+                }
+            }
+        }
+        let first = &logged_in[0].1;
+        let conn_params = first.outcome.connection.clone();
+        let (expcmdsn, maxcmdsn) =
+            logged_in
+                .iter()
+                .fold((first.expcmdsn, first.maxcmdsn), |(e, m), (_, d, _)| {
+                    (
+                        if sn_gt(d.expcmdsn, e) { d.expcmdsn } else { e },
+                        if sn_gt(d.maxcmdsn, m) { d.maxcmdsn } else { m },
+                    )
+                });
+        let mut st = self.state.lock().unwrap();
+        let gen = st.conns.gen + 1;
+        let mut conns = Vec::new();
+        for (raw, done, cid) in logged_in {
+            conns.push(self.start_conn(raw, &done, cid, gen));
+        }
+        for old in std::mem::replace(&mut st.conns.all, conns) {
+            old.kill();
+        }
+        st.conns.gen = gen;
+        st.window.cmdsn = cmdsn;
+        st.window.expcmdsn = expcmdsn;
+        st.window.maxcmdsn = maxcmdsn;
+        st.tasks.by_itt.clear();
+        st.conns.losses.clear();
+        st.conns.tsih = tsih;
+        st.conns.info = Some(SessionInfo {
+            target: self.target.clone(),
+            portal,
+            isid: self.isid.iter().map(|b| format!("{b:02x}")).collect(),
+            tsih,
+            connections: st.conns.all.len(),
+            max_connections: params.max_connections,
+            initial_r2t: params.initial_r2t,
+            immediate_data: params.immediate_data,
+            max_burst_length: params.max_burst_length,
+            first_burst_length: params.first_burst_length,
+            max_recv_data_segment_length: conn_params.max_recv_data_segment_length,
+            max_send_data_segment_length: conn_params.max_send_data_segment_length,
+            header_digest: conn_params.header_digest,
+            data_digest: conn_params.data_digest,
+            error_recovery_level: params.error_recovery_level,
+            queue_depth: o.queue_depth,
+            congestion: tuning.congestion,
+            send_buffer: tuning.send_buffer,
+            recv_buffer: tuning.recv_buffer,
+            tuning: None,
+            path: None,
+            target_pacing: Default::default(),
+            rate_control: None,
+        });
+        st.conns.params = params;
+        drop(st);
+        self.window_waiters.notify_waiters();
+        Ok(())
+    }
+
+    /// Turns a logged-in connection into a running one of generation `gen`.
+    pub(super) fn start_conn(
+        self: &Arc<Self>,
+        raw: RawConn,
+        done: &LoginDone,
+        cid: u16,
+        gen: u64,
+    ) -> Arc<Conn> {
+        let exp_statsn = raw.exp_statsn;
+        let portal = raw.portal.clone();
+        let (r, w, buf, dec, digests) = raw.into_parts();
+        let (conn, dead) = Conn::new(
+            cid,
+            gen,
+            portal,
+            done.outcome.connection.max_send_data_segment_length,
+            exp_statsn,
+            w,
+            digests,
+            done.outcome.pacing,
+        );
+        match done.outcome.pacing {
+            TargetPacing::NotAsked => {}
+            TargetPacing::Paced(r) => tracing::debug!(
+                cid,
+                "the target paces this connection's Data-In at {:.1} Mbit/s",
+                r as f64 * 8e-6
+            ),
+            other => tracing::debug!(
+                cid,
+                "the target does not pace this connection's Data-In (pacing hint {})",
+                other.as_str()
+            ),
+        }
+        tokio::spawn(reader(
+            Arc::downgrade(self),
+            conn.clone(),
+            r,
+            buf,
+            dec,
+            dead,
+        ));
+        conn
+    }
+}

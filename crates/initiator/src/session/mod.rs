@@ -1,0 +1,378 @@
+//! Sessions: the public [`Session`] and the parts it is made of, each with one job.
+//!
+//! - `window`: CmdSN, ExpCmdSN, MaxCmdSN; `tasks`: the ITTs in flight; `conns`: the
+//!   connections and their recoveries under way. These three sit under one lock
+//!   ([`State`]).
+//! - `slots`: the queue depth; `tuner`: live tuning; `recovery`: ERL 2 reassignment, ERL 0
+//!   reissue and reinstatement, and their counters.
+//! - `login`: logging the connections in; `command`: one try at a command and task
+//!   management; `reader`: each connection's reader task; `placed`: reads straight into
+//!   their buffers; `keepalive`: NOP-Out pings; `scsi_ops`: the SCSI commands callers use.
+
+mod command;
+mod conns;
+mod keepalive;
+pub(crate) mod login;
+mod placed;
+mod reader;
+mod recovery;
+mod scsi_ops;
+mod slots;
+mod tasks;
+mod tuner;
+mod window;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use iscsi::ffp::{logout, tmf};
+use iscsi::pdu::{LogoutRequest, Pdu, RESERVED_TAG};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use command::Attempt;
+use conns::ConnSet;
+use keepalive::keepalive;
+use login::new_isid;
+use placed::BufPool;
+use recovery::Counters;
+use slots::Slots;
+use tasks::{recv_pdu, TaskTable};
+use tuner::Tuner;
+use window::Window;
+
+use crate::scsi::{self, Capacity, Sense};
+use crate::{Error, IscsiUrl, Result, SessionOptions};
+
+/// Direction and size of a command's data.
+#[derive(Clone, Debug)]
+pub enum DataDir {
+    None,
+    /// Expected length of the data to read.
+    Read(u32),
+    Write(Bytes),
+}
+
+/// What a SCSI command returned.
+#[derive(Clone, Debug)]
+pub struct ScsiResult {
+    pub status: u8,
+    pub sense: Option<Sense>,
+    pub data: Bytes,
+    /// Bytes the target transferred less than expected (underflow).
+    pub residual: u32,
+}
+
+impl ScsiResult {
+    pub fn is_good(&self) -> bool {
+        self.status == scsi::STATUS_GOOD
+    }
+}
+
+/// Negotiated values and identity of a session, for people and `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionInfo {
+    pub target: String,
+    pub portal: String,
+    pub isid: String,
+    pub tsih: u16,
+    pub connections: usize,
+    pub max_connections: u16,
+    pub initial_r2t: bool,
+    pub immediate_data: bool,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub max_recv_data_segment_length: u32,
+    pub max_send_data_segment_length: u32,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub error_recovery_level: u8,
+    pub queue_depth: usize,
+    pub congestion: Option<String>,
+    pub send_buffer: usize,
+    pub recv_buffer: usize,
+    /// What auto-tuning measured and chose (absent when it was off).
+    pub tuning: Option<crate::tune::Plan>,
+    /// The path as the connections measured it last (TCP_INFO).
+    pub path: Option<PathReport>,
+    /// Whether the target paces its sends to us, as each connection last answered
+    /// (at login, or to a hint of the rate control since).
+    pub target_pacing: crate::tune::TargetPacingReport,
+    /// The bottleneck found and the pacing chosen without a given rate (absent unless the
+    /// rate control runs: `rate_control=yes`, auto-tuning on, no rate or pacing given).
+    pub rate_control: Option<crate::tune::RateControlReport>,
+}
+
+/// The session's connections' latest TCP_INFO, summed up.
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct PathReport {
+    pub min_rtt_ms: f64,
+    pub srtt_ms: f64,
+    /// Bytes per second over all connections in the last sample.
+    pub rate_bytes_per_s: u64,
+    pub retransmits: u64,
+    pub connections_sampled: usize,
+}
+
+/// What a command's issue reads and changes in one critical section, under one lock: it
+/// picks a live connection, takes a CmdSN inside the window, registers its task under a
+/// fresh ITT and queues its PDU, so that each connection carries CmdSNs in order and no
+/// opening of the window is missed; a failed connection's tasks are sorted out together
+/// with its recovery entry and the generation. Parted by job, not by lock.
+struct State {
+    window: Window,
+    tasks: TaskTable,
+    conns: ConnSet,
+}
+
+/// The session, composed of its parts (see the module's documentation).
+struct Shared {
+    url: IscsiUrl,
+    target: String,
+    opts: SessionOptions,
+    isid: [u8; 6],
+    epoch: Instant,
+    state: Mutex<State>,
+    /// Wakes commands waiting for the window to open or a connection to come back.
+    window_waiters: Notify,
+    slots: Slots,
+    tuner: Tuner,
+    counters: Counters,
+    /// Held while the session is reinstated, so that only one task does it.
+    recovery: tokio::sync::Mutex<()>,
+    /// READ CAPACITY per LUN, for [`Session::read`] and [`Session::write`].
+    capacity: Mutex<HashMap<u16, Capacity>>,
+    bufs: Arc<BufPool>,
+}
+
+/// An iSCSI session with one or more connections. Cheap to clone; all clones share the
+/// session. Commands may be issued concurrently from many tasks.
+///
+/// When the target grants ErrorRecoveryLevel 2, a failed connection is recovered by
+/// task reassignment (RFC 7143 6.2.2): a surviving connection logs the lost CID out with
+/// reason "remove the connection for recovery" (with none left, the CID logs in again
+/// with the session's TSIH, which does the same implicitly), then each command the lost
+/// connection carried is moved with TASK REASSIGN to a live connection, where the target
+/// carries it on: R2Ts for the data it still lacks, Data-In from the first one we lack
+/// (ExpDataSN), the status. The commands wait meanwhile; they are not issued again. One
+/// the target does not know (it never arrived) is sent again as below.
+///
+/// At ErrorRecoveryLevel 0 or 1 (the target recovers nothing itself; SNACK is not used
+/// here) the recovery is by reissue. When one of several connections fails, a surviving
+/// one logs the lost CID out (the target then drops what it still held of it, and its
+/// ExpCmdSN tells which of the lost commands it had received). Those it never received
+/// are sent again with their own CmdSN, which plugs the hole that would otherwise stall
+/// the session's command order; those it had are issued as new commands (new ITT and
+/// CmdSN, RFC 7143 allows that on any connection). Meanwhile the CID logs in again with
+/// the session's TSIH. Only when no connection is left is the session reinstated (same
+/// ISID, TSIH 0, so the target closes the old one) and every command without status
+/// issued anew. Reads and writes are idempotent, so a copy ends the same as without the
+/// failure.
+#[derive(Clone)]
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+const MAX_ATTEMPTS: u32 = 20;
+
+impl Session {
+    /// Logs in to the target of `url` with `opts` (query-string options of the URL already
+    /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
+    pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
+        let target = url.target_required()?.to_owned();
+        let (opts, plan) = if opts.auto_tune {
+            let probe = crate::tune::probe(&url.portal(), opts.dialer.as_ref()).await?;
+            let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
+            for r in &p.reasons {
+                tracing::info!("auto-tuning: {r}");
+            }
+            (o, Some(p))
+        } else {
+            (opts.clone(), None)
+        };
+        let shared = Arc::new(Shared {
+            url: url.clone(),
+            target,
+            isid: new_isid(),
+            epoch: Instant::now(),
+            state: Mutex::new(State {
+                window: Window::new(1, 1, 1),
+                tasks: TaskTable::new(),
+                conns: ConnSet::new(),
+            }),
+            window_waiters: Notify::new(),
+            slots: Slots::new(opts.queue_depth.max(1)),
+            tuner: Tuner::new(plan),
+            counters: Counters::default(),
+            recovery: tokio::sync::Mutex::new(()),
+            capacity: Mutex::new(HashMap::new()),
+            bufs: Arc::default(),
+            opts,
+        });
+        Shared::establish(&shared).await?;
+        tokio::spawn(keepalive(Arc::downgrade(&shared)));
+        Ok(Session { shared })
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let st = self.shared.state.lock().unwrap();
+        let mut info = st.conns.info.clone().expect("established session has info");
+        info.connections = st.conns.all.iter().filter(|c| c.is_alive()).count();
+        info.queue_depth = self.queue_depth();
+        info.tuning = self.shared.tuner.plan.clone();
+        info.path = Shared::path(&st.conns.all);
+        let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
+        let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {
+            0 => None,
+            _ if !self.shared.opts.pacing_hint => None,
+            total => Some(total / live),
+        };
+        info.target_pacing = crate::tune::TargetPacingReport::new(
+            self.shared.opts.target_pacing_hint().or(hinted),
+            st.conns
+                .all
+                .iter()
+                .filter(|c| c.is_alive())
+                .map(|c| (c.cid, c.target_pacing_now())),
+        );
+        info.rate_control = self
+            .shared
+            .tuner
+            .rate
+            .as_ref()
+            .map(|r| r.lock().unwrap().report());
+        info
+    }
+
+    /// Commands the session lets in flight now (auto-tuning may grow it while it runs).
+    pub fn queue_depth(&self) -> usize {
+        self.shared.slots.depth()
+    }
+
+    /// Commands issued again after a connection failure or a timeout.
+    pub fn retries(&self) -> u64 {
+        self.shared.counters.retries.load(Ordering::Relaxed)
+    }
+
+    /// Times the session was reinstated after a failure.
+    pub fn reinstatements(&self) -> u64 {
+        self.shared.counters.reinstatements.load(Ordering::Relaxed)
+    }
+
+    /// Commands moved to another connection by TASK REASSIGN (ERL 2) and carried on there.
+    pub fn reassigned_tasks(&self) -> u64 {
+        self.shared.counters.reassigned.load(Ordering::Relaxed)
+    }
+
+    /// Connections of the session logged in again after a failure (the session itself
+    /// went on).
+    pub fn reconnections(&self) -> u64 {
+        self.shared.counters.reconnections.load(Ordering::Relaxed)
+    }
+
+    /// Issues one SCSI command and waits for its status. Retries transparently on
+    /// connection loss (after recovery), on UNIT ATTENTION and on BUSY/TASK SET FULL.
+    /// A status other than GOOD is returned as a result, not an error.
+    pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
+        let _slot = self.shared.slots.acquire().await?;
+        let mut attempts = 0;
+        let mut unit_attentions = 0;
+        let mut plug = None;
+        loop {
+            match self.shared.attempt(lun, cdb, &dir, plug.take()).await {
+                Ok(r) => {
+                    let ua = r.status == scsi::STATUS_CHECK_CONDITION
+                        && r.sense
+                            .as_ref()
+                            .is_some_and(|s| s.key == scsi::SENSE_UNIT_ATTENTION);
+                    let busy =
+                        r.status == scsi::STATUS_BUSY || r.status == scsi::STATUS_TASK_SET_FULL;
+                    if (ua || busy) && unit_attentions < 10 {
+                        unit_attentions += 1;
+                        if busy {
+                            tokio::time::sleep(Duration::from_millis(5 << unit_attentions.min(6)))
+                                .await;
+                        }
+                        continue;
+                    }
+                    return Ok(r);
+                }
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Aborted) => {}
+                Err(Attempt::Lost { gen, why, sent }) => {
+                    match self.shared.after_conn_loss(sent).await {
+                        Some(p) => plug = p,
+                        None => self.shared.recover(gen, &why).await?,
+                    }
+                }
+            }
+            attempts += 1;
+            self.shared.counters.retries.fetch_add(1, Ordering::Relaxed);
+            if attempts >= MAX_ATTEMPTS {
+                return Err(Error::RecoveryFailed {
+                    attempts,
+                    last: "command kept failing".into(),
+                });
+            }
+        }
+    }
+
+    /// LOGICAL UNIT RESET; returns the TMF response code (0 = function complete).
+    pub async fn lun_reset(&self, lun: u16) -> Result<u8> {
+        let conn = {
+            let st = self.shared.state.lock().unwrap();
+            st.conns.pick().ok_or(Error::Closed)?
+        };
+        self.shared
+            .task_mgmt(&conn, tmf::LOGICAL_UNIT_RESET, lun, RESERVED_TAG, 0, 0)
+            .await
+    }
+
+    /// Closes the session (Logout, reason "close the session") and all connections.
+    pub async fn logout(&self) -> Result<()> {
+        let conn = {
+            let mut st = self.shared.state.lock().unwrap();
+            st.conns.closed = true;
+            st.conns.pick()
+        };
+        self.shared.window_waiters.notify_waiters();
+        let result = match conn {
+            Some(conn) => {
+                let (guard, mut rx) = self.shared.register(&conn);
+                let cmdsn = self.shared.state.lock().unwrap().window.cmdsn;
+                conn.send(Pdu::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason: logout::CLOSE_SESSION,
+                    itt: guard.itt,
+                    cid: conn.cid,
+                    cmdsn,
+                    expstatsn: 0,
+                }));
+                match tokio::time::timeout(Duration::from_secs(5), recv_pdu(&mut rx)).await {
+                    Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => Ok(()),
+                    Ok(Some(Pdu::LogoutResponse(r))) => Err(Error::Protocol(format!(
+                        "logout refused (response {})",
+                        r.response
+                    ))),
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(Error::Timeout("logout".into())),
+                }
+            }
+            None => Ok(()),
+        };
+        let conns = std::mem::take(&mut self.shared.state.lock().unwrap().conns.all);
+        for c in conns {
+            c.kill();
+        }
+        result
+    }
+}
+
+impl Shared {
+    fn portal(&self) -> String {
+        self.url.portal()
+    }
+}
