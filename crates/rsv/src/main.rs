@@ -58,7 +58,8 @@ fn init_logging(verbose: u8) {
 
 fn main() -> anyhow::Result<ExitCode> {
     // Store kinds beyond the built-in ones are registered here.
-    let stores = backstore::Registry::with_builtins();
+    let mut stores = backstore::Registry::with_builtins();
+    remote::register(&mut stores);
     let matches = Cli::command()
         .mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores))
         .get_matches();

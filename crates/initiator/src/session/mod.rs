@@ -267,6 +267,11 @@ impl Session {
         self.shared.counters.reassigned.load(Ordering::Relaxed)
     }
 
+    /// Whether `other` is a handle on this same session.
+    pub fn same(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Connections of the session logged in again after a failure (the session itself
     /// went on).
     pub fn reconnections(&self) -> u64 {
