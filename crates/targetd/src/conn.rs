@@ -28,7 +28,8 @@ use bytes::BytesMut;
 use iscsi::framing::{FrameError, FrameLimits, PduDecoder};
 use iscsi::negotiate::ConnectionParams;
 use iscsi::pdu::{
-    reject_reason, AsyncMessage, Digests, NopIn, NopOut, Pdu, Reject, BHS_LEN, RESERVED_TAG,
+    async_event, reject_reason, AsyncMessage, Digests, NopIn, NopOut, Pdu, Reject, BHS_LEN,
+    RESERVED_TAG,
 };
 use iscsi::text::TextAccumulator;
 use net::transport::Stream;
@@ -42,6 +43,9 @@ use crate::shared::Shared;
 use crate::tags::TagMap;
 use crate::task::Task;
 use crate::wire::{self, Out, Reader};
+
+/// How long a shutting-down target gives the initiator to log out when it asks it to.
+const LOGOUT_WITHIN_SECS: u16 = 5;
 
 pub(crate) async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr) {
     wire::tune(&shared, &stream, peer);
@@ -303,8 +307,8 @@ impl Conn {
                         }
                     }
                     Some(ConnEvent::RequestLogout) => self.send(AsyncMessage {
-                        async_event: 1,
-                        parameter3: 5,
+                        async_event: async_event::LOGOUT_REQUESTED,
+                        parameter3: LOGOUT_WITHIN_SECS,
                         ..Default::default()
                     }),
                     None => return Ok("session gone".into()),

@@ -9,7 +9,7 @@ use anyhow::bail;
 use bytes::{Bytes, BytesMut};
 use iscsi::framing::PduDecoder;
 use iscsi::login::{
-    AuthRequirement, LoginOutcome, LoginPolicy, LoginReply, LoginRequestView, LoginStep,
+    status, AuthRequirement, LoginOutcome, LoginPolicy, LoginReply, LoginRequestView, LoginStep,
     SessionType, TargetLogin, TargetLookup,
 };
 use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
@@ -19,6 +19,7 @@ use rand::RngCore;
 use tracing::info;
 
 use crate::config::Chap;
+use crate::node::PORTAL_GROUP;
 use crate::session::{ConnEvent, Session};
 use crate::shared::Shared;
 use crate::wire;
@@ -57,7 +58,7 @@ impl LoginPolicy for Policy<'_> {
         chap_requirement(&self.shared.config.discovery.chap)
     }
     fn target_portal_group_tag(&self) -> u16 {
-        1
+        PORTAL_GROUP
     }
     fn session_preferences(&self) -> &SessionParams {
         &self.session
@@ -134,7 +135,7 @@ fn login_response(
     })
 }
 
-fn failure(class: u8, detail: u8) -> LoginReply {
+fn failure((class, detail): (u8, u8)) -> LoginReply {
     LoginReply {
         transit: false,
         cont: false,
@@ -179,7 +180,7 @@ pub(crate) async fn login(
                 match shared.session(req.tsih) {
                     Some(s) if s.isid == req.isid && !s.is_closed() => Some(s),
                     _ => {
-                        let reply = failure(2, 0x0a);
+                        let reply = failure(status::SESSION_DOES_NOT_EXIST);
                         wire::send_now(
                             stream,
                             &login_response(&req, reply, req.tsih, statsn, (req.cmdsn, req.cmdsn)),
@@ -226,9 +227,9 @@ pub(crate) async fn login(
                 let bound = bind_session(shared, &outcome, existing.clone(), req.cid, req.cmdsn);
                 let session = match bound {
                     Ok(s) => s,
-                    Err((class, detail, why)) => {
+                    Err((code, why)) => {
                         info!("{peer}: login refused: {why}");
-                        let reply = failure(class, detail);
+                        let reply = failure(code);
                         wire::send_now(
                             stream,
                             &login_response(&req, reply, req.tsih, statsn, window),
@@ -256,25 +257,31 @@ pub(crate) async fn login(
     }
 }
 
-/// Finds or creates the session a finished login joins (RFC 7143 6.3).
+/// Finds or creates the session a finished login joins (RFC 7143 6.3); Err is the login
+/// status to refuse it with, and why.
 fn bind_session(
     shared: &Arc<Shared>,
     outcome: &LoginOutcome,
     existing: Option<Arc<Session>>,
     cid: u16,
     cmdsn: u32,
-) -> Result<Arc<Session>, (u8, u8, String)> {
+) -> Result<Arc<Session>, ((u8, u8), String)> {
     if shared.shutting_down() {
-        return Err((3, 1, "target is shutting down".into()));
+        return Err((
+            status::SERVICE_UNAVAILABLE,
+            "target is shutting down".into(),
+        ));
     }
     if let Some(s) = existing {
         if s.is_discovery() {
-            return Err((2, 8, "discovery sessions take one connection".into()));
+            return Err((
+                status::CANT_INCLUDE_IN_SESSION,
+                "discovery sessions take one connection".into(),
+            ));
         }
         if !s.has_connection(cid) && s.connection_count() >= s.params.max_connections as usize {
             return Err((
-                2,
-                6,
+                status::TOO_MANY_CONNECTIONS,
                 format!(
                     "session already has MaxConnections={}",
                     s.params.max_connections
@@ -290,7 +297,7 @@ fn bind_session(
             Some(
                 shared
                     .find_target(name)
-                    .ok_or_else(|| (2, 3, format!("no target {name}")))?,
+                    .ok_or_else(|| (status::NOT_FOUND, format!("no target {name}")))?,
             )
         }
     };

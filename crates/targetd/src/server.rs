@@ -96,7 +96,7 @@ impl Server {
                         device_id: format!("{}-lun{}", t.iqn, l.id),
                         pr_file,
                         target_name: t.iqn.clone(),
-                        // Every portal is in portal group 1 (the tag login declares), so
+                        // Every portal is in portal group 1 (`node::PORTAL_GROUP`), so
                         // the target has one target port, reachable by all portals.
                         target_port_group: 1,
                         relative_port: 1,

@@ -10,6 +10,7 @@ use backstore::buffers::Buf;
 use bytes::Bytes;
 use iscsi::ffp;
 use iscsi::pdu::{DataIn, Pdu, ScsiCommand, ScsiResponse};
+use scsi::opcodes::REPORT_LUNS;
 use scsi::LogicalUnit;
 use tokio::sync::mpsc;
 
@@ -220,14 +221,16 @@ impl Job {
                 },
                 _ => run(&t.buf),
             }
-        } else if cdb.first() == Some(&0xa0) {
+        } else if cdb.first() == Some(&REPORT_LUNS) {
             scsi::report_luns(&self.target.lun_ids(), cdb)
         } else {
             scsi::lun_not_supported(cdb)
         };
         let resp = match (lu, cdb.first()) {
             // REPORT LUNS is answered for the target whatever LUN it is addressed to.
-            (Some(_), Some(0xa0)) if resp.status == scsi::status::GOOD || resp.sense.is_some() => {
+            (Some(_), Some(&REPORT_LUNS))
+                if resp.status == scsi::status::GOOD || resp.sense.is_some() =>
+            {
                 scsi::report_luns(&self.target.lun_ids(), cdb)
             }
             _ => resp,
@@ -239,33 +242,15 @@ impl Job {
     /// the medium, so that writing them back with the sent bytes in front changes only
     /// what was sent.
     fn fill_from_medium(&self, lu: &LogicalUnit, cdb: &[u8], len: u32) -> Option<Vec<u8>> {
-        let lba = write_lba(cdb)?;
+        let lba = scsi::cdb::write_lba(cdb)?;
         let bs = lu.config().block_size;
         let blocks = len / bs;
-        let mut read16 = [0u8; 16];
-        read16[0] = 0x88;
-        read16[2..10].copy_from_slice(&lba.to_be_bytes());
-        read16[10..14].copy_from_slice(&blocks.to_be_bytes());
         let r = lu.execute(&scsi::Command {
-            cdb: &read16,
+            cdb: &scsi::cdb::read16(lba, blocks),
             data_out: &[],
             nexus: self.nexus,
         });
         (r.status == scsi::status::GOOD && r.data_in.len() == len as usize).then_some(r.data_in)
-    }
-}
-
-/// The LBA of the plain write commands (WRITE and WRITE AND VERIFY 6/10/12/16).
-fn write_lba(cdb: &[u8]) -> Option<u64> {
-    let be = |r: std::ops::Range<usize>| {
-        cdb.get(r)
-            .map(|b| b.iter().fold(0u64, |a, &x| (a << 8) | x as u64))
-    };
-    match *cdb.first()? {
-        0x0a => be(1..4).map(|v| v & 0x1f_ffff),
-        0x2a | 0x2e | 0xaa | 0xae => be(2..6),
-        0x8a | 0x8e => be(2..10),
-        _ => None,
     }
 }
 

@@ -19,7 +19,7 @@ impl Conn {
     pub(super) async fn on_logout(&mut self, l: LogoutRequest) -> Result<(), Close> {
         let p = &self.session.params;
         let (t2w, t2r) = (p.default_time2wait, p.default_time2retain);
-        let response = match l.reason & 0x7f {
+        let response = match l.reason {
             logout::CLOSE_SESSION => {
                 self.keep_tasks = false;
                 self.executing.wait().await;
@@ -110,7 +110,7 @@ impl Conn {
     }
 
     pub(super) async fn on_tmf(&mut self, t: TaskMgmtRequest) {
-        let function = t.function & 0x7f;
+        let function = t.function;
         let lun = lun_from_wire(t.lun);
         let target = self.session.target.clone();
         let lu: Option<Arc<LogicalUnit>> = match (&target, lun) {

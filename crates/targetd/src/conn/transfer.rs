@@ -204,7 +204,7 @@ impl Conn {
                 self.cid, d.itt
             );
             self.session.unregister_task(d.itt);
-            let sense = Sense::new(scsi::sense::key::ABORTED_COMMAND, 0x4b, fault.ascq);
+            let sense = Sense::data_phase_error(fault.ascq);
             self.send(ScsiResponse {
                 itt: d.itt,
                 expdatasn: task.next_r2tsn,
