@@ -16,14 +16,14 @@ use crate::session::Session;
 
 /// State every connection sees.
 pub(crate) struct Shared {
-    pub config: Config,
-    pub targets: Vec<Arc<TargetNode>>,
+    pub(crate) config: Config,
+    pub(crate) targets: Vec<Arc<TargetNode>>,
     /// Addresses actually bound (port 0 resolved).
-    pub portals: Vec<SocketAddr>,
+    pub(crate) portals: Vec<SocketAddr>,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: Mutex<u16>,
     nexus_ids: Mutex<HashMap<(String, [u8; 6]), u64>>,
-    pub shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     /// Commands executing anywhere; shutdown waits for them.
     inflight: AtomicUsize,
     idle: Notify,
@@ -49,20 +49,20 @@ impl Shared {
         }
     }
 
-    pub fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
+    pub(crate) fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
         self.targets
             .iter()
             .find(|t| t.iqn.eq_ignore_ascii_case(name))
             .cloned()
     }
 
-    pub fn session(&self, tsih: u16) -> Option<Arc<Session>> {
+    pub(crate) fn session(&self, tsih: u16) -> Option<Arc<Session>> {
         self.sessions.lock().unwrap().get(&tsih).cloned()
     }
 
     /// Sessions of the same initiator port (name + ISID) to the same target: candidates for
     /// reinstatement (RFC 7143 6.3.5).
-    pub fn sessions_of(
+    pub(crate) fn sessions_of(
         &self,
         initiator: &str,
         isid: [u8; 6],
@@ -86,7 +86,7 @@ impl Shared {
     }
 
     /// Allocates a TSIH (never 0) and registers the session built with it.
-    pub fn add_session(&self, build: impl FnOnce(u16) -> Session) -> Arc<Session> {
+    pub(crate) fn add_session(&self, build: impl FnOnce(u16) -> Session) -> Arc<Session> {
         let mut sessions = self.sessions.lock().unwrap();
         let mut next = self.next_tsih.lock().unwrap();
         let tsih = loop {
@@ -102,7 +102,7 @@ impl Shared {
     }
 
     /// Ends a session: for its logical units that is the loss of its I_T nexus.
-    pub fn remove_session(&self, tsih: u16) {
+    pub(crate) fn remove_session(&self, tsih: u16) {
         let gone = self.sessions.lock().unwrap().remove(&tsih);
         if let Some(target) = gone.as_ref().and_then(|s| s.target.as_ref()) {
             let nexus = gone.as_ref().expect("checked").nexus;
@@ -112,13 +112,13 @@ impl Shared {
         }
     }
 
-    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+    pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {
         self.sessions.lock().unwrap().values().cloned().collect()
     }
 
     /// The same initiator port keeps its I_T nexus id across sessions, so unit attentions
     /// and (later) reservations follow the initiator port, not the TCP connection.
-    pub fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
+    pub(crate) fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
         let mut ids = self.nexus_ids.lock().unwrap();
         let n = ids.len() as u64 + 1;
         let nexus = Nexus(
@@ -139,11 +139,11 @@ impl Shared {
         nexus
     }
 
-    pub fn task_started(&self) {
+    pub(crate) fn task_started(&self) {
         self.inflight.fetch_add(1, Ordering::AcqRel);
     }
 
-    pub fn task_finished(&self) {
+    pub(crate) fn task_finished(&self) {
         if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.idle.notify_waiters();
         }
@@ -159,7 +159,7 @@ impl Shared {
         }
     }
 
-    pub fn shutting_down(&self) -> bool {
+    pub(crate) fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
 }

@@ -49,11 +49,11 @@ impl Task {
 /// Whether a task answers or is aborted is decided once, by a compare-and-swap, so a
 /// task's status and a TMF's "function complete" for it can never both go out.
 #[derive(Debug, Default)]
-pub struct TaskCtl {
+pub(crate) struct TaskCtl {
     outcome: AtomicU8,
-    pub executing: AtomicBool,
-    pub done: Notify,
-    pub finished: AtomicBool,
+    pub(crate) executing: AtomicBool,
+    pub(crate) done: Notify,
+    pub(crate) finished: AtomicBool,
 }
 
 const UNDECIDED: u8 = 0;
@@ -62,14 +62,14 @@ const ABORTED: u8 = 2;
 
 impl TaskCtl {
     /// Claims the right to send the task's status; false if it was aborted first.
-    pub fn claim_answer(&self) -> bool {
+    pub(crate) fn claim_answer(&self) -> bool {
         self.outcome
             .compare_exchange(UNDECIDED, ANSWERED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
     /// Aborts the task; false if its status was already claimed (it completed).
-    pub fn abort(&self) -> bool {
+    pub(crate) fn abort(&self) -> bool {
         match self
             .outcome
             .compare_exchange(UNDECIDED, ABORTED, Ordering::AcqRel, Ordering::Acquire)
@@ -79,16 +79,16 @@ impl TaskCtl {
         }
     }
 
-    pub fn is_aborted(&self) -> bool {
+    pub(crate) fn is_aborted(&self) -> bool {
         self.outcome.load(Ordering::Acquire) == ABORTED
     }
 }
 
 #[derive(Debug)]
-pub struct TaskRec {
-    pub cid: u16,
-    pub lun: u16,
-    pub ctl: Arc<TaskCtl>,
+pub(crate) struct TaskRec {
+    pub(crate) cid: u16,
+    pub(crate) lun: u16,
+    pub(crate) ctl: Arc<TaskCtl>,
 }
 
 /// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
