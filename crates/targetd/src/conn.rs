@@ -194,6 +194,8 @@ impl Executing {
     }
 }
 
+/// A connection in full feature phase. Its reader task owns it; the methods that act on
+/// it are spread over this module and its submodules, one job each.
 struct Conn {
     shared: Arc<Shared>,
     session: Arc<Session>,
