@@ -586,6 +586,18 @@ pub struct R2t {
     pub desired_data_transfer_length: u32,
 }
 
+/// AsyncEvent codes of an Asynchronous Message (RFC 7143 11.9.1).
+pub mod async_event {
+    pub const SCSI_ASYNC_EVENT: u8 = 0;
+    /// The target asks for a logout within Parameter3 seconds.
+    pub const LOGOUT_REQUESTED: u8 = 1;
+    pub const CONNECTION_DROPPED: u8 = 2;
+    pub const SESSION_DROPPED: u8 = 3;
+    pub const NEGOTIATION_REQUESTED: u8 = 4;
+    pub const TASK_TERMINATION: u8 = 5;
+    pub const VENDOR_SPECIFIC: u8 = 255;
+}
+
 /// Asynchronous Message (0x32). Its ITT is always 0xffffffff. The data segment is
 /// SenseLength, sense data and iSCSI event data, as for SCSI Response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

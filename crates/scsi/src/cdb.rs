@@ -1,5 +1,10 @@
-//! Field extraction from CDBs and building blocks for parameter data.
+//! Field extraction from CDBs and building blocks for parameter data; public are the
+//! pieces a transport needs without emulating the command itself.
 
+use crate::opcodes::{
+    READ_16, WRITE_10, WRITE_12, WRITE_16, WRITE_6, WRITE_VERIFY_10, WRITE_VERIFY_12,
+    WRITE_VERIFY_16,
+};
 use crate::sense::{self, Sense};
 
 pub(crate) fn be16(b: &[u8]) -> u16 {
@@ -106,5 +111,76 @@ pub(crate) fn block_range(cdb: &[u8]) -> BlockRange {
         Some(10) => rw10(cdb),
         Some(12) => rw12(cdb),
         _ => rw16(cdb),
+    }
+}
+
+/// The LBA of a plain write (WRITE and WRITE AND VERIFY 6/10/12/16); `None` for any other
+/// command or a CDB too short to hold it.
+pub fn write_lba(cdb: &[u8]) -> Option<u64> {
+    let be = |r: std::ops::Range<usize>| {
+        cdb.get(r)
+            .map(|b| b.iter().fold(0u64, |a, &x| (a << 8) | x as u64))
+    };
+    match *cdb.first()? {
+        WRITE_6 => be(1..4).map(|v| v & 0x1f_ffff),
+        WRITE_10 | WRITE_VERIFY_10 | WRITE_12 | WRITE_VERIFY_12 => be(2..6),
+        WRITE_16 | WRITE_VERIFY_16 => be(2..10),
+        _ => None,
+    }
+}
+
+/// READ(16) of `blocks` blocks from `lba`, no flags.
+pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
+    let mut cdb = [0u8; 16];
+    cdb[0] = READ_16;
+    cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+    cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+    cdb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_lba_of_every_plain_write() {
+        assert_eq!(write_lba(&[0x0a, 0xff, 0x12, 0x34, 1, 0]), Some(0x1f_1234));
+        for op in [0x2a, 0x2e] {
+            let cdb = [op, 0, 0x01, 0x02, 0x03, 0x04, 0, 0, 8, 0];
+            assert_eq!(write_lba(&cdb), Some(0x0102_0304));
+        }
+        for op in [0xaa, 0xae] {
+            let cdb = [op, 0, 0, 0, 0x10, 0x00, 0, 0, 0, 8, 0, 0];
+            assert_eq!(write_lba(&cdb), Some(0x1000));
+        }
+        for op in [0x8a, 0x8e] {
+            let mut cdb = [0u8; 16];
+            cdb[0] = op;
+            cdb[2..10].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_be_bytes());
+            assert_eq!(write_lba(&cdb), Some(0x0123_4567_89ab_cdef));
+        }
+    }
+
+    #[test]
+    fn write_lba_is_none_for_other_or_short_cdbs() {
+        // READ(10), WRITE SAME(16), COMPARE AND WRITE: not plain writes.
+        assert_eq!(write_lba(&[0x28, 0, 0, 0, 0, 1, 0, 0, 1, 0]), None);
+        assert_eq!(write_lba(&[0x93; 16]), None);
+        assert_eq!(write_lba(&[0x89; 16]), None);
+        assert_eq!(write_lba(&[]), None);
+        assert_eq!(write_lba(&[0x8a, 0, 1, 2, 3]), None);
+        assert_eq!(write_lba(&[0x0a, 0, 0]), None);
+    }
+
+    #[test]
+    fn read16_round_trips_through_the_decoder() {
+        let cdb = read16(0x0123_4567_89ab_cdef, 0x8000_0001);
+        assert_eq!(cdb[0], 0x88);
+        let r = block_range(&cdb);
+        assert_eq!(
+            (r.lba, r.blocks, r.flags),
+            (0x0123_4567_89ab_cdef, 0x8000_0001, 0)
+        );
+        assert_eq!(&cdb[14..], &[0, 0]);
     }
 }

@@ -5,11 +5,11 @@
 //! threads) and gets back a [`Response`]; residuals against the expected data transfer
 //! length are the transport's business.
 
-mod cdb;
+pub mod cdb;
 mod inquiry;
 mod lu;
 mod mode;
-mod opcodes;
+pub mod opcodes;
 mod pr;
 mod range_lock;
 pub mod sense;

@@ -94,6 +94,13 @@ impl Sense {
         }
     }
 
+    /// ABORTED COMMAND in the DATA PHASE ERROR family (ASC 4Bh): the transport's data
+    /// sequence broke in the way `ascq` names (e.g. 01h an unknown target port transfer
+    /// tag, 02h too much write data, 05h a data offset error).
+    pub const fn data_phase_error(ascq: u8) -> Self {
+        Self::new(key::ABORTED_COMMAND, 0x4b, ascq)
+    }
+
     /// INVALID FIELD IN PARAMETER LIST pointing into the data-out buffer.
     pub fn invalid_field_in_parameter_list(byte: u16, bit: Option<u8>) -> Self {
         Self {
@@ -231,6 +238,12 @@ fn field_pointer(in_cdb: bool, byte: u16, bit: Option<u8>) -> [u8; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_phase_error_is_aborted_command_4bh() {
+        let f = Sense::data_phase_error(0x05).fixed();
+        assert_eq!((f[2] & 0x0f, f[12], f[13]), (0x0b, 0x4b, 0x05));
+    }
 
     #[test]
     fn fixed_layout() {

@@ -1,13 +1,24 @@
 //! Reservoir's iSCSI target daemon: configuration, portals, login, sessions with many
 //! connections, CmdSN ordering, R2T and data collection, task management and discovery.
 //! Protocol rules live in the sans-IO `iscsi` and `scsi` crates; this crate is the I/O.
+//!
+//! Modules depend on each other one way only, each on those listed before it:
+//! `config`, `tags` → `node` → `task` → `session` (with `session::recovery`) → `shared`
+//! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `server` →
+//! `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
+//! imports nothing from them. A module that needs something from one after it in this
+//! order gets it handed down (an `Arc`, a channel, a closure) instead of importing it.
 
 pub mod cli;
 pub mod config;
 mod conn;
+mod login;
+mod node;
 pub mod server;
 mod session;
+mod shared;
 mod tags;
+mod task;
 mod wire;
 
 pub use config::Config;

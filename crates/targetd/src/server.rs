@@ -1,193 +1,22 @@
-//! The daemon: opens the LUNs, listens on the portals, keeps the session table, and shuts
-//! down gracefully.
+//! The daemon: opens the LUNs, listens on the portals and starts a connection for each
+//! accepted socket, and shuts down gracefully.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use backstore::Registry;
-use scsi::{CopyTargets, Designator, LogicalUnit, LuConfig, Nexus};
+use scsi::{CopyTargets, LogicalUnit, LuConfig};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{Chap, Config};
-use crate::session::{ConnEvent, Session};
-
-/// One iSCSI target node: a name, its access rules and its logical units.
-pub struct TargetNode {
-    pub iqn: String,
-    pub alias: Option<String>,
-    pub allowed_initiators: Vec<String>,
-    pub chap: Option<Chap>,
-    pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
-}
-
-impl TargetNode {
-    pub fn allows(&self, initiator: &str) -> bool {
-        self.allowed_initiators.is_empty()
-            || self
-                .allowed_initiators
-                .iter()
-                .any(|a| a.eq_ignore_ascii_case(initiator))
-    }
-
-    pub fn lun_ids(&self) -> Vec<u16> {
-        self.luns.keys().copied().collect()
-    }
-}
-
-/// EXTENDED COPY sent to one logical unit of a target reaches the target's others.
-impl CopyTargets for TargetNode {
-    fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
-        self.luns
-            .values()
-            .find(|lu| lu.has_designator(designator))
-            .cloned()
-    }
-}
-
-impl std::fmt::Debug for TargetNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TargetNode")
-            .field("iqn", &self.iqn)
-            .finish()
-    }
-}
-
-/// State every connection sees.
-pub struct Shared {
-    pub config: Config,
-    pub targets: Vec<Arc<TargetNode>>,
-    /// Addresses actually bound (port 0 resolved).
-    pub portals: Vec<SocketAddr>,
-    sessions: Mutex<HashMap<u16, Arc<Session>>>,
-    next_tsih: Mutex<u16>,
-    nexus_ids: Mutex<HashMap<(String, [u8; 6]), u64>>,
-    pub shutdown: watch::Receiver<bool>,
-    /// Commands executing anywhere; shutdown waits for them.
-    inflight: AtomicUsize,
-    idle: Notify,
-}
-
-impl Shared {
-    pub fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
-        self.targets
-            .iter()
-            .find(|t| t.iqn.eq_ignore_ascii_case(name))
-            .cloned()
-    }
-
-    pub fn session(&self, tsih: u16) -> Option<Arc<Session>> {
-        self.sessions.lock().unwrap().get(&tsih).cloned()
-    }
-
-    /// Sessions of the same initiator port (name + ISID) to the same target: candidates for
-    /// reinstatement (RFC 7143 6.3.5).
-    pub fn sessions_of(
-        &self,
-        initiator: &str,
-        isid: [u8; 6],
-        target: Option<&str>,
-    ) -> Vec<Arc<Session>> {
-        self.sessions
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|s| {
-                s.isid == isid
-                    && s.initiator.eq_ignore_ascii_case(initiator)
-                    && match (&s.target, target) {
-                        (Some(t), Some(n)) => t.iqn.eq_ignore_ascii_case(n),
-                        (None, None) => true,
-                        _ => false,
-                    }
-            })
-            .cloned()
-            .collect()
-    }
-
-    /// Allocates a TSIH (never 0) and registers the session built with it.
-    pub fn add_session(&self, build: impl FnOnce(u16) -> Session) -> Arc<Session> {
-        let mut sessions = self.sessions.lock().unwrap();
-        let mut next = self.next_tsih.lock().unwrap();
-        let tsih = loop {
-            let t = *next;
-            *next = next.wrapping_add(1).max(1);
-            if t != 0 && !sessions.contains_key(&t) {
-                break t;
-            }
-        };
-        let s = Arc::new(build(tsih));
-        sessions.insert(tsih, s.clone());
-        s
-    }
-
-    /// Ends a session: for its logical units that is the loss of its I_T nexus.
-    pub fn remove_session(&self, tsih: u16) {
-        let gone = self.sessions.lock().unwrap().remove(&tsih);
-        if let Some(target) = gone.as_ref().and_then(|s| s.target.as_ref()) {
-            let nexus = gone.as_ref().expect("checked").nexus;
-            for lu in target.luns.values() {
-                lu.nexus_lost(nexus);
-            }
-        }
-    }
-
-    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
-        self.sessions.lock().unwrap().values().cloned().collect()
-    }
-
-    /// The same initiator port keeps its I_T nexus id across sessions, so unit attentions
-    /// and (later) reservations follow the initiator port, not the TCP connection.
-    pub fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
-        let mut ids = self.nexus_ids.lock().unwrap();
-        let n = ids.len() as u64 + 1;
-        let nexus = Nexus(
-            *ids.entry((initiator.to_ascii_lowercase(), isid))
-                .or_insert(n),
-        );
-        if nexus.0 == n {
-            // Persistent reservations know initiator ports by their iSCSI initiator port
-            // name, "<name>,i,0x<ISID>" (SPC-5 7.6.4.6).
-            let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
-            let port = format!("{initiator},i,0x{isid_hex}");
-            for t in &self.targets {
-                for lu in t.luns.values() {
-                    lu.name_nexus(nexus, &port);
-                }
-            }
-        }
-        nexus
-    }
-
-    pub fn task_started(&self) {
-        self.inflight.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub fn task_finished(&self) {
-        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.idle.notify_waiters();
-        }
-    }
-
-    async fn wait_idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.inflight.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    pub fn shutting_down(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-}
+use crate::config::Config;
+pub use crate::node::TargetNode;
+use crate::session::ConnEvent;
+use crate::shared::Shared;
 
 /// Hands a running target connections that did not come through its listeners: an
 /// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
@@ -267,7 +96,7 @@ impl Server {
                         device_id: format!("{}-lun{}", t.iqn, l.id),
                         pr_file,
                         target_name: t.iqn.clone(),
-                        // Every portal is in portal group 1 (the tag login declares), so
+                        // Every portal is in portal group 1 (`node::PORTAL_GROUP`), so
                         // the target has one target port, reachable by all portals.
                         target_port_group: 1,
                         relative_port: 1,
@@ -308,17 +137,7 @@ impl Server {
         }
         let (shutdown_tx, shutdown) = watch::channel(false);
         Ok(Server {
-            shared: Arc::new(Shared {
-                config,
-                targets,
-                portals,
-                sessions: Mutex::new(HashMap::new()),
-                next_tsih: Mutex::new(1),
-                nexus_ids: Mutex::new(HashMap::new()),
-                shutdown,
-                inflight: AtomicUsize::new(0),
-                idle: Notify::new(),
-            }),
+            shared: Arc::new(Shared::new(config, targets, portals, shutdown)),
             listeners,
             shutdown_tx,
         })
@@ -409,7 +228,7 @@ impl Server {
 mod tests {
     use super::*;
     use backstore::{Backstore, OpenContext, OpenError, Param, StoreFactory, StoreSpec};
-    use scsi::{Command, Response};
+    use scsi::{Command, Nexus, Response};
 
     /// `alias:?members=[SPEC]`: its one member, under a kind the target has never heard of.
     struct Alias;

@@ -1,17 +1,18 @@
 //! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
 //! connections, and the registry of its tasks (for task management across connections).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iscsi::negotiate::SessionParams;
 use iscsi::pdu::Pdu;
 use iscsi::serial::sn_in_window;
 use scsi::Nexus;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
-use crate::server::TargetNode;
+use crate::node::TargetNode;
 use crate::tags::TagMap;
+use crate::task::{TaskCtl, TaskRec};
 
 mod recovery;
 pub(crate) use recovery::Reassigned;
@@ -42,53 +43,6 @@ pub enum Ordered {
     Scsi(u32),
     /// Any other command (NOP-Out, Text, Task Management, Logout).
     Pdu(Box<Pdu>),
-}
-
-/// Shared between a task's owner and whoever manages it.
-///
-/// Whether a task answers or is aborted is decided once, by a compare-and-swap, so a
-/// task's status and a TMF's "function complete" for it can never both go out.
-#[derive(Debug, Default)]
-pub struct TaskCtl {
-    outcome: AtomicU8,
-    pub executing: AtomicBool,
-    pub done: Notify,
-    pub finished: AtomicBool,
-}
-
-const UNDECIDED: u8 = 0;
-const ANSWERED: u8 = 1;
-const ABORTED: u8 = 2;
-
-impl TaskCtl {
-    /// Claims the right to send the task's status; false if it was aborted first.
-    pub fn claim_answer(&self) -> bool {
-        self.outcome
-            .compare_exchange(UNDECIDED, ANSWERED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// Aborts the task; false if its status was already claimed (it completed).
-    pub fn abort(&self) -> bool {
-        match self
-            .outcome
-            .compare_exchange(UNDECIDED, ABORTED, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => true,
-            Err(prev) => prev == ABORTED,
-        }
-    }
-
-    pub fn is_aborted(&self) -> bool {
-        self.outcome.load(Ordering::Acquire) == ABORTED
-    }
-}
-
-#[derive(Debug)]
-pub struct TaskRec {
-    pub cid: u16,
-    pub lun: u16,
-    pub ctl: Arc<TaskCtl>,
 }
 
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use iscsi::framing::PduDecoder;
 use iscsi::login::LoginOutcome;
 use iscsi::negotiate::TargetPacing;
@@ -20,8 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::server::Shared;
 use crate::session::{self, Session};
+use crate::shared::Shared;
+use crate::task::unlend;
 
 /// Tunes a new connection's socket as configured; see [`socket_tuning`].
 pub(crate) fn tune(shared: &Shared, stream: &Stream, peer: SocketAddr) {
@@ -349,18 +350,6 @@ fn batch_slices<'a>(
         }
     }
     slices
-}
-
-/// Gives a Data-In payload its own copy, letting go of bytes the store lent (and so of
-/// the blocks they hold). The copy goes through the kernel, which reports a page of a
-/// shrunken file as an error where reading it here would take SIGBUS.
-pub(crate) fn unlend(p: &mut Pdu) -> std::io::Result<()> {
-    if let Pdu::DataIn(d) = p {
-        if !d.data.is_empty() {
-            d.data = Bytes::from(backstore::copy_checked(&d.data)?);
-        }
-    }
-    Ok(())
 }
 
 /// Writes what the socket takes without waiting; true when that was everything.

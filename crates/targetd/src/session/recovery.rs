@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use iscsi::serial::sn_lt;
 
 use super::*;
-use crate::conn::Task;
+use crate::task::Task;
 
 /// State kept for reassignment, inside the session's lock.
 #[derive(Default)]
@@ -224,7 +224,7 @@ impl Session {
             };
             if a.pdus
                 .iter_mut()
-                .map(crate::wire::unlend)
+                .map(crate::task::unlend)
                 .any(|r| r.is_err())
             {
                 g.retained.answers.remove(itt);

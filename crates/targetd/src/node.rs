@@ -1,0 +1,53 @@
+//! A target node: its name, who may log in to it, and its logical units.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use scsi::{CopyTargets, Designator, LogicalUnit};
+
+use crate::config::Chap;
+
+/// The target portal group tag of every portal: one group, so one target port per
+/// target node, whichever portal a connection comes through.
+pub(crate) const PORTAL_GROUP: u16 = 1;
+
+/// One iSCSI target node: a name, its access rules and its logical units.
+pub struct TargetNode {
+    pub iqn: String,
+    pub alias: Option<String>,
+    pub allowed_initiators: Vec<String>,
+    pub chap: Option<Chap>,
+    pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
+}
+
+impl TargetNode {
+    pub fn allows(&self, initiator: &str) -> bool {
+        self.allowed_initiators.is_empty()
+            || self
+                .allowed_initiators
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(initiator))
+    }
+
+    pub fn lun_ids(&self) -> Vec<u16> {
+        self.luns.keys().copied().collect()
+    }
+}
+
+/// EXTENDED COPY sent to one logical unit of a target reaches the target's others.
+impl CopyTargets for TargetNode {
+    fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
+        self.luns
+            .values()
+            .find(|lu| lu.has_designator(designator))
+            .cloned()
+    }
+}
+
+impl std::fmt::Debug for TargetNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetNode")
+            .field("iqn", &self.iqn)
+            .finish()
+    }
+}
