@@ -146,6 +146,27 @@ impl StripeBackstore {
     }
 }
 
+impl StripeBackstore {
+    /// Runs `op` on every member range of `[offset, offset + len)`, merged where adjacent.
+    fn on_ranges(
+        &self,
+        offset: u64,
+        len: u64,
+        op: impl Fn(&dyn Backstore, u64, u64) -> io::Result<()> + Sync,
+    ) -> io::Result<()> {
+        check_range(offset, len, self.size())?;
+        let work = self
+            .member_ranges(offset, len)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        self.on_members(work, |m, ranges: Vec<(u64, u64)>| {
+            ranges.into_iter().try_for_each(|(off, n)| op(m, off, n))
+        })
+    }
+}
+
 /// Splits `buf` into the slices of `pieces` (which cover it in order) and groups them by
 /// member.
 fn split_by_member<'b, B: SplitAt<'b>>(
@@ -249,33 +270,11 @@ impl Backstore for StripeBackstore {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.size())?;
-        let work = self
-            .member_ranges(offset, len)
-            .into_iter()
-            .enumerate()
-            .filter(|(_, r)| !r.is_empty())
-            .collect();
-        self.on_members(work, |m, ranges: Vec<(u64, u64)>| {
-            ranges
-                .into_iter()
-                .try_for_each(|(off, n)| m.discard(off, n))
-        })
+        self.on_ranges(offset, len, |m, off, n| m.discard(off, n))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.size())?;
-        let work = self
-            .member_ranges(offset, len)
-            .into_iter()
-            .enumerate()
-            .filter(|(_, r)| !r.is_empty())
-            .collect();
-        self.on_members(work, |m, ranges: Vec<(u64, u64)>| {
-            ranges
-                .into_iter()
-                .try_for_each(|(off, n)| m.write_zeroes(off, n))
-        })
+        self.on_ranges(offset, len, |m, off, n| m.write_zeroes(off, n))
     }
 
     fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {

@@ -242,121 +242,79 @@ impl WriteHalf {
     }
 }
 
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Memory(m) => Pin::new(m).poll_read(cx, buf),
+/// `AsyncRead` for a receiving enum: each call goes to its variant's own.
+macro_rules! delegate_async_read {
+    ($t:ident) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $t::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+                    $t::Memory(m) => Pin::new(m).poll_read(cx, buf),
+                }
+            }
         }
-    }
+    };
 }
 
-impl AsyncRead for ReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ReadHalf::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            ReadHalf::Memory(r) => Pin::new(r).poll_read(cx, buf),
+delegate_async_read!(Stream);
+delegate_async_read!(ReadHalf);
+
+/// `AsyncWrite` for a sending enum: each call goes to its variant's own.
+macro_rules! delegate_async_write {
+    ($t:ident) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $t::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+                    $t::Memory(m) => Pin::new(m).poll_write(cx, buf),
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $t::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    $t::Memory(m) => Pin::new(m).poll_write_vectored(cx, bufs),
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $t::Tcp(s) => s.is_write_vectored(),
+                    $t::Memory(m) => m.is_write_vectored(),
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $t::Tcp(s) => Pin::new(s).poll_flush(cx),
+                    $t::Memory(m) => Pin::new(m).poll_flush(cx),
+                }
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $t::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+                    $t::Memory(m) => Pin::new(m).poll_shutdown(cx),
+                }
+            }
         }
-    }
+    };
 }
 
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Memory(m) => Pin::new(m).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Memory(m) => Pin::new(m).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Tcp(s) => s.is_write_vectored(),
-            Stream::Memory(m) => m.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Memory(m) => Pin::new(m).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Memory(m) => Pin::new(m).poll_shutdown(cx),
-        }
-    }
-}
-
-impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Tcp(w) => Pin::new(w).poll_write(cx, buf),
-            WriteHalf::Memory(m) => Pin::new(m).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WriteHalf::Memory(m) => Pin::new(m).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            WriteHalf::Tcp(w) => w.is_write_vectored(),
-            WriteHalf::Memory(m) => m.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Tcp(w) => Pin::new(w).poll_flush(cx),
-            WriteHalf::Memory(m) => Pin::new(m).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Tcp(w) => Pin::new(w).poll_shutdown(cx),
-            WriteHalf::Memory(m) => Pin::new(m).poll_shutdown(cx),
-        }
-    }
-}
+delegate_async_write!(Stream);
+delegate_async_write!(WriteHalf);
 
 #[cfg(test)]
 mod tests {
