@@ -6,6 +6,8 @@
 
 use std::ops::Range;
 
+use crate::serial::{sn_gt, sn_le, sn_lt};
+
 /// The negotiated session values that govern how a command's data moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataRules {
@@ -285,6 +287,133 @@ impl DataSequence {
     }
 }
 
+/// The initiator's view of the command window (RFC 7143 4.2.2.1): the CmdSN its next
+/// command takes, and the target's ExpCmdSN and MaxCmdSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmdWindow {
+    /// The CmdSN the next command gets.
+    pub cmdsn: u32,
+    pub expcmdsn: u32,
+    pub maxcmdsn: u32,
+}
+
+impl CmdWindow {
+    pub fn new(cmdsn: u32, expcmdsn: u32, maxcmdsn: u32) -> CmdWindow {
+        CmdWindow {
+            cmdsn,
+            expcmdsn,
+            maxcmdsn,
+        }
+    }
+
+    /// The target takes another command now.
+    pub fn is_open(&self) -> bool {
+        sn_le(self.cmdsn, self.maxcmdsn)
+    }
+
+    /// The CmdSN for a new command, which advances the window's next one.
+    pub fn take(&mut self) -> u32 {
+        let cmdsn = self.cmdsn;
+        self.cmdsn = cmdsn.wrapping_add(1);
+        cmdsn
+    }
+
+    /// Takes the target's ExpCmdSN and MaxCmdSN where they move forward; true when the
+    /// window opened further. MaxCmdSN < ExpCmdSN - 1 is invalid and ignored.
+    pub fn advance(&mut self, expcmdsn: u32, maxcmdsn: u32) -> bool {
+        if sn_lt(maxcmdsn, expcmdsn.wrapping_sub(1)) {
+            return false;
+        }
+        if sn_gt(expcmdsn, self.expcmdsn) {
+            self.expcmdsn = expcmdsn;
+        }
+        if sn_gt(maxcmdsn, self.maxcmdsn) {
+            self.maxcmdsn = maxcmdsn;
+            return true;
+        }
+        false
+    }
+}
+
+/// Why a target does not take a command into its CmdSN order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderError {
+    /// Outside [ExpCmdSN, MaxCmdSN]: silently ignored (RFC 7143 3.2.2.1).
+    OutOfWindow { exp: u32, max: u32 },
+    /// A CmdSN already waiting.
+    Duplicate,
+}
+
+/// The target's view of the command window: commands of a session, from all its
+/// connections, delivered in CmdSN order. Those that arrive early wait in a ring indexed
+/// by their distance from ExpCmdSN, which the window (`depth` commands) bounds.
+#[derive(Debug)]
+pub struct CmdOrder<T> {
+    exp: u32,
+    depth: u32,
+    early: std::collections::VecDeque<Option<T>>,
+}
+
+impl<T> CmdOrder<T> {
+    /// A window of `depth` commands (at least 1) from `first_cmdsn`.
+    pub fn new(first_cmdsn: u32, depth: u32) -> CmdOrder<T> {
+        CmdOrder {
+            exp: first_cmdsn,
+            depth: depth.max(1),
+            early: std::collections::VecDeque::new(),
+        }
+    }
+
+    pub fn exp_cmdsn(&self) -> u32 {
+        self.exp
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) to advertise.
+    pub fn window(&self) -> (u32, u32) {
+        (self.exp, self.exp.wrapping_add(self.depth - 1))
+    }
+
+    /// Takes a non-immediate command in; the commands now deliverable, in CmdSN order.
+    pub fn admit(&mut self, cmdsn: u32, item: T) -> Result<Vec<T>, OrderError> {
+        let (exp, max) = self.window();
+        if !crate::serial::sn_in_window(cmdsn, exp, max) {
+            return Err(OrderError::OutOfWindow { exp, max });
+        }
+        let at = cmdsn.wrapping_sub(exp) as usize;
+        if at > 0 {
+            if self.early.len() <= at {
+                self.early.resize_with(at + 1, || None);
+            }
+            if self.early[at].is_some() {
+                return Err(OrderError::Duplicate);
+            }
+            self.early[at] = Some(item);
+            return Ok(Vec::new());
+        }
+        let mut ready = vec![item];
+        self.early.pop_front();
+        while let Some(Some(_)) = self.early.front() {
+            ready.extend(self.early.pop_front().flatten());
+        }
+        self.exp = exp.wrapping_add(ready.len() as u32);
+        Ok(ready)
+    }
+
+    /// The commands waiting for their turn.
+    pub fn waiting_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.early.iter_mut().flatten()
+    }
+
+    /// Drops the waiting commands for which `keep` is false.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        for slot in self.early.iter_mut() {
+            if slot.as_ref().is_some_and(|t| !keep(t)) {
+                *slot = None;
+            }
+        }
+    }
+}
+
 /// Task management function codes and responses (RFC 7143 11.5.1, 11.6.1).
 pub mod tmf {
     pub const ABORT_TASK: u8 = 1;
@@ -534,5 +663,49 @@ mod tests {
                 }
             }
         }
+    }
+    #[test]
+    fn the_initiator_window_opens_only_forward() {
+        let mut w = CmdWindow::new(10, 10, 11);
+        assert!(w.is_open());
+        assert_eq!((w.take(), w.take()), (10, 11));
+        assert!(!w.is_open());
+        assert!(!w.advance(12, 10), "MaxCmdSN < ExpCmdSN - 1 is ignored");
+        assert_eq!(w.expcmdsn, 10);
+        assert!(w.advance(12, 20));
+        assert!(w.is_open());
+        assert!(!w.advance(11, 15), "an older window changes nothing");
+        assert_eq!((w.expcmdsn, w.maxcmdsn), (12, 20));
+    }
+
+    #[test]
+    fn the_target_delivers_in_cmdsn_order_across_connections() {
+        let mut o = CmdOrder::new(u32::MAX - 1, 8);
+        assert_eq!(o.window(), (u32::MAX - 1, 5));
+        // Early arrivals wait; the one that fills the gap releases them all, in order.
+        assert_eq!(o.admit(1, "c"), Ok(vec![]));
+        assert_eq!(o.admit(u32::MAX, "b"), Ok(vec![]));
+        assert_eq!(o.admit(1, "again"), Err(OrderError::Duplicate));
+        assert_eq!(o.admit(u32::MAX - 1, "a"), Ok(vec!["a", "b"]));
+        assert_eq!(o.exp_cmdsn(), 0);
+        assert_eq!(o.admit(0, "z"), Ok(vec!["z", "c"]));
+        assert_eq!(o.exp_cmdsn(), 2);
+        assert_eq!(
+            o.admit(10, "far"),
+            Err(OrderError::OutOfWindow { exp: 2, max: 9 })
+        );
+        assert!(matches!(
+            o.admit(1, "old"),
+            Err(OrderError::OutOfWindow { .. })
+        ));
+        // A lost connection's waiting commands go.
+        o.admit(4, "lost").unwrap();
+        o.admit(5, "kept").unwrap();
+        o.retain(|t| *t != "lost");
+        assert_eq!(o.waiting_mut().count(), 1);
+        assert_eq!(o.admit(2, "x"), Ok(vec!["x"]));
+        assert_eq!(o.admit(3, "y"), Ok(vec!["y"]));
+        // The slot of the dropped one stays a gap until its CmdSN comes again.
+        assert_eq!(o.admit(4, "resent"), Ok(vec!["resent", "kept"]));
     }
 }

@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use iscsi::ffp::CmdOrder;
 use iscsi::negotiate::SessionParams;
 use iscsi::pdu::Pdu;
-use iscsi::serial::sn_in_window;
 use scsi::Nexus;
 use tokio::sync::mpsc;
 
@@ -50,13 +50,7 @@ pub struct ConnHandle {
     pub events: mpsc::UnboundedSender<ConnEvent>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum OrderError {
-    /// Outside [ExpCmdSN, MaxCmdSN]: RFC 7143 4.2.2.1 says to ignore it silently.
-    OutOfWindow { exp: u32, max: u32 },
-    /// The same CmdSN is already waiting.
-    Duplicate,
-}
+pub use iscsi::ffp::OrderError;
 
 pub struct Session {
     pub tsih: u16,
@@ -72,8 +66,8 @@ pub struct Session {
 }
 
 struct Inner {
-    exp_cmdsn: u32,
-    pending: TagMap<u32, (u16, Ordered)>,
+    /// The session's CmdSN order; what waits there carries its connection's CID.
+    order: CmdOrder<(u16, Ordered)>,
     conns: TagMap<u16, ConnHandle>,
     tasks: TagMap<u32, TaskRec>,
     closed: bool,
@@ -102,8 +96,7 @@ impl Session {
             queue_depth,
             exp_cmdsn: AtomicU32::new(first_cmdsn),
             inner: Mutex::new(Inner {
-                exp_cmdsn: first_cmdsn,
-                pending: TagMap::default(),
+                order: CmdOrder::new(first_cmdsn, queue_depth),
                 conns: TagMap::default(),
                 tasks: TagMap::default(),
                 closed: false,
@@ -136,26 +129,10 @@ impl Session {
         item: Ordered,
     ) -> Result<Vec<(u16, Ordered)>, OrderError> {
         let mut g = self.lock();
-        let exp = g.exp_cmdsn;
-        let max = exp.wrapping_add(self.queue_depth - 1);
-        if !sn_in_window(cmdsn, exp, max) {
-            return Err(OrderError::OutOfWindow { exp, max });
+        let ready = g.order.admit(cmdsn, (cid, item))?;
+        if !ready.is_empty() {
+            self.exp_cmdsn.store(g.order.exp_cmdsn(), Ordering::Release);
         }
-        if cmdsn != exp {
-            if g.pending.contains_key(&cmdsn) {
-                return Err(OrderError::Duplicate);
-            }
-            g.pending.insert(cmdsn, (cid, item));
-            return Ok(Vec::new());
-        }
-        let mut ready = vec![(cid, item)];
-        let mut next = exp.wrapping_add(1);
-        while let Some(p) = g.pending.remove(&next) {
-            ready.push(p);
-            next = next.wrapping_add(1);
-        }
-        g.exp_cmdsn = next;
-        self.exp_cmdsn.store(next, Ordering::Release);
         Ok(ready)
     }
 
@@ -181,7 +158,7 @@ impl Session {
             g.conns.remove(&cid);
         }
         // Commands of a lost connection waiting for ordering can never run now.
-        g.pending.retain(|_, (c, _)| *c != cid);
+        g.order.retain(|(c, _)| *c != cid);
         g.conns.is_empty()
     }
 

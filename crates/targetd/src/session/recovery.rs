@@ -372,7 +372,7 @@ impl Session {
         if let Some(r) = g.tasks.get_mut(&itt) {
             r.cid = to;
         }
-        for (cid, item) in g.pending.values_mut() {
+        for (cid, item) in g.order.waiting_mut() {
             if *item == Ordered::Scsi(itt) {
                 *cid = to;
             }
