@@ -119,9 +119,13 @@ fn vpd(code: u8, config: &LuConfig, limits: &Limits) -> Result<Vec<u8>, Sense> {
         VPD_BLOCK_LIMITS => page(code, block_limits(config, limits)),
         VPD_BLOCK_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
-            b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating medium
-                                                          // WABEREQ and WACEREQ 01b: reads after a SANITIZE erase succeed.
-            b[3] = 0x40 | 0x10;
+            // Non-rotating medium.
+            b[0..2].copy_from_slice(&1u16.to_be_bytes());
+            // WABEREQ and WACEREQ 01b: reads after a SANITIZE erase succeed. The erases
+            // are offered only on a thin LU; elsewhere both stay 0 (not specified).
+            if config.thin {
+                b[3] = 0x40 | 0x10;
+            }
             page(code, b)
         }
         VPD_PROVISIONING => {

@@ -780,6 +780,10 @@ impl LogicalUnit {
             return Err(Sense::invalid_field_in_cdb(1, Some(0)));
         }
         let unmap = r.flags & 0x08 != 0;
+        // UNMAP on a fully provisioned LU (LBPME and LBPWS clear): SBC-4 5.48.
+        if unmap && !self.config.thin {
+            return Err(Sense::invalid_field_in_cdb(1, Some(3)));
+        }
         let ndob = sixteen && r.flags & 0x01 != 0;
         // WSNZ is clear: no blocks means up to the end of the medium.
         let mut r = r;
@@ -850,6 +854,11 @@ impl LogicalUnit {
                 | SA_SANITIZE_CRYPTO_ERASE
                 | SA_SANITIZE_EXIT_FAILURE_MODE
         ) {
+            return Err(Sense::invalid_field_in_cdb(1, Some(4)));
+        }
+        // BLOCK and CRYPTOGRAPHIC ERASE deallocate: only where the LU is thin (LBPME), as
+        // REPORT SUPPORTED OPERATION CODES says; a fully provisioned LU offers OVERWRITE.
+        if matches!(sa, SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE) && !self.config.thin {
             return Err(Sense::invalid_field_in_cdb(1, Some(4)));
         }
         let len = be16(&cdb[7..9]) as u64;

@@ -455,16 +455,16 @@ pub(crate) static OPS: &[OpInfo] = &[
         SA_SANITIZE_OVERWRITE as u16,
         &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
     ),
-    op_sa(
+    thin(op_sa(
         SANITIZE,
         SA_SANITIZE_BLOCK_ERASE as u16,
         &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
-    ),
-    op_sa(
+    )),
+    thin(op_sa(
         SANITIZE,
         SA_SANITIZE_CRYPTO_ERASE as u16,
         &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0],
-    ),
+    )),
     op_sa(
         SANITIZE,
         SA_SANITIZE_EXIT_FAILURE_MODE as u16,

@@ -326,6 +326,17 @@ fn inquiry_vpd_pages() {
         0x20,
         0x00,
     );
+    // WRITE SAME with UNMAP, and SANITIZE BLOCK ERASE, need a thin LU (LBPME).
+    let mut ws16 = [0u8; 16];
+    ws16[0] = 0x93;
+    ws16[1] = 0x08;
+    ws16[13] = 1;
+    assert_invalid_cdb(&exec(&thick, &ws16, &[0; 512]), 1);
+    assert_invalid_cdb(&exec(&thick, &[0x48, 0x02, 0, 0, 0, 0, 0, 0, 0, 0], &[]), 1);
+    assert_invalid_cdb(&exec(&thick, &[0x48, 0x03, 0, 0, 0, 0, 0, 0, 0, 0], &[]), 1);
+    let mut ws16_plain = ws16;
+    ws16_plain[1] = 0;
+    good(&exec(&thick, &ws16_plain, &[0; 512]));
 }
 
 #[test]
