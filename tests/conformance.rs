@@ -15,6 +15,10 @@
 //! through Sanitize.BlockEraseReserved the hook calls itself forever (see
 //! `scripts/conformance-vs-tgt.sh`, which runs the families separately).
 mod common;
+// tgtd on a port of its own, configured through tgtadm (shared with the tools crate's tests).
+#[path = "../crates/tools/tests/common/mod.rs"]
+#[allow(dead_code)]
+mod peers;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -253,15 +257,11 @@ impl Drop for Reservoir {
 
 /// `rsv target` on two OS-chosen loopback ports; `session` goes into its `[session]`.
 fn start_reservoir(dir: &Path, session: &str) -> Reservoir {
-    let config = format!(
-        r#"
-[session]
-{session}
+    start_reservoir_with(dir, session, LUNS)
+}
 
-[[target]]
-iqn = "{IQN}"
-allowed_initiators = ["{INITIATOR_1}", "{INITIATOR_2}"]
-
+/// The LUNs of the suite's target: the main one and the variants some tests need.
+const LUNS: &str = r#"
 # Thin, removable, on a sparse file: the main LUN, with APTPL reservations beside it.
 [[target.lun]]
 id = 0
@@ -292,7 +292,20 @@ physical_block_exponent = 3
 id = 3
 store = "stripe:?unit=64K&members=[stripe:?unit=16K&members=[file:s0.img?size=16M,file:s1.img?size=16M],file:s2.img?size=32M,ram:?size=32M]"
 removable = true
-"#
+"#;
+
+/// `rsv target` with `luns` (TOML `[[target.lun]]` tables) under the suite's IQN, which
+/// admits the suite's two initiator names.
+fn start_reservoir_with(dir: &Path, session: &str, luns: &str) -> Reservoir {
+    let config = format!(
+        r#"
+[session]
+{session}
+
+[[target]]
+iqn = "{IQN}"
+allowed_initiators = ["{INITIATOR_1}", "{INITIATOR_2}"]
+{luns}"#
     );
     let cfg = dir.join("target.toml");
     std::fs::write(&cfg, config).unwrap();
@@ -530,6 +543,65 @@ fn data_families_with_header_digests() {
         lbppb.summary("8 logical blocks per physical block, with header digests")
     );
     drop(target);
+}
+
+/// Data Reservoir near distance: a file server whose LUN stripes over four Reservoir disk
+/// servers and a tgt, each reached over iSCSI, passes the suite as a local LUN does.
+#[test]
+fn a_stripe_over_four_disk_servers_and_tgt_passes_the_suite() {
+    if !have("iscsi-test-cu") {
+        return;
+    }
+    let Some(tgt) = peers::Tgt::start(32 << 20, None) else {
+        return;
+    };
+    let disks: Vec<common::Target> = (0..4)
+        .map(|i| {
+            common::Target::start(Some(&format!(
+                "[[target]]\niqn = \"iqn.2026-11.org.reservoir:disk{i}\"\n\
+                 [[target.lun]]\nid = 0\nstore = \"file:disk.img?size=32M\"\n"
+            )))
+        })
+        .collect();
+    let mut members: Vec<String> = disks.iter().map(|d| d.url(0)).collect();
+    members.push(format!("iscsi://127.0.0.1:{}/{}/1", tgt.port, tgt.iqn));
+    let dir = tempfile::tempdir().unwrap();
+    let luns = format!(
+        "[[target.lun]]\nid = 0\nremovable = true\nstore = \"stripe:?unit=64K&members=[{}]\"\n",
+        members.join(",")
+    );
+    let target = start_reservoir_with(dir.path(), "", &luns);
+    let url = |portal: &str| format!("iscsi://{portal}/{IQN}/0");
+    let list = all_but_not_run(dir.path());
+    let out = suite(
+        &[
+            "-d",
+            "-S",
+            "-t",
+            list.to_str().unwrap(),
+            &url(&target.portals[0]),
+            &url(&target.portals[1]),
+        ],
+        Duration::from_secs(900),
+        &dir.path().join("suite-volume.txt"),
+    );
+    let tally = Tally::parse(&out);
+    println!(
+        "{}",
+        tally.summary("Reservoir file server: stripe over 4 Reservoir disk servers + tgt")
+    );
+    assert!(
+        tally.results.len() > 200,
+        "suite output not understood:\n{out}"
+    );
+    assert_eq!(
+        tally.count(Outcome::Failed),
+        0,
+        "{}",
+        tally.summary("stripe over remote LUNs")
+    );
+    drop(target);
+    drop(disks);
 }
 
 #[test]
