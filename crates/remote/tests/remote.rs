@@ -10,23 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use initiator::{Error, IscsiUrl, Lun, SessionOptions};
+use targetd::Running;
 
 const DISK: &str = "iqn.2026-11.org.reservoir:disk";
 const FILE_SERVER: &str = "iqn.2026-11.org.reservoir:volume";
-
-/// A running target.
-struct Running {
-    stop: tokio::sync::oneshot::Sender<()>,
-    done: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    /// Stops it as SIGTERM would: commands finish, LUNs are flushed.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.done.await.unwrap();
-    }
-}
 
 /// A target on `listen` (port 0: any) with the given LUN lines.
 async fn target(listen: &str, iqn: &str, luns: &str, data: &Path) -> (SocketAddr, Running) {
@@ -39,13 +26,7 @@ async fn target(listen: &str, iqn: &str, luns: &str, data: &Path) -> (SocketAddr
     remote::register(&mut stores);
     let server = targetd::Server::bind(config, &stores).await.unwrap();
     let addr = server.portals()[0];
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        let _ = server
-            .run(async { drop(stopped.await) }, Duration::from_millis(200))
-            .await;
-    });
-    (addr, Running { stop, done })
+    (addr, server.spawn(Duration::from_millis(200)))
 }
 
 fn disk_lun(size: &str) -> String {
@@ -115,9 +96,9 @@ async fn a_stripe_over_remote_luns_reads_and_writes_through_them() {
     );
 
     // The file server first: its last flush reaches the disk servers.
-    file_server.stop().await;
+    file_server.stop().await.unwrap();
     for (_, d) in disks {
-        d.stop().await;
+        d.stop().await.unwrap();
     }
 }
 
@@ -136,7 +117,7 @@ async fn a_disk_server_that_stops_fails_its_commands_and_comes_back_without_a_re
     let data = pattern(256 << 10, 9);
     volume.write_at(0, data.clone()).await.unwrap();
 
-    disk_server.stop().await;
+    disk_server.stop().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     match volume.read_at(0, 256 << 10).await {
         Err(Error::Scsi { status, .. }) => assert_eq!(status, 2, "CHECK CONDITION"),
@@ -157,6 +138,6 @@ async fn a_disk_server_that_stops_fails_its_commands_and_comes_back_without_a_re
         }
     }
     assert_eq!(back.expect("the volume never came back"), data);
-    file_server.stop().await;
-    disk_again.stop().await;
+    file_server.stop().await.unwrap();
+    disk_again.stop().await.unwrap();
 }

@@ -22,4 +22,4 @@ mod task;
 mod wire;
 
 pub use config::Config;
-pub use server::Server;
+pub use server::{Running, Server};

@@ -33,6 +33,31 @@ impl Connector {
     }
 }
 
+/// A target serving in the background ([`Server::spawn`]); dropping it stops the target.
+pub struct Running {
+    portals: Vec<SocketAddr>,
+    connector: Connector,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    pub fn portals(&self) -> &[SocketAddr] {
+        &self.portals
+    }
+
+    pub fn connector(&self) -> Connector {
+        self.connector.clone()
+    }
+
+    /// Stops as SIGTERM does (running commands finish, LUNs are flushed) and waits.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let Running { _stop, done, .. } = self;
+        drop(_stop);
+        done.await?
+    }
+}
+
 /// A target ready to accept connections.
 pub struct Server {
     shared: Arc<Shared>,
@@ -154,6 +179,26 @@ impl Server {
 
     pub fn targets(&self) -> impl Iterator<Item = &TargetNode> {
         self.shared.targets.iter().map(|t| &**t)
+    }
+
+    /// Serves in the background on the current tokio runtime until the returned handle
+    /// is stopped or dropped: a target embedded in another program, or in a test.
+    pub fn spawn(self, grace: Duration) -> Running {
+        let portals = self.portals().to_vec();
+        let connector = self.connector();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = tokio::spawn(self.run(
+            async {
+                let _ = stopped.await;
+            },
+            grace,
+        ));
+        Running {
+            portals,
+            connector,
+            _stop: stop,
+            done,
+        }
     }
 
     /// Serves until `stop` resolves, then drains: no new connections, initiators asked to

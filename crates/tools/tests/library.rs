@@ -5,7 +5,6 @@
 //! initiator crate because the target crate pulls in clap, which the initiator must not,
 //! not even as a dev-dependency.)
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,8 +17,8 @@ use targetd::config::Config;
 const IQN: &str = "iqn.2026-11.org.reservoir:library";
 const MIB: u64 = 1 << 20;
 
-/// A target with LUN 0 in RAM, on a free port, for the rest of the process.
-fn start_target(size: u64) -> SocketAddr {
+/// A target with LUN 0 in RAM, on a free port, until the handle goes.
+async fn start_target(size: u64) -> targetd::Running {
     let toml = format!(
         r#"
 portals = ["127.0.0.1:0"]
@@ -32,29 +31,21 @@ size = "{size}"
 "#
     );
     let config = Config::parse(&toml, "test").unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
-                .await
-                .unwrap();
-            tx.send(server.portals()[0]).unwrap();
-            server
-                .run(std::future::pending(), Duration::from_secs(1))
-                .await
-                .unwrap();
-        });
-    });
-    rx.recv().unwrap()
-}
-
-async fn open(size: u64) -> Lun {
-    let portal = start_target(size);
-    let url = IscsiUrl::parse(&format!("iscsi://{portal}/{IQN}/0")).unwrap();
-    Lun::open_url(&url, &SessionOptions::default())
+    targetd::Server::bind(config, &backstore::Registry::with_builtins())
         .await
         .unwrap()
+        .spawn(Duration::from_secs(1))
+}
+
+/// A LUN of a target started for it; the target runs as long as the handle lives.
+async fn open(size: u64) -> (Lun, targetd::Running) {
+    let target = start_target(size).await;
+    let portal = target.portals()[0];
+    let url = IscsiUrl::parse(&format!("iscsi://{portal}/{IQN}/0")).unwrap();
+    let lun = Lun::open_url(&url, &SessionOptions::default())
+        .await
+        .unwrap();
+    (lun, target)
 }
 
 fn random(len: usize, seed: u64) -> Vec<u8> {
@@ -66,7 +57,7 @@ fn random(len: usize, seed: u64) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unaligned_and_split_reads_and_writes_match_a_model() {
     let size = 32 * MIB;
-    let lun = open(size).await;
+    let (lun, _target) = open(size).await;
     assert_eq!((lun.size(), lun.block_size()), (size, 512));
     let max = lun.max_transfer_bytes();
     assert!(
@@ -138,7 +129,7 @@ async fn unaligned_and_split_reads_and_writes_match_a_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_end_is_refused() {
-    let lun = open(MIB).await;
+    let (lun, _target) = open(MIB).await;
     assert!(matches!(
         lun.read_at(MIB - 10, 11).await,
         Err(Error::OutOfRange { .. })
@@ -153,7 +144,7 @@ async fn past_the_end_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmap_zeroes_and_lba_status() {
-    let lun = open(16 * MIB).await;
+    let (lun, _target) = open(16 * MIB).await;
     lun.write_at(4 * MIB, Bytes::from(vec![0xaa; 2 * MIB as usize]))
         .await
         .unwrap();
@@ -195,7 +186,7 @@ async fn unmap_zeroes_and_lba_status() {
 /// file, skipping zero chunks, and verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_resumes_from_an_offset_with_progress() {
-    let lun = open(16 * MIB).await;
+    let (lun, _target) = open(16 * MIB).await;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     // Not a whole number of blocks: the last one is zero-filled on the LUN.

@@ -21,7 +21,7 @@ struct Pair {
     url: IscsiUrl,
     dialer: Dialer,
     cuts: Arc<Mutex<Vec<Cut>>>,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _target: targetd::Running,
 }
 
 async fn pair(lun_mib: u64) -> Pair {
@@ -40,13 +40,8 @@ size = "{lun_mib}MiB"
     let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
         .await
         .unwrap();
-    let connector = server.connector();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = server
-            .run(async { drop(stopped.await) }, Duration::from_secs(1))
-            .await;
-    });
+    let target = server.spawn(Duration::from_secs(1));
+    let connector = target.connector();
     let cuts = Arc::new(Mutex::new(Vec::new()));
     let dialer = {
         let cuts = cuts.clone();
@@ -67,7 +62,7 @@ size = "{lun_mib}MiB"
         url: IscsiUrl::parse(&format!("iscsi://127.0.0.1:3260/{IQN}/0")).unwrap(),
         dialer,
         cuts,
-        _stop: stop,
+        _target: target,
     }
 }
 
