@@ -93,17 +93,13 @@ impl RemoteLun {
         })
     }
 
-    /// Runs `f` to completion on this store's runtime. The target calls stores from its
-    /// blocking workers; a call from one of its async workers (a flush at shutdown) first
-    /// tells that runtime this thread blocks.
+    /// Runs `f` to completion on this store's runtime, from the target's blocking workers
+    /// (where every call into a store comes from).
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        let rt = self.rt.as_ref().expect("runtime present until drop");
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| rt.block_on(f))
-            }
-            _ => rt.block_on(f),
-        }
+        self.rt
+            .as_ref()
+            .expect("runtime present until drop")
+            .block_on(f)
     }
 
     pub fn block_size(&self) -> u32 {

@@ -252,15 +252,22 @@ impl Server {
         for s in shared.all_sessions() {
             s.broadcast(|| ConnEvent::Close("target shutting down"));
         }
-        let mut failed = false;
-        for t in &shared.targets {
-            for (id, lu) in &t.luns {
-                if let Err(e) = lu.flush() {
-                    warn!("flushing {} LUN {id}: {e}", t.iqn);
-                    failed = true;
+        // A flush waits on devices (or another target, for a remote store): on a worker
+        // that may block, as every other call into a store.
+        let flushing = shared.clone();
+        let failed = tokio::task::spawn_blocking(move || {
+            let mut failed = false;
+            for t in &flushing.targets {
+                for (id, lu) in &t.luns {
+                    if let Err(e) = lu.flush() {
+                        warn!("flushing {} LUN {id}: {e}", t.iqn);
+                        failed = true;
+                    }
                 }
             }
-        }
+            failed
+        })
+        .await?;
         if failed {
             bail!("some LUNs could not be flushed");
         }
