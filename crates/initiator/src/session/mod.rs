@@ -247,6 +247,16 @@ impl Session {
         info
     }
 
+    /// Paces the session's sends to `rate` bytes per second in all (each live connection
+    /// its share, with SO_MAX_PACING_RATE), or lifts the pacing with `None`. For a
+    /// coordinator that divides a shared bottleneck between sessions; it wins over the
+    /// session's own rate control. Takes effect at each connection's next TCP_INFO sample
+    /// (at most a second).
+    pub fn set_pacing_rate(&self, rate: Option<u64>) {
+        let v = rate.map_or(u64::MAX, |r| r.clamp(1, u64::MAX - 1));
+        self.shared.tuner.pace_external.store(v, Ordering::Relaxed);
+    }
+
     /// Commands the session lets in flight now (auto-tuning may grow it while it runs).
     pub fn queue_depth(&self) -> usize {
         self.shared.slots.depth()

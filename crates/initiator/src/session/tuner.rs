@@ -29,6 +29,9 @@ pub(super) struct Tuner {
     pub(super) rate: Option<Mutex<RateControl>>,
     /// The session's total pacing rate from `rate`, bytes per second (0: none yet).
     pub(super) pace_total: AtomicU64,
+    /// The session's total pacing rate set from outside ([`crate::Session::set_pacing_rate`]),
+    /// bytes per second: 0 none, `u64::MAX` unpaced again. Wins over the rate control.
+    pub(super) pace_external: AtomicU64,
     /// How often the readers sample TCP_INFO, microseconds.
     sample_every_us: AtomicU64,
     /// The least time the connections' rates are measured over, microseconds.
@@ -43,6 +46,7 @@ impl Tuner {
             peak: Mutex::default(),
             rate: rate_control.then(|| Mutex::new(RateControl::default())),
             pace_total: AtomicU64::new(0),
+            pace_external: AtomicU64::new(0),
             sample_every_us: AtomicU64::new(PATH_SAMPLE_INTERVAL.as_micros() as u64),
             span_us: AtomicU64::new(RateControl::span(Duration::ZERO).as_micros() as u64),
         }
@@ -96,8 +100,35 @@ impl Shared {
             self.grow_queue(&path, conns.len());
             self.shrink_queue(&path, conns.len());
         }
-        if self.tuner.rate.is_some() {
+        if self.tuner.pace_external.load(Ordering::Relaxed) != 0 {
+            self.apply_external_pace(conn, stream, &conns);
+        } else if self.tuner.rate.is_some() {
             self.control_rate(conn, stream, &conns, &path);
+        }
+    }
+
+    /// Paces this connection to its share of the rate set from outside the session (a
+    /// coordinator dividing a shared bottleneck between sessions); `u64::MAX` lifts it.
+    fn apply_external_pace(&self, conn: &Arc<Conn>, stream: &Reader, conns: &[Arc<Conn>]) {
+        let total = self.tuner.pace_external.load(Ordering::Relaxed);
+        let live = conns.iter().filter(|c| c.is_alive()).count().max(1) as u64;
+        let share = if total == u64::MAX {
+            0
+        } else {
+            (total / live).max(1)
+        };
+        let applied = conn.applied_pace.load(Ordering::Relaxed);
+        if share == applied
+            || (share != 0 && applied != 0 && share.abs_diff(applied) * 200 <= applied)
+        {
+            return;
+        }
+        conn.applied_pace.store(share, Ordering::Relaxed);
+        let Some(fd) = stream.socket() else { return };
+        // 0 on SO_MAX_PACING_RATE would stop the socket; "no limit" is all ones.
+        let value = if share == 0 { u64::MAX } else { share };
+        if let Err(e) = net::set_pacing_rate(fd, value) {
+            tracing::warn!(cid = conn.cid, "SO_MAX_PACING_RATE {value}: {e}");
         }
     }
 

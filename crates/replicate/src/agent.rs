@@ -1,0 +1,529 @@
+//! The disk server's side: an agent inside `rsv target` that serves the control channel
+//! and runs sends. A send reads the local LUN's units straight from its store and writes
+//! them to the destination disk server's LUN over iSCSI (the initiator library: many
+//! connections, auto-tuning, ERL 2 recovery), paced as the coordinator says; the data never
+//! passes through the coordinator or a file server. Every unit's BLAKE3 is taken as it is
+//! read; the destination's agent takes its own from its store (`POST /v1/sums`), so the
+//! check needs no read-back across the WAN.
+//!
+//! Durability and resume: every two seconds the send flushes the destination
+//! (SYNCHRONIZE CACHE); units acknowledged before a flush that succeeded are durable.
+//! Only durable units are reported as safe to skip on resume (`durable_prefix`) and, with
+//! change tracking, cleared from the frozen set ([`ChangeLog::sent`]), so an interrupted
+//! sync resumes without resending what arrived, and never skips what did not.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use backstore::Backstore;
+use bytes::Bytes;
+use initiator::{IscsiUrl, Lun, Session, SessionOptions};
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::api::{self, JobState, JobStatus, What};
+
+/// How often a send flushes its destination to make what arrived durable.
+const FLUSH_EVERY: Duration = Duration::from_secs(2);
+
+/// A LUN's change tracking as a send needs it (the target's `track = true`).
+pub trait ChangeLog: Send + Sync {
+    /// The tracking unit, bytes.
+    fn unit(&self) -> u64;
+    /// Starts a new epoch: returns its id and the ranges of units to send (everything
+    /// written since the last released epoch, and what an interrupted send left).
+    fn freeze(&self) -> io::Result<(u64, Vec<(u64, u64)>)>;
+    /// These units of `epoch` are on the destination, durably.
+    fn sent(&self, epoch: u64, units: &[u64]) -> io::Result<()>;
+    /// The sync of `epoch` is complete and verified.
+    fn release(&self, epoch: u64) -> io::Result<()>;
+    /// Bytes in units marked written.
+    fn dirty_bytes(&self) -> u64;
+}
+
+/// A LUN of the local target, as the agent reaches it.
+#[derive(Clone)]
+pub struct LocalLun {
+    pub iqn: String,
+    pub lun: u16,
+    pub store: Arc<dyn Backstore>,
+    pub spec: String,
+    pub block_size: u32,
+    pub changes: Option<Arc<dyn ChangeLog>>,
+}
+
+pub struct Agent {
+    luns: Vec<LocalLun>,
+    portals: Vec<String>,
+    jobs: Mutex<HashMap<u64, Arc<Job>>>,
+    next_job: AtomicU64,
+    base: SessionOptions,
+}
+
+struct Job {
+    id: u64,
+    bytes: u64,
+    unit: u64,
+    size: u64,
+    plan: Vec<u64>,
+    epoch: Option<u64>,
+    started: Instant,
+    session: OnceLock<Session>,
+    /// The pacing asked for, bytes per second (0: none).
+    pacing: AtomicU64,
+    cancel: AtomicBool,
+    progress: Mutex<Progress>,
+}
+
+#[derive(Default)]
+struct Progress {
+    state: Option<JobState>,
+    error: Option<String>,
+    done_bytes: u64,
+    durable_bytes: u64,
+    done_units: u64,
+    durable: Vec<bool>,
+    durable_prefix: u64,
+    sums: BTreeMap<u64, String>,
+}
+
+type Answer = (u16, Vec<u8>);
+
+fn ok<T: Serialize>(v: &T) -> Answer {
+    (200, serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn err(status: u16, message: impl std::fmt::Display) -> Answer {
+    (status, crate::wire::error_body(&message.to_string()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Answer> {
+    serde_json::from_slice(body).map_err(|e| err(400, format!("bad request body: {e}")))
+}
+
+impl Agent {
+    pub fn new(luns: Vec<LocalLun>, portals: Vec<String>, base: SessionOptions) -> Agent {
+        Agent {
+            luns,
+            portals,
+            jobs: Mutex::new(HashMap::new()),
+            next_job: AtomicU64::new(1),
+            base,
+        }
+    }
+
+    fn find(&self, iqn: &str, lun: u16) -> Result<&LocalLun, Answer> {
+        self.luns
+            .iter()
+            .find(|l| l.iqn == iqn && l.lun == lun)
+            .ok_or_else(|| err(404, format!("no LUN {lun} of target {iqn} here")))
+    }
+
+    fn job(&self, id: &str) -> Result<Arc<Job>, Answer> {
+        let id: u64 = id.parse().map_err(|_| err(404, format!("no job {id}")))?;
+        self.jobs
+            .lock()
+            .unwrap()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| err(404, format!("no job {id}")))
+    }
+
+    /// Answers one authenticated request.
+    pub async fn handle(self: Arc<Self>, method: String, path: String, body: Vec<u8>) -> Answer {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let r = match (method.as_str(), parts.as_slice()) {
+            ("GET", ["v1", "luns"]) => Ok(self.luns_info()),
+            ("POST", ["v1", "send"]) => self.clone().start_send(&body).await,
+            ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| ok(&j.status())),
+            ("GET", ["v1", "jobs", id, "sums"]) => self.job(id).map(|j| {
+                let p = j.progress.lock().unwrap();
+                ok(&api::Sums {
+                    unit: j.unit,
+                    sums: p.sums.iter().map(|(k, v)| (*k, v.clone())).collect(),
+                })
+            }),
+            ("POST", ["v1", "jobs", id, "pace"]) => (|| {
+                let job = self.job(id)?;
+                let pace: api::Pace = parse(&body)?;
+                job.set_pacing(pace.rate);
+                Ok(ok(&job.status()))
+            })(),
+            ("POST", ["v1", "jobs", id, "cancel"]) => self.job(id).map(|j| {
+                j.cancel.store(true, Ordering::Relaxed);
+                ok(&j.status())
+            }),
+            ("POST", ["v1", "sums"]) => self.sums(&body).await,
+            ("POST", ["v1", "release"]) => self.release(&body).await,
+            _ => Err(err(404, format!("no such request: {method} {path}"))),
+        };
+        r.unwrap_or_else(|e| e)
+    }
+
+    fn luns_info(&self) -> Answer {
+        ok(&api::Luns {
+            portals: self.portals.clone(),
+            luns: self
+                .luns
+                .iter()
+                .map(|l| api::LunInfo {
+                    iqn: l.iqn.clone(),
+                    lun: l.lun,
+                    size: l.store.size(),
+                    block_size: l.block_size,
+                    store: l.spec.clone(),
+                    tracking: l.changes.as_ref().map(|c| api::Tracking {
+                        unit: c.unit(),
+                        dirty_bytes: c.dirty_bytes(),
+                    }),
+                })
+                .collect(),
+        })
+    }
+
+    async fn start_send(self: Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::SendRequest = parse(body)?;
+        let local = self.find(&req.iqn, req.lun)?.clone();
+        let size = local.store.size();
+        let url = IscsiUrl::parse(&req.dest).map_err(|e| err(400, e))?;
+        let mut opts = url.options(&self.base).map_err(|e| err(400, e))?;
+        for (k, v) in &req.session {
+            opts.set(k, v)
+                .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
+        }
+        let mut unit = req.unit;
+        let (epoch, ranges) = match &req.what {
+            What::All => (None, vec![(0, api::unit_count(size, unit))]),
+            What::Units(r) => (None, r.clone()),
+            What::Changed => {
+                let Some(changes) = local.changes.clone() else {
+                    return Err(err(
+                        409,
+                        format!(
+                            "LUN {} of {} keeps no change tracking (set `track = true`); send all",
+                            req.lun, req.iqn
+                        ),
+                    ));
+                };
+                unit = changes.unit();
+                let (epoch, ranges) = tokio::task::spawn_blocking(move || changes.freeze())
+                    .await
+                    .map_err(|e| err(500, e))?
+                    .map_err(|e| err(500, format!("freezing the change map: {e}")))?;
+                (Some(epoch), ranges)
+            }
+        };
+        if unit == 0 || !unit.is_multiple_of(u64::from(local.block_size)) {
+            return Err(err(
+                400,
+                format!(
+                    "unit {unit} is not a multiple of the block size {}",
+                    local.block_size
+                ),
+            ));
+        }
+        let count = api::unit_count(size, unit);
+        let mut plan = Vec::new();
+        for &(a, b) in &ranges {
+            if a > b || b > count {
+                return Err(err(400, format!("unit range {a}..{b} outside 0..{count}")));
+            }
+            plan.extend(a..b);
+        }
+        let skip = (req.skip_units as usize).min(plan.len());
+        plan.drain(..skip);
+        let bytes = plan
+            .iter()
+            .map(|&i| {
+                let (s, e) = api::unit_range(i, unit, size);
+                e - s
+            })
+            .sum();
+        let id = self.next_job.fetch_add(1, Ordering::Relaxed);
+        let job = Arc::new(Job {
+            id,
+            bytes,
+            unit,
+            size,
+            epoch,
+            started: Instant::now(),
+            session: OnceLock::new(),
+            pacing: AtomicU64::new(req.pacing.unwrap_or(0)),
+            cancel: AtomicBool::new(false),
+            progress: Mutex::new(Progress {
+                state: Some(JobState::Connecting),
+                durable: vec![false; plan.len()],
+                ..Progress::default()
+            }),
+            plan,
+        });
+        self.jobs.lock().unwrap().insert(id, job.clone());
+        let started = api::SendStarted {
+            job: id,
+            units: job.plan.len() as u64,
+            bytes,
+            epoch,
+        };
+        tracing::info!(
+            "send {id}: LUN {} of {} to {} ({} units of {unit} bytes, {bytes} bytes)",
+            req.lun,
+            req.iqn,
+            req.dest,
+            job.plan.len()
+        );
+        tokio::spawn(async move {
+            let result = run_send(job.clone(), local, url, opts).await;
+            let mut p = job.progress.lock().unwrap();
+            match result {
+                Ok(()) if job.cancel.load(Ordering::Relaxed) => p.state = Some(JobState::Cancelled),
+                Ok(()) => p.state = Some(JobState::Done),
+                Err(e) => {
+                    tracing::warn!("send {}: {e:#}", job.id);
+                    p.state = Some(JobState::Failed);
+                    p.error = Some(format!("{e:#}"));
+                }
+            }
+        });
+        Ok(ok(&started))
+    }
+
+    async fn sums(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::SumsRequest = parse(body)?;
+        let local = self.find(&req.iqn, req.lun)?.clone();
+        if req.unit == 0 {
+            return Err(err(400, "unit 0"));
+        }
+        let store = local.store.clone();
+        let answer = tokio::task::spawn_blocking(move || -> io::Result<api::Sums> {
+            let size = store.size();
+            let count = api::unit_count(size, req.unit);
+            let mut out = api::Sums {
+                unit: req.unit,
+                sums: Vec::new(),
+            };
+            let mut buf = Vec::new();
+            for (a, b) in req.units {
+                for i in a..b.min(count) {
+                    let (s, e) = api::unit_range(i, req.unit, size);
+                    buf.resize((e - s) as usize, 0);
+                    store.read_at(&mut buf, s)?;
+                    out.sums.push((i, api::unit_sum(&buf)));
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| err(500, e))?
+        .map_err(|e| {
+            err(
+                500,
+                format!("reading LUN {} of {}: {e}", local.lun, local.iqn),
+            )
+        })?;
+        Ok(ok(&answer))
+    }
+
+    async fn release(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::Release = parse(body)?;
+        let local = self.find(&req.iqn, req.lun)?.clone();
+        let Some(changes) = local.changes else {
+            return Err(err(409, "this LUN keeps no change tracking"));
+        };
+        tokio::task::spawn_blocking(move || changes.release(req.epoch))
+            .await
+            .map_err(|e| err(500, e))?
+            .map_err(|e| err(500, format!("releasing epoch {}: {e}", req.epoch)))?;
+        Ok(ok(&serde_json::json!({"released": req.epoch})))
+    }
+}
+
+impl Job {
+    fn set_pacing(&self, rate: Option<u64>) {
+        self.pacing.store(rate.unwrap_or(0), Ordering::Relaxed);
+        if let Some(s) = self.session.get() {
+            s.set_pacing_rate(rate);
+        }
+    }
+
+    fn status(&self) -> JobStatus {
+        let p = self.progress.lock().unwrap();
+        let mut st = JobStatus {
+            job: self.id,
+            state: p.state.unwrap_or(JobState::Connecting),
+            error: p.error.clone(),
+            bytes: self.bytes,
+            done_bytes: p.done_bytes,
+            durable_bytes: p.durable_bytes,
+            units: self.plan.len() as u64,
+            done_units: p.done_units,
+            durable_prefix: p.durable_prefix,
+            elapsed_ms: self.started.elapsed().as_millis() as u64,
+            pacing: match self.pacing.load(Ordering::Relaxed) {
+                0 => None,
+                r => Some(r),
+            },
+            queue_depth: 0,
+            connections: 0,
+            min_rtt_ms: 0.0,
+            srtt_ms: 0.0,
+            retransmits: 0,
+            path_rate: 0,
+            epoch: self.epoch,
+        };
+        drop(p);
+        if let Some(s) = self.session.get() {
+            let info = s.info();
+            st.queue_depth = info.queue_depth;
+            st.connections = info.connections;
+            if let Some(path) = info.path {
+                st.min_rtt_ms = path.min_rtt_ms;
+                st.srtt_ms = path.srtt_ms;
+                st.retransmits = path.retransmits;
+                st.path_rate = path.rate_bytes_per_s;
+            }
+        }
+        st
+    }
+
+    fn unit_len(&self, i: u64) -> u64 {
+        let (s, e) = api::unit_range(i, self.unit, self.size);
+        e - s
+    }
+
+    /// Plan positions `done` are durable on the destination.
+    fn made_durable(&self, done: &[usize]) {
+        let mut p = self.progress.lock().unwrap();
+        for &pos in done {
+            if !p.durable[pos] {
+                p.durable[pos] = true;
+                p.durable_bytes += self.unit_len(self.plan[pos]);
+            }
+        }
+        let mut prefix = p.durable_prefix as usize;
+        while prefix < p.durable.len() && p.durable[prefix] {
+            prefix += 1;
+        }
+        p.durable_prefix = prefix as u64;
+    }
+}
+
+async fn run_send(
+    job: Arc<Job>,
+    local: LocalLun,
+    url: IscsiUrl,
+    opts: SessionOptions,
+) -> anyhow::Result<()> {
+    let lun = Lun::open_url(&url, &opts).await?;
+    let result = pump(&job, &local, &lun).await;
+    let _ = lun.session().logout().await;
+    result
+}
+
+async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        lun.size() >= job.size,
+        "the destination LUN holds {} bytes, less than the {} to send",
+        lun.size(),
+        job.size
+    );
+    let session = lun.session().clone();
+    let _ = job.session.set(session.clone());
+    match job.pacing.load(Ordering::Relaxed) {
+        0 => {}
+        r => session.set_pacing_rate(Some(r)),
+    }
+    job.progress.lock().unwrap().state = Some(JobState::Running);
+    let depth = || {
+        let per = lun.max_transfer_bytes().clamp(1, job.unit);
+        ((session.queue_depth() as u64 * per / job.unit) as usize).max(2)
+    };
+    let mut next = 0usize;
+    let mut inflight: JoinSet<anyhow::Result<(usize, String)>> = JoinSet::new();
+    let mut unflushed: Vec<usize> = Vec::new();
+    let mut flushing: Option<tokio::task::JoinHandle<(Vec<usize>, initiator::Result<()>)>> = None;
+    let mut last_flush = Instant::now();
+    let changes = local.changes.clone().zip(job.epoch);
+    loop {
+        if job.cancel.load(Ordering::Relaxed) {
+            inflight.abort_all();
+            break;
+        }
+        while inflight.len() < depth() && next < job.plan.len() {
+            let pos = next;
+            next += 1;
+            let i = job.plan[pos];
+            let (start, end) = api::unit_range(i, job.unit, job.size);
+            let store = local.store.clone();
+            let lun = lun.clone();
+            inflight.spawn(async move {
+                let (data, sum) =
+                    tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, String)> {
+                        let mut buf = vec![0u8; (end - start) as usize];
+                        store.read_at(&mut buf, start)?;
+                        let sum = api::unit_sum(&buf);
+                        Ok((buf, sum))
+                    })
+                    .await??;
+                lun.write_at(start, Bytes::from(data)).await?;
+                Ok((pos, sum))
+            });
+        }
+        if inflight.is_empty() && next >= job.plan.len() {
+            break;
+        }
+        tokio::select! {
+            r = inflight.join_next(), if !inflight.is_empty() => {
+                let (pos, sum) = r.expect("not empty")??;
+                let i = job.plan[pos];
+                let mut p = job.progress.lock().unwrap();
+                p.done_bytes += job.unit_len(i);
+                p.done_units += 1;
+                p.sums.insert(i, sum);
+                unflushed.push(pos);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        if let Some(f) = &flushing {
+            if f.is_finished() {
+                let (done, r) = flushing.take().expect("checked").await?;
+                r?;
+                durable(job, &changes, &done).await?;
+            }
+        }
+        if flushing.is_none() && !unflushed.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
+            let done = std::mem::take(&mut unflushed);
+            let lun = lun.clone();
+            last_flush = Instant::now();
+            flushing = Some(tokio::spawn(async move {
+                let r = lun.flush().await;
+                (done, r)
+            }));
+        }
+    }
+    if let Some(f) = flushing.take() {
+        let (done, r) = f.await?;
+        r?;
+        durable(job, &changes, &done).await?;
+    }
+    if !unflushed.is_empty() {
+        lun.flush().await?;
+        durable(job, &changes, &unflushed).await?;
+    }
+    Ok(())
+}
+
+async fn durable(
+    job: &Arc<Job>,
+    changes: &Option<(Arc<dyn ChangeLog>, u64)>,
+    done: &[usize],
+) -> anyhow::Result<()> {
+    job.made_durable(done);
+    if let Some((changes, epoch)) = changes.clone() {
+        let units: Vec<u64> = done.iter().map(|&pos| job.plan[pos]).collect();
+        tokio::task::spawn_blocking(move || changes.sent(epoch, &units)).await??;
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! What the coordinator and the disk servers' agents say to each other: JSON bodies of
+//! the control channel's requests and answers (see `docs/replicate.md` for the table).
+
+use serde::{Deserialize, Serialize};
+
+/// The default TCP port of a disk server's control endpoint.
+pub const CONTROL_PORT: u16 = 3262;
+
+/// `GET /v1/luns`: what a disk server (or file server) serves.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Luns {
+    /// iSCSI portals of the target, as configured (`0.0.0.0` means every address).
+    pub portals: Vec<String>,
+    pub luns: Vec<LunInfo>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LunInfo {
+    pub iqn: String,
+    pub lun: u16,
+    pub size: u64,
+    pub block_size: u32,
+    /// The store spec, as in the target's configuration.
+    pub store: String,
+    /// Change tracking, when the LUN keeps it.
+    pub tracking: Option<Tracking>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Tracking {
+    /// The tracking unit, bytes.
+    pub unit: u64,
+    /// Bytes in units written since the last completed sync (or never synced).
+    pub dirty_bytes: u64,
+}
+
+/// Which units a send covers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum What {
+    /// Every unit.
+    All,
+    /// The units the change tracking marks: written since the last completed sync, or
+    /// still unsent from an interrupted one. Refused when the LUN keeps no tracking.
+    Changed,
+    /// These ranges of unit indices (a repair after a checksum mismatch).
+    Units(Vec<(u64, u64)>),
+}
+
+/// `POST /v1/send`: copy a local LUN to a LUN of another target.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SendRequest {
+    pub iqn: String,
+    pub lun: u16,
+    /// `iscsi://HOST:PORT/IQN/LUN` of the destination member.
+    pub dest: String,
+    /// Bytes per unit: the transfer, checksum and resume granularity.
+    pub unit: u64,
+    pub what: What,
+    /// Skip the first units of the plan (a resume without change tracking).
+    #[serde(default)]
+    pub skip_units: u64,
+    /// The pacing rate to start at, bytes per second (absent: unpaced).
+    #[serde(default)]
+    pub pacing: Option<u64>,
+    /// Session options for the iSCSI session to the destination (`key=value`, as in an
+    /// iscsi:// URL's query), e.g. the path's rate for auto-tuning.
+    #[serde(default)]
+    pub session: Vec<(String, String)>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SendStarted {
+    pub job: u64,
+    pub units: u64,
+    pub bytes: u64,
+    /// The change-tracking epoch frozen for this send (release it after verification).
+    pub epoch: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Connecting,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// `GET /v1/jobs/ID`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct JobStatus {
+    pub job: u64,
+    pub state: JobState,
+    pub error: Option<String>,
+    pub bytes: u64,
+    /// Bytes acknowledged by the destination.
+    pub done_bytes: u64,
+    /// Bytes acknowledged and flushed there (SYNCHRONIZE CACHE): safe to skip on resume.
+    pub durable_bytes: u64,
+    pub units: u64,
+    pub done_units: u64,
+    /// Units of the plan, from its start, all durable: a resume may skip this many.
+    pub durable_prefix: u64,
+    pub elapsed_ms: u64,
+    pub pacing: Option<u64>,
+    pub queue_depth: usize,
+    pub connections: usize,
+    pub min_rtt_ms: f64,
+    pub srtt_ms: f64,
+    pub retransmits: u64,
+    /// Delivery rate the connections measured last (TCP_INFO), bytes per second.
+    pub path_rate: u64,
+    pub epoch: Option<u64>,
+}
+
+/// `POST /v1/jobs/ID/pace`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Pace {
+    pub rate: Option<u64>,
+}
+
+/// `GET /v1/jobs/ID/sums` and `POST /v1/sums`'s answer: BLAKE3 of each unit (first 16
+/// bytes, hex), by unit index.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct Sums {
+    pub unit: u64,
+    pub sums: Vec<(u64, String)>,
+}
+
+/// `POST /v1/sums`: checksum these units of a local LUN.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SumsRequest {
+    pub iqn: String,
+    pub lun: u16,
+    pub unit: u64,
+    /// Ranges of unit indices; the last unit of a LUN may be short.
+    pub units: Vec<(u64, u64)>,
+}
+
+/// `POST /v1/release`: the sync of a frozen epoch is complete and verified.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Release {
+    pub iqn: String,
+    pub lun: u16,
+    pub epoch: u64,
+}
+
+/// Every error answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// A unit's checksum: the first 16 bytes of its BLAKE3, hex.
+pub fn unit_sum(data: &[u8]) -> String {
+    crate::auth::hex(&blake3::hash(data).as_bytes()[..16])
+}
+
+/// Total units of `size` bytes in `unit`s (the last may be short).
+pub fn unit_count(size: u64, unit: u64) -> u64 {
+    size.div_ceil(unit)
+}
+
+/// The byte range of unit `i`.
+pub fn unit_range(i: u64, unit: u64, size: u64) -> (u64, u64) {
+    let start = i * unit;
+    (start, (start + unit).min(size))
+}

@@ -1,0 +1,16 @@
+//! Data Reservoir's far-distance transfer (`rsv sync`): a volume's disk servers copy
+//! their members straight to the other site's disk servers in parallel iSCSI streams,
+//! paced together so the bottleneck stays full and the streams finish together.
+//!
+//! - [`auth`], [`http`], [`pace`], [`api`]: sans-IO (the control channel's authentication
+//!   and framing, the cooperative rate control, the messages);
+//! - [`wire`]: the control channel's sockets;
+//! - [`agent`]: the disk server's side, inside `rsv target`;
+//! - [`coord`]: the coordinator, `rsv sync`.
+
+pub mod agent;
+pub mod api;
+pub mod auth;
+pub mod http;
+pub mod pace;
+pub mod wire;

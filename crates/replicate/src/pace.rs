@@ -1,0 +1,385 @@
+//! The coordinator's rate control, sans-IO: R2's controller that gathers every stream's
+//! progress and holds their sum at the bottleneck, divided so that all streams finish
+//! together (the slow get more, the fast are capped), applied by per-socket pacing
+//! (SO_MAX_PACING_RATE on each stream's connections, TCP's inter-packet gap).
+//!
+//! The input is what each source disk server reports: bytes it has had acknowledged by
+//! its destination and bytes it still has to send. From the sum of the acknowledged
+//! bytes over a span of at least four round trips (1..4 s) the controller measures the
+//! rate the streams deliver together.
+//! - With the bottleneck given (`--rate`), the total is that rate from the start.
+//! - Without, the streams start unpaced; once three spans in a row fail to raise the best
+//!   total rate by a tenth, the link is full and the best rate is the bottleneck. From then
+//!   on the total is [`HEADROOM`] over the highest rate of the last ten spans: enough to
+//!   climb when the path frees up, too little to build a standing queue quickly.
+//! - The total is divided in proportion to the bytes each stream has left, so that they
+//!   finish together. A stream that does not reach its share for three spans in a row
+//!   (a slow disk, a slow path of its own) gets what it reaches plus [`PROBE`] and the
+//!   rest goes to the others: what it cannot use is not lost to the link.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// How the streams are paced (the lab compares them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The coordinator divides the bottleneck by what each stream has left.
+    Cooperative,
+    /// Each stream paced to 1/N of the given rate, never changed.
+    Static,
+    /// No pacing at all.
+    Unpaced,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "cooperative" | "coop" => Ok(Mode::Cooperative),
+            "static" => Ok(Mode::Static),
+            "unpaced" | "none" => Ok(Mode::Unpaced),
+            _ => Err(format!("pacing {s:?}: say cooperative, static or unpaced")),
+        }
+    }
+}
+
+/// The cruise total over the best recent rate.
+pub const HEADROOM: f64 = 1.02;
+/// What a stream that falls short of its share gets over what it reaches.
+pub const PROBE: f64 = 1.15;
+const GROWTH: f64 = 1.10;
+const STALLS_TO_CRUISE: u32 = 3;
+const WINDOW: usize = 10;
+const SHORT_SPANS: u32 = 3;
+
+/// One stream as the coordinator last heard of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamView {
+    /// Bytes acknowledged by the destination so far.
+    pub done: u64,
+    /// Bytes still to send.
+    pub remaining: u64,
+    pub finished: bool,
+}
+
+/// What the streams are paced at now.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Decision {
+    /// The total the streams share, bytes per second (`None`: unpaced).
+    pub total: Option<u64>,
+    /// Each stream's pacing rate (`None`: unpaced).
+    pub shares: Vec<Option<u64>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Unpaced, finding the bottleneck.
+    Startup,
+    /// Paced to the bottleneck (found or given).
+    Cruise,
+}
+
+#[derive(Debug)]
+pub struct Controller {
+    mode: Mode,
+    given: Option<u64>,
+    phase: Phase,
+    span_start: Option<(Duration, u64, Vec<u64>)>,
+    best: u64,
+    stalls: u32,
+    recent: VecDeque<u64>,
+    total: Option<u64>,
+    shares: Vec<Option<u64>>,
+    /// Spans in a row each stream fell short of its share, and what it reached.
+    short: Vec<(u32, u64)>,
+    /// The last span's rate of each stream and of all, bytes per second.
+    rates: Vec<u64>,
+    rate: u64,
+}
+
+impl Controller {
+    /// `given`: the bottleneck's rate for the streams' payload, bytes per second.
+    pub fn new(mode: Mode, given: Option<u64>, streams: usize) -> Controller {
+        let total = match mode {
+            Mode::Unpaced => None,
+            _ => given,
+        };
+        Controller {
+            mode,
+            given,
+            phase: if total.is_some() {
+                Phase::Cruise
+            } else {
+                Phase::Startup
+            },
+            span_start: None,
+            best: 0,
+            stalls: 0,
+            recent: VecDeque::new(),
+            total,
+            shares: vec![None; streams],
+            short: vec![(0, 0); streams],
+            rates: vec![0; streams],
+            rate: 0,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The rate measured over the last span: all streams, and each.
+    pub fn rates(&self) -> (u64, &[u64]) {
+        (self.rate, &self.rates)
+    }
+
+    /// The bottleneck found (or given), bytes per second.
+    pub fn bottleneck(&self) -> Option<u64> {
+        self.given
+            .or((self.phase == Phase::Cruise).then_some(self.best))
+    }
+
+    /// The span rates are measured over for a path of `rtt`.
+    pub fn span(rtt: Duration) -> Duration {
+        (rtt * 4).clamp(Duration::from_secs(1), Duration::from_secs(4))
+    }
+
+    /// Takes the streams' reports at `now` (`rtt`: the least round trip they measure) and
+    /// returns the pacing to apply.
+    pub fn tick(&mut self, now: Duration, rtt: Duration, streams: &[StreamView]) -> Decision {
+        let n = streams.len();
+        self.shares.resize(n, None);
+        self.short.resize(n, (0, 0));
+        self.rates.resize(n, 0);
+        let done: Vec<u64> = streams.iter().map(|s| s.done).collect();
+        let sum: u64 = done.iter().sum();
+        match &self.span_start {
+            None => self.span_start = Some((now, sum, done.clone())),
+            Some((t0, s0, d0)) if now.saturating_sub(*t0) >= Self::span(rtt) => {
+                let secs = (now - *t0).as_secs_f64();
+                self.rate = (sum.saturating_sub(*s0) as f64 / secs) as u64;
+                for (i, d) in done.iter().enumerate() {
+                    let before = d0.get(i).copied().unwrap_or(0);
+                    self.rates[i] = (d.saturating_sub(before) as f64 / secs) as u64;
+                }
+                self.span_start = Some((now, sum, done.clone()));
+                self.sample(streams);
+            }
+            Some(_) => {}
+        }
+        self.divide(streams);
+        Decision {
+            total: self.total,
+            shares: self.shares.clone(),
+        }
+    }
+
+    /// A new span's rates are in.
+    fn sample(&mut self, streams: &[StreamView]) {
+        let rate = self.rate;
+        let all_busy = streams.iter().all(|s| !s.finished);
+        if self.mode == Mode::Cooperative && self.given.is_none() && all_busy {
+            self.recent.push_back(rate);
+            if self.recent.len() > WINDOW {
+                self.recent.pop_front();
+            }
+            match self.phase {
+                Phase::Startup => {
+                    if rate as f64 > self.best as f64 * GROWTH {
+                        self.best = rate;
+                        self.stalls = 0;
+                    } else {
+                        self.best = self.best.max(rate);
+                        self.stalls += 1;
+                        if self.stalls >= STALLS_TO_CRUISE {
+                            self.phase = Phase::Cruise;
+                        }
+                    }
+                }
+                Phase::Cruise => self.best = self.recent.iter().copied().max().unwrap_or(rate),
+            }
+            if self.phase == Phase::Cruise {
+                self.total = Some((self.best as f64 * HEADROOM) as u64);
+            }
+        }
+        if self.mode == Mode::Cooperative && self.total.is_some() {
+            for (i, s) in streams.iter().enumerate() {
+                let reached = self.rates[i];
+                // Short of the share: below 85 % of it, or, once judged short, below 95 %
+                // of what it was given since (it did not use its probe's room).
+                let limited = self.short[i].0 >= SHORT_SPANS;
+                let bar = if limited { 0.95 } else { 0.85 };
+                match self.shares[i] {
+                    Some(share) if !s.finished && (reached as f64) < share as f64 * bar => {
+                        self.short[i] = (self.short[i].0 + 1, reached);
+                    }
+                    _ => self.short[i] = (0, 0),
+                }
+            }
+        }
+    }
+
+    fn divide(&mut self, streams: &[StreamView]) {
+        let n = streams.len();
+        let Some(total) = self.total else {
+            self.shares = vec![None; n];
+            return;
+        };
+        let live: Vec<usize> = (0..n).filter(|&i| !streams[i].finished).collect();
+        if live.is_empty() {
+            self.shares = vec![None; n];
+            return;
+        }
+        if self.mode == Mode::Static {
+            let each = (total / n as u64).max(1);
+            self.shares = (0..n).map(|_| Some(each)).collect();
+            return;
+        }
+        let mut shares = vec![None; n];
+        // Streams that cannot use their share: what they reach plus a probe.
+        let mut left = total;
+        let mut open = Vec::new();
+        for &i in &live {
+            let (spans, reached) = self.short[i];
+            if spans >= SHORT_SPANS && reached > 0 {
+                let s = ((reached as f64 * PROBE) as u64).min(left);
+                shares[i] = Some(s.max(1));
+                left -= s;
+            } else {
+                open.push(i);
+            }
+        }
+        if open.is_empty() {
+            // Every stream falls short: none is capped below what it might reach.
+            for &i in &live {
+                shares[i] = Some((total / live.len() as u64).max(shares[i].unwrap_or(1)));
+            }
+        } else {
+            let rem: u64 = open.iter().map(|&i| streams[i].remaining).sum();
+            let floor = left / (10 * open.len() as u64);
+            for &i in &open {
+                let s = if rem == 0 {
+                    left / open.len() as u64
+                } else {
+                    (left as u128 * streams[i].remaining as u128 / rem as u128) as u64
+                };
+                shares[i] = Some(s.max(floor).max(1));
+            }
+        }
+        self.shares = shares;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RTT: Duration = Duration::from_millis(100);
+
+    fn view(done: u64, remaining: u64) -> StreamView {
+        StreamView {
+            done,
+            remaining,
+            finished: remaining == 0,
+        }
+    }
+
+    #[test]
+    fn given_rate_divided_by_what_is_left() {
+        let mut c = Controller::new(Mode::Cooperative, Some(1000), 2);
+        let d = c.tick(Duration::ZERO, RTT, &[view(0, 300), view(0, 100)]);
+        assert_eq!(d.total, Some(1000));
+        assert_eq!(d.shares, vec![Some(750), Some(250)]);
+        // The first finishes: the other gets everything.
+        let d = c.tick(
+            Duration::from_millis(500),
+            RTT,
+            &[view(300, 0), view(50, 50)],
+        );
+        assert_eq!(d.shares, vec![None, Some(1000)]);
+    }
+
+    #[test]
+    fn static_and_unpaced() {
+        let mut c = Controller::new(Mode::Static, Some(900), 3);
+        let d = c.tick(Duration::ZERO, RTT, &[view(0, 1), view(0, 100), view(0, 5)]);
+        assert_eq!(d.shares, vec![Some(300); 3]);
+        let mut c = Controller::new(Mode::Unpaced, Some(900), 3);
+        let d = c.tick(Duration::ZERO, RTT, &[view(0, 1), view(0, 100), view(0, 5)]);
+        assert_eq!(
+            d,
+            Decision {
+                total: None,
+                shares: vec![None; 3]
+            }
+        );
+    }
+
+    /// Streams that share a bottleneck of 1000 B/s: startup finds it, then the total is
+    /// held just over it and divided by what is left.
+    #[test]
+    fn finds_the_bottleneck_then_cruises() {
+        let mut c = Controller::new(Mode::Cooperative, None, 2);
+        let mut done = [0u64, 0];
+        let size = 1_000_000u64;
+        let mut t = Duration::ZERO;
+        let mut rate = 100u64;
+        for _ in 0..40 {
+            let views = [view(done[0], size - done[0]), view(done[1], size - done[1])];
+            let d = c.tick(t, RTT, &views);
+            if c.phase() == Phase::Cruise {
+                let total = d.total.unwrap();
+                assert!((990..=1030).contains(&total), "{total}");
+            }
+            // Unpaced, the link doubles what it carries each second up to 1000 B/s,
+            // unevenly: stream 0 gets twice as much. Paced, each gets its share (scaled
+            // down to the link when they ask for more).
+            rate = (rate * 2).min(1000);
+            match d.total {
+                None => {
+                    done[0] += rate * 2 / 3;
+                    done[1] += rate / 3;
+                }
+                Some(total) => {
+                    for (done, share) in done.iter_mut().zip(&d.shares) {
+                        *done += share.unwrap() * 1000 / total.max(1000);
+                    }
+                }
+            }
+            t += Duration::from_secs(1);
+        }
+        assert_eq!(c.phase(), Phase::Cruise);
+        let found = c.bottleneck().unwrap();
+        assert!((990..=1000).contains(&found), "{found}");
+        // The lagging stream (1) is given more than the leading one.
+        let views = [view(done[0], size - done[0]), view(done[1], size - done[1])];
+        let d = c.tick(t, RTT, &views);
+        assert!(d.shares[1] > d.shares[0], "{d:?}");
+    }
+
+    #[test]
+    fn a_stream_short_of_its_share_gives_the_rest_away() {
+        let mut c = Controller::new(Mode::Cooperative, Some(1000), 2);
+        let mut t = Duration::ZERO;
+        let mut done = [0u64, 0];
+        let mut d = c.tick(t, RTT, &[view(0, 1_000_000), view(0, 1_000_000)]);
+        assert_eq!(d.shares, vec![Some(500), Some(500)]);
+        for _ in 0..5 {
+            t += Duration::from_secs(1);
+            done[0] += 100; // reaches 100 of its 500
+            done[1] += d.shares[1].unwrap();
+            d = c.tick(
+                t,
+                RTT,
+                &[
+                    view(done[0], 1_000_000 - done[0]),
+                    view(done[1], 1_000_000 - done[1]),
+                ],
+            );
+        }
+        assert_eq!(d.shares[0], Some(114)); // 100 B/s (rounded down) + 15 %
+        assert_eq!(d.shares[1], Some(886));
+    }
+}
