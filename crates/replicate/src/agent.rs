@@ -527,3 +527,23 @@ async fn durable(
     }
     Ok(())
 }
+
+/// Serves `agent` on `listen` in the background of the current tokio runtime; returns
+/// the address bound (port 0 picks one).
+pub fn spawn(
+    listen: std::net::SocketAddr,
+    key: crate::auth::Key,
+    agent: Agent,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let std_listener = std::net::TcpListener::bind(listen)
+        .map_err(|e| anyhow::anyhow!("control endpoint {listen}: {e}"))?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    let agent = Arc::new(agent);
+    tokio::spawn(crate::wire::serve(listener, key, move |m, p, b| {
+        agent.clone().handle(m, p, b)
+    }));
+    tracing::info!("control endpoint for rsv sync on {addr}");
+    Ok(addr)
+}

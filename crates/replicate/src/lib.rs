@@ -11,6 +11,8 @@
 pub mod agent;
 pub mod api;
 pub mod auth;
+pub mod cli;
+pub mod coord;
 pub mod http;
 pub mod pace;
 pub mod wire;

@@ -37,6 +37,8 @@ enum Command {
     Tune(tools::cli::TuneArgs),
     /// Expose a LUN as a regular file through FUSE (for losetup, mkfs, mount).
     Mount(tools::cli::MountArgs),
+    /// Copy a volume site to site, disk server to disk server, in paced parallel streams.
+    Sync(replicate::cli::SyncArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
 }
@@ -56,6 +58,42 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+/// Starts the agent of `rsv sync` beside the target when `[control]` (or `--control`)
+/// asks for it: it reaches every LUN's store directly.
+fn start_agent(
+    server: &targetd::server::Server,
+    config: &targetd::config::Config,
+    stores: &backstore::Registry,
+) -> anyhow::Result<()> {
+    let Some(control) = &config.control else {
+        return Ok(());
+    };
+    let key = replicate::auth::Key::from_file(&control.key_file)?;
+    let mut luns = Vec::new();
+    for t in server.targets() {
+        let tc = config.targets.iter().find(|c| c.iqn == t.iqn);
+        for (&id, lu) in &t.luns {
+            let spec = tc
+                .and_then(|c| c.luns.iter().find(|l| l.id == id))
+                .and_then(|l| l.store_spec(stores).ok())
+                .map_or_else(|| lu.store().description(), |s| s.to_string());
+            luns.push(replicate::agent::LocalLun {
+                iqn: t.iqn.clone(),
+                lun: id,
+                store: lu.store().clone(),
+                spec,
+                block_size: lu.config().block_size,
+                changes: None,
+            });
+        }
+    }
+    let portals = server.portals().iter().map(ToString::to_string).collect();
+    let agent = replicate::agent::Agent::new(luns, portals, initiator::SessionOptions::default());
+    let addr = replicate::agent::spawn(control.listen, key, agent)?;
+    println!("control {addr}");
+    Ok(())
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     // Store kinds beyond the built-in ones are registered here.
     let mut stores = backstore::Registry::with_builtins();
@@ -67,7 +105,9 @@ fn main() -> anyhow::Result<ExitCode> {
     init_logging(cli.verbose);
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Target(args) => ok(targetd::cli::run(args, &stores)),
+        Command::Target(args) => ok(targetd::cli::run_with(args, &stores, |server, config| {
+            start_agent(server, config, &stores)
+        })),
         Command::Wan(args) => ok(wan::cli::run(args)),
         Command::Ls(args) => ok(tools::cli::ls(args)),
         Command::Inq(args) => ok(tools::cli::inq(args)),
@@ -77,5 +117,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Tune(args) => ok(tools::cli::tune(args)),
         Command::Mount(args) => ok(tools::cli::mount(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
+        Command::Sync(args) => ok(replicate::cli::run(args)),
     }
 }

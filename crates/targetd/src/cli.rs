@@ -39,6 +39,14 @@ pub struct TargetArgs {
     /// Print the configuration in effect, with each LUN's store, and exit.
     #[arg(long)]
     pub check: bool,
+    /// Serve the control endpoint of `rsv sync` here (a disk server's agent; overrides
+    /// `[control] listen`). Needs --control-key.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub control: Option<SocketAddr>,
+    /// The key file that signs control requests (owner-readable only; the same file on
+    /// the coordinator).
+    #[arg(long, value_name = "FILE")]
+    pub control_key: Option<PathBuf>,
 }
 
 pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
@@ -51,6 +59,19 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(d) = &args.data_dir {
         config.data_dir = d.clone();
+    }
+    match (args.control, &args.control_key, &mut config.control) {
+        (None, None, _) => {}
+        (Some(listen), Some(key), c) => {
+            *c = Some(crate::config::ControlConfig {
+                listen,
+                key_file: key.clone(),
+            })
+        }
+        (Some(listen), None, Some(c)) => c.listen = listen,
+        (None, Some(key), Some(c)) => c.key_file = key.clone(),
+        (Some(_), None, None) => return Err(anyhow!("--control needs --control-key FILE")),
+        (None, Some(_), None) => return Err(anyhow!("--control-key needs --control ADDR:PORT")),
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
@@ -67,6 +88,17 @@ pub fn document_stores(cmd: clap::Command, stores: &Registry) -> clap::Command {
 
 /// Runs the target, opening stores of the kinds `stores` knows.
 pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
+    run_with(args, stores, |_, _| Ok(()))
+}
+
+/// [`run`], with `extra` called on the runtime once the target is bound and before it
+/// says `ready`: services that live beside the target (the agent of `rsv sync`) start
+/// there, with the server and the configuration in hand.
+pub fn run_with(
+    args: TargetArgs,
+    stores: &Registry,
+    extra: impl FnOnce(&Server, &Config) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let config = load(&args)?;
     if args.check {
         let opener = stores.context(&config.data_dir);
@@ -94,7 +126,8 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let server = Server::bind(config, stores).await?;
+        let server = Server::bind(config.clone(), stores).await?;
+        extra(&server, &config)?;
         for p in server.portals() {
             println!("portal {p}");
         }

@@ -45,6 +45,18 @@ pub struct Config {
     pub discovery: Discovery,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
+    /// The control endpoint that `rsv sync` drives (a disk server's agent); absent: none.
+    #[serde(default)]
+    pub control: Option<ControlConfig>,
+}
+
+/// `[control]`: where the agent of `rsv sync` listens, and the key every request must be
+/// signed with (a file readable by its owner only).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    pub listen: SocketAddr,
+    pub key_file: PathBuf,
 }
 
 fn default_portals() -> Vec<SocketAddr> {
@@ -330,6 +342,7 @@ impl Config {
                     serial: None,
                 }],
             }],
+            control: None,
         }
     }
 

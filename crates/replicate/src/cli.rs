@@ -1,0 +1,166 @@
+//! `rsv sync`.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+
+use crate::auth::Key;
+use crate::coord::{self, SyncOptions, VolumeRef};
+use crate::pace::Mode;
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+SOURCE and DEST name a volume by its control endpoint and LUN: [rsv://]HOST[:PORT]/IQN/LUN
+(port 3262 unless given). Each side runs `rsv target` with `--control ADDR --control-key
+FILE` (or [control] in its TOML) on the file server and on every disk server, all with the
+same key file. A LUN striped over iscsi:// members is copied member by member: disk server
+i of the source writes its member straight to disk server i of the destination over iSCSI,
+in parallel; the data never passes through this command.
+
+The streams are paced together (--pacing cooperative): their sum is held at the bottleneck
+(--rate, or found by the streams) and divided by what each has left, so that they finish
+together. With change tracking (`track = true` on the source LUNs) a second sync sends only
+the units written since the last one, and an interrupted sync resumes where it stopped;
+without it, --state FILE keeps the resume point. Every unit sent is checked by a BLAKE3
+checksum taken on each side; a unit that differs is sent again.
+
+Exit status: 0 done and verified, 1 failed (run the same command to resume).")]
+pub struct SyncArgs {
+    /// The volume to copy: [rsv://]HOST[:PORT]/IQN/LUN.
+    pub source: VolumeRef,
+    /// Where it goes: [rsv://]HOST[:PORT]/IQN/LUN (same layout: as many members, same stripe unit).
+    pub dest: VolumeRef,
+    /// The key file every control request is signed with (owner-readable only).
+    #[arg(long, env = "RSV_CONTROL_KEY", value_name = "FILE")]
+    pub key_file: PathBuf,
+    /// The bottleneck between the sites, as tc writes it (1gbit) or in bytes (125MB/s).
+    /// Without it the streams find it together.
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// cooperative (divided by what each stream has left), static (1/N of --rate each) or unpaced.
+    #[arg(long, default_value = "cooperative")]
+    pub pacing: Mode,
+    /// Transfer, checksum and resume unit (with change tracking: the tracking unit).
+    #[arg(long, default_value = "1MiB")]
+    pub unit: String,
+    /// Send every unit even where change tracking could tell what changed.
+    #[arg(long)]
+    pub full: bool,
+    /// Skip the checksum comparison.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Progress and the result as JSON lines on stdout (per-stream rates every interval).
+    #[arg(long)]
+    pub json: bool,
+    /// Resume state for volumes without change tracking (removed when the sync ends well).
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
+    /// An option of the iSCSI sessions to the destination (as in an iscsi:// URL's query),
+    /// repeatable: e.g. --session connections=2.
+    #[arg(long = "session", value_name = "KEY=VALUE")]
+    pub session: Vec<String>,
+    /// How often the streams are asked how they do.
+    #[arg(long, default_value = "500ms")]
+    pub interval: String,
+}
+
+fn human_rate(bytes_per_s: u64) -> String {
+    let bits = bytes_per_s as f64 * 8.0;
+    if bits >= 1e9 {
+        format!("{:.2} Gbit/s", bits / 1e9)
+    } else {
+        format!("{:.1} Mbit/s", bits / 1e6)
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    format!("{}", units::Size(b))
+}
+
+pub fn run(args: SyncArgs) -> anyhow::Result<()> {
+    let key = Key::from_file(&args.key_file)?;
+    let unit = units::parse_size(&args.unit).map_err(|e| anyhow!("--unit: {e}"))?;
+    anyhow::ensure!(unit >= 4096 && unit.is_power_of_two(), "--unit {unit}: use a power of two of at least 4 KiB");
+    let rate = match &args.rate {
+        Some(r) => Some(units::parse_rate(r).map_err(|e| anyhow!("--rate: {e}"))?.bits_per_sec()),
+        None => None,
+    };
+    if args.pacing == Mode::Static && rate.is_none() {
+        anyhow::bail!("--pacing static divides --rate by the streams: give --rate");
+    }
+    let mut session = Vec::new();
+    for kv in &args.session {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--session {kv}: write KEY=VALUE"))?;
+        initiator::SessionOptions::default()
+            .set(k, v)
+            .map_err(|e| anyhow!("--session {kv}: {e}"))?;
+        session.push((k.to_owned(), v.to_owned()));
+    }
+    let interval = units::parse_duration(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
+    let o = SyncOptions {
+        unit,
+        rate,
+        pacing: args.pacing,
+        full: args.full,
+        verify: !args.no_verify,
+        interval: interval.max(Duration::from_millis(50)),
+        session,
+        state: args.state.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let json = args.json;
+    let bar = !json && std::io::stderr().is_terminal();
+    let report = rt.block_on(coord::run(&args.source, &args.dest, &key, &o, |t| {
+        if json {
+            if let Ok(line) = serde_json::to_string(t) {
+                println!("{line}");
+            }
+        } else if bar {
+            let pct = t.done_bytes as f64 * 100.0 / t.bytes.max(1) as f64;
+            let left = t.bytes.saturating_sub(t.done_bytes);
+            let eta = if t.rate_bytes_per_s > 0 {
+                format!("{:.0} s left", left as f64 / t.rate_bytes_per_s as f64)
+            } else {
+                String::new()
+            };
+            let running = t.streams.iter().filter(|s| s.finished_at.is_none()).count();
+            eprint!(
+                "\r{pct:5.1}%  {} of {}  {}  {running}/{} streams  {:?}  {eta}     ",
+                human_bytes(t.done_bytes),
+                human_bytes(t.bytes),
+                human_rate(t.rate_bytes_per_s),
+                t.streams.len(),
+                t.phase,
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }));
+    if bar {
+        eprintln!();
+    }
+    let report = report?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "synced {} in {} stream(s) in {:.1} s ({}){}; finish spread {:.1} %; {} unit(s) verified, {} repaired",
+            human_bytes(report.bytes),
+            report.streams,
+            report.seconds,
+            human_rate(report.rate_bytes_per_s),
+            if report.incremental { ", incremental" } else { "" },
+            report.finish_spread * 100.0,
+            report.verified_units,
+            report.repaired_units
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,578 @@
+//! The coordinator (`rsv sync`): finds the streams, starts them on the source disk
+//! servers, paces them together ([`crate::pace`]), shows progress, verifies by checksums
+//! taken on each side and, with change tracking, releases the synced epoch.
+//!
+//! A volume is named by its control endpoint and LUN: `[rsv://]HOST[:PORT]/IQN/LUN`. When
+//! the LUN is a stripe over `iscsi://` members (a file server over disk servers), every
+//! member is a stream from its disk server to the destination's member of the same rank,
+//! whose agents listen on the same control port; otherwise the LUN itself is one stream.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use backstore::StoreSpec;
+use serde::Serialize;
+
+use crate::api::{self, JobState, JobStatus, LunInfo, What};
+use crate::auth::Key;
+use crate::pace::{Controller, Decision, Mode, StreamView};
+use crate::wire::Client;
+
+/// A volume as the user names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeRef {
+    pub host: String,
+    pub port: u16,
+    pub iqn: String,
+    pub lun: u16,
+}
+
+impl std::str::FromStr for VolumeRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<VolumeRef, String> {
+        let bad = |why: &str| format!("{s}: {why}; write [rsv://]HOST[:PORT]/IQN/LUN");
+        let rest = s.strip_prefix("rsv://").unwrap_or(s);
+        let mut parts = rest.splitn(3, '/');
+        let hostport = parts.next().filter(|h| !h.is_empty()).ok_or_else(|| bad("no host"))?;
+        let iqn = parts.next().filter(|h| !h.is_empty()).ok_or_else(|| bad("no target name"))?;
+        let lun = parts
+            .next()
+            .ok_or_else(|| bad("no LUN"))?
+            .parse::<u16>()
+            .map_err(|_| bad("the LUN is not a number"))?;
+        let (host, port) = split_host_port(hostport, api::CONTROL_PORT).map_err(|e| bad(&e))?;
+        Ok(VolumeRef {
+            host,
+            port,
+            iqn: iqn.to_owned(),
+            lun,
+        })
+    }
+}
+
+fn split_host_port(s: &str, default: u16) -> Result<(String, u16), String> {
+    if let Some(v6) = s.strip_prefix('[') {
+        let (h, rest) = v6.split_once(']').ok_or("unclosed [")?;
+        let port = match rest.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| "bad port")?,
+            None => default,
+        };
+        return Ok((h.to_owned(), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) => Ok((h.to_owned(), p.parse().map_err(|_| "bad port")?)),
+        None => Ok((s.to_owned(), default)),
+    }
+}
+
+fn addr(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// One stream: a source member and where it goes.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub source: Client,
+    pub source_lun: LunInfo,
+    pub dest: Client,
+    pub dest_lun: LunInfo,
+    /// The destination member's iSCSI URL as the source disk server dials it.
+    pub dest_url: String,
+}
+
+/// What the coordinator does.
+#[derive(Clone, Debug)]
+pub struct SyncOptions {
+    pub unit: u64,
+    /// The bottleneck's rate in bits per second (absent: found by the streams).
+    pub rate: Option<u64>,
+    pub pacing: Mode,
+    /// Send every unit even where change tracking could tell what changed.
+    pub full: bool,
+    pub verify: bool,
+    pub interval: Duration,
+    pub session: Vec<(String, String)>,
+    /// Resume state for volumes without change tracking.
+    pub state: Option<std::path::PathBuf>,
+}
+
+/// Payload bytes per second a bottleneck of `bits` per second carries (TCP/IP headers of
+/// 1500-byte packets with timestamps: 1448 of 1500).
+pub fn payload_rate(bits: u64) -> u64 {
+    (bits as u128 * 1448 / 1500 / 8) as u64
+}
+
+async fn find_lun(client: &Client, iqn: &str, lun: u16) -> anyhow::Result<(api::Luns, LunInfo)> {
+    let luns: api::Luns = client.call("GET", "/v1/luns", &()).await?;
+    let info = luns
+        .luns
+        .iter()
+        .find(|l| l.iqn == iqn && l.lun == lun)
+        .cloned()
+        .ok_or_else(|| anyhow!("{}: serves no LUN {lun} of target {iqn}", client.addr))?;
+    Ok((luns, info))
+}
+
+/// A volume's members: `(control client, LUN there, its iSCSI URL)`, and the stripe unit
+/// when it is striped.
+async fn members(v: &VolumeRef, key: &Key) -> anyhow::Result<(Vec<(Client, LunInfo, String)>, Option<u64>)> {
+    let client = Client::new(addr(&v.host, v.port), key.clone());
+    let (luns, info) = find_lun(&client, &v.iqn, v.lun).await?;
+    let spec: Option<StoreSpec> = info.store.parse().ok();
+    if let Some(spec) = spec.filter(|s| s.kind() == "stripe" && !s.members().is_empty()) {
+        if spec.members().iter().all(|m| m.kind() == "iscsi") {
+            let unit = match spec.param("unit") {
+                Some(u) => units::parse_size(u).map_err(|e| anyhow!("{}: stripe unit: {e}", client.addr))?,
+                None => 1 << 20,
+            };
+            let mut out = Vec::new();
+            for m in spec.members() {
+                let text = m.to_string();
+                let url = initiator::IscsiUrl::parse(&text)
+                    .map_err(|e| anyhow!("member {text}: {e}"))?;
+                let (iqn, lun) = (url.target_required()?.to_owned(), url.lun_required()?);
+                let c = Client::new(addr(&url.host, v.port), key.clone());
+                let (_, mi) = find_lun(&c, &iqn, lun)
+                    .await
+                    .with_context(|| format!("member {text} (its agent on control port {})", v.port))?;
+                // The member's URL without the file server's session options.
+                let plain = format!("iscsi://{}/{iqn}/{lun}", addr(&url.host, url.port));
+                out.push((c, mi, plain));
+            }
+            return Ok((out, Some(unit)));
+        }
+    }
+    let portal_port = luns
+        .portals
+        .first()
+        .and_then(|p| p.parse::<std::net::SocketAddr>().ok())
+        .map_or(initiator::url::DEFAULT_PORT, |p| p.port());
+    let url = format!("iscsi://{}/{}/{}", addr(&v.host, portal_port), v.iqn, v.lun);
+    Ok((vec![(client, info, url)], None))
+}
+
+/// Pairs the source's members with the destination's, checking that they fit.
+pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result<Vec<Stream>> {
+    let (s, s_unit) = members(src, key).await.context("source")?;
+    let (d, d_unit) = members(dst, key).await.context("destination")?;
+    if s.len() != d.len() {
+        bail!(
+            "the source has {} member(s), the destination {}: the layouts must match disk server for disk server",
+            s.len(),
+            d.len()
+        );
+    }
+    if s_unit != d_unit {
+        bail!("the stripe units differ (source {s_unit:?}, destination {d_unit:?}): the same bytes would land on other disk servers");
+    }
+    let mut out = Vec::new();
+    for ((sc, sl, _), (dc, dl, durl)) in s.into_iter().zip(d) {
+        if dl.size < sl.size {
+            bail!(
+                "destination member {durl} holds {} bytes, less than its source's {}",
+                dl.size,
+                sl.size
+            );
+        }
+        out.push(Stream {
+            source: sc,
+            source_lun: sl,
+            dest: dc,
+            dest_lun: dl,
+            dest_url: durl,
+        });
+    }
+    Ok(out)
+}
+
+/// One line of `--json` progress.
+#[derive(Serialize)]
+pub struct Tick<'a> {
+    pub event: &'static str,
+    pub t: f64,
+    pub bytes: u64,
+    pub done_bytes: u64,
+    pub rate_bytes_per_s: u64,
+    pub phase: crate::pace::Phase,
+    pub pacing_total: Option<u64>,
+    pub streams: Vec<StreamTick<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct StreamTick<'a> {
+    pub source: &'a str,
+    pub dest: &'a str,
+    pub state: JobState,
+    pub bytes: u64,
+    pub done_bytes: u64,
+    pub rate_bytes_per_s: u64,
+    pub pacing: Option<u64>,
+    pub min_rtt_ms: f64,
+    pub retransmits: u64,
+    pub connections: usize,
+    pub finished_at: Option<f64>,
+}
+
+/// What a sync did.
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub event: &'static str,
+    pub streams: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub rate_bytes_per_s: u64,
+    pub bottleneck_bytes_per_s: Option<u64>,
+    pub finish_spread: f64,
+    pub finished_at: Vec<f64>,
+    pub verified_units: u64,
+    pub repaired_units: u64,
+    pub incremental: bool,
+}
+
+#[derive(Serialize, serde::Deserialize, Default, Clone)]
+struct ResumeState {
+    source: String,
+    dest: String,
+    unit: u64,
+    skip: Vec<u64>,
+}
+
+/// Runs a sync to its end. `out` gets progress: `Some(tick)` every interval.
+pub async fn run(
+    src: &VolumeRef,
+    dst: &VolumeRef,
+    key: &Key,
+    o: &SyncOptions,
+    mut out: impl FnMut(&Tick<'_>),
+) -> anyhow::Result<Report> {
+    let streams = plan(src, dst, key).await?;
+    let n = streams.len();
+    let label = |v: &VolumeRef| format!("{}/{}/{}", addr(&v.host, v.port), v.iqn, v.lun);
+    let mut resume = ResumeState {
+        source: label(src),
+        dest: label(dst),
+        unit: o.unit,
+        skip: vec![0; n],
+    };
+    if let Some(path) = &o.state {
+        if let Ok(text) = std::fs::read(path) {
+            let old: ResumeState = serde_json::from_slice(&text)
+                .with_context(|| format!("resume state {}", path.display()))?;
+            if old.source == resume.source && old.dest == resume.dest && old.unit == o.unit && old.skip.len() == n {
+                tracing::info!("resuming from {}", path.display());
+                resume.skip = old.skip;
+            }
+        }
+    }
+    let incremental = !o.full && streams.iter().all(|s| s.source_lun.tracking.is_some());
+    let given = o.rate.map(payload_rate);
+    let mut ctl = Controller::new(o.pacing, given, n);
+    let first = ctl.tick(Duration::ZERO, Duration::from_millis(100), &vec![StreamView::default(); n]);
+    // Start every stream.
+    let mut jobs = Vec::new();
+    for (i, s) in streams.iter().enumerate() {
+        let req = api::SendRequest {
+            iqn: s.source_lun.iqn.clone(),
+            lun: s.source_lun.lun,
+            dest: s.dest_url.clone(),
+            unit: o.unit,
+            what: if incremental { What::Changed } else { What::All },
+            skip_units: if incremental { 0 } else { resume.skip[i] },
+            pacing: first.shares.get(i).copied().flatten(),
+            session: o.session.clone(),
+        };
+        let started: api::SendStarted = match s.source.call("POST", "/v1/send", &req).await {
+            Ok(st) => st,
+            Err(e) => {
+                cancel_all(&streams, &jobs).await;
+                return Err(e.context(format!("starting stream {i}")));
+            }
+        };
+        jobs.push(started);
+    }
+    let total_bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
+    let t0 = Instant::now();
+    let mut finished_at: Vec<Option<f64>> = vec![None; n];
+    let mut applied: Vec<Option<u64>> = first.shares.clone();
+    let mut statuses: Vec<Option<JobStatus>> = vec![None; n];
+    loop {
+        tokio::time::sleep(o.interval).await;
+        let mut set = tokio::task::JoinSet::new();
+        for (i, (s, j)) in streams.iter().zip(&jobs).enumerate() {
+            let c = s.source.clone();
+            let path = format!("/v1/jobs/{}", j.job);
+            set.spawn(async move { (i, c.call::<JobStatus>("GET", &path, &()).await) });
+        }
+        while let Some(r) = set.join_next().await {
+            let (i, r) = r?;
+            match r {
+                Ok(st) => statuses[i] = Some(st),
+                Err(e) => tracing::warn!("stream {i}: {e:#}"),
+            }
+        }
+        let now = t0.elapsed();
+        let mut failed = None;
+        for (i, st) in statuses.iter().enumerate() {
+            if let Some(st) = st {
+                if matches!(st.state, JobState::Failed | JobState::Cancelled) && failed.is_none() {
+                    failed = Some((i, st.error.clone().unwrap_or_else(|| "cancelled".into())));
+                }
+                if st.state == JobState::Done && finished_at[i].is_none() {
+                    finished_at[i] = Some(now.as_secs_f64());
+                }
+            }
+        }
+        if let (Some(path), false) = (&o.state, incremental) {
+            // The jobs' plans start after the units skipped already.
+            let save = ResumeState {
+                skip: (0..n)
+                    .map(|i| resume.skip[i] + statuses[i].as_ref().map_or(0, |s| s.durable_prefix))
+                    .collect(),
+                ..resume.clone()
+            };
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, serde_json::to_vec(&save)?).is_ok() {
+                let _ = std::fs::rename(&tmp, path);
+            }
+        }
+        if let Some((i, e)) = failed {
+            cancel_all(&streams, &jobs).await;
+            bail!("stream {i} ({} to {}) failed: {e}; run the same command again to resume", streams[i].source.addr, streams[i].dest_url);
+        }
+        let views: Vec<StreamView> = statuses
+            .iter()
+            .zip(&jobs)
+            .map(|(st, j)| match st {
+                Some(st) => StreamView {
+                    done: st.done_bytes,
+                    remaining: st.bytes - st.done_bytes.min(st.bytes),
+                    finished: st.state == JobState::Done,
+                },
+                None => StreamView {
+                    done: 0,
+                    remaining: j.bytes,
+                    finished: false,
+                },
+            })
+            .collect();
+        let rtt = statuses
+            .iter()
+            .flatten()
+            .map(|s| s.min_rtt_ms)
+            .filter(|r| *r > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        let rtt = if rtt.is_finite() { Duration::from_secs_f64(rtt / 1e3) } else { Duration::from_millis(100) };
+        let decision: Decision = ctl.tick(now, rtt, &views);
+        for (i, share) in decision.shares.iter().enumerate() {
+            let old = applied[i];
+            let changed = match (old, *share) {
+                (None, None) => false,
+                (Some(a), Some(b)) => a.abs_diff(b) * 50 > a,
+                _ => true,
+            };
+            if changed && !views[i].finished {
+                let path = format!("/v1/jobs/{}/pace", jobs[i].job);
+                match streams[i].source.call::<JobStatus>("POST", &path, &api::Pace { rate: *share }).await {
+                    Ok(_) => applied[i] = *share,
+                    Err(e) => tracing::warn!("pacing stream {i}: {e:#}"),
+                }
+            }
+        }
+        let (rate, rates) = ctl.rates();
+        let tick = Tick {
+            event: "progress",
+            t: now.as_secs_f64(),
+            bytes: total_bytes,
+            done_bytes: views.iter().map(|v| v.done).sum(),
+            rate_bytes_per_s: rate,
+            phase: ctl.phase(),
+            pacing_total: decision.total,
+            streams: streams
+                .iter()
+                .enumerate()
+                .map(|(i, s)| StreamTick {
+                    source: &s.source.addr,
+                    dest: &s.dest_url,
+                    state: statuses[i].as_ref().map_or(JobState::Connecting, |s| s.state),
+                    bytes: jobs[i].bytes,
+                    done_bytes: views[i].done,
+                    rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
+                    pacing: applied[i],
+                    min_rtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.min_rtt_ms),
+                    retransmits: statuses[i].as_ref().map_or(0, |s| s.retransmits),
+                    connections: statuses[i].as_ref().map_or(0, |s| s.connections),
+                    finished_at: finished_at[i],
+                })
+                .collect(),
+        };
+        out(&tick);
+        if finished_at.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let ends: Vec<f64> = finished_at.iter().map(|f| f.unwrap_or(seconds)).collect();
+    let (lo, hi) = ends.iter().fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    let mut report = Report {
+        event: "done",
+        streams: n,
+        bytes: total_bytes,
+        seconds,
+        rate_bytes_per_s: (total_bytes as f64 / seconds.max(1e-9)) as u64,
+        bottleneck_bytes_per_s: ctl.bottleneck(),
+        finish_spread: if hi > 0.0 { (hi - lo) / hi } else { 0.0 },
+        finished_at: ends,
+        verified_units: 0,
+        repaired_units: 0,
+        incremental,
+    };
+    if o.verify {
+        let (verified, repaired) = verify(&streams, &jobs, o).await?;
+        report.verified_units = verified;
+        report.repaired_units = repaired;
+    }
+    for (s, j) in streams.iter().zip(&jobs) {
+        if let Some(epoch) = j.epoch {
+            let r = api::Release {
+                iqn: s.source_lun.iqn.clone(),
+                lun: s.source_lun.lun,
+                epoch,
+            };
+            s.source
+                .call::<serde_json::Value>("POST", "/v1/release", &r)
+                .await
+                .context("releasing the synced epoch")?;
+        }
+    }
+    if let Some(path) = &o.state {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(report)
+}
+
+async fn cancel_all(streams: &[Stream], jobs: &[api::SendStarted]) {
+    for (s, j) in streams.iter().zip(jobs) {
+        let _ = s
+            .source
+            .call::<JobStatus>("POST", &format!("/v1/jobs/{}/cancel", j.job), &())
+            .await;
+    }
+}
+
+fn ranges(indices: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for i in indices {
+        match out.last_mut() {
+            Some((_, end)) if *end == i => *end += 1,
+            _ => out.push((i, i + 1)),
+        }
+    }
+    out
+}
+
+/// Compares each stream's unit checksums, taken by the source as it sent and by the
+/// destination from its store; units that differ are sent again (once) and compared
+/// again. Returns (units verified, units repaired).
+async fn verify(streams: &[Stream], jobs: &[api::SendStarted], o: &SyncOptions) -> anyhow::Result<(u64, u64)> {
+    let mut verified = 0;
+    let mut repaired = 0;
+    for (i, (s, j)) in streams.iter().zip(jobs).enumerate() {
+        let mut src: api::Sums = s
+            .source
+            .call("GET", &format!("/v1/jobs/{}/sums", j.job), &())
+            .await
+            .with_context(|| format!("stream {i}: the source's checksums"))?;
+        for attempt in 0..2 {
+            let req = api::SumsRequest {
+                iqn: s.dest_lun.iqn.clone(),
+                lun: s.dest_lun.lun,
+                unit: src.unit,
+                units: ranges(src.sums.iter().map(|(k, _)| *k)),
+            };
+            let dst: api::Sums = s
+                .dest
+                .call("POST", "/v1/sums", &req)
+                .await
+                .with_context(|| format!("stream {i}: the destination's checksums"))?;
+            let theirs: std::collections::HashMap<u64, &str> =
+                dst.sums.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let bad: Vec<u64> = src
+                .sums
+                .iter()
+                .filter(|(k, v)| theirs.get(k) != Some(&v.as_str()))
+                .map(|(k, _)| *k)
+                .collect();
+            if attempt == 0 {
+                verified += src.sums.len() as u64;
+            }
+            if bad.is_empty() {
+                break;
+            }
+            if attempt == 1 {
+                bail!(
+                    "stream {i}: {} unit(s) still differ after a resend (first: unit {} of {} bytes)",
+                    bad.len(),
+                    bad[0],
+                    src.unit
+                );
+            }
+            tracing::warn!("stream {i}: {} unit(s) differ; sending them again", bad.len());
+            repaired += bad.len() as u64;
+            let req = api::SendRequest {
+                iqn: s.source_lun.iqn.clone(),
+                lun: s.source_lun.lun,
+                dest: s.dest_url.clone(),
+                unit: src.unit,
+                what: What::Units(ranges(bad.iter().copied())),
+                skip_units: 0,
+                pacing: None,
+                session: o.session.clone(),
+            };
+            let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let st: JobStatus = s.source.call("GET", &format!("/v1/jobs/{}", job.job), &()).await?;
+                match st.state {
+                    JobState::Done => break,
+                    JobState::Failed | JobState::Cancelled => {
+                        bail!("stream {i}: resending: {}", st.error.unwrap_or_default())
+                    }
+                    _ => {}
+                }
+            }
+            src = s.source.call("GET", &format!("/v1/jobs/{}/sums", job.job), &()).await?;
+        }
+    }
+    Ok((verified, repaired))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_refs() {
+        let v: VolumeRef = "rsv://10.0.0.1/iqn.2026-11.org.x:vol/0".parse().unwrap();
+        assert_eq!(v, VolumeRef { host: "10.0.0.1".into(), port: 3262, iqn: "iqn.2026-11.org.x:vol".into(), lun: 0 });
+        let v: VolumeRef = "[::1]:4000/iqn.x/3".parse().unwrap();
+        assert_eq!((v.host.as_str(), v.port, v.lun), ("::1", 4000, 3));
+        assert!("host/iqn".parse::<VolumeRef>().is_err());
+        assert!("host/iqn/x".parse::<VolumeRef>().is_err());
+        assert!("/iqn/0".parse::<VolumeRef>().is_err());
+    }
+
+    #[test]
+    fn unit_ranges() {
+        assert_eq!(ranges([1, 2, 3, 7, 9, 10].into_iter()), vec![(1, 4), (7, 8), (9, 11)]);
+        assert_eq!(ranges(std::iter::empty()), vec![]);
+    }
+
+    #[test]
+    fn payload() {
+        assert_eq!(payload_rate(1_500_000_000), 181_000_000);
+    }
+}
