@@ -83,9 +83,16 @@ fn human_bytes(b: u64) -> String {
 pub fn run(args: SyncArgs) -> anyhow::Result<()> {
     let key = Key::from_file(&args.key_file)?;
     let unit = units::parse_size(&args.unit).map_err(|e| anyhow!("--unit: {e}"))?;
-    anyhow::ensure!(unit >= 4096 && unit.is_power_of_two(), "--unit {unit}: use a power of two of at least 4 KiB");
+    anyhow::ensure!(
+        unit >= 4096 && unit.is_power_of_two(),
+        "--unit {unit}: use a power of two of at least 4 KiB"
+    );
     let rate = match &args.rate {
-        Some(r) => Some(units::parse_rate(r).map_err(|e| anyhow!("--rate: {e}"))?.bits_per_sec()),
+        Some(r) => Some(
+            units::parse_rate(r)
+                .map_err(|e| anyhow!("--rate: {e}"))?
+                .bits_per_sec(),
+        ),
         None => None,
     };
     if args.pacing == Mode::Static && rate.is_none() {

@@ -33,8 +33,14 @@ impl std::str::FromStr for VolumeRef {
         let bad = |why: &str| format!("{s}: {why}; write [rsv://]HOST[:PORT]/IQN/LUN");
         let rest = s.strip_prefix("rsv://").unwrap_or(s);
         let mut parts = rest.splitn(3, '/');
-        let hostport = parts.next().filter(|h| !h.is_empty()).ok_or_else(|| bad("no host"))?;
-        let iqn = parts.next().filter(|h| !h.is_empty()).ok_or_else(|| bad("no target name"))?;
+        let hostport = parts
+            .next()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("no host"))?;
+        let iqn = parts
+            .next()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("no target name"))?;
         let lun = parts
             .next()
             .ok_or_else(|| bad("no LUN"))?
@@ -119,26 +125,30 @@ async fn find_lun(client: &Client, iqn: &str, lun: u16) -> anyhow::Result<(api::
 
 /// A volume's members: `(control client, LUN there, its iSCSI URL)`, and the stripe unit
 /// when it is striped.
-async fn members(v: &VolumeRef, key: &Key) -> anyhow::Result<(Vec<(Client, LunInfo, String)>, Option<u64>)> {
+async fn members(
+    v: &VolumeRef,
+    key: &Key,
+) -> anyhow::Result<(Vec<(Client, LunInfo, String)>, Option<u64>)> {
     let client = Client::new(addr(&v.host, v.port), key.clone());
     let (luns, info) = find_lun(&client, &v.iqn, v.lun).await?;
     let spec: Option<StoreSpec> = info.store.parse().ok();
     if let Some(spec) = spec.filter(|s| s.kind() == "stripe" && !s.members().is_empty()) {
         if spec.members().iter().all(|m| m.kind() == "iscsi") {
             let unit = match spec.param("unit") {
-                Some(u) => units::parse_size(u).map_err(|e| anyhow!("{}: stripe unit: {e}", client.addr))?,
+                Some(u) => units::parse_size(u)
+                    .map_err(|e| anyhow!("{}: stripe unit: {e}", client.addr))?,
                 None => 1 << 20,
             };
             let mut out = Vec::new();
             for m in spec.members() {
                 let text = m.to_string();
-                let url = initiator::IscsiUrl::parse(&text)
-                    .map_err(|e| anyhow!("member {text}: {e}"))?;
+                let url =
+                    initiator::IscsiUrl::parse(&text).map_err(|e| anyhow!("member {text}: {e}"))?;
                 let (iqn, lun) = (url.target_required()?.to_owned(), url.lun_required()?);
                 let c = Client::new(addr(&url.host, v.port), key.clone());
-                let (_, mi) = find_lun(&c, &iqn, lun)
-                    .await
-                    .with_context(|| format!("member {text} (its agent on control port {})", v.port))?;
+                let (_, mi) = find_lun(&c, &iqn, lun).await.with_context(|| {
+                    format!("member {text} (its agent on control port {})", v.port)
+                })?;
                 // The member's URL without the file server's session options.
                 let plain = format!("iscsi://{}/{iqn}/{lun}", addr(&url.host, url.port));
                 out.push((c, mi, plain));
@@ -262,7 +272,11 @@ pub async fn run(
         if let Ok(text) = std::fs::read(path) {
             let old: ResumeState = serde_json::from_slice(&text)
                 .with_context(|| format!("resume state {}", path.display()))?;
-            if old.source == resume.source && old.dest == resume.dest && old.unit == o.unit && old.skip.len() == n {
+            if old.source == resume.source
+                && old.dest == resume.dest
+                && old.unit == o.unit
+                && old.skip.len() == n
+            {
                 tracing::info!("resuming from {}", path.display());
                 resume.skip = old.skip;
             }
@@ -271,7 +285,11 @@ pub async fn run(
     let incremental = !o.full && streams.iter().all(|s| s.source_lun.tracking.is_some());
     let given = o.rate.map(payload_rate);
     let mut ctl = Controller::new(o.pacing, given, n);
-    let first = ctl.tick(Duration::ZERO, Duration::from_millis(100), &vec![StreamView::default(); n]);
+    let first = ctl.tick(
+        Duration::ZERO,
+        Duration::from_millis(100),
+        &vec![StreamView::default(); n],
+    );
     // Start every stream.
     let mut jobs = Vec::new();
     for (i, s) in streams.iter().enumerate() {
@@ -280,7 +298,11 @@ pub async fn run(
             lun: s.source_lun.lun,
             dest: s.dest_url.clone(),
             unit: o.unit,
-            what: if incremental { What::Changed } else { What::All },
+            what: if incremental {
+                What::Changed
+            } else {
+                What::All
+            },
             skip_units: if incremental { 0 } else { resume.skip[i] },
             pacing: first.shares.get(i).copied().flatten(),
             session: o.session.clone(),
@@ -341,7 +363,11 @@ pub async fn run(
         }
         if let Some((i, e)) = failed {
             cancel_all(&streams, &jobs).await;
-            bail!("stream {i} ({} to {}) failed: {e}; run the same command again to resume", streams[i].source.addr, streams[i].dest_url);
+            bail!(
+                "stream {i} ({} to {}) failed: {e}; run the same command again to resume",
+                streams[i].source.addr,
+                streams[i].dest_url
+            );
         }
         let views: Vec<StreamView> = statuses
             .iter()
@@ -365,7 +391,11 @@ pub async fn run(
             .map(|s| s.min_rtt_ms)
             .filter(|r| *r > 0.0)
             .fold(f64::INFINITY, f64::min);
-        let rtt = if rtt.is_finite() { Duration::from_secs_f64(rtt / 1e3) } else { Duration::from_millis(100) };
+        let rtt = if rtt.is_finite() {
+            Duration::from_secs_f64(rtt / 1e3)
+        } else {
+            Duration::from_millis(100)
+        };
         let decision: Decision = ctl.tick(now, rtt, &views);
         for (i, share) in decision.shares.iter().enumerate() {
             let old = applied[i];
@@ -376,7 +406,11 @@ pub async fn run(
             };
             if changed && !views[i].finished {
                 let path = format!("/v1/jobs/{}/pace", jobs[i].job);
-                match streams[i].source.call::<JobStatus>("POST", &path, &api::Pace { rate: *share }).await {
+                match streams[i]
+                    .source
+                    .call::<JobStatus>("POST", &path, &api::Pace { rate: *share })
+                    .await
+                {
                     Ok(_) => applied[i] = *share,
                     Err(e) => tracing::warn!("pacing stream {i}: {e:#}"),
                 }
@@ -397,7 +431,9 @@ pub async fn run(
                 .map(|(i, s)| StreamTick {
                     source: &s.source.addr,
                     dest: &s.dest_url,
-                    state: statuses[i].as_ref().map_or(JobState::Connecting, |s| s.state),
+                    state: statuses[i]
+                        .as_ref()
+                        .map_or(JobState::Connecting, |s| s.state),
                     bytes: jobs[i].bytes,
                     done_bytes: views[i].done,
                     rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
@@ -416,7 +452,9 @@ pub async fn run(
     }
     let seconds = t0.elapsed().as_secs_f64();
     let ends: Vec<f64> = finished_at.iter().map(|f| f.unwrap_or(seconds)).collect();
-    let (lo, hi) = ends.iter().fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    let (lo, hi) = ends
+        .iter()
+        .fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
     let mut report = Report {
         event: "done",
         streams: n,
@@ -477,7 +515,11 @@ fn ranges(indices: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
 /// Compares each stream's unit checksums, taken by the source as it sent and by the
 /// destination from its store; units that differ are sent again (once) and compared
 /// again. Returns (units verified, units repaired).
-async fn verify(streams: &[Stream], jobs: &[api::SendStarted], o: &SyncOptions) -> anyhow::Result<(u64, u64)> {
+async fn verify(
+    streams: &[Stream],
+    jobs: &[api::SendStarted],
+    o: &SyncOptions,
+) -> anyhow::Result<(u64, u64)> {
     let mut verified = 0;
     let mut repaired = 0;
     for (i, (s, j)) in streams.iter().zip(jobs).enumerate() {
@@ -520,7 +562,10 @@ async fn verify(streams: &[Stream], jobs: &[api::SendStarted], o: &SyncOptions) 
                     src.unit
                 );
             }
-            tracing::warn!("stream {i}: {} unit(s) differ; sending them again", bad.len());
+            tracing::warn!(
+                "stream {i}: {} unit(s) differ; sending them again",
+                bad.len()
+            );
             repaired += bad.len() as u64;
             let req = api::SendRequest {
                 iqn: s.source_lun.iqn.clone(),
@@ -535,7 +580,10 @@ async fn verify(streams: &[Stream], jobs: &[api::SendStarted], o: &SyncOptions) 
             let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                let st: JobStatus = s.source.call("GET", &format!("/v1/jobs/{}", job.job), &()).await?;
+                let st: JobStatus = s
+                    .source
+                    .call("GET", &format!("/v1/jobs/{}", job.job), &())
+                    .await?;
                 match st.state {
                     JobState::Done => break,
                     JobState::Failed | JobState::Cancelled => {
@@ -544,7 +592,10 @@ async fn verify(streams: &[Stream], jobs: &[api::SendStarted], o: &SyncOptions) 
                     _ => {}
                 }
             }
-            src = s.source.call("GET", &format!("/v1/jobs/{}/sums", job.job), &()).await?;
+            src = s
+                .source
+                .call("GET", &format!("/v1/jobs/{}/sums", job.job), &())
+                .await?;
         }
     }
     Ok((verified, repaired))
@@ -557,7 +608,15 @@ mod tests {
     #[test]
     fn volume_refs() {
         let v: VolumeRef = "rsv://10.0.0.1/iqn.2026-11.org.x:vol/0".parse().unwrap();
-        assert_eq!(v, VolumeRef { host: "10.0.0.1".into(), port: 3262, iqn: "iqn.2026-11.org.x:vol".into(), lun: 0 });
+        assert_eq!(
+            v,
+            VolumeRef {
+                host: "10.0.0.1".into(),
+                port: 3262,
+                iqn: "iqn.2026-11.org.x:vol".into(),
+                lun: 0
+            }
+        );
         let v: VolumeRef = "[::1]:4000/iqn.x/3".parse().unwrap();
         assert_eq!((v.host.as_str(), v.port, v.lun), ("::1", 4000, 3));
         assert!("host/iqn".parse::<VolumeRef>().is_err());
@@ -567,7 +626,10 @@ mod tests {
 
     #[test]
     fn unit_ranges() {
-        assert_eq!(ranges([1, 2, 3, 7, 9, 10].into_iter()), vec![(1, 4), (7, 8), (9, 11)]);
+        assert_eq!(
+            ranges([1, 2, 3, 7, 9, 10].into_iter()),
+            vec![(1, 4), (7, 8), (9, 11)]
+        );
         assert_eq!(ranges(std::iter::empty()), vec![]);
     }
 

@@ -1,0 +1,239 @@
+//! `rsv sync` end to end: two sites, each a file server whose LUN stripes over disk
+//! servers, every one an `rsv target` process with its agent on its own loopback address
+//! (127.0.0.K, as separate hosts would be); the volume is copied disk server to disk
+//! server and read back through the destination's file server.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{random_file, rsv, run, run_ok};
+
+const IQN: &str = "iqn.2026-11.org.reservoir:vol";
+
+/// An `rsv target` on its own address with the control endpoint on `port`.
+struct Host {
+    child: Child,
+    portal: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn host(addr: &str, control_port: u16, key: &Path, luns: &str) -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "portals = [\"{addr}:0\"]\ndata_dir = \"{}\"\n[control]\nlisten = \"{addr}:{control_port}\"\n\
+             key_file = \"{}\"\n[[target]]\niqn = \"{IQN}\"\n{luns}",
+            dir.path().display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(rsv())
+        .args(["target", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.path().join("log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut portal = String::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!(
+                "rsv target on {addr} exited:\n{}",
+                std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
+            );
+        }
+        match line.trim() {
+            l if l.starts_with("portal ") => portal = l[7..].to_owned(),
+            "ready" => break,
+            _ => {}
+        }
+    }
+    Host { child, portal, dir }
+}
+
+fn free_port() -> u16 {
+    // Free on 127.0.0.1; the hosts use other loopback addresses, where it is free too
+    // unless something listens on all of them.
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn key_file(dir: &Path, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(format!("key-{}", text.len()));
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+struct Site {
+    file_server: Host,
+    disks: Vec<Host>,
+}
+
+/// A site at 127.0.0.{base}..: `n` disk servers with `size` each, and a file server
+/// striping over them in 64 KiB units.
+fn site(base: u8, n: u8, size: &str, port: u16, key: &Path, track: bool) -> Site {
+    let track = if track { "track = true\n" } else { "" };
+    let disks: Vec<Host> = (0..n)
+        .map(|i| {
+            host(
+                &format!("127.0.0.{}", base + 1 + i),
+                port,
+                key,
+                &format!("[[target.lun]]\nid = 0\nstore = \"file:disk.img?size={size}\"\n{track}"),
+            )
+        })
+        .collect();
+    let members: Vec<String> = disks
+        .iter()
+        .map(|d| format!("iscsi://{}/{IQN}/0", d.portal))
+        .collect();
+    let file_server = host(
+        &format!("127.0.0.{base}"),
+        port,
+        key,
+        &format!(
+            "[[target.lun]]\nid = 0\nstore = \"stripe:?unit=64K&members=[{}]\"\n",
+            members.join(",")
+        ),
+    );
+    Site { file_server, disks }
+}
+
+fn volume(base: u8, port: u16) -> String {
+    format!("127.0.0.{base}:{port}/{IQN}/0")
+}
+
+fn sync(key: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(rsv())
+        .arg("sync")
+        .arg("--key-file")
+        .arg(key)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn a_striped_volume_goes_disk_server_to_disk_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
+    let port = free_port();
+    let a = site(10, 2, "8M", port, &key, false);
+    let b = site(20, 2, "8M", port, &key, false);
+    // 16 MiB of data written through site A's file server, so it lands striped.
+    let image = tmp.path().join("image");
+    random_file(&image, 16 << 20, 7);
+    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", image.to_str().unwrap(), &a_url],
+    );
+
+    let out = sync(&key, &["--json", &volume(10, port), &volume(20, port)]);
+    assert!(
+        out.status.success(),
+        "rsv sync failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&out.stdout);
+    let done = lines.last().expect("a result line");
+    assert_eq!(done["event"], "done", "{done}");
+    assert_eq!(done["streams"], 2);
+    assert_eq!(done["bytes"], 16 << 20);
+    assert_eq!(done["verified_units"], 16, "{done}");
+    let progress = lines.iter().filter(|l| l["event"] == "progress").count();
+    assert!(progress >= 1, "no progress lines");
+    for l in &lines[..lines.len() - 1] {
+        assert_eq!(l["streams"].as_array().unwrap().len(), 2);
+    }
+
+    // Each destination disk server holds exactly its source's member.
+    for (s, d) in a.disks.iter().zip(&b.disks) {
+        let sb = std::fs::read(s.dir.path().join("disk.img")).unwrap();
+        let db = std::fs::read(d.dir.path().join("disk.img")).unwrap();
+        assert!(sb == db, "member {} differs from {}", s.portal, d.portal);
+    }
+    // And site B's file server reads back the image.
+    let back = tmp.path().join("back");
+    let b_url = format!("iscsi://{}/{IQN}/0", b.file_server.portal);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", &b_url, back.to_str().unwrap()],
+    );
+    assert!(std::fs::read(&back).unwrap() == std::fs::read(&image).unwrap());
+}
+
+#[test]
+fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
+    let port = free_port();
+    let a = site(30, 2, "4M", port, &key, false);
+    let b = site(40, 1, "8M", port, &key, false);
+
+    let wrong = key_file(tmp.path(), "another key, also long enough!!");
+    let out = sync(&wrong, &[&volume(30, port), &volume(40, port)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("authentication refused: wrong key"), "{err}");
+    assert!(
+        std::fs::read_to_string(a.file_server.dir.path().join("log"))
+            .unwrap()
+            .contains("refused: wrong key"),
+        "the agent logs the refusal"
+    );
+
+    let out = sync(&key, &[&volume(30, port), &volume(40, port)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the source has 2 member(s), the destination 1"),
+        "{err}"
+    );
+
+    // A key file others may read is refused before anything is sent.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = sync(&key, &[&volume(30, port), &volume(40, port)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chmod 600"), "{err}");
+
+    let out = run(
+        rsv().to_str().unwrap(),
+        &["sync", "--key-file", "/dev/null", "nohost", "x/y/0"],
+    );
+    assert_eq!(out.status.code(), Some(2), "usage error");
+    drop(b);
+}
