@@ -22,7 +22,7 @@ pub struct LabArgs {
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1, rtt or all.
+    /// Run a scenario: r0, r1, rtt, r2 or all.
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
@@ -40,10 +40,14 @@ enum LabCommand {
         /// r0: only these loss rates, in percent (e.g. 1,5).
         #[arg(long, value_delimiter = ',')]
         loss: Vec<f64>,
-        /// rtt: only these round-trip times, in milliseconds (e.g. 200,300).
+        /// r2: disk servers per site (default 8).
+        #[arg(long)]
+        disk_servers: Option<usize>,
+        /// rtt and r2: only these round-trip times, in milliseconds (e.g. 200,300).
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
         rtt: Vec<u32>,
-        /// r0 and rtt: seconds per measurement instead of the scenario's own.
+        /// r0 and rtt: seconds per measurement instead of the scenario's own; r2: seconds of
+        /// link time per transfer.
         #[arg(long)]
         seconds: Option<u64>,
     },
@@ -66,6 +70,12 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "r1",
         "R1: 4 concurrent image backups into one 250 Mbit/s bottleneck with a shallow queue: \
          unpaced CUBIC, unpaced BBR, paced to 1/4 each; per-stream, total, link use, Jain",
+    ),
+    (
+        "r2",
+        "R2: Data Reservoir: a volume striped over N disk servers per site copied disk server \
+         to disk server at 350 and 200 ms: one stream, N unpaced, N paced to 1/N, Reservoir's \
+         cooperative pacing, iperf3 -P N, GridFTP -p N, qemu-img; per-stream throughput over time",
     ),
     (
         "rtt",
@@ -92,6 +102,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             loss,
             rtt,
             seconds,
+            disk_servers,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS.iter().map(|s| s.0).collect(),
@@ -111,7 +122,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 })
             });
             let command = std::env::args().collect::<Vec<_>>().join(" ");
-            for name in names {
+            for &name in &names {
                 match name {
                     "r0" => {
                         let mut p = crate::r0::Params::new(quick);
@@ -133,6 +144,30 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                         crate::rtt::run(p, quick, &out, command.clone())?;
                     }
+                    "r2" => {
+                        let mut p = crate::r2::Params::new(quick);
+                        if !rtt.is_empty() {
+                            p.rtt_ms = rtt.iter().map(|&r| u64::from(r)).collect();
+                        }
+                        if let Some(s) = seconds {
+                            p.link_seconds = s;
+                        }
+                        if let Some(n) = disk_servers {
+                            p.disk_servers = n.max(1);
+                        }
+                        crate::r2::run(p, quick, &out, command.clone())?;
+                        let r2_doc = match (&doc, no_doc, quick) {
+                            (Some(d), _, _) => Some(d.with_file_name("lab-r2.md")),
+                            (None, false, false) if Path::new("docs").is_dir() => {
+                                Some(PathBuf::from("docs/lab-r2.md"))
+                            }
+                            _ => None,
+                        };
+                        if let Some(d) = r2_doc {
+                            crate::r2::write_doc(&out, &d)?;
+                            eprintln!("lab: wrote {}", d.display());
+                        }
+                    }
                     _ => {
                         crate::r1::run(quick, &out, command.clone())?;
                     }
@@ -140,6 +175,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
+                _ if names == ["r2"] => None,
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

@@ -14,4 +14,5 @@ mod plot;
 mod proc;
 mod r0;
 mod r1;
+mod r2;
 mod rtt;

@@ -214,3 +214,69 @@ pub fn bars(path: &Path, title: &str, groups: &[BarGroup]) -> Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// Throughput (Mbit/s) over time (s), one thin line per stream and a thick one for the
+/// link (the last series), as R2's Fig. 6; `link` is drawn as a dashed ceiling.
+pub fn time_chart(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)], link: f64) -> Result<()> {
+    if !fonts_ready() {
+        return Ok(());
+    }
+    let t_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.0))
+        .fold(1.0, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.1))
+        .fold(link, f64::max)
+        * 1.08;
+    let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..t_max + 1.0, 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("throughput (Mbit/s)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, link), (t_max + 1.0, link)],
+            6,
+            4,
+            BLACK.mix(0.5).stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(format!("bottleneck {link:.0} Mbit/s"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    let last = series.len().saturating_sub(1);
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let (c, w) = if i == last { (BLACK, 3) } else { (COLORS[i % COLORS.len()], 1) };
+        let labelled = i == last || series.len() <= 9;
+        let s = chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(w)))
+            .map_err(err)?;
+        if labelled {
+            s.label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

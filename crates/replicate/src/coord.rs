@@ -203,7 +203,10 @@ pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result
 #[derive(Serialize)]
 pub struct Tick<'a> {
     pub event: &'static str,
+    /// Seconds since the streams started.
     pub t: f64,
+    /// The same moment as Unix time, for lining up with other records.
+    pub unix: f64,
     pub bytes: u64,
     pub done_bytes: u64,
     pub rate_bytes_per_s: u64,
@@ -231,6 +234,8 @@ pub struct StreamTick<'a> {
 #[derive(Serialize, Debug)]
 pub struct Report {
     pub event: &'static str,
+    /// Unix time the streams started.
+    pub started_unix: f64,
     pub streams: usize,
     pub bytes: u64,
     pub seconds: f64,
@@ -238,6 +243,8 @@ pub struct Report {
     pub bottleneck_bytes_per_s: Option<u64>,
     pub finish_spread: f64,
     pub finished_at: Vec<f64>,
+    /// Bytes each stream sent.
+    pub stream_bytes: Vec<u64>,
     pub verified_units: u64,
     pub repaired_units: u64,
     pub incremental: bool,
@@ -318,6 +325,9 @@ pub async fn run(
     }
     let total_bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
     let t0 = Instant::now();
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let mut finished_at: Vec<Option<f64>> = vec![None; n];
     let mut applied: Vec<Option<u64>> = first.shares.clone();
     let mut statuses: Vec<Option<JobStatus>> = vec![None; n];
@@ -420,6 +430,9 @@ pub async fn run(
         let tick = Tick {
             event: "progress",
             t: now.as_secs_f64(),
+            unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             bytes: total_bytes,
             done_bytes: views.iter().map(|v| v.done).sum(),
             rate_bytes_per_s: rate,
@@ -457,6 +470,7 @@ pub async fn run(
         .fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
     let mut report = Report {
         event: "done",
+        started_unix,
         streams: n,
         bytes: total_bytes,
         seconds,
@@ -464,6 +478,7 @@ pub async fn run(
         bottleneck_bytes_per_s: ctl.bottleneck(),
         finish_spread: if hi > 0.0 { (hi - lo) / hi } else { 0.0 },
         finished_at: ends,
+        stream_bytes: jobs.iter().map(|j| j.bytes).collect(),
         verified_units: 0,
         repaired_units: 0,
         incremental,
