@@ -31,6 +31,9 @@
 //! `freeze` returns sees those writes. A write that starts after the freeze marks the new
 //! current set, so a unit the sync reads while it is being written is sent again next time.
 //!
+//! Ids are epochs: they only grow, and a map that starts over (new, or not to be trusted)
+//! starts past any id it could have handed out before.
+//!
 //! # A new map
 //! A map that does not exist yet knows nothing of the store's history: [`NewMap::AllDirty`]
 //! (what the target uses) starts with every unit dirty, so the first sync sends the whole
@@ -349,6 +352,17 @@ impl Header {
     }
 }
 
+/// The first epoch of a map that starts over: past `after`, and past any id a map of
+/// this file handed out before, found or not (the microseconds since 1970; a map takes
+/// one epoch per freeze), so that a sync holding an old frozen set's id cannot release a
+/// new one.
+fn fresh_epoch(after: u64) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    now.max(after) + 1
+}
+
 fn valid_unit(unit: u64) -> bool {
     unit >= MIN_UNIT && unit.is_power_of_two()
 }
@@ -382,6 +396,9 @@ impl ChangeMap {
         }
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         let units = size.div_ceil(unit);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(named)?;
+        }
         match std::fs::remove_file(tmp_path(path)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(named(e)),
             _ => {}
@@ -389,7 +406,7 @@ impl ChangeMap {
         let found = match std::fs::read(path) {
             Ok(bytes) => Self::parse(&bytes, size, unit, units),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Found {
-                epoch: 1,
+                epoch: fresh_epoch(0),
                 frozen_id: 0,
                 frozen: vec![0; pages_for(units) * WORDS_PER_PAGE],
                 current: match if_new {
@@ -442,8 +459,8 @@ impl ChangeMap {
     /// Reads a map file; whatever cannot be trusted comes back dirty.
     fn parse(bytes: &[u8], size: u64, unit: u64, units: u64) -> Found {
         let pages = pages_for(units);
-        let everything = |why: String| Found {
-            epoch: 1,
+        let everything = |why: String, after: u64| Found {
+            epoch: fresh_epoch(after),
             frozen_id: 0,
             frozen: vec![0; pages * WORDS_PER_PAGE],
             current: all_set(units),
@@ -451,19 +468,22 @@ impl ChangeMap {
         };
         let h = match Header::decode(bytes) {
             Ok(h) => h,
-            Err(why) => return everything(why),
+            Err(why) => return everything(why, 0),
         };
         if h.size != size || h.unit != unit {
-            return everything(format!(
-                "the map is of {} bytes in units of {}, the store {} bytes in units of {}",
-                h.size,
-                human_size(h.unit),
-                size,
-                human_size(unit)
-            ));
+            return everything(
+                format!(
+                    "the map is of {} bytes in units of {}, the store {} bytes in units of {}",
+                    h.size,
+                    human_size(h.unit),
+                    size,
+                    human_size(unit)
+                ),
+                h.epoch,
+            );
         }
         if bytes.len() < (1 + 2 * pages) * PAGE {
-            return everything(format!("cut short at {} bytes", bytes.len()));
+            return everything(format!("cut short at {} bytes", bytes.len()), h.epoch);
         }
         let mut bad = Vec::new();
         let mut read_set = |first_page: usize, words: &mut Vec<u64>| {
@@ -500,7 +520,7 @@ impl ChangeMap {
         });
         Found {
             epoch: h.epoch,
-            frozen_id: if count(&frozen) == 0 { 0 } else { h.frozen_id },
+            frozen_id: h.frozen_id,
             frozen,
             current,
             recovery,
@@ -1082,7 +1102,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.changes");
         let reopen = |size, unit| ChangeMap::open(&path, size, unit, NewMap::Clean).unwrap();
-        drop(reopen(4 * MIB, MIB));
+        let old_id = {
+            let map = reopen(4 * MIB, MIB);
+            map.mark(0, 1).unwrap();
+            map.freeze().unwrap().id()
+        };
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[20] ^= 1; // the unit, under the header's checksum
         std::fs::write(&path, &bytes).unwrap();
@@ -1093,8 +1117,13 @@ mod tests {
             map.recovery()
         );
         assert_eq!(map.dirty_bytes(), 4 * MIB);
+        assert_eq!(map.frozen_id(), None);
+        assert!(map.release(old_id).is_err());
+        // Ids go on growing: a sync holding the old one cannot release a new set.
+        let f = map.freeze().unwrap();
+        assert!(f.id() > old_id);
         // The recovered state was written back: a clean map from now on.
-        map.freeze().and_then(|f| map.release(f.id())).unwrap();
+        map.release(f.id()).unwrap();
         drop(map);
         assert_eq!(reopen(4 * MIB, MIB).recovery(), None);
 

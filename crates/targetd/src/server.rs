@@ -84,13 +84,14 @@ fn stable_id(parts: &[&str]) -> u64 {
 }
 
 /// Opens LUN `l`'s change map: `track_file`, or the store's `.changes` file beside its
-/// data. A map that is new, or that cannot be trusted as found, counts every unit as
+/// data; `taken` holds the other LUNs' maps. A map that is new, or that cannot be trusted as found, counts every unit as
 /// changed: the store's history is unknown to it.
 fn open_changes(
     at: &str,
     l: &LunConfig,
     data_dir: &std::path::Path,
     store: &Arc<dyn Backstore>,
+    taken: &mut std::collections::HashSet<std::path::PathBuf>,
 ) -> anyhow::Result<Arc<ChangeMap>> {
     let path = match &l.track_file {
         Some(f) => data_dir.join(f),
@@ -102,6 +103,13 @@ fn open_changes(
             )
         })?,
     };
+    // Two maps in one file would each rename the other's away.
+    if !taken.insert(path.clone()) {
+        bail!(
+            "{at}: its change map {} is another LUN's too",
+            path.display()
+        );
+    }
     let map = ChangeMap::open(&path, store.size(), l.track_unit(), NewMap::AllDirty)
         .with_context(|| format!("{at}: opening its change map"))?;
     info!(
@@ -122,6 +130,7 @@ impl Server {
         config.validate().map_err(anyhow::Error::msg)?;
         let opener = stores.context(&config.data_dir);
         let mut targets = Vec::new();
+        let mut change_maps = std::collections::HashSet::new();
         for t in &config.targets {
             let mut luns = BTreeMap::new();
             let mut lun_stores = BTreeMap::new();
@@ -143,7 +152,7 @@ impl Server {
                 let raw = store.clone();
                 let changes = l
                     .track
-                    .then(|| open_changes(&at, l, &config.data_dir, &store))
+                    .then(|| open_changes(&at, l, &config.data_dir, &store, &mut change_maps))
                     .transpose()?;
                 let store: Arc<dyn Backstore> = match &changes {
                     Some(map) => Arc::new(Tracked::new(store, map.clone())?),
@@ -499,6 +508,21 @@ store = "ram:?size=1MiB"
         .expect("a ram store has no place for the map");
         let e = format!("{e:#}");
         assert!(e.contains("LUN 5") && e.contains("track_file"), "{e}");
+
+        let e = Server::bind(
+            tracked_config(
+                dir.path(),
+                "[[target.lun]]\nid = 0\nstore = \"file:a.img\"\ntrack = true\n\
+                 [[target.lun]]\nid = 6\nstore = \"ram:?size=8MiB\"\ntrack = true\n\
+                 track_file = \"a.img.changes\"\n",
+            ),
+            &Registry::with_builtins(),
+        )
+        .await
+        .err()
+        .expect("one map for two LUNs");
+        let e = format!("{e:#}");
+        assert!(e.contains("LUN 6") && e.contains("another LUN's"), "{e}");
     }
 
     fn exec(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Response {
