@@ -705,7 +705,8 @@ impl ChangeMap {
 
     /// Starts a new epoch, crash-safely: the units dirty so far, with a frozen set not yet
     /// released, become the frozen set that a sync sends; later writes mark a new current
-    /// set. Returns when every write that started before is over.
+    /// set. Returns when every write that started before is over. Blocks (fsyncs, and
+    /// waits for those writes): call it where blocking is allowed (`spawn_blocking`).
     pub fn freeze(&self) -> io::Result<Frozen> {
         let _one = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = self.idle()?;
@@ -764,6 +765,7 @@ impl ChangeMap {
 
     /// Forgets the frozen set `id` after a sync sent it, crash-safely. An id that is not
     /// the map's frozen set (released already, or merged into a later freeze) is refused.
+    /// Blocks on fsyncs, as [`ChangeMap::freeze`] does.
     pub fn release(&self, id: u64) -> io::Result<()> {
         let _one = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = self.idle()?;
