@@ -45,7 +45,7 @@
 //! ```text
 //! page 0, header: magic "RSVCHMAP", version u32 (1), page size u32 (4096), unit u64,
 //!                 store size u64, epoch u64, frozen id u64 (0: none), units u64,
-//!                 CRC32C u32 of the 60 bytes before it; zeros to the end of the page
+//!                 CRC32C u32 of the 56 bytes before it; zeros to the end of the page
 //! pages 1..=P:    the frozen set                P = ceil(units / 32704)
 //! pages P+1..=2P: the current set
 //! bitmap page:    CRC32C u32 of (epoch u64, page number u64, the bits), u32 zero,
