@@ -1,5 +1,6 @@
 //! Block storage behind a logical unit: the [`Backstore`] trait, its kinds, and opening
-//! them from a [`StoreSpec`] through a [`Registry`] of [`StoreFactory`]s.
+//! them from a [`StoreSpec`] through a [`Registry`] of [`StoreFactory`]s; [`track`] keeps
+//! a crash-safe map of the units a store's writes changed.
 //!
 //! Every method takes `&self`: a store is shared by all connections of a target and must
 //! allow reads and writes from many threads at once.
@@ -14,6 +15,7 @@ mod ram;
 mod registry;
 mod spec;
 mod stripe;
+pub mod track;
 
 pub use file::FileBackstore;
 pub use lend::{copy_checked, Lent};
@@ -21,6 +23,7 @@ pub use ram::RamBackstore;
 pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
 pub use spec::{SpecError, StoreSpec};
 pub use stripe::StripeBackstore;
+pub use track::{ChangeMap, Frozen, NewMap, Tracked};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {

@@ -111,7 +111,21 @@ pub fn run_with(
                     .read_only(l.read_only)
                     .check(&spec)
                     .with_context(|| format!("checking {at}"))?;
-                luns.push(format!("{at}: store {spec}\n    {description}"));
+                let unit = units::Size(l.track_unit());
+                let tracking = match (l.track, &l.track_file) {
+                    (false, _) => "changes not tracked".to_string(),
+                    (true, Some(f)) => format!(
+                        "changes tracked in {} (units of {unit})",
+                        config.data_dir.join(f).display()
+                    ),
+                    (true, None) => format!(
+                        "changes tracked in the store's `.changes` file beside its data \
+                         (units of {unit}); a store with no such place refuses to start"
+                    ),
+                };
+                luns.push(format!(
+                    "{at}: store {spec}\n    {description}\n    {tracking}"
+                ));
             }
         }
         println!("{config:#?}");

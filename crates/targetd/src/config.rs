@@ -213,9 +213,24 @@ pub struct LunConfig {
     #[serde(default = "yes")]
     pub thin: bool,
     pub serial: Option<String>,
+    /// Keep a crash-safe map of the units written (`backstore::track`) for incremental
+    /// sync: in the store's `.changes` file beside its data, or in `track_file`.
+    #[serde(default)]
+    pub track: bool,
+    /// Where the change map goes, relative to `data_dir` unless absolute: for a store with
+    /// no place of its own beside its data (ram, stripe, iscsi), or elsewhere by choice.
+    pub track_file: Option<PathBuf>,
+    /// The change map's unit: a power of two of at least 4 KiB; 1 MiB when absent.
+    pub track_unit: Option<Size>,
 }
 
 impl LunConfig {
+    /// The change map's unit.
+    pub fn track_unit(&self) -> u64 {
+        self.track_unit
+            .map_or(backstore::track::DEFAULT_UNIT, |Size(n)| n)
+    }
+
     /// The store to open: `store` as written, or the older keys mapped onto a spec
     /// (`backstore = "file"`, `path = "a.img"`, `size = "1GiB"` is `file:a.img?size=1073741824`).
     /// Older keys that `stores` says the kind does not take are left out, as they always
@@ -340,6 +355,9 @@ impl Config {
                     removable: false,
                     thin: true,
                     serial: None,
+                    track: false,
+                    track_file: None,
+                    track_unit: None,
                 }],
             }],
             control: None,
@@ -448,6 +466,17 @@ impl Config {
                 // when the store is opened.
                 l.store_spec(&Registry::new())
                     .map_err(|e| format!("{at}: {e}"))?;
+                if !l.track && (l.track_file.is_some() || l.track_unit.is_some()) {
+                    return Err(format!(
+                        "{at}: track_file and track_unit go with track = true"
+                    ));
+                }
+                let unit = l.track_unit();
+                if unit < backstore::track::MIN_UNIT || !unit.is_power_of_two() {
+                    return Err(format!(
+                        "{at}: track_unit {unit} is not a power of two of at least 4 KiB"
+                    ));
+                }
                 if let Some(Size(n)) = l.size {
                     if n == 0 || n % l.block_size as u64 != 0 {
                         return Err(format!(
@@ -665,6 +694,34 @@ size = "1GiB"
         assert!(e.starts_with("e.toml:") && e.contains("no `kind`"), "{e}");
         let e = lun("backstore = \"File\"\npath = \"a.img\"\n");
         assert!(e.contains("lun 3") && e.contains("\"File\""), "{e}");
+    }
+
+    #[test]
+    fn change_tracking_keys() {
+        let lun = |body: &str| {
+            Config::parse(
+                &format!(
+                    "[[target]]\niqn = \"iqn.2026-11.x:y\"\n[[target.lun]]\nid = 4\n\
+                     store = \"ram:?size=1M\"\n{body}"
+                ),
+                "t.toml",
+            )
+            .map(|c| c.targets[0].luns[0].clone())
+            .map_err(|e| e.to_string())
+        };
+        let l = lun("").unwrap();
+        assert!(!l.track && l.track_file.is_none());
+        assert_eq!(l.track_unit(), 1 << 20);
+        let l = lun("track = true\ntrack_file = \"x.changes\"\ntrack_unit = \"4KiB\"\n").unwrap();
+        assert!(l.track);
+        assert_eq!(l.track_file.as_deref(), Some(Path::new("x.changes")));
+        assert_eq!(l.track_unit(), 4096);
+        let e = lun("track_file = \"x.changes\"\n").unwrap_err();
+        assert!(e.contains("lun 4") && e.contains("track = true"), "{e}");
+        for unit in ["2KiB", "3MiB"] {
+            let e = lun(&format!("track = true\ntrack_unit = \"{unit}\"\n")).unwrap_err();
+            assert!(e.contains("lun 4") && e.contains("power of two"), "{e}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use backstore::{Backstore, ChangeMap};
 use scsi::{CopyTargets, Designator, LogicalUnit};
 
 use crate::config::Chap;
@@ -18,6 +19,18 @@ pub struct TargetNode {
     pub allowed_initiators: Vec<String>,
     pub chap: Option<Chap>,
     pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
+    /// Each LUN's store as opened and its change map, by LUN id, for code in the target's
+    /// process beside the SCSI path (an incremental sync).
+    pub stores: BTreeMap<u16, LunStore>,
+}
+
+/// A LUN's store as its kind opened it, not wrapped in change tracking, and the map of
+/// the units written through the LUN (`track = true`), which `freeze` and `release` serve
+/// a sync with. Data written to `store` directly is not tracked.
+#[derive(Clone, Debug)]
+pub struct LunStore {
+    pub store: Arc<dyn Backstore>,
+    pub changes: Option<Arc<ChangeMap>>,
 }
 
 impl TargetNode {
@@ -27,6 +40,11 @@ impl TargetNode {
                 .allowed_initiators
                 .iter()
                 .any(|a| a.eq_ignore_ascii_case(initiator))
+    }
+
+    /// LUN `id`'s store and change map.
+    pub fn lun_store(&self, id: u16) -> Option<&LunStore> {
+        self.stores.get(&id)
     }
 
     pub fn lun_ids(&self) -> Vec<u16> {

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use backstore::Registry;
+use backstore::{Backstore, ChangeMap, NewMap, Registry, Tracked};
 use scsi::{CopyTargets, LogicalUnit, LuConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::Config;
-pub use crate::node::TargetNode;
+use crate::config::{Config, LunConfig};
+pub use crate::node::{LunStore, TargetNode};
 use crate::session::ConnEvent;
 use crate::shared::Shared;
 
@@ -50,6 +50,12 @@ impl Running {
         self.connector.clone()
     }
 
+    /// The store and change map of LUN `lun` of target `iqn` (case-insensitive); see
+    /// [`LunStore`].
+    pub fn lun_store(&self, iqn: &str, lun: u16) -> Option<LunStore> {
+        self.connector.0.lun_store(iqn, lun)
+    }
+
     /// Stops as SIGTERM does (running commands finish, LUNs are flushed) and waits.
     pub async fn stop(self) -> anyhow::Result<()> {
         let Running { _stop, done, .. } = self;
@@ -77,6 +83,46 @@ fn stable_id(parts: &[&str]) -> u64 {
     h
 }
 
+/// Opens LUN `l`'s change map: `track_file`, or the store's `.changes` file beside its
+/// data; `taken` holds the other LUNs' maps. A map that is new, or that cannot be trusted as found, counts every unit as
+/// changed: the store's history is unknown to it.
+fn open_changes(
+    at: &str,
+    l: &LunConfig,
+    data_dir: &std::path::Path,
+    store: &Arc<dyn Backstore>,
+    taken: &mut std::collections::HashSet<std::path::PathBuf>,
+) -> anyhow::Result<Arc<ChangeMap>> {
+    let path = match &l.track_file {
+        Some(f) => data_dir.join(f),
+        None => store.sidecar(".changes").ok_or_else(|| {
+            anyhow!(
+                "{at}: track = true, but its store ({}) has no place for the change map \
+                 beside its data: give one with track_file = \"PATH\"",
+                store.description()
+            )
+        })?,
+    };
+    // Two maps in one file would each rename the other's away.
+    if !taken.insert(path.clone()) {
+        bail!(
+            "{at}: its change map {} is another LUN's too",
+            path.display()
+        );
+    }
+    let map = ChangeMap::open(&path, store.size(), l.track_unit(), NewMap::AllDirty)
+        .with_context(|| format!("{at}: opening its change map"))?;
+    info!(
+        "{at}: changes tracked in {} ({} dirty{})",
+        path.display(),
+        units::Size(map.dirty_bytes()),
+        map.frozen_id()
+            .map(|id| format!(", frozen set {id} not released"))
+            .unwrap_or_default()
+    );
+    Ok(Arc::new(map))
+}
+
 impl Server {
     /// Opens every LUN, each store with the factory `stores` has for its kind, and binds
     /// every portal.
@@ -84,8 +130,10 @@ impl Server {
         config.validate().map_err(anyhow::Error::msg)?;
         let opener = stores.context(&config.data_dir);
         let mut targets = Vec::new();
+        let mut change_maps = std::collections::HashSet::new();
         for t in &config.targets {
             let mut luns = BTreeMap::new();
+            let mut lun_stores = BTreeMap::new();
             for l in &t.luns {
                 let at = format!("target {} LUN {}", t.iqn, l.id);
                 let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
@@ -101,6 +149,22 @@ impl Server {
                         l.block_size
                     );
                 }
+                let raw = store.clone();
+                let changes = l
+                    .track
+                    .then(|| open_changes(&at, l, &config.data_dir, &store, &mut change_maps))
+                    .transpose()?;
+                let store: Arc<dyn Backstore> = match &changes {
+                    Some(map) => Arc::new(Tracked::new(store, map.clone())?),
+                    None => store,
+                };
+                lun_stores.insert(
+                    l.id,
+                    LunStore {
+                        store: raw,
+                        changes,
+                    },
+                );
                 let description = store.description();
                 // Reservations made with APTPL live where the store keeps state beside its
                 // data; a store without such a place cannot keep them.
@@ -143,6 +207,7 @@ impl Server {
                 allowed_initiators: t.allowed_initiators.clone(),
                 chap: t.chap.clone(),
                 luns,
+                stores: lun_stores,
             });
             // The logical units hold the node weakly: it owns them.
             let peers = Arc::downgrade(&node) as std::sync::Weak<dyn CopyTargets>;
@@ -179,6 +244,12 @@ impl Server {
 
     pub fn targets(&self) -> impl Iterator<Item = &TargetNode> {
         self.shared.targets.iter().map(|t| &**t)
+    }
+
+    /// The store and change map of LUN `lun` of target `iqn` (case-insensitive); see
+    /// [`LunStore`].
+    pub fn lun_store(&self, iqn: &str, lun: u16) -> Option<LunStore> {
+        self.shared.lun_store(iqn, lun)
     }
 
     /// Serves in the background on the current tokio runtime until the returned handle
@@ -366,6 +437,92 @@ store = "ram:?size=1MiB"
             e.contains("LUN 0") && e.contains("not a positive multiple of the block size 512"),
             "{e}"
         );
+    }
+
+    fn tracked_config(dir: &std::path::Path, luns: &str) -> Config {
+        Config::parse(
+            &format!(
+                "portals = [\"127.0.0.1:0\"]\ndata_dir = \"{}\"\n[[target]]\n\
+                 iqn = \"iqn.2026-11.org.reservoir:track\"\n{luns}",
+                dir.display()
+            ),
+            "track.toml",
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn tracked_luns_mark_what_scsi_writes_and_hand_their_map_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = tracked_config(
+            dir.path(),
+            "[[target.lun]]\nid = 0\nstore = \"file:a.img?size=8MiB\"\ntrack = true\n\
+             [[target.lun]]\nid = 1\nstore = \"ram:?size=8MiB\"\ntrack = true\n\
+             track_file = \"ram1.changes\"\ntrack_unit = \"64KiB\"\n\
+             [[target.lun]]\nid = 2\nstore = \"ram:?size=1MiB\"\n",
+        );
+        let server = Server::bind(config, &Registry::with_builtins())
+            .await
+            .unwrap();
+        let iqn = "IQN.2026-11.org.reservoir:TRACK";
+        let file = server.lun_store(iqn, 0).unwrap();
+        let map = file.changes.clone().unwrap();
+        assert_eq!(map.path(), dir.path().join("a.img.changes"));
+        assert_eq!((map.unit(), map.units()), (1 << 20, 8));
+        // A new map knows no history: everything goes with the first sync.
+        assert_eq!(map.dirty_bytes(), 8 << 20);
+        let first = map.freeze().unwrap();
+        map.release(first.id()).unwrap();
+        let ram = server.lun_store(iqn, 1).unwrap().changes.unwrap();
+        assert_eq!(ram.path(), dir.path().join("ram1.changes"));
+        assert_eq!(ram.unit(), 64 << 10);
+        assert!(server.lun_store(iqn, 2).unwrap().changes.is_none());
+        assert!(server.lun_store(iqn, 3).is_none());
+        // The store handed out is the one under the tracking: its description says so.
+        assert!(!file.store.description().contains("tracked"));
+
+        let t = server.targets().next().unwrap();
+        let lu = &t.luns[&0];
+        exec(lu, &[0, 0, 0, 0, 0, 0], &[]); // power-on unit attention
+                                            // WRITE(10) of 2 blocks at LBA 4096 (2 MiB), WRITE SAME(16) with UNMAP of 8
+                                            // blocks at 6 MiB.
+        let write = [0x2a, 0, 0, 0, 0x10, 0, 0, 0, 2, 0];
+        assert_eq!(exec(lu, &write, &[0x5c; 1024]).status, 0);
+        let mut same = vec![0x93, 0x08, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        same[2..10].copy_from_slice(&(6u64 << 11).to_be_bytes());
+        same[13] = 8;
+        assert_eq!(exec(lu, &same, &[0; 512]).status, 0);
+        let dirty: Vec<u64> = (0..map.units()).filter(|&u| map.is_dirty(u)).collect();
+        assert_eq!(dirty, [2, 6]);
+        drop(server);
+
+        let e = Server::bind(
+            tracked_config(
+                dir.path(),
+                "[[target.lun]]\nid = 5\nstore = \"ram:?size=1MiB\"\ntrack = true\n",
+            ),
+            &Registry::with_builtins(),
+        )
+        .await
+        .err()
+        .expect("a ram store has no place for the map");
+        let e = format!("{e:#}");
+        assert!(e.contains("LUN 5") && e.contains("track_file"), "{e}");
+
+        let e = Server::bind(
+            tracked_config(
+                dir.path(),
+                "[[target.lun]]\nid = 0\nstore = \"file:a.img\"\ntrack = true\n\
+                 [[target.lun]]\nid = 6\nstore = \"ram:?size=8MiB\"\ntrack = true\n\
+                 track_file = \"a.img.changes\"\n",
+            ),
+            &Registry::with_builtins(),
+        )
+        .await
+        .err()
+        .expect("one map for two LUNs");
+        let e = format!("{e:#}");
+        assert!(e.contains("LUN 6") && e.contains("another LUN's"), "{e}");
     }
 
     fn exec(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> Response {

@@ -11,7 +11,7 @@ use scsi::Nexus;
 use tokio::sync::{watch, Notify};
 
 use crate::config::Config;
-use crate::node::TargetNode;
+use crate::node::{LunStore, TargetNode};
 use crate::session::Session;
 
 /// State every connection sees.
@@ -54,6 +54,10 @@ impl Shared {
             .iter()
             .find(|t| t.iqn.eq_ignore_ascii_case(name))
             .cloned()
+    }
+
+    pub(crate) fn lun_store(&self, target: &str, lun: u16) -> Option<LunStore> {
+        self.find_target(target)?.lun_store(lun).cloned()
     }
 
     pub(crate) fn session(&self, tsih: u16) -> Option<Arc<Session>> {

@@ -456,6 +456,7 @@ mod tests {
             allowed_initiators: Vec::new(),
             chap: None,
             luns: Default::default(),
+            stores: Default::default(),
         });
         Session::new(
             1,
