@@ -763,6 +763,47 @@ impl ChangeMap {
         })
     }
 
+    /// Takes units out of the frozen set `id` once a sync has them on the other side,
+    /// durably: an interrupted sync, resumed by a later freeze, does not send them again.
+    /// Their pages are rewritten in place without an fsync: a clear that a crash loses
+    /// only sends a unit again, and a page torn by one fails its checksum and counts as
+    /// dirty. Units written again since are in the current set and stay dirty. A stale
+    /// `id` (released, or merged into a later freeze) clears nothing.
+    pub fn sent(&self, id: u64, units: &[u64]) -> io::Result<()> {
+        let _one = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
+        if id == 0 || st.frozen_id != id {
+            return Ok(());
+        }
+        let mut pages = BTreeSet::new();
+        for &u in units.iter().filter(|&&u| u < self.units) {
+            let w = (u / 64) as usize;
+            st.frozen[w] &= !(1u64 << (u % 64));
+            pages.insert(w / WORDS_PER_PAGE);
+        }
+        let writes: Vec<(u64, [u8; PAGE])> = pages
+            .iter()
+            .map(|&p| {
+                let number = (1 + p) as u64;
+                let w = &st.frozen[p * WORDS_PER_PAGE..(p + 1) * WORDS_PER_PAGE];
+                (number, encode_page(st.epoch, number, w))
+            })
+            .collect();
+        let file = st.file.clone();
+        // Freeze and release are held off by `epochs`; marking writes other pages.
+        drop(st);
+        for (number, page) in writes {
+            file.write_all_at(&page, number * PAGE as u64)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("{}: clearing sent units: {e}", self.path.display()),
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
     /// Forgets the frozen set `id` after a sync sent it, crash-safely. An id that is not
     /// the map's frozen set (released already, or merged into a later freeze) is refused.
     /// Blocks on fsyncs, as [`ChangeMap::freeze`] does.
@@ -1007,6 +1048,24 @@ impl Backstore for Tracked {
 mod tests {
     use super::*;
     use crate::RamBackstore;
+
+    #[test]
+    fn sent_units_leave_the_frozen_set_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.changes");
+        let map = ChangeMap::open(&path, 64 << 20, DEFAULT_UNIT, NewMap::Clean).unwrap();
+        map.mark(0, 8 << 20).unwrap();
+        let f = map.freeze().unwrap();
+        assert_eq!(f.units(), &[0..8]);
+        map.sent(f.id(), &[0, 1, 2, 5]).unwrap();
+        // Unit 2 is written again after the freeze: it stays dirty.
+        map.mark(2 << 20, 1).unwrap();
+        map.sent(f.id() + 7, &[3]).unwrap(); // stale id: nothing
+        drop(map);
+        let map = ChangeMap::open(&path, 64 << 20, DEFAULT_UNIT, NewMap::Clean).unwrap();
+        let g = map.freeze().unwrap();
+        assert_eq!(g.units(), &[2..5, 6..8]);
+    }
 
     const KIB: u64 = 1024;
     const MIB: u64 = 1 << 20;

@@ -217,7 +217,12 @@ pub fn bars(path: &Path, title: &str, groups: &[BarGroup]) -> Result<()> {
 
 /// Throughput (Mbit/s) over time (s), one thin line per stream and a thick one for the
 /// link (the last series), as R2's Fig. 6; `link` is drawn as a dashed ceiling.
-pub fn time_chart(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)], link: f64) -> Result<()> {
+pub fn time_chart(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    link: f64,
+) -> Result<()> {
     if !fonts_ready() {
         return Ok(());
     }
@@ -259,7 +264,11 @@ pub fn time_chart(path: &Path, title: &str, series: &[(String, Vec<(f64, f64)>)]
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
     let last = series.len().saturating_sub(1);
     for (i, (name, pts)) in series.iter().enumerate() {
-        let (c, w) = if i == last { (BLACK, 3) } else { (COLORS[i % COLORS.len()], 1) };
+        let (c, w) = if i == last {
+            (BLACK, 3)
+        } else {
+            (COLORS[i % COLORS.len()], 1)
+        };
         let labelled = i == last || series.len() <= 9;
         let s = chart
             .draw_series(LineSeries::new(pts.clone(), c.stroke_width(w)))

@@ -148,7 +148,15 @@ fn disk_toml(addr: std::net::Ipv4Addr, key: &Path, members: &[String]) -> String
     t
 }
 
-fn start_site(link_hosts: &[proc::Host], tag: &str, key: &Path, dir: &Path, member: u64, one: u64, fill: bool) -> Result<Site> {
+fn start_site(
+    link_hosts: &[proc::Host],
+    tag: &str,
+    key: &Path,
+    dir: &Path,
+    member: u64,
+    one: u64,
+    fill: bool,
+) -> Result<Site> {
     let n = link_hosts.len() - 1;
     let mut disks = Vec::new();
     for (i, h) in link_hosts[1..].iter().enumerate() {
@@ -171,7 +179,13 @@ fn start_site(link_hosts: &[proc::Host], tag: &str, key: &Path, dir: &Path, memb
             luns.push(format!("file:{}", one_img.display()));
         }
         let cfg = disk_toml(h.addr, key, &luns);
-        disks.push(rsv_target(&h.ns, h.addr, &cfg, dir, &format!("{tag}-disk{i}"))?);
+        disks.push(rsv_target(
+            &h.ns,
+            h.addr,
+            &cfg,
+            dir,
+            &format!("{tag}-disk{i}"),
+        )?);
     }
     let members: Vec<String> = link_hosts[1..]
         .iter()
@@ -184,7 +198,10 @@ fn start_site(link_hosts: &[proc::Host], tag: &str, key: &Path, dir: &Path, memb
         &[format!("stripe:?unit=1M&members=[{}]", members.join(","))],
     );
     let file_server = rsv_target(&fs.ns, fs.addr, &cfg, dir, &format!("{tag}-fs"))?;
-    eprintln!("r2: site {tag}: file server {} over {n} disk servers", fs.addr);
+    eprintln!(
+        "r2: site {tag}: file server {} over {n} disk servers",
+        fs.addr
+    );
     Ok(Site {
         _file_server: file_server,
         _disks: disks,
@@ -213,13 +230,24 @@ fn bytes_at(samples: &[Sample], at: f64) -> Option<f64> {
     }
     let before = samples[i - 1];
     let span = after.at - before.at;
-    let share = if span > 0.0 { (at - before.at) / span } else { 1.0 };
+    let share = if span > 0.0 {
+        (at - before.at) / span
+    } else {
+        1.0
+    };
     Some(before.bytes as f64 + share * (after.bytes as f64 - before.bytes as f64))
 }
 
 /// Fills a row's link figures from the bottleneck's samples over `[start, end]` (Unix).
 /// `payload_at(t)`: payload delivered by Unix time `t`, where the transfer knows it.
-fn link_figures(row: &mut Row, ab: &[Sample], start: f64, end: f64, rate_bps: u64, payload_at: Option<&dyn Fn(f64) -> f64>) {
+fn link_figures(
+    row: &mut Row,
+    ab: &[Sample],
+    start: f64,
+    end: f64,
+    rate_bps: u64,
+    payload_at: Option<&dyn Fn(f64) -> f64>,
+) {
     let cap = payload_capacity(rate_bps);
     row.seconds = end - start;
     row.payload_mbit_s = row.payload_bytes as f64 * 8.0 / row.seconds.max(1e-9) / 1e6;
@@ -235,7 +263,8 @@ fn link_figures(row: &mut Row, ab: &[Sample], start: f64, end: f64, rate_bps: u6
                 // Without the transfer's own progress: the wire bytes after the point,
                 // scaled by the transfer's payload share of all its wire bytes.
                 None => {
-                    let wire_after = bytes_at(ab, end).unwrap_or(0.0) - bytes_at(ab, full).unwrap_or(0.0);
+                    let wire_after =
+                        bytes_at(ab, end).unwrap_or(0.0) - bytes_at(ab, full).unwrap_or(0.0);
                     wire_after * row.payload_bytes as f64 / (u.wire_bytes as f64).max(1.0)
                 }
             };
@@ -246,6 +275,12 @@ fn link_figures(row: &mut Row, ab: &[Sample], start: f64, end: f64, rate_bps: u6
         }
     }
 }
+
+/// A progress tick: Unix time, bytes acknowledged in all, and per stream.
+type Point = (f64, f64, Vec<f64>);
+
+/// A row of `rsv sync`: key, label, (source, destination), flags.
+type SyncPlan<'a> = (&'a str, String, (&'a str, &'a str), Vec<String>);
 
 /// Runs `rsv sync --json` in the source site's file-server namespace and reads its ticks.
 #[allow(clippy::too_many_arguments)]
@@ -263,7 +298,13 @@ fn sync_row(
 ) -> Result<Row> {
     let a = &link.a[0];
     let mut cmd = in_ns(&a.ns, rsv_bin());
-    cmd.arg("sync").arg("--json").arg("--key-file").arg(key_file).args(args).arg(volume.0).arg(volume.1);
+    cmd.arg("sync")
+        .arg("--json")
+        .arg("--key-file")
+        .arg(key_file)
+        .args(args)
+        .arg(volume.0)
+        .arg(volume.1);
     let watch = link.watch(Duration::from_millis(200));
     let start = unix_now();
     let out = proc::run(cmd, timeout, dir)?;
@@ -275,7 +316,11 @@ fn sync_row(
         rtt_ms: rtt,
         ..Row::default()
     };
-    let lines: Vec<Value> = out.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let lines: Vec<Value> = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     let done = lines.iter().find(|l| l["event"] == "done");
     let ticks: Vec<&Value> = lines.iter().filter(|l| l["event"] == "progress").collect();
     let Some(done) = done else {
@@ -288,29 +333,54 @@ fn sync_row(
     row.payload_bytes = done["bytes"].as_u64().unwrap_or(0);
     row.verified_units = done["verified_units"].as_u64();
     let started = done["started_unix"].as_f64().unwrap_or(start);
-    let fin: Vec<f64> = done["finished_at"].as_array().map(|v| v.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
-    let sb: Vec<u64> = done["stream_bytes"].as_array().map(|v| v.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+    let fin: Vec<f64> = done["finished_at"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    let sb: Vec<u64> = done["stream_bytes"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
     // The transfer ends when its last stream finishes (verification comes after).
     let end = started + fin.iter().copied().fold(0.0, f64::max);
     // Times count from the command's start: login and planning are part of the transfer.
     let offset = started - start;
     row.stream_finish_s = fin.iter().map(|f| f + offset).collect();
-    row.stream_mbit_s = fin.iter().zip(&sb).map(|(f, b)| *b as f64 * 8.0 / (f + offset).max(1e-9) / 1e6).collect();
+    row.stream_mbit_s = fin
+        .iter()
+        .zip(&sb)
+        .map(|(f, b)| *b as f64 * 8.0 / (f + offset).max(1e-9) / 1e6)
+        .collect();
     if n > 1 {
         let hi = row.stream_finish_s.iter().copied().fold(0.0, f64::max);
-        let lo = row.stream_finish_s.iter().copied().fold(f64::INFINITY, f64::min);
+        let lo = row
+            .stream_finish_s
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
         row.finish_spread_pct = Some(100.0 * (hi - lo) / hi.max(1e-9));
         row.jain = Some(crate::r1::jain(&row.stream_mbit_s));
     }
     // Per-stream series from the ticks' acknowledged bytes, over 1-s steps.
-    let points: Vec<(f64, f64, Vec<f64>)> = ticks
+    let points: Vec<Point> = ticks
         .iter()
         .map(|t| {
-            let per = t["streams"].as_array().map(|s| s.iter().map(|x| x["done_bytes"].as_f64().unwrap_or(0.0)).collect()).unwrap_or_default();
-            (t["unix"].as_f64().unwrap_or(0.0), t["done_bytes"].as_f64().unwrap_or(0.0), per)
+            let per = t["streams"]
+                .as_array()
+                .map(|s| {
+                    s.iter()
+                        .map(|x| x["done_bytes"].as_f64().unwrap_or(0.0))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                t["unix"].as_f64().unwrap_or(0.0),
+                t["done_bytes"].as_f64().unwrap_or(0.0),
+                per,
+            )
         })
         .collect();
-    let at = |t: f64, f: &dyn Fn(&(f64, f64, Vec<f64>)) -> f64| -> f64 {
+    let at = |t: f64, f: &dyn Fn(&Point) -> f64| -> f64 {
         let i = points.partition_point(|p| p.0 < t);
         match (i.checked_sub(1).and_then(|j| points.get(j)), points.get(i)) {
             (Some(b), Some(a)) if a.0 > b.0 => f(b) + (t - b.0) / (a.0 - b.0) * (f(a) - f(b)),
@@ -346,14 +416,33 @@ fn unix_now() -> f64 {
 }
 
 /// `iperf3 -P N` from site A's file-server host to site B's for `seconds`.
-fn iperf3_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, n: usize, seconds: u64) -> Result<Row> {
+fn iperf3_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    n: usize,
+    seconds: u64,
+) -> Result<Row> {
     let (a, b) = (&link.a[0], &link.b[0]);
     let mut s = in_ns(&b.ns, "iperf3");
     s.args(["-s", "-1", "-p", "5201"]);
     let mut server = Proc::spawn(s, "iperf3 -s", &dir.join("iperf3-s.log"))?;
     proc::wait_listen(&b.ns, 5201, &mut server)?;
     let mut c = in_ns(&a.ns, "iperf3");
-    c.args(["-c", &b.addr.to_string(), "-p", "5201", "-J", "-i", "1", "-P", &n.to_string(), "-t", &seconds.to_string()]);
+    c.args([
+        "-c",
+        &b.addr.to_string(),
+        "-p",
+        "5201",
+        "-J",
+        "-i",
+        "1",
+        "-P",
+        &n.to_string(),
+        "-t",
+        &seconds.to_string(),
+    ]);
     let watch = link.watch(Duration::from_millis(200));
     let start = unix_now();
     let out = proc::run(c, Duration::from_secs(seconds + 60), dir)?;
@@ -379,14 +468,18 @@ fn iperf3_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, n: usize, second
         for i in iv {
             if let Some(ss) = i["streams"].as_array() {
                 for (k, s) in ss.iter().enumerate().take(n) {
-                    let t = (s["start"].as_f64().unwrap_or(0.0) + s["end"].as_f64().unwrap_or(0.0)) / 2.0;
+                    let t = (s["start"].as_f64().unwrap_or(0.0) + s["end"].as_f64().unwrap_or(0.0))
+                        / 2.0;
                     series[k].push((t, s["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6));
                 }
             }
         }
     }
     if let Some(ss) = v["end"]["streams"].as_array() {
-        row.stream_mbit_s = ss.iter().map(|s| s["receiver"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6).collect();
+        row.stream_mbit_s = ss
+            .iter()
+            .map(|s| s["receiver"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
+            .collect();
         row.jain = Some(crate::r1::jain(&row.stream_mbit_s));
     }
     row.series = series;
@@ -398,13 +491,35 @@ fn iperf3_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, n: usize, second
 
 /// GridFTP: `globus-url-copy -p N` of a file of the volume's size from site A to site B's
 /// /dev/null (a sparse file on tmpfs: reading it costs nothing).
-fn gridftp_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, n: usize, bytes: u64, timeout: Duration) -> Result<Row> {
+fn gridftp_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    n: usize,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Row> {
     let (a, b) = (&link.a[0], &link.b[0]);
     let src = dir.join("gridftp-src");
     std::fs::File::create(&src)?.set_len(bytes)?;
     let mut s = in_ns(&b.ns, "globus-gridftp-server");
-    s.args(["-aa", "-anonymous-user", "nobody", "-p", &GRIDFTP_PORT.to_string(), "-debug", "-d", "error"])
-        .args(["-control-interface", &b.addr.to_string(), "-data-interface", &b.addr.to_string()]);
+    s.args([
+        "-aa",
+        "-anonymous-user",
+        "nobody",
+        "-p",
+        &GRIDFTP_PORT.to_string(),
+        "-debug",
+        "-d",
+        "error",
+    ])
+    .args([
+        "-control-interface",
+        &b.addr.to_string(),
+        "-data-interface",
+        &b.addr.to_string(),
+    ]);
     let mut server = Proc::spawn(s, "globus-gridftp-server", &dir.join("gridftp-server.log"))?;
     proc::wait_listen(&b.ns, GRIDFTP_PORT, &mut server)?;
     // Each stream's TCP buffer: twice its share of the path's BDP.
@@ -439,7 +554,14 @@ fn gridftp_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, n: usize, bytes
 
 /// `qemu-img convert` from site A's file server to site B's, iSCSI to iSCSI, stopped after
 /// `timeout` if it has not finished (then its payload is estimated from the wire).
-fn qemu_row(link: &Link, dir: &Path, rate_bps: u64, rtt: u64, bytes: u64, timeout: Duration) -> Result<Row> {
+fn qemu_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Row> {
     let (a, b) = (&link.a[0], &link.b[0]);
     let mut c = in_ns(&a.ns, "qemu-img");
     c.args(["convert", "-n", "-m", "16", "-W", "-O", "raw"])
@@ -479,16 +601,28 @@ fn calibrate(link: &Link, p: &Params, dir: &Path, n: usize) -> Result<(u64, Vec<
     let secs = if p.link_seconds < 30 { 3 } else { 8 };
     for &rate in &p.candidate_rates {
         check_interrupt()?;
-        link.set(&["--rtt".into(), "20ms".into(), "--rate".into(), format!("{rate}bit")])?;
+        link.set(&[
+            "--rtt".into(),
+            "20ms".into(),
+            "--rate".into(),
+            format!("{rate}bit"),
+        ])?;
         let row = iperf3_row(link, dir, rate, 20, n, secs)?;
         let held = row.wire_pct / 100.0;
-        eprintln!("r2: calibration: {} Mbit/s -> {:.1} % on the wire", rate / 1_000_000, row.wire_pct);
+        eprintln!(
+            "r2: calibration: {} Mbit/s -> {:.1} % on the wire",
+            rate / 1_000_000,
+            row.wire_pct
+        );
         seen.push((rate, held));
         if held >= 0.95 {
             return Ok((rate, seen));
         }
     }
-    let last = *p.candidate_rates.last().ok_or_else(|| anyhow!("no candidate rates"))?;
+    let last = *p
+        .candidate_rates
+        .last()
+        .ok_or_else(|| anyhow!("no candidate rates"))?;
     Ok((last, seen))
 }
 
@@ -508,11 +642,23 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     }
     let link = Link::up(
         "lr2",
-        &["--rtt".into(), "20ms".into(), "--rate".into(), format!("{}bit", p.candidate_rates[0]), "--hosts-b".into(), (n + 1).to_string()],
+        &[
+            "--rtt".into(),
+            "20ms".into(),
+            "--rate".into(),
+            format!("{}bit", p.candidate_rates[0]),
+            "--hosts-b".into(),
+            (n + 1).to_string(),
+        ],
         (n + 1) as u32,
     )?;
     if link.a.len() < n + 1 || link.b.len() < n + 1 {
-        return Err(anyhow!("rsv wan up gave {} + {} hosts, not {} each", link.a.len(), link.b.len(), n + 1));
+        return Err(anyhow!(
+            "rsv wan up gave {} + {} hosts, not {} each",
+            link.a.len(),
+            link.b.len(),
+            n + 1
+        ));
     }
     // Large enough TCP buffers for every tool: the network's ceiling must not be a host's.
     let mut tcp = crate::r0::linux_default_tcp();
@@ -549,24 +695,56 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     let rate_arg = format!("{rate_bps}bit");
     let mut rows = Vec::new();
     for &rtt in &p.rtt_ms {
-        link.set(&["--rtt".into(), format!("{rtt}ms"), "--rate".into(), rate_arg.clone()])?;
+        link.set(&[
+            "--rtt".into(),
+            format!("{rtt}ms"),
+            "--rate".into(),
+            rate_arg.clone(),
+        ])?;
         let timeout = Duration::from_secs_f64(p.link_seconds as f64 * (p.overtime + 1.0) + 60.0);
-        let one_stream: Vec<String> = vec!["--pacing".into(), "unpaced".into(), "--session".into(), "connections=1".into()];
-        let plans: Vec<(&str, String, (&str, &str), Vec<String>)> = vec![
-            ("one", "one stream (1 TCP connection, unpaced)".into(), (&src_one, &dst_one), one_stream),
+        let one_stream: Vec<String> = vec![
+            "--pacing".into(),
+            "unpaced".into(),
+            "--session".into(),
+            "connections=1".into(),
+        ];
+        let plans: Vec<SyncPlan> = vec![
+            (
+                "one",
+                "one stream (1 TCP connection, unpaced)".into(),
+                (&src_one, &dst_one),
+                one_stream,
+            ),
             (
                 "unpaced",
                 format!("{n} streams, unpaced (1 connection each)"),
                 (&src, &dst),
-                vec!["--pacing".into(), "unpaced".into(), "--session".into(), "connections=1".into()],
+                vec![
+                    "--pacing".into(),
+                    "unpaced".into(),
+                    "--session".into(),
+                    "connections=1".into(),
+                ],
             ),
             (
                 "static",
                 format!("{n} streams paced to 1/{n} (1 connection each)"),
                 (&src, &dst),
-                vec!["--pacing".into(), "static".into(), "--rate".into(), rate_arg.clone(), "--session".into(), "connections=1".into()],
+                vec![
+                    "--pacing".into(),
+                    "static".into(),
+                    "--rate".into(),
+                    rate_arg.clone(),
+                    "--session".into(),
+                    "connections=1".into(),
+                ],
             ),
-            ("reservoir", "Reservoir default (cooperative, rate found)".into(), (&src, &dst), vec![]),
+            (
+                "reservoir",
+                "Reservoir default (cooperative, rate found)".into(),
+                (&src, &dst),
+                vec![],
+            ),
             (
                 "reservoir-rate",
                 "Reservoir cooperative, --rate given".into(),
@@ -576,7 +754,9 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         ];
         for (key_, label, vol, args) in plans {
             check_interrupt()?;
-            let row = sync_row(&link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout)?;
+            let row = sync_row(
+                &link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout,
+            )?;
             report(&row);
             rows.push(row);
         }
@@ -661,7 +841,12 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
             continue;
         }
         let path = figure(out, row);
-        let title = format!("R2 at {} ms: {} ({} Mbit/s bottleneck)", row.rtt_ms, row.label, r.rate_bps / 1_000_000);
+        let title = format!(
+            "R2 at {} ms: {} ({} Mbit/s bottleneck)",
+            row.rtt_ms,
+            row.label,
+            r.rate_bps / 1_000_000
+        );
         let mut series: Vec<(String, Vec<(f64, f64)>)> = row
             .series
             .iter()
@@ -716,20 +901,37 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
         p["one_stream_share"].as_f64().unwrap_or(0.0) * 100.0
     );
     let env = &v["environment"];
-    d += &format!("- Machine: {}\n\n", env.to_string().chars().take(400).collect::<String>());
+    d += &format!(
+        "- Machine: {}\n\n",
+        env.to_string().chars().take(400).collect::<String>()
+    );
     d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates.\n\n";
     let rtts: Vec<u64> = {
-        let mut r: Vec<u64> = v["rows"].as_array().map(|a| a.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect()).unwrap_or_default();
+        let mut r: Vec<u64> = v["rows"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect())
+            .unwrap_or_default();
         r.dedup();
         r
     };
-    let f = |x: &Value, digits: usize| x.as_f64().map_or("–".to_owned(), |v| format!("{v:.digits$}"));
+    let f = |x: &Value, digits: usize| {
+        x.as_f64()
+            .map_or("–".to_owned(), |v| format!("{v:.digits$}"))
+    };
     for rtt in rtts {
         d += &format!("## RTT {rtt} ms\n\n");
         d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | note |\n|---|---|---|---|---|---|---|---|---|\n";
-        for row in v["rows"].as_array().into_iter().flatten().filter(|r| r["rtt_ms"].as_u64() == Some(rtt)) {
+        for row in v["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
+        {
             let note = match row["error"].as_str() {
-                Some(e) if !e.is_empty() => format!("error: {}", e.lines().next().unwrap_or("").replace('|', "/")),
+                Some(e) if !e.is_empty() => format!(
+                    "error: {}",
+                    e.lines().next().unwrap_or("").replace('|', "/")
+                ),
                 _ => row["note"].as_str().unwrap_or("").replace('|', "/"),
             };
             d += &format!(
@@ -746,11 +948,20 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             );
         }
         d += "\n";
-        for row in v["rows"].as_array().into_iter().flatten().filter(|r| r["rtt_ms"].as_u64() == Some(rtt)) {
+        for row in v["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
+        {
             let key = row["key"].as_str().unwrap_or("");
             let fig = results.join(format!("r2-{rtt}ms-{key}.png"));
             if fig.exists() {
-                d += &format!("![{}]({})\n", row["label"].as_str().unwrap_or(key), rel(&fig));
+                d += &format!(
+                    "![{}]({})\n",
+                    row["label"].as_str().unwrap_or(key),
+                    rel(&fig)
+                );
             }
         }
         d += "\n";

@@ -28,6 +28,9 @@ use crate::api::{self, JobState, JobStatus, What};
 
 /// How often a send flushes its destination to make what arrived durable.
 const FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// A send nobody has asked about for this long has lost its coordinator: it stops (what
+/// arrived durably is kept; a new `rsv sync` resumes).
+const ORPHANED: Duration = Duration::from_secs(60);
 
 /// A LUN's change tracking as a send needs it (the target's `track = true`).
 pub trait ChangeLog: Send + Sync {
@@ -65,6 +68,10 @@ pub struct Agent {
 
 struct Job {
     id: u64,
+    iqn: String,
+    lun: u16,
+    /// When the coordinator last asked how the send does.
+    polled: Mutex<Instant>,
     bytes: u64,
     unit: u64,
     size: u64,
@@ -138,7 +145,10 @@ impl Agent {
         let r = match (method.as_str(), parts.as_slice()) {
             ("GET", ["v1", "luns"]) => Ok(self.luns_info()),
             ("POST", ["v1", "send"]) => self.clone().start_send(&body).await,
-            ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| ok(&j.status())),
+            ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| {
+                *j.polled.lock().unwrap() = Instant::now();
+                ok(&j.status())
+            }),
             ("GET", ["v1", "jobs", id, "sums"]) => self.job(id).map(|j| {
                 let p = j.progress.lock().unwrap();
                 ok(&api::Sums {
@@ -242,9 +252,13 @@ impl Agent {
                 e - s
             })
             .sum();
+        self.stop_sends_of(&req.iqn, req.lun).await?;
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let job = Arc::new(Job {
             id,
+            iqn: req.iqn.clone(),
+            lun: req.lun,
+            polled: Mutex::new(Instant::now()),
             bytes,
             unit,
             size,
@@ -288,6 +302,35 @@ impl Agent {
             }
         });
         Ok(ok(&started))
+    }
+
+    /// A new send of a LUN replaces one still running (its coordinator was interrupted
+    /// and the user resumes): the old one is cancelled and waited for, so that the new
+    /// one's freeze sees every unit the old one made durable.
+    async fn stop_sends_of(&self, iqn: &str, lun: u16) -> Result<(), Answer> {
+        let running: Vec<Arc<Job>> = self
+            .jobs
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|j| j.iqn == iqn && j.lun == lun && !j.is_over())
+            .cloned()
+            .collect();
+        for j in running {
+            tracing::info!(
+                "send {}: replaced by a new send of the same LUN; stopping it",
+                j.id
+            );
+            j.cancel.store(true, Ordering::Relaxed);
+            let until = Instant::now() + Duration::from_secs(30);
+            while !j.is_over() {
+                if Instant::now() > until {
+                    return Err(err(409, format!("send {} of this LUN does not stop", j.id)));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
     }
 
     async fn sums(&self, body: &[u8]) -> Result<Answer, Answer> {
@@ -341,6 +384,13 @@ impl Agent {
 }
 
 impl Job {
+    fn is_over(&self) -> bool {
+        matches!(
+            self.progress.lock().unwrap().state,
+            Some(JobState::Done | JobState::Failed | JobState::Cancelled)
+        )
+    }
+
     fn set_pacing(&self, rate: Option<u64>) {
         self.pacing.store(rate.unwrap_or(0), Ordering::Relaxed);
         if let Some(s) = self.session.get() {
@@ -447,8 +497,25 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
     let mut last_flush = Instant::now();
     let changes = local.changes.clone().zip(job.epoch);
     loop {
+        if job.polled.lock().unwrap().elapsed() > ORPHANED {
+            tracing::warn!(
+                "send {}: no word from the coordinator for {ORPHANED:?}; stopping",
+                job.id
+            );
+            job.cancel.store(true, Ordering::Relaxed);
+        }
         if job.cancel.load(Ordering::Relaxed) {
-            inflight.abort_all();
+            // Let what is in flight land (and become durable below): a resume skips it.
+            while let Some(r) = inflight.join_next().await {
+                if let Ok(Ok((pos, sum))) = r {
+                    let i = job.plan[pos];
+                    let mut p = job.progress.lock().unwrap();
+                    p.done_bytes += job.unit_len(i);
+                    p.done_units += 1;
+                    p.sums.insert(i, sum);
+                    unflushed.push(pos);
+                }
+            }
             break;
         }
         while inflight.len() < depth() && next < job.plan.len() {
@@ -546,4 +613,28 @@ pub fn spawn(
     }));
     tracing::info!("control endpoint for rsv sync on {addr}");
     Ok(addr)
+}
+
+/// The target's change tracking ([`backstore::track`]) as a send uses it.
+impl ChangeLog for backstore::track::ChangeMap {
+    fn unit(&self) -> u64 {
+        backstore::track::ChangeMap::unit(self)
+    }
+
+    fn freeze(&self) -> io::Result<(u64, Vec<(u64, u64)>)> {
+        let f = backstore::track::ChangeMap::freeze(self)?;
+        Ok((f.id(), f.units().iter().map(|r| (r.start, r.end)).collect()))
+    }
+
+    fn sent(&self, epoch: u64, units: &[u64]) -> io::Result<()> {
+        backstore::track::ChangeMap::sent(self, epoch, units)
+    }
+
+    fn release(&self, epoch: u64) -> io::Result<()> {
+        backstore::track::ChangeMap::release(self, epoch)
+    }
+
+    fn dirty_bytes(&self) -> u64 {
+        backstore::track::ChangeMap::dirty_bytes(self)
+    }
 }

@@ -73,17 +73,23 @@ fn start_agent(
     for t in server.targets() {
         let tc = config.targets.iter().find(|c| c.iqn == t.iqn);
         for (&id, lu) in &t.luns {
+            // The store as opened (not the tracking wrapper: the agent only reads it)
+            // and its change map, where the LUN keeps one.
+            let Some(targetd::server::LunStore { store, changes }) = server.lun_store(&t.iqn, id)
+            else {
+                continue;
+            };
             let spec = tc
                 .and_then(|c| c.luns.iter().find(|l| l.id == id))
                 .and_then(|l| l.store_spec(stores).ok())
-                .map_or_else(|| lu.store().description(), |s| s.to_string());
+                .map_or_else(|| store.description(), |s| s.to_string());
             luns.push(replicate::agent::LocalLun {
                 iqn: t.iqn.clone(),
                 lun: id,
-                store: lu.store().clone(),
+                store,
                 spec,
                 block_size: lu.config().block_size,
-                changes: None,
+                changes: changes.map(|c| c as std::sync::Arc<dyn replicate::agent::ChangeLog>),
             });
         }
     }

@@ -143,11 +143,6 @@ impl LogicalUnit {
         self.reservations.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The store that holds the unit's data (for an agent that copies it elsewhere).
-    pub fn store(&self) -> &Arc<dyn Backstore> {
-        &self.store
-    }
-
     pub fn config(&self) -> &LuConfig {
         &self.config
     }
