@@ -305,7 +305,7 @@ fn sync_row(
         .args(args)
         .arg(volume.0)
         .arg(volume.1);
-    let watch = link.watch(Duration::from_millis(200));
+    let watch = watch(link)?;
     let start = unix_now();
     let out = proc::run(cmd, timeout, dir)?;
     let end_wall = unix_now();
@@ -409,6 +409,14 @@ fn sync_row(
     Ok(row)
 }
 
+/// Starts reading the bottleneck's counters and returns once a first reading is in, so
+/// that the samples cover the measurement from its start.
+fn watch(link: &Link) -> Result<proc::Watch> {
+    let w = link.watch(Duration::from_millis(200));
+    proc::sleep(Duration::from_millis(400))?;
+    Ok(w)
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -443,7 +451,7 @@ fn iperf3_row(
         "-t",
         &seconds.to_string(),
     ]);
-    let watch = link.watch(Duration::from_millis(200));
+    let watch = watch(link)?;
     let start = unix_now();
     let out = proc::run(c, Duration::from_secs(seconds + 60), dir)?;
     let end = unix_now();
@@ -520,16 +528,19 @@ fn gridftp_row(
         "-data-interface",
         &b.addr.to_string(),
     ]);
+    // Globus looks its own host name up unless told; the namespaces have no resolver.
+    s.env("GLOBUS_HOSTNAME", b.addr.to_string());
     let mut server = Proc::spawn(s, "globus-gridftp-server", &dir.join("gridftp-server.log"))?;
     proc::wait_listen(&b.ns, GRIDFTP_PORT, &mut server)?;
     // Each stream's TCP buffer: twice its share of the path's BDP.
     let bdp = rate_bps as f64 / 8.0 * rtt as f64 / 1e3;
     let tcp_bs = ((2.0 * bdp / n as f64) as u64).max(1 << 20);
     let mut c = in_ns(&a.ns, "globus-url-copy");
+    c.env("GLOBUS_HOSTNAME", a.addr.to_string());
     c.args(["-p", &n.to_string(), "-tcp-bs", &tcp_bs.to_string()])
         .arg(format!("file://{}", src.display()))
         .arg(format!("ftp://{}:{GRIDFTP_PORT}/dev/null", b.addr));
-    let watch = link.watch(Duration::from_millis(200));
+    let watch = watch(link)?;
     let start = unix_now();
     let out = proc::run(c, timeout, dir)?;
     let end = unix_now();
@@ -567,7 +578,7 @@ fn qemu_row(
     c.args(["convert", "-n", "-m", "16", "-W", "-O", "raw"])
         .arg(format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", a.addr))
         .arg(format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr));
-    let watch = link.watch(Duration::from_millis(200));
+    let watch = watch(link)?;
     let start = unix_now();
     let out = proc::run(c, timeout, dir)?;
     let end = unix_now();
@@ -628,6 +639,7 @@ fn calibrate(link: &Link, p: &Params, dir: &Path, n: usize) -> Result<(u64, Vec<
 
 pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
     let environment = crate::env::collect();
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let n = p.disk_servers;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r2")?;
     let dir = &scratch.0;
@@ -669,11 +681,12 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             *v = "4096 16384 268435456".into();
         }
     }
-    tcp.push(("net.core.rmem_max".into(), "268435456".into()));
-    tcp.push(("net.core.wmem_max".into(), "268435456".into()));
     for ns in link.all_ns() {
         sysctl(ns, &tcp).with_context(|| format!("sysctls in {ns}"))?;
     }
+    // SO_SNDBUF/SO_RCVBUF (GridFTP's -tcp-bs) are capped by the host-wide maxima.
+    let _buffers = HostSysctl::raise(&[("net.core.rmem_max", 268_435_456), ("net.core.wmem_max", 268_435_456)])?;
+    let _hosts = NetnsHosts::write(&link)?;
     // The volume's size from the largest candidate: sized again below once the rate is known.
     let (rate_bps, calibration) = calibrate(&link, &p, dir, n)?;
     let volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
@@ -790,6 +803,62 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     };
     write_outputs(&results, out)?;
     Ok(results)
+}
+
+/// `/etc/netns/NS/hosts` for the namespaces GridFTP runs in, naming every host of the
+/// link: Globus looks its own address up, and the namespaces reach no DNS server
+/// (`ip netns exec` mounts the file over /etc/hosts). Removed when dropped.
+struct NetnsHosts(Vec<PathBuf>);
+
+impl NetnsHosts {
+    fn write(link: &Link) -> Result<NetnsHosts> {
+        let mut text = String::from("127.0.0.1 localhost\n");
+        for h in link.a.iter().chain(&link.b) {
+            text += &format!("{} {}\n", h.addr, h.ns);
+        }
+        let mut dirs = Vec::new();
+        for h in [&link.a[0], &link.b[0]] {
+            let dir = PathBuf::from("/etc/netns").join(&h.ns);
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("hosts"), &text)?;
+            dirs.push(dir);
+        }
+        Ok(NetnsHosts(dirs))
+    }
+}
+
+impl Drop for NetnsHosts {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Host-wide sysctls raised for the run and put back as they were when it ends.
+struct HostSysctl(Vec<(String, String)>);
+
+impl HostSysctl {
+    fn raise(settings: &[(&str, u64)]) -> Result<HostSysctl> {
+        let mut old = Vec::new();
+        for (k, want) in settings {
+            let path = format!("/proc/sys/{}", k.replace('.', "/"));
+            let was = std::fs::read_to_string(&path)?.trim().to_owned();
+            if was.parse::<u64>().map_or(true, |w| w < *want) {
+                std::fs::write(&path, want.to_string()).with_context(|| format!("raising {k}"))?;
+                old.push((path, was));
+            }
+        }
+        Ok(HostSysctl(old))
+    }
+}
+
+impl Drop for HostSysctl {
+    fn drop(&mut self) {
+        for (path, was) in &self.0 {
+            let _ = std::fs::write(path, was);
+        }
+    }
 }
 
 fn report(r: &Row) {
