@@ -45,7 +45,7 @@ impl StripeBackstore {
         if members.is_empty() {
             return Err("a stripe needs at least one member".into());
         }
-        if unit < MIN_UNIT || unit % MIN_UNIT != 0 {
+        if unit < MIN_UNIT || !unit.is_multiple_of(MIN_UNIT) {
             return Err(format!(
                 "stripe unit {unit} is not a multiple of {MIN_UNIT} bytes"
             ));
@@ -318,7 +318,7 @@ pub(crate) struct StripeFactory;
 impl StripeFactory {
     fn unit(spec: &StoreSpec) -> Result<u64, OpenError> {
         let unit = spec.size("unit")?.unwrap_or(DEFAULT_UNIT);
-        if unit < MIN_UNIT || unit % MIN_UNIT != 0 {
+        if unit < MIN_UNIT || !unit.is_multiple_of(MIN_UNIT) {
             return Err(OpenError::invalid(
                 spec,
                 format!("unit {unit} is not a whole number of 4 KiB pages (64K, 1M, ...)"),
@@ -360,19 +360,66 @@ impl StoreFactory for StripeFactory {
         ]
     }
 
+    /// The layout: unit, capacity and each member with its size, one line each (members
+    /// that are stripes indented under theirs).
     fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError> {
         let unit = Self::unit(spec)?;
-        let members = spec
-            .members()
-            .iter()
-            .map(|m| ctx.check(m))
-            .collect::<Result<Vec<_>, _>>()?;
+        let n = spec.members().len() as u64;
+        let mut lines = Vec::new();
+        let mut sizes = Vec::new();
+        for (i, m) in spec.members().iter().enumerate() {
+            let description = ctx.check(m)?.replace('\n', "\n    ");
+            let size = ctx.capacity(m);
+            let shown = match &size {
+                Ok(s) => human_size(*s),
+                Err(why) => format!("size not known ({why})"),
+            };
+            lines.push(format!("  member {i}: {shown}, {description}"));
+            sizes.push(size);
+        }
+        let capacity = match sizes.iter().cloned().collect::<Result<Vec<u64>, _>>() {
+            Ok(sizes) => {
+                let smallest = sizes.iter().copied().min().unwrap_or(0);
+                let per_member = smallest / unit * unit;
+                if per_member == 0 {
+                    return Err(OpenError::invalid(
+                        spec,
+                        format!(
+                            "the smallest member holds {}, less than one stripe unit of {}",
+                            human_size(smallest),
+                            human_size(unit)
+                        ),
+                    ));
+                }
+                let unused: u64 = sizes.iter().map(|s| s - per_member).sum();
+                let unused = if unused > 0 {
+                    format!(" ({} of the members unused)", human_size(unused))
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}, {} on each{unused}",
+                    human_size(per_member * n),
+                    human_size(per_member)
+                )
+            }
+            Err(_) => "capacity known on start".into(),
+        };
+        let members = if n == 1 { "member" } else { "members" };
         Ok(format!(
-            "stripe in units of {} over {} members [{}]",
+            "stripe in units of {} over {n} {members}: {capacity}\n{}",
             human_size(unit),
-            members.len(),
-            members.join("; ")
+            lines.join("\n")
         ))
+    }
+
+    fn capacity(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<u64, String> {
+        let unit = Self::unit(spec).map_err(|e| e.to_string())?;
+        let mut smallest = u64::MAX;
+        for m in spec.members() {
+            smallest = smallest.min(ctx.capacity(m)?);
+        }
+        Ok(smallest / unit * unit * spec.members().len() as u64)
     }
 
     fn open(

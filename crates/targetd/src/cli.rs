@@ -18,7 +18,14 @@ With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
 iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
 targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
 (one-way and mutual, per target and for discovery) and session defaults; --listen and
---data-dir override it.
+--data-dir override it. --stripe makes that one LUN a stripe over other stores instead:
+a Data Reservoir file server over its disk servers in one flag,
+
+  rsv target --stripe iscsi://ds1/IQN/0,iscsi://ds2/IQN/0 --stripe-unit 1M
+
+is LUN 0 with store = \"stripe:?unit=1M&members=[iscsi://ds1/IQN/0,iscsi://ds2/IQN/0]\"
+(--check shows its layout: unit, capacity, each member and its size; it logs in to iscsi
+members to learn their sizes).
 
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
 every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
@@ -39,6 +46,21 @@ pub struct TargetArgs {
     /// Print the configuration in effect, with each LUN's store, and exit.
     #[arg(long)]
     pub check: bool,
+    /// Make the default target's LUN 0 a stripe over these stores, in order: store specs
+    /// (iscsi://HOST[:PORT]/IQN/LUN, file:PATH?size=.., ram:?size=..), comma-separated or
+    /// the flag repeated. Instead of --config.
+    #[arg(long, value_name = "SPEC,SPEC,...", conflicts_with = "config")]
+    pub stripe: Vec<String>,
+    /// Bytes per member before the next, with --stripe: a multiple of 4 KiB.
+    #[arg(long, value_name = "SIZE", default_value = "1M", requires = "stripe")]
+    pub stripe_unit: String,
+}
+
+/// The spec `--stripe` and `--stripe-unit` stand for.
+pub fn stripe_spec(members: &[String], unit: &str) -> anyhow::Result<backstore::StoreSpec> {
+    units::parse_size(unit).map_err(|e| anyhow!("--stripe-unit {unit}: {e}"))?;
+    let text = format!("stripe:?unit={unit}&members=[{}]", members.join(","));
+    text.parse().map_err(|e| anyhow!("--stripe: {e}"))
 }
 
 pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
@@ -51,6 +73,11 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(d) = &args.data_dir {
         config.data_dir = d.clone();
+    }
+    if !args.stripe.is_empty() {
+        let lun = &mut config.targets[0].luns[0];
+        lun.store = Some(stripe_spec(&args.stripe, &args.stripe_unit)?);
+        (lun.backstore, lun.path, lun.size) = (None, None, None);
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
@@ -79,6 +106,7 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
                     .read_only(l.read_only)
                     .check(&spec)
                     .with_context(|| format!("checking {at}"))?;
+                let description = description.replace('\n', "\n    ");
                 luns.push(format!("{at}: store {spec}\n    {description}"));
             }
         }
