@@ -2,9 +2,10 @@
 //! time. Members are any stores the registry opens, stripes included, which gives the two
 //! levels of a Data Reservoir site: across disk servers, and across the disks inside each.
 //!
-//! A request that touches several members runs on all of them at once (one thread per
-//! member beyond the first), so a slow member delays only the requests that touch it, and
-//! a failing one fails only those, with its error. A read within one stripe unit goes to
+//! A request that touches several members runs on all of them at once (the members beyond
+//! the first on helper threads kept for it, never queued behind other requests' I/O), so a
+//! slow member delays only the requests that touch it, and a failing one fails only those,
+//! with its error. A read within one stripe unit goes to
 //! its member whole, lending included.
 
 use std::io;
@@ -111,8 +112,8 @@ impl StripeBackstore {
         by_member
     }
 
-    /// Runs `job` for every member with work, those beyond the first on threads of their
-    /// own, and returns the first error.
+    /// Runs `job` for every member with work, those beyond the first on helper threads
+    /// (kept between requests: see [`crate::helpers`]), and returns the first error.
     fn on_members<W: Send>(
         &self,
         work: Vec<(usize, W)>,
@@ -127,22 +128,21 @@ impl StripeBackstore {
             return job(&*self.members[first], first_work);
         }
         let job = &job;
-        std::thread::scope(|s| {
-            let handles: Vec<_> = rest
-                .into_iter()
-                .map(|(m, w)| s.spawn(move || job(&*self.members[m], w)))
-                .collect();
-            let mut result = job(&*self.members[first], first_work);
-            for h in handles {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a stripe member's I/O panicked")));
-                if result.is_ok() {
-                    result = r;
-                }
+        let rest = rest
+            .into_iter()
+            .map(|(m, w)| {
+                Box::new(move || job(&*self.members[m], w))
+                    as Box<dyn FnOnce() -> io::Result<()> + Send + '_>
+            })
+            .collect();
+        let mut result = Ok(());
+        for r in crate::helpers::run(|| job(&*self.members[first], first_work), rest) {
+            let r = r.unwrap_or_else(|_| Err(io::Error::other("a stripe member's I/O panicked")));
+            if result.is_ok() {
+                result = r;
             }
-            result
-        })
+        }
+        result
     }
 }
 
@@ -600,5 +600,50 @@ mod tests {
         assert_eq!(e.to_string(), "member gone");
         assert!(s.write_at(&[0u8; 100], 4096).is_err());
         assert!(s.flush().is_err());
+    }
+}
+
+/// What a request costs the stripe itself, on RAM members (no I/O to wait for): 1 MiB
+/// reads with a 1 MiB unit (one member each) and a 256 KiB unit (four members each, three
+/// on helper threads). Not a test:
+/// `cargo test -p backstore --lib cpu_per_request -- --ignored --nocapture`.
+#[cfg(test)]
+mod cost {
+    use super::*;
+    use crate::RamBackstore;
+    use std::time::Instant;
+
+    fn cpu_seconds() -> f64 {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    }
+
+    #[test]
+    #[ignore]
+    fn cpu_per_request() {
+        let members: Vec<Arc<dyn Backstore>> = (0..4)
+            .map(|_| Arc::new(RamBackstore::new(64 << 20)) as Arc<dyn Backstore>)
+            .collect();
+        for unit in [1 << 20, 256 << 10] {
+            let s = StripeBackstore::new(members.clone(), unit).unwrap();
+            let mut buf = vec![1u8; 1 << 20];
+            for i in 0..256 {
+                s.write_at(&buf, i << 20).unwrap();
+            }
+            let n = 4000u64;
+            let (t, c) = (Instant::now(), cpu_seconds());
+            for i in 0..n {
+                s.read_at(&mut buf, (i % 256) << 20).unwrap();
+            }
+            let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
+            eprintln!(
+                "1 MiB reads, unit {}: {:.1} us wall, {:.1} us CPU per read",
+                human_size(unit),
+                wall / n as f64 * 1e6,
+                cpu / n as f64 * 1e6
+            );
+        }
     }
 }
