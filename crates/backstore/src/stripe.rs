@@ -556,6 +556,95 @@ mod tests {
         assert!(b[5100..].iter().all(|&x| x == 1));
     }
 
+    /// A member that hangs holds the requests that touch it, and only those: the others
+    /// find helper threads of their own, however many requests wait on it.
+    #[test]
+    fn a_slow_member_holds_only_what_touches_it() {
+        use std::sync::{Condvar, Mutex};
+        use std::time::{Duration, Instant};
+        #[derive(Debug)]
+        struct Gate {
+            inner: RamBackstore,
+            open: Mutex<bool>,
+            cv: Condvar,
+        }
+        impl Gate {
+            fn wait(&self) {
+                let mut open = self.open.lock().unwrap();
+                while !*open {
+                    open = self.cv.wait(open).unwrap();
+                }
+            }
+        }
+        impl Backstore for Gate {
+            fn size(&self) -> u64 {
+                self.inner.size()
+            }
+            fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<()> {
+                self.wait();
+                self.inner.read_at(b, o)
+            }
+            fn write_at(&self, b: &[u8], o: u64) -> io::Result<()> {
+                self.wait();
+                self.inner.write_at(b, o)
+            }
+            fn flush(&self) -> io::Result<()> {
+                Ok(())
+            }
+            fn discard(&self, o: u64, l: u64) -> io::Result<()> {
+                self.inner.discard(o, l)
+            }
+            fn write_zeroes(&self, o: u64, l: u64) -> io::Result<()> {
+                self.inner.write_zeroes(o, l)
+            }
+            fn is_allocated(&self, o: u64, l: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+                self.inner.is_allocated(o, l)
+            }
+            fn supports_discard(&self) -> bool {
+                false
+            }
+        }
+        let gate = Arc::new(Gate {
+            inner: RamBackstore::new(1 << 20),
+            open: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        // Members 0..2 quick, member 3 held at the gate; units of 4 KiB.
+        let mut members = ram(3, 1 << 20);
+        members.push(gate.clone());
+        let s = Arc::new(StripeBackstore::new(members, 4096).unwrap());
+        // Eight requests that span every member, the slow one included, wait at the gate.
+        let waiting: Vec<_> = (0..8)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || s.write_at(&[5u8; 4 * 4096], 0))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Requests over members 0..2 only go through meanwhile, spanning ones included.
+        let start = Instant::now();
+        for _ in 0..50 {
+            s.write_at(&[6u8; 3 * 4096], 4 * 4096).unwrap();
+            let mut b = [0u8; 3 * 4096];
+            s.read_at(&mut b, 4 * 4096).unwrap();
+            assert_eq!(b, [6u8; 3 * 4096]);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(waiting.iter().all(|w| !w.is_finished()));
+        *gate.open.lock().unwrap() = true;
+        gate.cv.notify_all();
+        for w in waiting {
+            w.join().unwrap().unwrap();
+        }
+        let mut b = [0u8; 4 * 4096];
+        s.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [5u8; 4 * 4096]);
+    }
+
     /// A member that fails fails the requests that touch it, and only those.
     #[test]
     fn a_failing_member_fails_only_what_touches_it() {
