@@ -29,7 +29,8 @@ members to learn their sizes).
 
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
 every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
-let in-flight commands finish, flush LUNs, exit 0.")]
+let in-flight commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if
+a LUN could not be flushed in time (a remote member whose disk server is gone).")]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -40,7 +41,7 @@ pub struct TargetArgs {
     /// TOML configuration file.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Seconds to let in-flight commands finish on shutdown.
+    /// Seconds to let in-flight commands finish on shutdown, and again for LUNs to flush.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
     /// Print the configuration in effect, with each LUN's store, and exit.
@@ -121,7 +122,7 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
         .thread_name("rsv-target")
         .build()
         .context("starting the runtime")?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let server = Server::bind(config, stores).await?;
         for p in server.portals() {
             println!("portal {p}");
@@ -135,7 +136,10 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
         server
             .run(shutdown_signal(), Duration::from_secs(args.grace))
             .await
-    })
+    });
+    // A flush given up on after the grace period may still hold a blocking worker.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
 }
 
 async fn shutdown_signal() {

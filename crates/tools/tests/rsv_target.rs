@@ -603,3 +603,56 @@ fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
     let (ok, text) = rsv_target_check(&["--stripe", "ram:?size=1M]"]);
     assert!(!ok && text.contains("--stripe"), "{text}");
 }
+
+/// A file server whose disk server is gone stops on SIGTERM within its grace periods (the
+/// flush of the remote member is given up on, exit status 1), not after the session's
+/// minute-long recovery.
+#[test]
+fn a_file_server_whose_disk_server_is_gone_stops_within_its_grace() {
+    let disk = rsv_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new(rsv_bin().unwrap())
+        .args([
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--grace",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--stripe", &disk.url(0)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(server.stdout.take().unwrap());
+        assert!(
+            out.lines().any(|l| l.is_ok_and(|l| l == "ready")),
+            "the file server did not start"
+        );
+    }
+    drop(disk);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let start = std::time::Instant::now();
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("still running 20 s after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{status}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+}
