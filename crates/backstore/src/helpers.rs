@@ -23,10 +23,15 @@ pub(crate) type Outcome<T> = Result<T, Box<dyn Any + Send>>;
 static IDLE_HELPERS: Mutex<Vec<(u64, Sender<Job>)>> = Mutex::new(Vec::new());
 static NEXT_ID: Mutex<u64> = Mutex::new(0);
 
+/// The idle list; nothing panics while holding it, but a poisoned lock is no reason to.
+fn idle_helpers() -> std::sync::MutexGuard<'static, Vec<(u64, Sender<Job>)>> {
+    IDLE_HELPERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs `job` on an idle helper or a new one.
 fn dispatch(mut job: Job) {
     loop {
-        let idle = IDLE_HELPERS.lock().unwrap().pop();
+        let idle = idle_helpers().pop();
         let Some((_, tx)) = idle else { break };
         // A helper whose sender was popped waits for this job (see `helper`); the send
         // fails only if it died.
@@ -37,7 +42,7 @@ fn dispatch(mut job: Job) {
     }
     let (tx, rx) = mpsc::channel();
     let id = {
-        let mut n = NEXT_ID.lock().unwrap();
+        let mut n = NEXT_ID.lock().unwrap_or_else(|e| e.into_inner());
         *n += 1;
         *n
     };
@@ -57,10 +62,10 @@ fn helper(id: u64, tx: Sender<Job>, rx: Receiver<Job>) {
         match rx.recv_timeout(IDLE) {
             Ok(job) => {
                 job();
-                IDLE_HELPERS.lock().unwrap().push((id, tx.clone()));
+                idle_helpers().push((id, tx.clone()));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let mut idle = IDLE_HELPERS.lock().unwrap();
+                let mut idle = idle_helpers();
                 match idle.iter().position(|(i, _)| *i == id) {
                     Some(at) => {
                         idle.swap_remove(at);
@@ -83,22 +88,6 @@ pub(crate) fn run<'a, T: Send + 'a>(
     rest: Vec<Box<dyn FnOnce() -> T + Send + 'a>>,
 ) -> Vec<Outcome<T>> {
     let n = rest.len();
-    let (done_tx, done_rx) = mpsc::channel::<(usize, Outcome<T>)>();
-    for (i, f) in rest.into_iter().enumerate() {
-        let done = done_tx.clone();
-        let job: Box<dyn FnOnce() + Send + 'a> = Box::new(move || {
-            let r = catch_unwind(AssertUnwindSafe(f));
-            let _ = done.send((i, r));
-        });
-        // SAFETY: the job borrows for 'a from the caller, and `Wait` below does not let
-        // this function return or unwind before every job has run to its end and dropped
-        // what it borrowed (its `done` send is its last act; a job that is dropped unrun,
-        // with no helper to take it, drops its sender and is counted then).
-        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'a>, Job>(job) };
-        dispatch(job);
-    }
-    drop(done_tx);
-
     struct Wait<T> {
         rx: Receiver<(usize, Outcome<T>)>,
         results: Vec<Option<Outcome<T>>>,
@@ -112,7 +101,8 @@ pub(crate) fn run<'a, T: Send + 'a>(
                         self.results[i] = Some(r);
                         self.left -= 1;
                     }
-                    // Every sender is gone: the jobs not heard from were dropped unrun.
+                    // Every sender is gone: the jobs not heard from were dropped unrun
+                    // (or never handed out, when this thread unwinds).
                     Err(_) => break,
                 }
             }
@@ -123,11 +113,29 @@ pub(crate) fn run<'a, T: Send + 'a>(
             self.all();
         }
     }
+    let (tx, rx) = mpsc::channel::<(usize, Outcome<T>)>();
+    // Declared before the sender: should anything below unwind, the sender goes first
+    // and `wait` then waits for exactly the jobs handed out.
     let mut wait = Wait {
-        rx: done_rx,
+        rx,
         results: (0..n).map(|_| None).collect(),
         left: n,
     };
+    let done_tx = tx;
+    for (i, f) in rest.into_iter().enumerate() {
+        let done = done_tx.clone();
+        let job: Box<dyn FnOnce() + Send + 'a> = Box::new(move || {
+            let r = catch_unwind(AssertUnwindSafe(f));
+            let _ = done.send((i, r));
+        });
+        // SAFETY: the job borrows for 'a from the caller, and `wait` does not let this
+        // function return or unwind before every job handed out has run to its end and
+        // dropped what it borrowed (its `done` send is its last act; a job that is dropped
+        // unrun, with no helper to take it, drops its sender and is counted then).
+        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'a>, Job>(job) };
+        dispatch(job);
+    }
+    drop(done_tx);
     let mine = catch_unwind(AssertUnwindSafe(first));
     wait.all();
     let mut out = Vec::with_capacity(n + 1);
