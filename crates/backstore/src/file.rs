@@ -431,6 +431,14 @@ impl StoreFactory for FileFactory {
         }
     }
 
+    fn capacity(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<u64, String> {
+        let path = ctx.resolve(spec.require("path").map_err(|e| e.to_string())?);
+        let size = spec.size("size").map_err(|e| e.to_string())?;
+        let existing = std::fs::metadata(&path).map(|m| m.len()).ok();
+        size.max(existing)
+            .ok_or_else(|| format!("{} does not exist and no size is given", path.display()))
+    }
+
     fn open(
         &self,
         spec: &StoreSpec,

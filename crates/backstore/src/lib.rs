@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 pub mod buffers;
 mod file;
+mod helpers;
 mod lend;
 mod ram;
 mod registry;

@@ -165,6 +165,12 @@ impl StoreFactory for RamFactory {
         ))
     }
 
+    fn capacity(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {
+        spec.size("size")
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| spec.missing("size").to_string())
+    }
+
     fn open(
         &self,
         spec: &StoreSpec,

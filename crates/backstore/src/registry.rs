@@ -33,6 +33,14 @@ pub trait StoreFactory: Send + Sync {
     /// What `open` would give, described for a person (`rsv target --check`), without
     /// creating or changing anything; errors where `open` surely would fail.
     fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError>;
+    /// The size in bytes `open` would give, for `--check`, or why it is not known before
+    /// the store is opened. Creates and changes nothing (a remote store may log in).
+    fn capacity(&self, _spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {
+        Err(format!(
+            "a {} store's size is known when it is opened",
+            self.kind()
+        ))
+    }
     fn open(
         &self,
         spec: &StoreSpec,
@@ -178,6 +186,14 @@ impl<'a> OpenContext<'a> {
     /// Checks and describes `spec` with the factory of its kind (see [`StoreFactory::check`]).
     pub fn check(&self, spec: &StoreSpec) -> Result<String, OpenError> {
         self.factory(spec)?.check(spec, self)
+    }
+
+    /// The size `spec` would have, or why that is not known yet (see
+    /// [`StoreFactory::capacity`]).
+    pub fn capacity(&self, spec: &StoreSpec) -> Result<u64, String> {
+        self.factory(spec)
+            .map_err(|e| e.to_string())?
+            .capacity(spec, self)
     }
 
     fn factory(&self, spec: &StoreSpec) -> Result<&'a dyn StoreFactory, OpenError> {

@@ -2,9 +2,10 @@
 //! time. Members are any stores the registry opens, stripes included, which gives the two
 //! levels of a Data Reservoir site: across disk servers, and across the disks inside each.
 //!
-//! A request that touches several members runs on all of them at once (one thread per
-//! member beyond the first), so a slow member delays only the requests that touch it, and
-//! a failing one fails only those, with its error. A read within one stripe unit goes to
+//! A request that touches several members runs on all of them at once (the members beyond
+//! the first on helper threads kept for it, never queued behind other requests' I/O), so a
+//! slow member delays only the requests that touch it, and a failing one fails only those,
+//! with its error. A read within one stripe unit goes to
 //! its member whole, lending included.
 
 use std::io;
@@ -45,7 +46,7 @@ impl StripeBackstore {
         if members.is_empty() {
             return Err("a stripe needs at least one member".into());
         }
-        if unit < MIN_UNIT || unit % MIN_UNIT != 0 {
+        if unit < MIN_UNIT || !unit.is_multiple_of(MIN_UNIT) {
             return Err(format!(
                 "stripe unit {unit} is not a multiple of {MIN_UNIT} bytes"
             ));
@@ -111,8 +112,8 @@ impl StripeBackstore {
         by_member
     }
 
-    /// Runs `job` for every member with work, those beyond the first on threads of their
-    /// own, and returns the first error.
+    /// Runs `job` for every member with work, those beyond the first on helper threads
+    /// (kept between requests: see [`crate::helpers`]), and returns the first error.
     fn on_members<W: Send>(
         &self,
         work: Vec<(usize, W)>,
@@ -127,22 +128,21 @@ impl StripeBackstore {
             return job(&*self.members[first], first_work);
         }
         let job = &job;
-        std::thread::scope(|s| {
-            let handles: Vec<_> = rest
-                .into_iter()
-                .map(|(m, w)| s.spawn(move || job(&*self.members[m], w)))
-                .collect();
-            let mut result = job(&*self.members[first], first_work);
-            for h in handles {
-                let r = h
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a stripe member's I/O panicked")));
-                if result.is_ok() {
-                    result = r;
-                }
+        let rest = rest
+            .into_iter()
+            .map(|(m, w)| {
+                Box::new(move || job(&*self.members[m], w))
+                    as Box<dyn FnOnce() -> io::Result<()> + Send + '_>
+            })
+            .collect();
+        let mut result = Ok(());
+        for r in crate::helpers::run(|| job(&*self.members[first], first_work), rest) {
+            let r = r.unwrap_or_else(|_| Err(io::Error::other("a stripe member's I/O panicked")));
+            if result.is_ok() {
+                result = r;
             }
-            result
-        })
+        }
+        result
     }
 }
 
@@ -318,7 +318,7 @@ pub(crate) struct StripeFactory;
 impl StripeFactory {
     fn unit(spec: &StoreSpec) -> Result<u64, OpenError> {
         let unit = spec.size("unit")?.unwrap_or(DEFAULT_UNIT);
-        if unit < MIN_UNIT || unit % MIN_UNIT != 0 {
+        if unit < MIN_UNIT || !unit.is_multiple_of(MIN_UNIT) {
             return Err(OpenError::invalid(
                 spec,
                 format!("unit {unit} is not a whole number of 4 KiB pages (64K, 1M, ...)"),
@@ -360,19 +360,66 @@ impl StoreFactory for StripeFactory {
         ]
     }
 
+    /// The layout: unit, capacity and each member with its size, one line each (members
+    /// that are stripes indented under theirs).
     fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError> {
         let unit = Self::unit(spec)?;
-        let members = spec
-            .members()
-            .iter()
-            .map(|m| ctx.check(m))
-            .collect::<Result<Vec<_>, _>>()?;
+        let n = spec.members().len() as u64;
+        let mut lines = Vec::new();
+        let mut sizes = Vec::new();
+        for (i, m) in spec.members().iter().enumerate() {
+            let description = ctx.check(m)?.replace('\n', "\n    ");
+            let size = ctx.capacity(m);
+            let shown = match &size {
+                Ok(s) => human_size(*s),
+                Err(why) => format!("size not known ({why})"),
+            };
+            lines.push(format!("  member {i}: {shown}, {description}"));
+            sizes.push(size);
+        }
+        let capacity = match sizes.iter().cloned().collect::<Result<Vec<u64>, _>>() {
+            Ok(sizes) => {
+                let smallest = sizes.iter().copied().min().unwrap_or(0);
+                let per_member = smallest / unit * unit;
+                if per_member == 0 {
+                    return Err(OpenError::invalid(
+                        spec,
+                        format!(
+                            "the smallest member holds {}, less than one stripe unit of {}",
+                            human_size(smallest),
+                            human_size(unit)
+                        ),
+                    ));
+                }
+                let unused: u64 = sizes.iter().map(|s| s - per_member).sum();
+                let unused = if unused > 0 {
+                    format!(" ({} of the members unused)", human_size(unused))
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}, {} on each{unused}",
+                    human_size(per_member * n),
+                    human_size(per_member)
+                )
+            }
+            Err(_) => "capacity known on start".into(),
+        };
+        let members = if n == 1 { "member" } else { "members" };
         Ok(format!(
-            "stripe in units of {} over {} members [{}]",
+            "stripe in units of {} over {n} {members}: {capacity}\n{}",
             human_size(unit),
-            members.len(),
-            members.join("; ")
+            lines.join("\n")
         ))
+    }
+
+    fn capacity(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<u64, String> {
+        let unit = Self::unit(spec).map_err(|e| e.to_string())?;
+        let mut smallest = u64::MAX;
+        for m in spec.members() {
+            smallest = smallest.min(ctx.capacity(m)?);
+        }
+        Ok(smallest / unit * unit * spec.members().len() as u64)
     }
 
     fn open(
@@ -509,6 +556,95 @@ mod tests {
         assert!(b[5100..].iter().all(|&x| x == 1));
     }
 
+    /// A member that hangs holds the requests that touch it, and only those: the others
+    /// find helper threads of their own, however many requests wait on it.
+    #[test]
+    fn a_slow_member_holds_only_what_touches_it() {
+        use std::sync::{Condvar, Mutex};
+        use std::time::{Duration, Instant};
+        #[derive(Debug)]
+        struct Gate {
+            inner: RamBackstore,
+            open: Mutex<bool>,
+            cv: Condvar,
+        }
+        impl Gate {
+            fn wait(&self) {
+                let mut open = self.open.lock().unwrap();
+                while !*open {
+                    open = self.cv.wait(open).unwrap();
+                }
+            }
+        }
+        impl Backstore for Gate {
+            fn size(&self) -> u64 {
+                self.inner.size()
+            }
+            fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<()> {
+                self.wait();
+                self.inner.read_at(b, o)
+            }
+            fn write_at(&self, b: &[u8], o: u64) -> io::Result<()> {
+                self.wait();
+                self.inner.write_at(b, o)
+            }
+            fn flush(&self) -> io::Result<()> {
+                Ok(())
+            }
+            fn discard(&self, o: u64, l: u64) -> io::Result<()> {
+                self.inner.discard(o, l)
+            }
+            fn write_zeroes(&self, o: u64, l: u64) -> io::Result<()> {
+                self.inner.write_zeroes(o, l)
+            }
+            fn is_allocated(&self, o: u64, l: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+                self.inner.is_allocated(o, l)
+            }
+            fn supports_discard(&self) -> bool {
+                false
+            }
+        }
+        let gate = Arc::new(Gate {
+            inner: RamBackstore::new(1 << 20),
+            open: Mutex::new(false),
+            cv: Condvar::new(),
+        });
+        // Members 0..2 quick, member 3 held at the gate; units of 4 KiB.
+        let mut members = ram(3, 1 << 20);
+        members.push(gate.clone());
+        let s = Arc::new(StripeBackstore::new(members, 4096).unwrap());
+        // Eight requests that span every member, the slow one included, wait at the gate.
+        let waiting: Vec<_> = (0..8)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || s.write_at(&[5u8; 4 * 4096], 0))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Requests over members 0..2 only go through meanwhile, spanning ones included.
+        let start = Instant::now();
+        for _ in 0..50 {
+            s.write_at(&[6u8; 3 * 4096], 4 * 4096).unwrap();
+            let mut b = [0u8; 3 * 4096];
+            s.read_at(&mut b, 4 * 4096).unwrap();
+            assert_eq!(b, [6u8; 3 * 4096]);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(waiting.iter().all(|w| !w.is_finished()));
+        *gate.open.lock().unwrap() = true;
+        gate.cv.notify_all();
+        for w in waiting {
+            w.join().unwrap().unwrap();
+        }
+        let mut b = [0u8; 4 * 4096];
+        s.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [5u8; 4 * 4096]);
+    }
+
     /// A member that fails fails the requests that touch it, and only those.
     #[test]
     fn a_failing_member_fails_only_what_touches_it() {
@@ -553,5 +689,50 @@ mod tests {
         assert_eq!(e.to_string(), "member gone");
         assert!(s.write_at(&[0u8; 100], 4096).is_err());
         assert!(s.flush().is_err());
+    }
+}
+
+/// What a request costs the stripe itself, on RAM members (no I/O to wait for): 1 MiB
+/// reads with a 1 MiB unit (one member each) and a 256 KiB unit (four members each, three
+/// on helper threads). Not a test:
+/// `cargo test -p backstore --lib cpu_per_request -- --ignored --nocapture`.
+#[cfg(test)]
+mod cost {
+    use super::*;
+    use crate::RamBackstore;
+    use std::time::Instant;
+
+    fn cpu_seconds() -> f64 {
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    }
+
+    #[test]
+    #[ignore]
+    fn cpu_per_request() {
+        let members: Vec<Arc<dyn Backstore>> = (0..4)
+            .map(|_| Arc::new(RamBackstore::new(64 << 20)) as Arc<dyn Backstore>)
+            .collect();
+        for unit in [1 << 20, 256 << 10] {
+            let s = StripeBackstore::new(members.clone(), unit).unwrap();
+            let mut buf = vec![1u8; 1 << 20];
+            for i in 0..256 {
+                s.write_at(&buf, i << 20).unwrap();
+            }
+            let n = 4000u64;
+            let (t, c) = (Instant::now(), cpu_seconds());
+            for i in 0..n {
+                s.read_at(&mut buf, (i % 256) << 20).unwrap();
+            }
+            let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
+            eprintln!(
+                "1 MiB reads, unit {}: {:.1} us wall, {:.1} us CPU per read",
+                human_size(unit),
+                wall / n as f64 * 1e6,
+                cpu / n as f64 * 1e6
+            );
+        }
     }
 }

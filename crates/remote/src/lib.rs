@@ -376,6 +376,19 @@ impl StoreFactory for RemoteFactory {
         Ok(format!("iSCSI LUN {} (logged in to on start)", shown(&url)))
     }
 
+    /// Logs in (read-only) to ask: `rsv target --check` shows a stripe's capacity over
+    /// its disk servers so.
+    fn capacity(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {
+        let (url, opts) = Self::url(spec).map_err(|e| e.to_string())?;
+        let shown_url = shown(&url);
+        std::thread::scope(|s| {
+            s.spawn(|| RemoteLun::open(url, opts, true).map(|l| l.size()))
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("login thread panicked")))
+        })
+        .map_err(|e| format!("{shown_url} not reached: {e}"))
+    }
+
     fn open(
         &self,
         spec: &StoreSpec,

@@ -75,7 +75,7 @@ async fn a_stripe_over_remote_luns_reads_and_writes_through_them() {
     let (fs, file_server) = target("127.0.0.1:0", FILE_SERVER, &luns, &fs_dir).await;
 
     let volume = open(&format!("iscsi://{fs}/{FILE_SERVER}/0")).await;
-    assert_eq!(volume.size(), 3 * 8 << 20);
+    assert_eq!(volume.size(), (3 * 8) << 20);
     let data = pattern(1 << 20, 5);
     // Unaligned to the stripe unit, so it spans all three disk servers.
     volume.write_at(3 << 16 | 4096, data.clone()).await.unwrap();

@@ -18,11 +18,19 @@ With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
 iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
 targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
 (one-way and mutual, per target and for discovery) and session defaults; --listen and
---data-dir override it.
+--data-dir override it. --stripe makes that one LUN a stripe over other stores instead:
+a Data Reservoir file server over its disk servers in one flag,
+
+  rsv target --stripe iscsi://ds1/IQN/0,iscsi://ds2/IQN/0 --stripe-unit 1M
+
+is LUN 0 with store = \"stripe:?unit=1M&members=[iscsi://ds1/IQN/0,iscsi://ds2/IQN/0]\"
+(--check shows its layout: unit, capacity, each member and its size; it logs in to iscsi
+members to learn their sizes).
 
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
 every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
-let in-flight commands finish, flush LUNs, exit 0.")]
+let in-flight commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if
+a LUN could not be flushed in time (a remote member whose disk server is gone).")]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -33,7 +41,7 @@ pub struct TargetArgs {
     /// TOML configuration file.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Seconds to let in-flight commands finish on shutdown.
+    /// Seconds to let in-flight commands finish on shutdown, and again for LUNs to flush.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
     /// Print the configuration in effect, with each LUN's store, and exit.
@@ -47,6 +55,21 @@ pub struct TargetArgs {
     /// the coordinator).
     #[arg(long, value_name = "FILE")]
     pub control_key: Option<PathBuf>,
+    /// Make the default target's LUN 0 a stripe over these stores, in order: store specs
+    /// (iscsi://HOST[:PORT]/IQN/LUN, file:PATH?size=.., ram:?size=..), comma-separated or
+    /// the flag repeated. Instead of --config.
+    #[arg(long, value_name = "SPEC,SPEC,...", conflicts_with = "config")]
+    pub stripe: Vec<String>,
+    /// Bytes per member before the next, with --stripe: a multiple of 4 KiB.
+    #[arg(long, value_name = "SIZE", default_value = "1M", requires = "stripe")]
+    pub stripe_unit: String,
+}
+
+/// The spec `--stripe` and `--stripe-unit` stand for.
+pub fn stripe_spec(members: &[String], unit: &str) -> anyhow::Result<backstore::StoreSpec> {
+    units::parse_size(unit).map_err(|e| anyhow!("--stripe-unit {unit}: {e}"))?;
+    let text = format!("stripe:?unit={unit}&members=[{}]", members.join(","));
+    text.parse().map_err(|e| anyhow!("--stripe: {e}"))
 }
 
 pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
@@ -72,6 +95,11 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
         (None, Some(key), Some(c)) => c.key_file = key.clone(),
         (Some(_), None, None) => return Err(anyhow!("--control needs --control-key FILE")),
         (None, Some(_), None) => return Err(anyhow!("--control-key needs --control ADDR:PORT")),
+    }
+    if !args.stripe.is_empty() {
+        let lun = &mut config.targets[0].luns[0];
+        lun.store = Some(stripe_spec(&args.stripe, &args.stripe_unit)?);
+        (lun.backstore, lun.path, lun.size) = (None, None, None);
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
@@ -123,6 +151,7 @@ pub fn run_with(
                          (units of {unit}); a store with no such place refuses to start"
                     ),
                 };
+                let description = description.replace('\n', "\n    ");
                 luns.push(format!(
                     "{at}: store {spec}\n    {description}\n    {tracking}"
                 ));
@@ -139,7 +168,7 @@ pub fn run_with(
         .thread_name("rsv-target")
         .build()
         .context("starting the runtime")?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let server = Server::bind(config.clone(), stores).await?;
         extra(&server, &config)?;
         for p in server.portals() {
@@ -154,7 +183,10 @@ pub fn run_with(
         server
             .run(shutdown_signal(), Duration::from_secs(args.grace))
             .await
-    })
+    });
+    // A flush given up on after the grace period may still hold a blocking worker.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
 }
 
 async fn shutdown_signal() {

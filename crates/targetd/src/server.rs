@@ -273,7 +273,8 @@ impl Server {
     }
 
     /// Serves until `stop` resolves, then drains: no new connections, initiators asked to
-    /// log out, in-flight commands finished (bounded by `grace`), LUNs flushed.
+    /// log out, in-flight commands finished (bounded by `grace`), LUNs flushed (bounded by
+    /// `grace` again).
     pub async fn run(
         self,
         stop: impl std::future::Future<Output = ()>,
@@ -324,9 +325,11 @@ impl Server {
             s.broadcast(|| ConnEvent::Close("target shutting down"));
         }
         // A flush waits on devices (or another target, for a remote store): on a worker
-        // that may block, as every other call into a store.
+        // that may block, as every other call into a store. It too gets `grace`: a remote
+        // member whose disk server is gone would hold it through the session's recovery
+        // (a minute and more), and a stop should not.
         let flushing = shared.clone();
-        let failed = tokio::task::spawn_blocking(move || {
+        let flush = tokio::task::spawn_blocking(move || {
             let mut failed = false;
             for t in &flushing.targets {
                 for (id, lu) in &t.luns {
@@ -337,9 +340,11 @@ impl Server {
                 }
             }
             failed
-        })
-        .await?;
-        if failed {
+        });
+        let Ok(failed) = tokio::time::timeout(grace, flush).await else {
+            bail!("LUNs still flushing after {grace:?}; stopping without waiting for them");
+        };
+        if failed? {
             bail!("some LUNs could not be flushed");
         }
         info!("stopped cleanly");

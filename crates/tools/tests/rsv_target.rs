@@ -521,3 +521,138 @@ fn rate_control_paces_the_session_and_the_target_once_the_pipe_is_full() {
     assert_eq!((s.reinstatements(), s.retries()), (0, 0));
     rt.block_on(s.logout()).unwrap();
 }
+
+fn rsv_target_check(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(rsv_bin().unwrap())
+        .arg("target")
+        .args(args)
+        .arg("--check")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `rsv target --stripe A,B --stripe C --stripe-unit 64K`: LUN 0 is a stripe over those
+/// stores, and `--check` shows its layout (unit, capacity, members with their sizes), as
+/// it does for the same stripe written in a TOML file.
+#[test]
+fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
+    let disks = [rsv_or_skip!(), rsv_or_skip!()];
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (disks[0].url(0), disks[1].url(0));
+    let data_dir = dir.path().to_str().unwrap();
+    let (ok, text) = rsv_target_check(&[
+        "--data-dir",
+        data_dir,
+        "--stripe",
+        &format!("{a},{b}"),
+        "--stripe",
+        "ram:?size=512M",
+        "--stripe-unit",
+        "64K",
+    ]);
+    assert!(ok, "{text}");
+    let layout = format!(
+        "LUN 0: store stripe:?unit=64K&members=[{a},{b},ram:?size=512M]\n    \
+         stripe in units of 64 KiB over 3 members: 1536 MiB, 512 MiB on each \
+         (1 GiB of the members unused)\n      \
+         member 0: 1 GiB, iSCSI LUN {a} (logged in to on start)\n      \
+         member 1: 1 GiB, iSCSI LUN {b} (logged in to on start)\n      \
+         member 2: 512 MiB, ram, 512 MiB (lost when the target stops)\n"
+    );
+    assert!(text.contains(&layout), "{text}\nwanted:\n{layout}");
+
+    // The same stripe in a TOML file, with the default unit, and a member not reachable.
+    let toml = dir.path().join("t.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[target]]\niqn = \"iqn.2026-11.org.reservoir:fs\"\n[[target.lun]]\nid = 0\n\
+             store = \"stripe:?members=[{a},{b}]\"\n[[target.lun]]\nid = 1\n\
+             store = \"stripe:?members=[{a},iscsi://127.0.0.1:1/iqn.2026-11.x:gone/0]\"\n"
+        ),
+    )
+    .unwrap();
+    let (ok, text) = rsv_target_check(&["--config", toml.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("stripe in units of 1 MiB over 2 members: 2 GiB, 1 GiB on each\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stripe in units of 1 MiB over 2 members: capacity known on start\n")
+            && text.contains("member 1: size not known (iscsi://127.0.0.1:1/"),
+        "{text}"
+    );
+
+    // Refused: with --config, a unit that is no size or not whole pages, a bad member list.
+    let (ok, text) = rsv_target_check(&["--stripe", &a, "--config", toml.to_str().unwrap()]);
+    assert!(!ok && text.contains("cannot be used with"), "{text}");
+    let (ok, text) = rsv_target_check(&["--stripe", &a, "--stripe-unit", "lots"]);
+    assert!(!ok && text.contains("--stripe-unit lots"), "{text}");
+    let (ok, text) = rsv_target_check(&["--stripe", &a, "--stripe-unit", "6000"]);
+    assert!(
+        !ok && text.contains("not a whole number of 4 KiB pages"),
+        "{text}"
+    );
+    let (ok, text) = rsv_target_check(&["--stripe", "ram:?size=1M]"]);
+    assert!(!ok && text.contains("--stripe"), "{text}");
+}
+
+/// A file server whose disk server is gone stops on SIGTERM within its grace periods (the
+/// flush of the remote member is given up on, exit status 1), not after the session's
+/// minute-long recovery.
+#[test]
+fn a_file_server_whose_disk_server_is_gone_stops_within_its_grace() {
+    let disk = rsv_or_skip!();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new(rsv_bin().unwrap())
+        .args([
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--grace",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--stripe", &disk.url(0)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(server.stdout.take().unwrap());
+        assert!(
+            out.lines().any(|l| l.is_ok_and(|l| l == "ready")),
+            "the file server did not start"
+        );
+    }
+    drop(disk);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let start = std::time::Instant::now();
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("still running 20 s after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{status}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+}

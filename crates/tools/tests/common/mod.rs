@@ -288,6 +288,17 @@ impl RsvTarget {
     }
 }
 
+impl RsvTarget {
+    /// The target's data directory (`lun0.img` is the default LUN's image).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    pub fn url(&self, lun: u16) -> String {
+        format!("iscsi://{}/{}/{lun}", self.portal, self.iqn)
+    }
+}
+
 impl Drop for RsvTarget {
     fn drop(&mut self) {
         let _ = self.child.kill();
