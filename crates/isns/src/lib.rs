@@ -14,6 +14,35 @@ pub use pdu::{Flags, FunctionId, Header, HEADER_LEN};
 /// The IANA port of iSNS, TCP and UDP.
 pub const DEFAULT_PORT: u16 = 3205;
 
+/// `host`, `host:port`, `[v6]` or `[v6]:port` of a server as written on a command line,
+/// in a URL or a configuration: the host (without brackets) and the port (3205 when
+/// absent). A bare IPv6 address without brackets is taken whole.
+pub fn server_address(s: &str) -> Result<(String, u16), String> {
+    let bad = || format!("{s:?}: expected HOST, HOST:PORT or [IPv6]:PORT");
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+        match after {
+            "" => (h, None),
+            p => (h, Some(p.strip_prefix(':').ok_or_else(bad)?)),
+        }
+    } else if s.parse::<std::net::Ipv6Addr>().is_ok() {
+        (s, None)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() || host.contains(['/', '?', '@', ' ']) {
+        return Err(bad());
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
+    };
+    Ok((host.to_owned(), port))
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     #[error("iSNSP version {0} (only 1 is known)")]
@@ -43,4 +72,20 @@ pub enum Error {
     },
     #[error("a later PDU of transaction {0} claims to be first")]
     FirstAgain(u16),
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn server_addresses() {
+        use super::server_address as a;
+        assert_eq!(a("isns.lan"), Ok(("isns.lan".into(), 3205)));
+        assert_eq!(a("10.0.0.1:3206"), Ok(("10.0.0.1".into(), 3206)));
+        assert_eq!(a("[fd00::1]"), Ok(("fd00::1".into(), 3205)));
+        assert_eq!(a("[fd00::1]:99"), Ok(("fd00::1".into(), 99)));
+        assert_eq!(a("fd00::1"), Ok(("fd00::1".into(), 3205)));
+        for bad in ["", ":3205", "h:0", "h:x", "[::1", "[::1]x", "h/t"] {
+            assert!(a(bad).is_err(), "{bad}");
+        }
+    }
 }

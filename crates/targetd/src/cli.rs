@@ -21,8 +21,10 @@ targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initia
 --data-dir override it.
 
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
-every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
-let in-flight commands finish, flush LUNs, exit 0.")]
+every target, then `ready`. With --isns (or [isns] in the configuration) it registers its
+portals and targets with that iSNS server and keeps the registration fresh. SIGTERM or
+SIGINT: stop accepting, deregister from iSNS, ask initiators to log out, let in-flight
+commands finish, flush LUNs, exit 0.")]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -36,6 +38,10 @@ pub struct TargetArgs {
     /// Seconds to let in-flight commands finish on shutdown.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
+    /// Register with this iSNS server (RFC 4171), as `[isns] server` in the
+    /// configuration does: HOST, HOST:PORT or [IPv6]:PORT, port 3205 by default.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub isns: Option<String>,
     /// Print the configuration in effect, with each LUN's store, and exit.
     #[arg(long)]
     pub check: bool,
@@ -51,6 +57,18 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(d) = &args.data_dir {
         config.data_dir = d.clone();
+    }
+    if let Some(server) = &args.isns {
+        match &mut config.isns {
+            Some(i) => i.server = server.clone(),
+            None => {
+                config.isns = Some(crate::config::Isns {
+                    server: server.clone(),
+                    entity: None,
+                    registration_period: None,
+                })
+            }
+        }
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
