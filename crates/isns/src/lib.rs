@@ -1,11 +1,12 @@
 //! Sans-IO iSNS (RFC 4171): the iSNSP header and its PDUs, TLV attributes, messages split
 //! over PDUs and put back together, and the messages a target and an initiator exchange
-//! with a server (`objects`). No sockets, no runtime, no clock: the caller moves the bytes.
+//! with a server (`objects`), and the registry of a server (`server`). No sockets, no runtime, no clock: the caller moves the bytes.
 
 pub mod attr;
 pub mod message;
 pub mod objects;
 pub mod pdu;
+pub mod server;
 
 pub use attr::{Attr, Tag};
 pub use message::{Message, Reassembler, Status};

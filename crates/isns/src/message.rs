@@ -154,6 +154,11 @@ impl Message {
         self.before_delimiter().get(1..).unwrap_or(&[])
     }
 
+    /// A response's first message key attribute as a string (a DevGetNext's next name).
+    pub fn keys_of_response(&self) -> Option<&str> {
+        self.before_delimiter().first().and_then(Attr::as_str)
+    }
+
     pub fn first(&self, tag: Tag) -> Option<&Attr> {
         self.attrs.iter().find(|a| a.tag == tag)
     }
