@@ -2,7 +2,7 @@
 //! multiple of 4 bytes. Values are kept as their bytes so that any attribute, known or
 //! not, decodes and encodes back the same; typed constructors and readers sit on top.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::Error;
 
@@ -164,12 +164,16 @@ impl Attr {
         std::str::from_utf8(&self.value[..end]).ok()
     }
 
-    /// An IPv4-mapped address comes back as IPv4.
+    /// An IPv4-mapped address comes back as IPv4, and so does an IPv4-compatible one
+    /// (`::a.b.c.d`, which open-isns's isnsadm sends) other than `::` and `::1`.
     pub fn as_ip(&self) -> Option<IpAddr> {
         let b: [u8; 16] = self.value.as_slice().try_into().ok()?;
         let v6 = Ipv6Addr::from(b);
         Some(match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
+            None if b[..12] == [0; 12] && u32::from_be_bytes([b[12], b[13], b[14], b[15]]) > 1 => {
+                IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+            }
             None => IpAddr::V6(v6),
         })
     }
@@ -289,6 +293,8 @@ mod tests {
         assert_eq!(v6.as_ip(), Some("fd00::1".parse().unwrap()));
         let lo6 = Attr::ip(Tag::PORTAL_IP, "::1".parse().unwrap());
         assert_eq!(lo6.as_ip(), Some("::1".parse().unwrap()));
+        let compat = Attr::ip(Tag::PORTAL_IP, "::127.0.0.1".parse().unwrap());
+        assert_eq!(compat.as_ip(), Some("127.0.0.1".parse().unwrap()));
     }
 
     #[test]

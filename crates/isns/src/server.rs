@@ -73,6 +73,21 @@ pub struct Registry {
     next_eid: u32,
 }
 
+/// What a query naming no attributes gets.
+const ALL: [Tag; 11] = [
+    Tag::ENTITY_ID,
+    Tag::ENTITY_PROTOCOL,
+    Tag::REGISTRATION_PERIOD,
+    Tag::PORTAL_IP,
+    Tag::PORTAL_PORT,
+    Tag::ISCSI_NAME,
+    Tag::ISCSI_NODE_TYPE,
+    Tag::ISCSI_ALIAS,
+    Tag::PG_ISCSI_NAME,
+    Tag::PG_PORTAL_IP,
+    Tag::PG_TAG,
+];
+
 fn same(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
@@ -437,7 +452,11 @@ impl Registry {
 
     fn query(&self, req: &Message) -> Vec<Attr> {
         let keys = req.keys();
-        let want: Vec<Tag> = req.operating().iter().map(|a| a.tag).collect();
+        let mut want: Vec<Tag> = req.operating().iter().map(|a| a.tag).collect();
+        if want.is_empty() {
+            // No attributes named: all of them (as open-isns answers `isnsadm --query`).
+            want = ALL.to_vec();
+        }
         let mut out = keys.to_vec();
         out.push(Attr::empty(Tag::DELIMITER));
         for (eid, e) in &self.entities {
@@ -451,7 +470,10 @@ impl Registry {
     }
 
     fn get_next(&self, req: &Message) -> (Status, Vec<Attr>) {
-        let want: Vec<Tag> = req.operating().iter().map(|a| a.tag).collect();
+        let mut want: Vec<Tag> = req.operating().iter().map(|a| a.tag).collect();
+        if want.is_empty() {
+            want = vec![Tag::ISCSI_NAME, Tag::ISCSI_NODE_TYPE, Tag::ISCSI_ALIAS];
+        }
         let after = req
             .keys()
             .iter()
