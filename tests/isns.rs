@@ -37,8 +37,9 @@ struct Netns {
 }
 
 impl Netns {
-    fn create() -> Option<Netns> {
-        let name = format!("rsv-isns-{}", std::process::id());
+    /// `tag` tells apart the namespaces of tests running at once in one process.
+    fn create(tag: &str) -> Option<Netns> {
+        let name = format!("rsv-isns{tag}-{}", std::process::id());
         let ok = Command::new("ip")
             .args(["netns", "add", &name])
             .status()
@@ -106,7 +107,7 @@ fn target_registers_and_rsv_finds_it_through_isnsd() {
     if !have("isnsd") || !have("isnsadm") {
         return skip("open-isns (isnsd, isnsadm) not installed; scripts/setup.sh installs it");
     }
-    let Some(mut ns) = Netns::create() else {
+    let Some(mut ns) = Netns::create("d") else {
         return skip("ip netns add failed");
     };
     let dir = tempfile::tempdir().unwrap();
@@ -304,4 +305,240 @@ server = "127.0.0.1"
     );
     let ls = ok(ns.cmd(rsv()).args(["ls", "--json", "isns://127.0.0.1/"]));
     assert_eq!(ls.trim(), "[]");
+}
+
+/// Starts `cmd` with its stderr in `log` and waits for it to print `ready`.
+fn spawn_ready(cmd: &mut Command, log: &Path) -> Child {
+    let mut child = cmd
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "ready" {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!(
+                "{cmd:?} exited before ready:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    }
+    child
+}
+
+/// A node that registered for SCNs, on a thread inside the namespace: the changes it was
+/// told about (name, bitmap), answering each SCN and keeping its entity alive with a
+/// query a second.
+fn scn_watcher(
+    ns: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::sync::mpsc::Receiver<(String, u32)> {
+    use isns::attr::{node_type, scn};
+    use isns::objects::{self, Entity, Node};
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: setns on this thread only, with a namespace file we opened.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        let me = "iqn.2026-11.org.reservoir:watcher";
+        let mut s = std::net::TcpStream::connect("127.0.0.1:3205").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let reg = objects::dev_attr_reg(
+            1,
+            me,
+            &Entity {
+                eid: "watcher".into(),
+                period: None,
+                portals: Vec::new(),
+                nodes: vec![Node {
+                    name: me.into(),
+                    alias: None,
+                    node_type: node_type::INITIATOR,
+                }],
+                portal_group_tag: None,
+            },
+            false,
+        );
+        s.write_all(&reg.encode(65532)).unwrap();
+        let bits = scn::OBJECT_ADDED | scn::OBJECT_REMOVED;
+        s.write_all(&objects::scn_reg(2, me, bits).encode(65532))
+            .unwrap();
+        let mut dec = isns::Reassembler::new();
+        let mut buf = [0u8; 4096];
+        let mut last = Instant::now();
+        let mut xid = 2u16;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if last.elapsed() > Duration::from_secs(1) {
+                xid += 1;
+                s.write_all(&objects::query_targets(xid, me).encode(65532))
+                    .unwrap();
+                last = Instant::now();
+            }
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => dec.push(&buf[..n]),
+                Err(_) => continue,
+            }
+            while let Ok(Some(m)) = dec.next_message() {
+                if m.function == isns::FunctionId::SCN {
+                    s.write_all(&objects::scn_response(&m).encode(65532))
+                        .unwrap();
+                    for c in objects::scn_changes(&m) {
+                        let _ = tx.send(c);
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn rsv_isns_serves_isnsadm_target_and_initiator() {
+    use isns::attr::scn;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("needs root for a network namespace");
+    }
+    if !have("isnsadm") {
+        return skip("open-isns (isnsadm) not installed; scripts/setup.sh installs it");
+    }
+    let Some(mut ns) = Netns::create("s") else {
+        return skip("ip netns add failed");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("isnsadm.conf"),
+        "SourceName = iqn.2026-11.org.reservoir:isnsadm\nServerAddress = 127.0.0.1\nSecurity = 0\n",
+    )
+    .unwrap();
+    let db = d.join("isns.db");
+    let server = |ns: &Netns| {
+        let mut c = ns.cmd(rsv());
+        c.args([
+            "isns",
+            "--listen",
+            "127.0.0.1:3205",
+            "--period",
+            "6",
+            "--db",
+        ])
+        .arg(&db);
+        spawn_ready(&mut c, &d.join("isns.log"))
+    };
+    let s = server(&ns);
+    ns.children.push(s);
+    let adm = |ns: &Netns, args: &[&str]| {
+        ok(ns
+            .cmd("isnsadm")
+            .arg("-c")
+            .arg(d.join("isnsadm.conf"))
+            .args(args))
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scns = scn_watcher(&ns.name, stop.clone());
+    let expect_scn = |name: &str, bits: u32| {
+        let end = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match scns.recv_timeout(left) {
+                Ok((n, b)) if n == name && b & bits != 0 => return,
+                Ok(_) => continue,
+                Err(_) => panic!("no SCN 0x{bits:x} for {name}"),
+            }
+        }
+    };
+
+    // isnsadm registers a target; the watcher is told.
+    adm(
+        &ns,
+        &[
+            "--register",
+            "entity=adm.ent",
+            "portal=127.0.0.1:3270",
+            "target=iqn.2026-11.org.reservoir:by-isnsadm",
+        ],
+    );
+    expect_scn("iqn.2026-11.org.reservoir:by-isnsadm", scn::OBJECT_ADDED);
+
+    // rsv target registers; isnsadm and rsv ls see it.
+    std::fs::write(
+        d.join("target.toml"),
+        format!(
+            "portals = [\"127.0.0.1:3260\"]\ndata_dir = \"{}\"\n[[target]]\n\
+             iqn = \"iqn.2026-11.org.reservoir:home\"\nalias = \"home-media\"\n\
+             [[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n\
+             [isns]\nserver = \"127.0.0.1\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let mut tc = ns.cmd(rsv());
+    tc.arg("target").arg("-c").arg(d.join("target.toml"));
+    let target = spawn_ready(&mut tc, &d.join("target.log"));
+    let target_pid = target.id();
+    ns.children.push(target);
+    expect_scn("iqn.2026-11.org.reservoir:home", scn::OBJECT_ADDED);
+    let q = adm(&ns, &["--query", "iscsi-name"]);
+    assert!(
+        q.contains("iSCSI name = \"iqn.2026-11.org.reservoir:home\""),
+        "{q}"
+    );
+    assert!(q.contains("Portal TCP/UDP port = 3260/tcp"), "{q}");
+    let ls = ok(ns.cmd(rsv()).args(["ls", "--json", "isns://127.0.0.1/"]));
+    assert!(ls.contains("\"alias\": \"home-media\""), "{ls}");
+    assert!(ls.contains("\"size_bytes\": 4194304"), "{ls}");
+    assert!(ls.contains("iqn.2026-11.org.reservoir:by-isnsadm"), "{ls}");
+    let inq = ok(ns.cmd(rsv()).args(["inq", "isns://127.0.0.1/home-media/0"]));
+    assert!(inq.contains("iqn.2026-11.org.reservoir:home"), "{inq}");
+
+    // isnsadm's target is never refreshed: it expires; the target's registration stays.
+    expect_scn("iqn.2026-11.org.reservoir:by-isnsadm", scn::OBJECT_REMOVED);
+    let q = adm(&ns, &["--query", "iscsi-name"]);
+    assert!(
+        !q.contains("by-isnsadm") && q.contains("reservoir:home"),
+        "{q}"
+    );
+
+    // SIGTERM: the target deregisters, the watcher is told.
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(target_pid as i32, libc::SIGTERM);
+    }
+    assert!(ns.children.pop().unwrap().wait().unwrap().success());
+    expect_scn("iqn.2026-11.org.reservoir:home", scn::OBJECT_REMOVED);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    // A registration survives a restart of the server (the file).
+    adm(
+        &ns,
+        &[
+            "--register",
+            "entity=kept.ent",
+            "portal=127.0.0.1:3271",
+            "target=iqn.2026-11.org.reservoir:kept",
+        ],
+    );
+    let mut s = ns.children.pop().unwrap();
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(s.id() as i32, libc::SIGTERM);
+    }
+    assert!(s.wait().unwrap().success());
+    let s = server(&ns);
+    ns.children.push(s);
+    let q = adm(&ns, &["--query", "iscsi-name"]);
+    assert!(
+        q.contains("iqn.2026-11.org.reservoir:kept"),
+        "lost in the restart:\n{q}"
+    );
+    assert!(q.contains("Portal TCP/UDP port = 3271/tcp"), "{q}");
 }
