@@ -103,3 +103,24 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Whatever a client sends, the registry answers it and stays consistent enough to
+    /// save, load and expire.
+    #[test]
+    fn registry_answers_anything(msgs in proptest::collection::vec(message(), 1..20)) {
+        let mut r = isns::server::Registry::new(30);
+        for (t, m) in msgs.iter().enumerate() {
+            let mut m = m.clone();
+            m.status = None;
+            m.function = FunctionId(m.function.0 & 0x7fff);
+            let (rsp, _) = r.handle(&m, t as u64);
+            prop_assert!(rsp.status.is_some());
+            prop_assert_eq!(rsp.xid, m.xid);
+        }
+        let again = isns::server::Registry::load(30, &r.save());
+        prop_assert_eq!(again.nodes().count(), r.nodes().count());
+        r.expire(1000);
+        prop_assert_eq!(r.nodes().count(), 0);
+    }
+}
