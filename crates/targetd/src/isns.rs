@@ -164,3 +164,109 @@ impl Registrar {
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isns::server::Registry;
+    use std::sync::{Arc, Mutex};
+    use tokio::net::TcpListener;
+
+    type Regs = Arc<std::sync::atomic::AtomicUsize>;
+
+    /// An iSNS server in this process, on `isns::server`'s registry; it counts the
+    /// DevAttrRegs it gets.
+    async fn server(period: u32) -> (String, Arc<Mutex<Registry>>, Regs) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let reg = Arc::new(Mutex::new(Registry::new(period)));
+        let regs = Regs::default();
+        let (r, count) = (reg.clone(), regs.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let (r, count) = (r.clone(), count.clone());
+                tokio::spawn(async move {
+                    let mut dec = Reassembler::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        while let Ok(Some(m)) = dec.next_message() {
+                            if m.function == isns::FunctionId::DEV_ATTR_REG {
+                                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            let (rsp, _) = r.lock().unwrap().handle(&m, 0);
+                            s.write_all(&rsp.encode(MAX_PAYLOAD)).await.unwrap();
+                        }
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => dec.push(&buf[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        (addr, reg, regs)
+    }
+
+    #[tokio::test]
+    async fn registers_refreshes_and_deregisters() {
+        let (addr, reg, regs) = server(2).await;
+        let cfg = config::Isns {
+            server: addr,
+            entity: None,
+            registration_period: None,
+        };
+        let targets = vec![
+            (
+                "iqn.2026-11.org.reservoir:a".to_owned(),
+                Some("home".to_owned()),
+            ),
+            ("iqn.2026-11.org.reservoir:b".to_owned(), None),
+        ];
+        let portals = ["0.0.0.0:3260".parse().unwrap()];
+        let r = Registrar::new(&cfg, &targets, &portals, 1).unwrap();
+        assert_eq!(r.entity.eid, "rsv:iqn.2026-11.org.reservoir:a");
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(r.run(stop));
+        let names = || {
+            reg.lock()
+                .unwrap()
+                .nodes()
+                .map(|(_, n)| n.to_owned())
+                .collect::<Vec<_>>()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while names().len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "never registered");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The wildcard portal went in as the address the server was reached from.
+        let q = objects::query_targets(9, "iqn.2026-11.org.reservoir:a");
+        let (rsp, _) = reg.lock().unwrap().handle(&q, 0);
+        let found = objects::parse_targets(&rsp);
+        assert_eq!(found[0].alias.as_deref(), Some("home"));
+        assert_eq!(
+            found[0].portals,
+            vec![("127.0.0.1:3260".parse().unwrap(), 1)]
+        );
+        assert_eq!(found[1].portals, found[0].portals);
+        // Granted 2 s, it registers again after 1 s.
+        while regs.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "never refreshed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+        assert!(names().is_empty(), "still registered: {:?}", names());
+    }
+
+    #[tokio::test]
+    async fn no_targets_nothing_to_register() {
+        let cfg = config::Isns {
+            server: "127.0.0.1".into(),
+            entity: Some("e".into()),
+            registration_period: Some(60),
+        };
+        assert!(Registrar::new(&cfg, &[], &[], 1).is_none());
+    }
+}
