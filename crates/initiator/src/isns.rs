@@ -225,6 +225,74 @@ mod tests {
         assert!(IsnsUrl::parse("isns://h/t/notalun").is_err());
     }
 
+    #[tokio::test]
+    async fn lookup_and_resolve_against_a_registry() {
+        use isns::server::Registry;
+        use std::sync::{Arc, Mutex};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let reg = Arc::new(Mutex::new(Registry::new(60)));
+        let target = objects::dev_attr_reg(
+            1,
+            "iqn.2026-11.org.reservoir:home",
+            &Entity {
+                eid: "storage".into(),
+                period: None,
+                portals: vec!["[fd00::7]:3261".parse().unwrap()],
+                nodes: vec![Node {
+                    name: "iqn.2026-11.org.reservoir:home".into(),
+                    alias: Some("home-media".into()),
+                    node_type: node_type::TARGET,
+                }],
+                portal_group_tag: Some(1),
+            },
+            false,
+        );
+        reg.lock().unwrap().handle(&target, 0);
+        let r = reg.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let mut dec = Reassembler::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        while let Ok(Some(m)) = dec.next_message() {
+                            let (rsp, _) = r.lock().unwrap().handle(&m, 0);
+                            s.write_all(&rsp.encode(MAX_PAYLOAD)).await.unwrap();
+                        }
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => dec.push(&buf[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let me = "iqn.2026-11.org.reservoir:me";
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/")).unwrap();
+        let found = lookup(&u, me).await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].alias.as_deref(), Some("home-media"));
+        assert_eq!(found[0].portals, vec!["[fd00::7]:3261,1".to_owned()]);
+        // The initiator registered itself for the question only.
+        assert_eq!(reg.lock().unwrap().nodes().count(), 1);
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/home-media/3?erl=0")).unwrap();
+        let url = resolve(&u, me).await.unwrap();
+        assert_eq!(
+            url.to_string(),
+            "iscsi://[fd00::7]:3261/iqn.2026-11.org.reservoir:home/3"
+        );
+        assert_eq!(url.query, vec![("erl".into(), "0".into())]);
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/nothing/0")).unwrap();
+        assert!(resolve(&u, me)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no target named"));
+    }
+
     #[test]
     fn picks_by_iqn_then_alias() {
         let t = |name: &str, alias: Option<&str>| DiscoveredTarget {
