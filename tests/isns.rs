@@ -243,6 +243,13 @@ server = "127.0.0.1"
     assert_eq!(home["alias"], "home-media", "{ls}");
     assert_eq!(home["portals"][0], "127.0.0.1:3260,1", "{ls}");
     assert_eq!(home["luns"][0]["size_bytes"], 8 << 20, "{ls}");
+    let one = ok(ns
+        .cmd(rsv())
+        .args(["ls", "--json", "isns://127.0.0.1/home-media"]));
+    let v: serde_json::Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(v[0]["target"], "iqn.2026-11.org.reservoir:home", "{one}");
+    assert_eq!(v[0]["alias"], "home-media", "{one}");
+    assert_eq!(v[0]["portals"][0], "127.0.0.1:3260,1", "{one}");
     let plain = ok(ns.cmd(rsv()).args(["ls", "isns://127.0.0.1:3205"]));
     assert!(
         plain.contains("Target: iqn.2026-11.org.reservoir:home (alias home-media)"),

@@ -134,6 +134,14 @@ pub async fn lookup(url: &IsnsUrl, initiator_name: &str) -> Result<Vec<Discovere
 /// The `iscsi://` URL of the target `url` names (by IQN, any case, or by alias), at its
 /// first portal, with the URL's LUN, user and options.
 pub async fn resolve(url: &IsnsUrl, initiator_name: &str) -> Result<IscsiUrl> {
+    Ok(resolve_target(url, initiator_name).await?.0)
+}
+
+/// [`resolve`], and the target as the server described it (alias, every portal).
+pub async fn resolve_target(
+    url: &IsnsUrl,
+    initiator_name: &str,
+) -> Result<(IscsiUrl, DiscoveredTarget)> {
     let wanted = url.url.target_required()?.to_owned();
     let targets = lookup(url, initiator_name).await?;
     let pick = pick(&targets, &wanted).map_err(|m| Error::Isns {
@@ -151,7 +159,7 @@ pub async fn resolve(url: &IsnsUrl, initiator_name: &str) -> Result<IscsiUrl> {
     out.user = url.url.user.clone();
     out.password = url.url.password.clone();
     out.query = url.url.query.clone();
-    Ok(out)
+    Ok((out, pick.clone()))
 }
 
 fn pick<'a>(targets: &'a [DiscoveredTarget], wanted: &str) -> Result<&'a DiscoveredTarget, String> {

@@ -261,7 +261,14 @@ pub async fn list_spec(spec: &str, flags: &SessionFlags) -> anyhow::Result<Vec<T
     }
     let u = IsnsUrl::parse(spec)?;
     if u.url.target.is_some() {
-        return Ok(list(&target_url(spec, flags).await?, flags).await?);
+        let name = flags.options(&u.url)?.initiator_name;
+        let (url, found) = initiator::isns::resolve_target(&u, &name).await?;
+        let mut listing = list(&url, flags).await?;
+        for l in &mut listing {
+            l.alias = found.alias.clone();
+            l.portals = found.portals.clone();
+        }
+        return Ok(listing);
     }
     let opts = flags.options(&u.url)?;
     let found = initiator::isns::lookup(&u, &opts.initiator_name).await?;
