@@ -61,6 +61,39 @@ check_iproute2() {
 
 check_ping() { quiet ping -c 1 -W 2 127.0.0.1; }
 
+check_open_isns() {
+  # isnsd must serve: it binds 0.0.0.0:3205 whatever its configuration says, so it runs in
+  # a network namespace of its own, and isnsadm registers a target there and finds it.
+  quiet isnsd --version || return 1
+  quiet isnsadm --version || return 1
+  local ns="rsv-setup-isns-$$" dir="$scratch/isns" rc=1 i pid
+  mkdir -p "$dir"
+  printf '%s\n' "SourceName = isns.setup.check" "SLPRegister = 0" "Security = 0" \
+    "DefaultDiscoveryDomain = 1" "ESIRetries = 0" "PIDFile = $dir/isnsd.pid" \
+    "ControlSocket = $dir/isnsctl" >"$dir/isnsd.conf"
+  printf '%s\n' "SourceName = iqn.2026-11.org.reservoir:setup" "ServerAddress = 127.0.0.1" \
+    "Security = 0" >"$dir/isnsadm.conf"
+  quiet ip netns add "$ns" || return 1
+  ip -n "$ns" link set lo up >/dev/null 2>&1
+  ip netns exec "$ns" isnsd -f -c "$dir/isnsd.conf" >"$dir/isnsd.log" 2>&1 &
+  pid=$!
+  for i in $(seq 50); do
+    if ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --register \
+      entity=setup.check portal=127.0.0.1:3260 target=iqn.2026-11.org.reservoir:setup-check \
+      >"$scratch/out" 2>&1; then
+      ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --query iscsi-name >"$scratch/out" 2>&1 &&
+        grep -q 'iqn.2026-11.org.reservoir:setup-check' "$scratch/out" && rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$dir/isnsd.log" >"$scratch/out"; break; }
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  return "$rc"
+}
+
 check_fuse() {
   # rsv mount serves a LUN as a file through FUSE.
   quiet fusermount3 -V && [ -c /dev/fuse ]
@@ -88,6 +121,7 @@ TOOLS=(
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"
   "ip, tc and network namespaces|iproute2|test hosts and the WAN emulator's sites|check_iproute2"
   "ping|iputils-ping|round-trip checks across the emulated link|check_ping"
+  "open-isns|open-isns-server open-isns-utils|an iSNS server (isnsd) and client (isnsadm) for the target's registration and rsv ls isns://|check_open_isns"
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"

@@ -1,5 +1,5 @@
 //! SendTargets discovery: which targets a portal offers, in a discovery session of its own.
-//! The seam where other sources of targets (iSNS) would go.
+//! iSNS (`isns.rs`) is the other source of targets.
 
 use std::time::Duration;
 
@@ -18,6 +18,9 @@ use crate::{Error, IscsiUrl, Result, SessionOptions};
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct DiscoveredTarget {
     pub name: String,
+    /// Known from iSNS; SendTargets does not carry it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
     /// `address:port,tpgt` as the target reported them.
     pub portals: Vec<String>,
 }
@@ -106,6 +109,7 @@ fn parse_send_targets(text: &[u8], portal: &str) -> Vec<DiscoveredTarget> {
         match k {
             "TargetName" => out.push(DiscoveredTarget {
                 name: v.to_owned(),
+                alias: None,
                 portals: Vec::new(),
             }),
             "TargetAddress" => {

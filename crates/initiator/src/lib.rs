@@ -1,6 +1,7 @@
 //! Async iSCSI initiator on the sans-IO `iscsi` crate.
 //!
-//! - [`discover`]: SendTargets discovery on a portal.
+//! - [`discover`]: SendTargets discovery on a portal; [`isns`]: targets and portals from an
+//!   iSNS server, and `isns://` URLs resolved to `iscsi://` ones.
 //! - [`Session::connect`]: login (full negotiation, CHAP one-way or mutual) and a session of
 //!   up to `connections` TCP connections (MC/S). Each connection has a reader task that
 //!   routes target PDUs by ITT and a writer task; a command goes to the connection with
@@ -29,6 +30,7 @@ mod conn;
 pub mod copy;
 mod discovery;
 mod inbox;
+pub mod isns;
 mod lun;
 pub mod scsi;
 mod session;
@@ -48,6 +50,8 @@ pub use url::IscsiUrl;
 pub enum Error {
     #[error("invalid iSCSI URL {0}")]
     Url(String),
+    #[error("iSNS server {server}: {message}")]
+    Isns { server: String, message: String },
     #[error("invalid option: {0}")]
     Option(String),
     #[error("cannot reach portal {portal}: {source}; check the address and port and that the target is running")]

@@ -39,13 +39,15 @@ enum Command {
     Mount(tools::cli::MountArgs),
     /// Copy a volume site to site, disk server to disk server, in paced parallel streams.
     Sync(replicate::cli::SyncArgs),
+    /// A small iSNS server (RFC 4171): registrations kept in a file, expiry, SCN.
+    Isns(isnsd::IsnsArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
 }
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "warn,target=info,rsv=info",
+        0 => "warn,target=info,rsv=info,isnsd=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -122,6 +124,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Bench(args) => ok(tools::cli::bench(args)),
         Command::Tune(args) => ok(tools::cli::tune(args)),
         Command::Mount(args) => ok(tools::cli::mount(args)),
+        Command::Isns(args) => ok(isnsd::run(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }

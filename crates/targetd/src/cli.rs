@@ -28,9 +28,11 @@ is LUN 0 with store = \"stripe:?unit=1M&members=[iscsi://ds1/IQN/0,iscsi://ds2/I
 members to learn their sizes).
 
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
-every target, then `ready`. SIGTERM or SIGINT: stop accepting, ask initiators to log out,
-let in-flight commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if
-a LUN could not be flushed in time (a remote member whose disk server is gone).")]
+every target, then `ready`. With --isns (or [isns] in the configuration) it registers its
+portals and targets with that iSNS server and keeps the registration fresh. SIGTERM or
+SIGINT: stop accepting, deregister from iSNS, ask initiators to log out, let in-flight
+commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if a LUN could
+not be flushed in time (a remote member whose disk server is gone).")]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -44,6 +46,10 @@ pub struct TargetArgs {
     /// Seconds to let in-flight commands finish on shutdown, and again for LUNs to flush.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
+    /// Register with this iSNS server (RFC 4171), as `[isns] server` in the
+    /// configuration does: HOST, HOST:PORT or [IPv6]:PORT, port 3205 by default.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub isns: Option<String>,
     /// Print the configuration in effect, with each LUN's store, and exit.
     #[arg(long)]
     pub check: bool,
@@ -100,6 +106,18 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
         let lun = &mut config.targets[0].luns[0];
         lun.store = Some(stripe_spec(&args.stripe, &args.stripe_unit)?);
         (lun.backstore, lun.path, lun.size) = (None, None, None);
+    }
+    if let Some(server) = &args.isns {
+        match &mut config.isns {
+            Some(i) => i.server = server.clone(),
+            None => {
+                config.isns = Some(crate::config::Isns {
+                    server: server.clone(),
+                    entity: None,
+                    registration_period: None,
+                })
+            }
+        }
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)

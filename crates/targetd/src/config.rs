@@ -48,6 +48,8 @@ pub struct Config {
     /// The control endpoint that `rsv sync` drives (a disk server's agent); absent: none.
     #[serde(default)]
     pub control: Option<ControlConfig>,
+    /// Registration with an iSNS server (RFC 4171); none when absent.
+    pub isns: Option<Isns>,
 }
 
 /// `[control]`: where the agent of `rsv sync` listens, and the key every request must be
@@ -57,6 +59,20 @@ pub struct Config {
 pub struct ControlConfig {
     pub listen: SocketAddr,
     pub key_file: PathBuf,
+}
+
+/// `[isns]`: the target registers its entity, portals, targets (with their aliases) and
+/// portal groups with this server at start, refreshes the registration within the
+/// period the server grants, and deregisters at shutdown.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Isns {
+    /// `host`, `host:port`, `[v6]:port`; the port defaults to 3205.
+    pub server: String,
+    /// The network entity's identifier; default `rsv:` and the first target's IQN.
+    pub entity: Option<String>,
+    /// Seconds the registration should last; the server may grant another period.
+    pub registration_period: Option<u32>,
 }
 
 fn default_portals() -> Vec<SocketAddr> {
@@ -338,6 +354,7 @@ impl Config {
             data_dir: default_data_dir(),
             session: SessionDefaults::default(),
             discovery: Discovery::default(),
+            isns: None,
             targets: vec![TargetConfig {
                 iqn: DEFAULT_IQN.into(),
                 alias: Some("reservoir".into()),
@@ -433,6 +450,15 @@ impl Config {
         }
         if self.targets.is_empty() {
             return Err("no [[target]] defined".into());
+        }
+        if let Some(i) = &self.isns {
+            isns::server_address(&i.server).map_err(|e| format!("isns.server: {e}"))?;
+            if i.registration_period == Some(0) {
+                return Err("isns.registration_period must be at least 1 second".into());
+            }
+            if i.entity.as_deref() == Some("") {
+                return Err("isns.entity must not be empty".into());
+            }
         }
         let mut iqns = HashSet::new();
         for t in &self.targets {
@@ -557,6 +583,32 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn isns_section() {
+        let base = "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n";
+        let c = Config::parse(
+            &format!("{base}[isns]\nserver = \"10.0.0.5\"\nregistration_period = 60\n"),
+            "i.toml",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let i = c.isns.unwrap();
+        assert_eq!(
+            (i.server.as_str(), i.registration_period),
+            ("10.0.0.5", Some(60))
+        );
+        assert_eq!(i.entity, None);
+        for bad in [
+            "server = \"h:0\"",
+            "server = \"h\"\nregistration_period = 0",
+            "server = \"h\"\nentity = \"\"",
+        ] {
+            let e = Config::parse(&format!("{base}[isns]\n{bad}\n"), "i.toml").unwrap_err();
+            assert!(e.to_string().contains(": isns."), "{bad}: {e}");
+        }
+        assert!(Config::parse(&format!("{base}[isns]\nsrv = \"h\"\n"), "i.toml").is_err());
+    }
 
     #[test]
     fn embedded_default_is_valid() {

@@ -4,14 +4,15 @@
 //!
 //! Modules depend on each other one way only, each on those listed before it:
 //! `config`, `tags` → `node` → `task` → `session` (with `session::recovery`) → `shared`
-//! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `server` →
-//! `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
+//! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `isns` →
+//! `server` → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
 //! imports nothing from them. A module that needs something from one after it in this
 //! order gets it handed down (an `Arc`, a channel, a closure) instead of importing it.
 
 pub mod cli;
 pub mod config;
 mod conn;
+mod isns;
 mod login;
 mod node;
 pub mod server;

@@ -285,6 +285,15 @@ impl Server {
             listeners,
             shutdown_tx,
         } = self;
+        let registrar = shared.config.isns.as_ref().and_then(|cfg| {
+            let targets: Vec<(String, Option<String>)> = shared
+                .targets
+                .iter()
+                .map(|t| (t.iqn.clone(), t.alias.clone()))
+                .collect();
+            crate::isns::Registrar::new(cfg, &targets, &shared.portals, crate::node::PORTAL_GROUP)
+        });
+        let registration = registrar.map(|r| tokio::spawn(r.run(shutdown_tx.subscribe())));
         let mut accept_tasks = Vec::new();
         for l in listeners {
             let shared = shared.clone();
@@ -312,6 +321,15 @@ impl Server {
             t.abort();
         }
         let _ = shutdown_tx.send(true);
+        // Initiators stop finding the target before its sessions end.
+        if let Some(r) = registration {
+            if tokio::time::timeout(Duration::from_secs(12), r)
+                .await
+                .is_err()
+            {
+                warn!("iSNS: deregistration still unanswered; going on");
+            }
+        }
         for s in shared.all_sessions() {
             s.broadcast(|| ConnEvent::RequestLogout);
         }

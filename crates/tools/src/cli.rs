@@ -17,6 +17,7 @@ use units::Rate;
 pub use crate::mount::{mount, MountArgs};
 pub use crate::tune_cli::{tune, TuneArgs};
 use initiator::copy::{CopyOptions, Endpoint};
+use initiator::isns::IsnsUrl;
 use initiator::scsi::{self, Capacity};
 use initiator::Lun;
 use initiator::{discover, IscsiUrl, Session, SessionInfo, SessionOptions};
@@ -120,6 +121,19 @@ impl SessionFlags {
     }
 }
 
+/// The `iscsi://` URL a command was given, or for an `isns://SERVER/ALIAS-or-IQN/LUN` one
+/// the `iscsi://` URL of that target's first portal, as the iSNS server knows it.
+pub async fn target_url(spec: &str, flags: &SessionFlags) -> anyhow::Result<IscsiUrl> {
+    if !IsnsUrl::is_isns(spec) {
+        return Ok(IscsiUrl::parse(spec)?);
+    }
+    let u = IsnsUrl::parse(spec)?;
+    let name = flags.options(&u.url)?.initiator_name;
+    let url = initiator::isns::resolve(&u, &name).await?;
+    tracing::info!("{} is {url}", u.shown());
+    Ok(url)
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -145,7 +159,8 @@ fn human(bytes: u64) -> String {
 
 #[derive(Args, Debug)]
 pub struct LsArgs {
-    /// iscsi://[user[%password]@]host[:port]/ (all targets) or .../TARGET-IQN (one target).
+    /// iscsi://[user[%password]@]host[:port]/ (all targets) or .../TARGET-IQN (one target);
+    /// isns://SERVER[:PORT]/ (the targets an iSNS server knows) or .../ALIAS-or-IQN.
     pub url: String,
     #[command(flatten)]
     pub session: SessionFlags,
@@ -168,6 +183,9 @@ pub struct LunListing {
 #[derive(Serialize, Debug, Clone)]
 pub struct TargetListing {
     pub target: String,
+    /// Known from iSNS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
     pub portals: Vec<String>,
     pub luns: Vec<LunListing>,
     /// Why the LUNs could not be listed, if they could not.
@@ -179,6 +197,7 @@ pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> initiator::Result<Vec
     let targets = match &url.target {
         Some(t) => vec![initiator::DiscoveredTarget {
             name: t.clone(),
+            alias: None,
             portals: vec![url.portal()],
         }],
         None => discover(url, &opts).await?,
@@ -189,6 +208,7 @@ pub async fn list(url: &IscsiUrl, flags: &SessionFlags) -> initiator::Result<Vec
         turl.target = Some(t.name.clone());
         let mut listing = TargetListing {
             target: t.name.clone(),
+            alias: t.alias.clone(),
             portals: t.portals.clone(),
             luns: Vec::new(),
             error: None,
@@ -233,15 +253,72 @@ async fn lun_listing(url: &IscsiUrl, opts: &SessionOptions) -> initiator::Result
     result
 }
 
+/// [`list`] for an `iscsi://` or an `isns://` URL: the targets an iSNS server knows, or
+/// the one it names.
+pub async fn list_spec(spec: &str, flags: &SessionFlags) -> anyhow::Result<Vec<TargetListing>> {
+    if !IsnsUrl::is_isns(spec) {
+        return Ok(list(&IscsiUrl::parse(spec)?, flags).await?);
+    }
+    let u = IsnsUrl::parse(spec)?;
+    if u.url.target.is_some() {
+        let name = flags.options(&u.url)?.initiator_name;
+        let (url, found) = initiator::isns::resolve_target(&u, &name).await?;
+        let mut listing = list(&url, flags).await?;
+        for l in &mut listing {
+            l.alias = found.alias.clone();
+            l.portals = found.portals.clone();
+        }
+        return Ok(listing);
+    }
+    let opts = flags.options(&u.url)?;
+    let found = initiator::isns::lookup(&u, &opts.initiator_name).await?;
+    let mut out = Vec::new();
+    for t in found {
+        let Some(portal) = t.portals.first() else {
+            out.push(TargetListing {
+                target: t.name,
+                alias: t.alias,
+                portals: Vec::new(),
+                luns: Vec::new(),
+                error: Some("no portal registered".into()),
+            });
+            continue;
+        };
+        let addr = portal.rsplit_once(',').map_or(portal.as_str(), |(a, _)| a);
+        let mut url = IscsiUrl::parse(&format!("iscsi://{addr}/"))?;
+        url.target = Some(t.name.clone());
+        url.user = u.url.user.clone();
+        url.password = u.url.password.clone();
+        url.query = u.url.query.clone();
+        let mut listing = TargetListing {
+            target: t.name,
+            alias: t.alias,
+            portals: t.portals.clone(),
+            luns: Vec::new(),
+            error: None,
+        };
+        let mut o = opts.clone();
+        o.connections = 1;
+        match lun_listing(&url, &o).await {
+            Ok(l) => listing.luns = l,
+            Err(e) => listing.error = Some(e.to_string()),
+        }
+        out.push(listing);
+    }
+    Ok(out)
+}
+
 pub fn ls(args: LsArgs) -> anyhow::Result<()> {
-    let url = IscsiUrl::parse(&args.url)?;
-    let listing = runtime()?.block_on(list(&url, &args.session))?;
+    let listing = runtime()?.block_on(list_spec(&args.url, &args.session))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(());
     }
     for t in &listing {
-        println!("Target: {}", t.target);
+        match &t.alias {
+            Some(a) => println!("Target: {} (alias {a})", t.target),
+            None => println!("Target: {}", t.target),
+        }
         for p in &t.portals {
             println!("  Portal: {p}");
         }
@@ -268,7 +345,8 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 pub struct InqArgs {
-    /// iscsi://[user[%password]@]host[:port]/TARGET-IQN/LUN
+    /// iscsi://[user[%password]@]host[:port]/TARGET-IQN/LUN, or
+    /// isns://SERVER[:PORT]/ALIAS-or-IQN/LUN (the target's portal from an iSNS server)
     pub url: String,
     #[command(flatten)]
     pub session: SessionFlags,
@@ -352,8 +430,10 @@ pub async fn inquire(url: &IscsiUrl, flags: &SessionFlags) -> initiator::Result<
 }
 
 pub fn inq(args: InqArgs) -> anyhow::Result<()> {
-    let url = IscsiUrl::parse(&args.url)?;
-    let r = runtime()?.block_on(inquire(&url, &args.session))?;
+    let r = runtime()?.block_on(async {
+        let url = target_url(&args.url, &args.session).await?;
+        anyhow::Ok(inquire(&url, &args.session).await?)
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -404,9 +484,9 @@ pub fn inq(args: InqArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug, Clone)]
 pub struct CpArgs {
-    /// Source: a file, a block device, or iscsi://host/TARGET/LUN.
+    /// Source: a file, a block device, iscsi://host/TARGET/LUN or isns://SERVER/ALIAS/LUN.
     pub src: String,
-    /// Destination: a file (created or truncated), a block device, or an iscsi:// URL.
+    /// Destination: a file (created or truncated), a block device, an iscsi:// or isns:// URL.
     pub dst: String,
     #[command(flatten)]
     pub session: SessionFlags,
@@ -501,8 +581,8 @@ async fn open_endpoint(
     dst_size: Option<u64>,
     truncate: bool,
 ) -> anyhow::Result<(Endpoint, bool)> {
-    if spec.starts_with("iscsi://") {
-        let url = IscsiUrl::parse(spec)?;
+    if spec.starts_with("iscsi://") || IsnsUrl::is_isns(spec) {
+        let url = target_url(spec, flags).await?;
         let mut opts = flags.options(&url)?;
         opts.io_size_hint = Some(io_size);
         return Ok((Endpoint::Lun(Lun::open_url(&url, &opts).await?), false));
@@ -673,7 +753,11 @@ async fn json_progress(copied: Arc<AtomicU64>, total: u64, start: Instant) {
     }
 }
 
-fn redact(spec: &str) -> String {
+/// A URL as the user gave it, without its password.
+pub(crate) fn redact(spec: &str) -> String {
+    if let Ok(u) = IsnsUrl::parse(spec) {
+        return u.shown();
+    }
     IscsiUrl::parse(spec)
         .map(|u| u.to_string())
         .unwrap_or_else(|_| spec.to_owned())
@@ -756,7 +840,7 @@ pub enum Rw {
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// iscsi://host/TARGET-IQN/LUN
+    /// iscsi://host/TARGET-IQN/LUN or isns://SERVER/ALIAS-or-IQN/LUN
     pub url: String,
     #[command(flatten)]
     pub session: SessionFlags,
@@ -816,7 +900,7 @@ pub struct BenchReport {
 }
 
 pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
-    let url = IscsiUrl::parse(&args.url)?;
+    let url = target_url(&args.url, &args.session).await?;
     let mut opts = args.session.options(&url)?;
     opts.io_size_hint = Some(args.block_size);
     let lun = Lun::open_url(&url, &opts).await?;

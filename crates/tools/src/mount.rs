@@ -21,11 +21,12 @@ use fuser::{
 };
 
 use crate::cli::SessionFlags;
-use initiator::{IscsiUrl, Lun};
+use initiator::Lun;
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// iscsi://[user[%password]@]host[:port]/TARGET-IQN/LUN
+    /// iscsi://[user[%password]@]host[:port]/TARGET-IQN/LUN, or
+    /// isns://SERVER[:PORT]/ALIAS-or-IQN/LUN (the target's portal from an iSNS server)
     pub url: String,
     /// A regular file to mount the LUN on (created if missing). Unmount with
     /// `fusermount3 -u FILE`, SIGINT or SIGTERM.
@@ -276,7 +277,7 @@ impl Mounted {
     /// Mounts the LUN of `url` on `file` (created if missing); the FUSE loop runs on a
     /// thread of its own and the I/O on the current tokio runtime.
     pub async fn start(args: &MountArgs) -> anyhow::Result<Mounted> {
-        let url = IscsiUrl::parse(&args.url)?;
+        let url = crate::cli::target_url(&args.url, &args.session).await?;
         url.lun_required()?;
         let opts = args.session.options(&url)?;
         if !args.file.exists() {
@@ -369,7 +370,7 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
         let m = Mounted::start(&args).await?;
         eprintln!(
             "mounted {} ({} bytes) on {}",
-            IscsiUrl::parse(&args.url)?,
+            crate::cli::redact(&args.url),
             m.size,
             m.file.display()
         );

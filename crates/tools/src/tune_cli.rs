@@ -8,11 +8,11 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::cli::SessionFlags;
-use initiator::{IscsiUrl, Lun, PathReport, Session, SessionInfo};
+use initiator::{Lun, PathReport, Session, SessionInfo};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
-    /// iscsi://host/TARGET-IQN/LUN
+    /// iscsi://host/TARGET-IQN/LUN or isns://SERVER/ALIAS-or-IQN/LUN
     pub url: String,
     #[command(flatten)]
     pub session: SessionFlags,
@@ -37,7 +37,7 @@ pub struct TuneReport {
 }
 
 pub async fn run_tune(args: &TuneArgs) -> anyhow::Result<TuneReport> {
-    let url = IscsiUrl::parse(&args.url)?;
+    let url = crate::cli::target_url(&args.url, &args.session).await?;
     let lun = url.lun_required()?;
     let mut opts = args.session.options(&url)?;
     opts.io_size_hint = Some(args.io_size);

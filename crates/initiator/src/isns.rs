@@ -1,0 +1,321 @@
+//! Targets found through an iSNS server (RFC 4171), the initiator's only iSNS socket
+//! code: `isns://SERVER[:PORT]/` lists the targets the server knows with their portals,
+//! and `isns://SERVER[:PORT]/ALIAS-or-IQN/LUN` resolves to the `iscsi://` URL of the
+//! target's first portal. As open-iscsi does, the initiator registers itself as an
+//! initiator node before it asks (open-isns answers an unknown source with nothing) and
+//! deregisters afterwards. The messages are the sans-IO `isns` crate's.
+
+use std::io;
+use std::time::Duration;
+
+use isns::attr::node_type;
+use isns::objects::{self, Entity, Node};
+use isns::pdu::MAX_PAYLOAD;
+use isns::{Message, Reassembler};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::{DiscoveredTarget, Error, IscsiUrl, Result};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An `isns://[user[%password]@]server[:port]/[TARGET/LUN][?query]` URL: the iSNS server
+/// (port 3205 by default), and the rest as an `iscsi://` URL would have it (the user and
+/// password are the target's CHAP, the query the session's options).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IsnsUrl {
+    pub server: String,
+    pub port: u16,
+    /// Host and port in here are the server's until [`resolve`] puts the portal's in.
+    pub url: IscsiUrl,
+}
+
+impl IsnsUrl {
+    pub fn is_isns(s: &str) -> bool {
+        s.starts_with("isns://")
+    }
+
+    pub fn parse(s: &str) -> Result<IsnsUrl> {
+        let rest = s
+            .strip_prefix("isns://")
+            .ok_or_else(|| Error::Url(format!("{s}: must start with isns://")))?;
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (server, port) =
+            isns::server_address(hostport).map_err(|e| Error::Url(format!("{s}: {e}")))?;
+        let mut url = IscsiUrl::parse(&format!("iscsi://{rest}"))
+            .map_err(|e| Error::Url(e.to_string().replace("iscsi://", "isns://")))?;
+        url.port = port;
+        Ok(IsnsUrl { server, port, url })
+    }
+
+    /// The URL without its password.
+    pub fn shown(&self) -> String {
+        self.url.to_string().replacen("iscsi://", "isns://", 1)
+    }
+
+    /// `host:port` of the server, with brackets around IPv6.
+    pub fn server_address(&self) -> String {
+        if self.server.contains(':') {
+            format!("[{}]:{}", self.server, self.port)
+        } else {
+            format!("{}:{}", self.server, self.port)
+        }
+    }
+}
+
+/// Every target the server lets `initiator_name` see, with its portals as SendTargets
+/// writes them (`address:port,tag`).
+pub async fn lookup(url: &IsnsUrl, initiator_name: &str) -> Result<Vec<DiscoveredTarget>> {
+    let at = url.server_address();
+    let fail = |e: io::Error| Error::Isns {
+        server: at.clone(),
+        message: e.to_string(),
+    };
+    let mut s = tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
+        .await
+        .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
+        .map_err(fail)?;
+    // One entity per process: two lookups at once must not deregister each other.
+    let me = Entity {
+        eid: format!("rsv:{initiator_name}:{}", std::process::id()),
+        period: None,
+        portals: Vec::new(),
+        nodes: vec![Node {
+            name: initiator_name.to_owned(),
+            alias: None,
+            node_type: node_type::INITIATOR,
+        }],
+        portal_group_tag: None,
+    };
+    let status = |what: &str, m: &Message| match m.status {
+        Some(s) if s.is_success() => Ok(()),
+        Some(s) => Err(Error::Isns {
+            server: at.clone(),
+            message: format!("{what}: {s}"),
+        }),
+        None => Err(Error::Isns {
+            server: at.clone(),
+            message: format!("{what}: an answer without status"),
+        }),
+    };
+    let reg = exchange(
+        &mut s,
+        &objects::dev_attr_reg(1, initiator_name, &me, false),
+    )
+    .await
+    .map_err(fail)?;
+    status("registering the initiator", &reg)?;
+    let found = exchange(&mut s, &objects::query_targets(2, initiator_name))
+        .await
+        .map_err(fail);
+    let dereg = exchange(&mut s, &objects::dev_dereg(3, initiator_name, &me.eid)).await;
+    let found = found?;
+    status("querying targets", &found)?;
+    if let Ok(d) = dereg {
+        if let Some(st) = d.status.filter(|s| !s.is_success()) {
+            tracing::warn!("iSNS server {at}: deregistering the initiator: {st}");
+        }
+    }
+    Ok(objects::parse_targets(&found)
+        .into_iter()
+        .map(|t| DiscoveredTarget {
+            name: t.name,
+            alias: t.alias,
+            portals: t
+                .portals
+                .iter()
+                .map(|(addr, tag)| format!("{addr},{tag}"))
+                .collect(),
+        })
+        .collect())
+}
+
+/// The `iscsi://` URL of the target `url` names (by IQN, any case, or by alias), at its
+/// first portal, with the URL's LUN, user and options.
+pub async fn resolve(url: &IsnsUrl, initiator_name: &str) -> Result<IscsiUrl> {
+    Ok(resolve_target(url, initiator_name).await?.0)
+}
+
+/// [`resolve`], and the target as the server described it (alias, every portal).
+pub async fn resolve_target(
+    url: &IsnsUrl,
+    initiator_name: &str,
+) -> Result<(IscsiUrl, DiscoveredTarget)> {
+    let wanted = url.url.target_required()?.to_owned();
+    let targets = lookup(url, initiator_name).await?;
+    let pick = pick(&targets, &wanted).map_err(|m| Error::Isns {
+        server: url.server_address(),
+        message: m,
+    })?;
+    let portal = pick.portals.first().ok_or_else(|| Error::Isns {
+        server: url.server_address(),
+        message: format!("target {} has no portal", pick.name),
+    })?;
+    let addr = portal.rsplit_once(',').map_or(portal.as_str(), |(a, _)| a);
+    let mut out = IscsiUrl::parse(&format!("iscsi://{addr}/"))?;
+    out.target = Some(pick.name.clone());
+    out.lun = url.url.lun;
+    out.user = url.url.user.clone();
+    out.password = url.url.password.clone();
+    out.query = url.url.query.clone();
+    Ok((out, pick.clone()))
+}
+
+fn pick<'a>(targets: &'a [DiscoveredTarget], wanted: &str) -> Result<&'a DiscoveredTarget, String> {
+    if let Some(t) = targets.iter().find(|t| t.name.eq_ignore_ascii_case(wanted)) {
+        return Ok(t);
+    }
+    let by_alias: Vec<&DiscoveredTarget> = targets
+        .iter()
+        .filter(|t| t.alias.as_deref() == Some(wanted))
+        .collect();
+    match by_alias[..] {
+        [t] => Ok(t),
+        [] => Err(format!(
+            "no target named or aliased {wanted:?} (known: {})",
+            targets
+                .iter()
+                .map(|t| match &t.alias {
+                    Some(a) => format!("{} ({a})", t.name),
+                    None => t.name.clone(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err(format!(
+            "alias {wanted:?} names {} targets; use an IQN",
+            by_alias.len()
+        )),
+    }
+}
+
+async fn exchange(s: &mut TcpStream, msg: &Message) -> io::Result<Message> {
+    tokio::time::timeout(TIMEOUT, async {
+        s.write_all(&msg.encode(MAX_PAYLOAD)).await?;
+        let mut r = Reassembler::new();
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            while let Some(m) = r.next_message().map_err(io::Error::other)? {
+                if m.xid == msg.xid && m.function == msg.function.response() {
+                    return Ok(m);
+                }
+            }
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            r.push(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = IsnsUrl::parse("isns://isns.lan/home-media/0?connections=2").unwrap();
+        assert_eq!((u.server.as_str(), u.port), ("isns.lan", 3205));
+        assert_eq!(u.url.target.as_deref(), Some("home-media"));
+        assert_eq!(u.url.lun, Some(0));
+        assert_eq!(u.url.query, vec![("connections".into(), "2".into())]);
+        assert_eq!(u.shown(), "isns://isns.lan:3205/home-media/0");
+        let u = IsnsUrl::parse("isns://bob%pw@[fd00::5]:3206/").unwrap();
+        assert_eq!(u.server_address(), "[fd00::5]:3206");
+        assert_eq!(u.url.user.as_deref(), Some("bob"));
+        assert_eq!(u.url.target, None);
+        assert!(IsnsUrl::parse("isns://h:0/").is_err());
+        assert!(IsnsUrl::parse("iscsi://h/").is_err());
+        assert!(IsnsUrl::parse("isns://h/t/notalun").is_err());
+    }
+
+    #[tokio::test]
+    async fn lookup_and_resolve_against_a_registry() {
+        use isns::server::Registry;
+        use std::sync::{Arc, Mutex};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let reg = Arc::new(Mutex::new(Registry::new(60)));
+        let target = objects::dev_attr_reg(
+            1,
+            "iqn.2026-11.org.reservoir:home",
+            &Entity {
+                eid: "storage".into(),
+                period: None,
+                portals: vec!["[fd00::7]:3261".parse().unwrap()],
+                nodes: vec![Node {
+                    name: "iqn.2026-11.org.reservoir:home".into(),
+                    alias: Some("home-media".into()),
+                    node_type: node_type::TARGET,
+                }],
+                portal_group_tag: Some(1),
+            },
+            false,
+        );
+        reg.lock().unwrap().handle(&target, 0);
+        let r = reg.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let mut dec = Reassembler::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        while let Ok(Some(m)) = dec.next_message() {
+                            let (rsp, _) = r.lock().unwrap().handle(&m, 0);
+                            s.write_all(&rsp.encode(MAX_PAYLOAD)).await.unwrap();
+                        }
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => dec.push(&buf[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let me = "iqn.2026-11.org.reservoir:me";
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/")).unwrap();
+        let found = lookup(&u, me).await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].alias.as_deref(), Some("home-media"));
+        assert_eq!(found[0].portals, vec!["[fd00::7]:3261,1".to_owned()]);
+        // The initiator registered itself for the question only.
+        assert_eq!(reg.lock().unwrap().nodes().count(), 1);
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/home-media/3?erl=0")).unwrap();
+        let url = resolve(&u, me).await.unwrap();
+        assert_eq!(
+            url.to_string(),
+            "iscsi://[fd00::7]:3261/iqn.2026-11.org.reservoir:home/3"
+        );
+        assert_eq!(url.query, vec![("erl".into(), "0".into())]);
+        let u = IsnsUrl::parse(&format!("isns://127.0.0.1:{port}/nothing/0")).unwrap();
+        assert!(resolve(&u, me)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no target named"));
+    }
+
+    #[test]
+    fn picks_by_iqn_then_alias() {
+        let t = |name: &str, alias: Option<&str>| DiscoveredTarget {
+            name: name.into(),
+            alias: alias.map(Into::into),
+            portals: vec!["10.0.0.1:3260,1".into()],
+        };
+        let ts = [
+            t("iqn.a", Some("home")),
+            t("iqn.b", Some("dup")),
+            t("iqn.c", Some("dup")),
+        ];
+        assert_eq!(pick(&ts, "IQN.A").unwrap().name, "iqn.a");
+        assert_eq!(pick(&ts, "home").unwrap().name, "iqn.a");
+        assert!(pick(&ts, "dup").unwrap_err().contains("2 targets"));
+        assert!(pick(&ts, "none").unwrap_err().contains("iqn.a (home)"));
+    }
+}
