@@ -74,10 +74,12 @@ start_osd() {
   id=$(cat "$dir/osd.id")
   running "$dir/run/osd.$id.pid" && return 0
   launch "osd.$id" ceph-osd -c "$conf" -i "$id"
-  # Up in the monitor's map: clients may use it.
+  # Active by its own account (booted, in the monitor's map): clients may use it. (After
+  # kill-osd the map still says up: one OSD has no peer to report it down.)
   local i
   for ((i = 0; i < 600; i++)); do
-    if ceph_ osd dump 2>/dev/null | grep -q "^osd.$id up"; then return 0; fi
+    if timeout 5 ceph --admin-daemon "$dir/run/ceph-osd.$id.asok" status 2>/dev/null |
+      grep -q '"state": "active"'; then return 0; fi
     running "$dir/run/osd.$id.pid" || die "osd.$id exited; see $dir/log/osd.$id.log"
     sleep 0.1
   done
@@ -92,6 +94,8 @@ start() {
     *) die "unknown option '$1'" ;;
   esac
   [ -e "$conf" ] && die "$dir already holds a cluster (stop it and remove the directory first)"
+  # A start that fails half-way stops what it started.
+  trap '[ -e "$conf" ] && stop' EXIT
   for t in ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd uuidgen python3; do
     command -v "$t" >/dev/null || die "$t is not installed (scripts/setup.sh installs Ceph)"
   done
@@ -120,7 +124,7 @@ mon data = $dir/\$name
 osd data = $dir/\$name
 osd objectstore = $store
 memstore device bytes = 8589934592
-bluestore block path = $dir/\$name/block
+bluestore block path = $dir/\$name.block
 bluestore block create = true
 bluestore block size = 4294967296
 bluestore block db create = false
@@ -178,6 +182,7 @@ EOF
   start_osd
   ceph_ osd pool create rbd 8 8 >/dev/null 2>&1 || die "creating the pool failed"
   timeout 60 rbd -c "$conf" pool init rbd || die "rbd pool init failed"
+  trap - EXIT
   echo "CONF=$conf"
 }
 
