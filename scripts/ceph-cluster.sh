@@ -114,7 +114,6 @@ auth service required = cephx
 auth client required = cephx
 keyring = $dir/keyring
 run dir = $dir/run
-admin socket = $dir/run/\$cluster-\$name.asok
 pid file = $dir/run/\$name.daemon.pid
 log file = $dir/log/\$name.log
 crash dir = $dir/crash
@@ -149,9 +148,15 @@ rbd default features = layering
 
 [osd]
 keyring = $dir/\$name/keyring
+admin socket = $dir/run/\$cluster-\$name.asok
 
 [mon]
 keyring = $dir/\$name/keyring
+admin socket = $dir/run/\$cluster-\$name.asok
+
+[client]
+# Many clients at once (targets, fio, qemu-img): a socket each.
+admin socket = $dir/run/\$cluster-\$name.\$pid.\$cctid.asok
 EOF
   ceph-authtool --create-keyring "$dir/mon.keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n client.admin \
