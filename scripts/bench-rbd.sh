@@ -100,7 +100,9 @@ row "4 KiB random read QD32: fio rbd engine" "$f4"
 row "  Reservoir over RBD, iscsi-perf" "$p4" "$(ratio "$(col "$p4" 1)" "$(col "$f4" 1)")"
 row "1 MiB read QD32: fio rbd engine, sequential" "$f1"
 row "  fio rbd engine, random" "$f1r"
-row "  Reservoir over RBD, iscsi-perf, sequential" "$p1" "$(ratio "$(col "$p1" 2)" "$(col "$f1" 2)")"
+# librbd's better 1 MiB figure is the reference (its sequential reads may trail its random ones).
+f1best=$(python3 -c "print(max($(col "$f1" 2), $(col "$f1r" 2)))")
+row "  Reservoir over RBD, iscsi-perf, sequential" "$p1" "$(ratio "$(col "$p1" 2)" "$f1best")"
 row "qemu-img bench 4 KiB seq QD32: rbd:" "$q4r"
 row "  qemu-img bench through Reservoir" "$q4i" "$(ratio "$(col "$q4i" 1)" "$(col "$q4r" 1)")"
 row "qemu-img bench 1 MiB seq QD32: rbd:" "$q1r"
