@@ -109,6 +109,27 @@ check_ext4_loop() {
   quiet mount --version
 }
 
+check_ceph() {
+  # The throw-away cluster of scripts/ceph-cluster.sh (monitor, OSD, their tools) and the
+  # rbd store, which links librbd and librados: a one-line program calling librbd must
+  # compile and link against the development files and run (starts no daemon).
+  local t
+  for t in ceph-mon ceph-osd ceph rbd; do
+    quiet "$t" --version || return 1
+    grep -q 'ceph version' "$scratch/out" || return 1
+  done
+  # ceph-authtool --help exits 1 after its usage.
+  quiet ceph-authtool --help || true
+  grep -q 'usage: ceph-authtool' "$scratch/out" || return 1
+  quiet monmaptool --help || return 1
+  quiet uuidgen || return 1
+  quiet python3 --version || return 1
+  printf '#include <rbd/librbd.h>\n#include <rados/librados.h>\nint main(void){int a,b,c,d,e,f;rbd_version(&a,&b,&c);rados_version(&d,&e,&f);return a>=1 && d>=1?0:1;}\n' \
+    >"$scratch/rbd.c"
+  quiet cc -o "$scratch/rbd-check" "$scratch/rbd.c" -lrbd -lrados || return 1
+  quiet "$scratch/rbd-check"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -125,6 +146,7 @@ TOOLS=(
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
+  "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 
 failing=()  # indices into TOOLS

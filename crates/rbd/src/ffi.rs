@@ -1,0 +1,77 @@
+//! The part of librados' and librbd's C API the store uses (Debian's librados-dev and
+//! librbd-dev; Ceph 16). Declarations only: the safe wrapper is [`crate::Image`].
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub type rados_t = *mut c_void;
+pub type rados_ioctx_t = *mut c_void;
+pub type rbd_image_t = *mut c_void;
+/// Called by `rbd_diff_iterate2` per extent: offset, length, whether it exists.
+pub type rbd_diff_cb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+
+#[link(name = "rados")]
+extern "C" {
+    pub fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
+    pub fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
+    pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    pub fn rados_connect(cluster: rados_t) -> c_int;
+    pub fn rados_shutdown(cluster: rados_t);
+    pub fn rados_ioctx_create(
+        cluster: rados_t,
+        pool_name: *const c_char,
+        ioctx: *mut rados_ioctx_t,
+    ) -> c_int;
+    pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+    pub fn rados_ioctx_set_namespace(io: rados_ioctx_t, nspace: *const c_char);
+}
+
+#[link(name = "rbd")]
+extern "C" {
+    pub fn rbd_open(
+        io: rados_ioctx_t,
+        name: *const c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const c_char,
+    ) -> c_int;
+    pub fn rbd_open_read_only(
+        io: rados_ioctx_t,
+        name: *const c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const c_char,
+    ) -> c_int;
+    pub fn rbd_close(image: rbd_image_t) -> c_int;
+    pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    pub fn rbd_read2(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *mut c_char,
+        op_flags: c_int,
+    ) -> isize;
+    pub fn rbd_write2(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        buf: *const c_char,
+        op_flags: c_int,
+    ) -> isize;
+    pub fn rbd_flush(image: rbd_image_t) -> c_int;
+    pub fn rbd_write_zeroes(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        zero_flags: c_int,
+        op_flags: c_int,
+    ) -> isize;
+    pub fn rbd_diff_iterate2(
+        image: rbd_image_t,
+        fromsnapname: *const c_char,
+        ofs: u64,
+        len: u64,
+        include_parent: u8,
+        whole_object: u8,
+        cb: rbd_diff_cb,
+        arg: *mut c_void,
+    ) -> c_int;
+}

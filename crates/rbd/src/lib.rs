@@ -1,0 +1,722 @@
+//! A Ceph RBD image as a store: the `rbd` kind, `rbd:POOL/[NAMESPACE/]IMAGE?conf=...`,
+//! through a thin FFI over librbd's C API ([`ffi`]; Debian's librbd-dev).
+//!
+//! The `Backstore` calls are synchronous and come from the target's blocking workers (as
+//! every store call does), so each is librbd's synchronous call, which is its asynchronous
+//! one and a wait on the completion; librbd's own threads do the network I/O. Mapping:
+//! - flush (SYNCHRONIZE CACHE, FUA writes, and every write while the LU's write cache is
+//!   off) is `rbd_flush`: librbd's cache, on by default, turns write-back after the first
+//!   flush, so nothing acknowledged as durable may skip it;
+//! - discard and write_zeroes are both `rbd_write_zeroes`: `rbd_discard` silently ignores
+//!   ranges smaller than `rbd_discard_granularity_bytes` (64 KiB) and the store's contract
+//!   is that a discarded range reads as zeros; librbd's zeroing removes whole objects and
+//!   zeroes partial ones, so space is freed where it can be;
+//! - the allocation status is `rbd_diff_iterate2` from the beginning of time.
+//!
+//! Every operation has a deadline (`timeout`, 30 s by default: librados' OSD and monitor
+//! operation timeouts and its mount timeout), so an unreachable or stalled cluster fails
+//! commands with a clear error instead of holding them forever. A command that finds the
+//! client cut off (timed out, blocklisted, not connected) drops the connection, and the
+//! next command connects again, so the store comes back without restarting the target.
+
+use std::ffi::{CString, NulError};
+use std::io;
+use std::os::raw::{c_int, c_void};
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backstore::{Backstore, OpenContext, OpenError, Param, Registry, StoreFactory, StoreSpec};
+
+pub mod ffi;
+
+/// Registers the `rbd` kind.
+pub fn register(registry: &mut Registry) {
+    registry.register(RbdFactory);
+}
+
+/// Where an image is and how to reach its cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RbdConfig {
+    pub pool: String,
+    pub namespace: Option<String>,
+    pub image: String,
+    /// ceph.conf; librados' default search (`/etc/ceph/ceph.conf`, ...) when `None`.
+    pub conf: Option<PathBuf>,
+    /// Monitor addresses, overriding the configuration file's.
+    pub mon_host: Option<String>,
+    /// The client's id: `admin` for `client.admin`.
+    pub id: String,
+    pub keyring: Option<PathBuf>,
+    /// Deadline of every cluster operation, and of connecting.
+    pub timeout: Duration,
+    /// librbd's cache: its own default (on) when `None`.
+    pub cache: Option<bool>,
+}
+
+impl RbdConfig {
+    /// `POOL/IMAGE` or `POOL/NAMESPACE/IMAGE`, as `rbd` writes it.
+    pub fn new(path: &str) -> Result<RbdConfig, String> {
+        let parts: Vec<&str> = path.split('/').collect();
+        let (pool, namespace, image) = match parts[..] {
+            [p, i] => (p, None, i),
+            [p, n, i] => (p, Some(n.to_owned()), i),
+            _ => {
+                return Err(format!(
+                    "{path:?} is not POOL/IMAGE or POOL/NAMESPACE/IMAGE"
+                ))
+            }
+        };
+        if pool.is_empty() || image.is_empty() || namespace.as_deref() == Some("") {
+            return Err(format!("{path:?}: empty pool, namespace or image name"));
+        }
+        Ok(RbdConfig {
+            pool: pool.to_owned(),
+            namespace,
+            image: image.to_owned(),
+            conf: None,
+            mon_host: None,
+            id: "admin".into(),
+            keyring: None,
+            timeout: DEFAULT_TIMEOUT,
+            cache: None,
+        })
+    }
+
+    /// `pool/[namespace/]image`.
+    pub fn name(&self) -> String {
+        match &self.namespace {
+            Some(n) => format!("{}/{n}/{}", self.pool, self.image),
+            None => format!("{}/{}", self.pool, self.image),
+        }
+    }
+
+    /// The image and the cluster, for messages.
+    fn shown(&self) -> String {
+        let conf = match (&self.mon_host, &self.conf) {
+            (Some(m), _) => format!("monitors {m}"),
+            (None, Some(c)) => format!("cluster of {}", c.display()),
+            (None, None) => "the default cluster".into(),
+        };
+        format!("RBD image {} ({conf}, client.{})", self.name(), self.id)
+    }
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a failed connection, commands fail at once for this long before the next try.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+fn cstr(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|e: NulError| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// A failed librados/librbd call: its errno and what was being done.
+#[derive(Debug)]
+struct Errno {
+    errno: i32,
+    what: String,
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let os = io::Error::from_raw_os_error(self.errno);
+        write!(f, "{}: {os}", self.what)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// librados/librbd's negative errno as an error saying what was being done.
+fn errno(r: i64, what: impl std::fmt::Display) -> io::Error {
+    let errno = (-r) as i32;
+    let kind = io::Error::from_raw_os_error(errno).kind();
+    io::Error::new(
+        kind,
+        Errno {
+            errno,
+            what: what.to_string(),
+        },
+    )
+}
+
+/// Whether an error means the client lost the cluster (timed out, blocklisted, not
+/// connected), not that the cluster refused one request.
+fn lost(e: &io::Error) -> bool {
+    let code = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<Errno>())
+        .map(|x| x.errno)
+        .or(e.raw_os_error());
+    matches!(
+        code,
+        Some(libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN | libc::ECONNREFUSED)
+    ) || e.kind() == io::ErrorKind::TimedOut
+}
+
+/// One connected client with the image open.
+struct Conn {
+    cluster: ffi::rados_t,
+    io: ffi::rados_ioctx_t,
+    image: ffi::rbd_image_t,
+}
+
+// SAFETY: librados clients, I/O contexts and librbd image handles may be used from many
+// threads at once (librbd serialises internally); the handles are only closed in `drop`.
+unsafe impl Send for Conn {}
+unsafe impl Sync for Conn {}
+
+impl Conn {
+    fn open(cfg: &RbdConfig, read_only: bool) -> io::Result<Conn> {
+        let shown = cfg.shown();
+        let id = cstr(&cfg.id)?;
+        let mut cluster: ffi::rados_t = ptr::null_mut();
+        // SAFETY: out-pointer to a handle; `id` outlives the call.
+        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ptr()) };
+        if r < 0 {
+            return Err(errno(r.into(), format!("{shown}: creating a client")));
+        }
+        // From here the partial connection is closed by Drop.
+        let mut conn = Conn {
+            cluster,
+            io: ptr::null_mut(),
+            image: ptr::null_mut(),
+        };
+        let path = cfg
+            .conf
+            .as_ref()
+            .map(|p| cstr(&p.to_string_lossy()))
+            .transpose()?;
+        // SAFETY: a handle not yet connected; NULL asks for the default search.
+        let r = unsafe {
+            ffi::rados_conf_read_file(cluster, path.as_ref().map_or(ptr::null(), |p| p.as_ptr()))
+        };
+        if r < 0 && (cfg.conf.is_some() || cfg.mon_host.is_none()) {
+            let which = cfg
+                .conf
+                .as_ref()
+                .map_or("the default ceph.conf".into(), |p| p.display().to_string());
+            return Err(errno(r.into(), format!("{shown}: reading {which}")));
+        }
+        let secs = cfg.timeout.as_secs().max(1).to_string();
+        let mut set: Vec<(&str, String)> = vec![
+            ("rados_osd_op_timeout", secs.clone()),
+            ("rados_mon_op_timeout", secs.clone()),
+            ("client_mount_timeout", secs),
+        ];
+        if let Some(m) = &cfg.mon_host {
+            set.push(("mon_host", m.clone()));
+        }
+        if let Some(k) = &cfg.keyring {
+            set.push(("keyring", k.to_string_lossy().into_owned()));
+        }
+        if let Some(c) = cfg.cache {
+            set.push(("rbd_cache", c.to_string()));
+        }
+        for (k, v) in set {
+            let (ck, cv) = (cstr(k)?, cstr(&v)?);
+            // SAFETY: a handle not yet connected; both strings outlive the call.
+            let r = unsafe { ffi::rados_conf_set(cluster, ck.as_ptr(), cv.as_ptr()) };
+            if r < 0 {
+                return Err(errno(r.into(), format!("{shown}: setting {k}={v}")));
+            }
+        }
+        let started = Instant::now();
+        // SAFETY: a configured handle; blocks at most client_mount_timeout.
+        let r = unsafe { ffi::rados_connect(cluster) };
+        if r < 0 {
+            let waited = started.elapsed().as_secs_f32();
+            return Err(errno(
+                r.into(),
+                format!(
+                    "{shown}: cannot reach the cluster's monitors (gave up after {waited:.1} s)"
+                ),
+            ));
+        }
+        let pool = cstr(&cfg.pool)?;
+        // SAFETY: a connected handle; out-pointer to the context.
+        let r = unsafe { ffi::rados_ioctx_create(cluster, pool.as_ptr(), &mut conn.io) };
+        if r < 0 {
+            conn.io = ptr::null_mut();
+            return Err(errno(
+                r.into(),
+                format!("{shown}: opening pool {:?}", cfg.pool),
+            ));
+        }
+        if let Some(ns) = &cfg.namespace {
+            let ns = cstr(ns)?;
+            // SAFETY: a valid context; librados copies the name.
+            unsafe { ffi::rados_ioctx_set_namespace(conn.io, ns.as_ptr()) };
+        }
+        let name = cstr(&cfg.image)?;
+        // SAFETY: a valid context; out-pointer to the image handle; no snapshot.
+        let r = unsafe {
+            if read_only {
+                ffi::rbd_open_read_only(conn.io, name.as_ptr(), &mut conn.image, ptr::null())
+            } else {
+                ffi::rbd_open(conn.io, name.as_ptr(), &mut conn.image, ptr::null())
+            }
+        };
+        if r < 0 {
+            conn.image = ptr::null_mut();
+            let what = if r == -libc::ENOENT {
+                format!("{shown}: no such image")
+            } else {
+                format!("{shown}: opening the image")
+            };
+            return Err(errno(r.into(), what));
+        }
+        Ok(conn)
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: an open image; out-pointer.
+        let r = unsafe { ffi::rbd_get_size(self.image, &mut size) };
+        if r < 0 {
+            return Err(errno(r.into(), "rbd_get_size"));
+        }
+        Ok(size)
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: `buf` is valid for `buf.len()` bytes for the whole (synchronous) call.
+        let r =
+            unsafe { ffi::rbd_read2(self.image, offset, buf.len(), buf.as_mut_ptr().cast(), 0) };
+        if r < 0 {
+            return Err(errno(
+                r as i64,
+                format!("read of {} at {offset}", buf.len()),
+            ));
+        }
+        if r as usize != buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read of {} at {offset}: only {r} bytes", buf.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        // SAFETY: `buf` is valid for `buf.len()` bytes for the whole (synchronous) call.
+        let r = unsafe { ffi::rbd_write2(self.image, offset, buf.len(), buf.as_ptr().cast(), 0) };
+        if r < 0 {
+            return Err(errno(
+                r as i64,
+                format!("write of {} at {offset}", buf.len()),
+            ));
+        }
+        if r as usize != buf.len() {
+            return Err(io::Error::other(format!(
+                "write of {} at {offset}: only {r} bytes",
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        // SAFETY: an open image.
+        let r = unsafe { ffi::rbd_flush(self.image) };
+        if r < 0 {
+            return Err(errno(r.into(), "flush"));
+        }
+        Ok(())
+    }
+
+    fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
+        // Pieces librbd's size_t and ssize_t take whole.
+        const PIECE: u64 = 1 << 30;
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(PIECE);
+            // SAFETY: an open image; no buffers.
+            let r = unsafe { ffi::rbd_write_zeroes(self.image, at, n as usize, 0, 0) };
+            if r < 0 {
+                return Err(errno(r as i64, format!("zeroing {n} at {at}")));
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64)>> {
+        extern "C" fn each(off: u64, len: usize, exists: c_int, arg: *mut c_void) -> c_int {
+            // SAFETY: `arg` is the Vec handed to rbd_diff_iterate2 below, alive and not
+            // otherwise borrowed while it runs; librbd calls back on the calling thread's
+            // behalf, one call at a time.
+            let out = unsafe { &mut *(arg as *mut Vec<(u64, u64)>) };
+            if exists != 0 {
+                out.push((off, len as u64));
+            }
+            0
+        }
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        // SAFETY: an open image; the callback's argument outlives the synchronous call.
+        let r = unsafe {
+            ffi::rbd_diff_iterate2(
+                self.image,
+                ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                each,
+                (&mut out as *mut Vec<(u64, u64)>).cast(),
+            )
+        };
+        if r < 0 {
+            return Err(errno(r.into(), "rbd_diff_iterate2"));
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // SAFETY: each handle is closed once, image before context before client; null
+        // handles were never opened.
+        unsafe {
+            if !self.image.is_null() {
+                ffi::rbd_close(self.image);
+            }
+            if !self.io.is_null() {
+                ffi::rados_ioctx_destroy(self.io);
+            }
+            ffi::rados_shutdown(self.cluster);
+        }
+    }
+}
+
+/// An RBD image as a [`Backstore`].
+pub struct RbdImage {
+    cfg: RbdConfig,
+    read_only: bool,
+    size: u64,
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// When connecting last failed, and why: commands within [`RETRY_AFTER`] fail so.
+    failed: Mutex<Option<(Instant, String)>>,
+}
+
+impl std::fmt::Debug for RbdImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RbdImage({})", self.cfg.name())
+    }
+}
+
+impl RbdImage {
+    /// Connects to the cluster and opens the image (blocks up to `cfg.timeout`).
+    pub fn open(cfg: RbdConfig, read_only: bool) -> io::Result<RbdImage> {
+        let conn = Conn::open(&cfg, read_only)?;
+        let size = conn.size()?;
+        Ok(RbdImage {
+            cfg,
+            read_only,
+            size,
+            conn: Mutex::new(Some(Arc::new(conn))),
+            failed: Mutex::new(None),
+        })
+    }
+
+    pub fn config(&self) -> &RbdConfig {
+        &self.cfg
+    }
+
+    /// The image's size now, as the cluster has it (the store keeps the size it opened
+    /// with: the target has no way yet to tell initiators of a new capacity).
+    pub fn current_size(&self) -> io::Result<u64> {
+        self.run(|c| c.size())
+    }
+
+    fn connection(&self) -> io::Result<Arc<Conn>> {
+        if let Some(c) = self.conn.lock().unwrap().as_ref() {
+            return Ok(c.clone());
+        }
+        if let Some((at, why)) = self.failed.lock().unwrap().as_ref() {
+            if at.elapsed() < RETRY_AFTER {
+                return Err(io::Error::new(io::ErrorKind::NotConnected, why.clone()));
+            }
+        }
+        let fresh = Conn::open(&self.cfg, self.read_only).and_then(|c| {
+            let size = c.size()?;
+            if size < self.size {
+                return Err(io::Error::other(format!(
+                    "{}: came back as {size} bytes, smaller than the {} it was opened with",
+                    self.cfg.shown(),
+                    self.size
+                )));
+            }
+            Ok(c)
+        });
+        match fresh {
+            Ok(c) => {
+                tracing::info!("{}: connected again", self.cfg.shown());
+                *self.failed.lock().unwrap() = None;
+                let c = Arc::new(c);
+                let mut slot = self.conn.lock().unwrap();
+                // Another command may have connected meanwhile: use its connection.
+                Ok(slot.get_or_insert(c).clone())
+            }
+            Err(e) => {
+                *self.failed.lock().unwrap() = Some((Instant::now(), e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `op` on the connection, connecting first if there is none; a connection that
+    /// fails as lost is dropped, so that the next command connects afresh.
+    fn run<T>(&self, op: impl FnOnce(&Conn) -> io::Result<T>) -> io::Result<T> {
+        let conn = self.connection()?;
+        match op(&conn) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let was_lost = lost(&e);
+                let e = io::Error::new(e.kind(), format!("{}: {e}", self.cfg.shown()));
+                if was_lost {
+                    tracing::warn!("{e}; the next command connects again");
+                    let mut slot = self.conn.lock().unwrap();
+                    if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                        *slot = None;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {offset}+{len} is beyond the end of the store ({} bytes)",
+                    self.size
+                ),
+            )),
+        }
+    }
+
+    fn writable(&self) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the store is read-only",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Backstore for RbdImage {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.run(|c| c.read(buf, offset))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.writable()?;
+        self.check(offset, buf.len() as u64)?;
+        self.run(|c| c.write(buf, offset))
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.run(|c| c.flush())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.writable()?;
+        self.check(offset, len)?;
+        self.run(|c| c.zero(offset, len))
+    }
+
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        self.check(offset, len)?;
+        let extents = self.run(|c| c.allocated(offset, len))?;
+        let mut out: Vec<(u64, u64, bool)> = Vec::new();
+        let mut push = |o: u64, l: u64, a: bool| {
+            if l == 0 {
+                return;
+            }
+            if let Some(last) = out.last_mut() {
+                if last.2 == a && last.0 + last.1 == o {
+                    last.1 += l;
+                    return;
+                }
+            }
+            out.push((o, l, a));
+        };
+        let end = offset + len;
+        let mut at = offset;
+        for (o, l) in extents {
+            let (s, e) = (o.max(at), (o + l).min(end));
+            if e <= s {
+                continue;
+            }
+            push(at, s - at, false);
+            push(s, e - s, true);
+            at = e;
+        }
+        push(at, end - at, false);
+        Ok(out)
+    }
+
+    fn supports_discard(&self) -> bool {
+        true
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn description(&self) -> String {
+        format!("{}, {} bytes", self.cfg.shown(), self.size)
+    }
+}
+
+/// `rbd:POOL/[NAMESPACE/]IMAGE?conf=PATH&id=NAME&keyring=PATH&...`.
+struct RbdFactory;
+
+const PARAMS: &[Param] = &[
+    Param {
+        name: "path",
+        required: true,
+        help: "POOL/IMAGE or POOL/NAMESPACE/IMAGE; the image must exist (rbd create)",
+    },
+    Param {
+        name: "conf",
+        required: false,
+        help: "the cluster's ceph.conf (librados' default search when not given)",
+    },
+    Param {
+        name: "mon_host",
+        required: false,
+        help: "monitor addresses, instead of or over the ceph.conf's",
+    },
+    Param {
+        name: "id",
+        required: false,
+        help: "the client's id, `admin` (client.admin) by default",
+    },
+    Param {
+        name: "keyring",
+        required: false,
+        help: "the client's keyring, over the ceph.conf's",
+    },
+    Param {
+        name: "timeout",
+        required: false,
+        help: "deadline of connecting and of every cluster operation, as 30s (default)",
+    },
+    Param {
+        name: "cache",
+        required: false,
+        help: "librbd's cache: yes/no (librbd's default: yes; write-back after the first flush)",
+    },
+];
+
+impl RbdFactory {
+    fn config(spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<RbdConfig, OpenError> {
+        let path = spec.require("path")?;
+        let mut cfg = RbdConfig::new(path).map_err(|e| OpenError::invalid(spec, e))?;
+        cfg.conf = spec.param("conf").map(|p| ctx.resolve(p));
+        cfg.keyring = spec.param("keyring").map(|p| ctx.resolve(p));
+        cfg.mon_host = spec.param("mon_host").map(str::to_owned);
+        if let Some(id) = spec.param("id") {
+            cfg.id = id.strip_prefix("client.").unwrap_or(id).to_owned();
+        }
+        if let Some(t) = spec.param("timeout") {
+            cfg.timeout = units::parse_duration(t)
+                .map_err(|e| OpenError::invalid(spec, format!("timeout={t:?}: {e}")))?;
+        }
+        if let Some(c) = spec.param("cache") {
+            cfg.cache = Some(match c {
+                "yes" | "true" | "on" => true,
+                "no" | "false" | "off" => false,
+                _ => return Err(OpenError::invalid(spec, format!("cache={c:?}: yes or no"))),
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+impl StoreFactory for RbdFactory {
+    fn kind(&self) -> &str {
+        "rbd"
+    }
+
+    fn summary(&self) -> &str {
+        "a Ceph RBD image through librbd; flushes reach the cluster, commands fail after \
+         `timeout` when it is unreachable, and the store connects again after a failure"
+    }
+
+    fn params(&self) -> &[Param] {
+        PARAMS
+    }
+
+    fn check(&self, spec: &StoreSpec, ctx: &OpenContext<'_>) -> Result<String, OpenError> {
+        let cfg = Self::config(spec, ctx)?;
+        Ok(format!("{} (connected to on start)", cfg.shown()))
+    }
+
+    fn open(
+        &self,
+        spec: &StoreSpec,
+        ctx: &OpenContext<'_>,
+    ) -> Result<Arc<dyn Backstore>, OpenError> {
+        let cfg = Self::config(spec, ctx)?;
+        let read_only = ctx.is_read_only();
+        // The factory may be called on an async runtime's worker: connect from a plain
+        // thread, which may block for up to the timeout.
+        let store = std::thread::scope(|s| {
+            s.spawn(|| RbdImage::open(cfg, read_only))
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("rbd open thread panicked")))
+        })
+        .map_err(|e| OpenError::io(spec, e))?;
+        Ok(Arc::new(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let c = RbdConfig::new("rbd/img").unwrap();
+        assert_eq!(
+            (c.pool.as_str(), c.namespace, c.image.as_str()),
+            ("rbd", None, "img")
+        );
+        let c = RbdConfig::new("p/ns/img").unwrap();
+        assert_eq!(c.namespace.as_deref(), Some("ns"));
+        assert_eq!(c.name(), "p/ns/img");
+        for bad in ["img", "a/b/c/d", "/img", "p//i", "p/"] {
+            assert!(RbdConfig::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lost_connection_errors() {
+        assert!(lost(&io::Error::from_raw_os_error(libc::ETIMEDOUT)));
+        assert!(lost(&io::Error::new(io::ErrorKind::TimedOut, "x")));
+        assert!(lost(&errno(-(libc::ESHUTDOWN as i64), "blocklisted")));
+        assert!(!lost(&errno(-(libc::EIO as i64), "io")));
+        assert!(!lost(&errno(-(libc::EROFS as i64), "ro")));
+    }
+}

@@ -1,0 +1,677 @@
+//! The `rbd` store against a real Ceph cluster that each test starts for itself with
+//! `scripts/ceph-cluster.sh` (one monitor, one OSD; memstore unless the test restarts the
+//! OSD): libiscsi's suite on an RBD-backed LUN with zero failures, a qemu-img round trip
+//! read back through qemu's own rbd driver, a SIGKILL of the target mid-write that loses
+//! no flushed data, an OSD killed and restarted mid-copy (a pause or errors, never wrong
+//! data), and the store's own errors and reconnection.
+//!
+//! Without Ceph (ceph-mon, ceph-osd, rbd) the tests skip with a note, unless CI or
+//! RESERVOIR_TEST_STRICT is set: then they fail (scripts/setup.sh installs Ceph).
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backstore::Backstore;
+use common::{have, random_file, rsv, run_ok};
+
+const IQN: &str = "iqn.2026-11.org.reservoir:rbd";
+const INITIATOR_1: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test";
+const INITIATOR_2: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2";
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
+}
+
+fn have_ceph() -> bool {
+    ["ceph-mon", "ceph-osd", "ceph-authtool", "monmaptool", "rbd"]
+        .iter()
+        .all(|t| have(t))
+}
+
+/// A cluster of `scripts/ceph-cluster.sh` in a directory of its own; stopped on drop.
+struct Cluster {
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(bluestore: bool) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Instant::now();
+        let mut cmd = Command::new(script());
+        cmd.arg("start").arg(dir.path());
+        if bluestore {
+            cmd.arg("--bluestore");
+        }
+        let out = cmd.output().expect("running ceph-cluster.sh");
+        assert!(
+            out.status.success(),
+            "ceph-cluster.sh start failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "ceph cluster ({}) up in {:.1} s",
+            if bluestore { "bluestore" } else { "memstore" },
+            t.elapsed().as_secs_f32()
+        );
+        Cluster { dir }
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.path().join("ceph.conf")
+    }
+
+    fn rbd(&self, args: &[&str]) -> String {
+        let conf = self.conf();
+        let mut all = vec!["-c", conf.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run_ok("rbd", &all)
+    }
+
+    fn create(&self, image: &str, size: &str) {
+        self.rbd(&["create", "--size", size, image]);
+    }
+
+    fn script(&self, cmd: &str) {
+        let out = Command::new(script())
+            .arg(cmd)
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ceph-cluster.sh {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The image's bytes, read by the `rbd` tool (not through the target).
+    fn export(&self, image: &str, to: &Path) -> Vec<u8> {
+        self.rbd(&["export", "--no-progress", image, to.to_str().unwrap()]);
+        std::fs::read(to).unwrap()
+    }
+
+    /// The store's spec for `image`.
+    fn spec(&self, image: &str) -> String {
+        format!("rbd:rbd/{image}?conf={}", self.conf().display())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// `rsv target` serving `luns` under [`IQN`] on two loopback portals.
+struct Target {
+    child: Option<Child>,
+    portals: Vec<String>,
+    log: PathBuf,
+}
+
+impl Target {
+    /// With `suite_acl`, only libiscsi's test initiators may log in (its tests of ACLs).
+    fn start(dir: &Path, luns: &str, suite_acl: bool) -> Target {
+        let cfg = dir.join("target.toml");
+        let acl = if suite_acl {
+            format!("allowed_initiators = [\"{INITIATOR_1}\", \"{INITIATOR_2}\"]\n")
+        } else {
+            String::new()
+        };
+        std::fs::write(&cfg, format!("[[target]]\niqn = \"{IQN}\"\n{acl}{luns}")).unwrap();
+        let log = dir.join("target.log");
+        let mut child = Command::new(rsv())
+            .args([
+                "target",
+                "--listen",
+                "127.0.0.1:0",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(&cfg)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("starting rsv target");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut portals = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap() == 0 {
+                let _ = child.wait();
+                panic!(
+                    "rsv target exited before ready:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            match line.trim() {
+                "ready" => break,
+                l => {
+                    if let Some(p) = l.strip_prefix("portal ") {
+                        portals.push(p.to_owned());
+                    }
+                }
+            }
+        }
+        Target {
+            child: Some(child),
+            portals,
+            log,
+        }
+    }
+
+    fn url(&self, portal: usize, lun: u16) -> String {
+        format!("iscsi://{}/{IQN}/{lun}", self.portals[portal])
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn lun(id: u16, spec: &str, extra: &str) -> String {
+    format!("\n[[target.lun]]\nid = {id}\nstore = \"{spec}\"\n{extra}\n")
+}
+
+/// Runs iscsi-test-cu, killing it if it outlives `limit`; its output.
+fn suite(args: &[&str], limit: Duration, log: &Path) -> String {
+    let mut child = Command::new("iscsi-test-cu")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting iscsi-test-cu");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let deadline = Instant::now() + limit;
+    let timed_out = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = reader.join().unwrap();
+    std::fs::write(log, &out).unwrap();
+    assert!(!timed_out, "iscsi-test-cu ran longer than {limit:?}");
+    out
+}
+
+/// The names of the tests iscsi-test-cu reports FAILED, and how many ran and were skipped.
+fn failures(out: &str) -> (Vec<String>, usize, usize) {
+    let mut suite = String::new();
+    let mut failed = Vec::new();
+    let (mut ran, mut skipped) = (0, 0);
+    let mut current = String::new();
+    for line in out.lines() {
+        if let Some(s) = line.strip_prefix("Suite: ") {
+            suite = s.trim().to_owned();
+        } else if let Some(rest) = line.trim_start().strip_prefix("Test: ") {
+            ran += 1;
+            let (name, tail) = rest.split_once(" ...").unwrap_or((rest, ""));
+            current = format!("{suite}.{name}");
+            // "passed" or "FAILED" right after the dots, or at the start of a later line;
+            // "[FAILED]" in a test's messages is no verdict.
+            if tail.trim_start().starts_with("FAILED") {
+                failed.push(current.clone());
+            }
+        } else if line.starts_with("FAILED") {
+            failed.push(current.clone());
+        }
+        if line.contains("[SKIPPED]") {
+            skipped += 1;
+        }
+    }
+    failed.dedup();
+    (failed, ran, skipped)
+}
+
+/// libiscsi's suite (the ALL family, data loss and SANITIZE allowed, the multipath pair)
+/// on an RBD-backed LUN: zero failures. Sanitize.Reset is left out as in
+/// tests/conformance.rs (it needs a SANITIZE still running seconds after it started).
+#[test]
+fn libiscsi_suite_on_rbd_lun_has_no_failures() {
+    if !have_ceph() || !have("iscsi-test-cu") {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    cluster.create("suite", "64M");
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target::start(
+        dir.path(),
+        &lun(0, &cluster.spec("suite"), "removable = true"),
+        true,
+    );
+    let t = Instant::now();
+    let out = suite(
+        &[
+            "-d",
+            "-S",
+            "-t",
+            "ALL",
+            &target.url(0, 0),
+            &target.url(1, 0),
+        ],
+        Duration::from_secs(900),
+        &dir.path().join("suite.txt"),
+    );
+    let (failed, ran, skipped) = failures(&out);
+    let summary = common::cunit_summary(&out).expect("iscsi-test-cu's run summary");
+    assert_eq!(
+        summary.2 as usize,
+        failed.len(),
+        "failures counted {failed:?}, the summary says {summary:?}"
+    );
+    let failed: Vec<String> = failed
+        .into_iter()
+        .filter(|t| t != "Sanitize.Reset")
+        .collect();
+    println!(
+        "iscsi-test-cu on an RBD LUN: {ran} tests in {:.0} s, {} failed, {skipped} skip notes; failed: {failed:?}",
+        t.elapsed().as_secs_f32(),
+        failed.len()
+    );
+    assert!(ran > 100, "iscsi-test-cu ran too few tests:\n{out}");
+    assert!(
+        failed.is_empty(),
+        "failures on the RBD LUN: {failed:?}\n{}",
+        target
+            .log()
+            .lines()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// qemu-img writes an image through the target into RBD; qemu's own rbd driver and the
+/// rbd tool read the same bytes back from the cluster, and qemu-img reads them back
+/// through the target.
+#[test]
+fn qemu_img_round_trip() {
+    if !have_ceph() || !have("qemu-img") {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    cluster.create("qemu", "32M");
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target::start(dir.path(), &lun(0, &cluster.spec("qemu"), ""), false);
+    let src = dir.path().join("src.img");
+    random_file(&src, 32 << 20, 23);
+    let url = target.url(0, 0);
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &url,
+        ],
+    );
+    let want = std::fs::read(&src).unwrap();
+    let by_rbd_tool = cluster.export("qemu", &dir.path().join("exported.img"));
+    assert!(
+        by_rbd_tool == want,
+        "rbd export differs from what was written"
+    );
+    let back = dir.path().join("back.img");
+    let rbd_url = format!("rbd:rbd/qemu:conf={}", cluster.conf().display());
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &rbd_url,
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == want,
+        "qemu's rbd driver reads other bytes"
+    );
+    let back2 = dir.path().join("back2.img");
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &url,
+            back2.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::read(&back2).unwrap() == want,
+        "reading back through the target gives other bytes"
+    );
+}
+
+/// 64 KiB of a pattern naming chunk `i` in generation `g`.
+fn chunk(i: u64, g: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64 << 10);
+    while v.len() < 64 << 10 {
+        v.extend_from_slice(&(i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ g).to_le_bytes());
+        v.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    }
+    v
+}
+
+/// Writers keep writing 64 KiB chunks, each followed by SYNCHRONIZE CACHE (or a FUA
+/// write), while others write without flushing; the target is killed with SIGKILL in
+/// the middle. Every chunk whose flush (or FUA write) had completed must be in the image,
+/// as the rbd tool reads it after the crash.
+#[test]
+fn sigkill_of_target_mid_write_loses_no_flushed_data() {
+    if !have_ceph() {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    cluster.create("crash", "64M");
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = Target::start(dir.path(), &lun(0, &cluster.spec("crash"), ""), false);
+    let url = initiator::IscsiUrl::parse(&target.url(0, 0)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // (offset, generation) of each chunk known durable.
+    let durable: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let lun = rt
+        .block_on(initiator::Lun::open_url(
+            &url,
+            &initiator::SessionOptions::default(),
+        ))
+        .expect("login");
+    const CHUNK: u64 = 64 << 10;
+    let mut tasks = Vec::new();
+    // Four flushing writers over the first 32 MiB (each its own 8 MiB), FUA in one of them;
+    // two unflushed writers over the second 32 MiB.
+    for w in 0..6u64 {
+        let (lun, durable, stop) = (lun.clone(), durable.clone(), stop.clone());
+        tasks.push(rt.spawn(async move {
+            let mut g = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                g += 1;
+                for k in 0..128u64 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let off = w * (8 << 20) + k * CHUNK;
+                    let data = chunk(off / CHUNK, g);
+                    let ok = if w == 3 {
+                        lun.write_fua(off, data.into()).await.is_ok()
+                    } else {
+                        lun.write_at(off, data.into()).await.is_ok()
+                            && (w >= 4 || lun.flush().await.is_ok())
+                    };
+                    if !ok {
+                        return;
+                    }
+                    if w < 4 {
+                        durable.lock().unwrap().push((off, g));
+                    }
+                }
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = durable.lock().unwrap().len();
+    target.kill();
+    let after = durable.lock().unwrap().len();
+    stop.store(true, Ordering::Relaxed);
+    drop(lun);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    // The last known generation of each durable chunk; a chunk acknowledged after the kill
+    // cannot be (the process is gone), so `after` counts what was durable at the kill.
+    let mut last = std::collections::BTreeMap::new();
+    for (off, g) in durable.lock().unwrap().iter().copied() {
+        last.insert(off, g);
+    }
+    assert!(before > 20, "only {before} flushed chunks in 1.5 s");
+    let image = cluster.export("crash", &dir.path().join("after-crash.img"));
+    let mut lost = Vec::new();
+    for (&off, &g) in &last {
+        let have = &image[off as usize..(off + CHUNK) as usize];
+        // A later generation may have reached the cluster unflushed (or in flight): only
+        // the durable generation and newer are acceptable.
+        let ok = (g..g + 2).any(|gen| have == chunk(off / CHUNK, gen).as_slice());
+        if !ok {
+            lost.push((off, g));
+        }
+    }
+    println!(
+        "{after} flushed or FUA chunks acknowledged before SIGKILL ({} distinct); lost: {}",
+        last.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "flushed data lost at {lost:?}");
+}
+
+/// An OSD (bluestore, so its data survives) killed with SIGKILL while qemu-img copies an
+/// image through the target, then started again: the copy pauses or fails, and once it
+/// has succeeded (again, if it failed; on the same target) the image holds exactly what
+/// was copied.
+#[test]
+fn osd_killed_and_restarted_mid_copy_pauses_or_fails_never_corrupts() {
+    if !have_ceph() || !have("qemu-img") {
+        return;
+    }
+    let cluster = Cluster::start(true);
+    cluster.create("osd", "64M");
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target::start(
+        dir.path(),
+        &lun(0, &format!("{}&timeout=20s", cluster.spec("osd")), ""),
+        false,
+    );
+    let src = dir.path().join("src.img");
+    random_file(&src, 64 << 20, 5);
+    let url = target.url(0, 0);
+    let copy = || {
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-r", "24M", "-f", "raw", "-O", "raw"])
+            .arg(&src)
+            .arg(&url)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let t = Instant::now();
+    let child = copy();
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.script("kill-osd");
+    let killed_at = t.elapsed();
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.script("start-osd");
+    let out = child.wait_with_output().unwrap();
+    println!(
+        "OSD killed at {:.1} s, back at {:.1} s; copy ended at {:.1} s: {}",
+        killed_at.as_secs_f32(),
+        (killed_at + Duration::from_millis(1500)).as_secs_f32(),
+        t.elapsed().as_secs_f32(),
+        if out.status.success() {
+            "success (paused)".to_owned()
+        } else {
+            format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim())
+        }
+    );
+    assert!(
+        killed_at < Duration::from_millis(2500),
+        "the OSD was killed after the copy could have ended"
+    );
+    if !out.status.success() {
+        // Errors are allowed; the same target must then take the copy again.
+        let again = copy().wait_with_output().unwrap();
+        assert!(
+            again.status.success(),
+            "the copy fails again after the OSD came back: {}\n{}",
+            String::from_utf8_lossy(&again.stderr),
+            target.log()
+        );
+    }
+    let want = std::fs::read(&src).unwrap();
+    let image = cluster.export("osd", &dir.path().join("exported.img"));
+    assert!(image == want, "the image differs from the copied file");
+    let back = dir.path().join("back.img");
+    run_ok(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &url,
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == want,
+        "reads through the target differ"
+    );
+}
+
+fn open(spec: &str) -> Result<Arc<dyn Backstore>, backstore::OpenError> {
+    let mut reg = backstore::Registry::with_builtins();
+    rbd::register(&mut reg);
+    let spec: backstore::StoreSpec = spec.parse().unwrap();
+    reg.context(Path::new("/")).open(&spec)
+}
+
+/// The store itself: zeroing and discarding ranges smaller than librbd's discard
+/// granularity reads back zeros; allocation status; clear errors for a missing image and
+/// an unreachable cluster; an OSD that stops answering fails commands after `timeout`,
+/// and the same store works again once it is back.
+#[test]
+fn store_zeroes_errors_and_reconnection() {
+    if !have_ceph() {
+        return;
+    }
+    let cluster = Cluster::start(true);
+    cluster.create("store", "16M");
+    let store = open(&format!("{}&timeout=3s", cluster.spec("store"))).expect("open");
+    assert_eq!(store.size(), 16 << 20);
+    assert!(store.description().contains("rbd/store"));
+
+    // Zeroing and discard below the 64 KiB granularity.
+    let data = vec![0xa5u8; 1 << 20];
+    store.write_at(&data, 0).unwrap();
+    store.flush().unwrap();
+    store.discard(4096, 4096).unwrap();
+    store.write_zeroes(65536 + 512, 1024).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    store.read_at(&mut back, 0).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 0xa5));
+    assert!(
+        back[4096..8192].iter().all(|&b| b == 0),
+        "a small discard reads as zeros"
+    );
+    assert!(back[8192..65536 + 512].iter().all(|&b| b == 0xa5));
+    assert!(back[65536 + 512..65536 + 1536].iter().all(|&b| b == 0));
+    assert!(back[65536 + 1536..].iter().all(|&b| b == 0xa5));
+    // Allocation: the first MiB written, the rest never.
+    let ext = store.is_allocated(0, 16 << 20).unwrap();
+    assert_eq!(ext.iter().map(|e| e.1).sum::<u64>(), 16 << 20, "{ext:?}");
+    assert!(ext[0].2 && ext[0].0 == 0, "{ext:?}");
+    assert!(!ext.last().unwrap().2, "{ext:?}");
+    // A whole object (4 MiB) discarded is deallocated.
+    store.write_at(&data, 4 << 20).unwrap();
+    store.discard(4 << 20, 4 << 20).unwrap();
+    let ext = store.is_allocated(4 << 20, 4 << 20).unwrap();
+    assert_eq!(ext, vec![(4 << 20, 4 << 20, false)], "discarded object");
+
+    // Clear errors.
+    let e = open(&cluster.spec("nonesuch")).unwrap_err().to_string();
+    assert!(
+        e.contains("no such image") && e.contains("rbd/nonesuch"),
+        "{e}"
+    );
+    let t = Instant::now();
+    let e = open(&format!(
+        "{}&mon_host=v2:127.0.0.1:9&timeout=2s",
+        cluster.spec("store")
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cannot reach"), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+
+    // The OSD gone: writes fail within the timeout; back, the same store works again.
+    cluster.script("kill-osd");
+    let t = Instant::now();
+    let r = store.write_at(&data, 8 << 20).and_then(|()| store.flush());
+    let waited = t.elapsed();
+    println!("with the OSD down: {r:?} after {waited:?}");
+    assert!(r.is_err(), "a write with the OSD down succeeded");
+    assert!(waited < Duration::from_secs(20), "took {waited:?}");
+    cluster.script("start-osd");
+    let t = Instant::now();
+    let mut ok = false;
+    while t.elapsed() < Duration::from_secs(30) {
+        if store
+            .write_at(&data, 8 << 20)
+            .and_then(|()| store.flush())
+            .is_ok()
+        {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(ok, "the store did not come back after the OSD did");
+    store.read_at(&mut back, 8 << 20).unwrap();
+    assert!(back == data);
+    store.read_at(&mut back, 0).unwrap();
+    assert!(
+        back[..4096].iter().all(|&b| b == 0xa5),
+        "data before the outage"
+    );
+}
