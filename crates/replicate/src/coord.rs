@@ -139,20 +139,31 @@ async fn members(
                     .map_err(|e| anyhow!("{}: stripe unit: {e}", client.addr))?,
                 None => 1 << 20,
             };
-            let mut out = Vec::new();
-            for m in spec.members() {
+            // Every member's agent at once: over a long path each call costs round trips.
+            let mut set = tokio::task::JoinSet::new();
+            for (i, m) in spec.members().iter().enumerate() {
                 let text = m.to_string();
                 let url =
                     initiator::IscsiUrl::parse(&text).map_err(|e| anyhow!("member {text}: {e}"))?;
                 let (iqn, lun) = (url.target_required()?.to_owned(), url.lun_required()?);
                 let c = Client::new(addr(&url.host, v.port), key.clone());
-                let (_, mi) = find_lun(&c, &iqn, lun).await.with_context(|| {
-                    format!("member {text} (its agent on control port {})", v.port)
-                })?;
                 // The member's URL without the file server's session options.
                 let plain = format!("iscsi://{}/{iqn}/{lun}", addr(&url.host, url.port));
-                out.push((c, mi, plain));
+                let port = v.port;
+                set.spawn(async move {
+                    let found = find_lun(&c, &iqn, lun).await.with_context(|| {
+                        format!("member {text} (its agent on control port {port})")
+                    });
+                    (i, found.map(|(_, mi)| (c, mi, plain)))
+                });
             }
+            let mut found = Vec::new();
+            while let Some(r) = set.join_next().await {
+                let (i, r) = r?;
+                found.push((i, r?));
+            }
+            found.sort_by_key(|(i, _)| *i);
+            let out = found.into_iter().map(|(_, m)| m).collect();
             return Ok((out, Some(unit)));
         }
     }
@@ -167,8 +178,9 @@ async fn members(
 
 /// Pairs the source's members with the destination's, checking that they fit.
 pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result<Vec<Stream>> {
-    let (s, s_unit) = members(src, key).await.context("source")?;
-    let (d, d_unit) = members(dst, key).await.context("destination")?;
+    let (s, d) = tokio::join!(members(src, key), members(dst, key));
+    let (s, s_unit) = s.context("source")?;
+    let (d, d_unit) = d.context("destination")?;
     if s.len() != d.len() {
         bail!(
             "the source has {} member(s), the destination {}: the layouts must match disk server for disk server",
@@ -222,6 +234,9 @@ pub struct StreamTick<'a> {
     pub state: JobState,
     pub bytes: u64,
     pub done_bytes: u64,
+    /// Bytes the destination has flushed in order from the start: what a resumed sync
+    /// does not send again.
+    pub durable_bytes: u64,
     pub rate_bytes_per_s: u64,
     pub pacing: Option<u64>,
     pub min_rtt_ms: f64,
@@ -297,8 +312,8 @@ pub async fn run(
         Duration::from_millis(100),
         &vec![StreamView::default(); n],
     );
-    // Start every stream.
-    let mut jobs = Vec::new();
+    // Start every stream, all at once.
+    let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.iter().enumerate() {
         let req = api::SendRequest {
             iqn: s.source_lun.iqn.clone(),
@@ -314,15 +329,31 @@ pub async fn run(
             pacing: first.shares.get(i).copied().flatten(),
             session: o.session.clone(),
         };
-        let started: api::SendStarted = match s.source.call("POST", "/v1/send", &req).await {
-            Ok(st) => st,
-            Err(e) => {
-                cancel_all(&streams, &jobs).await;
-                return Err(e.context(format!("starting stream {i}")));
-            }
-        };
-        jobs.push(started);
+        let c = s.source.clone();
+        set.spawn(async move { (i, c.call::<api::SendStarted>("POST", "/v1/send", &req).await) });
     }
+    let mut started = vec![None; n];
+    let mut error = None;
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r?;
+        match r {
+            Ok(st) => started[i] = Some(st),
+            Err(e) => {
+                error.get_or_insert(e.context(format!("starting stream {i}")));
+            }
+        }
+    }
+    if let Some(e) = error {
+        // Stop the streams that did start.
+        let (ok_streams, ok_jobs): (Vec<_>, Vec<_>) = streams
+            .iter()
+            .zip(started)
+            .filter_map(|(s, j)| Some((s.clone(), j?)))
+            .unzip();
+        cancel_all(&ok_streams, &ok_jobs).await;
+        return Err(e);
+    }
+    let jobs: Vec<api::SendStarted> = started.into_iter().flatten().collect();
     let total_bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
     let t0 = Instant::now();
     let started_unix = std::time::SystemTime::now()
@@ -449,6 +480,7 @@ pub async fn run(
                         .map_or(JobState::Connecting, |s| s.state),
                     bytes: jobs[i].bytes,
                     done_bytes: views[i].done,
+                    durable_bytes: statuses[i].as_ref().map_or(0, |s| s.durable_bytes),
                     rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
                     pacing: applied[i],
                     min_rtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.min_rtt_ms),
