@@ -417,6 +417,18 @@ fn watch(link: &Link) -> Result<proc::Watch> {
     Ok(w)
 }
 
+/// MemAvailable from /proc/meminfo, bytes (0 when unreadable).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -689,7 +701,21 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     let _hosts = NetnsHosts::write(&link)?;
     // The volume's size from the largest candidate: sized again below once the rate is known.
     let (rate_bps, calibration) = calibrate(&link, &p, dir, n)?;
-    let volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
+    let mut volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
+    // Both sites' stores (and the one-stream LUNs) live in memory: leave room for the rest.
+    let room = mem_available().saturating_sub(6 << 30);
+    let per_volume = (2.0 * (1.0 + p.one_stream_share)) as u64 + 1;
+    if volume > room / per_volume {
+        let capped = room / per_volume;
+        eprintln!(
+            "r2: the volume would be {} MiB, more than memory holds for both sites; {} MiB: {:.0} s of link time instead of {}",
+            volume >> 20,
+            capped >> 20,
+            capped as f64 / payload_capacity(rate_bps),
+            p.link_seconds
+        );
+        volume = capped;
+    }
     let member = (volume / n as u64 / (1 << 20)).max(1) << 20;
     let volume = member * n as u64;
     let one = ((volume as f64 * p.one_stream_share) as u64 / (1 << 20)).max(1) << 20;
