@@ -130,6 +130,37 @@ check_ceph() {
   quiet "$scratch/rbd-check"
 }
 
+check_gridftp() {
+  # GridFTP, a peer of rsv lab run r2: a server on loopback (anonymous, as the lab runs it;
+  # told its host name, since a test namespace has no resolver) receives a file from
+  # globus-url-copy in two parallel streams, and the copy is compared.
+  # -version exits 1 after printing it.
+  quiet globus-url-copy -version || true
+  grep -q '^globus-url-copy: [0-9]' "$scratch/out" || return 1
+  local dir port pid i rc=1
+  dir=$(mktemp -d /tmp/rsv-setup-gridftp.XXXXXX)
+  chmod 777 "$dir"
+  head -c 1048576 /dev/urandom >"$dir/src"
+  chmod 644 "$dir/src"
+  port=$((20000 + $$ % 20000))
+  GLOBUS_HOSTNAME=127.0.0.1 globus-gridftp-server -aa -anonymous-user nobody -p "$port" \
+    -control-interface 127.0.0.1 -data-interface 127.0.0.1 >"$dir/server.log" 2>&1 &
+  pid=$!
+  for i in $(seq 50); do
+    if GLOBUS_HOSTNAME=127.0.0.1 quiet globus-url-copy -p 2 "file://$dir/src" \
+      "ftp://127.0.0.1:$port$dir/dst" && cmp -s "$dir/src" "$dir/dst"; then
+      rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >"$scratch/out"; break; }
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+  return $rc
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -145,6 +176,7 @@ TOOLS=(
   "open-isns|open-isns-server open-isns-utils|an iSNS server (isnsd) and client (isnsadm) for the target's registration and rsv ls isns://|check_open_isns"
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
+  "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv lab run r2|check_gridftp"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )

@@ -1,5 +1,5 @@
-//! `rsv lab run r0 --quick` and `r1 --quick` through real emulated links: the outputs exist
-//! and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
+//! `rsv lab run r0 --quick`, `r1 --quick` and `r2 --quick` through real emulated links:
+//! the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -180,4 +180,65 @@ fn lab_quick_r0_and_r1() {
         !links_left("lr0-") && !links_left("lr1-"),
         "the lab left namespaces behind"
     );
+}
+
+#[test]
+fn lab_quick_r2() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["globus-url-copy", "globus-gridftp-server"]) {
+        if std::env::var_os("CI").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r2: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r2", out);
+    for f in ["r2.csv", "r2.json", "r2-50ms-reservoir.png", "r2-50ms-iperf3.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r2.csv"));
+    let keys: Vec<&str> = rows.iter().map(|r| r["row"].as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "one",
+            "unpaced",
+            "static",
+            "reservoir",
+            "reservoir-rate",
+            "iperf3",
+            "gridftp",
+            "qemu-img"
+        ],
+        "every row of the scenario, in order"
+    );
+    for r in &rows {
+        // Every row, peers included, ran to its end.
+        assert!(r["error"].is_empty(), "{r:?}");
+        let whole = num(r, "whole_pct");
+        assert!(whole > 0.0 && whole <= 101.0, "share of the link: {r:?}");
+        assert!(num(r, "payload_bytes") > 0.0, "{r:?}");
+        if r["row"] != "one" && !r["row"].starts_with("iperf3") && !r["jain"].is_empty() {
+            let jain = num(r, "jain");
+            assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{r:?}");
+        }
+    }
+    // The streams of a sync row moved the whole volume between them.
+    let volume = num(&rows[1], "payload_bytes");
+    for r in &rows[1..5] {
+        assert_eq!(num(r, "streams"), 2.0, "{r:?}");
+        assert_eq!(num(r, "payload_bytes"), volume, "{r:?}");
+    }
+    assert!(!links_left("lr2-"), "the lab left namespaces behind");
+    let netns_files = std::fs::read_dir("/etc/netns")
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("lr2-"))
+        })
+        .unwrap_or(false);
+    assert!(!netns_files, "the lab left /etc/netns files behind");
 }
