@@ -197,7 +197,12 @@ fn lab_quick_r2() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     lab("r2", out);
-    for f in ["r2.csv", "r2.json", "r2-50ms-reservoir.png", "r2-50ms-iperf3.png"] {
+    for f in [
+        "r2.csv",
+        "r2.json",
+        "r2-50ms-reservoir.png",
+        "r2-50ms-iperf3.png",
+    ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
     let rows = csv(&out.join("r2.csv"));

@@ -272,6 +272,10 @@ pub(crate) struct Conn {
     dead: Arc<watch::Sender<bool>>,
     /// Milliseconds since the session epoch at which the reader last got data.
     pub last_rx_ms: AtomicU64,
+    /// The bytes of ours the target's TCP has acknowledged, as the reader last looked
+    /// (TCP_INFO; at least once a second while nothing arrives): a connection whose
+    /// acknowledgements still advance is slow, not dead.
+    pub acked: AtomicU64,
     pub pinging: AtomicBool,
     /// The last TCP_INFO sample of this connection and the rate it measured.
     pub path: std::sync::Mutex<Option<PathSample>>,
@@ -331,6 +335,7 @@ impl Conn {
             exp_statsn: exp.clone(),
             dead,
             last_rx_ms: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
             pinging: AtomicBool::new(false),
             path: std::sync::Mutex::new(None),
             target_pacing,
@@ -348,6 +353,7 @@ impl Conn {
         let Ok(info) = net::tcp_info(sock) else {
             return false;
         };
+        self.acked.store(info.bytes_acked, Ordering::Relaxed);
         let now = std::time::Instant::now();
         let mut g = self.path.lock().unwrap();
         // Reads leave the initiator's delivery_rate (its own sent data) near zero: the
@@ -413,6 +419,13 @@ impl Conn {
     }
 
     /// Stops both tasks; the reader then reports the failure to the session.
+    /// Notes how far the target's TCP has acknowledged our bytes (see [`Conn::acked`]).
+    pub fn note_acked(&self, sock: BorrowedFd<'_>) {
+        if let Ok(info) = net::tcp_info(sock) {
+            self.acked.store(info.bytes_acked, Ordering::Relaxed);
+        }
+    }
+
     pub fn kill(&self) {
         self.alive.store(false, Ordering::Release);
         let _ = self.dead.send(true);

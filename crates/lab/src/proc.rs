@@ -161,7 +161,11 @@ impl Outcome {
 
     pub fn describe(&self) -> String {
         match self.status {
-            Some(s) => format!("exit {s}: {}", tail(self.stderr.trim(), 300)),
+            Some(s) => {
+                // A Rust tool's error comes before its backtrace (RUST_BACKTRACE=1).
+                let err = self.stderr.split("\nStack backtrace:").next().unwrap_or("");
+                format!("exit {s}: {}", tail(err.trim(), 300))
+            }
             None => format!("killed after {:.1} s", self.elapsed.as_secs_f64()),
         }
     }

@@ -330,7 +330,12 @@ pub async fn run(
             session: o.session.clone(),
         };
         let c = s.source.clone();
-        set.spawn(async move { (i, c.call::<api::SendStarted>("POST", "/v1/send", &req).await) });
+        set.spawn(async move {
+            (
+                i,
+                c.call::<api::SendStarted>("POST", "/v1/send", &req).await,
+            )
+        });
     }
     let mut started = vec![None; n];
     let mut error = None;

@@ -49,15 +49,31 @@ pub(super) async fn keepalive(shared: Weak<Shared>) {
                     data: Bytes::new(),
                 }));
                 let timeout = (interval * 2).max(Duration::from_secs(5));
-                match tokio::time::timeout(timeout, rx.recv()).await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => {}
-                    Err(_) => {
-                        tracing::warn!(
-                            cid = c.cid,
-                            "no answer to NOP-Out; dropping the connection"
-                        );
-                        c.kill();
+                // Over a long, full path the answer may wait behind seconds of our own
+                // data: while the target's TCP keeps acknowledging it, keep waiting (up
+                // to the command timeout); a connection that moves nothing is dropped.
+                let give_up = tokio::time::Instant::now() + timeout.max(s2.opts.command_timeout);
+                let mut acked = c.acked.load(Ordering::Relaxed);
+                loop {
+                    match tokio::time::timeout(timeout, rx.recv()).await {
+                        Ok(_) => break,
+                        Err(_) => {
+                            let now_acked = c.acked.load(Ordering::Relaxed);
+                            if now_acked > acked && tokio::time::Instant::now() < give_up {
+                                tracing::debug!(
+                                    cid = c.cid,
+                                    "NOP-Out not answered yet; the target acknowledges data, waiting"
+                                );
+                                acked = now_acked;
+                                continue;
+                            }
+                            tracing::warn!(
+                                cid = c.cid,
+                                "no answer to NOP-Out; dropping the connection"
+                            );
+                            c.kill();
+                            break;
+                        }
                     }
                 }
                 drop(guard);

@@ -178,6 +178,9 @@ pub(super) fn detach_data(pdu: &mut Pdu) {
 /// initiator's CPU time for large reads, got some 20 % cheaper per read on loopback.
 pub(super) const YIELD_BYTES: usize = 1 << 20;
 
+/// How often the reader looks at the socket's acknowledgements.
+const QUIET_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(super) async fn reader(
     shared: Weak<Shared>,
     conn: Arc<Conn>,
@@ -199,6 +202,8 @@ pub(super) async fn reader(
     let mut read_limit = usize::MAX;
     // Data bytes handed to tasks since the reader last let them run.
     let mut moved = 0usize;
+    let quiet = tokio::time::sleep(QUIET_LOOK);
+    tokio::pin!(quiet);
     let why: String = 'outer: loop {
         loop {
             let Some(s) = shared.upgrade() else { return };
@@ -268,6 +273,14 @@ pub(super) async fn reader(
         }
         let mut dst = (&mut buf).limit(std::mem::replace(&mut read_limit, usize::MAX));
         tokio::select! {
+            // Once a second, arriving bytes or not: the keepalive wants to know whether
+            // ours still reach the target.
+            _ = &mut quiet => {
+                if let Some(fd) = rd.socket() {
+                    conn.note_acked(fd);
+                }
+                quiet.as_mut().reset(tokio::time::Instant::now() + QUIET_LOOK);
+            }
             r = rd.fill(&mut dst) => match r {
                 Ok(0) => break "closed by the target".to_owned(),
                 Ok(_) => {
