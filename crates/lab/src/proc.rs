@@ -500,6 +500,11 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // RSV_LAB_KEEP=1 keeps the logs and configurations of a run for a post-mortem.
+        if std::env::var_os("RSV_LAB_KEEP").is_some() {
+            eprintln!("lab: kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -322,7 +322,8 @@ impl Agent {
                 j.id
             );
             j.cancel.store(true, Ordering::Relaxed);
-            let until = Instant::now() + Duration::from_secs(30);
+            // Within the coordinator's 30 s wait for an answer, so that it hears why.
+            let until = Instant::now() + Duration::from_secs(20);
             while !j.is_over() {
                 if Instant::now() > until {
                     return Err(err(409, format!("send {} of this LUN does not stop", j.id)));

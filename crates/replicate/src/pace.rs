@@ -49,6 +49,8 @@ pub const HEADROOM: f64 = 1.02;
 /// What a stream that falls short of its share gets over what it reaches.
 pub const PROBE: f64 = 1.15;
 const GROWTH: f64 = 1.10;
+/// The cruise total never falls below this share of the bottleneck found at start-up.
+pub const FLOOR: f64 = 0.5;
 const STALLS_TO_CRUISE: u32 = 3;
 const WINDOW: usize = 10;
 const SHORT_SPANS: u32 = 3;
@@ -88,6 +90,8 @@ pub struct Controller {
     phase: Phase,
     span_start: Option<(Duration, u64, Vec<u64>)>,
     best: u64,
+    /// The bottleneck found when start-up ended (0 before).
+    found: u64,
     stalls: u32,
     recent: VecDeque<u64>,
     total: Option<u64>,
@@ -116,6 +120,7 @@ impl Controller {
             },
             span_start: None,
             best: 0,
+            found: 0,
             stalls: 0,
             recent: VecDeque::new(),
             total,
@@ -180,7 +185,10 @@ impl Controller {
     fn sample(&mut self, streams: &[StreamView]) {
         let rate = self.rate;
         let all_busy = streams.iter().all(|s| !s.finished);
-        if self.mode == Mode::Cooperative && self.given.is_none() && all_busy {
+        // A span in which nothing was acknowledged (the first units still on their way
+        // over a long path, a connection being recovered) says nothing of the path's
+        // rate: it neither ends the start-up nor lowers the cruise.
+        if self.mode == Mode::Cooperative && self.given.is_none() && all_busy && rate > 0 {
             self.recent.push_back(rate);
             if self.recent.len() > WINDOW {
                 self.recent.pop_front();
@@ -198,9 +206,17 @@ impl Controller {
                         }
                     }
                 }
-                Phase::Cruise => self.best = self.recent.iter().copied().max().unwrap_or(rate),
+                Phase::Cruise => {
+                    // Follows the path down when it is shared, but not below a fraction
+                    // of what it was found to carry.
+                    let recent = self.recent.iter().copied().max().unwrap_or(rate);
+                    self.best = recent.max((self.found as f64 * FLOOR) as u64);
+                }
             }
             if self.phase == Phase::Cruise {
+                if self.found == 0 {
+                    self.found = self.best;
+                }
                 self.total = Some((self.best as f64 * HEADROOM) as u64);
             }
         }
@@ -315,6 +331,46 @@ mod tests {
                 shares: vec![None; 3]
             }
         );
+    }
+
+    /// Over 350 ms the first units take seconds to be acknowledged: spans without
+    /// progress do not end the start-up (they once did, and the streams were paced to
+    /// nothing), and a stall in cruise (a connection being recovered) does not bring the
+    /// total below half the bottleneck found.
+    #[test]
+    fn spans_without_progress_neither_end_startup_nor_starve_cruise() {
+        let rtt = Duration::from_millis(350);
+        let span = Controller::span(rtt);
+        let mut c = Controller::new(Mode::Cooperative, None, 2);
+        let size = 1_000_000_000u64;
+        let mut t = Duration::ZERO;
+        for _ in 0..8 {
+            let d = c.tick(t, rtt, &[view(0, size), view(0, size)]);
+            assert_eq!(d.total, None, "still unpaced at {t:?}");
+            t += span;
+        }
+        assert_eq!(c.phase(), Phase::Startup);
+        // Then 1000 B/s each, flat: cruise near 2000 B/s.
+        let mut done = 0u64;
+        for _ in 0..6 {
+            done += (1000.0 * span.as_secs_f64()) as u64;
+            c.tick(t, rtt, &[view(done, size), view(done, size)]);
+            t += span;
+        }
+        assert_eq!(c.phase(), Phase::Cruise, "{c:?}");
+        let found = c.bottleneck().unwrap();
+        assert!((1900..=2100).contains(&found), "{found}");
+        // Nothing moves for twelve spans: the total stays at least half of that.
+        for _ in 0..12 {
+            let d = c.tick(t, rtt, &[view(done, size), view(done, size)]);
+            let total = d.total.unwrap();
+            assert!(
+                total as f64 >= found as f64 * FLOOR,
+                "{total} against {found}"
+            );
+            assert!(d.shares.iter().all(|s| s.unwrap() > 1), "{d:?}");
+            t += span;
+        }
     }
 
     /// Streams that share a bottleneck of 1000 B/s: startup finds it, then the total is
