@@ -675,3 +675,122 @@ fn store_zeroes_errors_and_reconnection() {
         "data before the outage"
     );
 }
+
+/// REQUEST SENSE on `lun`: (key, ASC, ASCQ) of the sense it returns (a pending unit
+/// attention, or NO SENSE), taking the unit attention as the initiator's command would.
+async fn request_sense(s: &initiator::Session, lun: u16) -> (u8, u8, u8) {
+    let r = s
+        .command_ok(lun, &[0x03, 0, 0, 0, 252, 0], initiator::DataDir::Read(252))
+        .await
+        .expect("REQUEST SENSE");
+    let d = &r.data;
+    assert!(d.len() >= 14, "short sense data {d:?}");
+    (d[2] & 0x0f, d[12], d[13])
+}
+
+/// Takes the unit attentions pending for a nexus (POWER ON RESET after login).
+async fn drain_unit_attentions(s: &initiator::Session, lun: u16) {
+    for _ in 0..8 {
+        if request_sense(s, lun).await.0 == 0 {
+            return;
+        }
+    }
+    panic!("unit attentions keep coming");
+}
+
+/// `rbd resize` of an exported image, bigger then smaller: each of two nexuses (one per
+/// portal) gets CAPACITY DATA HAS CHANGED (ASC 2Ah, ASCQ 09h) once, READ CAPACITY then
+/// reports the new size (through the initiator and through libiscsi's
+/// iscsi-readcapacity16), the blocks past the old end are writable and read back, and after
+/// shrinking the ones past the new end are out of range.
+#[test]
+fn rbd_resize_raises_capacity_changed_on_every_nexus() {
+    if !have_ceph() {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    cluster.create("grow", "16M");
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target::start(dir.path(), &lun(0, &cluster.spec("grow"), ""), false);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let opts = initiator::SessionOptions::default();
+    let connect = |portal: usize| {
+        let url = initiator::IscsiUrl::parse(&target.url(portal, 0)).unwrap();
+        rt.block_on(initiator::Session::connect(&url, &opts))
+            .expect("login")
+    };
+    let (a, b) = (connect(0), connect(1));
+    rt.block_on(async {
+        drain_unit_attentions(&a, 0).await;
+        drain_unit_attentions(&b, 0).await;
+        assert_eq!(a.read_capacity(0).await.unwrap().bytes(), 16 << 20);
+    });
+    const CHANGED: (u8, u8, u8) = (0x06, 0x2a, 0x09);
+    // Polls nexus `s` until it reports the unit attention; how long that took.
+    let wait_changed = |s: &initiator::Session| {
+        let t = Instant::now();
+        rt.block_on(async {
+            loop {
+                let got = request_sense(s, 0).await;
+                if got == CHANGED {
+                    return t.elapsed();
+                }
+                assert_eq!(got.0, 0, "another sense {got:x?} while waiting");
+                assert!(
+                    t.elapsed() < Duration::from_secs(15),
+                    "no CAPACITY DATA HAS CHANGED 15 s after the resize"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let readcap16 = |portal: usize| -> String {
+        run_ok("iscsi-readcapacity16", &[&target.url(portal, 0)])
+    };
+
+    cluster.rbd(&["resize", "--size", "48M", "grow"]);
+    let took = wait_changed(&a);
+    println!("grown to 48 MiB: unit attention after {took:?}");
+    rt.block_on(async {
+        // The other nexus was idle: its unit attention waits for it, once.
+        assert_eq!(request_sense(&b, 0).await, CHANGED, "second nexus");
+        assert_eq!(request_sense(&b, 0).await.0, 0, "reported twice");
+        assert_eq!(request_sense(&a, 0).await.0, 0, "reported twice");
+        assert_eq!(a.read_capacity(0).await.unwrap().bytes(), 48 << 20);
+        assert_eq!(b.read_capacity(0).await.unwrap().bytes(), 48 << 20);
+        // The new blocks take data.
+        let data = bytes::Bytes::from(vec![0x5au8; 1 << 20]);
+        let lba = (40u64 << 20) / 512;
+        b.write(0, lba, data.clone()).await.expect("write past the old end");
+        b.sync_cache(0).await.unwrap();
+        assert_eq!(a.read(0, lba, 2048).await.unwrap(), data);
+    });
+    let out = readcap16(0);
+    assert!(
+        out.contains(&format!("{}", (48u64 << 20) / 512 - 1)) || out.contains("50331648"),
+        "iscsi-readcapacity16 after growing:\n{out}"
+    );
+
+    cluster.rbd(&["resize", "--allow-shrink", "--size", "8M", "grow"]);
+    let took = wait_changed(&b);
+    println!("shrunk to 8 MiB: unit attention after {took:?}");
+    rt.block_on(async {
+        assert_eq!(request_sense(&a, 0).await, CHANGED, "first nexus after shrinking");
+        assert_eq!(a.read_capacity(0).await.unwrap().bytes(), 8 << 20);
+        let past = a
+            .command(
+                0,
+                &[0x28, 0, 0, 0, 0x40, 0, 0, 0, 8, 0],
+                initiator::DataDir::Read(4096),
+            )
+            .await
+            .unwrap();
+        let s = past.sense.expect("a read past the new end fails");
+        assert_eq!((s.key, s.asc), (0x05, 0x21), "LBA OUT OF RANGE: {s:?}");
+    });
+    let out = readcap16(1);
+    assert!(
+        out.contains(&format!("{}", (8u64 << 20) / 512 - 1)) || out.contains("8388608"),
+        "iscsi-readcapacity16 after shrinking:\n{out}"
+    );
+}

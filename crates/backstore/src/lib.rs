@@ -28,7 +28,10 @@ pub use track::{ChangeMap, Frozen, NewMap, Tracked};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
-    /// Size in bytes.
+    /// Size in bytes, now. Most stores keep the size they were opened with; one whose size
+    /// can change by itself (an RBD image resized by another client) returns the new one,
+    /// and the logical unit, which asks before every command, tells its initiators
+    /// (CAPACITY DATA HAS CHANGED). So it must cost no more than a load.
     fn size(&self) -> u64;
     /// Fills the whole of `buf` from `offset`, or fails.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

@@ -9,6 +9,9 @@ pub type rados_ioctx_t = *mut c_void;
 pub type rbd_image_t = *mut c_void;
 /// Called by `rbd_diff_iterate2` per extent: offset, length, whether it exists.
 pub type rbd_diff_cb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+/// Called by librbd (on its own thread) when the image's header changed: a resize, a
+/// snapshot, a feature or lock change.
+pub type rbd_update_callback_t = extern "C" fn(*mut c_void);
 
 #[link(name = "rados")]
 extern "C" {
@@ -42,6 +45,14 @@ extern "C" {
     ) -> c_int;
     pub fn rbd_close(image: rbd_image_t) -> c_int;
     pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    pub fn rbd_update_watch(
+        image: rbd_image_t,
+        handle: *mut u64,
+        watch_cb: rbd_update_callback_t,
+        arg: *mut c_void,
+    ) -> c_int;
+    /// Returns once no callback of the watch runs or will run.
+    pub fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
     pub fn rbd_read2(
         image: rbd_image_t,
         ofs: u64,

@@ -11,7 +11,12 @@
 //!   ranges smaller than `rbd_discard_granularity_bytes` (64 KiB) and the store's contract
 //!   is that a discarded range reads as zeros; librbd's zeroing removes whole objects and
 //!   zeroes partial ones, so space is freed where it can be;
-//! - the allocation status is `rbd_diff_iterate2` from the beginning of time.
+//! - the allocation status is `rbd_diff_iterate2` from the beginning of time;
+//! - the size is the image's as librbd last saw it: an update watch on the image's header
+//!   (`rbd_update_watch`) wakes a thread of the store's, which reads the size again (and
+//!   does so every few seconds besides), so an image resized with `rbd resize` while it is
+//!   exported changes the store's size and the logical unit raises CAPACITY DATA HAS
+//!   CHANGED.
 //!
 //! Every operation has a deadline (`timeout`, 30 s by default: librados' OSD and monitor
 //! operation timeouts and its mount timeout), so an unreachable or stalled cluster fails
@@ -24,7 +29,8 @@ use std::io;
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use backstore::{Backstore, OpenContext, OpenError, Param, Registry, StoreFactory, StoreSpec};
@@ -106,6 +112,47 @@ impl RbdConfig {
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// After a failed connection, commands fail at once for this long before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often the size is read again without a notification from the update watch.
+const SIZE_POLL: Duration = Duration::from_secs(5);
+
+/// The image's size as last read, and the wake-up of the thread that reads it.
+#[derive(Debug, Default)]
+struct SizeWatch {
+    size: AtomicU64,
+    /// Set by the update watch's callback (or by the store's drop, with `stop`).
+    poked: Mutex<bool>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl SizeWatch {
+    fn poke(&self) {
+        *self.poked.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a poke or `timeout`; false once the store is being dropped.
+    fn wait(&self, timeout: Duration) -> bool {
+        let mut poked = self.poked.lock().unwrap_or_else(|e| e.into_inner());
+        if !*poked && !self.stop.load(Ordering::Acquire) {
+            poked = self
+                .cv
+                .wait_timeout(poked, timeout)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *poked = false;
+        !self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// librbd's update watch callback: the header changed (a resize among other things).
+extern "C" fn header_changed(arg: *mut c_void) {
+    // SAFETY: `arg` is the `SizeWatch` a `Conn` keeps alive (boxed `Arc`) until after
+    // `rbd_update_unwatch` has returned, after which librbd calls no more.
+    let watch = unsafe { &*(arg as *const SizeWatch) };
+    watch.poke();
+}
 
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|e: NulError| io::Error::new(io::ErrorKind::InvalidInput, e))
@@ -159,6 +206,8 @@ struct Conn {
     cluster: ffi::rados_t,
     io: ffi::rados_ioctx_t,
     image: ffi::rbd_image_t,
+    /// The update watch on the image's header and what its callback wakes.
+    watch: Option<(u64, Box<Arc<SizeWatch>>)>,
 }
 
 // SAFETY: librados clients, I/O contexts and librbd image handles may be used from many
@@ -167,7 +216,7 @@ unsafe impl Send for Conn {}
 unsafe impl Sync for Conn {}
 
 impl Conn {
-    fn open(cfg: &RbdConfig, read_only: bool) -> io::Result<Conn> {
+    fn open(cfg: &RbdConfig, read_only: bool, sizes: &Arc<SizeWatch>) -> io::Result<Conn> {
         let shown = cfg.shown();
         let id = cstr(&cfg.id)?;
         let mut cluster: ffi::rados_t = ptr::null_mut();
@@ -181,6 +230,7 @@ impl Conn {
             cluster,
             io: ptr::null_mut(),
             image: ptr::null_mut(),
+            watch: None,
         };
         let path = cfg
             .conf
@@ -265,6 +315,24 @@ impl Conn {
                 format!("{shown}: opening the image")
             };
             return Err(errno(r.into(), what));
+        }
+        let arg = Box::new(sizes.clone());
+        let mut handle = 0u64;
+        // SAFETY: an open image; the callback's argument is the boxed Arc's target, which
+        // `conn` keeps until after rbd_update_unwatch (Drop).
+        let r = unsafe {
+            ffi::rbd_update_watch(
+                conn.image,
+                &mut handle,
+                header_changed,
+                Arc::as_ptr(&arg) as *mut c_void,
+            )
+        };
+        if r < 0 {
+            // Without the watch a resize is still seen by the poll, only later.
+            tracing::warn!("{}", errno(r.into(), format!("{shown}: watching the image's header")));
+        } else {
+            conn.watch = Some((handle, arg));
         }
         Ok(conn)
     }
@@ -379,6 +447,9 @@ impl Drop for Conn {
         // SAFETY: each handle is closed once, image before context before client; null
         // handles were never opened.
         unsafe {
+            if let Some((handle, _)) = &self.watch {
+                ffi::rbd_update_unwatch(self.image, *handle);
+            }
             if !self.image.is_null() {
                 ffi::rbd_close(self.image);
             }
@@ -394,8 +465,11 @@ impl Drop for Conn {
 pub struct RbdImage {
     cfg: RbdConfig,
     read_only: bool,
-    size: u64,
-    conn: Mutex<Option<Arc<Conn>>>,
+    /// The size now (see [`SizeWatch`]).
+    sizes: Arc<SizeWatch>,
+    /// The thread that reads the size again when the header changes.
+    sizer: Option<std::thread::JoinHandle<()>>,
+    conn: Arc<Mutex<Option<Arc<Conn>>>>,
     /// When connecting last failed, and why: commands within [`RETRY_AFTER`] fail so.
     failed: Mutex<Option<(Instant, String)>>,
 }
@@ -409,25 +483,40 @@ impl std::fmt::Debug for RbdImage {
 impl RbdImage {
     /// Connects to the cluster and opens the image (blocks up to `cfg.timeout`).
     pub fn open(cfg: RbdConfig, read_only: bool) -> io::Result<RbdImage> {
-        let conn = Conn::open(&cfg, read_only)?;
-        let size = conn.size()?;
+        let sizes = Arc::new(SizeWatch::default());
+        let conn = Conn::open(&cfg, read_only, &sizes)?;
+        sizes.size.store(conn.size()?, Ordering::Release);
+        let conn = Arc::new(Mutex::new(Some(Arc::new(conn))));
+        let sizer = {
+            let (sizes, conn, shown) = (sizes.clone(), Arc::downgrade(&conn), cfg.shown());
+            std::thread::Builder::new()
+                .name("rbd-size".into())
+                .spawn(move || watch_size(&sizes, &conn, &shown))?
+        };
         Ok(RbdImage {
             cfg,
             read_only,
-            size,
-            conn: Mutex::new(Some(Arc::new(conn))),
+            sizes,
+            sizer: Some(sizer),
+            conn,
             failed: Mutex::new(None),
         })
+    }
+
+    fn size_now(&self) -> u64 {
+        self.sizes.size.load(Ordering::Acquire)
     }
 
     pub fn config(&self) -> &RbdConfig {
         &self.cfg
     }
 
-    /// The image's size now, as the cluster has it (the store keeps the size it opened
-    /// with: the target has no way yet to tell initiators of a new capacity).
+    /// The image's size now, asked of librbd (which reads the header again if it has
+    /// changed); the store's size follows.
     pub fn current_size(&self) -> io::Result<u64> {
-        self.run(|c| c.size())
+        let size = self.run(|c| c.size())?;
+        self.sizes.size.store(size, Ordering::Release);
+        Ok(size)
     }
 
     fn connection(&self) -> io::Result<Arc<Conn>> {
@@ -439,15 +528,9 @@ impl RbdImage {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, why.clone()));
             }
         }
-        let fresh = Conn::open(&self.cfg, self.read_only).and_then(|c| {
-            let size = c.size()?;
-            if size < self.size {
-                return Err(io::Error::other(format!(
-                    "{}: came back as {size} bytes, smaller than the {} it was opened with",
-                    self.cfg.shown(),
-                    self.size
-                )));
-            }
+        let fresh = Conn::open(&self.cfg, self.read_only, &self.sizes).and_then(|c| {
+            // The image may have been resized while the store was cut off.
+            self.sizes.size.store(c.size()?, Ordering::Release);
             Ok(c)
         });
         match fresh {
@@ -488,14 +571,12 @@ impl RbdImage {
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        let size = self.size_now();
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= size => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "range {offset}+{len} is beyond the end of the store ({} bytes)",
-                    self.size
-                ),
+                format!("range {offset}+{len} is beyond the end of the store ({size} bytes)"),
             )),
         }
     }
@@ -511,9 +592,40 @@ impl RbdImage {
     }
 }
 
+impl Drop for RbdImage {
+    fn drop(&mut self) {
+        self.sizes.stop.store(true, Ordering::Release);
+        self.sizes.poke();
+        if let Some(t) = self.sizer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The size thread: reads the image's size when the update watch says the header changed,
+/// and every [`SIZE_POLL`] besides, on the store's connection when it has one (it does
+/// not connect: the next command does).
+fn watch_size(sizes: &SizeWatch, conn: &Weak<Mutex<Option<Arc<Conn>>>>, shown: &str) {
+    while sizes.wait(SIZE_POLL) {
+        let Some(slot) = conn.upgrade() else { return };
+        let current = slot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        drop(slot);
+        let Some(c) = current else { continue };
+        match c.size() {
+            Ok(size) => {
+                let old = sizes.size.swap(size, Ordering::AcqRel);
+                if old != size {
+                    tracing::info!("{shown}: resized from {old} to {size} bytes");
+                }
+            }
+            Err(e) => tracing::debug!("{shown}: reading the size: {e}"),
+        }
+    }
+}
+
 impl Backstore for RbdImage {
     fn size(&self) -> u64 {
-        self.size
+        self.size_now()
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -584,7 +696,7 @@ impl Backstore for RbdImage {
     }
 
     fn description(&self) -> String {
-        format!("{}, {} bytes", self.cfg.shown(), self.size)
+        format!("{}, {} bytes", self.cfg.shown(), self.size_now())
     }
 }
 

@@ -1851,3 +1851,80 @@ fn commands_during_a_sanitize_are_turned_away() {
     good(&erase.join().unwrap());
     good(&exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]));
 }
+
+/// A store whose size changes by itself, as an RBD image resized by another client.
+#[derive(Debug)]
+struct Resizable {
+    inner: RamBackstore,
+    size: std::sync::atomic::AtomicU64,
+}
+
+impl Backstore for Resizable {
+    fn size(&self) -> u64 {
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.inner.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn capacity_change_is_a_unit_attention_on_every_nexus() {
+    let store = Arc::new(Resizable {
+        inner: RamBackstore::new(BLOCKS * 2 * BS as u64),
+        size: (BLOCKS * BS as u64).into(),
+    });
+    let lu = LogicalUnit::new(LuConfig::default(), store.clone());
+    let other = Nexus(2);
+    for n in [N, other] {
+        assert_sense(&exec_on(&lu, n, &[0; 6], &[]), 0x06, 0x29, 0x00);
+    }
+    let rc16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let last = |r: &Response| u64::from_be_bytes(good(r)[..8].try_into().unwrap());
+    assert_eq!(last(&exec(&lu, &rc16, &[])), BLOCKS - 1);
+    assert_sense(&exec(&lu, &read10(BLOCKS as u32, 1), &[]), 0x05, 0x21, 0x00);
+
+    store
+        .size
+        .store(BLOCKS * 2 * BS as u64, std::sync::atomic::Ordering::Release);
+    // The first command of each nexus reports it, once; a read of a new block works after.
+    assert_sense(&exec(&lu, &read10(BLOCKS as u32, 1), &[]), 0x06, 0x2a, 0x09);
+    good(&exec(&lu, &read10(BLOCKS as u32, 1), &[]));
+    assert_eq!(last(&exec(&lu, &rc16, &[])), 2 * BLOCKS - 1);
+    assert_sense(&exec_on(&lu, other, &rc16, &[]), 0x06, 0x2a, 0x09);
+    assert_eq!(last(&exec_on(&lu, other, &rc16, &[])), 2 * BLOCKS - 1);
+    assert_eq!(lu.capacity_blocks(), 2 * BLOCKS);
+
+    // Shrunk: reported again, and the blocks past the new end are out of range.
+    store
+        .size
+        .store(BLOCKS / 2 * BS as u64, std::sync::atomic::Ordering::Release);
+    let r = exec_on(&lu, other, &[0x03, 0, 0, 0, 252, 0], &[]);
+    assert_eq!((good(&r)[2], r.data_in[12], r.data_in[13]), (0x06, 0x2a, 0x09));
+    assert_sense(&exec(&lu, &[0; 6], &[]), 0x06, 0x2a, 0x09);
+    assert_sense(&exec(&lu, &read10(BLOCKS as u32 / 2, 1), &[]), 0x05, 0x21, 0x00);
+    // The capacity of READ CAPACITY (10) too.
+    let r = exec(&lu, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(
+        u32::from_be_bytes(good(&r)[..4].try_into().unwrap()) as u64,
+        BLOCKS / 2 - 1
+    );
+}
