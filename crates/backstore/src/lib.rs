@@ -82,6 +82,18 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn sidecar(&self, _suffix: &str) -> Option<PathBuf> {
         None
     }
+    /// Tells the other targets that export this store's data (opened shared, see
+    /// `OpenContext::shared`) that its logical unit was reset, and returns once they have
+    /// taken it (or failed to within the store's deadline): a LOGICAL UNIT RESET reaches
+    /// every nexus of the logical unit, through whichever target. Nothing for a store that
+    /// is not shared.
+    fn announce_reset(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// What to do when another target announces a reset ([`Backstore::announce_reset`]):
+    /// `f` runs on a thread of the store's. Set once by the logical unit; stores that are
+    /// not shared never call it.
+    fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
 }
 
 /// Why a store refused a request.

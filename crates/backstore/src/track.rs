@@ -985,6 +985,14 @@ impl Backstore for Tracked {
         self.inner.size().min(self.map.size())
     }
 
+    fn announce_reset(&self) -> io::Result<()> {
+        self.inner.announce_reset()
+    }
+
+    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
+        self.inner.on_peer_reset(f)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }

@@ -149,6 +149,13 @@ impl LogicalUnit {
         &self.config
     }
 
+    fn offer(&self) -> Offer {
+        Offer {
+            thin: self.config.thin,
+            reservations: self.config.peer_port_groups.is_empty(),
+        }
+    }
+
     /// Number of logical blocks.
     pub fn capacity_blocks(&self) -> u64 {
         self.capacity.load(Ordering::Acquire)
@@ -188,8 +195,32 @@ impl LogicalUnit {
     }
 
     /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
-    /// defaults and every nexus gets a unit attention.
+    /// defaults and every nexus gets a unit attention; a store that other targets export
+    /// too tells them, so that their nexuses get it as well (this blocks until they have,
+    /// or the store gave up: call it where blocking is allowed).
     pub fn reset(&self) {
+        self.reset_here();
+        if let Err(e) = self.store.announce_reset() {
+            tracing::warn!(
+                store = %self.store.description(),
+                "the other targets exporting this LU may not have seen its reset: {e}"
+            );
+        }
+    }
+
+    /// Takes resets that other targets exporting the same store announce (see
+    /// [`Backstore::on_peer_reset`]) as this LU's own, without announcing them again.
+    pub fn listen_to_peers(self: &Arc<Self>) {
+        let lu = Arc::downgrade(self);
+        self.store.on_peer_reset(Arc::new(move || {
+            if let Some(lu) = lu.upgrade() {
+                tracing::info!("logical unit reset announced by another target");
+                lu.reset_here();
+            }
+        }));
+    }
+
+    fn reset_here(&self) {
         *self.mode.write().unwrap_or_else(|e| e.into_inner()) = ModeState::default();
         self.prevent
             .lock()
@@ -363,7 +394,13 @@ impl LogicalUnit {
         cdb::check_len(cmd.cdb)?;
         let cdb = cmd.cdb;
         let sa = (cdb[1] & 0x1f) as u16;
-        if !is_supported(opcode, sa, self.config.thin) {
+        let offer = self.offer();
+        // Reservations a LU does not offer are refused as a whole, whatever the service
+        // action (see `LuConfig::peer_port_groups`).
+        if !offer.reservations && is_reservation(opcode) {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
+        }
+        if !is_supported(opcode, sa, offer) {
             // A known opcode with an unknown service action is a bad field, not a bad
             // opcode.
             if has_service_action(opcode) {
@@ -405,7 +442,7 @@ impl LogicalUnit {
             INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
             REPORT_LUNS => report_luns(&[0], cdb),
             REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
-            MAINTENANCE_IN => report_supported_opcodes(cdb, self.config.thin),
+            MAINTENANCE_IN => report_supported_opcodes(cdb, self.offer()),
             MODE_SENSE_6 | MODE_SENSE_10 => {
                 let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
                 let dev = mode::Device {
