@@ -220,7 +220,7 @@ extern "C" fn peer_watch_error(arg: *mut c_void, _cookie: u64, err: c_int) {
 
 /// librbd's update watch callback: the header changed (a resize among other things).
 extern "C" fn header_changed(arg: *mut c_void) {
-    // SAFETY: `arg` is the `SizeWatch` a `Conn` keeps alive (boxed `Arc`) until after
+    // SAFETY: `arg` is the `SizeWatch` a `Conn` keeps alive (its `Arc`) until after
     // `rbd_update_unwatch` has returned, after which librbd calls no more.
     let watch = unsafe { &*(arg as *const SizeWatch) };
     watch.poke();
@@ -287,7 +287,7 @@ struct Conn {
     io: ffi::rados_ioctx_t,
     image: ffi::rbd_image_t,
     /// The update watch on the image's header and what its callback wakes.
-    watch: Option<(u64, Box<Arc<SizeWatch>>)>,
+    watch: Option<(u64, Arc<SizeWatch>)>,
     /// The watch on the events object shared with other targets (shared stores only).
     peers: Option<(u64, Box<PeerWatch>)>,
 }
@@ -404,9 +404,9 @@ impl Conn {
             };
             return Err(errno(r.into(), what));
         }
-        let arg = Box::new(sizes.clone());
+        let arg = sizes.clone();
         let mut handle = 0u64;
-        // SAFETY: an open image; the callback's argument is the boxed Arc's target, which
+        // SAFETY: an open image; the callback's argument is the Arc's target, which
         // `conn` keeps until after rbd_update_unwatch (Drop).
         let r = unsafe {
             ffi::rbd_update_watch(
