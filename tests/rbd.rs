@@ -275,7 +275,7 @@ fn failures(out: &str) -> (Vec<String>, usize, usize) {
 /// tests/conformance.rs: it sends a SANITIZE OVERWRITE of zeros, expects it still running
 /// 3 s later, then sends ABORT TASK, ABORT TASK SET, LUN, warm and cold resets, logs in
 /// again and expects it still running. On RBD the overwrite of zeros is one
-/// `rbd_write_zeroes` of the image (64 MiB here), done in well under a second; and even on
+/// `rbd_write_zeroes` of the image (64 MiB here: 16 objects; not timed); and even on
 /// an image large enough to take longer, the target's ABORT TASK waits for a running
 /// command to end (conn/tmf.rs), so the SANITIZE would be over by the time the test looks
 /// again. Passing it needs a SANITIZE that outlives task management (SBC-4 lets it), not
