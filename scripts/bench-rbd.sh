@@ -7,6 +7,8 @@
 #
 #   scripts/bench-rbd.sh [SECONDS]      (default 10 s per measurement)
 #
+# The target exports the image twice: LUN 0 with librbd's cache at its default (on), LUN 1
+# with `cache=no`, so that both are measured in the same run.
 # Reads at queue depth 32: 4 KiB random and 1 MiB (sequential for iscsi-perf's and
 # qemu-img's, which have no random large reads; random and sequential for fio). Prints a
 # table with each Reservoir figure over librbd's (fio), the load average at the start and
@@ -27,7 +29,7 @@ if [ -z "${RSV:-}" ]; then
   RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
 fi
 
-work=$(mktemp -d /tmp/rsv-bench-rbd.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-bench-rbd.XXXXXX")
 target_pid=
 cleanup() {
   [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null && wait "$target_pid" 2>/dev/null
@@ -51,6 +53,9 @@ iqn = "iqn.2026-11.org.reservoir:bench-rbd"
 [[target.lun]]
 id = 0
 store = "rbd:rbd/bench?conf=$CEPH_CONF"
+[[target.lun]]
+id = 1
+store = "rbd:rbd/bench?conf=$CEPH_CONF&cache=no"
 EOF
 "$RSV" target --listen 127.0.0.1:0 --data-dir "$work/data" --config "$work/target.toml" \
   >"$work/target.out" 2>"$work/target.log" &
@@ -58,13 +63,14 @@ target_pid=$!
 for _ in $(seq 100); do grep -q '^ready' "$work/target.out" && break; sleep 0.1; done
 portal=$(sed -n 's/^portal //p' "$work/target.out" | head -1)
 URL="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/0"
+URL_NOCACHE="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/1"
 RBD_URL="rbd:rbd/bench:conf=$CEPH_CONF"
 
 # iscsi-perf prints "iops average N (M MB/s)" last; -r: random LBAs over the whole LUN.
-perf() { # blocks_per_request rand|seq -> "IOPS MBs"
+perf() { # blocks_per_request rand|seq [url] -> "IOPS MBs"
   local args=(-b "$1" -m 32 -t "$SECS")
   [ "$2" = rand ] && args+=(-r)
-  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$URL" 2>&1 | tr '\r' '\n' |
+  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "${3:-$URL}" 2>&1 | tr '\r' '\n' |
     grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
     sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/'
 }
@@ -83,7 +89,9 @@ qbench() { # url bytes -> "IOPS MBs"; sequential reads, depth 32, for about SECS
 
 p4=$(perf 8 rand)
 f4=$(fio_rbd 4k randread)
+p4n=$(perf 8 rand "$URL_NOCACHE")
 p1=$(perf 2048 seq)
+p1n=$(perf 2048 seq "$URL_NOCACHE")
 f1=$(fio_rbd 1m read)
 f1r=$(fio_rbd 1m randread)
 q4r=$(qbench "$RBD_URL" 4096)
@@ -98,11 +106,13 @@ printf '%-44s %10s %9s %8s\n' workload IOPS MB/s ÷librbd
 row() { printf '%-44s %10s %9s %8s\n' "$1" "$(col "$2" 1)" "$(col "$2" 2)" "${3:-}"; }
 row "4 KiB random read QD32: fio rbd engine" "$f4"
 row "  Reservoir over RBD, iscsi-perf" "$p4" "$(ratio "$(col "$p4" 1)" "$(col "$f4" 1)")"
+row "  Reservoir over RBD cache=no, iscsi-perf" "$p4n" "$(ratio "$(col "$p4n" 1)" "$(col "$f4" 1)")"
 row "1 MiB read QD32: fio rbd engine, sequential" "$f1"
 row "  fio rbd engine, random" "$f1r"
 # librbd's better 1 MiB figure is the reference (its sequential reads may trail its random ones).
 f1best=$(python3 -c "print(max($(col "$f1" 2), $(col "$f1r" 2)))")
 row "  Reservoir over RBD, iscsi-perf, sequential" "$p1" "$(ratio "$(col "$p1" 2)" "$f1best")"
+row "  Reservoir over RBD cache=no, iscsi-perf, seq" "$p1n" "$(ratio "$(col "$p1n" 2)" "$f1best")"
 row "qemu-img bench 4 KiB seq QD32: rbd:" "$q4r"
 row "  qemu-img bench through Reservoir" "$q4i" "$(ratio "$(col "$q4i" 1)" "$(col "$q4r" 1)")"
 row "qemu-img bench 1 MiB seq QD32: rbd:" "$q1r"
@@ -110,8 +120,8 @@ row "  qemu-img bench through Reservoir" "$q1i" "$(ratio "$(col "$q1i" 2)" "$(co
 echo "load average: start $load_start, end $load_end; $(nproc) CPUs; image ${SIZE_MB} MiB, memstore"
 cat >"$OUT" <<JSON
 {"seconds": $SECS, "nproc": $(nproc), "load_start": "$load_start", "load_end": "$load_end",
- "rand_4k_qd32_iops": {"reservoir_iscsi_perf": $(col "$p4" 1), "fio_rbd": $(col "$f4" 1)},
- "read_1m_qd32_mbs": {"reservoir_iscsi_perf_seq": $(col "$p1" 2), "fio_rbd_seq": $(col "$f1" 2), "fio_rbd_rand": $(col "$f1r" 2)},
+ "rand_4k_qd32_iops": {"reservoir_iscsi_perf": $(col "$p4" 1), "reservoir_iscsi_perf_cache_no": $(col "$p4n" 1), "fio_rbd": $(col "$f4" 1)},
+ "read_1m_qd32_mbs": {"reservoir_iscsi_perf_seq": $(col "$p1" 2), "reservoir_iscsi_perf_seq_cache_no": $(col "$p1n" 2), "fio_rbd_seq": $(col "$f1" 2), "fio_rbd_rand": $(col "$f1r" 2)},
  "qemu_img_bench_4k_iops": {"rbd": $(col "$q4r" 1), "reservoir": $(col "$q4i" 1)},
  "qemu_img_bench_1m_mbs": {"rbd": $(col "$q1r" 2), "reservoir": $(col "$q1i" 2)}}
 JSON

@@ -28,7 +28,10 @@ pub use track::{ChangeMap, Frozen, NewMap, Tracked};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {
-    /// Size in bytes.
+    /// Size in bytes, now. Most stores keep the size they were opened with; one whose size
+    /// can change by itself (an RBD image resized by another client) returns the new one,
+    /// and the logical unit, which asks before every command, tells its initiators
+    /// (CAPACITY DATA HAS CHANGED). So it must cost no more than a load.
     fn size(&self) -> u64;
     /// Fills the whole of `buf` from `offset`, or fails.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
@@ -79,6 +82,18 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn sidecar(&self, _suffix: &str) -> Option<PathBuf> {
         None
     }
+    /// Tells the other targets that export this store's data (opened shared, see
+    /// `OpenContext::shared`) that its logical unit was reset, and returns once they have
+    /// taken it (or failed to within the store's deadline): a LOGICAL UNIT RESET reaches
+    /// every nexus of the logical unit, through whichever target. Nothing for a store that
+    /// is not shared.
+    fn announce_reset(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// What to do when another target announces a reset ([`Backstore::announce_reset`]):
+    /// `f` runs on a thread of the store's. Set once by the logical unit; stores that are
+    /// not shared never call it.
+    fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
 }
 
 /// Why a store refused a request.

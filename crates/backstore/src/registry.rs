@@ -125,6 +125,7 @@ impl Registry {
             registry: self,
             dir,
             read_only: false,
+            shared: false,
         }
     }
 
@@ -157,6 +158,7 @@ pub struct OpenContext<'a> {
     registry: &'a Registry,
     dir: &'a Path,
     read_only: bool,
+    shared: bool,
 }
 
 impl<'a> OpenContext<'a> {
@@ -167,6 +169,17 @@ impl<'a> OpenContext<'a> {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// Stores opened for a logical unit that other targets export too (multipath across
+    /// targets): a factory whose store caches data in the process (librbd's cache) turns
+    /// the cache off, or refuses, since the other targets' writes would not reach it.
+    pub fn shared(self, shared: bool) -> Self {
+        Self { shared, ..self }
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     pub fn registry(&self) -> &'a Registry {

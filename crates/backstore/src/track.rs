@@ -979,8 +979,18 @@ impl Tracked {
 }
 
 impl Backstore for Tracked {
+    /// The store's size, but no more than the map covers: a store grown since the map was
+    /// made (an RBD image resized) shows its old size until the map is made again.
     fn size(&self) -> u64 {
-        self.inner.size()
+        self.inner.size().min(self.map.size())
+    }
+
+    fn announce_reset(&self) -> io::Result<()> {
+        self.inner.announce_reset()
+    }
+
+    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
+        self.inner.on_peer_reset(f)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -9,6 +9,14 @@ pub type rados_ioctx_t = *mut c_void;
 pub type rbd_image_t = *mut c_void;
 /// Called by `rbd_diff_iterate2` per extent: offset, length, whether it exists.
 pub type rbd_diff_cb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+/// Called by librbd (on its own thread) when the image's header changed: a resize, a
+/// snapshot, a feature or lock change.
+pub type rbd_update_callback_t = extern "C" fn(*mut c_void);
+/// Called by librados when a notify reaches a watch: arg, notify id, watch cookie,
+/// notifier's client id, payload.
+pub type rados_watchcb2_t = extern "C" fn(*mut c_void, u64, u64, u64, *mut c_void, usize);
+/// Called by librados when a watch fails: arg, cookie, error.
+pub type rados_watcherrcb_t = extern "C" fn(*mut c_void, u64, c_int);
 
 #[link(name = "rados")]
 extern "C" {
@@ -24,6 +32,41 @@ extern "C" {
     ) -> c_int;
     pub fn rados_ioctx_destroy(io: rados_ioctx_t);
     pub fn rados_ioctx_set_namespace(io: rados_ioctx_t, nspace: *const c_char);
+    pub fn rados_write_full(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        buf: *const c_char,
+        len: usize,
+    ) -> c_int;
+    pub fn rados_watch2(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        cookie: *mut u64,
+        watchcb: rados_watchcb2_t,
+        watcherrcb: rados_watcherrcb_t,
+        arg: *mut c_void,
+    ) -> c_int;
+    pub fn rados_unwatch2(io: rados_ioctx_t, cookie: u64) -> c_int;
+    /// Waits until no watch callback runs any more.
+    pub fn rados_watch_flush(cluster: rados_t) -> c_int;
+    pub fn rados_notify2(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        buf: *const c_char,
+        buf_len: c_int,
+        timeout_ms: u64,
+        reply_buffer: *mut *mut c_char,
+        reply_buffer_len: *mut usize,
+    ) -> c_int;
+    pub fn rados_notify_ack(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        notify_id: u64,
+        cookie: u64,
+        buf: *const c_char,
+        buf_len: c_int,
+    ) -> c_int;
+    pub fn rados_buffer_free(buf: *mut c_char);
 }
 
 #[link(name = "rbd")]
@@ -42,6 +85,14 @@ extern "C" {
     ) -> c_int;
     pub fn rbd_close(image: rbd_image_t) -> c_int;
     pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    pub fn rbd_update_watch(
+        image: rbd_image_t,
+        handle: *mut u64,
+        watch_cb: rbd_update_callback_t,
+        arg: *mut c_void,
+    ) -> c_int;
+    /// Returns once no callback of the watch runs or will run.
+    pub fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
     pub fn rbd_read2(
         image: rbd_image_t,
         ofs: u64,

@@ -11,7 +11,12 @@
 //!   ranges smaller than `rbd_discard_granularity_bytes` (64 KiB) and the store's contract
 //!   is that a discarded range reads as zeros; librbd's zeroing removes whole objects and
 //!   zeroes partial ones, so space is freed where it can be;
-//! - the allocation status is `rbd_diff_iterate2` from the beginning of time.
+//! - the allocation status is `rbd_diff_iterate2` from the beginning of time;
+//! - the size is the image's as librbd last saw it: an update watch on the image's header
+//!   (`rbd_update_watch`) wakes a thread of the store's, which reads the size again (and
+//!   does so every few seconds besides), so an image resized with `rbd resize` while it is
+//!   exported changes the store's size and the logical unit raises CAPACITY DATA HAS
+//!   CHANGED.
 //!
 //! Every operation has a deadline (`timeout`, 30 s by default: librados' OSD and monitor
 //! operation timeouts and its mount timeout), so an unreachable or stalled cluster fails
@@ -24,7 +29,8 @@ use std::io;
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use backstore::{Backstore, OpenContext, OpenError, Param, Registry, StoreFactory, StoreSpec};
@@ -53,6 +59,9 @@ pub struct RbdConfig {
     pub timeout: Duration,
     /// librbd's cache: its own default (on) when `None`.
     pub cache: Option<bool>,
+    /// Other targets export the image too: resets are announced to them and theirs taken
+    /// (see [`PeerEvents`]).
+    pub shared: bool,
 }
 
 impl RbdConfig {
@@ -81,6 +90,7 @@ impl RbdConfig {
             keyring: None,
             timeout: DEFAULT_TIMEOUT,
             cache: None,
+            shared: false,
         })
     }
 
@@ -106,6 +116,123 @@ impl RbdConfig {
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// After a failed connection, commands fail at once for this long before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often the size is read again without a notification from the update watch.
+const SIZE_POLL: Duration = Duration::from_secs(5);
+
+/// The image's size as last read, and the wake-up of the thread that reads it.
+#[derive(Debug, Default)]
+struct SizeWatch {
+    size: AtomicU64,
+    /// Set by the update watch's callback (or by the store's drop, with `stop`).
+    poked: Mutex<bool>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl SizeWatch {
+    fn poke(&self) {
+        *self.poked.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a poke or `timeout`; false once the store is being dropped.
+    fn wait(&self, timeout: Duration) -> bool {
+        let mut poked = self.poked.lock().unwrap_or_else(|e| e.into_inner());
+        if !*poked && !self.stop.load(Ordering::Acquire) {
+            poked = self
+                .cv
+                .wait_timeout(poked, timeout)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *poked = false;
+        !self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// What the targets that export one image tell each other (multipath across targets),
+/// through RADOS watch/notify on an object of their own beside the image,
+/// `reservoir.IMAGE` (empty; made by the first target that opens the image shared): a
+/// logical unit reset, so that every nexus of every target gets its unit attention.
+struct PeerEvents {
+    /// This store's id in the payload, so that it ignores its own notifications.
+    me: u64,
+    /// What the logical unit does when a peer announces a reset.
+    on_reset: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+/// The payload of a reset announcement: this prefix and the sender's id.
+const RESET_EVENT: &[u8] = b"reservoir lun-reset ";
+/// How long an announcement waits for the other targets' acknowledgements.
+const NOTIFY_TIMEOUT_MS: u64 = 5000;
+
+/// A watch on the events object: what its callbacks need.
+struct PeerWatch {
+    io: ffi::rados_ioctx_t,
+    oid: CString,
+    events: Arc<PeerEvents>,
+}
+
+extern "C" fn peer_event(
+    arg: *mut c_void,
+    notify_id: u64,
+    cookie: u64,
+    _notifier: u64,
+    data: *mut c_void,
+    len: usize,
+) {
+    // SAFETY: `arg` is the boxed `PeerWatch` its `Conn` keeps until after rados_unwatch2 and
+    // rados_watch_flush; `data` holds `len` bytes for the call.
+    let w = unsafe { &*(arg as *const PeerWatch) };
+    let payload: &[u8] = if data.is_null() {
+        &[]
+    } else {
+        unsafe { std::slice::from_raw_parts(data as *const u8, len) }
+    };
+    if let Some(sender) = payload.strip_prefix(RESET_EVENT) {
+        let mine = sender == w.events.me.to_string().as_bytes();
+        let handler = w
+            .events
+            .on_reset
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let (false, Some(h)) = (mine, handler) {
+            h();
+        }
+    }
+    // Acknowledged after the handler ran: the announcing target's reset completes once
+    // every target has queued its unit attentions.
+    // SAFETY: a valid context and the watched object's name; no reply payload.
+    unsafe { ffi::rados_notify_ack(w.io, w.oid.as_ptr(), notify_id, cookie, ptr::null(), 0) };
+}
+
+extern "C" fn peer_watch_error(arg: *mut c_void, _cookie: u64, err: c_int) {
+    // SAFETY: as in `peer_event`.
+    let w = unsafe { &*(arg as *const PeerWatch) };
+    tracing::warn!(
+        "{}: the watch for other targets' resets failed ({}); resets they announce are \
+         missed until the store connects again",
+        w.oid.to_string_lossy(),
+        io::Error::from_raw_os_error(-err)
+    );
+}
+
+/// librbd's update watch callback: the header changed (a resize among other things).
+extern "C" fn header_changed(arg: *mut c_void) {
+    // SAFETY: `arg` is the `SizeWatch` a `Conn` keeps alive (its `Arc`) until after
+    // `rbd_update_unwatch` has returned, after which librbd calls no more.
+    let watch = unsafe { &*(arg as *const SizeWatch) };
+    watch.poke();
+}
+
+/// An id for this store among the targets sharing an image: the process and the time.
+fn rand_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (std::process::id() as u64) << 32 ^ t.as_nanos() as u64
+}
 
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|e: NulError| io::Error::new(io::ErrorKind::InvalidInput, e))
@@ -159,6 +286,10 @@ struct Conn {
     cluster: ffi::rados_t,
     io: ffi::rados_ioctx_t,
     image: ffi::rbd_image_t,
+    /// The update watch on the image's header and what its callback wakes.
+    watch: Option<(u64, Arc<SizeWatch>)>,
+    /// The watch on the events object shared with other targets (shared stores only).
+    peers: Option<(u64, Box<PeerWatch>)>,
 }
 
 // SAFETY: librados clients, I/O contexts and librbd image handles may be used from many
@@ -167,7 +298,12 @@ unsafe impl Send for Conn {}
 unsafe impl Sync for Conn {}
 
 impl Conn {
-    fn open(cfg: &RbdConfig, read_only: bool) -> io::Result<Conn> {
+    fn open(
+        cfg: &RbdConfig,
+        read_only: bool,
+        sizes: &Arc<SizeWatch>,
+        peers: Option<&Arc<PeerEvents>>,
+    ) -> io::Result<Conn> {
         let shown = cfg.shown();
         let id = cstr(&cfg.id)?;
         let mut cluster: ffi::rados_t = ptr::null_mut();
@@ -181,6 +317,8 @@ impl Conn {
             cluster,
             io: ptr::null_mut(),
             image: ptr::null_mut(),
+            watch: None,
+            peers: None,
         };
         let path = cfg
             .conf
@@ -266,7 +404,118 @@ impl Conn {
             };
             return Err(errno(r.into(), what));
         }
+        let arg = sizes.clone();
+        let mut handle = 0u64;
+        // SAFETY: an open image; the callback's argument is the Arc's target, which
+        // `conn` keeps until after rbd_update_unwatch (Drop).
+        let r = unsafe {
+            ffi::rbd_update_watch(
+                conn.image,
+                &mut handle,
+                header_changed,
+                Arc::as_ptr(&arg) as *mut c_void,
+            )
+        };
+        if r < 0 {
+            // Without the watch a resize is still seen by the poll, only later.
+            tracing::warn!(
+                "{}",
+                errno(r.into(), format!("{shown}: watching the image's header"))
+            );
+        } else {
+            conn.watch = Some((handle, arg));
+        }
+        if let Some(events) = peers {
+            conn.watch_peers(cfg, events)?;
+        }
         Ok(conn)
+    }
+
+    /// The name of the object the targets sharing the image notify each other on.
+    fn events_object(cfg: &RbdConfig) -> io::Result<CString> {
+        cstr(&format!("reservoir.{}", cfg.image))
+    }
+
+    /// Watches the events object (made if missing) for other targets' announcements.
+    fn watch_peers(&mut self, cfg: &RbdConfig, events: &Arc<PeerEvents>) -> io::Result<()> {
+        let shown = cfg.shown();
+        let oid = Self::events_object(cfg)?;
+        let mut cookie = 0u64;
+        let w = Box::new(PeerWatch {
+            io: self.io,
+            oid: oid.clone(),
+            events: events.clone(),
+        });
+        let watch = |cookie: &mut u64| {
+            // SAFETY: a valid context; the callbacks' argument is the box, which `self`
+            // keeps until after rados_unwatch2 and rados_watch_flush (Drop).
+            unsafe {
+                ffi::rados_watch2(
+                    self.io,
+                    oid.as_ptr(),
+                    cookie,
+                    peer_event,
+                    peer_watch_error,
+                    &*w as *const PeerWatch as *mut c_void,
+                )
+            }
+        };
+        let mut r = watch(&mut cookie);
+        if r == -libc::ENOENT {
+            // SAFETY: a valid context; an empty write creates the object.
+            let c = unsafe { ffi::rados_write_full(self.io, oid.as_ptr(), ptr::null(), 0) };
+            if c < 0 {
+                return Err(errno(
+                    c.into(),
+                    format!("{shown}: creating {}", oid.to_string_lossy()),
+                ));
+            }
+            r = watch(&mut cookie);
+        }
+        if r < 0 {
+            return Err(errno(
+                r.into(),
+                format!(
+                    "{shown}: watching {} for the other targets' resets",
+                    oid.to_string_lossy()
+                ),
+            ));
+        }
+        self.peers = Some((cookie, w));
+        Ok(())
+    }
+
+    /// Tells the other targets watching the image's events object of a reset, and waits
+    /// until each has taken it (or [`NOTIFY_TIMEOUT_MS`]).
+    fn announce_reset(&self, cfg: &RbdConfig, me: u64) -> io::Result<()> {
+        let oid = Self::events_object(cfg)?;
+        let mut payload = RESET_EVENT.to_vec();
+        payload.extend_from_slice(me.to_string().as_bytes());
+        let mut reply: *mut std::os::raw::c_char = ptr::null_mut();
+        let mut reply_len = 0usize;
+        // SAFETY: a valid context; the payload outlives the call; the reply is freed below.
+        let r = unsafe {
+            ffi::rados_notify2(
+                self.io,
+                oid.as_ptr(),
+                payload.as_ptr().cast(),
+                payload.len() as c_int,
+                NOTIFY_TIMEOUT_MS,
+                &mut reply,
+                &mut reply_len,
+            )
+        };
+        if !reply.is_null() {
+            // SAFETY: librados allocated it for us.
+            unsafe { ffi::rados_buffer_free(reply) };
+        }
+        if r < 0 {
+            return Err(errno(
+                r.into(),
+                format!("announcing a reset on {}", oid.to_string_lossy()),
+            ));
+        }
+        Ok(())
     }
 
     fn size(&self) -> io::Result<u64> {
@@ -379,6 +628,13 @@ impl Drop for Conn {
         // SAFETY: each handle is closed once, image before context before client; null
         // handles were never opened.
         unsafe {
+            if let Some((handle, _)) = &self.watch {
+                ffi::rbd_update_unwatch(self.image, *handle);
+            }
+            if let Some((cookie, _)) = &self.peers {
+                ffi::rados_unwatch2(self.io, *cookie);
+                ffi::rados_watch_flush(self.cluster);
+            }
             if !self.image.is_null() {
                 ffi::rbd_close(self.image);
             }
@@ -394,8 +650,13 @@ impl Drop for Conn {
 pub struct RbdImage {
     cfg: RbdConfig,
     read_only: bool,
-    size: u64,
-    conn: Mutex<Option<Arc<Conn>>>,
+    /// The size now (see [`SizeWatch`]).
+    sizes: Arc<SizeWatch>,
+    /// The thread that reads the size again when the header changes.
+    sizer: Option<std::thread::JoinHandle<()>>,
+    conn: Arc<Mutex<Option<Arc<Conn>>>>,
+    /// Shared stores: the events other targets send, and where a reset goes.
+    peers: Option<Arc<PeerEvents>>,
     /// When connecting last failed, and why: commands within [`RETRY_AFTER`] fail so.
     failed: Mutex<Option<(Instant, String)>>,
 }
@@ -409,25 +670,47 @@ impl std::fmt::Debug for RbdImage {
 impl RbdImage {
     /// Connects to the cluster and opens the image (blocks up to `cfg.timeout`).
     pub fn open(cfg: RbdConfig, read_only: bool) -> io::Result<RbdImage> {
-        let conn = Conn::open(&cfg, read_only)?;
-        let size = conn.size()?;
+        let sizes = Arc::new(SizeWatch::default());
+        let peers = cfg.shared.then(|| {
+            Arc::new(PeerEvents {
+                me: rand_id(),
+                on_reset: Mutex::new(None),
+            })
+        });
+        let conn = Conn::open(&cfg, read_only, &sizes, peers.as_ref())?;
+        sizes.size.store(conn.size()?, Ordering::Release);
+        let conn = Arc::new(Mutex::new(Some(Arc::new(conn))));
+        let sizer = {
+            let (sizes, conn, shown) = (sizes.clone(), Arc::downgrade(&conn), cfg.shown());
+            std::thread::Builder::new()
+                .name("rbd-size".into())
+                .spawn(move || watch_size(&sizes, &conn, &shown))?
+        };
         Ok(RbdImage {
             cfg,
             read_only,
-            size,
-            conn: Mutex::new(Some(Arc::new(conn))),
+            sizes,
+            sizer: Some(sizer),
+            conn,
+            peers,
             failed: Mutex::new(None),
         })
+    }
+
+    fn size_now(&self) -> u64 {
+        self.sizes.size.load(Ordering::Acquire)
     }
 
     pub fn config(&self) -> &RbdConfig {
         &self.cfg
     }
 
-    /// The image's size now, as the cluster has it (the store keeps the size it opened
-    /// with: the target has no way yet to tell initiators of a new capacity).
+    /// The image's size now, asked of librbd (which reads the header again if it has
+    /// changed); the store's size follows.
     pub fn current_size(&self) -> io::Result<u64> {
-        self.run(|c| c.size())
+        let size = self.run(|c| c.size())?;
+        self.sizes.size.store(size, Ordering::Release);
+        Ok(size)
     }
 
     fn connection(&self) -> io::Result<Arc<Conn>> {
@@ -439,17 +722,12 @@ impl RbdImage {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, why.clone()));
             }
         }
-        let fresh = Conn::open(&self.cfg, self.read_only).and_then(|c| {
-            let size = c.size()?;
-            if size < self.size {
-                return Err(io::Error::other(format!(
-                    "{}: came back as {size} bytes, smaller than the {} it was opened with",
-                    self.cfg.shown(),
-                    self.size
-                )));
-            }
-            Ok(c)
-        });
+        let fresh = Conn::open(&self.cfg, self.read_only, &self.sizes, self.peers.as_ref())
+            .and_then(|c| {
+                // The image may have been resized while the store was cut off.
+                self.sizes.size.store(c.size()?, Ordering::Release);
+                Ok(c)
+            });
         match fresh {
             Ok(c) => {
                 tracing::info!("{}: connected again", self.cfg.shown());
@@ -488,14 +766,12 @@ impl RbdImage {
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
+        let size = self.size_now();
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= size => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "range {offset}+{len} is beyond the end of the store ({} bytes)",
-                    self.size
-                ),
+                format!("range {offset}+{len} is beyond the end of the store ({size} bytes)"),
             )),
         }
     }
@@ -511,9 +787,40 @@ impl RbdImage {
     }
 }
 
+impl Drop for RbdImage {
+    fn drop(&mut self) {
+        self.sizes.stop.store(true, Ordering::Release);
+        self.sizes.poke();
+        if let Some(t) = self.sizer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The size thread: reads the image's size when the update watch says the header changed,
+/// and every [`SIZE_POLL`] besides, on the store's connection when it has one (it does
+/// not connect: the next command does).
+fn watch_size(sizes: &SizeWatch, conn: &Weak<Mutex<Option<Arc<Conn>>>>, shown: &str) {
+    while sizes.wait(SIZE_POLL) {
+        let Some(slot) = conn.upgrade() else { return };
+        let current = slot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        drop(slot);
+        let Some(c) = current else { continue };
+        match c.size() {
+            Ok(size) => {
+                let old = sizes.size.swap(size, Ordering::AcqRel);
+                if old != size {
+                    tracing::info!("{shown}: resized from {old} to {size} bytes");
+                }
+            }
+            Err(e) => tracing::debug!("{shown}: reading the size: {e}"),
+        }
+    }
+}
+
 impl Backstore for RbdImage {
     fn size(&self) -> u64 {
-        self.size
+        self.size_now()
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -579,12 +886,25 @@ impl Backstore for RbdImage {
         true
     }
 
+    fn announce_reset(&self) -> io::Result<()> {
+        match &self.peers {
+            Some(p) => self.run(|c| c.announce_reset(&self.cfg, p.me)),
+            None => Ok(()),
+        }
+    }
+
+    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
+        if let Some(p) = &self.peers {
+            *p.on_reset.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        }
+    }
+
     fn read_only(&self) -> bool {
         self.read_only
     }
 
     fn description(&self) -> String {
-        format!("{}, {} bytes", self.cfg.shown(), self.size)
+        format!("{}, {} bytes", self.cfg.shown(), self.size_now())
     }
 }
 
@@ -649,6 +969,19 @@ impl RbdFactory {
                 "no" | "false" | "off" => false,
                 _ => return Err(OpenError::invalid(spec, format!("cache={c:?}: yes or no"))),
             });
+        }
+        if ctx.is_shared() {
+            // Other targets write the same image: what this process's librbd cache holds
+            // could be older than what they wrote.
+            if cfg.cache == Some(true) {
+                return Err(OpenError::invalid(
+                    spec,
+                    "cache=yes on an image that other targets export too (peer_portal_groups): \
+                     librbd's cache would not see their writes; leave cache out or say no",
+                ));
+            }
+            cfg.cache = Some(false);
+            cfg.shared = true;
         }
         Ok(cfg)
     }

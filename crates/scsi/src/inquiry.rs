@@ -204,25 +204,39 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
     body
 }
 
-/// REPORT TARGET PORT GROUPS (SPC-5 6.37): one group, active/optimized, holding the one
-/// target port every nexus uses.
+/// REPORT TARGET PORT GROUPS (SPC-5 6.37): this target's group, holding the one target
+/// port every nexus uses, and those of the other targets exporting the logical unit
+/// (`LuConfig::peer_port_groups`), in the order of their ids, all active/optimized: the
+/// same answer from every target. A group alone is also the preferred one.
 pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result<Vec<u8>, Sense> {
     let format = cdb[1] >> 5;
     if format > 1 {
         return Err(Sense::invalid_field_in_cdb(1, Some(7)));
     }
     let alloc = be32(&cdb[6..10]) as usize;
-    let mut group = vec![0x80, 0x01]; // PREF, active/optimized; AO_SUP
-    group.extend_from_slice(&config.target_port_group.to_be_bytes());
-    group.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, one port
-    group.extend_from_slice(&[0, 0]);
-    group.extend_from_slice(&config.relative_port.to_be_bytes());
-    let mut d = (group.len() as u32).to_be_bytes().to_vec();
+    let mut groups: Vec<(u16, u16)> = config
+        .peer_port_groups
+        .iter()
+        .map(|&g| (g, g))
+        .chain([(config.target_port_group, config.relative_port)])
+        .collect();
+    groups.sort_unstable();
+    groups.dedup_by_key(|g| g.0);
+    let pref = if groups.len() == 1 { 0x80 } else { 0x00 };
+    let mut body = Vec::new();
+    for (group, port) in groups {
+        body.extend_from_slice(&[pref, 0x01]); // [PREF,] active/optimized; AO_SUP
+        body.extend_from_slice(&group.to_be_bytes());
+        body.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, one port
+        body.extend_from_slice(&[0, 0]);
+        body.extend_from_slice(&port.to_be_bytes());
+    }
+    let mut d = (body.len() as u32).to_be_bytes().to_vec();
     if format == 1 {
-        d = ((group.len() + 4) as u32).to_be_bytes().to_vec();
+        d = ((body.len() + 4) as u32).to_be_bytes().to_vec();
         d.extend_from_slice(&[0x10, 0, 0, 0]);
     }
-    d.extend(group);
+    d.extend(body);
     Ok(truncate(d, alloc))
 }
 

@@ -63,6 +63,14 @@ pub struct LuConfig {
     pub target_name: String,
     pub target_port_group: u16,
     pub relative_port: u16,
+    /// The target port groups of other targets that export this same logical unit
+    /// (multipath across targets: another process on the same image), each with one target
+    /// port whose relative identifier is the group's. REPORT TARGET PORT GROUPS lists them
+    /// beside this one, all active/optimized, so every target answers alike; and since
+    /// reservations could not be kept consistent with theirs, a logical unit with peers
+    /// offers none (RESERVE/RELEASE and PERSISTENT RESERVE IN/OUT: ILLEGAL REQUEST,
+    /// INVALID COMMAND OPERATION CODE).
+    pub peer_port_groups: Vec<u16>,
 }
 
 impl Default for LuConfig {
@@ -86,6 +94,7 @@ impl Default for LuConfig {
             target_name: "iqn.2026-11.org.reservoir:target0".into(),
             target_port_group: 1,
             relative_port: 1,
+            peer_port_groups: Vec::new(),
         }
     }
 }

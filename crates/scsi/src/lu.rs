@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 
 use backstore::buffers::Buf;
@@ -34,7 +34,9 @@ pub struct LogicalUnit {
     config: LuConfig,
     store: Arc<dyn Backstore>,
     block_size: u64,
-    capacity: u64,
+    /// Logical blocks, as the store's size last gave them (see
+    /// [`LogicalUnit::refresh_capacity`]).
+    capacity: AtomicU64,
     limits: Limits,
     mode: RwLock<ModeState>,
     nexuses: RwLock<HashMap<Nexus, Pending>>,
@@ -103,7 +105,7 @@ impl LogicalUnit {
             config,
             store,
             block_size,
-            capacity,
+            capacity: AtomicU64::new(capacity),
             limits,
             mode: RwLock::new(ModeState::default()),
             nexuses: RwLock::new(HashMap::new()),
@@ -147,9 +149,45 @@ impl LogicalUnit {
         &self.config
     }
 
+    fn offer(&self) -> Offer {
+        Offer {
+            thin: self.config.thin,
+            reservations: self.config.peer_port_groups.is_empty(),
+        }
+    }
+
     /// Number of logical blocks.
     pub fn capacity_blocks(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    /// Takes the store's size again (a store whose size changes by itself: an RBD image
+    /// resized by another client); when it has changed, every nexus gets CAPACITY DATA HAS
+    /// CHANGED (SBC-4 4.10) and READ CAPACITY answers the new size from then on. Called
+    /// before every command; a store's `size` is a field or an atomic, so this costs a
+    /// load and a compare. Returns whether the capacity changed.
+    pub fn refresh_capacity(&self) -> bool {
+        let blocks = self.store.size() / self.block_size;
+        if self.capacity.load(Ordering::Acquire) == blocks {
+            return false;
+        }
+        let old = self.capacity.swap(blocks, Ordering::AcqRel);
+        if old == blocks {
+            return false;
+        }
+        tracing::info!(
+            store = %self.store.description(),
+            "capacity changed from {old} to {blocks} blocks of {}",
+            self.block_size
+        );
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for pending in nexuses.values() {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.contains(&sense::CAPACITY_DATA_HAS_CHANGED) {
+                q.push_back(sense::CAPACITY_DATA_HAS_CHANGED);
+            }
+        }
+        true
     }
 
     pub fn flush(&self) -> io::Result<()> {
@@ -157,8 +195,32 @@ impl LogicalUnit {
     }
 
     /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
-    /// defaults and every nexus gets a unit attention.
+    /// defaults and every nexus gets a unit attention; a store that other targets export
+    /// too tells them, so that their nexuses get it as well (this blocks until they have,
+    /// or the store gave up: call it where blocking is allowed).
     pub fn reset(&self) {
+        self.reset_here();
+        if let Err(e) = self.store.announce_reset() {
+            tracing::warn!(
+                store = %self.store.description(),
+                "the other targets exporting this LU may not have seen its reset: {e}"
+            );
+        }
+    }
+
+    /// Takes resets that other targets exporting the same store announce (see
+    /// [`Backstore::on_peer_reset`]) as this LU's own, without announcing them again.
+    pub fn listen_to_peers(self: &Arc<Self>) {
+        let lu = Arc::downgrade(self);
+        self.store.on_peer_reset(Arc::new(move || {
+            if let Some(lu) = lu.upgrade() {
+                tracing::info!("logical unit reset announced by another target");
+                lu.reset_here();
+            }
+        }));
+    }
+
+    fn reset_here(&self) {
         *self.mode.write().unwrap_or_else(|e| e.into_inner()) = ModeState::default();
         self.prevent
             .lock()
@@ -251,6 +313,9 @@ impl LogicalUnit {
         }
         // An unknown nexus gets its power-on unit attention on its first command, and a
         // pending one goes with the next: both are execute()'s to report.
+        if self.refresh_capacity() {
+            return None;
+        }
         {
             let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
             let pending = nexuses.get(&cmd.nexus)?;
@@ -329,7 +394,13 @@ impl LogicalUnit {
         cdb::check_len(cmd.cdb)?;
         let cdb = cmd.cdb;
         let sa = (cdb[1] & 0x1f) as u16;
-        if !is_supported(opcode, sa, self.config.thin) {
+        let offer = self.offer();
+        // Reservations a LU does not offer are refused as a whole, whatever the service
+        // action (see `LuConfig::peer_port_groups`).
+        if !offer.reservations && is_reservation(opcode) {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
+        }
+        if !is_supported(opcode, sa, offer) {
             // A known opcode with an unknown service action is a bad field, not a bad
             // opcode.
             if has_service_action(opcode) {
@@ -339,6 +410,7 @@ impl LogicalUnit {
         }
 
         self.register(cmd.nexus);
+        self.refresh_capacity();
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some(ua) = self.take_unit_attention(cmd.nexus) {
                 return Err(ua.into());
@@ -370,12 +442,12 @@ impl LogicalUnit {
             INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
             REPORT_LUNS => report_luns(&[0], cdb),
             REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
-            MAINTENANCE_IN => report_supported_opcodes(cdb, self.config.thin),
+            MAINTENANCE_IN => report_supported_opcodes(cdb, self.offer()),
             MODE_SENSE_6 | MODE_SENSE_10 => {
                 let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
                 let dev = mode::Device {
                     write_protected: self.config.read_only || state.swp,
-                    capacity: self.capacity,
+                    capacity: self.capacity_blocks(),
                     block_size: self.block_size as u32,
                 };
                 mode::mode_sense(cdb, &state, &dev)
@@ -496,7 +568,7 @@ impl LogicalUnit {
 
     fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
         match lba.checked_add(blocks) {
-            Some(end) if end <= self.capacity && lba <= self.capacity => Ok(()),
+            Some(end) if end <= self.capacity_blocks() => Ok(()),
             _ => Err(sense::LBA_OUT_OF_RANGE),
         }
     }
@@ -788,10 +860,11 @@ impl LogicalUnit {
         // WSNZ is clear: no blocks means up to the end of the medium.
         let mut r = r;
         if r.blocks == 0 {
-            if r.lba >= self.capacity {
+            let capacity = self.capacity_blocks();
+            if r.lba >= capacity {
                 return Err(sense::LBA_OUT_OF_RANGE);
             }
-            r.blocks = self.capacity - r.lba;
+            r.blocks = capacity - r.lba;
         }
         if r.blocks > self.limits.max_write_same {
             return Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None));
@@ -891,10 +964,11 @@ impl LogicalUnit {
 
     /// Overwrites every block with `overwrite`, or erases them all.
     fn sanitize_medium(&self, overwrite: Option<&[u8]>) -> Outcome {
-        let guards = self.lock_range(0, self.capacity);
-        let len = self.capacity * self.block_size;
+        let capacity = self.capacity_blocks();
+        let guards = self.lock_range(0, capacity);
+        let len = capacity * self.block_size;
         if let Some(block) = overwrite {
-            self.fill(0, self.capacity, block)?;
+            self.fill(0, capacity, block)?;
         } else if self.config.thin && self.store.supports_discard() {
             self.store
                 .discard(0, len)
@@ -1180,7 +1254,7 @@ impl LogicalUnit {
         if cdb[8] & 0x01 == 0 && be32(&cdb[2..6]) != 0 {
             return Err(Sense::invalid_field_in_cdb(2, None));
         }
-        let last = self.capacity.saturating_sub(1).min(0xffff_ffff) as u32;
+        let last = self.capacity_blocks().saturating_sub(1).min(0xffff_ffff) as u32;
         let mut d = last.to_be_bytes().to_vec();
         d.extend_from_slice(&(self.block_size as u32).to_be_bytes());
         Ok(d)
@@ -1189,7 +1263,7 @@ impl LogicalUnit {
     fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
         let alloc = be32(&cdb[10..14]) as usize;
         let mut d = vec![0u8; 32];
-        d[0..8].copy_from_slice(&self.capacity.saturating_sub(1).to_be_bytes());
+        d[0..8].copy_from_slice(&self.capacity_blocks().saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
         d[13] = self.config.physical_block_exponent & 0x0f;
         if self.config.thin {
@@ -1201,12 +1275,13 @@ impl LogicalUnit {
     fn get_lba_status(&self, cdb: &[u8]) -> Outcome {
         let lba = be64(&cdb[2..10]);
         let alloc = be32(&cdb[10..14]) as usize;
-        if lba >= self.capacity {
+        let capacity = self.capacity_blocks();
+        if lba >= capacity {
             return Err(sense::LBA_OUT_OF_RANGE);
         }
         // Enough descriptors to fill the allocation length, never more than the device has.
         let want = alloc.saturating_sub(8) / 16;
-        let span = (self.capacity - lba).min(self.limits.max_transfer as u64 * 64);
+        let span = (capacity - lba).min(self.limits.max_transfer as u64 * 64);
         let extents = self
             .store
             .is_allocated(lba * self.block_size, span * self.block_size)

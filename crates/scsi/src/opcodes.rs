@@ -549,12 +549,37 @@ pub(crate) fn has_service_action(opcode: u8) -> bool {
         .any(|o| o.opcode == opcode && o.service_action.is_some())
 }
 
-fn offered(thin_lu: bool) -> impl Iterator<Item = &'static OpInfo> {
-    OPS.iter().filter(move |o| thin_lu || !o.thin_only)
+/// What a logical unit offers beyond the commands every one has.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Offer {
+    /// Thin provisioning (LBPME): UNMAP, the erasing SANITIZEs.
+    pub thin: bool,
+    /// Reservations, SPC-2 and persistent: not where other targets export the logical
+    /// unit too, since they cannot be kept consistent with those targets'.
+    pub reservations: bool,
 }
 
-pub(crate) fn is_supported(opcode: u8, sa: u16, thin_lu: bool) -> bool {
-    offered(thin_lu).any(|o| o.opcode == opcode && o.service_action.is_none_or(|s| s == sa))
+/// The reservation commands, offered or not as a whole.
+pub(crate) fn is_reservation(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        RESERVE_6
+            | RELEASE_6
+            | RESERVE_10
+            | RELEASE_10
+            | PERSISTENT_RESERVE_IN
+            | PERSISTENT_RESERVE_OUT
+    )
+}
+
+fn offered(offer: Offer) -> impl Iterator<Item = &'static OpInfo> {
+    OPS.iter().filter(move |o| {
+        (offer.thin || !o.thin_only) && (offer.reservations || !is_reservation(o.opcode))
+    })
+}
+
+pub(crate) fn is_supported(opcode: u8, sa: u16, offer: Offer) -> bool {
+    offered(offer).any(|o| o.opcode == opcode && o.service_action.is_none_or(|s| s == sa))
 }
 
 /// Command timeouts descriptor: none are reported as specific, so all are zero.
@@ -565,7 +590,7 @@ fn timeouts() -> [u8; 12] {
 }
 
 /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0Ch).
-pub(crate) fn report_supported_opcodes(cdb: &[u8], thin_lu: bool) -> Result<Vec<u8>, Sense> {
+pub(crate) fn report_supported_opcodes(cdb: &[u8], offer: Offer) -> Result<Vec<u8>, Sense> {
     let rctd = cdb[2] & 0x80 != 0;
     let options = cdb[2] & 0x07;
     let req_op = cdb[3];
@@ -574,7 +599,7 @@ pub(crate) fn report_supported_opcodes(cdb: &[u8], thin_lu: bool) -> Result<Vec<
     let data = match options {
         0 => {
             let mut list = Vec::new();
-            for o in offered(thin_lu) {
+            for o in offered(offer) {
                 list.push(o.opcode);
                 list.push(0);
                 list.extend_from_slice(&o.service_action.unwrap_or(0).to_be_bytes());
@@ -603,7 +628,7 @@ pub(crate) fn report_supported_opcodes(cdb: &[u8], thin_lu: bool) -> Result<Vec<
                 2 if !sa_cmd => return Err(Sense::invalid_field_in_cdb(2, Some(2))),
                 _ => {}
             }
-            let found = offered(thin_lu).find(|o| {
+            let found = offered(offer).find(|o| {
                 o.opcode == req_op && (!sa_cmd || options == 1 || o.service_action == Some(req_sa))
             });
             let mut data = vec![0u8; 4];

@@ -1851,3 +1851,146 @@ fn commands_during_a_sanitize_are_turned_away() {
     good(&erase.join().unwrap());
     good(&exec_on(&lu, other, &[0, 0, 0, 0, 0, 0], &[]));
 }
+
+/// A store whose size changes by itself, as an RBD image resized by another client.
+#[derive(Debug)]
+struct Resizable {
+    inner: RamBackstore,
+    size: std::sync::atomic::AtomicU64,
+}
+
+impl Backstore for Resizable {
+    fn size(&self) -> u64 {
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.inner.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn capacity_change_is_a_unit_attention_on_every_nexus() {
+    let store = Arc::new(Resizable {
+        inner: RamBackstore::new(BLOCKS * 2 * BS as u64),
+        size: (BLOCKS * BS as u64).into(),
+    });
+    let lu = LogicalUnit::new(LuConfig::default(), store.clone());
+    let other = Nexus(2);
+    for n in [N, other] {
+        assert_sense(&exec_on(&lu, n, &[0; 6], &[]), 0x06, 0x29, 0x00);
+    }
+    let rc16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let last = |r: &Response| u64::from_be_bytes(good(r)[..8].try_into().unwrap());
+    assert_eq!(last(&exec(&lu, &rc16, &[])), BLOCKS - 1);
+    assert_sense(&exec(&lu, &read10(BLOCKS as u32, 1), &[]), 0x05, 0x21, 0x00);
+
+    store
+        .size
+        .store(BLOCKS * 2 * BS as u64, std::sync::atomic::Ordering::Release);
+    // The first command of each nexus reports it, once; a read of a new block works after.
+    assert_sense(&exec(&lu, &read10(BLOCKS as u32, 1), &[]), 0x06, 0x2a, 0x09);
+    good(&exec(&lu, &read10(BLOCKS as u32, 1), &[]));
+    assert_eq!(last(&exec(&lu, &rc16, &[])), 2 * BLOCKS - 1);
+    assert_sense(&exec_on(&lu, other, &rc16, &[]), 0x06, 0x2a, 0x09);
+    assert_eq!(last(&exec_on(&lu, other, &rc16, &[])), 2 * BLOCKS - 1);
+    assert_eq!(lu.capacity_blocks(), 2 * BLOCKS);
+
+    // Shrunk: reported again, and the blocks past the new end are out of range.
+    store
+        .size
+        .store(BLOCKS / 2 * BS as u64, std::sync::atomic::Ordering::Release);
+    let r = exec_on(&lu, other, &[0x03, 0, 0, 0, 252, 0], &[]);
+    assert_eq!(
+        (good(&r)[2], r.data_in[12], r.data_in[13]),
+        (0x06, 0x2a, 0x09)
+    );
+    assert_sense(&exec(&lu, &[0; 6], &[]), 0x06, 0x2a, 0x09);
+    assert_sense(
+        &exec(&lu, &read10(BLOCKS as u32 / 2, 1), &[]),
+        0x05,
+        0x21,
+        0x00,
+    );
+    // The capacity of READ CAPACITY (10) too.
+    let r = exec(&lu, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(
+        u32::from_be_bytes(good(&r)[..4].try_into().unwrap()) as u64,
+        BLOCKS / 2 - 1
+    );
+}
+
+/// A logical unit that other targets export too: REPORT TARGET PORT GROUPS lists every
+/// group, active/optimized, in the order of their ids whichever target answers; every
+/// reservation command is refused as unsupported, and REPORT SUPPORTED OPERATION CODES
+/// leaves them out.
+#[test]
+fn peer_port_groups_listed_and_reservations_refused() {
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+    let answer = |own: u16, peers: Vec<u16>| {
+        let lu = lu_with(LuConfig {
+            target_port_group: own,
+            relative_port: own,
+            peer_port_groups: peers,
+            ..LuConfig::default()
+        });
+        (good(&exec(&lu, &rtpg, &[])).to_vec(), lu)
+    };
+    let (a, lu) = answer(1, vec![2]);
+    let (b, _) = answer(2, vec![1]);
+    assert_eq!(a, b, "both targets answer alike");
+    assert_eq!(u32::from_be_bytes(a[..4].try_into().unwrap()), 24);
+    for (i, g) in [1u16, 2].iter().enumerate() {
+        let d = &a[4 + 12 * i..16 + 12 * i];
+        assert_eq!(d[0] & 0x0f, 0, "group {g} active/optimized");
+        assert_eq!(u16::from_be_bytes([d[2], d[3]]), *g);
+        assert_eq!(d[7], 1, "one port");
+        assert_eq!(u16::from_be_bytes([d[10], d[11]]), *g, "relative port");
+    }
+    // TPGS: implicit ALUA.
+    let inq = exec(&lu, &[0x12, 0, 0, 0, 96, 0], &[]);
+    assert_eq!(good(&inq)[5] & 0x30, 0x10);
+    // Reservations: every service action, SPC-2 too.
+    let prin = [0x5e, 0x00, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let prout = [0x5f, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];
+    for cdb in [
+        &prin[..],
+        &[0x5e, 0x01, 0, 0, 0, 0, 0, 0x10, 0, 0],
+        &prout,
+        &[0x16, 0, 0, 0, 0, 0],
+        &[0x17, 0, 0, 0, 0, 0],
+        &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    ] {
+        assert_sense(&exec(&lu, cdb, &[0u8; 24]), 0x05, 0x20, 0x00);
+    }
+    // One command asked of REPORT SUPPORTED OPERATION CODES: not supported (001b).
+    let r = exec(&lu, &[0xa3, 0x0c, 0x02, 0x5f, 0, 0, 0, 0, 0, 64, 0, 0], &[]);
+    assert_eq!(good(&r)[1] & 0x07, 0x01);
+    let all = exec(&lu, &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0], &[]);
+    let list = &good(&all)[4..];
+    assert!(
+        list.chunks(8)
+            .all(|d| ![0x5e, 0x5f, 0x16, 0x17, 0x56, 0x57].contains(&d[0])),
+        "reservation commands listed"
+    );
+    // Alone, the same LU keeps them.
+    let (_, alone) = answer(1, vec![]);
+    good(&exec(&alone, &prin, &[]));
+}

@@ -50,6 +50,21 @@ pub struct Config {
     pub control: Option<ControlConfig>,
     /// Registration with an iSNS server (RFC 4171); none when absent.
     pub isns: Option<Isns>,
+    /// The target portal group tag of every portal of this process, which is also the
+    /// ALUA target port group and the relative target port identifier of its targets'
+    /// one port each: 1..65535, 1 by default.
+    #[serde(default = "default_portal_group")]
+    pub portal_group: u16,
+    /// The portal groups of other Reservoir targets that export the same targets (same IQN
+    /// and LUN ids, the same stores: an RBD image through two gateways). Not empty: the LUs
+    /// report every group (REPORT TARGET PORT GROUPS, all active/optimized), refuse
+    /// reservations, and their stores are opened as shared (no librbd cache).
+    #[serde(default)]
+    pub peer_portal_groups: Vec<u16>,
+}
+
+fn default_portal_group() -> u16 {
+    1
 }
 
 /// `[control]`: where the agent of `rsv sync` listens, and the key every request must be
@@ -355,6 +370,8 @@ impl Config {
             session: SessionDefaults::default(),
             discovery: Discovery::default(),
             isns: None,
+            portal_group: default_portal_group(),
+            peer_portal_groups: Vec::new(),
             targets: vec![TargetConfig {
                 iqn: DEFAULT_IQN.into(),
                 alias: Some("reservoir".into()),
@@ -516,7 +533,27 @@ impl Config {
         if let Some(c) = &self.discovery.chap {
             validate_chap(c).map_err(|e| format!("discovery chap: {e}"))?;
         }
+        if self.portal_group == 0 {
+            return Err("portal_group must be 1..65535 (0 is no relative port id)".into());
+        }
+        let mut groups = HashSet::from([self.portal_group]);
+        for &g in &self.peer_portal_groups {
+            if g == 0 {
+                return Err("peer_portal_groups: 0 is not a group (1..65535)".into());
+            }
+            if !groups.insert(g) {
+                return Err(format!(
+                    "peer_portal_groups: group {g} given twice, or it is this target's own \
+                     portal_group; every target exporting the LUs needs a group of its own"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether other targets export these LUs too (`peer_portal_groups`).
+    pub fn multipath(&self) -> bool {
+        !self.peer_portal_groups.is_empty()
     }
 }
 
@@ -608,6 +645,28 @@ mod tests {
             assert!(e.to_string().contains(": isns."), "{bad}: {e}");
         }
         assert!(Config::parse(&format!("{base}[isns]\nsrv = \"h\"\n"), "i.toml").is_err());
+    }
+
+    #[test]
+    fn portal_groups() {
+        let base = "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n";
+        let c = Config::parse(base, "p.toml").unwrap();
+        assert_eq!((c.portal_group, c.multipath()), (1, false));
+        let c = Config::parse(
+            &format!("portal_group = 2\npeer_portal_groups = [1, 3]\n{base}"),
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!((c.portal_group, c.multipath()), (2, true));
+        for (bad, says) in [
+            ("portal_group = 0", "portal_group must be"),
+            ("peer_portal_groups = [0]", "0 is not a group"),
+            ("peer_portal_groups = [1]", "own"),
+            ("portal_group = 2\npeer_portal_groups = [3, 3]", "twice"),
+        ] {
+            let e = Config::parse(&format!("{bad}\n{base}"), "p.toml").unwrap_err();
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -19,7 +19,6 @@ use rand::RngCore;
 use tracing::info;
 
 use crate::config::Chap;
-use crate::node::PORTAL_GROUP;
 use crate::session::{ConnEvent, Session};
 use crate::shared::Shared;
 use crate::wire;
@@ -58,7 +57,7 @@ impl LoginPolicy for Policy<'_> {
         chap_requirement(&self.shared.config.discovery.chap)
     }
     fn target_portal_group_tag(&self) -> u16 {
-        PORTAL_GROUP
+        self.shared.config.portal_group
     }
     fn session_preferences(&self) -> &SessionParams {
         &self.session

@@ -8,10 +8,6 @@ use scsi::{CopyTargets, Designator, LogicalUnit};
 
 use crate::config::Chap;
 
-/// The target portal group tag of every portal: one group, so one target port per
-/// target node, whichever portal a connection comes through.
-pub(crate) const PORTAL_GROUP: u16 = 1;
-
 /// One iSCSI target node: a name, its access rules and its logical units.
 pub struct TargetNode {
     pub iqn: String,

@@ -139,6 +139,7 @@ impl Server {
                 let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
                 let store = opener
                     .read_only(l.read_only)
+                    .shared(config.multipath())
                     .open(&spec)
                     .with_context(|| format!("opening {at}"))?;
                 if store.size() % l.block_size as u64 != 0 || store.size() == 0 {
@@ -185,10 +186,12 @@ impl Server {
                         device_id: format!("{}-lun{}", t.iqn, l.id),
                         pr_file,
                         target_name: t.iqn.clone(),
-                        // Every portal is in portal group 1 (`node::PORTAL_GROUP`), so
-                        // the target has one target port, reachable by all portals.
-                        target_port_group: 1,
-                        relative_port: 1,
+                        // Every portal is in the one portal group (`portal_group`), so
+                        // the target has one target port, reachable by all portals; its
+                        // relative id is the group's, as for the peers' ports.
+                        target_port_group: config.portal_group,
+                        relative_port: config.portal_group,
+                        peer_port_groups: config.peer_portal_groups.clone(),
                         ..LuConfig::default()
                     },
                     store,
@@ -199,7 +202,9 @@ impl Server {
                     l.block_size,
                     if l.read_only { ", read-only" } else { "" }
                 );
-                luns.insert(l.id, Arc::new(lu));
+                let lu = Arc::new(lu);
+                lu.listen_to_peers();
+                luns.insert(l.id, lu);
             }
             let node = Arc::new(TargetNode {
                 iqn: t.iqn.clone(),
@@ -291,7 +296,7 @@ impl Server {
                 .iter()
                 .map(|t| (t.iqn.clone(), t.alias.clone()))
                 .collect();
-            crate::isns::Registrar::new(cfg, &targets, &shared.portals, crate::node::PORTAL_GROUP)
+            crate::isns::Registrar::new(cfg, &targets, &shared.portals, shared.config.portal_group)
         });
         let registration = registrar.map(|r| tokio::spawn(r.run(shutdown_tx.subscribe())));
         let mut accept_tasks = Vec::new();

@@ -14,7 +14,7 @@ use iscsi::text::{split_for_pdus, TextKeys};
 use tracing::{debug, warn};
 
 use super::{header_of, Conn};
-use crate::node::{TargetNode, PORTAL_GROUP};
+use crate::node::TargetNode;
 use crate::wire::Out;
 
 impl Conn {
@@ -156,7 +156,7 @@ impl Conn {
                     p.ip()
                 };
                 let addr = SocketAddr::new(ip, p.port());
-                format!("{addr},{PORTAL_GROUP}")
+                format!("{addr},{}", self.shared.config.portal_group)
             })
             .collect()
     }

@@ -140,7 +140,9 @@ impl Conn {
                     let tasks = self.session.tasks_on(lun);
                     self.abort_tasks(tasks).await;
                     if function == tmf::LOGICAL_UNIT_RESET {
-                        lu.reset();
+                        // May wait for the other targets of a shared store.
+                        let lu = lu.clone();
+                        let _ = tokio::task::spawn_blocking(move || lu.reset()).await;
                     }
                     tmf::COMPLETE
                 }
@@ -150,9 +152,10 @@ impl Conn {
                 Some(tg) => {
                     let tasks = self.session.tasks_on(None);
                     self.abort_tasks(tasks).await;
-                    for lu in tg.luns.values() {
-                        lu.reset();
-                    }
+                    let luns: Vec<Arc<LogicalUnit>> = tg.luns.values().cloned().collect();
+                    let _ =
+                        tokio::task::spawn_blocking(move || luns.iter().for_each(|l| l.reset()))
+                            .await;
                     tmf::COMPLETE
                 }
             },
