@@ -12,6 +12,7 @@ mod mode;
 pub mod opcodes;
 mod pr;
 mod range_lock;
+mod sanitize;
 pub mod sense;
 mod xcopy;
 
@@ -63,6 +64,9 @@ pub struct LuConfig {
     pub target_name: String,
     pub target_port_group: u16,
     pub relative_port: u16,
+    /// Bytes per second a SANITIZE OVERWRITE writes at most (`None`: unpaced); see the
+    /// `sanitize` module.
+    pub sanitize_rate: Option<u64>,
 }
 
 impl Default for LuConfig {
@@ -86,9 +90,14 @@ impl Default for LuConfig {
             target_name: "iqn.2026-11.org.reservoir:target0".into(),
             target_port_group: 1,
             relative_port: 1,
+            sanitize_rate: Some(DEFAULT_SANITIZE_RATE),
         }
     }
 }
+
+/// SANITIZE OVERWRITE's pace unless configured: 128 MiB/s, below md's default ceiling for
+/// a RAID resync (200,000 KiB/s); the embedded default's 1 GiB takes 8 s.
+pub const DEFAULT_SANITIZE_RATE: u64 = 128 << 20;
 
 /// An I_T nexus (initiator port + target port), numbered by the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -238,6 +238,13 @@ pub struct LunConfig {
     pub track_file: Option<PathBuf>,
     /// The change map's unit: a power of two of at least 4 KiB; 1 MiB when absent.
     pub track_unit: Option<Size>,
+    /// How fast a SANITIZE OVERWRITE writes the whole LUN: a rate ("128MiB/s", "1gbit"),
+    /// or "unlimited"; 128 MiB/s when absent (`scsi::DEFAULT_SANITIZE_RATE`).
+    #[serde(
+        default = "default_sanitize_rate",
+        deserialize_with = "sanitize_rate"
+    )]
+    pub sanitize_rate: Option<u64>,
 }
 
 impl LunConfig {
@@ -284,6 +291,17 @@ impl LunConfig {
             ),
         }
     }
+}
+
+fn default_sanitize_rate() -> Option<u64> {
+    Some(scsi::DEFAULT_SANITIZE_RATE)
+}
+
+/// Bytes per second, or `None` for "unlimited" (or 0).
+fn sanitize_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    units::parse_rate_limit(&NumberOrText::deserialize(d)?.into_text())
+        .map(|r| r.map(|r| r.bytes_per_sec()))
+        .map_err(D::Error::custom)
 }
 
 fn default_block_size() -> u32 {
@@ -375,6 +393,7 @@ impl Config {
                     track: false,
                     track_file: None,
                     track_unit: None,
+                    sanitize_rate: default_sanitize_rate(),
                 }],
             }],
             control: None,

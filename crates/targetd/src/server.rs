@@ -189,6 +189,7 @@ impl Server {
                         // the target has one target port, reachable by all portals.
                         target_port_group: 1,
                         relative_port: 1,
+                        sanitize_rate: l.sanitize_rate,
                         ..LuConfig::default()
                     },
                     store,
