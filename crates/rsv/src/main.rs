@@ -39,6 +39,9 @@ enum Command {
     Mount(tools::cli::MountArgs),
     /// Copy a volume site to site, disk server to disk server, in paced parallel streams.
     Sync(replicate::cli::SyncArgs),
+    /// Crash-consistency check: stamped writes, SIGKILLed targets, every durable write
+    /// verified after the restart.
+    Crash(tools::crash::CrashArgs),
     /// A small iSNS server (RFC 4171): registrations kept in a file, expiry, SCN.
     Isns(isnsd::IsnsArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
@@ -126,6 +129,14 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Tune(args) => ok(tools::cli::tune(args)),
         Command::Mount(args) => ok(tools::cli::mount(args)),
         Command::Isns(args) => ok(isnsd::run(args)),
+        // 1 when a round found a loss or a phantom, as for an error.
+        Command::Crash(args) => tools::crash::run(args).map(|clean| {
+            if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
         Command::Lab(args) => ok(lab::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }

@@ -16,7 +16,7 @@ use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
 use iscsi::pdu::{LoginRequest, LoginResponse, Pdu};
 use net::transport::Stream;
 use rand::RngCore;
-use tracing::info;
+use crate::loglimit::peer_log;
 
 use crate::config::Chap;
 use crate::node::PORTAL_GROUP;
@@ -186,7 +186,7 @@ pub(crate) async fn login(
                             &login_response(&req, reply, req.tsih, statsn, (req.cmdsn, req.cmdsn)),
                         )
                         .await?;
-                        info!("{peer}: login refused: session {} does not exist", req.tsih);
+                        peer_log!(info, "{peer}: login refused: session {} does not exist", req.tsih);
                         return Ok(None);
                     }
                 }
@@ -210,7 +210,7 @@ pub(crate) async fn login(
                 statsn = statsn.wrapping_add(1);
             }
             LoginStep::Failed(reply) => {
-                info!(
+                peer_log!(info, 
                     "{peer}: login refused: {} (0x{:02x}{:02x})",
                     iscsi::login::status::describe(reply.status_class, reply.status_detail),
                     reply.status_class,
@@ -228,7 +228,7 @@ pub(crate) async fn login(
                 let session = match bound {
                     Ok(s) => s,
                     Err((code, why)) => {
-                        info!("{peer}: login refused: {why}");
+                        peer_log!(info, "{peer}: login refused: {why}");
                         let reply = failure(code);
                         wire::send_now(
                             stream,
@@ -308,7 +308,7 @@ fn bind_session(
         outcome.isid,
         target.as_ref().map(|t| t.iqn.as_str()),
     ) {
-        info!(
+        peer_log!(info, 
             "session {} of {} reinstated by a new login",
             old.tsih, old.initiator
         );

@@ -3,5 +3,6 @@
 //! indicatif and fuser for programs that only want to reach a LUN.
 
 pub mod cli;
+pub mod crash;
 pub mod mount;
 mod tune_cli;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use iscsi::ffp::{logout, tmf};
 use iscsi::pdu::{lun_from_wire, LogoutRequest, LogoutResponse, TaskMgmtRequest, TaskMgmtResponse};
 use scsi::LogicalUnit;
-use tracing::info;
+use crate::loglimit::peer_log;
 
 use super::{Close, Conn};
 use crate::session::ConnEvent;
@@ -171,7 +171,7 @@ impl Conn {
             }
             _ => tmf::NOT_SUPPORTED,
         };
-        info!(
+        peer_log!(info, 
             "connection {}: task management function {function} on LUN {:?}: response {response}",
             self.cid, lun
         );

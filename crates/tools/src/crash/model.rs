@@ -87,6 +87,8 @@ struct UnitState {
     durable: u64,
     /// Generations issued since, acknowledged or not.
     since: BTreeSet<u64>,
+    /// Garbage found and reported already: not reported again until overwritten.
+    garbage: bool,
 }
 
 /// What the checker knows about every unit of the LUN, in one run.
@@ -140,6 +142,7 @@ impl Model {
         let s = &self.units[unit as usize];
         match found {
             Found::Empty if s.durable == 0 => Verdict::Ok,
+            Found::Garbage if s.garbage && s.durable == 0 => Verdict::Ok,
             Found::Empty => Verdict::Lost {
                 durable: s.durable,
                 found: 0,
@@ -165,6 +168,7 @@ impl Model {
     pub fn settle(&mut self, unit: u64, found: Found) {
         let s = &mut self.units[unit as usize];
         s.since.clear();
+        s.garbage = found == Found::Garbage;
         s.durable = match found {
             Found::Stamp { gen, .. } => gen,
             _ => 0,
@@ -233,5 +237,11 @@ mod tests {
         assert_eq!(m.verdict(0, st(0, 9)), Verdict::Ok);
         m.settle(2, Found::Empty);
         assert_eq!(m.verdict(2, Found::Empty), Verdict::Ok);
+        // Garbage is reported once, until the unit is written again.
+        m.settle(3, Found::Garbage);
+        assert_eq!(m.verdict(3, Found::Garbage), Verdict::Ok);
+        m.issue(3..4, 20);
+        m.durable(3..4, 20);
+        assert_eq!(m.verdict(3, Found::Garbage), Verdict::Phantom(Found::Garbage));
     }
 }
