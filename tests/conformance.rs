@@ -508,7 +508,11 @@ fn the_default_lun_has_no_failures() {
     let t = Tally::parse(&out);
     println!("{}", t.summary("Reservoir, the embedded default's LUN"));
     assert!(t.results.len() > 200, "suite output not understood:\n{out}");
-    for must in ["Sanitize.Reset", "Sanitize.BlockErase", "Sanitize.Overwrite"] {
+    for must in [
+        "Sanitize.Reset",
+        "Sanitize.BlockErase",
+        "Sanitize.Overwrite",
+    ] {
         assert_eq!(
             t.results.get(must),
             Some(&Outcome::Passed),

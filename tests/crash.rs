@@ -50,16 +50,41 @@ fn a_file_lun_loses_nothing_across_kills() {
 #[test]
 fn a_stripe_loses_nothing_when_its_file_server_or_disk_servers_die() {
     let (ok, s) = crash(&[
-        "--rounds", "6", "--size", "16MiB", "--writers", "4", "--stripe", "2",
+        "--rounds",
+        "6",
+        "--size",
+        "16MiB",
+        "--writers",
+        "4",
+        "--stripe",
+        "2",
     ]);
     assert_clean(ok, &s, 6);
+    // This seed kills the file server once and the disk servers five times.
+    assert!(s["kills"]["file server"].as_u64() >= Some(1), "{s:#}");
+    assert!(
+        s["kills"]["disk server 0"].as_u64().unwrap_or(0)
+            + s["kills"]["disk server 1"].as_u64().unwrap_or(0)
+            >= 1,
+        "{s:#}"
+    );
 }
 
 #[test]
 fn a_ram_lun_is_caught_losing_data() {
     let (ok, s) = crash(&[
-        "--rounds", "2", "--size", "8MiB", "--writers", "2", "--store", "ram:?size=8M",
-        "--min-run", "200ms", "--max-run", "300ms",
+        "--rounds",
+        "2",
+        "--size",
+        "8MiB",
+        "--writers",
+        "2",
+        "--store",
+        "ram:?size=8M",
+        "--min-run",
+        "200ms",
+        "--max-run",
+        "300ms",
     ]);
     assert!(!ok, "a RAM store loses every write at a kill:\n{s:#}");
     assert!(s["losses"].as_u64().unwrap() > 0, "{s:#}");

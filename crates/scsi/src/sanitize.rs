@@ -101,18 +101,16 @@ impl Sanitizer {
             s.started
         };
         let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("sanitize".into())
-            .spawn({
-                let me = me.clone();
-                move || {
-                    let result = me.run(&medium, &method);
-                    if let Err(s) = &result {
-                        tracing::warn!("sanitize operation failed: {s}");
-                    }
-                    me.finish(id, result);
+        let spawned = std::thread::Builder::new().name("sanitize".into()).spawn({
+            let me = me.clone();
+            move || {
+                let result = me.run(&medium, &method);
+                if let Err(s) = &result {
+                    tracing::warn!("sanitize operation failed: {s}");
                 }
-            });
+                me.finish(id, result);
+            }
+        });
         if let Err(e) = spawned {
             tracing::warn!("sanitize: no thread: {e}");
             me.finish(id, Err(sense::WRITE_ERROR));

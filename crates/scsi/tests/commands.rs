@@ -1863,7 +1863,10 @@ fn get_lba_status_covers_a_large_lu_to_its_end() {
     let lu = LogicalUnit::new(LuConfig::default(), store);
     exec(&lu, &[0x00, 0, 0, 0, 0, 0], &[]);
     assert_eq!(lba_status(&lu, 0), vec![(0, blocks as u32, 1)]);
-    assert_eq!(lba_status(&lu, 3_000_000), vec![(3_000_000, (blocks - 3_000_000) as u32, 1)]);
+    assert_eq!(
+        lba_status(&lu, 3_000_000),
+        vec![(3_000_000, (blocks - 3_000_000) as u32, 1)]
+    );
     good(&exec(&lu, &write10(3_000_000, 1), &fill(1, 1)));
     let st = lba_status(&lu, 0);
     assert_eq!(st.len(), 3, "{st:?}");
@@ -1874,7 +1877,10 @@ fn get_lba_status_covers_a_large_lu_to_its_end() {
     let mut c = cdb16(0x9e, 0, 24);
     c[1] = 0x12;
     let d = good(&exec(&lu, &c, &[])).to_vec();
-    assert_eq!(u32::from_be_bytes(d[16..20].try_into().unwrap()) as u64, st[0].1 as u64);
+    assert_eq!(
+        u32::from_be_bytes(d[16..20].try_into().unwrap()) as u64,
+        st[0].1 as u64
+    );
 }
 
 /// SANITIZE runs in the background (SBC-4 4.11): with IMMED the command answers at once

@@ -240,10 +240,7 @@ pub struct LunConfig {
     pub track_unit: Option<Size>,
     /// How fast a SANITIZE OVERWRITE writes the whole LUN: a rate ("128MiB/s", "1gbit"),
     /// or "unlimited"; 128 MiB/s when absent (`scsi::DEFAULT_SANITIZE_RATE`).
-    #[serde(
-        default = "default_sanitize_rate",
-        deserialize_with = "sanitize_rate"
-    )]
+    #[serde(default = "default_sanitize_rate", deserialize_with = "sanitize_rate")]
     pub sanitize_rate: Option<u64>,
 }
 

@@ -80,7 +80,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     else {
         return Ok("login failed".into());
     };
-    peer_log!(info, 
+    peer_log!(info,
         "{peer}: {} logged in to {} (session {}, cid {cid}, {} connection(s); digests h={} d={}, MRDSL {}/{})",
         outcome.initiator_name,
         session.target.as_ref().map_or("discovery", |t| t.iqn.as_str()),
@@ -389,7 +389,12 @@ impl Conn {
             }
             other => {
                 // Target-to-initiator opcodes, or a Login Request after login.
-                peer_log!(warn, "connection {}: unexpected {:?}", self.cid, other.opcode());
+                peer_log!(
+                    warn,
+                    "connection {}: unexpected {:?}",
+                    self.cid,
+                    other.opcode()
+                );
                 self.reject(reject_reason::PROTOCOL_ERROR, &header_of(&other));
                 Ok(())
             }

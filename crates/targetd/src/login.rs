@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::loglimit::peer_log;
 use anyhow::bail;
 use bytes::{Bytes, BytesMut};
 use iscsi::framing::PduDecoder;
@@ -16,7 +17,6 @@ use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
 use iscsi::pdu::{LoginRequest, LoginResponse, Pdu};
 use net::transport::Stream;
 use rand::RngCore;
-use crate::loglimit::peer_log;
 
 use crate::config::Chap;
 use crate::node::PORTAL_GROUP;
@@ -186,7 +186,11 @@ pub(crate) async fn login(
                             &login_response(&req, reply, req.tsih, statsn, (req.cmdsn, req.cmdsn)),
                         )
                         .await?;
-                        peer_log!(info, "{peer}: login refused: session {} does not exist", req.tsih);
+                        peer_log!(
+                            info,
+                            "{peer}: login refused: session {} does not exist",
+                            req.tsih
+                        );
                         return Ok(None);
                     }
                 }
@@ -210,7 +214,8 @@ pub(crate) async fn login(
                 statsn = statsn.wrapping_add(1);
             }
             LoginStep::Failed(reply) => {
-                peer_log!(info, 
+                peer_log!(
+                    info,
                     "{peer}: login refused: {} (0x{:02x}{:02x})",
                     iscsi::login::status::describe(reply.status_class, reply.status_detail),
                     reply.status_class,
@@ -308,9 +313,11 @@ fn bind_session(
         outcome.isid,
         target.as_ref().map(|t| t.iqn.as_str()),
     ) {
-        peer_log!(info, 
+        peer_log!(
+            info,
             "session {} of {} reinstated by a new login",
-            old.tsih, old.initiator
+            old.tsih,
+            old.initiator
         );
         old.close();
         old.broadcast(|| ConnEvent::Close("session reinstated"));

@@ -39,7 +39,9 @@ impl Limiter {
     /// last one that went, `None` to leave this one out too.
     pub(crate) fn allow(&self, now: Instant) -> Option<u64> {
         let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        if w.start.is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1)) {
+        if w.start
+            .is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1))
+        {
             w.start = Some(now);
             w.used = 0;
         }

@@ -68,7 +68,12 @@ impl Conn {
                 ctl: ctl.clone(),
             },
         ) {
-            peer_log!(warn, "connection {}: ITT {:#x} already in use", self.cid, cmd.itt);
+            peer_log!(
+                warn,
+                "connection {}: ITT {:#x} already in use",
+                self.cid,
+                cmd.itt
+            );
             reject(self, cmd, reject_reason::INVALID_PDU_FIELD);
             return Ok(());
         }
@@ -201,9 +206,11 @@ impl Conn {
             Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
         };
         if let Err(fault) = checked {
-            peer_log!(warn, 
+            peer_log!(
+                warn,
                 "connection {}: Data-Out ITT {:#x}: {fault}; command ended",
-                self.cid, d.itt
+                self.cid,
+                d.itt
             );
             self.session.unregister_task(d.itt);
             let sense = Sense::data_phase_error(fault.ascq);

@@ -161,7 +161,10 @@ impl Daemon {
                 .arg(&self.data_dir)
                 .arg("--config")
                 .arg(&self.config)
-                .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or("warn".into()))
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or("warn".into()),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(log.try_clone()?)
@@ -273,7 +276,11 @@ pub fn run(args: CrashArgs) -> anyhow::Result<bool> {
         }
     };
     if !args.json {
-        println!("rsv crash: seed {seed}, {} units of {UNIT} bytes, data in {}", units_n, dir.display());
+        println!(
+            "rsv crash: seed {seed}, {} units of {UNIT} bytes, data in {}",
+            units_n,
+            dir.display()
+        );
     }
 
     // The daemons: [front] or [front, disk 0, disk 1, ...].
@@ -283,7 +290,12 @@ pub fn run(args: CrashArgs) -> anyhow::Result<bool> {
             .store
             .clone()
             .unwrap_or_else(|| format!("file:lun.img?size={size}"));
-        daemons.push(Daemon::new(&rsv, &dir, "target", &lun_config(FRONT_IQN, &store))?);
+        daemons.push(Daemon::new(
+            &rsv,
+            &dir,
+            "target",
+            &lun_config(FRONT_IQN, &store),
+        )?);
         daemons[0].start()?;
     } else {
         let member = size / args.stripe as u64;
@@ -342,7 +354,10 @@ pub fn run(args: CrashArgs) -> anyhow::Result<bool> {
         if stuck {
             summary.stuck_rounds += 1;
         }
-        *summary.kills.entry(daemons[victim].name.clone()).or_default() += 1;
+        *summary
+            .kills
+            .entry(daemons[victim].name.clone())
+            .or_default() += 1;
         let (checked, lost, phantom, findings) = rt.block_on(verify(&front_url, &model))?;
         summary.rounds = round;
         summary.durable_units_checked += checked;
@@ -411,8 +426,7 @@ fn options() -> SessionOptions {
 async fn connect(url: &IscsiUrl) -> anyhow::Result<Arc<Lun>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match tokio::time::timeout(Duration::from_secs(20), Lun::open_url(url, &options())).await
-        {
+        match tokio::time::timeout(Duration::from_secs(20), Lun::open_url(url, &options())).await {
             Ok(Ok(l)) => return Ok(Arc::new(l)),
             Ok(Err(e)) if Instant::now() > deadline => return Err(e.into()),
             Err(_) if Instant::now() > deadline => bail!("login to {:?} hangs", url.target),
@@ -472,7 +486,10 @@ async fn write_and_kill(
         stop.store(true, Ordering::Release);
         tokio::task::block_in_place(|| daemons[victim].start())?;
         let all = futures_join(tasks);
-        if tokio::time::timeout(Duration::from_secs(60), all).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(60), all)
+            .await
+            .is_err()
+        {
             stuck = true;
         }
         drop(lun);
@@ -581,7 +598,11 @@ async fn verify(
                     if findings.len() < 5 {
                         findings.push(format!(
                             "unit {u}: lost durable generation {durable}, holds {}",
-                            if found == 0 { "nothing".to_owned() } else { format!("generation {found}") }
+                            if found == 0 {
+                                "nothing".to_owned()
+                            } else {
+                                format!("generation {found}")
+                            }
                         ));
                     }
                 }
@@ -594,7 +615,9 @@ async fn verify(
             }
         }
     }
-    lun.flush().await.context("SYNCHRONIZE CACHE after the check")?;
+    lun.flush()
+        .await
+        .context("SYNCHRONIZE CACHE after the check")?;
     let mut m = model.lock().unwrap();
     for (u, f) in found.into_iter().enumerate() {
         m.settle(u as u64, f);

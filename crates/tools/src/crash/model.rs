@@ -76,7 +76,10 @@ pub fn parse(buf: &[u8]) -> Found {
 pub enum Verdict {
     Ok,
     /// A durable write is not there: `found` is an older generation (0: nothing).
-    Lost { durable: u64, found: u64 },
+    Lost {
+        durable: u64,
+        found: u64,
+    },
     /// Bytes never written to this unit.
     Phantom(Found),
 }
@@ -189,7 +192,14 @@ mod tests {
     #[test]
     fn stamps_parse_back_and_damage_is_garbage() {
         let b = stamped(7, 3, 99);
-        assert_eq!(parse(&b), Found::Stamp { run: 7, unit: 3, gen: 99 });
+        assert_eq!(
+            parse(&b),
+            Found::Stamp {
+                run: 7,
+                unit: 3,
+                gen: 99
+            }
+        );
         assert_eq!(parse(&[0u8; UNIT]), Found::Empty);
         let mut torn = b.clone();
         torn[2048..].copy_from_slice(&stamped(7, 3, 100)[2048..]);
@@ -213,23 +223,46 @@ mod tests {
         assert_eq!(m.verdict(0, st(0, 6)), Verdict::Phantom(st(0, 6)));
         assert_eq!(m.verdict(0, st(1, 5)), Verdict::Phantom(st(1, 5)));
         assert_eq!(
-            m.verdict(0, Found::Stamp { run: 2, unit: 0, gen: 5 }),
-            Verdict::Phantom(Found::Stamp { run: 2, unit: 0, gen: 5 })
+            m.verdict(
+                0,
+                Found::Stamp {
+                    run: 2,
+                    unit: 0,
+                    gen: 5
+                }
+            ),
+            Verdict::Phantom(Found::Stamp {
+                run: 2,
+                unit: 0,
+                gen: 5
+            })
         );
         // Durable: zeros and older generations are losses, later issued ones fine.
         m.durable(0..2, 5);
         m.issue(0..1, 8);
         assert_eq!(
             m.verdict(0, Found::Empty),
-            Verdict::Lost { durable: 5, found: 0 }
+            Verdict::Lost {
+                durable: 5,
+                found: 0
+            }
         );
         assert_eq!(m.verdict(0, st(0, 5)), Verdict::Ok);
         assert_eq!(m.verdict(0, st(0, 8)), Verdict::Ok);
         assert_eq!(m.verdict(1, st(1, 8)), Verdict::Phantom(st(1, 8)));
         m.issue(0..1, 9);
         m.durable(0..1, 9);
-        assert_eq!(m.verdict(0, st(0, 8)), Verdict::Lost { durable: 9, found: 8 });
-        assert_eq!(m.verdict(0, Found::Garbage), Verdict::Phantom(Found::Garbage));
+        assert_eq!(
+            m.verdict(0, st(0, 8)),
+            Verdict::Lost {
+                durable: 9,
+                found: 8
+            }
+        );
+        assert_eq!(
+            m.verdict(0, Found::Garbage),
+            Verdict::Phantom(Found::Garbage)
+        );
         // An older durable mark changes nothing.
         m.durable(0..1, 8);
         assert_eq!(m.durable_gen(0), 9);
@@ -242,6 +275,9 @@ mod tests {
         assert_eq!(m.verdict(3, Found::Garbage), Verdict::Ok);
         m.issue(3..4, 20);
         m.durable(3..4, 20);
-        assert_eq!(m.verdict(3, Found::Garbage), Verdict::Phantom(Found::Garbage));
+        assert_eq!(
+            m.verdict(3, Found::Garbage),
+            Verdict::Phantom(Found::Garbage)
+        );
     }
 }
