@@ -107,6 +107,13 @@ pub struct SessionDefaults {
     pub queue_depth: u32,
     /// Seconds a connection may take to finish logging in.
     pub login_timeout: u64,
+    /// Sessions the target holds at once; a login beyond is refused (status 0302h, out of
+    /// resources).
+    pub max_sessions: usize,
+    /// TCP connections the target holds at once, logged in or not; one beyond is closed
+    /// as it is accepted. With `login_timeout` this bounds what a flood of half-open
+    /// connections can hold (file descriptors, tasks).
+    pub max_open_connections: usize,
     /// Seconds of silence before the target sends a NOP-In ping (0: never).
     pub nop_interval: u64,
     /// SO_SNDBUF / SO_RCVBUF per connection; unset: auto-tuned from the handshake's RTT.
@@ -148,6 +155,8 @@ impl Default for SessionDefaults {
             data_digest: vec!["None".into(), "CRC32C".into()],
             queue_depth: 256,
             login_timeout: 15,
+            max_sessions: 1024,
+            max_open_connections: 4096,
             nop_interval: 30,
             send_buffer: None,
             recv_buffer: None,

@@ -295,6 +295,21 @@ fn bind_session(
         }
         return Ok(s);
     }
+    // A login that reinstates a session takes its place rather than a new one.
+    let max = shared.config.session.max_sessions;
+    let replaced = shared
+        .sessions_of(
+            &outcome.initiator_name,
+            outcome.isid,
+            outcome.target_name.as_deref(),
+        )
+        .len();
+    if shared.session_count().saturating_sub(replaced) >= max {
+        return Err((
+            status::OUT_OF_RESOURCES,
+            format!("{max} sessions already (max_sessions)"),
+        ));
+    }
     let target = match outcome.session_type {
         SessionType::Discovery => None,
         SessionType::Normal => {

@@ -302,9 +302,21 @@ impl Server {
                 loop {
                     match l.accept().await {
                         Ok((stream, peer)) => {
+                            let open = match shared.open_connection() {
+                                Ok(open) => open,
+                                Err(n) => {
+                                    crate::loglimit::peer_log!(
+                                        warn,
+                                        "{peer}: connection closed at once: {n} open, \
+                                         max_open_connections"
+                                    );
+                                    continue;
+                                }
+                            };
                             let shared = shared.clone();
                             tokio::spawn(async move {
                                 crate::conn::serve(shared, stream.into(), peer).await;
+                                drop(open);
                             });
                         }
                         Err(e) => {

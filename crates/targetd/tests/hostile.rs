@@ -605,3 +605,53 @@ fn floods_of_half_open_and_slow_connections_are_closed_and_freed() {
     assert!(rounds > 0);
     assert_eq!(after, 0, "connections the target still holds");
 }
+
+#[test]
+fn limits_on_sessions_and_connections_answer_the_peer_and_spare_the_others() {
+    let addr = start("login_timeout = 2\nmax_sessions = 2\nmax_open_connections = 6");
+    let verified = Verified::start(addr);
+    let mut second = Raw::login(addr, [0x80, 0, 0, 0, 0xcc, 1], 0, 1, 1, prefs());
+    clear_ua(&mut second, 1);
+    // A third session: refused, out of resources (0302h).
+    let mut c = raw_conn(addr);
+    c.send(&login_pdu(
+        1,
+        3,
+        true,
+        false,
+        [0x80, 0, 0, 0, 0xcc, 2],
+        NAMES,
+    ));
+    let a = answer(&mut c, Duration::from_secs(2));
+    let Some(Pdu::LoginResponse(r)) = a.pdus.first() else {
+        panic!("expected a login response: {a:?}")
+    };
+    assert_eq!((r.status_class, r.status_detail), (3, 2));
+    drop(c);
+    // Reinstating a session is not a new one.
+    let mut again = Raw::login(addr, [0x80, 0, 0, 0, 0xcc, 1], 0, 1, 1, prefs());
+    clear_ua(&mut again, 1);
+    // Connections beyond six open are closed as they come: two sessions hold two, so of
+    // ten more four stay open (until the login timeout) and six are closed at once.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra: Vec<TcpStream> = (0..10).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut closed_at_once = 0;
+    for s in &mut extra {
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        if matches!(s.read(&mut [0u8; 8]), Ok(0)) {
+            closed_at_once += 1;
+        }
+    }
+    assert_eq!(closed_at_once, 6, "connections beyond max_open_connections");
+    // The sessions inside the limits go on.
+    let p = again.scsi(0x60, again.cmdsn, &tur(), false, false, 0, &[]);
+    again.cmdsn += 1;
+    again.send(&p);
+    let Pdu::ScsiResponse(r) = again.recv() else {
+        panic!()
+    };
+    assert_eq!(r.status, 0);
+    drop(extra);
+    assert!(verified.finish() > 0);
+}
