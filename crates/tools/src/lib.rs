@@ -4,5 +4,6 @@
 
 pub mod cli;
 pub mod crash;
+pub mod load;
 pub mod mount;
 mod tune_cli;
