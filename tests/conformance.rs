@@ -17,7 +17,6 @@
 mod common;
 // tgtd on a port of its own, configured through tgtadm (shared with the tools crate's tests).
 #[path = "../crates/tools/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod peers;
 
 use std::collections::BTreeMap;

@@ -142,7 +142,7 @@ impl Sanitizer {
                 .0;
         }
         Some(if s.finished == id {
-            s.last.clone().unwrap_or(Ok(()))
+            s.last.unwrap_or(Ok(()))
         } else {
             // A later operation finished too: this one had ended before it started.
             Ok(())

@@ -196,7 +196,7 @@ fn every_opcode_spoiled_every_way_leaves_the_verified_session_alone() {
     let verified = Verified::start(addr);
     let (rejects, closes, quiet) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
     std::thread::scope(|s| {
-        for m in 0..MUTATIONS.len() {
+        for (m, what) in MUTATIONS.iter().enumerate() {
             let (rejects, closes, quiet) = (&rejects, &closes, &quiet);
             s.spawn(move || {
                 let isid = |n: u8| [0x80, 0, 0, m as u8, n, 2];
@@ -222,8 +222,7 @@ fn every_opcode_spoiled_every_way_leaves_the_verified_session_alone() {
                                     | Pdu::DataIn(_)
                                     | Pdu::AsyncMessage(_)
                             ),
-                            "{}: opcode {opcode:#04x}: {p:?}",
-                            MUTATIONS[m]
+                            "{what}: opcode {opcode:#04x}: {p:?}"
                         );
                         if matches!(p, Pdu::Reject(_)) {
                             rejects.fetch_add(1, Ordering::Relaxed);
