@@ -39,6 +39,12 @@ enum Command {
     Mount(tools::cli::MountArgs),
     /// Copy a volume site to site, disk server to disk server, in paced parallel streams.
     Sync(replicate::cli::SyncArgs),
+    /// Crash-consistency check: stamped writes, SIGKILLed targets, every durable write
+    /// verified after the restart.
+    Crash(tools::crash::CrashArgs),
+    /// Many sessions of verified mixed I/O against one target: errors, latency, the
+    /// target's memory and descriptors.
+    Load(tools::load::LoadArgs),
     /// A small iSNS server (RFC 4171): registrations kept in a file, expiry, SCN.
     Isns(isnsd::IsnsArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
@@ -126,6 +132,23 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Tune(args) => ok(tools::cli::tune(args)),
         Command::Mount(args) => ok(tools::cli::mount(args)),
         Command::Isns(args) => ok(isnsd::run(args)),
+        Command::Load(args) => {
+            let json = args.json;
+            let report = tools::load::run(args)?;
+            Ok(if tools::load::print(&report, json)? {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        // 1 when a round found a loss or a phantom, as for an error.
+        Command::Crash(args) => tools::crash::run(args).map(|clean| {
+            if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
         Command::Lab(args) => ok(lab::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }

@@ -14,6 +14,7 @@ use crate::mode::{self, ModeState};
 use crate::opcodes::*;
 use crate::pr::{Fail, Notices, Reservations};
 use crate::range_lock::{RangeGuard, RangeLocks};
+use crate::sanitize::{self, Sanitizer};
 use crate::sense::{self, Sense};
 use crate::xcopy::{self, CopyList, CopyState, CopyStatus, CopyTargets, Designator, Segment};
 use crate::{status, Command, LuConfig, Nexus, Response};
@@ -42,8 +43,9 @@ pub struct LogicalUnit {
     nexuses: RwLock<HashMap<Nexus, Pending>>,
     /// Removable medium ejected by START STOP UNIT.
     no_medium: AtomicBool,
-    /// A SANITIZE is running: the medium answers nothing until it ends (SBC-4 4.11).
-    sanitizing: AtomicBool,
+    /// A SANITIZE operation, running or not: the medium answers nothing while it runs
+    /// (SBC-4 4.11).
+    sanitizer: Arc<Sanitizer>,
     /// Nexuses holding a PREVENT MEDIUM REMOVAL.
     prevent: Mutex<HashSet<Nexus>>,
     /// Writes hold their blocks exclusively, reads shared: a write (WRITE ATOMIC above
@@ -110,7 +112,7 @@ impl LogicalUnit {
             mode: RwLock::new(ModeState::default()),
             nexuses: RwLock::new(HashMap::new()),
             no_medium: AtomicBool::new(false),
-            sanitizing: AtomicBool::new(false),
+            sanitizer: Arc::default(),
             prevent: Mutex::new(HashSet::new()),
             locks: Arc::default(),
             reservations: Mutex::new(reservations),
@@ -287,7 +289,14 @@ impl LogicalUnit {
 
     /// Runs one command. Safe to call from many threads at once.
     pub fn execute(&self, cmd: &Command) -> Response {
-        match self.run(cmd) {
+        self.execute_abortable(cmd, &|| false)
+    }
+
+    /// Runs one command that the transport may abort while it runs: `aborted` says when.
+    /// Only a SANITIZE waiting for its operation looks (and stops waiting); every other
+    /// command finishes as it would.
+    pub fn execute_abortable(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Response {
+        match self.run(cmd, aborted) {
             Ok(data) => Response::good(data),
             Err(Fail::Check(s)) => Response::check_condition(&s),
             Err(Fail::Conflict) => Response {
@@ -306,7 +315,7 @@ impl LogicalUnit {
         let cdb = cmd.cdb;
         if !matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
             || cdb::check_len(cdb).is_err()
-            || self.sanitizing.load(Ordering::Acquire)
+            || self.sanitizer.running()
             || self.medium_present().is_err()
         {
             return None;
@@ -387,7 +396,7 @@ impl LogicalUnit {
         })
     }
 
-    fn run(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
+    fn run(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Result<Vec<u8>, Fail> {
         let Some(&opcode) = cmd.cdb.first() else {
             return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
         };
@@ -416,10 +425,8 @@ impl LogicalUnit {
                 return Err(ua.into());
             }
         }
-        if self.sanitizing.load(Ordering::Acquire)
-            && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
-        {
-            return Err(sense::SANITIZE_IN_PROGRESS.into());
+        if self.sanitizer.running() && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+            return Err(self.sanitizer.in_progress().into());
         }
         self.pr().check(cmd.nexus, cdb)?;
 
@@ -432,11 +439,11 @@ impl LogicalUnit {
             MAINTENANCE_IN if sa == SA_REPORT_TARGET_PORT_GROUPS => {
                 Ok(inquiry::report_target_port_groups(cdb, &self.config)?)
             }
-            _ => Ok(self.run_unreserved(cmd)?),
+            _ => Ok(self.run_unreserved(cmd, aborted)?),
         }
     }
 
-    fn run_unreserved(&self, cmd: &Command) -> Outcome {
+    fn run_unreserved(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
         let cdb = cmd.cdb;
         match cdb[0] {
             INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
@@ -460,7 +467,7 @@ impl LogicalUnit {
             RECEIVE_COPY_RESULTS => self.receive_copy_results(cdb, cmd.nexus),
             _ => {
                 self.medium_present()?;
-                self.media_command(cmd)
+                self.media_command(cmd, aborted)
             }
         }
     }
@@ -503,7 +510,7 @@ impl LogicalUnit {
     }
 
     /// Commands that touch the medium.
-    fn media_command(&self, cmd: &Command) -> Outcome {
+    fn media_command(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
         let cdb = cmd.cdb;
         match cdb[0] {
             TEST_UNIT_READY => Ok(Vec::new()),
@@ -529,7 +536,7 @@ impl LogicalUnit {
             }
             WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
             UNMAP => self.unmap(cdb, cmd.data_out),
-            SANITIZE => self.sanitize(cdb, cmd.data_out),
+            SANITIZE => self.sanitize(cdb, cmd.data_out, aborted),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
             _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
         }
@@ -910,10 +917,13 @@ impl LogicalUnit {
     }
 
     /// SANITIZE (SBC-4 5.30): BLOCK ERASE and CRYPTOGRAPHIC ERASE both deallocate (or
-    /// zero) every block, OVERWRITE writes its pattern to every block; there is no failure
-    /// mode to leave.
-    fn sanitize(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+    /// zero) every block, OVERWRITE writes its pattern to every block; the operation runs
+    /// on in the background (`sanitize`), the command waits for it unless IMMED is set.
+    /// There is no failure mode to leave: a failed operation is reported to the command
+    /// that waits for it and logged.
+    fn sanitize(&self, cdb: &[u8], data_out: &[u8], aborted: &dyn Fn() -> bool) -> Outcome {
         let sa = cdb[1] & 0x1f;
+        let immed = cdb[1] & 0x80 != 0;
         if cdb[1] & 0x40 != 0 {
             return Err(Sense::invalid_field_in_cdb(1, Some(6)));
         }
@@ -947,42 +957,32 @@ impl LogicalUnit {
             return Ok(Vec::new());
         }
         self.check_writable()?;
-        let block = if sa == SA_SANITIZE_OVERWRITE {
-            Some(self.overwrite_pattern(self.data(data_out, len)?)?)
+        let method = if sa == SA_SANITIZE_OVERWRITE {
+            sanitize::Method::Overwrite(self.overwrite_pattern(self.data(data_out, len)?)?)
         } else {
-            None
+            sanitize::Method::Erase {
+                discard: self.config.thin && self.store.supports_discard(),
+            }
         };
-        // Commands that come while the medium is being sanitized are turned away; only one
-        // SANITIZE runs, the others were turned away already.
-        if self.sanitizing.swap(true, Ordering::AcqRel) {
-            return Err(sense::SANITIZE_IN_PROGRESS);
+        let medium = sanitize::Medium {
+            store: self.store.clone(),
+            locks: self.locks.clone(),
+            block_size: self.block_size,
+            capacity: self.capacity_blocks(),
+            rate: self.config.sanitize_rate,
+        };
+        // Only one operation runs; a SANITIZE that comes meanwhile is turned away.
+        let Some(id) = self.sanitizer.start(medium, method) else {
+            return Err(self.sanitizer.in_progress());
+        };
+        if immed {
+            return Ok(Vec::new());
         }
-        let result = self.sanitize_medium(block.as_deref());
-        self.sanitizing.store(false, Ordering::Release);
-        result
-    }
-
-    /// Overwrites every block with `overwrite`, or erases them all.
-    fn sanitize_medium(&self, overwrite: Option<&[u8]>) -> Outcome {
-        let capacity = self.capacity_blocks();
-        let guards = self.lock_range(0, capacity);
-        let len = capacity * self.block_size;
-        if let Some(block) = overwrite {
-            self.fill(0, capacity, block)?;
-        } else if self.config.thin && self.store.supports_discard() {
-            self.store
-                .discard(0, len)
-                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
-        } else {
-            self.store
-                .write_zeroes(0, len)
-                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        match self.sanitizer.wait(id, aborted) {
+            Some(result) => result.map(|()| Vec::new()),
+            // Aborted: nobody reads this answer, and the operation goes on.
+            None => Err(sense::SANITIZE_IN_PROGRESS),
         }
-        drop(guards);
-        self.store
-            .flush()
-            .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
-        Ok(Vec::new())
     }
 
     /// The block SANITIZE OVERWRITE leaves everywhere: the initialization pattern repeated,
@@ -1013,25 +1013,6 @@ impl LogicalUnit {
             .take(self.block_size as usize)
             .map(|b| b ^ flip)
             .collect())
-    }
-
-    /// Writes `block` to every block of `[lba, lba + blocks)`; the caller holds the locks.
-    fn fill(&self, lba: u64, blocks: u64, block: &[u8]) -> Result<(), Sense> {
-        if block.iter().all(|&b| b == 0) {
-            return self
-                .store
-                .write_zeroes(lba * self.block_size, blocks * self.block_size)
-                .map_err(|e| self.io_error(e, sense::WRITE_ERROR.with_information(lba)));
-        }
-        let per = (WRITE_SAME_CHUNK / self.block_size).max(1);
-        let buf = block.repeat(per.min(blocks) as usize);
-        let mut done = 0;
-        while done < blocks {
-            let n = per.min(blocks - done);
-            self.write_blocks(lba + done, &buf[..(n * self.block_size) as usize])?;
-            done += n;
-        }
-        Ok(())
     }
 
     /// EXTENDED COPY (LID1, SPC-4 6.4): the segments run in order, each read from its
@@ -1119,7 +1100,7 @@ impl LogicalUnit {
         if cscd.block_size as u64 != lu.block_size {
             return Err(sense::INCORRECT_COPY_TARGET_DEVICE_TYPE);
         }
-        if lu.medium_present().is_err() || lu.sanitizing.load(Ordering::Acquire) {
+        if lu.medium_present().is_err() || lu.sanitizer.running() {
             return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
         }
         Ok(lu)
@@ -1279,31 +1260,57 @@ impl LogicalUnit {
         if lba >= capacity {
             return Err(sense::LBA_OUT_OF_RANGE);
         }
-        // Enough descriptors to fill the allocation length, never more than the device has.
-        let want = alloc.saturating_sub(8) / 16;
-        let span = (capacity - lba).min(self.limits.max_transfer as u64 * 64);
-        let extents = self
-            .store
-            .is_allocated(lba * self.block_size, span * self.block_size)
-            .map_err(|e| self.io_error(e, sense::UNRECOVERED_READ_ERROR.with_information(lba)))?;
-        let mut descriptors = Vec::new();
+        // Enough descriptors to fill the allocation length (one at least), each as long as
+        // its kind of blocks runs: the store is asked for ever larger windows, their
+        // extents joined, until a descriptor is known to end before the allocation
+        // length is full or the device ends. Doubling keeps a LUN of any size to a few
+        // dozen asks, and a run longer than one descriptor holds continues in the next.
+        let want = (alloc.saturating_sub(8) / 16).max(1);
         let bs = self.block_size;
-        let mut next = lba;
-        for (offset, len, allocated) in extents {
-            let end = (offset + len).div_ceil(bs);
-            if end <= next {
-                continue;
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (lba, blocks, mapped)
+        let mut scanned = lba;
+        let mut window = (self.limits.max_transfer as u64 * 64).max(1);
+        while scanned < capacity {
+            let span = window.min(capacity - scanned);
+            let extents = self
+                .store
+                .is_allocated(scanned * bs, span * bs)
+                .map_err(|e| {
+                    self.io_error(e, sense::UNRECOVERED_READ_ERROR.with_information(scanned))
+                })?;
+            let end = scanned + span;
+            for (offset, len, allocated) in extents {
+                let start = (offset / bs).max(scanned);
+                let stop = (offset + len).div_ceil(bs).min(end);
+                if stop <= start {
+                    continue;
+                }
+                match runs.last_mut() {
+                    Some(r) if r.2 == allocated && r.0 + r.1 >= start => r.1 = stop - r.0,
+                    _ => runs.push((start, stop - start, allocated)),
+                }
             }
-            let start = next.max(offset / bs);
-            let mut d = start.to_be_bytes().to_vec();
-            let n = (end - start).min(u32::MAX as u64) as u32;
-            d.extend_from_slice(&n.to_be_bytes());
-            d.push(if allocated { 0 } else { 1 });
-            d.extend_from_slice(&[0; 3]);
-            descriptors.push(d);
-            next = start + n as u64;
-            if descriptors.len() >= want.max(1) {
+            scanned = end;
+            window = window.saturating_mul(2);
+            // Every run but the last is complete.
+            if runs.len() > want {
                 break;
+            }
+        }
+        let mut descriptors = Vec::new();
+        'runs: for (mut start, mut blocks, allocated) in runs {
+            while blocks > 0 {
+                if descriptors.len() == want {
+                    break 'runs;
+                }
+                let n = blocks.min(u32::MAX as u64);
+                let mut d = start.to_be_bytes().to_vec();
+                d.extend_from_slice(&(n as u32).to_be_bytes());
+                d.push(if allocated { 0 } else { 1 });
+                d.extend_from_slice(&[0; 3]);
+                descriptors.push(d);
+                start += n;
+                blocks -= n;
             }
         }
         let mut data = ((4 + 16 * descriptors.len()) as u32).to_be_bytes().to_vec();
@@ -1318,9 +1325,9 @@ impl LogicalUnit {
         let s = self
             .take_unit_attention(nexus)
             .or_else(|| {
-                self.sanitizing
-                    .load(Ordering::Acquire)
-                    .then_some(sense::SANITIZE_IN_PROGRESS)
+                self.sanitizer
+                    .running()
+                    .then(|| self.sanitizer.in_progress())
             })
             .or_else(|| self.medium_present().err())
             .unwrap_or(sense::NO_SENSE);

@@ -86,6 +86,14 @@ impl Sense {
         self
     }
 
+    /// The progress indication of an operation under way (SPC-5 4.4.1.2.3): `done` in
+    /// 65536ths, in the sense-key specific bytes.
+    pub const fn with_progress(mut self, done: u16) -> Self {
+        let [hi, lo] = done.to_be_bytes();
+        self.sks = Some([0x80, hi, lo]);
+        self
+    }
+
     /// INVALID FIELD IN CDB pointing at `byte` (and `bit`, when the field is narrower than a
     /// byte) of the CDB.
     pub fn invalid_field_in_cdb(byte: u16, bit: Option<u8>) -> Self {

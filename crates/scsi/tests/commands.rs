@@ -1994,3 +1994,89 @@ fn peer_port_groups_listed_and_reservations_refused() {
     let (_, alone) = answer(1, vec![]);
     good(&exec(&alone, &prin, &[]));
 }
+
+/// GET LBA STATUS covers the whole LU, however large, with one descriptor per run: a
+/// 2 GiB thin LU (4 Mi blocks, four times the store window asked at first), one block
+/// written near the middle, reads as three descriptors to the end (libiscsi's
+/// Sanitize.BlockErase checks that the descriptors of a 256-byte answer cover the LU).
+#[test]
+fn get_lba_status_covers_a_large_lu_to_its_end() {
+    let blocks: u64 = 4 << 20;
+    let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(blocks * BS as u64));
+    let lu = LogicalUnit::new(LuConfig::default(), store);
+    exec(&lu, &[0x00, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(lba_status(&lu, 0), vec![(0, blocks as u32, 1)]);
+    assert_eq!(
+        lba_status(&lu, 3_000_000),
+        vec![(3_000_000, (blocks - 3_000_000) as u32, 1)]
+    );
+    good(&exec(&lu, &write10(3_000_000, 1), &fill(1, 1)));
+    let st = lba_status(&lu, 0);
+    assert_eq!(st.len(), 3, "{st:?}");
+    assert_eq!(st[1].2, 0);
+    assert!(st[1].0 <= 3_000_000 && st[1].0 + st[1].1 as u64 > 3_000_000);
+    assert_eq!(st[2].0 + st[2].1 as u64, blocks, "to the end: {st:?}");
+    // An allocation length of one descriptor gets the first run, whole.
+    let mut c = cdb16(0x9e, 0, 24);
+    c[1] = 0x12;
+    let d = good(&exec(&lu, &c, &[])).to_vec();
+    assert_eq!(
+        u32::from_be_bytes(d[16..20].try_into().unwrap()) as u64,
+        st[0].1 as u64
+    );
+}
+
+/// SANITIZE runs in the background (SBC-4 4.11): with IMMED the command answers at once
+/// and the LU answers NOT READY, SANITIZE IN PROGRESS with a progress indication until it
+/// ends; a second SANITIZE is turned away; an aborted waiter leaves it running.
+#[test]
+fn sanitize_runs_on_after_immed_and_abort() {
+    // 4 MiB at 4 MiB/s: about a second.
+    let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(4 << 20));
+    let lu = Arc::new(LogicalUnit::new(
+        LuConfig {
+            sanitize_rate: Some(4 << 20),
+            ..LuConfig::default()
+        },
+        store,
+    ));
+    exec(&lu, &[0x00, 0, 0, 0, 0, 0], &[]);
+    good(&exec(&lu, &write10(9, 1), &fill(0x77, 1)));
+    let mut p = vec![0x01, 0, 0, 1, 0xee];
+    let mut s = sanitize_overwrite(p.len() as u16);
+    s[1] |= 0x80; // IMMED
+    let started = std::time::Instant::now();
+    good(&exec(&lu, &s, &p));
+    let tur = exec(&lu, &[0x00, 0, 0, 0, 0, 0], &[]);
+    assert_sense(&tur, 0x02, 0x04, 0x1b);
+    assert_eq!(tur.sense.as_ref().unwrap()[15], 0x80, "progress indication");
+    assert_sense(&exec(&lu, &read10(0, 1), &[]), 0x02, 0x04, 0x1b);
+    good(&exec(&lu, &[0x12, 0, 0, 0, 36, 0], &[]));
+    assert_sense(&exec(&lu, &s, &p), 0x02, 0x04, 0x1b);
+    // A waiting SANITIZE that is aborted stops waiting; the first operation goes on.
+    s[1] &= !0x80;
+    while lu_busy(&lu) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(good(&exec(&lu, &read10(9, 1), &[])), &fill(0xee, 1)[..]);
+    p[4] = 0x11;
+    let r = lu.execute_abortable(
+        &Command {
+            cdb: &s,
+            data_out: &p,
+            nexus: N,
+        },
+        &|| true,
+    );
+    assert_sense(&r, 0x02, 0x04, 0x1b);
+    assert!(lu_busy(&lu), "the operation outlives its aborted command");
+    while lu_busy(&lu) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(good(&exec(&lu, &read10(9, 1), &[])), &fill(0x11, 1)[..]);
+}
+
+fn lu_busy(lu: &LogicalUnit) -> bool {
+    exec(lu, &[0x00, 0, 0, 0, 0, 0], &[]).status != 0
+}

@@ -122,6 +122,13 @@ pub struct SessionDefaults {
     pub queue_depth: u32,
     /// Seconds a connection may take to finish logging in.
     pub login_timeout: u64,
+    /// Sessions the target holds at once; a login beyond is refused (status 0302h, out of
+    /// resources).
+    pub max_sessions: usize,
+    /// TCP connections the target holds at once, logged in or not; one beyond is closed
+    /// as it is accepted. With `login_timeout` this bounds what a flood of half-open
+    /// connections can hold (file descriptors, tasks).
+    pub max_open_connections: usize,
     /// Seconds of silence before the target sends a NOP-In ping (0: never).
     pub nop_interval: u64,
     /// SO_SNDBUF / SO_RCVBUF per connection; unset: auto-tuned from the handshake's RTT.
@@ -163,6 +170,8 @@ impl Default for SessionDefaults {
             data_digest: vec!["None".into(), "CRC32C".into()],
             queue_depth: 256,
             login_timeout: 15,
+            max_sessions: 1024,
+            max_open_connections: 4096,
             nop_interval: 30,
             send_buffer: None,
             recv_buffer: None,
@@ -253,6 +262,10 @@ pub struct LunConfig {
     pub track_file: Option<PathBuf>,
     /// The change map's unit: a power of two of at least 4 KiB; 1 MiB when absent.
     pub track_unit: Option<Size>,
+    /// How fast a SANITIZE OVERWRITE writes the whole LUN: a rate ("128MiB/s", "1gbit"),
+    /// or "unlimited"; 128 MiB/s when absent (`scsi::DEFAULT_SANITIZE_RATE`).
+    #[serde(default = "default_sanitize_rate", deserialize_with = "sanitize_rate")]
+    pub sanitize_rate: Option<u64>,
 }
 
 impl LunConfig {
@@ -299,6 +312,17 @@ impl LunConfig {
             ),
         }
     }
+}
+
+fn default_sanitize_rate() -> Option<u64> {
+    Some(scsi::DEFAULT_SANITIZE_RATE)
+}
+
+/// Bytes per second, or `None` for "unlimited" (or 0).
+fn sanitize_rate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    units::parse_rate_limit(&NumberOrText::deserialize(d)?.into_text())
+        .map(|r| r.map(|r| r.bytes_per_sec()))
+        .map_err(D::Error::custom)
 }
 
 fn default_block_size() -> u32 {
@@ -392,6 +416,7 @@ impl Config {
                     track: false,
                     track_file: None,
                     track_unit: None,
+                    sanitize_rate: default_sanitize_rate(),
                 }],
             }],
             control: None,

@@ -35,7 +35,9 @@ use iscsi::text::TextAccumulator;
 use net::transport::Stream;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::debug;
+
+use crate::loglimit::peer_log;
 
 use crate::login;
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Session};
@@ -51,7 +53,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr)
     wire::tune(&shared, &stream, peer);
     match run(shared, stream, peer).await {
         Ok(why) => debug!("{peer}: connection closed: {why}"),
-        Err(e) => info!("{peer}: connection closed: {e:#}"),
+        Err(e) => peer_log!(info, "{peer}: connection closed: {e:#}"),
     }
 }
 
@@ -78,7 +80,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     else {
         return Ok("login failed".into());
     };
-    info!(
+    peer_log!(info,
         "{peer}: {} logged in to {} (session {}, cid {cid}, {} connection(s); digests h={} d={}, MRDSL {}/{})",
         outcome.initiator_name,
         session.target.as_ref().map_or("discovery", |t| t.iqn.as_str()),
@@ -273,7 +275,7 @@ impl Conn {
                     Ok(None) => break,
                     Err(FrameError::HeaderDigest) => bail!("header digest error"),
                     Err(e) => {
-                        warn!("connection {}: rejecting PDU: {e}", self.cid);
+                        peer_log!(warn, "connection {}: rejecting PDU: {e}", self.cid);
                         if let (Some(bhs), Some(reason)) = (e.rejected_header(), e.reject_reason())
                         {
                             self.reject(reason, bhs);
@@ -387,7 +389,12 @@ impl Conn {
             }
             other => {
                 // Target-to-initiator opcodes, or a Login Request after login.
-                warn!("connection {}: unexpected {:?}", self.cid, other.opcode());
+                peer_log!(
+                    warn,
+                    "connection {}: unexpected {:?}",
+                    self.cid,
+                    other.opcode()
+                );
                 self.reject(reject_reason::PROTOCOL_ERROR, &header_of(&other));
                 Ok(())
             }

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::loglimit::peer_log;
 use anyhow::bail;
 use bytes::{Bytes, BytesMut};
 use iscsi::framing::PduDecoder;
@@ -16,7 +17,6 @@ use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
 use iscsi::pdu::{LoginRequest, LoginResponse, Pdu};
 use net::transport::Stream;
 use rand::RngCore;
-use tracing::info;
 
 use crate::config::Chap;
 use crate::session::{ConnEvent, Session};
@@ -185,7 +185,11 @@ pub(crate) async fn login(
                             &login_response(&req, reply, req.tsih, statsn, (req.cmdsn, req.cmdsn)),
                         )
                         .await?;
-                        info!("{peer}: login refused: session {} does not exist", req.tsih);
+                        peer_log!(
+                            info,
+                            "{peer}: login refused: session {} does not exist",
+                            req.tsih
+                        );
                         return Ok(None);
                     }
                 }
@@ -209,7 +213,8 @@ pub(crate) async fn login(
                 statsn = statsn.wrapping_add(1);
             }
             LoginStep::Failed(reply) => {
-                info!(
+                peer_log!(
+                    info,
                     "{peer}: login refused: {} (0x{:02x}{:02x})",
                     iscsi::login::status::describe(reply.status_class, reply.status_detail),
                     reply.status_class,
@@ -227,7 +232,7 @@ pub(crate) async fn login(
                 let session = match bound {
                     Ok(s) => s,
                     Err((code, why)) => {
-                        info!("{peer}: login refused: {why}");
+                        peer_log!(info, "{peer}: login refused: {why}");
                         let reply = failure(code);
                         wire::send_now(
                             stream,
@@ -289,6 +294,21 @@ fn bind_session(
         }
         return Ok(s);
     }
+    // A login that reinstates a session takes its place rather than a new one.
+    let max = shared.config.session.max_sessions;
+    let replaced = shared
+        .sessions_of(
+            &outcome.initiator_name,
+            outcome.isid,
+            outcome.target_name.as_deref(),
+        )
+        .len();
+    if shared.session_count().saturating_sub(replaced) >= max {
+        return Err((
+            status::OUT_OF_RESOURCES,
+            format!("{max} sessions already (max_sessions)"),
+        ));
+    }
     let target = match outcome.session_type {
         SessionType::Discovery => None,
         SessionType::Normal => {
@@ -307,9 +327,11 @@ fn bind_session(
         outcome.isid,
         target.as_ref().map(|t| t.iqn.as_str()),
     ) {
-        info!(
+        peer_log!(
+            info,
             "session {} of {} reinstated by a new login",
-            old.tsih, old.initiator
+            old.tsih,
+            old.initiator
         );
         old.close();
         old.broadcast(|| ConnEvent::Close("session reinstated"));

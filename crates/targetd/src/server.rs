@@ -192,6 +192,7 @@ impl Server {
                         target_port_group: config.portal_group,
                         relative_port: config.portal_group,
                         peer_port_groups: config.peer_portal_groups.clone(),
+                        sanitize_rate: l.sanitize_rate,
                         ..LuConfig::default()
                     },
                     store,
@@ -306,9 +307,21 @@ impl Server {
                 loop {
                     match l.accept().await {
                         Ok((stream, peer)) => {
+                            let open = match shared.open_connection() {
+                                Ok(open) => open,
+                                Err(n) => {
+                                    crate::loglimit::peer_log!(
+                                        warn,
+                                        "{peer}: connection closed at once: {n} open, \
+                                         max_open_connections"
+                                    );
+                                    continue;
+                                }
+                            };
                             let shared = shared.clone();
                             tokio::spawn(async move {
                                 crate::conn::serve(shared, stream.into(), peer).await;
+                                drop(open);
                             });
                         }
                         Err(e) => {

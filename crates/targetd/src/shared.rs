@@ -14,6 +14,15 @@ use crate::config::Config;
 use crate::node::{LunStore, TargetNode};
 use crate::session::Session;
 
+/// One of the connections `Shared::open_connection` counts, until dropped.
+pub(crate) struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// State every connection sees.
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -26,6 +35,8 @@ pub(crate) struct Shared {
     shutdown: watch::Receiver<bool>,
     /// Commands executing anywhere; shutdown waits for them.
     inflight: AtomicUsize,
+    /// TCP connections held, logged in or not (`max_open_connections`).
+    open_connections: AtomicUsize,
     idle: Notify,
 }
 
@@ -45,6 +56,7 @@ impl Shared {
             nexus_ids: Mutex::new(HashMap::new()),
             shutdown,
             inflight: AtomicUsize::new(0),
+            open_connections: AtomicUsize::new(0),
             idle: Notify::new(),
         }
     }
@@ -114,6 +126,22 @@ impl Shared {
                 lu.nexus_lost(nexus);
             }
         }
+    }
+
+    pub(crate) fn session_count(&self) -> usize {
+        self.sessions.lock().unwrap().len()
+    }
+
+    /// Counts a connection as open unless `max_open_connections` are; the guard counts it
+    /// closed when dropped.
+    pub(crate) fn open_connection(self: &Arc<Self>) -> Result<OpenConnection, usize> {
+        let max = self.config.session.max_open_connections;
+        let n = self.open_connections.fetch_add(1, Ordering::AcqRel);
+        if n >= max {
+            self.open_connections.fetch_sub(1, Ordering::AcqRel);
+            return Err(n);
+        }
+        Ok(OpenConnection(self.clone()))
     }
 
     pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {

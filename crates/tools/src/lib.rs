@@ -3,5 +3,7 @@
 //! indicatif and fuser for programs that only want to reach a LUN.
 
 pub mod cli;
+pub mod crash;
+pub mod load;
 pub mod mount;
 mod tune_cli;

@@ -200,11 +200,14 @@ impl Job {
             r.clone()
         } else if let Some(lu) = lu {
             let run = |data_out: &[u8]| {
-                lu.execute(&scsi::Command {
-                    cdb,
-                    data_out,
-                    nexus: self.nexus,
-                })
+                lu.execute_abortable(
+                    &scsi::Command {
+                        cdb,
+                        data_out,
+                        nexus: self.nexus,
+                    },
+                    &|| t.ctl.is_aborted(),
+                )
             };
             // FCP-4 / SAM: when EDTL and the CDB disagree, the command is processed
             // normally except that no data beyond EDTL is transferred.

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{reject_reason, Pdu, TextRequest, TextResponse, RESERVED_TAG};
 use iscsi::text::{split_for_pdus, TextKeys};
-use tracing::{debug, warn};
+use tracing::debug;
+
+use crate::loglimit::peer_log;
 
 use super::{header_of, Conn};
 use crate::node::TargetNode;
@@ -62,7 +64,7 @@ impl Conn {
                 return;
             }
             Err(e) => {
-                warn!("connection {}: text request: {e}", self.cid);
+                peer_log!(warn, "connection {}: text request: {e}", self.cid);
                 self.reject(
                     reject_reason::PROTOCOL_ERROR,
                     &header_of(&Pdu::TextRequest(t)),
@@ -73,7 +75,7 @@ impl Conn {
         let keys = match TextKeys::parse(&whole) {
             Ok(k) => k,
             Err(e) => {
-                warn!("connection {}: text request: {e}", self.cid);
+                peer_log!(warn, "connection {}: text request: {e}", self.cid);
                 self.reject(
                     reject_reason::PROTOCOL_ERROR,
                     &header_of(&Pdu::TextRequest(t)),

@@ -6,10 +6,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::loglimit::peer_log;
 use iscsi::ffp::{logout, tmf};
 use iscsi::pdu::{lun_from_wire, LogoutRequest, LogoutResponse, TaskMgmtRequest, TaskMgmtResponse};
 use scsi::LogicalUnit;
-use tracing::info;
 
 use super::{Close, Conn};
 use crate::session::ConnEvent;
@@ -174,9 +174,11 @@ impl Conn {
             }
             _ => tmf::NOT_SUPPORTED,
         };
-        info!(
+        peer_log!(
+            info,
             "connection {}: task management function {function} on LUN {:?}: response {response}",
-            self.cid, lun
+            self.cid,
+            lun
         );
         self.send(TaskMgmtResponse {
             response,

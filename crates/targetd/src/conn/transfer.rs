@@ -13,7 +13,9 @@ use iscsi::pdu::{
     lun_from_wire, reject_reason, DataOut, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG,
 };
 use scsi::Sense;
-use tracing::{debug, warn};
+use tracing::debug;
+
+use crate::loglimit::peer_log;
 
 use super::{header_of, Close, Conn};
 use crate::session::{ConnEvent, Ordered, Reassigned};
@@ -41,7 +43,7 @@ impl Conn {
         let plan = match WritePlan::target(cmd.write, cmd.edtl, imm, cmd.final_, &rules) {
             Ok(plan) => plan,
             Err(e) => {
-                warn!("connection {}: ITT {:#x}: {e}", self.cid, cmd.itt);
+                peer_log!(warn, "connection {}: ITT {:#x}: {e}", self.cid, cmd.itt);
                 reject(self, cmd, reject_reason::PROTOCOL_ERROR);
                 return Ok(());
             }
@@ -66,7 +68,12 @@ impl Conn {
                 ctl: ctl.clone(),
             },
         ) {
-            warn!("connection {}: ITT {:#x} already in use", self.cid, cmd.itt);
+            peer_log!(
+                warn,
+                "connection {}: ITT {:#x} already in use",
+                self.cid,
+                cmd.itt
+            );
             reject(self, cmd, reject_reason::INVALID_PDU_FIELD);
             return Ok(());
         }
@@ -199,9 +206,11 @@ impl Conn {
             Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
         };
         if let Err(fault) = checked {
-            warn!(
+            peer_log!(
+                warn,
                 "connection {}: Data-Out ITT {:#x}: {fault}; command ended",
-                self.cid, d.itt
+                self.cid,
+                d.itt
             );
             self.session.unregister_task(d.itt);
             let sense = Sense::data_phase_error(fault.ascq);
