@@ -360,6 +360,14 @@ pub enum Side {
     Target,
 }
 
+/// The cause in one line when `e` is a TLS failure (an alert, a certificate refused
+/// after the handshake, as TLS 1.3 does with client certificates); `None` otherwise.
+pub fn tls_failure(side: Side, e: &io::Error) -> Option<String> {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<rustls::Error>())
+        .map(|_| handshake_failure(side, e))
+}
+
 /// A failed handshake's cause in one line, from the side that saw it: the error rustls
 /// gave (inside `e`), or the connection ending before the handshake did.
 pub fn handshake_failure(side: Side, e: &io::Error) -> String {

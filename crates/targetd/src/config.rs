@@ -33,9 +33,10 @@ pub enum ConfigError {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Addresses to listen on.
+    /// Addresses to listen on: `"ADDR:PORT"`, or a table with `listen` and `tls` (see
+    /// [`Portal`]).
     #[serde(default = "default_portals")]
-    pub portals: Vec<SocketAddr>,
+    pub portals: Vec<Portal>,
     /// Relative LUN paths are taken from here.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -75,8 +76,82 @@ pub struct Isns {
     pub registration_period: Option<u32>,
 }
 
-fn default_portals() -> Vec<SocketAddr> {
-    vec![DEFAULT_PORTAL.parse().unwrap()]
+fn default_portals() -> Vec<Portal> {
+    vec![Portal::plain(DEFAULT_PORTAL.parse().unwrap())]
+}
+
+/// One address the target listens on, in plain TCP or TLS 1.3. In TOML a plain portal is
+/// its address; a TLS one is a table:
+/// `{ listen = "0.0.0.0:3261", tls = { cert = "t.crt", key = "t.key" } }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Portal {
+    pub listen: SocketAddr,
+    pub tls: Option<PortalTls>,
+}
+
+impl Portal {
+    pub fn plain(listen: SocketAddr) -> Portal {
+        Portal { listen, tls: None }
+    }
+}
+
+/// `tls` of a portal: its certificate (chain, PEM) and private key (PEM, readable by its
+/// owner only), and optionally the CAs that sign initiators' client certificates, which
+/// makes one required (mutual TLS).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortalTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    /// true (default): every connection must be TLS, and a plaintext login is refused
+    /// (status 0x0201, authentication failure); false: a plaintext login is served too,
+    /// told apart by its first byte (a TLS handshake starts with 0x16, a Login Request
+    /// with 0x03 or 0x43).
+    #[serde(default = "yes")]
+    pub require: bool,
+}
+
+impl PortalTls {
+    pub fn files(&self) -> net::tls::ServerFiles {
+        net::tls::ServerFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalTable {
+    listen: SocketAddr,
+    tls: Option<PortalTls>,
+}
+
+impl<'de> Deserialize<'de> for Portal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Portal;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"ADDR:PORT\" or { listen = \"ADDR:PORT\", tls = { cert, key } }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Portal, E> {
+                v.parse()
+                    .map(Portal::plain)
+                    .map_err(|_| E::custom(format!("{v:?} is not ADDR:PORT")))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<Portal, A::Error> {
+                let t = PortalTable::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(Portal {
+                    listen: t.listen,
+                    tls: t.tls,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 fn default_data_dir() -> PathBuf {
     PathBuf::from("./data")
@@ -196,6 +271,10 @@ pub struct TargetConfig {
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
     pub chap: Option<Chap>,
+    /// Logins to this target only over TLS: a plaintext one is refused with status 0x0202
+    /// (authorization failure), on any portal.
+    #[serde(default)]
+    pub require_tls: bool,
     #[serde(default, rename = "lun")]
     pub luns: Vec<LunConfig>,
 }
@@ -360,6 +439,7 @@ impl Config {
                 alias: Some("reservoir".into()),
                 allowed_initiators: vec![],
                 chap: None,
+                require_tls: false,
                 luns: vec![LunConfig {
                     id: 0,
                     store: None,
@@ -410,6 +490,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if self.portals.is_empty() {
             return Err("no portals to listen on".into());
+        }
+        if self.targets.iter().any(|t| t.require_tls)
+            && self.portals.iter().all(|p| p.tls.is_none())
+        {
+            return Err("a target has require_tls = true but no portal has tls".into());
         }
         let s = &self.session;
         if !(1..=65535).contains(&s.max_connections) {

@@ -27,6 +27,10 @@ struct Policy<'a> {
     shared: &'a Shared,
     session: SessionParams,
     connection: ConnectionParams,
+    /// The connection is TLS.
+    tls: bool,
+    /// The target named requires TLS and this connection is plaintext.
+    wants_tls: std::cell::Cell<bool>,
 }
 
 fn chap_requirement(chap: &Option<Chap>) -> AuthRequirement {
@@ -48,6 +52,10 @@ impl LoginPolicy for Policy<'_> {
         match self.shared.find_target(target_name) {
             None => TargetLookup::NotFound,
             Some(t) if !t.allows(initiator_name) => TargetLookup::Forbidden,
+            Some(t) if t.require_tls && !self.tls => {
+                self.wants_tls.set(true);
+                TargetLookup::Forbidden
+            }
             Some(t) => TargetLookup::Found {
                 alias: t.alias.clone(),
                 auth: chap_requirement(&t.chap),
@@ -154,12 +162,15 @@ pub(crate) async fn login(
     dec: &mut PduDecoder,
     buf: &mut BytesMut,
     peer: SocketAddr,
+    tls: bool,
 ) -> anyhow::Result<Option<LoginResult>> {
     let (session_prefs, connection_prefs) = preferences(shared);
     let mut policy = Policy {
         shared,
         session: session_prefs,
         connection: connection_prefs,
+        tls,
+        wants_tls: std::cell::Cell::new(false),
     };
     let queue_depth = shared.config.session.queue_depth;
     let mut machine: Option<(TargetLogin, Option<Arc<Session>>)> = None;
@@ -209,12 +220,21 @@ pub(crate) async fn login(
                 .await?;
                 statsn = statsn.wrapping_add(1);
             }
-            LoginStep::Failed(reply) => {
+            LoginStep::Failed(mut reply) => {
+                let why = if policy.wants_tls.get() {
+                    // Said in the response too, for an initiator that can tell its user.
+                    reply.data = format!("{}\0", wire::TLS_REQUIRED_KEY).into_bytes();
+                    format!(
+                        "target {} requires TLS and this connection is plaintext",
+                        req_target_name(&req)
+                    )
+                } else {
+                    iscsi::login::status::describe(reply.status_class, reply.status_detail)
+                        .to_string()
+                };
                 info!(
-                    "{peer}: login refused: {} (0x{:02x}{:02x})",
-                    iscsi::login::status::describe(reply.status_class, reply.status_detail),
-                    reply.status_class,
-                    reply.status_detail
+                    "{peer}: login refused: {why} (0x{:02x}{:02x})",
+                    reply.status_class, reply.status_detail
                 );
                 wire::send_now(
                     stream,
@@ -334,4 +354,13 @@ fn bind_session(
             cmdsn,
         )
     }))
+}
+
+/// The TargetName a Login Request's text carries, for a log line.
+fn req_target_name(req: &LoginRequest) -> String {
+    req.data
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"TargetName="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
 }

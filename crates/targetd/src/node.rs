@@ -18,6 +18,8 @@ pub struct TargetNode {
     pub alias: Option<String>,
     pub allowed_initiators: Vec<String>,
     pub chap: Option<Chap>,
+    /// Logins only over TLS.
+    pub require_tls: bool,
     pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
     /// Each LUN's store as opened and its change map, by LUN id, for code in the target's
     /// process beside the SCSI path (an incremental sync).

@@ -455,6 +455,7 @@ mod tests {
             alias: None,
             allowed_initiators: Vec::new(),
             chap: None,
+            require_tls: false,
             luns: Default::default(),
             stores: Default::default(),
         });
