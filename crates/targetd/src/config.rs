@@ -275,8 +275,31 @@ pub struct TargetConfig {
     /// (authorization failure), on any portal.
     #[serde(default)]
     pub require_tls: bool,
+    /// Reachable only through these portals (as configured, or the address bound); empty:
+    /// all. Elsewhere the target is not listed and a login is answered 0x0203 (not found).
+    #[serde(default)]
+    pub portals: Vec<SocketAddr>,
+    /// Every login must pass CHAP: an initiator with no secret (its own or the target's)
+    /// is refused with 0x0202.
+    #[serde(default)]
+    pub require_chap: bool,
+    /// Per-initiator access: admitted (beside `allowed_initiators`), its own CHAP secret,
+    /// and the LUNs it sees.
+    #[serde(default, rename = "initiator")]
+    pub initiators: Vec<InitiatorAccess>,
     #[serde(default, rename = "lun")]
     pub luns: Vec<LunConfig>,
+}
+
+/// `[[target.initiator]]`: one initiator's access to a target.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct InitiatorAccess {
+    pub name: String,
+    /// CHAP for this initiator, instead of the target's.
+    pub chap: Option<Chap>,
+    /// The LUNs it sees (REPORT LUNS, commands); absent: all (LUN masking).
+    pub luns: Option<Vec<u16>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -440,6 +463,9 @@ impl Config {
                 allowed_initiators: vec![],
                 chap: None,
                 require_tls: false,
+                portals: vec![],
+                require_chap: false,
+                initiators: vec![],
                 luns: vec![LunConfig {
                     id: 0,
                     store: None,
@@ -557,6 +583,27 @@ impl Config {
             }
             if let Some(c) = &t.chap {
                 validate_chap(c).map_err(|e| format!("target {:?}: chap: {e}", t.iqn))?;
+            }
+            for i in &t.initiators {
+                let at = format!("target {:?}: initiator {:?}", t.iqn, i.name);
+                validate_iscsi_name(&i.name).map_err(|e| format!("{at}: {e}"))?;
+                if let Some(c) = &i.chap {
+                    validate_chap(c).map_err(|e| format!("{at}: chap: {e}"))?;
+                }
+                for l in i.luns.iter().flatten() {
+                    if !t.luns.iter().any(|x| x.id == *l) {
+                        return Err(format!("{at}: LUN {l} is not one of the target's"));
+                    }
+                }
+            }
+            for p in &t.portals {
+                let known = self.portals.iter().any(|q| q.listen == *p);
+                if !known {
+                    return Err(format!(
+                        "target {:?}: portal {p} is not one of the portals listened on",
+                        t.iqn
+                    ));
+                }
             }
             let mut ids = HashSet::new();
             for l in &t.luns {

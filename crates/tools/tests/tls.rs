@@ -88,17 +88,25 @@ struct Target {
 
 impl Target {
     fn start(portals: &[String]) -> Option<Target> {
+        Self::start_with(
+            portals,
+            &format!(
+                "[[target]]\niqn = {IQN:?}\n\
+                 [[target.lun]]\nid = 0\nstore = \"file:lun0.img?size=256MiB\"\n\
+                 [[target]]\niqn = {TLS_ONLY_IQN:?}\nrequire_tls = true\n\
+                 [[target.lun]]\nid = 0\nstore = \"ram:?size=16MiB\"\n"
+            ),
+        )
+    }
+
+    fn start_with(portals: &[String], targets: &str) -> Option<Target> {
         let bin = rsv_bin()?;
         let data = tempfile::tempdir().unwrap();
         let config = data.path().join("target.toml");
         std::fs::write(
             &config,
             format!(
-                "portals = [{}]\ndata_dir = {:?}\n\
-                 [[target]]\niqn = {IQN:?}\n\
-                 [[target.lun]]\nid = 0\nstore = \"file:lun0.img?size=256MiB\"\n\
-                 [[target]]\niqn = {TLS_ONLY_IQN:?}\nrequire_tls = true\n\
-                 [[target.lun]]\nid = 0\nstore = \"ram:?size=16MiB\"\n",
+                "portals = [{}]\ndata_dir = {:?}\n{targets}",
                 portals.join(", "),
                 data.path()
             ),
@@ -174,6 +182,15 @@ fn tls_portal(cert: &Files, extra: &str) -> String {
 }
 
 macro_rules! target_or_skip {
+    (Target::start_with($portals:expr, $targets:expr $(,)?)) => {
+        match Target::start_with($portals, $targets) {
+            Some(t) => t,
+            None => {
+                skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+                return;
+            }
+        }
+    };
     ($portals:expr) => {
         match Target::start($portals) {
             Some(t) => t,
@@ -466,5 +483,96 @@ fn rsv_flags_tune_and_a_key_others_may_read() {
             key.display()
         )),
         "{stderr}"
+    );
+}
+
+/// Access control per target: the portals it is reachable through, the initiators allowed
+/// with a CHAP secret each, `require_chap`, and LUN masking; each refusal with its RFC 7143
+/// status and a log line that names the cause and no secret.
+#[test]
+fn access_per_initiator_portal_chap_and_lun_masking() {
+    const ACL: &str = "iqn.2026-11.org.reservoir:acl";
+    const HOST1: &str = "iqn.2026-11.org.example:host1";
+    const HOST2: &str = "iqn.2026-11.org.example:host2";
+    const HOST3: &str = "iqn.2026-11.org.example:host3";
+    const SECRET: &str = "host1-secret-12";
+    let (p1, p2) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let t = target_or_skip!(Target::start_with(
+        &[format!("{p1:?}"), format!("{p2:?}")],
+        &format!(
+            "[[target]]\niqn = {ACL:?}\nportals = [{p2:?}]\nrequire_chap = true\n\
+             [[target.initiator]]\nname = {HOST1:?}\nluns = [1]\n\
+             chap = {{ user = \"host1\", secret = {SECRET:?} }}\n\
+             [[target.initiator]]\nname = {HOST2:?}\n\
+             [[target.lun]]\nid = 0\nstore = \"ram:?size=8MiB\"\n\
+             [[target.lun]]\nid = 1\nstore = \"ram:?size=16MiB\"\n"
+        ),
+    ));
+    let rt = rt();
+    let flags = |name: &str| SessionFlags {
+        initiator_name: Some(name.to_owned()),
+        ..Default::default()
+    };
+    let inq = |user: &str, portal: &str, lun: u16, name: &str| {
+        rt.block_on(cli::inquire(
+            &IscsiUrl::parse(&format!("iscsi://{user}{portal}/{ACL}/{lun}")).unwrap(),
+            &flags(name),
+        ))
+    };
+    let creds = format!("host1%{SECRET}@");
+    // Through its portal, with its secret: in, and it sees LUN 1 only.
+    assert!(inq(&creds, &p2, 1, HOST1).is_ok());
+    let listing = rt
+        .block_on(cli::list(
+            &IscsiUrl::parse(&format!("iscsi://{creds}{p2}/")).unwrap(),
+            &flags(HOST1),
+        ))
+        .unwrap();
+    let acl = listing
+        .iter()
+        .find(|l| l.target == ACL)
+        .expect("listed on its portal");
+    let luns: Vec<u16> = acl.luns.iter().map(|l| l.lun).collect();
+    assert_eq!(luns, [1], "{listing:?}");
+    let e = inq(&creds, &p2, 0, HOST1).unwrap_err().to_string();
+    assert!(e.contains("LUN 0 not found"), "{e}");
+    // Not offered on the other portal: not listed there, a login is "not found".
+    let listing = rt
+        .block_on(cli::list(
+            &IscsiUrl::parse(&format!("iscsi://{p1}/")).unwrap(),
+            &flags(HOST1),
+        ))
+        .unwrap();
+    assert!(!listing.iter().any(|l| l.target == ACL), "{listing:?}");
+    let e = inq(&creds, &p1, 1, HOST1).unwrap_err().to_string();
+    assert!(e.contains("(status class 2"), "{e}");
+    t.log_line(&format!(
+        "login refused: target {ACL} is not offered on this portal ({p1}) (0x0203)"
+    ));
+    // A wrong secret: authentication failure, and no secret in the log.
+    let e = inq("host1%wrong-secret-99@", &p2, 1, HOST1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("authentication"), "{e}");
+    t.log_line("(0x0201)");
+    // An initiator allowed but without a secret, where CHAP is required.
+    let e = inq("", &p2, 1, HOST2).unwrap_err().to_string();
+    assert!(e.contains("(status class 2"), "{e}");
+    t.log_line(&format!(
+        "login refused: target {ACL} requires CHAP and has no secret for initiator {HOST2} (0x0202)"
+    ));
+    // An initiator not named at all.
+    let e = inq("", &p2, 1, HOST3).unwrap_err().to_string();
+    assert!(e.contains("ACL does not admit"), "{e}");
+    t.log_line(&format!(
+        "login refused: initiator {HOST3} is not allowed to target {ACL} (0x0202)"
+    ));
+    let log = std::fs::read_to_string(&t.log).unwrap();
+    assert!(
+        !log.contains(SECRET) && !log.contains("wrong-secret-99"),
+        "{log}"
     );
 }

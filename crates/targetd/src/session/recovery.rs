@@ -456,6 +456,9 @@ mod tests {
             allowed_initiators: Vec::new(),
             chap: None,
             require_tls: false,
+            portals: Vec::new(),
+            require_chap: false,
+            initiators: Vec::new(),
             luns: Default::default(),
             stores: Default::default(),
         });
