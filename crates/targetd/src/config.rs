@@ -743,6 +743,63 @@ mod tests {
     }
 
     #[test]
+    fn tls_portals_and_access_rules_read_and_are_checked() {
+        let lun = "[[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n\
+                   [[target.lun]]\nid = 1\nstore = \"ram:?size=1MiB\"\n";
+        let portals = "portals = [\"127.0.0.1:3260\", { listen = \"0.0.0.0:3261\", tls = { \
+                       cert = \"t.crt\", key = \"t.key\", client_ca = \"ca.crt\" } }]\n";
+        let c = Config::parse(
+            &format!(
+                "{portals}[[target]]\niqn = \"iqn.2026-11.org.example:t\"\nrequire_tls = true\n\
+                 portals = [\"0.0.0.0:3261\"]\nrequire_chap = true\n\
+                 [[target.initiator]]\nname = \"iqn.2026-11.org.example:h\"\nluns = [1]\n\
+                 chap = {{ user = \"h\", secret = \"h-secret-1234\" }}\n{lun}"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.portals[0],
+            Portal::plain("127.0.0.1:3260".parse().unwrap())
+        );
+        let tls = c.portals[1].tls.as_ref().unwrap();
+        assert_eq!(
+            (tls.cert.to_str(), tls.client_ca.as_deref(), tls.require),
+            (Some("t.crt"), Some(Path::new("ca.crt")), true)
+        );
+        let t = &c.targets[0];
+        assert!(t.require_tls && t.require_chap);
+        assert_eq!(t.initiators[0].luns, Some(vec![1]));
+        let target = "[[target]]\niqn = \"iqn.2026-11.org.example:t\"\n";
+        for (bad, says) in [
+            (
+                format!("portals = [{{ listen = \"127.0.0.1:1\", tls = {{ cert = \"c\" }} }}]\n{target}{lun}"),
+                "key",
+            ),
+            (
+                format!("portals = [{{ listen = \"127.0.0.1:1\", tsl = {{}} }}]\n{target}{lun}"),
+                "tsl",
+            ),
+            (format!("portals = [\"nowhere\"]\n{target}{lun}"), "not ADDR:PORT"),
+            (
+                format!("{target}require_tls = true\n{lun}"),
+                "require_tls = true but no portal has tls",
+            ),
+            (
+                format!("{target}portals = [\"10.0.0.1:3260\"]\n{lun}"),
+                "portal 10.0.0.1:3260 is not one of the portals listened on",
+            ),
+            (
+                format!("{target}[[target.initiator]]\nname = \"iqn.2026-11.x:h\"\nluns = [7]\n{lun}"),
+                "LUN 7 is not one of the target's",
+            ),
+        ] {
+            let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn embedded_default_is_valid() {
         Config::embedded_default().validate().unwrap();
     }
