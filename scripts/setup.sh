@@ -47,6 +47,39 @@ check_tgt() {
 
 check_iperf3() { quiet iperf3 --version; }
 
+check_stunnel() {
+  # stunnel must carry bytes: a client tunnel into a server tunnel (certificate made here,
+  # TLS 1.3) in front of a tiny HTTP server, all on loopback, and a file fetched through.
+  quiet openssl version || return 1
+  local dir="$scratch/stunnel" base=$((30000 + $$ % 20000)) rc=1 i pids=()
+  mkdir -p "$dir"
+  quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj /CN=127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" || return 1
+  echo "tunnelled $$" >"$dir/probe"
+  printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\ncert = %s\nkey = %s\nsslVersionMin = TLSv1.3\n' \
+    $((base + 1)) "$base" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
+  printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\n' \
+    $((base + 2)) $((base + 1)) >"$dir/client.conf"
+  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$base" >"$dir/http.log" 2>&1 &
+  pids+=($!)
+  stunnel "$dir/server.conf" >"$dir/server.log" 2>&1 &
+  pids+=($!)
+  stunnel "$dir/client.conf" >"$dir/client.log" 2>&1 &
+  pids+=($!)
+  for i in $(seq 50); do
+    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$((base + 2))/probe', timeout=2).read().decode())" \
+      >"$scratch/out" 2>&1 && grep -q "tunnelled $$" "$scratch/out"; then
+      rc=0
+      break
+    fi
+    sleep 0.1
+  done
+  kill "${pids[@]}" >/dev/null 2>&1 || true
+  wait "${pids[@]}" >/dev/null 2>&1 || true
+  [ "$rc" -eq 0 ] || cat "$dir/server.log" "$dir/client.log" >>"$scratch/out"
+  return "$rc"
+}
+
 check_iproute2() {
   # The WAN emulator and the lab put test hosts in network namespaces joined by veth and TUN.
   quiet ip -V || return 1
@@ -171,6 +204,7 @@ TOOLS=(
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"
+  "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
   "ip, tc and network namespaces|iproute2|test hosts and the WAN emulator's sites|check_iproute2"
   "ping|iputils-ping|round-trip checks across the emulated link|check_ping"
   "open-isns|open-isns-server open-isns-utils|an iSNS server (isnsd) and client (isnsadm) for the target's registration and rsv ls isns://|check_open_isns"

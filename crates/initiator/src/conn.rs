@@ -66,6 +66,36 @@ pub(crate) async fn dial(portal: &str, dialer: Option<&Dialer>) -> Result<Stream
     }
 }
 
+/// The host part of `host:port` or `[v6]:port`, which a certificate must name.
+fn portal_host(portal: &str) -> &str {
+    match portal.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => portal,
+    }
+}
+
+/// Runs the TLS handshake over a dialled connection, as `opts` ask.
+async fn start_tls(portal: &str, stream: Stream, opts: &SessionOptions) -> Result<Stream> {
+    let fail = |why: String| Error::Tls {
+        portal: portal.to_owned(),
+        why,
+    };
+    let Stream::Tcp(tcp) = stream else {
+        return Err(fail("TLS runs over TCP only".into()));
+    };
+    let tls = net::tls::ClientTls::new(&opts.tls_files).map_err(|e| fail(e.to_string()))?;
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        Stream::tls_connect(tcp, &tls, portal_host(portal)),
+    )
+    .await
+    {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(_) => Err(fail("no TLS handshake within 10 s".into())),
+    }
+}
+
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
         let stream = dial(portal, opts.dialer.as_ref()).await?;
@@ -76,6 +106,11 @@ impl RawConn {
         for w in &tuning.warnings {
             tracing::debug!(portal, "socket tuning: {w}");
         }
+        let stream = if opts.tls {
+            start_tls(portal, stream, opts).await?
+        } else {
+            stream
+        };
         Ok(RawConn {
             portal: portal.to_owned(),
             stream,
@@ -90,7 +125,22 @@ impl RawConn {
     pub async fn send(&mut self, pdu: &Pdu) -> Result<()> {
         let mut out = Vec::with_capacity(pdu.encoded_len(self.digests));
         pdu.encode(&mut out, self.digests);
-        self.stream.write_all(&out).await.map_err(|e| self.lost(e))
+        self.stream
+            .write_all(&out)
+            .await
+            .map_err(|e| self.lost_io(e))
+    }
+
+    /// As [`RawConn::lost`], but a TLS failure (a client certificate the target refused
+    /// after the handshake, as TLS 1.3 goes) is said as such.
+    fn lost_io(&self, e: std::io::Error) -> Error {
+        match net::tls::tls_failure(net::tls::Side::Initiator, &e) {
+            Some(why) => Error::Tls {
+                portal: self.portal.clone(),
+                why,
+            },
+            None => self.lost(e),
+        }
     }
 
     fn lost(&self, e: impl std::fmt::Display) -> Error {
@@ -112,7 +162,7 @@ impl RawConn {
                     .stream
                     .read_buf(&mut self.buf)
                     .await
-                    .map_err(|e| self.lost(e))?;
+                    .map_err(|e| self.lost_io(e))?;
                 if n == 0 {
                     return Err(self.lost("closed by the target"));
                 }
@@ -152,6 +202,12 @@ impl RawConn {
             };
             if resp.status_class == 0 {
                 self.exp_statsn = resp.statsn.wrapping_add(1);
+            } else if tls_required(&resp.data) {
+                return Err(Error::TlsRequired {
+                    target,
+                    class: resp.status_class,
+                    detail: resp.status_detail,
+                });
             }
             let view = LoginResponseView::from(&resp);
             match login.on_response(&view, &mut rng) {
@@ -173,6 +229,11 @@ impl RawConn {
                 InitiatorStep::Failed(e) => return Err(login_error(&target, e)),
             }
         }
+    }
+
+    /// Protocol and cipher suite when the connection is TLS.
+    pub fn tls_summary(&self) -> Option<String> {
+        self.stream.tls_summary()
     }
 
     pub fn into_parts(self) -> (Reader, WriteHalf, BytesMut, PduDecoder, Digests) {
@@ -212,6 +273,13 @@ impl Reader {
     pub fn socket(&self) -> Option<BorrowedFd<'_>> {
         self.0.socket()
     }
+}
+
+/// Whether a refused login's text says the target wants TLS (a Reservoir target's
+/// `X-org.reservoir.TLS=Required`).
+fn tls_required(data: &[u8]) -> bool {
+    data.split(|b| *b == 0)
+        .any(|kv| kv == b"X-org.reservoir.TLS=Required")
 }
 
 fn login_error(target: &str, e: iscsi::login::LoginError) -> Error {

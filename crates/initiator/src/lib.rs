@@ -81,6 +81,14 @@ pub enum Error {
         len: u64,
         size: u64,
     },
+    #[error("TLS to {portal}: {why}")]
+    Tls { portal: String, why: String },
+    #[error("login to {target} refused: the target requires TLS (status 0x{class:02x}{detail:02x}); connect with tls=1 (--tls) and ca= or pin=")]
+    TlsRequired {
+        target: String,
+        class: u8,
+        detail: u8,
+    },
     #[error("connection to {portal} lost: {why}")]
     ConnectionLost { portal: String, why: String },
     #[error("protocol error from the target: {0}")]
@@ -168,6 +176,12 @@ pub struct SessionOptions {
     /// memory with it).
     #[serde(skip)]
     pub dialer: Option<net::transport::Dialer>,
+    /// Every connection (discovery, each of a session's, those logged in again in
+    /// recovery) over TLS 1.3.
+    pub tls: bool,
+    /// How the target's certificate is trusted (CA file, pinned fingerprint, the system's
+    /// CAs) and the client certificate, if any.
+    pub tls_files: net::tls::ClientFiles,
 }
 
 mod secs {
@@ -209,6 +223,8 @@ impl Default for SessionOptions {
             io_size_hint: None,
             pinned: Default::default(),
             dialer: None,
+            tls: false,
+            tls_files: Default::default(),
         }
     }
 }
@@ -299,6 +315,19 @@ impl SessionOptions {
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
             "rate_control" => self.rate_control = parse_bool_opt(key, v)?,
             "rate" => self.rate = Some(rate(v)?),
+            "tls" => self.tls = parse_bool_opt(key, v)?,
+            // A way to trust the target's certificate means TLS.
+            "ca" | "tls_ca" => {
+                self.tls_files.ca = Some(v.into());
+                self.tls = true;
+            }
+            "pin" | "tls_pin" => {
+                self.tls_files.pin = Some(net::tls::parse_fingerprint(v).map_err(Error::Option)?);
+                self.tls = true;
+            }
+            "cert" | "tls_cert" => self.tls_files.cert = Some(v.into()),
+            "key" | "tls_key" => self.tls_files.key = Some(v.into()),
+            "tls_name" => self.tls_files.server_name = Some(v.to_owned()),
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
@@ -306,7 +335,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate, rate_control"
+                     rate, rate_control, tls, ca, pin, cert, key, tls_name"
                 )))
             }
         }

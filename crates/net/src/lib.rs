@@ -9,6 +9,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use serde::Serialize;
 use socket2::SockRef;
 
+#[cfg(feature = "test-certs")]
+pub mod testcerts;
+pub mod tls;
 pub mod transport;
 
 /// What a connection should look like; `None` leaves the kernel's choice alone.

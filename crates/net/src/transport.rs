@@ -4,9 +4,15 @@
 //! login ends, then its [`ReadHalf`] (the reader task) and [`WriteHalf`] (the writer task).
 //! Carriers: TCP, and an in-memory pipe ([`memory_pair`]) on which whole sessions run in
 //! one process without sockets, with a switch that cuts the connection for recovery tests.
-//! Another carrier (TLS) is a new variant here, and the code above reads, writes and tunes
-//! the connection as before. Socket options and TCP_INFO apply to the TCP socket under a
-//! carrier: `socket()` lends it out, and is `None` where there is none (memory).
+//! TLS over TCP ([`Stream::tls_connect`], [`Stream::tls_accept`]; configured in
+//! [`crate::tls`]) is a third, and the code above reads, writes and tunes the connection
+//! as before. Socket options and TCP_INFO apply to the TCP socket under a carrier:
+//! `socket()` lends it out, and is `None` where there is none (memory).
+//!
+//! A TLS writer must flush: bytes a write took may wait, encrypted, in the TLS session
+//! until the socket takes them, and only a flush (or the next write) pushes them on. TCP's
+//! and memory's flush cost nothing, so the writers flush after every batch whatever the
+//! carrier.
 //!
 //! Enums rather than trait objects: a `match` on a variant costs nothing on the hot path,
 //! and each variant keeps its own fast operations (vectored and non-blocking writes).
@@ -14,7 +20,7 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -27,13 +33,27 @@ use tokio::net::TcpStream;
 #[derive(Debug)]
 pub enum Stream {
     Tcp(TcpStream),
+    Tls(Box<TlsStream>),
     Memory(MemoryStream),
+}
+
+type TlsStream = tokio_rustls::TlsStream<TcpStream>;
+
+/// The socket under a split TLS stream, by number: tokio's halves give no access to the
+/// stream they share. Each half keeps that stream, and so the descriptor, open.
+type SocketRef = RawFd;
+
+fn borrow(fd: &RawFd) -> BorrowedFd<'_> {
+    // SAFETY: the descriptor belongs to the TLS stream that both halves own together
+    // (tokio's split), so it stays open for as long as either half, and so `fd`, lives.
+    unsafe { BorrowedFd::borrow_raw(*fd) }
 }
 
 /// The receiving side of a split [`Stream`].
 #[derive(Debug)]
 pub enum ReadHalf {
     Tcp(OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<TlsStream>, SocketRef),
     Memory(tokio::io::ReadHalf<MemoryStream>),
 }
 
@@ -41,6 +61,7 @@ pub enum ReadHalf {
 #[derive(Debug)]
 pub enum WriteHalf {
     Tcp(OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<TlsStream>, SocketRef),
     Memory(tokio::io::WriteHalf<MemoryStream>),
 }
 
@@ -164,9 +185,68 @@ impl Stream {
         Ok(Stream::Tcp(TcpStream::connect(addr).await?))
     }
 
+    /// Runs a TLS handshake as the client over `tcp`, verifying the target's certificate
+    /// against `host` (or the name `tls` was given). The error's text is one line that
+    /// names the cause ([`crate::tls::handshake_failure`]).
+    pub async fn tls_connect(
+        tcp: TcpStream,
+        tls: &crate::tls::ClientTls,
+        host: &str,
+    ) -> io::Result<Stream> {
+        let name = tls.server_name(host)?;
+        match tls.connector.connect(name, tcp).await {
+            Ok(s) => Ok(Stream::Tls(Box::new(s.into()))),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                crate::tls::handshake_failure(crate::tls::Side::Initiator, &e),
+            )),
+        }
+    }
+
+    /// Runs a TLS handshake as the server over `tcp`; errors as [`Stream::tls_connect`]'s.
+    pub async fn tls_accept(tcp: TcpStream, tls: &crate::tls::ServerTls) -> io::Result<Stream> {
+        match tls.acceptor.accept(tcp).await {
+            Ok(s) => Ok(Stream::Tls(Box::new(s.into()))),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                crate::tls::handshake_failure(crate::tls::Side::Target, &e),
+            )),
+        }
+    }
+
+    /// The protocol and cipher suite of a TLS stream (`TLSv1_3 TLS13_AES_128_GCM_SHA256`);
+    /// `None` for a carrier without TLS.
+    pub fn tls_summary(&self) -> Option<String> {
+        let Stream::Tls(s) = self else {
+            return None;
+        };
+        let conn = s.get_ref().1;
+        Some(format!(
+            "{} {}",
+            conn.protocol_version()
+                .map_or_else(|| "TLS".into(), |v| format!("{v:?}")),
+            conn.negotiated_cipher_suite()
+                .map_or_else(|| "?".into(), |c| format!("{:?}", c.suite()))
+        ))
+    }
+
+    /// The client certificate's SHA-256 fingerprint on a TLS stream accepted with mutual TLS.
+    pub fn peer_certificate(&self) -> Option<[u8; 32]> {
+        let Stream::Tls(s) = self else {
+            return None;
+        };
+        let certs = s.get_ref().1.peer_certificates()?;
+        certs.first().map(crate::tls::fingerprint)
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match self {
             Stream::Tcp(s) => s.local_addr(),
+            Stream::Tls(s) => s.get_ref().0.local_addr(),
             Stream::Memory(m) => Ok(m.local),
         }
     }
@@ -174,6 +254,7 @@ impl Stream {
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         match self {
             Stream::Tcp(s) => s.peer_addr(),
+            Stream::Tls(s) => s.get_ref().0.peer_addr(),
             Stream::Memory(m) => Ok(m.peer),
         }
     }
@@ -182,6 +263,7 @@ impl Stream {
     pub fn socket(&self) -> Option<BorrowedFd<'_>> {
         match self {
             Stream::Tcp(s) => Some(s.as_fd()),
+            Stream::Tls(s) => Some(s.get_ref().0.as_fd()),
             Stream::Memory(_) => None,
         }
     }
@@ -192,6 +274,11 @@ impl Stream {
             Stream::Tcp(s) => {
                 let (r, w) = s.into_split();
                 (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Tls(s) => {
+                let fd: SocketRef = s.get_ref().0.as_raw_fd();
+                let (r, w) = tokio::io::split(*s);
+                (ReadHalf::Tls(r, fd), WriteHalf::Tls(w, fd))
             }
             Stream::Memory(m) => {
                 let (r, w) = tokio::io::split(m);
@@ -206,6 +293,7 @@ impl ReadHalf {
     pub fn socket(&self) -> Option<BorrowedFd<'_>> {
         match self {
             ReadHalf::Tcp(r) => Some(r.as_ref().as_fd()),
+            ReadHalf::Tls(_, fd) => Some(borrow(fd)),
             ReadHalf::Memory(_) => None,
         }
     }
@@ -223,22 +311,34 @@ impl WriteHalf {
     pub fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             WriteHalf::Tcp(w) => w.as_ref().try_write_vectored(bufs),
-            WriteHalf::Memory(w) => {
-                let mut cx = Context::from_waker(Waker::noop());
-                match Pin::new(w).poll_write_vectored(&mut cx, bufs) {
-                    Poll::Ready(r) => r,
-                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
-                }
-            }
+            WriteHalf::Tls(w, _) => try_now(Pin::new(w), bufs),
+            WriteHalf::Memory(w) => try_now(Pin::new(w), bufs),
         }
+    }
+
+    /// Whether the bytes written are copied in user space (encrypted) before the socket
+    /// takes them: pages lent from a store's `mmap` would then be read outside the
+    /// kernel, where a file cut short is SIGBUS rather than EFAULT.
+    pub fn copies_in_user_space(&self) -> bool {
+        matches!(self, WriteHalf::Tls(..))
     }
 
     /// The TCP socket under the carrier, for socket options and TCP_INFO.
     pub fn socket(&self) -> Option<BorrowedFd<'_>> {
         match self {
             WriteHalf::Tcp(w) => Some(w.as_ref().as_fd()),
+            WriteHalf::Tls(_, fd) => Some(borrow(fd)),
             WriteHalf::Memory(_) => None,
         }
+    }
+}
+
+/// One vectored write that does not wait: `WouldBlock` where it would.
+fn try_now(w: Pin<&mut impl AsyncWrite>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match w.poll_write_vectored(&mut cx, bufs) {
+        Poll::Ready(r) => r,
+        Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
     }
 }
 
@@ -253,6 +353,7 @@ macro_rules! delegate_async_read {
             ) -> Poll<io::Result<()>> {
                 match self.get_mut() {
                     $t::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+                    $t::Tls(s, ..) => Pin::new(s).poll_read(cx, buf),
                     $t::Memory(m) => Pin::new(m).poll_read(cx, buf),
                 }
             }
@@ -274,6 +375,7 @@ macro_rules! delegate_async_write {
             ) -> Poll<io::Result<usize>> {
                 match self.get_mut() {
                     $t::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+                    $t::Tls(s, ..) => Pin::new(s).poll_write(cx, buf),
                     $t::Memory(m) => Pin::new(m).poll_write(cx, buf),
                 }
             }
@@ -285,6 +387,7 @@ macro_rules! delegate_async_write {
             ) -> Poll<io::Result<usize>> {
                 match self.get_mut() {
                     $t::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    $t::Tls(s, ..) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $t::Memory(m) => Pin::new(m).poll_write_vectored(cx, bufs),
                 }
             }
@@ -292,6 +395,7 @@ macro_rules! delegate_async_write {
             fn is_write_vectored(&self) -> bool {
                 match self {
                     $t::Tcp(s) => s.is_write_vectored(),
+                    $t::Tls(s, ..) => s.is_write_vectored(),
                     $t::Memory(m) => m.is_write_vectored(),
                 }
             }
@@ -299,6 +403,7 @@ macro_rules! delegate_async_write {
             fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 match self.get_mut() {
                     $t::Tcp(s) => Pin::new(s).poll_flush(cx),
+                    $t::Tls(s, ..) => Pin::new(s).poll_flush(cx),
                     $t::Memory(m) => Pin::new(m).poll_flush(cx),
                 }
             }
@@ -306,6 +411,7 @@ macro_rules! delegate_async_write {
             fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 match self.get_mut() {
                     $t::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+                    $t::Tls(s, ..) => Pin::new(s).poll_shutdown(cx),
                     $t::Memory(m) => Pin::new(m).poll_shutdown(cx),
                 }
             }

@@ -9,7 +9,7 @@ use backstore::Registry;
 use clap::Args;
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Config, Portal, PortalTls};
 use crate::server::Server;
 
 #[derive(Args, Debug)]
@@ -27,6 +27,10 @@ is LUN 0 with store = \"stripe:?unit=1M&members=[iscsi://ds1/IQN/0,iscsi://ds2/I
 (--check shows its layout: unit, capacity, each member and its size; it logs in to iscsi
 members to learn their sizes).
 
+TLS 1.3 portals: --tls-listen with --tls-cert and --tls-key (and --tls-client-ca for
+mutual TLS), or `tls` on a portal in the configuration (docs/target.md); the log names each
+TLS portal's certificate fingerprint, which initiators without a CA pin (`?pin=`).
+
 On start it prints `portal ADDR` for every address it listens on and `target IQN` for
 every target, then `ready`. With --isns (or [isns] in the configuration) it registers its
 portals and targets with that iSNS server and keeps the registration fresh. SIGTERM or
@@ -37,6 +41,20 @@ pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
     pub listen: Vec<SocketAddr>,
+    /// Address of a TLS 1.3 portal (repeatable), with --tls-cert and --tls-key; with
+    /// --listen or the configuration's portals beside it. Plaintext logins are refused there.
+    #[arg(long = "tls-listen", value_name = "ADDR:PORT", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_listen: Vec<SocketAddr>,
+    /// The TLS portals' certificate (PEM; the chain, leaf first).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS portals' private key (PEM; readable by its owner only, or refused).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require initiators on the TLS portals to present a client certificate signed by one
+    /// of these CAs (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Directory for LUN images with relative paths. Default ./data.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -84,7 +102,27 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
         None => Config::embedded_default(),
     };
     if !args.listen.is_empty() {
-        config.portals = args.listen.clone();
+        config.portals = args.listen.iter().copied().map(Portal::plain).collect();
+    }
+    if !args.tls_listen.is_empty() {
+        let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+            return Err(anyhow!("--tls-listen needs --tls-cert and --tls-key"));
+        };
+        if args.listen.is_empty() && args.config.is_none() {
+            // Only TLS, unless plaintext portals were asked for too.
+            config.portals.clear();
+        }
+        config
+            .portals
+            .extend(args.tls_listen.iter().map(|&listen| Portal {
+                listen,
+                tls: Some(PortalTls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.tls_client_ca.clone(),
+                    require: true,
+                }),
+            }));
     }
     if let Some(d) = &args.data_dir {
         config.data_dir = d.clone();
@@ -178,6 +216,17 @@ pub fn run_with(
         println!("{config:#?}");
         for l in luns {
             println!("{l}");
+        }
+        for p in &config.portals {
+            if let Some(t) = &p.tls {
+                let tls = net::tls::ServerTls::new(&t.files())
+                    .with_context(|| format!("portal {}: tls", p.listen))?;
+                println!(
+                    "portal {}: TLS 1.3, certificate {}",
+                    p.listen,
+                    net::tls::fingerprint_text(&tls.fingerprint)
+                );
+            }
         }
         return Ok(());
     }

@@ -33,9 +33,10 @@ pub enum ConfigError {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Addresses to listen on.
+    /// Addresses to listen on: `"ADDR:PORT"`, or a table with `listen` and `tls` (see
+    /// [`Portal`]).
     #[serde(default = "default_portals")]
-    pub portals: Vec<SocketAddr>,
+    pub portals: Vec<Portal>,
     /// Relative LUN paths are taken from here.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -90,8 +91,82 @@ pub struct Isns {
     pub registration_period: Option<u32>,
 }
 
-fn default_portals() -> Vec<SocketAddr> {
-    vec![DEFAULT_PORTAL.parse().unwrap()]
+fn default_portals() -> Vec<Portal> {
+    vec![Portal::plain(DEFAULT_PORTAL.parse().unwrap())]
+}
+
+/// One address the target listens on, in plain TCP or TLS 1.3. In TOML a plain portal is
+/// its address; a TLS one is a table:
+/// `{ listen = "0.0.0.0:3261", tls = { cert = "t.crt", key = "t.key" } }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Portal {
+    pub listen: SocketAddr,
+    pub tls: Option<PortalTls>,
+}
+
+impl Portal {
+    pub fn plain(listen: SocketAddr) -> Portal {
+        Portal { listen, tls: None }
+    }
+}
+
+/// `tls` of a portal: its certificate (chain, PEM) and private key (PEM, readable by its
+/// owner only), and optionally the CAs that sign initiators' client certificates, which
+/// makes one required (mutual TLS).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortalTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    /// true (default): every connection must be TLS, and a plaintext login is refused
+    /// (status 0x0201, authentication failure); false: a plaintext login is served too,
+    /// told apart by its first byte (a TLS handshake starts with 0x16, a Login Request
+    /// with 0x03 or 0x43).
+    #[serde(default = "yes")]
+    pub require: bool,
+}
+
+impl PortalTls {
+    pub fn files(&self) -> net::tls::ServerFiles {
+        net::tls::ServerFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortalTable {
+    listen: SocketAddr,
+    tls: Option<PortalTls>,
+}
+
+impl<'de> Deserialize<'de> for Portal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Portal;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"ADDR:PORT\" or { listen = \"ADDR:PORT\", tls = { cert, key } }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Portal, E> {
+                v.parse()
+                    .map(Portal::plain)
+                    .map_err(|_| E::custom(format!("{v:?} is not ADDR:PORT")))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<Portal, A::Error> {
+                let t = PortalTable::deserialize(serde::de::value::MapAccessDeserializer::new(m))?;
+                Ok(Portal {
+                    listen: t.listen,
+                    tls: t.tls,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 fn default_data_dir() -> PathBuf {
     PathBuf::from("./data")
@@ -220,8 +295,35 @@ pub struct TargetConfig {
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
     pub chap: Option<Chap>,
+    /// Logins to this target only over TLS: a plaintext one is refused with status 0x0202
+    /// (authorization failure), on any portal.
+    #[serde(default)]
+    pub require_tls: bool,
+    /// Reachable only through these portals (as configured, or the address bound); empty:
+    /// all. Elsewhere the target is not listed and a login is answered 0x0203 (not found).
+    #[serde(default)]
+    pub portals: Vec<SocketAddr>,
+    /// Every login must pass CHAP: an initiator with no secret (its own or the target's)
+    /// is refused with 0x0202.
+    #[serde(default)]
+    pub require_chap: bool,
+    /// Per-initiator access: admitted (beside `allowed_initiators`), its own CHAP secret,
+    /// and the LUNs it sees.
+    #[serde(default, rename = "initiator")]
+    pub initiators: Vec<InitiatorAccess>,
     #[serde(default, rename = "lun")]
     pub luns: Vec<LunConfig>,
+}
+
+/// `[[target.initiator]]`: one initiator's access to a target.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct InitiatorAccess {
+    pub name: String,
+    /// CHAP for this initiator, instead of the target's.
+    pub chap: Option<Chap>,
+    /// The LUNs it sees (REPORT LUNS, commands); absent: all (LUN masking).
+    pub luns: Option<Vec<u16>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -401,6 +503,10 @@ impl Config {
                 alias: Some("reservoir".into()),
                 allowed_initiators: vec![],
                 chap: None,
+                require_tls: false,
+                portals: vec![],
+                require_chap: false,
+                initiators: vec![],
                 luns: vec![LunConfig {
                     id: 0,
                     store: None,
@@ -452,6 +558,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if self.portals.is_empty() {
             return Err("no portals to listen on".into());
+        }
+        if self.targets.iter().any(|t| t.require_tls)
+            && self.portals.iter().all(|p| p.tls.is_none())
+        {
+            return Err("a target has require_tls = true but no portal has tls".into());
         }
         let s = &self.session;
         if !(1..=65535).contains(&s.max_connections) {
@@ -514,6 +625,27 @@ impl Config {
             }
             if let Some(c) = &t.chap {
                 validate_chap(c).map_err(|e| format!("target {:?}: chap: {e}", t.iqn))?;
+            }
+            for i in &t.initiators {
+                let at = format!("target {:?}: initiator {:?}", t.iqn, i.name);
+                validate_iscsi_name(&i.name).map_err(|e| format!("{at}: {e}"))?;
+                if let Some(c) = &i.chap {
+                    validate_chap(c).map_err(|e| format!("{at}: chap: {e}"))?;
+                }
+                for l in i.luns.iter().flatten() {
+                    if !t.luns.iter().any(|x| x.id == *l) {
+                        return Err(format!("{at}: LUN {l} is not one of the target's"));
+                    }
+                }
+            }
+            for p in &t.portals {
+                let known = self.portals.iter().any(|q| q.listen == *p);
+                if !known {
+                    return Err(format!(
+                        "target {:?}: portal {p} is not one of the portals listened on",
+                        t.iqn
+                    ));
+                }
             }
             let mut ids = HashSet::new();
             for l in &t.luns {
@@ -691,6 +823,63 @@ mod tests {
         ] {
             let e = Config::parse(&format!("{bad}\n{base}"), "p.toml").unwrap_err();
             assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn tls_portals_and_access_rules_read_and_are_checked() {
+        let lun = "[[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n\
+                   [[target.lun]]\nid = 1\nstore = \"ram:?size=1MiB\"\n";
+        let portals = "portals = [\"127.0.0.1:3260\", { listen = \"0.0.0.0:3261\", tls = { \
+                       cert = \"t.crt\", key = \"t.key\", client_ca = \"ca.crt\" } }]\n";
+        let c = Config::parse(
+            &format!(
+                "{portals}[[target]]\niqn = \"iqn.2026-11.org.example:t\"\nrequire_tls = true\n\
+                 portals = [\"0.0.0.0:3261\"]\nrequire_chap = true\n\
+                 [[target.initiator]]\nname = \"iqn.2026-11.org.example:h\"\nluns = [1]\n\
+                 chap = {{ user = \"h\", secret = \"h-secret-1234\" }}\n{lun}"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.portals[0],
+            Portal::plain("127.0.0.1:3260".parse().unwrap())
+        );
+        let tls = c.portals[1].tls.as_ref().unwrap();
+        assert_eq!(
+            (tls.cert.to_str(), tls.client_ca.as_deref(), tls.require),
+            (Some("t.crt"), Some(Path::new("ca.crt")), true)
+        );
+        let t = &c.targets[0];
+        assert!(t.require_tls && t.require_chap);
+        assert_eq!(t.initiators[0].luns, Some(vec![1]));
+        let target = "[[target]]\niqn = \"iqn.2026-11.org.example:t\"\n";
+        for (bad, says) in [
+            (
+                format!("portals = [{{ listen = \"127.0.0.1:1\", tls = {{ cert = \"c\" }} }}]\n{target}{lun}"),
+                "key",
+            ),
+            (
+                format!("portals = [{{ listen = \"127.0.0.1:1\", tsl = {{}} }}]\n{target}{lun}"),
+                "tsl",
+            ),
+            (format!("portals = [\"nowhere\"]\n{target}{lun}"), "not ADDR:PORT"),
+            (
+                format!("{target}require_tls = true\n{lun}"),
+                "require_tls = true but no portal has tls",
+            ),
+            (
+                format!("{target}portals = [\"10.0.0.1:3260\"]\n{lun}"),
+                "portal 10.0.0.1:3260 is not one of the portals listened on",
+            ),
+            (
+                format!("{target}[[target.initiator]]\nname = \"iqn.2026-11.x:h\"\nluns = [7]\n{lun}"),
+                "LUN 7 is not one of the target's",
+            ),
+        ] {
+            let e = Config::parse(&bad, "t.toml").unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
         }
     }
 

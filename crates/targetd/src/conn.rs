@@ -49,8 +49,8 @@ use crate::wire::{self, Out, Reader};
 /// How long a shutting-down target gives the initiator to log out when it asks it to.
 const LOGOUT_WITHIN_SECS: u16 = 5;
 
+/// Serves a connection whose socket is tuned and whose TLS, if any, is set up.
 pub(crate) async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr) {
-    wire::tune(&shared, &stream, peer);
     match run(shared, stream, peer).await {
         Ok(why) => debug!("{peer}: connection closed: {why}"),
         Err(e) => peer_log!(info, "{peer}: connection closed: {e:#}"),
@@ -59,12 +59,20 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr)
 
 async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyhow::Result<String> {
     let local = stream.local_addr()?;
+    let tls = stream.tls_summary();
     let mut dec = PduDecoder::new(FrameLimits::default());
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let login_timeout = Duration::from_secs(shared.config.session.login_timeout.max(1));
     let result = match tokio::time::timeout(
         login_timeout,
-        login::login(&shared, &mut stream, &mut dec, &mut buf, peer),
+        login::login(
+            &shared,
+            &mut stream,
+            &mut dec,
+            &mut buf,
+            peer,
+            tls.is_some(),
+        ),
     )
     .await
     {
@@ -81,7 +89,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
         return Ok("login failed".into());
     };
     peer_log!(info,
-        "{peer}: {} logged in to {} (session {}, cid {cid}, {} connection(s); digests h={} d={}, MRDSL {}/{})",
+        "{peer}: {} logged in to {} (session {}, cid {cid}, {} connection(s); digests h={} d={}, MRDSL {}/{}; {})",
         outcome.initiator_name,
         session.target.as_ref().map_or("discovery", |t| t.iqn.as_str()),
         session.tsih,
@@ -90,6 +98,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
         outcome.connection.data_digest,
         outcome.connection.max_recv_data_segment_length,
         outcome.connection.max_send_data_segment_length,
+        tls.as_deref().unwrap_or("plain TCP"),
     );
     let digests = Digests {
         header: outcome.connection.header_digest,
@@ -133,6 +142,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
         text_in: TextAccumulator::default(),
         text_out: None,
         local,
+        tls: tls.is_some(),
         executing: Arc::new(Executing::default()),
         ping: None,
         closing: false,
@@ -210,6 +220,8 @@ struct Conn {
     /// The rest of a Text Response that did not fit in one PDU: (ITT, TTT, chunks).
     text_out: Option<(u32, u32, VecDeque<Vec<u8>>)>,
     local: SocketAddr,
+    /// Over TLS: Data-In is encrypted in user space, so the store's pages are not lent.
+    tls: bool,
     executing: Arc<Executing>,
     /// A NOP-In ping of ours awaiting its NOP-Out: (TTT, sent at).
     ping: Option<(u32, Instant)>,

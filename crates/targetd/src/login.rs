@@ -26,6 +26,21 @@ struct Policy<'a> {
     shared: &'a Shared,
     session: SessionParams,
     connection: ConnectionParams,
+    /// The connection is TLS.
+    tls: bool,
+    /// The configured portal the connection came through.
+    portal: Option<SocketAddr>,
+    /// The target named requires TLS and this connection is plaintext.
+    wants_tls: std::cell::Cell<bool>,
+    /// Why the target refused, for the log (never a secret).
+    refusal: std::cell::RefCell<Option<String>>,
+}
+
+impl Policy<'_> {
+    fn refuse(&self, why: String, lookup: TargetLookup) -> TargetLookup {
+        *self.refusal.borrow_mut() = Some(why);
+        lookup
+    }
 }
 
 fn chap_requirement(chap: &Option<Chap>) -> AuthRequirement {
@@ -45,11 +60,45 @@ fn chap_requirement(chap: &Option<Chap>) -> AuthRequirement {
 impl LoginPolicy for Policy<'_> {
     fn lookup_target(&self, target_name: &str, initiator_name: &str) -> TargetLookup {
         match self.shared.find_target(target_name) {
-            None => TargetLookup::NotFound,
-            Some(t) if !t.allows(initiator_name) => TargetLookup::Forbidden,
-            Some(t) => TargetLookup::Found {
-                alias: t.alias.clone(),
-                auth: chap_requirement(&t.chap),
+            None => self.refuse(format!("no target {target_name}"), TargetLookup::NotFound),
+            Some(t) if !t.reachable_through(self.portal) => self.refuse(
+                format!(
+                    "target {} is not offered on this portal ({})",
+                    t.iqn,
+                    self.portal.map_or("none".into(), |p| p.to_string())
+                ),
+                TargetLookup::NotFound,
+            ),
+            Some(t) if !t.allows(initiator_name) => self.refuse(
+                format!(
+                    "initiator {initiator_name} is not allowed to target {}",
+                    t.iqn
+                ),
+                TargetLookup::Forbidden,
+            ),
+            Some(t) if t.require_tls && !self.tls => {
+                self.wants_tls.set(true);
+                self.refuse(
+                    format!(
+                        "target {} requires TLS and this connection is plaintext",
+                        t.iqn
+                    ),
+                    TargetLookup::Forbidden,
+                )
+            }
+            Some(t) => match t.chap_for(initiator_name) {
+                None if t.require_chap => self.refuse(
+                    format!(
+                        "target {} requires CHAP and has no secret for initiator \
+                         {initiator_name}",
+                        t.iqn
+                    ),
+                    TargetLookup::Forbidden,
+                ),
+                chap => TargetLookup::Found {
+                    alias: t.alias.clone(),
+                    auth: chap_requirement(&chap.cloned()),
+                },
             },
         }
     }
@@ -153,12 +202,20 @@ pub(crate) async fn login(
     dec: &mut PduDecoder,
     buf: &mut BytesMut,
     peer: SocketAddr,
+    tls: bool,
 ) -> anyhow::Result<Option<LoginResult>> {
     let (session_prefs, connection_prefs) = preferences(shared);
     let mut policy = Policy {
         shared,
         session: session_prefs,
         connection: connection_prefs,
+        tls,
+        portal: stream
+            .local_addr()
+            .ok()
+            .and_then(|l| shared.configured_portal(l)),
+        wants_tls: std::cell::Cell::new(false),
+        refusal: Default::default(),
     };
     let queue_depth = shared.config.session.queue_depth;
     let mut machine: Option<(TargetLogin, Option<Arc<Session>>)> = None;
@@ -212,13 +269,20 @@ pub(crate) async fn login(
                 .await?;
                 statsn = statsn.wrapping_add(1);
             }
-            LoginStep::Failed(reply) => {
+            LoginStep::Failed(mut reply) => {
+                if policy.wants_tls.get() {
+                    // Said in the response too, for an initiator that can tell its user.
+                    reply.data = format!("{}\0", wire::TLS_REQUIRED_KEY).into_bytes();
+                }
+                let why = match policy.refusal.borrow_mut().take() {
+                    Some(why) => why,
+                    None => iscsi::login::status::describe(reply.status_class, reply.status_detail)
+                        .to_string(),
+                };
                 peer_log!(
                     info,
-                    "{peer}: login refused: {} (0x{:02x}{:02x})",
-                    iscsi::login::status::describe(reply.status_class, reply.status_detail),
-                    reply.status_class,
-                    reply.status_detail
+                    "{peer}: login refused: {why} (0x{:02x}{:02x})",
+                    reply.status_class, reply.status_detail
                 );
                 wire::send_now(
                     stream,
@@ -313,11 +377,14 @@ fn bind_session(
         SessionType::Discovery => None,
         SessionType::Normal => {
             let name = outcome.target_name.as_deref().unwrap_or("");
-            Some(
-                shared
-                    .find_target(name)
-                    .ok_or_else(|| (status::NOT_FOUND, format!("no target {name}")))?,
-            )
+            let t = shared
+                .find_target(name)
+                .ok_or_else(|| (status::NOT_FOUND, format!("no target {name}")))?;
+            // LUN masking: the session holds the target as this initiator sees it.
+            Some(match t.view_for(&outcome.initiator_name) {
+                Some(view) => Arc::new(view),
+                None => t,
+            })
         }
     };
     // Session reinstatement: a leading login from the same initiator port replaces the

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use backstore::{Backstore, ChangeMap};
 use scsi::{CopyTargets, Designator, LogicalUnit};
 
-use crate::config::Chap;
+use std::net::SocketAddr;
+
+use crate::config::{Chap, InitiatorAccess};
 
 /// One iSCSI target node: a name, its access rules and its logical units.
 pub struct TargetNode {
@@ -14,6 +16,12 @@ pub struct TargetNode {
     pub alias: Option<String>,
     pub allowed_initiators: Vec<String>,
     pub chap: Option<Chap>,
+    /// Logins only over TLS.
+    pub require_tls: bool,
+    /// Portals it is reachable through, as configured; empty: all.
+    pub portals: Vec<SocketAddr>,
+    pub require_chap: bool,
+    pub initiators: Vec<InitiatorAccess>,
     pub luns: BTreeMap<u16, Arc<LogicalUnit>>,
     /// Each LUN's store as opened and its change map, by LUN id, for code in the target's
     /// process beside the SCSI path (an incremental sync).
@@ -31,11 +39,60 @@ pub struct LunStore {
 
 impl TargetNode {
     pub fn allows(&self, initiator: &str) -> bool {
-        self.allowed_initiators.is_empty()
+        (self.allowed_initiators.is_empty() && self.initiators.is_empty())
             || self
                 .allowed_initiators
                 .iter()
                 .any(|a| a.eq_ignore_ascii_case(initiator))
+            || self.access(initiator).is_some()
+    }
+
+    fn access(&self, initiator: &str) -> Option<&InitiatorAccess> {
+        self.initiators
+            .iter()
+            .find(|i| i.name.eq_ignore_ascii_case(initiator))
+    }
+
+    /// The CHAP secret `initiator` must prove: its own, else the target's.
+    pub fn chap_for(&self, initiator: &str) -> Option<&Chap> {
+        self.access(initiator)
+            .and_then(|a| a.chap.as_ref())
+            .or(self.chap.as_ref())
+    }
+
+    /// Whether a connection through the configured portal `portal` (none: not through a
+    /// portal) may reach the target.
+    pub fn reachable_through(&self, portal: Option<SocketAddr>) -> bool {
+        self.portals.is_empty() || portal.is_some_and(|p| self.portals.contains(&p))
+    }
+
+    /// The target as `initiator` sees it: only its LUNs when it has a list (LUN masking);
+    /// `None` when it sees them all.
+    pub fn view_for(&self, initiator: &str) -> Option<TargetNode> {
+        let luns = self.access(initiator)?.luns.as_ref()?;
+        let keep = |id: &u16| luns.contains(id);
+        Some(TargetNode {
+            iqn: self.iqn.clone(),
+            alias: self.alias.clone(),
+            allowed_initiators: self.allowed_initiators.clone(),
+            chap: self.chap.clone(),
+            require_tls: self.require_tls,
+            portals: self.portals.clone(),
+            require_chap: self.require_chap,
+            initiators: self.initiators.clone(),
+            luns: self
+                .luns
+                .iter()
+                .filter(|(id, _)| keep(id))
+                .map(|(id, lu)| (*id, lu.clone()))
+                .collect(),
+            stores: self
+                .stores
+                .iter()
+                .filter(|(id, _)| keep(id))
+                .map(|(id, s)| (*id, s.clone()))
+                .collect(),
+        })
     }
 
     /// LUN `id`'s store and change map.

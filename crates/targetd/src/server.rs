@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use crate::config::{Config, LunConfig};
 pub use crate::node::{LunStore, TargetNode};
 use crate::session::ConnEvent;
 use crate::shared::Shared;
+use crate::wire::PortalTls;
 
 /// Hands a running target connections that did not come through its listeners: an
 /// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
@@ -29,6 +31,7 @@ impl Connector {
         let peer = stream
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        crate::wire::tune(&self.0, stream.socket(), peer);
         tokio::spawn(crate::conn::serve(self.0.clone(), stream, peer));
     }
 }
@@ -67,7 +70,8 @@ impl Running {
 /// A target ready to accept connections.
 pub struct Server {
     shared: Arc<Shared>,
-    listeners: Vec<TcpListener>,
+    /// Each with its portal's TLS, if it has any.
+    listeners: Vec<(TcpListener, Option<Arc<PortalTls>>)>,
     shutdown_tx: watch::Sender<bool>,
 }
 
@@ -211,6 +215,10 @@ impl Server {
                 iqn: t.iqn.clone(),
                 alias: t.alias.clone(),
                 allowed_initiators: t.allowed_initiators.clone(),
+                require_tls: t.require_tls,
+                portals: t.portals.clone(),
+                require_chap: t.require_chap,
+                initiators: t.initiators.clone(),
                 chap: t.chap.clone(),
                 luns,
                 stores: lun_stores,
@@ -225,11 +233,37 @@ impl Server {
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
         for p in &config.portals {
-            let l = TcpListener::bind(p)
+            // Key and certificates first: a portal whose TLS cannot work does not open.
+            let tls = match &p.tls {
+                None => None,
+                Some(t) => Some(Arc::new(PortalTls {
+                    tls: net::tls::ServerTls::new(&t.files())
+                        .with_context(|| format!("portal {}: tls", p.listen))?,
+                    require: t.require,
+                })),
+            };
+            let l = TcpListener::bind(p.listen)
                 .await
-                .with_context(|| format!("listening on {p}"))?;
-            portals.push(l.local_addr()?);
-            listeners.push(l);
+                .with_context(|| format!("listening on {}", p.listen))?;
+            let addr = l.local_addr()?;
+            if let Some(t) = &tls {
+                info!(
+                    "portal {addr}: TLS 1.3, certificate {}{}{}",
+                    net::tls::fingerprint_text(&t.tls.fingerprint),
+                    if t.tls.mutual {
+                        ", client certificates required"
+                    } else {
+                        ""
+                    },
+                    if t.require {
+                        ""
+                    } else {
+                        ", plaintext logins too"
+                    }
+                );
+            }
+            portals.push(addr);
+            listeners.push((l, tls));
         }
         let (shutdown_tx, shutdown) = watch::channel(false);
         Ok(Server {
@@ -301,12 +335,12 @@ impl Server {
         });
         let registration = registrar.map(|r| tokio::spawn(r.run(shutdown_tx.subscribe())));
         let mut accept_tasks = Vec::new();
-        for l in listeners {
+        for (l, tls) in listeners {
             let shared = shared.clone();
             accept_tasks.push(tokio::spawn(async move {
                 loop {
                     match l.accept().await {
-                        Ok((stream, peer)) => {
+                        Ok((tcp, peer)) => {
                             let open = match shared.open_connection() {
                                 Ok(open) => open,
                                 Err(n) => {
@@ -319,8 +353,15 @@ impl Server {
                                 }
                             };
                             let shared = shared.clone();
+                            let tls = tls.clone();
                             tokio::spawn(async move {
-                                crate::conn::serve(shared, stream.into(), peer).await;
+                                crate::wire::tune(&shared, Some(tcp.as_fd()), peer);
+                                let Some(stream) =
+                                    crate::wire::accept(&shared, tcp, peer, tls.as_deref()).await
+                                else {
+                                    return;
+                                };
+                                crate::conn::serve(shared, stream, peer).await;
                                 drop(open);
                             });
                         }

@@ -61,6 +61,18 @@ impl Shared {
         }
     }
 
+    /// The configured address of the portal a connection came in at, by the local
+    /// address it reached (the bound one: port 0 resolved, a wildcard address served).
+    pub(crate) fn configured_portal(&self, local: SocketAddr) -> Option<SocketAddr> {
+        self.portals
+            .iter()
+            .zip(&self.config.portals)
+            .find(|(bound, _)| {
+                **bound == local || (bound.ip().is_unspecified() && bound.port() == local.port())
+            })
+            .map(|(_, p)| p.listen)
+    }
+
     pub(crate) fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
         self.targets
             .iter()

@@ -17,6 +17,7 @@ use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu, BHS_LEN, RESERVED_TAG};
 use net::transport::{ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -25,8 +26,8 @@ use crate::shared::Shared;
 use crate::task::unlend;
 
 /// Tunes a new connection's socket as configured; see [`socket_tuning`].
-pub(crate) fn tune(shared: &Shared, stream: &Stream, peer: SocketAddr) {
-    let Some(fd) = stream.socket() else {
+pub(crate) fn tune(shared: &Shared, socket: Option<BorrowedFd<'_>>, peer: SocketAddr) {
+    let Some(fd) = socket else {
         return;
     };
     let tuning = socket_tuning(&shared.config.session, fd, peer);
@@ -34,6 +35,117 @@ pub(crate) fn tune(shared: &Shared, stream: &Stream, peer: SocketAddr) {
     for w in &applied.warnings {
         warn!("{peer}: socket tuning: {w}");
     }
+}
+
+/// A portal's TLS as accepting connections uses it.
+pub(crate) struct PortalTls {
+    pub(crate) tls: net::tls::ServerTls,
+    /// Plaintext logins refused (else served beside TLS ones).
+    pub(crate) require: bool,
+}
+
+/// The first byte of a TLS handshake record; an iSCSI Login Request starts with 0x03 or
+/// 0x43 (opcode with the immediate bit).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The text key a refusal for want of TLS carries in its Login Response, so that an
+/// initiator of ours can say so (others see the status: authentication failure).
+pub const TLS_REQUIRED_KEY: &str = "X-org.reservoir.TLS=Required";
+
+/// Turns an accepted socket into the connection's stream: a TLS handshake on a TLS
+/// portal, plain TCP otherwise. Which one the peer speaks is told by its first byte, so
+/// that each mismatch ends with a line that names it, here and, where the peer is ours,
+/// in the initiator's error. `None`: the connection is over (logged).
+pub(crate) async fn accept(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    portal: Option<&PortalTls>,
+) -> Option<Stream> {
+    let local = tcp
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let limit = Duration::from_secs(shared.config.session.login_timeout.max(1));
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(limit, tcp.peek(&mut first)).await {
+        Ok(Ok(0)) => return None,
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            debug!("{peer}: {e}");
+            return None;
+        }
+        Err(_) => {
+            info!("{peer}: portal {local}: nothing sent within {limit:?}; closed");
+            return None;
+        }
+    }
+    let hello = first[0] == TLS_HANDSHAKE_RECORD;
+    match (portal, hello) {
+        (Some(p), true) => match tokio::time::timeout(limit, Stream::tls_accept(tcp, &p.tls)).await
+        {
+            Ok(Ok(s)) => {
+                debug!(
+                    "{peer}: portal {local}: {}",
+                    s.tls_summary().unwrap_or_default()
+                );
+                Some(s)
+            }
+            Ok(Err(e)) => {
+                warn!("{peer}: TLS handshake on portal {local} failed: {e}");
+                None
+            }
+            Err(_) => {
+                warn!("{peer}: TLS handshake on portal {local} not finished within {limit:?}");
+                None
+            }
+        },
+        (Some(p), false) if p.require => {
+            refuse_plaintext(tcp, peer, &local, limit).await;
+            None
+        }
+        (None, true) => {
+            warn!(
+                "{peer}: a TLS handshake on portal {local}, which is plaintext: closed (the \
+                 initiator asked for TLS; give this portal tls, or connect without it)"
+            );
+            None
+        }
+        _ => Some(Stream::from(tcp)),
+    }
+}
+
+/// Answers a plaintext login on a portal that requires TLS: Login Response status 0x0201
+/// (authentication failure) with [`TLS_REQUIRED_KEY`], then closes.
+async fn refuse_plaintext(tcp: TcpStream, peer: SocketAddr, local: &str, limit: Duration) {
+    let mut stream = Stream::from(tcp);
+    let mut dec = PduDecoder::new(iscsi::framing::FrameLimits::default());
+    let mut buf = BytesMut::with_capacity(1024);
+    let first = tokio::time::timeout(limit, read_pdu(&mut stream, &mut dec, &mut buf)).await;
+    let Ok(Ok(Some(Pdu::LoginRequest(req)))) = first else {
+        warn!("{peer}: plaintext (not TLS) on portal {local}, which requires TLS: closed");
+        return;
+    };
+    let mut data = TLS_REQUIRED_KEY.as_bytes().to_vec();
+    data.push(0);
+    let (class, detail) = iscsi::login::status::AUTHENTICATION_FAILURE;
+    let resp = Pdu::LoginResponse(iscsi::pdu::LoginResponse {
+        isid: req.isid,
+        tsih: req.tsih,
+        itt: req.itt,
+        statsn: req.expstatsn,
+        expcmdsn: req.cmdsn,
+        maxcmdsn: req.cmdsn,
+        status_class: class,
+        status_detail: detail,
+        data: bytes::Bytes::from(data),
+        ..Default::default()
+    });
+    let _ = send_now(&mut stream, &resp).await;
+    let _ = stream.shutdown().await;
+    warn!(
+        "{peer}: plaintext login on portal {local} refused (status 0x{class:02x}{detail:02x}): \
+         this portal requires TLS"
+    );
 }
 
 /// The receiving side in full feature phase.
@@ -212,8 +324,9 @@ pub(crate) async fn writer(
     cid: u16,
 ) -> std::io::Result<()> {
     let erl2 = session.erl2();
-    // As `Job::lend`: Data-In may be lent only without data digests.
-    let lends = !digests.data;
+    // As `Job::lend`: Data-In may be lent only without data digests, and only where the
+    // kernel alone reads it (not TLS, which encrypts it in user space).
+    let lends = !digests.data && !wr.copies_in_user_space();
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.
@@ -320,6 +433,8 @@ pub(crate) async fn writer(
             std::io::IoSlice::advance_slices(&mut rest, written);
             write_all_vectored(&mut wr, rest, &mut written).await?;
         }
+        // TLS may hold the batch's last records until flushed; TCP's flush is free.
+        wr.flush().await?;
         batch.clear();
         if close {
             let _ = wr.shutdown().await;

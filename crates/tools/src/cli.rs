@@ -61,6 +61,26 @@ pub struct SessionFlags {
     /// granting only 0, such as tgt, get anyway).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub erl: Option<u8>,
+    /// Every connection over TLS 1.3 (as ?tls=1); the target's certificate is checked
+    /// against the system's CAs unless --tls-ca or --tls-pin says otherwise.
+    #[arg(long)]
+    pub tls: bool,
+    /// Trust the target's certificate if this CA (PEM file) signed it; implies --tls.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<String>,
+    /// Trust exactly the certificate with this SHA-256 fingerprint (as `rsv target` logs
+    /// it), whoever signed it and whatever names it carries; implies --tls.
+    #[arg(long, value_name = "SHA256")]
+    pub tls_pin: Option<String>,
+    /// Client certificate (PEM) for targets that require one (mutual TLS), with --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<String>,
+    /// The client certificate's private key (PEM, readable by its owner only).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<String>,
+    /// The name the target's certificate must carry (default: the URL's host).
+    #[arg(long, value_name = "NAME")]
+    pub tls_name: Option<String>,
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
@@ -110,6 +130,20 @@ impl SessionFlags {
         }
         if let Some(erl) = self.erl {
             o.error_recovery_level = erl;
+        }
+        if self.tls {
+            o.tls = true;
+        }
+        for (key, value) in [
+            ("ca", &self.tls_ca),
+            ("pin", &self.tls_pin),
+            ("cert", &self.tls_cert),
+            ("key", &self.tls_key),
+            ("tls_name", &self.tls_name),
+        ] {
+            if let Some(v) = value {
+                o.set(key, v)?;
+            }
         }
         for kv in &self.opts {
             let (k, v) = kv

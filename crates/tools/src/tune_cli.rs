@@ -143,6 +143,12 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         i.recv_buffer
     );
     println!("target pacing: {}", i.target_pacing.summary());
+    println!(
+        "transport: {}",
+        i.tls.as_deref().map_or("plain TCP".to_owned(), |t| format!(
+            "TLS ({t}), every connection"
+        ))
+    );
     if let (Some(b), Some(rate)) = (r.probe_bytes, r.probe_mb_per_s) {
         println!("probe: read {b} bytes at {rate:.1} MB/s");
     }

@@ -93,6 +93,7 @@ impl Shared {
         let params = lead.outcome.session.clone();
         let tsih = lead.outcome.tsih;
         let tuning = raw.tuning.clone();
+        let tls = raw.tls_summary();
         let mut logged_in: Vec<(RawConn, LoginDone, u16)> = vec![(raw, lead, 0)];
         let want = o.connections.min(params.max_connections).max(1);
         for cid in 1..want {
@@ -166,6 +167,7 @@ impl Shared {
             path: None,
             target_pacing: Default::default(),
             rate_control: None,
+            tls,
         });
         st.conns.params = params;
         drop(st);

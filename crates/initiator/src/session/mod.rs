@@ -104,6 +104,9 @@ pub struct SessionInfo {
     /// The bottleneck found and the pacing chosen without a given rate (absent unless the
     /// rate control runs: `rate_control=yes`, auto-tuning on, no rate or pacing given).
     pub rate_control: Option<crate::tune::RateControlReport>,
+    /// TLS protocol and cipher suite of the connections (`TLSv1_3 TLS13_AES_256_GCM_SHA384`);
+    /// absent in plain TCP.
+    pub tls: Option<String>,
 }
 
 /// The session's connections' latest TCP_INFO, summed up.

@@ -41,9 +41,11 @@ impl Conn {
             out: self.out.clone(),
             max_seg: self.params.max_send_data_segment_length,
             max_burst: self.session.params.max_burst_length,
-            // A data digest reads the bytes in user space: it copies. At ERL 2 an answer
+            // A data digest reads the bytes in user space: it copies; so does TLS, which
+            // encrypts them there (where a file cut short would be SIGBUS, not the
+            // EFAULT of the kernel's read). At ERL 2 an answer
             // kept for reassignment keeps its blocks for a second at most (the writer).
-            lend: !self.params.data_digest,
+            lend: !self.params.data_digest && !self.tls,
         };
         let session = self.session.clone();
         let shared = self.shared.clone();

@@ -171,7 +171,10 @@ impl Conn {
                 .shared
                 .targets
                 .iter()
-                .filter(|t| t.allows(&self.session.initiator))
+                .filter(|t| {
+                    t.allows(&self.session.initiator)
+                        && t.reachable_through(self.shared.configured_portal(self.local))
+                })
                 .collect(),
         };
         let wanted: Vec<&Arc<TargetNode>> = match which {

@@ -455,6 +455,10 @@ mod tests {
             alias: None,
             allowed_initiators: Vec::new(),
             chap: None,
+            require_tls: false,
+            portals: Vec::new(),
+            require_chap: false,
+            initiators: Vec::new(),
             luns: Default::default(),
             stores: Default::default(),
         });

@@ -1,0 +1,281 @@
+//! The TLS carrier over loopback with certificates made here: bytes both ways through the
+//! split halves (non-blocking vectored writes included), the socket under it lent out,
+//! and each way a handshake fails told in one line on both sides.
+
+use std::io::IoSlice;
+use std::path::{Path, PathBuf};
+
+use net::testcerts::{self, Ca};
+use net::tls::{ClientFiles, ClientTls, ServerFiles, ServerTls};
+use net::transport::Stream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("net-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn server(cert: &Path, key: &Path, client_ca: Option<&Path>) -> ServerTls {
+    ServerTls::new(&ServerFiles {
+        cert: cert.into(),
+        key: key.into(),
+        client_ca: client_ca.map(Into::into),
+    })
+    .unwrap()
+}
+
+/// One handshake over loopback: the client's and the server's result.
+async fn handshake(
+    server: Option<&ServerTls>,
+    client: &ClientTls,
+    host: &str,
+) -> (std::io::Result<Stream>, std::io::Result<Stream>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = async {
+        let (tcp, _) = l.accept().await.unwrap();
+        match server {
+            Some(s) => Stream::tls_accept(tcp, s).await,
+            // A plaintext portal: reads what comes and closes, as an iSCSI target does
+            // with a PDU it cannot frame.
+            None => {
+                let mut tcp = tcp;
+                let mut b = [0u8; 48];
+                let _ = tcp.read_exact(&mut b).await;
+                drop(tcp);
+                Err(std::io::Error::other("closed as a plaintext target does"))
+            }
+        }
+    };
+    let cli = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        Stream::tls_connect(tcp, client, host).await
+    };
+    tokio::join!(cli, srv)
+}
+
+#[tokio::test]
+async fn tls_carries_bytes_both_ways_through_the_halves() {
+    let d = dir("bytes");
+    let ca = Ca::new(&d, "ca");
+    let leaf = ca.issue(&d, "target", &["localhost", "127.0.0.1"], false);
+    let s = server(&leaf.cert, &leaf.key, None);
+    let c = ClientTls::new(&ClientFiles {
+        ca: Some(ca.cert.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let (client, accepted) = handshake(Some(&s), &c, "127.0.0.1").await;
+    let mut client = client.unwrap();
+    let server = accepted.unwrap();
+    assert!(client.is_tls() && server.is_tls());
+    let summary = client.tls_summary().unwrap();
+    assert!(summary.starts_with("TLSv1_3 TLS13_"), "{summary}");
+    assert!(net::tcp_info(client.socket().unwrap()).is_ok());
+    assert_eq!(client.peer_addr().unwrap(), server.local_addr().unwrap());
+
+    let (mut rd, mut wr) = server.into_split();
+    assert!(wr.copies_in_user_space());
+    assert!(net::tcp_info(rd.socket().unwrap()).is_ok());
+    assert!(net::tcp_info(wr.socket().unwrap()).is_ok());
+    let parts = [IoSlice::new(b"ab"), IoSlice::new(b"cd")];
+    let mut n = 0;
+    while n == 0 {
+        n = wr.try_write_vectored(&parts).unwrap();
+    }
+    wr.write_all(&b"abcd"[n..]).await.unwrap();
+    // 1 MiB, more than the TLS session buffers: reader and writer run at once.
+    let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    let sender = {
+        let big = big.clone();
+        tokio::spawn(async move {
+            wr.write_all(&big).await.unwrap();
+            wr.flush().await.unwrap();
+            wr
+        })
+    };
+    let mut got = vec![0u8; 4 + big.len()];
+    client.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got[..4], b"abcd");
+    assert!(got[4..] == big[..]);
+    let _wr = sender.await.unwrap();
+
+    client.write_all(b"ping").await.unwrap();
+    client.flush().await.unwrap();
+    let mut back = [0u8; 4];
+    rd.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+}
+
+#[tokio::test]
+async fn a_pinned_self_signed_certificate_is_trusted_and_no_other() {
+    let d = dir("pin");
+    let own = testcerts::self_signed(&d, "own", &["target.example"]);
+    let other = testcerts::self_signed(&d, "other", &["target.example"]);
+    let s = server(&own.cert, &own.key, None);
+    let pinned = |fp: &str| {
+        ClientTls::new(&ClientFiles {
+            pin: Some(net::tls::parse_fingerprint(fp).unwrap()),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // Pinned: neither the name (an address here) nor the issuer matters.
+    let (c, a) = handshake(Some(&s), &pinned(&own.fingerprint), "127.0.0.1").await;
+    assert!(c.is_ok() && a.is_ok());
+    let (c, a) = handshake(Some(&s), &pinned(&other.fingerprint), "127.0.0.1").await;
+    let e = c.unwrap_err().to_string();
+    assert!(
+        e.starts_with("the target's certificate is not trusted: its fingerprint sha256:")
+            && e.ends_with("is not the pinned one"),
+        "{e}"
+    );
+    let e = a.unwrap_err().to_string();
+    assert!(
+        e.starts_with("the initiator rejected our certificate"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn each_failed_handshake_names_its_cause_on_both_sides() {
+    let d = dir("fail");
+    let ca = Ca::new(&d, "ca");
+    let good = ca.issue(&d, "good", &["localhost"], false);
+    let expired = ca.issue(&d, "expired", &["localhost"], true);
+    let stranger = testcerts::self_signed(&d, "stranger", &["localhost"]);
+    let trusting = ClientTls::new(&ClientFiles {
+        ca: Some(ca.cert.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let cases: [(&str, Option<ServerTls>, &str, &str, &str); 4] = [
+        (
+            "untrusted",
+            Some(server(&stranger.cert, &stranger.key, None)),
+            "localhost",
+            "the target's certificate is not trusted: signed by an unknown issuer (give ca=FILE",
+            "the initiator rejected our certificate (TLS alert UnknownCA)",
+        ),
+        (
+            "expired",
+            Some(server(&expired.cert, &expired.key, None)),
+            "localhost",
+            "the target's certificate is not trusted: it has expired",
+            "the initiator rejected our certificate (TLS alert CertificateExpired)",
+        ),
+        (
+            "name",
+            Some(server(&good.cert, &good.key, None)),
+            "127.0.0.1",
+            "the target's certificate is not trusted: it does not carry the name we connected to",
+            "the initiator rejected our certificate (TLS alert BadCertificate)",
+        ),
+        (
+            "plaintext portal",
+            None,
+            "localhost",
+            "the portal closed the connection during the TLS handshake: it does not speak TLS",
+            "",
+        ),
+    ];
+    for (what, s, host, client_says, server_says) in cases {
+        let (c, a) = handshake(s.as_ref(), &trusting, host).await;
+        let e = c
+            .err()
+            .unwrap_or_else(|| panic!("{what}: handshake passed"))
+            .to_string();
+        assert!(e.starts_with(client_says), "{what}: {e}");
+        assert!(!e.contains('\n'));
+        if !server_says.is_empty() {
+            let e = a
+                .err()
+                .unwrap_or_else(|| panic!("{what}: accepted"))
+                .to_string();
+            assert!(e.starts_with(server_says), "{what}: {e}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_wants_a_client_certificate_from_the_ca() {
+    let d = dir("mutual");
+    let ca = Ca::new(&d, "ca");
+    let clients = Ca::new(&d, "clients");
+    let leaf = ca.issue(&d, "target", &["localhost"], false);
+    let me = clients.issue(&d, "initiator", &["initiator.example"], false);
+    let stranger = testcerts::self_signed(&d, "stranger", &["initiator.example"]);
+    let s = server(&leaf.cert, &leaf.key, Some(&clients.cert));
+    let client = |cert: Option<&testcerts::Files>| {
+        ClientTls::new(&ClientFiles {
+            ca: Some(ca.cert.clone()),
+            cert: cert.map(|f| f.cert.clone()),
+            key: cert.map(|f| f.key.clone()),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (c, a) = handshake(Some(&s), &client(Some(&me)), "localhost").await;
+    let (c, a) = (c.unwrap(), a.unwrap());
+    assert_eq!(
+        a.peer_certificate().map(|f| net::tls::fingerprint_text(&f)),
+        Some(me.fingerprint.clone())
+    );
+    drop((c, a));
+    // TLS 1.3: the client learns of the refusal on its first read after the handshake.
+    let (c, a) = handshake(Some(&s), &client(None), "localhost").await;
+    let e = a.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "the initiator presented no client certificate, and this portal requires one"
+    );
+    let mut c = c.unwrap();
+    let e = c.read_u8().await.unwrap_err().to_string();
+    assert!(e.contains("CertificateRequired"), "{e}");
+    let (_c, a) = handshake(Some(&s), &client(Some(&stranger)), "localhost").await;
+    let e = a.unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "the initiator's client certificate is not trusted: signed by an unknown issuer"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn files_are_checked_before_any_connection() {
+    let d = dir("files");
+    let own = testcerts::self_signed(&d, "own", &["localhost"]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&own.key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = ServerTls::new(&ServerFiles {
+        cert: own.cert.clone(),
+        key: own.key.clone(),
+        client_ca: None,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.ends_with(&format!(
+            "private key readable by group or others (mode 640); chmod 600 {}",
+            own.key.display()
+        )),
+        "{e}"
+    );
+    let e = ClientTls::new(&ClientFiles {
+        ca: Some(d.join("missing.crt")),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("missing.crt: No such file"), "{e}");
+    let e = ServerTls::new(&ServerFiles {
+        cert: own.key.clone(),
+        key: own.key.clone(),
+        client_ca: None,
+    });
+    assert!(e.is_err());
+}
