@@ -130,6 +130,38 @@ check_ceph() {
   quiet "$scratch/rbd-check"
 }
 
+check_ffmpeg() {
+  # rsv media's tests make a clip from test sources (VP8 + Opus in WebM) and read it back
+  # over HTTP with ffprobe: a 1-second clip must encode and probe as such.
+  quiet ffmpeg -loglevel error -y -f lavfi -i testsrc=duration=1:size=160x120:rate=10 \
+    -f lavfi -i sine=duration=1 -c:v libvpx -c:a libopus -shortest "$scratch/clip.webm" || return 1
+  quiet ffprobe -v error -show_entries stream=codec_name -of csv=p=0 "$scratch/clip.webm" || return 1
+  grep -q vp8 "$scratch/out" && grep -q opus "$scratch/out"
+}
+
+check_chromium() {
+  # Headless Chromium (as root: --no-sandbox) runs a page's script: the DOM it dumps holds
+  # what the script wrote.
+  printf '%s\n' '<!doctype html><p id="x">static</p>' \
+    '<script>document.getElementById("x").textContent = "script " + (6 * 7);</script>' \
+    >"$scratch/page.html"
+  quiet timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --user-data-dir="$scratch/chromium" --dump-dom "file://$scratch/page.html" || return 1
+  grep -q 'script 42' "$scratch/out"
+}
+
+check_curl() { quiet curl --version; }
+
+check_fat_tools() {
+  # rsv media reads FAT too: its tests make an image with mkfs.vfat and put a file in it
+  # with mtools, no mount.
+  truncate -s 8M "$scratch/fat.img"
+  quiet mkfs.vfat "$scratch/fat.img" || return 1
+  echo hello >"$scratch/hello.txt"
+  quiet mcopy -i "$scratch/fat.img" "$scratch/hello.txt" ::/hello.txt || return 1
+  quiet mdir -i "$scratch/fat.img" ::/ && grep -qi hello "$scratch/out"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -146,6 +178,10 @@ TOOLS=(
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
+  "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
+  "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"
+  "curl|curl|rsv media's tests ask for byte ranges|check_curl"
+  "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 

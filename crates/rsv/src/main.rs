@@ -41,13 +41,15 @@ enum Command {
     Sync(replicate::cli::SyncArgs),
     /// A small iSNS server (RFC 4171): registrations kept in a file, expiry, SCN.
     Isns(isnsd::IsnsArgs),
+    /// A media server: finds storage in iSNS, reads its file systems, streams over HTTP.
+    Media(media::MediaArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
 }
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "warn,target=info,rsv=info,isnsd=info",
+        0 => "warn,target=info,rsv=info,isnsd=info,media=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -126,6 +128,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Tune(args) => ok(tools::cli::tune(args)),
         Command::Mount(args) => ok(tools::cli::mount(args)),
         Command::Isns(args) => ok(isnsd::run(args)),
+        Command::Media(args) => ok(media::run(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }
