@@ -162,6 +162,40 @@ check_fat_tools() {
   quiet mdir -i "$scratch/fat.img" ::/ && grep -qi hello "$scratch/out"
 }
 
+check_samba() {
+  # The lab's R4 reads a file from smbd (site b) with smbclient (site a): smbd must serve a
+  # share in a namespace of its own and smbclient get a file from it, byte for byte.
+  quiet smbd --version || return 1
+  quiet smbclient --version || return 1
+  local ns="rsv-setup-smb-$$" d="$scratch/smb" rc=1 i pid
+  mkdir -p "$d/share" "$d/state"
+  head -c 100000 /dev/urandom >"$d/share/f.bin"
+  printf '%s\n' '[global]' 'server role = standalone server' 'map to guest = Bad User' \
+    'guest account = root' "lock directory = $d/state" "state directory = $d/state" \
+    "cache directory = $d/state" "private dir = $d/state" "pid directory = $d/state" \
+    "log file = $d/state/log.%m" 'disable netbios = yes' 'smb ports = 445' \
+    'load printers = no' 'printing = bsd' 'printcap name = /dev/null' \
+    '[s]' "path = $d/share" 'read only = yes' 'guest ok = yes' 'guest only = yes' >"$d/smb.conf"
+  quiet ip netns add "$ns" || return 1
+  ip -n "$ns" link set lo up >/dev/null 2>&1
+  ip netns exec "$ns" smbd --foreground --configfile="$d/smb.conf" \
+    >"$d/smbd.log" 2>&1 &
+  pid=$!
+  for i in $(seq 50); do
+    if ip netns exec "$ns" smbclient //127.0.0.1/s -N -s "$d/smb.conf" \
+      -c "get f.bin $d/got.bin" >"$scratch/out" 2>&1; then
+      cmp -s "$d/share/f.bin" "$d/got.bin" && rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$d/smbd.log" >"$scratch/out"; break; }
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  return "$rc"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -182,6 +216,7 @@ TOOLS=(
   "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"
   "curl|curl|rsv media's tests ask for byte ranges|check_curl"
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
+  "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 

@@ -685,7 +685,10 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         sysctl(ns, &tcp).with_context(|| format!("sysctls in {ns}"))?;
     }
     // SO_SNDBUF/SO_RCVBUF (GridFTP's -tcp-bs) are capped by the host-wide maxima.
-    let _buffers = HostSysctl::raise(&[("net.core.rmem_max", 268_435_456), ("net.core.wmem_max", 268_435_456)])?;
+    let _buffers = HostSysctl::raise(&[
+        ("net.core.rmem_max", 268_435_456),
+        ("net.core.wmem_max", 268_435_456),
+    ])?;
     let _hosts = NetnsHosts::write(&link)?;
     // The volume's size from the largest candidate: sized again below once the rate is known.
     let (rate_bps, calibration) = calibrate(&link, &p, dir, n)?;

@@ -62,9 +62,106 @@ pub struct MediaArgs {
     /// iSCSI initiator name (default: Reservoir's, per host).
     #[arg(long)]
     pub initiator_name: Option<String>,
+    /// Serve nothing: read this file of the one URL's volume from start to end in calls of
+    /// --call-size, as an application on the media server would, and print what it took
+    /// as JSON (login, first byte, rate). The lab's R4 reader.
+    #[arg(long, value_name = "PATH")]
+    pub read: Option<String>,
+    /// Bytes per read call with --read.
+    #[arg(long, default_value = "32K", value_parser = units::parse_size)]
+    pub call_size: u64,
+}
+
+/// What `--read` measured.
+#[derive(serde::Serialize, Debug)]
+pub struct ReadReport {
+    pub path: String,
+    pub bytes: u64,
+    pub call_size: u64,
+    pub calls: u64,
+    /// Session login, LUN and file system opened.
+    pub open_ms: f64,
+    /// From asking for the file to its first call's bytes (session already open).
+    pub first_byte_ms: f64,
+    /// The whole read, first call to last.
+    pub seconds: f64,
+    pub mbit_per_s: f64,
+    pub readahead_bytes: u64,
+    pub rtt_ms: Option<f64>,
+}
+
+fn read_file(
+    args: &MediaArgs,
+    opts: &initiator::SessionOptions,
+    path: &str,
+) -> anyhow::Result<ReadReport> {
+    use std::time::Instant;
+    let [url] = &args.urls[..] else {
+        anyhow::bail!("--read needs exactly one iscsi://HOST/IQN/LUN URL");
+    };
+    let src = storage::from_url(url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let lun = src
+        .lun
+        .ok_or_else(|| anyhow::anyhow!("{url}: name the LUN (iscsi://HOST/IQN/LUN)"))?;
+    let call = usize::try_from(args.call_size.clamp(1, 64 << 20)).unwrap_or(1 << 20);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let (vol, window, rtt_ms) = storage::open_volume(&src, lun, opts, args.readahead)
+            .await
+            .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let len = vol
+            .stat(path)
+            .await
+            .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        let mut off = 0u64;
+        let mut calls = 0u64;
+        let mut first_byte_ms = 0.0;
+        while off < len {
+            let b = vol
+                .read(path, off, call)
+                .await
+                .map_err(|e| anyhow::anyhow!("{path} at {off}: {e}"))?;
+            if calls == 0 {
+                first_byte_ms = t1.elapsed().as_secs_f64() * 1e3;
+            }
+            if b.is_empty() {
+                anyhow::bail!("{path}: ended at {off} of {len} bytes");
+            }
+            off += b.len() as u64;
+            calls += 1;
+        }
+        let seconds = t1.elapsed().as_secs_f64();
+        Ok(ReadReport {
+            path: path.to_owned(),
+            bytes: off,
+            call_size: call as u64,
+            calls,
+            open_ms,
+            first_byte_ms,
+            seconds,
+            mbit_per_s: off as f64 * 8.0 / seconds.max(1e-9) / 1e6,
+            readahead_bytes: window,
+            rtt_ms,
+        })
+    })
 }
 
 pub fn run(args: MediaArgs) -> anyhow::Result<()> {
+    if let Some(path) = args.read.clone() {
+        let mut opts = initiator::SessionOptions::default();
+        if let Some(n) = &args.initiator_name {
+            opts.initiator_name = n.clone();
+        }
+        if let Some(r) = args.rate {
+            opts.rate = Some(r.bytes_per_sec());
+        }
+        let r = read_file(&args, &opts, &path)?;
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
     if args.urls.is_empty() && args.isns.is_empty() {
         anyhow::bail!(
             "nothing to serve: give --isns SERVER or iscsi:// URLs (see rsv media --help)"

@@ -128,26 +128,10 @@ impl Storage {
                 Some(l) => vec![l],
                 None => session.report_luns().await.map_err(|e| e.to_string())?,
             };
-            let window = self.readahead.unwrap_or_else(|| {
-                let info = session.info();
-                let (rtt, rate) = info.tuning.as_ref().map_or((0.001, 125_000_000), |p| {
-                    (p.rtt_ms / 1000.0, p.rate_bytes_per_s)
-                });
-                readahead::window_bytes(Duration::from_secs_f64(rtt.max(0.0)), rate)
-            });
+            let (window, _) = window_for(&session, self.readahead);
             let mut volumes = Vec::new();
             for l in luns {
-                let v = match Lun::open(session.clone(), l).await {
-                    Ok(lun) => {
-                        let dev = LunDevice::new(lun, Handle::current(), window);
-                        let name = format!("{}/{l}", src.id());
-                        tokio::task::spawn_blocking(move || Volume::open(Box::new(dev), &name))
-                            .await
-                            .map_err(|e| e.to_string())
-                            .and_then(|r| r.map_err(|e| e.to_string()))
-                    }
-                    Err(e) => Err(e.to_string()),
-                };
+                let v = volume_on(&session, l, window, &format!("{}/{l}", src.id())).await;
                 volumes.push((l, v));
             }
             tracing::info!(
@@ -264,6 +248,51 @@ impl Storage {
     fn idle_for(&self) -> Option<Duration> {
         (self.active.load(Ordering::Acquire) == 0).then(|| self.last_used.lock().unwrap().elapsed())
     }
+}
+
+/// The read-ahead window for a session's path (`fixed` wins), and the RTT it measured.
+fn window_for(session: &Session, fixed: Option<u64>) -> (u64, Option<f64>) {
+    let info = session.info();
+    let rtt_ms = info.tuning.as_ref().map(|p| p.rtt_ms);
+    let w = fixed.unwrap_or_else(|| {
+        let (rtt, rate) = info.tuning.as_ref().map_or((0.001, 125_000_000), |p| {
+            (p.rtt_ms / 1000.0, p.rate_bytes_per_s)
+        });
+        readahead::window_bytes(Duration::from_secs_f64(rtt.max(0.0)), rate)
+    });
+    (w, rtt_ms)
+}
+
+/// The file system on LUN `l` of `session`, read through a [`LunDevice`].
+async fn volume_on(session: &Session, l: u16, window: u64, name: &str) -> Result<Volume, String> {
+    let lun = Lun::open(session.clone(), l)
+        .await
+        .map_err(|e| e.to_string())?;
+    let dev = LunDevice::new(lun, Handle::current(), window);
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || Volume::open(Box::new(dev), &name))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Logs in to `src` and opens the volume on `lun` (for a one-off reader): the volume, the
+/// read-ahead window and the RTT auto-tuning measured.
+pub async fn open_volume(
+    src: &Source,
+    lun: u16,
+    opts: &SessionOptions,
+    readahead: Option<u64>,
+) -> Result<(Volume, u64, Option<f64>), String> {
+    let mut url = src.url.clone();
+    url.lun = None;
+    let opts = url.options(opts).map_err(|e| e.to_string())?;
+    let session = Session::connect(&url, &opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (window, rtt) = window_for(&session, readahead);
+    let v = volume_on(&session, lun, window, &format!("{}/{lun}", src.id())).await?;
+    Ok((v, window, rtt))
 }
 
 fn split_portal(p: &str) -> Result<(String, u16), String> {
