@@ -599,7 +599,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             f(&s["warm_rtts"])
         );
     }
-    d += "\nNo session: `rsv media` was given the target's URL and has not logged in yet; the request makes it probe the path (three TCP handshakes), log in, report the LUNs, open the LUN (READ CAPACITY, VPD), read the ext4 superblock, group descriptors, journal and the file's inode and extents, then the first 64 KiB. Finding the target through iSNS is not in it (the server looks its iSNS servers up when it starts and every `--poll`).\n";
+    d += "\nNo session: `rsv media` was given the target's URL and has not logged in yet; the request makes it probe the path (three TCP handshakes), log in, report the LUNs, open the LUN (READ CAPACITY, VPD), read the ext4 superblock, group descriptors, journal and the file's inode and extents, then the first 64 KiB (the answer's head goes out with its first chunk of data, so curl's first byte is data read). Finding the target through iSNS is not in it (the server looks its iSNS servers up when it starts and every `--poll`).\n";
     std::fs::write(doc, d)?;
     Ok(())
 }

@@ -225,15 +225,14 @@ async fn file(
     let range = http::resolve_range(req.header("range"), len);
     let (t, _) = content_type(path);
     let head = Head::for_file(range, len, t, req.keep_alive);
-    sock.write_all(&head.encode()).await?;
     let (start, end) = match range {
-        Ranged::Full if len > 0 => (0, len - 1),
-        Ranged::Part { start, end } => (start, end),
-        _ => return Ok(true),
+        Ranged::Full if len > 0 && !head_only => (0, len - 1),
+        Ranged::Part { start, end } if !head_only => (start, end),
+        _ => {
+            sock.write_all(&head.encode()).await?;
+            return Ok(true);
+        }
     };
-    if head_only {
-        return Ok(true);
-    }
     // A reader task keeps a few chunks ahead of the socket; a client that goes away
     // drops the receiver and the reader stops at its next chunk.
     let (tx, mut rx) = mpsc::channel::<io::Result<bytes::Bytes>>(CHUNKS_AHEAD);
@@ -262,7 +261,23 @@ async fn file(
             off += n as u64;
         }
     });
-    let mut sent = 0u64;
+    // The head goes with the first chunk: a file that cannot be read at all gets a 502,
+    // not a 206 that ends at once, and the first byte a client sees is data read.
+    let first = match rx.recv().await {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
+            let body = format!("{path}: {e}\n").into_bytes();
+            return small(sock, req, 502, "text/plain", body, false).await;
+        }
+        None => {
+            let body = format!("{path}: not read\n").into_bytes();
+            return small(sock, req, 502, "text/plain", body, false).await;
+        }
+    };
+    let mut out = head.encode();
+    out.extend_from_slice(&first);
+    sock.write_all(&out).await?;
+    let mut sent = first.len() as u64;
     let want = end - start + 1;
     while sent < want {
         match rx.recv().await {

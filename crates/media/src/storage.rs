@@ -487,6 +487,7 @@ impl LunDevice {
         self.start(u);
         let slot = self.cache.get_mut(&u).expect("started");
         if let Slot::Pending(rx) = slot {
+            tracing::trace!("waiting for unit {u} (offset {})", u * self.plan.unit());
             let r = rx
                 .recv()
                 .map_err(|_| io::Error::other("read abandoned"))
