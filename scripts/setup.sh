@@ -47,39 +47,6 @@ check_tgt() {
 
 check_iperf3() { quiet iperf3 --version; }
 
-check_stunnel() {
-  # stunnel must carry bytes: a client tunnel into a server tunnel (certificate made here,
-  # TLS 1.3) in front of a tiny HTTP server, all on loopback, and a file fetched through.
-  quiet openssl version || return 1
-  local dir="$scratch/stunnel" base=$((30000 + $$ % 20000)) rc=1 i pids=()
-  mkdir -p "$dir"
-  quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-    -subj /CN=127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" || return 1
-  echo "tunnelled $$" >"$dir/probe"
-  printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\ncert = %s\nkey = %s\nsslVersionMin = TLSv1.3\n' \
-    $((base + 1)) "$base" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
-  printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\n' \
-    $((base + 2)) $((base + 1)) >"$dir/client.conf"
-  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$base" >"$dir/http.log" 2>&1 &
-  pids+=($!)
-  stunnel "$dir/server.conf" >"$dir/server.log" 2>&1 &
-  pids+=($!)
-  stunnel "$dir/client.conf" >"$dir/client.log" 2>&1 &
-  pids+=($!)
-  for i in $(seq 50); do
-    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$((base + 2))/probe', timeout=2).read().decode())" \
-      >"$scratch/out" 2>&1 && grep -q "tunnelled $$" "$scratch/out"; then
-      rc=0
-      break
-    fi
-    sleep 0.1
-  done
-  kill "${pids[@]}" >/dev/null 2>&1 || true
-  wait "${pids[@]}" >/dev/null 2>&1 || true
-  [ "$rc" -eq 0 ] || cat "$dir/server.log" "$dir/client.log" >>"$scratch/out"
-  return "$rc"
-}
-
 check_iproute2() {
   # The WAN emulator and the lab put test hosts in network namespaces joined by veth and TUN.
   quiet ip -V || return 1
@@ -163,6 +130,72 @@ check_ceph() {
   quiet "$scratch/rbd-check"
 }
 
+check_ffmpeg() {
+  # rsv media's tests make a clip from test sources (VP8 + Opus in WebM) and read it back
+  # over HTTP with ffprobe: a 1-second clip must encode and probe as such.
+  quiet ffmpeg -loglevel error -y -f lavfi -i testsrc=duration=1:size=160x120:rate=10 \
+    -f lavfi -i sine=duration=1 -c:v libvpx -c:a libopus -shortest "$scratch/clip.webm" || return 1
+  quiet ffprobe -v error -show_entries stream=codec_name -of csv=p=0 "$scratch/clip.webm" || return 1
+  grep -q vp8 "$scratch/out" && grep -q opus "$scratch/out"
+}
+
+check_chromium() {
+  # Headless Chromium (as root: --no-sandbox) runs a page's script: the DOM it dumps holds
+  # what the script wrote.
+  printf '%s\n' '<!doctype html><p id="x">static</p>' \
+    '<script>document.getElementById("x").textContent = "script " + (6 * 7);</script>' \
+    >"$scratch/page.html"
+  quiet timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --user-data-dir="$scratch/chromium" --dump-dom "file://$scratch/page.html" || return 1
+  grep -q 'script 42' "$scratch/out"
+}
+
+check_curl() { quiet curl --version; }
+
+check_fat_tools() {
+  # rsv media reads FAT too: its tests make an image with mkfs.vfat and put a file in it
+  # with mtools, no mount.
+  truncate -s 8M "$scratch/fat.img"
+  quiet mkfs.vfat "$scratch/fat.img" || return 1
+  echo hello >"$scratch/hello.txt"
+  quiet mcopy -i "$scratch/fat.img" "$scratch/hello.txt" ::/hello.txt || return 1
+  quiet mdir -i "$scratch/fat.img" ::/ && grep -qi hello "$scratch/out"
+}
+
+check_samba() {
+  # The lab's R4 reads a file from smbd (site b) with smbclient (site a): smbd must serve a
+  # share in a namespace of its own and smbclient get a file from it, byte for byte.
+  quiet smbd --version || return 1
+  quiet smbclient --version || return 1
+  local ns="rsv-setup-smb-$$" d="$scratch/smb" rc=1 i pid
+  mkdir -p "$d/share" "$d/state"
+  head -c 100000 /dev/urandom >"$d/share/f.bin"
+  printf '%s\n' '[global]' 'server role = standalone server' 'map to guest = Bad User' \
+    'guest account = root' "lock directory = $d/state" "state directory = $d/state" \
+    "cache directory = $d/state" "private dir = $d/state" "pid directory = $d/state" \
+    "log file = $d/state/log.%m" 'disable netbios = yes' 'smb ports = 445' \
+    'load printers = no' 'printing = bsd' 'printcap name = /dev/null' \
+    '[s]' "path = $d/share" 'read only = yes' 'guest ok = yes' 'guest only = yes' >"$d/smb.conf"
+  quiet ip netns add "$ns" || return 1
+  ip -n "$ns" link set lo up >/dev/null 2>&1
+  ip netns exec "$ns" smbd --foreground --configfile="$d/smb.conf" \
+    >"$d/smbd.log" 2>&1 &
+  pid=$!
+  for i in $(seq 50); do
+    if ip netns exec "$ns" smbclient //127.0.0.1/s -N -s "$d/smb.conf" \
+      -c "get f.bin $d/got.bin" >"$scratch/out" 2>&1; then
+      cmp -s "$d/share/f.bin" "$d/got.bin" && rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$d/smbd.log" >"$scratch/out"; break; }
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  return "$rc"
+}
+
 check_gridftp() {
   # GridFTP, a peer of rsv lab run r2: a server on loopback (anonymous, as the lab runs it;
   # told its host name, since a test namespace has no resolver) receives a file from
@@ -194,6 +227,39 @@ check_gridftp() {
   return $rc
 }
 
+check_stunnel() {
+  # stunnel must carry bytes: a client tunnel into a server tunnel (certificate made here,
+  # TLS 1.3) in front of a tiny HTTP server, all on loopback, and a file fetched through.
+  quiet openssl version || return 1
+  local dir="$scratch/stunnel" base=$((30000 + $$ % 20000)) rc=1 i pids=()
+  mkdir -p "$dir"
+  quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj /CN=127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" || return 1
+  echo "tunnelled $$" >"$dir/probe"
+  printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\ncert = %s\nkey = %s\nsslVersionMin = TLSv1.3\n' \
+    $((base + 1)) "$base" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
+  printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\n' \
+    $((base + 2)) $((base + 1)) >"$dir/client.conf"
+  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$base" >"$dir/http.log" 2>&1 &
+  pids+=($!)
+  stunnel "$dir/server.conf" >"$dir/server.log" 2>&1 &
+  pids+=($!)
+  stunnel "$dir/client.conf" >"$dir/client.log" 2>&1 &
+  pids+=($!)
+  for i in $(seq 50); do
+    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$((base + 2))/probe', timeout=2).read().decode())" \
+      >"$scratch/out" 2>&1 && grep -q "tunnelled $$" "$scratch/out"; then
+      rc=0
+      break
+    fi
+    sleep 0.1
+  done
+  kill "${pids[@]}" >/dev/null 2>&1 || true
+  wait "${pids[@]}" >/dev/null 2>&1 || true
+  [ "$rc" -eq 0 ] || cat "$dir/server.log" "$dir/client.log" >>"$scratch/out"
+  return "$rc"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -204,14 +270,19 @@ TOOLS=(
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"
-  "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
   "ip, tc and network namespaces|iproute2|test hosts and the WAN emulator's sites|check_iproute2"
   "ping|iputils-ping|round-trip checks across the emulated link|check_ping"
   "open-isns|open-isns-server open-isns-utils|an iSNS server (isnsd) and client (isnsadm) for the target's registration and rsv ls isns://|check_open_isns"
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv lab run r2|check_gridftp"
+  "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
+  "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
+  "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"
+  "curl|curl|rsv media's tests ask for byte ranges|check_curl"
+  "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
+  "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 

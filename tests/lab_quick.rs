@@ -1,5 +1,5 @@
-//! `rsv lab run r0 --quick`, `r1 --quick` and `r2 --quick` through real emulated links:
-//! the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
+//! `rsv lab run r0 --quick`, `r1 --quick`, `r2 --quick` and `r4 --quick` through real
+//! emulated links: the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -246,4 +246,52 @@ fn lab_quick_r2() {
         })
         .unwrap_or(false);
     assert!(!netns_files, "the lab left /etc/netns files behind");
+}
+
+#[test]
+fn lab_quick_r4() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["smbd", "smbclient", "mkfs.ext4", "curl"]) {
+        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r4: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r4", out);
+    for f in ["r4.csv", "r4.json", "r4-start.csv", "r4.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r4.csv"));
+    // One delay, two windows, three readers; each read the whole file.
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for client in ["reservoir", "smb-32k", "smb-get"] {
+        for window in ["64K", "default"] {
+            let r = rows
+                .iter()
+                .find(|r| r["client"] == client && r["window"] == window)
+                .unwrap_or_else(|| panic!("no {client} row at {window}"));
+            assert_eq!(r["complete"], "true", "{r:?}");
+            assert!(r["error"].is_empty(), "{r:?}");
+            assert_eq!(num(r, "bytes"), (16u64 << 20) as f64, "{r:?}");
+            let m = num(r, "mbit_per_s");
+            assert!(
+                m > 0.0 && m < 101.0,
+                "not within the 100 Mbit/s link: {r:?}"
+            );
+        }
+    }
+    let starts = csv(&out.join("r4-start.csv"));
+    assert_eq!(starts.len(), 1, "{starts:?}");
+    let (cold, warm) = (num(&starts[0], "cold_ms"), num(&starts[0], "warm_ms"));
+    // The RTT is 8 ms: a first byte cannot come sooner than one.
+    assert!(
+        warm >= 8.0 && cold >= warm,
+        "cold {cold} ms, warm {warm} ms"
+    );
+    assert!(!links_left("lr4-"), "the lab left namespaces behind");
 }

@@ -22,7 +22,7 @@ pub struct LabArgs {
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1, rtt, r2 or all.
+    /// Run a scenario: r0, r1, rtt, r2, r4 or all.
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
@@ -40,6 +40,9 @@ enum LabCommand {
         /// r0: only these loss rates, in percent (e.g. 1,5).
         #[arg(long, value_delimiter = ',')]
         loss: Vec<f64>,
+        /// r4: only these delays added each way, in milliseconds (e.g. 0,12,24).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1000))]
+        delay: Vec<u32>,
         /// r2: disk servers per site (default 8).
         #[arg(long)]
         disk_servers: Option<usize>,
@@ -47,7 +50,7 @@ enum LabCommand {
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
         rtt: Vec<u32>,
         /// r0 and rtt: seconds per measurement instead of the scenario's own; r2: seconds of
-        /// link time per transfer.
+        /// link time per transfer; r4: the time limit of each reader.
         #[arg(long)]
         seconds: Option<u64>,
     },
@@ -78,6 +81,12 @@ pub const SCENARIOS: &[(&str, &str)] = &[
          cooperative pacing, iperf3 -P N, GridFTP -p N, qemu-img; per-stream throughput over time",
     ),
     (
+        "r4",
+        "R4: a media server reading a file in 32 KiB calls over 100 Mbit/s with 0-24 ms added \
+         each way, receive windows 64K/128K/default: Reservoir's initiator (ext4 read in-process) \
+         against Samba (smbclient); start-of-stream latency through rsv media",
+    ),
+    (
         "rtt",
         "RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults \
          writing and reading, as a share of the link",
@@ -103,6 +112,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             rtt,
             seconds,
             disk_servers,
+            delay,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS.iter().map(|s| s.0).collect(),
@@ -168,6 +178,27 @@ pub fn run(args: LabArgs) -> Result<()> {
                             eprintln!("lab: wrote {}", d.display());
                         }
                     }
+                    "r4" => {
+                        let mut p = crate::r4::Params::new(quick);
+                        if !delay.is_empty() {
+                            p.delays_ms = delay.clone();
+                        }
+                        if let Some(s) = seconds {
+                            p.timeout_s = s;
+                        }
+                        crate::r4::run(p, quick, &out, command.clone())?;
+                        let r4_doc = match (&doc, no_doc, quick) {
+                            (Some(d), _, _) => Some(d.with_file_name("lab-r4.md")),
+                            (None, false, false) if Path::new("docs").is_dir() => {
+                                Some(PathBuf::from("docs/lab-r4.md"))
+                            }
+                            _ => None,
+                        };
+                        if let Some(d) = r4_doc {
+                            crate::r4::write_doc(&out, &d)?;
+                            eprintln!("lab: wrote {}", d.display());
+                        }
+                    }
                     _ => {
                         crate::r1::run(quick, &out, command.clone())?;
                     }
@@ -175,7 +206,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
-                _ if names == ["r2"] => None,
+                _ if names == ["r2"] || names == ["r4"] => None,
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

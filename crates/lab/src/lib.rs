@@ -15,4 +15,5 @@ mod proc;
 mod r0;
 mod r1;
 mod r2;
+mod r4;
 mod rtt;

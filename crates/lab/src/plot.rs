@@ -289,3 +289,71 @@ pub fn time_chart(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// Throughput (Mbit/s) against added delay (ms) on a linear axis, one line per series,
+/// as R4's Fig. 3; Reservoir's series thick, the others thin. `link` is a dashed ceiling.
+pub fn delay_chart(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    link: f64,
+) -> Result<()> {
+    if !fonts_ready() {
+        return Ok(());
+    }
+    let x_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.0))
+        .fold(4.0, f64::max);
+    let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..x_max + 0.5, 0.0..link * 1.05)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("delay added each way (ms)")
+        .y_desc("throughput (Mbit/s)")
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(-0.5, link), (x_max + 0.5, link)],
+            6,
+            4,
+            BLACK.mix(0.5).stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(format!("link rate {link} Mbit/s"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let mut pts = pts.clone();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = COLORS[i % COLORS.len()];
+        let w = if name.starts_with("Reservoir") { 3 } else { 1 };
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(w)))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -47,13 +47,15 @@ enum Command {
     Load(tools::load::LoadArgs),
     /// A small iSNS server (RFC 4171): registrations kept in a file, expiry, SCN.
     Isns(isnsd::IsnsArgs),
+    /// A media server: finds storage in iSNS, reads its file systems, streams over HTTP.
+    Media(media::MediaArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
 }
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "warn,target=info,rsv=info,isnsd=info",
+        0 => "warn,target=info,rsv=info,isnsd=info,media=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -149,6 +151,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             }
         }),
+        Command::Media(args) => ok(media::run(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }

@@ -1,0 +1,238 @@
+//! `rsv media`: a media server over iSCSI storage. It finds storage in iSNS (and takes
+//! `iscsi://` URLs), logs in to a target on the first request that needs it, reads the
+//! file system on each LUN in-process (ext2/3/4 through `ext4-view`, FAT through
+//! `fatfs`; no kernel mount, no root), lists the media as a page and as JSON, and serves
+//! files over HTTP/1.1 with ranges. Storage idle for a while is logged out of; storage
+//! that leaves iSNS leaves the listing.
+//!
+//! Sans-IO: [`http`] (requests, ranges, answer heads), [`listing`] (the model, its JSON
+//! and HTML, routes), [`readahead`] (what to read ahead of a stream), [`mime`],
+//! [`volume::probe`]. I/O: [`server`] (the HTTP sockets), [`storage`] (sessions, the LUN
+//! as a device), [`volume`] (a file system reader on its own thread).
+
+pub mod http;
+pub mod listing;
+pub mod mime;
+pub mod readahead;
+pub mod server;
+pub mod storage;
+pub mod volume;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+#[command(after_help = "\
+Pages: /  (the media, HTML)   /api/media  (the same as JSON; ?refresh=1 lists again)
+       /media/STORAGE/LUN/PATH  (a file, with Range)   /play/STORAGE/LUN/PATH  (a player)
+STORAGE is the target's alias, or its IQN.
+
+Examples:
+  rsv media --isns 10.0.0.5 --listen 0.0.0.0:8080
+  rsv media iscsi://nas.home/iqn.2026-11.org.reservoir:media/0")]
+pub struct MediaArgs {
+    /// Storage given directly: iscsi://HOST[:PORT]/IQN[/LUN] (every LUN without one).
+    #[arg(value_name = "URL")]
+    pub urls: Vec<String>,
+    /// iSNS server to find storage in, HOST[:PORT] (repeatable).
+    #[arg(long, value_name = "SERVER")]
+    pub isns: Vec<String>,
+    /// Address to serve HTTP on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// How often to ask the iSNS servers what storage there is.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub poll: Duration,
+    /// Log out of storage with no request for this long (reopened on the next one).
+    #[arg(long, default_value = "60s", value_parser = units::parse_duration)]
+    pub idle: Duration,
+    /// The path's rate, for read-ahead (twice RTT × rate) and the sessions' tuning;
+    /// default: what auto-tuning assumes.
+    #[arg(long, value_parser = units::parse_rate)]
+    pub rate: Option<units::Rate>,
+    /// Read-ahead per stream, overriding RTT × rate (e.g. 4M).
+    #[arg(long, value_parser = units::parse_size)]
+    pub readahead: Option<u64>,
+    /// How long a session keeps trying to recover a lost target before requests fail.
+    #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
+    pub recovery_timeout: Duration,
+    /// iSCSI initiator name (default: Reservoir's, per host).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+    /// Serve nothing: read this file of the one URL's volume from start to end in calls of
+    /// --call-size, as an application on the media server would, and print what it took
+    /// as JSON (login, first byte, rate). The lab's R4 reader.
+    #[arg(long, value_name = "PATH")]
+    pub read: Option<String>,
+    /// Bytes per read call with --read.
+    #[arg(long, default_value = "32K", value_parser = units::parse_size)]
+    pub call_size: u64,
+}
+
+/// What `--read` measured.
+#[derive(serde::Serialize, Debug)]
+pub struct ReadReport {
+    pub path: String,
+    pub bytes: u64,
+    pub call_size: u64,
+    pub calls: u64,
+    /// Session login, LUN and file system opened.
+    pub open_ms: f64,
+    /// From asking for the file to its first call's bytes (session already open).
+    pub first_byte_ms: f64,
+    /// The whole read, first call to last.
+    pub seconds: f64,
+    pub mbit_per_s: f64,
+    pub readahead_bytes: u64,
+    pub rtt_ms: Option<f64>,
+}
+
+fn read_file(
+    args: &MediaArgs,
+    opts: &initiator::SessionOptions,
+    path: &str,
+) -> anyhow::Result<ReadReport> {
+    use std::time::Instant;
+    let [url] = &args.urls[..] else {
+        anyhow::bail!("--read needs exactly one iscsi://HOST/IQN/LUN URL");
+    };
+    let src = storage::from_url(url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+    let lun = src
+        .lun
+        .ok_or_else(|| anyhow::anyhow!("{url}: name the LUN (iscsi://HOST/IQN/LUN)"))?;
+    let call = usize::try_from(args.call_size.clamp(1, 64 << 20)).unwrap_or(1 << 20);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let (vol, window, rtt_ms) = storage::open_volume(&src, lun, opts, args.readahead)
+            .await
+            .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let len = vol
+            .stat(path)
+            .await
+            .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        let mut off = 0u64;
+        let mut calls = 0u64;
+        let mut first_byte_ms = 0.0;
+        while off < len {
+            let b = vol
+                .read(path, off, call)
+                .await
+                .map_err(|e| anyhow::anyhow!("{path} at {off}: {e}"))?;
+            if calls == 0 {
+                first_byte_ms = t1.elapsed().as_secs_f64() * 1e3;
+            }
+            if b.is_empty() {
+                anyhow::bail!("{path}: ended at {off} of {len} bytes");
+            }
+            off += b.len() as u64;
+            calls += 1;
+        }
+        let seconds = t1.elapsed().as_secs_f64();
+        Ok(ReadReport {
+            path: path.to_owned(),
+            bytes: off,
+            call_size: call as u64,
+            calls,
+            open_ms,
+            first_byte_ms,
+            seconds,
+            mbit_per_s: off as f64 * 8.0 / seconds.max(1e-9) / 1e6,
+            readahead_bytes: window,
+            rtt_ms,
+        })
+    })
+}
+
+pub fn run(args: MediaArgs) -> anyhow::Result<()> {
+    if let Some(path) = args.read.clone() {
+        let mut opts = initiator::SessionOptions::default();
+        if let Some(n) = &args.initiator_name {
+            opts.initiator_name = n.clone();
+        }
+        if let Some(r) = args.rate {
+            opts.rate = Some(r.bytes_per_sec());
+        }
+        let r = read_file(&args, &opts, &path)?;
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    if args.urls.is_empty() && args.isns.is_empty() {
+        anyhow::bail!(
+            "nothing to serve: give --isns SERVER or iscsi:// URLs (see rsv media --help)"
+        );
+    }
+    let mut opts = initiator::SessionOptions::default();
+    if let Some(n) = &args.initiator_name {
+        opts.initiator_name = n.clone();
+    }
+    opts.recovery_timeout = args.recovery_timeout;
+    opts.command_timeout = args.recovery_timeout.max(Duration::from_secs(5));
+    if let Some(r) = args.rate {
+        opts.rate = Some(r.bytes_per_sec());
+    }
+    let mut direct = Vec::new();
+    for u in &args.urls {
+        direct.push(storage::from_url(u).map_err(|e| anyhow::anyhow!("{u}: {e}"))?);
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let catalog = storage::Catalog::new(opts.clone(), args.readahead);
+        catalog.update("url", direct);
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        println!("listening {}", listener.local_addr()?);
+        // The first look at iSNS before "ready", so that a listing right after finds it.
+        for server in &args.isns {
+            poll_once(&catalog, server, &opts.initiator_name).await;
+        }
+        for server in args.isns.clone() {
+            let c = catalog.clone();
+            let name = opts.initiator_name.clone();
+            let every = args.poll.max(Duration::from_millis(200));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    poll_once(&c, &server, &name).await;
+                }
+            });
+        }
+        tokio::spawn(catalog.clone().reap(args.idle));
+        println!("ready");
+        let serve = server::serve(listener, catalog);
+        tokio::select! {
+            r = serve => r.context("serving"),
+            _ = shutdown() => {
+                tracing::info!("stopping");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// One look at an iSNS server; a server that does not answer changes nothing.
+async fn poll_once(catalog: &storage::Catalog, server: &str, initiator_name: &str) {
+    match storage::from_isns(server, initiator_name).await {
+        Ok(found) => catalog.update(&format!("isns {server}"), found),
+        Err(e) => tracing::warn!("iSNS {server}: {e}"),
+    }
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

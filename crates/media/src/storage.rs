@@ -1,0 +1,542 @@
+//! The storage the server knows, and sessions to it on demand: found in iSNS (polled) or
+//! given as `iscsi://` URLs; a session is logged in on the first request that needs it,
+//! the file system on each LUN opened on it, and it is logged out after an idle time with
+//! no stream running. The LUN's blocks reach the file system readers through
+//! [`LunDevice`], which reads in units with read-ahead ([`crate::readahead`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use initiator::{IscsiUrl, Lun, Session, SessionOptions};
+use tokio::runtime::Handle;
+
+use crate::listing::{FileView, StorageView, VolumeView};
+use crate::readahead::{self, Planner};
+use crate::volume::{Device, Volume};
+
+/// Where a storage was found, and how to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub target: String,
+    pub alias: Option<String>,
+    /// `host:port` of the portal.
+    pub portal: String,
+    /// Only this LUN (a URL that named one); else every LUN the target reports.
+    pub lun: Option<u16>,
+    /// `url`, or `isns SERVER`.
+    pub found_by: String,
+    /// The URL's query (session options) and CHAP user and password.
+    pub url: IscsiUrl,
+}
+
+impl Source {
+    /// The name in URLs: the alias, else the IQN.
+    pub fn id(&self) -> String {
+        self.alias
+            .clone()
+            .filter(|a| !a.is_empty() && !a.contains('/'))
+            .unwrap_or_else(|| self.target.clone())
+    }
+}
+
+/// A logged-in session and the volumes found on its LUNs.
+struct Open {
+    session: Session,
+    volumes: Vec<(u16, Result<Volume, String>)>,
+}
+
+pub struct Storage {
+    pub source: Mutex<Source>,
+    open: tokio::sync::Mutex<Option<Open>>,
+    /// The last listing of each volume, kept while the storage is known (a listing page
+    /// does not log in again for every look).
+    files: Mutex<Option<Vec<VolumeView>>>,
+    error: Mutex<Option<String>>,
+    last_used: Mutex<Instant>,
+    /// Requests and streams using the session now.
+    active: AtomicUsize,
+    opts: SessionOptions,
+    readahead: Option<u64>,
+}
+
+/// Holds a storage busy (not to be closed for idleness) while it lives.
+pub struct InUse(Arc<Storage>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        *self.0.last_used.lock().unwrap() = Instant::now();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Storage {
+    fn new(source: Source, opts: SessionOptions, readahead: Option<u64>) -> Storage {
+        Storage {
+            source: Mutex::new(source),
+            open: tokio::sync::Mutex::new(None),
+            files: Mutex::new(None),
+            error: Mutex::new(None),
+            last_used: Mutex::new(Instant::now()),
+            active: AtomicUsize::new(0),
+            opts,
+            readahead,
+        }
+    }
+
+    pub fn use_(self: &Arc<Self>) -> InUse {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        *self.last_used.lock().unwrap() = Instant::now();
+        InUse(self.clone())
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open.try_lock().map_or(true, |o| o.is_some())
+    }
+
+    /// The volume on `lun`, logging in first if no session is open.
+    pub async fn volume(&self, lun: u16) -> Result<Volume, String> {
+        let mut g = self.open.lock().await;
+        if g.is_none() {
+            *g = Some(self.login().await?);
+        }
+        let open = g.as_ref().expect("just opened");
+        match open.volumes.iter().find(|(l, _)| *l == lun) {
+            Some((_, Ok(v))) => Ok(v.clone()),
+            Some((_, Err(e))) => Err(format!("LUN {lun}: {e}")),
+            None => Err(format!("no LUN {lun}")),
+        }
+    }
+
+    async fn login(&self) -> Result<Open, String> {
+        let src = self.source.lock().unwrap().clone();
+        let r = async {
+            let mut url = src.url.clone();
+            let (host, port) = split_portal(&src.portal)?;
+            url.host = host;
+            url.port = port;
+            url.target = Some(src.target.clone());
+            url.lun = None;
+            let opts = url.options(&self.opts).map_err(|e| e.to_string())?;
+            let session = Session::connect(&url, &opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            let luns = match src.lun {
+                Some(l) => vec![l],
+                None => session.report_luns().await.map_err(|e| e.to_string())?,
+            };
+            let (window, _) = window_for(&session, self.readahead);
+            let mut volumes = Vec::new();
+            for l in luns {
+                let v = volume_on(&session, l, window, &format!("{}/{l}", src.id())).await;
+                volumes.push((l, v));
+            }
+            tracing::info!(
+                "logged in to {} at {} ({} LUNs, read-ahead {} KiB)",
+                src.target,
+                src.portal,
+                volumes.len(),
+                window >> 10
+            );
+            Ok::<_, String>(Open { session, volumes })
+        }
+        .await;
+        *self.error.lock().unwrap() = r.as_ref().err().cloned();
+        if r.is_ok() {
+            *self.files.lock().unwrap() = None;
+        }
+        r
+    }
+
+    /// Logs out if open. Streams still holding a volume see their reads fail.
+    pub async fn close(&self) {
+        let open = self.open.lock().await.take();
+        if let Some(o) = open {
+            drop(o.volumes);
+            if let Err(e) = o.session.logout().await {
+                tracing::debug!("logout: {e}");
+            }
+            let t = self.source.lock().unwrap().target.clone();
+            tracing::info!("logged out of {t} (idle)");
+        }
+    }
+
+    /// The storage as the listing shows it; lists the volumes (logging in if need be)
+    /// unless a listing is kept, or `refresh`.
+    pub async fn view(self: &Arc<Self>, refresh: bool) -> StorageView {
+        let src = self.source.lock().unwrap().clone();
+        let id = src.id();
+        let kept = self.files.lock().unwrap().clone();
+        let volumes = match kept {
+            Some(v) if !refresh => v,
+            _ => {
+                let _busy = self.use_();
+                match self.list(&id).await {
+                    Ok(v) => {
+                        *self.files.lock().unwrap() = Some(v.clone());
+                        v
+                    }
+                    Err(e) => {
+                        *self.error.lock().unwrap() = Some(e);
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        let error = self.error.lock().unwrap().clone();
+        let state = if self.is_open() {
+            "open"
+        } else if error.is_some() {
+            "unreachable"
+        } else {
+            "closed"
+        };
+        StorageView {
+            id,
+            target: src.target,
+            alias: src.alias,
+            portal: src.portal,
+            found_by: src.found_by,
+            state: state.to_owned(),
+            error,
+            volumes,
+        }
+    }
+
+    async fn list(&self, id: &str) -> Result<Vec<VolumeView>, String> {
+        let luns: Vec<(u16, Result<Volume, String>)> = {
+            let mut g = self.open.lock().await;
+            if g.is_none() {
+                *g = Some(self.login().await?);
+            }
+            g.as_ref().expect("open").volumes.clone()
+        };
+        let mut out = Vec::new();
+        for (lun, v) in luns {
+            out.push(match v {
+                Ok(v) => match v.list().await {
+                    Ok(files) => VolumeView {
+                        lun,
+                        fs: Some(format!("{:?}", v.kind).to_lowercase()),
+                        error: None,
+                        files: files
+                            .iter()
+                            .filter_map(|f| FileView::media(id, lun, &f.path, f.size))
+                            .collect(),
+                    },
+                    Err(e) => VolumeView {
+                        lun,
+                        fs: Some(format!("{:?}", v.kind).to_lowercase()),
+                        error: Some(e.to_string()),
+                        files: Vec::new(),
+                    },
+                },
+                Err(e) => VolumeView {
+                    lun,
+                    fs: None,
+                    error: Some(e),
+                    files: Vec::new(),
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        (self.active.load(Ordering::Acquire) == 0).then(|| self.last_used.lock().unwrap().elapsed())
+    }
+}
+
+/// The read-ahead window for a session's path (`fixed` wins), and the RTT it measured.
+fn window_for(session: &Session, fixed: Option<u64>) -> (u64, Option<f64>) {
+    let info = session.info();
+    let rtt_ms = info.tuning.as_ref().map(|p| p.rtt_ms);
+    let w = fixed.unwrap_or_else(|| {
+        let (rtt, rate) = info.tuning.as_ref().map_or((0.001, 125_000_000), |p| {
+            (p.rtt_ms / 1000.0, p.rate_bytes_per_s)
+        });
+        readahead::window_bytes(Duration::from_secs_f64(rtt.max(0.0)), rate)
+    });
+    (w, rtt_ms)
+}
+
+/// The file system on LUN `l` of `session`, read through a [`LunDevice`].
+async fn volume_on(session: &Session, l: u16, window: u64, name: &str) -> Result<Volume, String> {
+    let lun = Lun::open(session.clone(), l)
+        .await
+        .map_err(|e| e.to_string())?;
+    let dev = LunDevice::new(lun, Handle::current(), window);
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || Volume::open(Box::new(dev), &name))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Logs in to `src` and opens the volume on `lun` (for a one-off reader): the volume, the
+/// read-ahead window and the RTT auto-tuning measured.
+pub async fn open_volume(
+    src: &Source,
+    lun: u16,
+    opts: &SessionOptions,
+    readahead: Option<u64>,
+) -> Result<(Volume, u64, Option<f64>), String> {
+    let mut url = src.url.clone();
+    url.lun = None;
+    let opts = url.options(opts).map_err(|e| e.to_string())?;
+    let session = Session::connect(&url, &opts)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (window, rtt) = window_for(&session, readahead);
+    let v = volume_on(&session, lun, window, &format!("{}/{lun}", src.id())).await?;
+    Ok((v, window, rtt))
+}
+
+fn split_portal(p: &str) -> Result<(String, u16), String> {
+    let (h, port) = p
+        .rsplit_once(':')
+        .ok_or_else(|| format!("portal {p} has no port"))?;
+    let port = port.parse().map_err(|_| format!("portal {p}: bad port"))?;
+    Ok((
+        h.trim_start_matches('[').trim_end_matches(']').to_owned(),
+        port,
+    ))
+}
+
+/// Every storage known, by IQN (lower case).
+pub struct Catalog {
+    storages: Mutex<BTreeMap<String, Arc<Storage>>>,
+    opts: SessionOptions,
+    readahead: Option<u64>,
+}
+
+impl Catalog {
+    pub fn new(opts: SessionOptions, readahead: Option<u64>) -> Arc<Catalog> {
+        Arc::new(Catalog {
+            storages: Mutex::new(BTreeMap::new()),
+            opts,
+            readahead,
+        })
+    }
+
+    pub fn all(&self) -> Vec<Arc<Storage>> {
+        self.storages.lock().unwrap().values().cloned().collect()
+    }
+
+    /// The storage whose id (alias or IQN) is `id`.
+    pub fn find(&self, id: &str) -> Option<Arc<Storage>> {
+        let all = self.storages.lock().unwrap();
+        all.values()
+            .find(|s| s.source.lock().unwrap().id() == id)
+            .or_else(|| all.get(&id.to_ascii_lowercase()))
+            .cloned()
+    }
+
+    /// Makes the storage found by `found_by` exactly `now`: new ones added, changed ones
+    /// updated (their session closed: the portal moved), gone ones dropped. Storage found
+    /// otherwise is left alone.
+    pub fn update(&self, found_by: &str, now: Vec<Source>) {
+        let mut closing = Vec::new();
+        {
+            let mut all = self.storages.lock().unwrap();
+            let keys: Vec<String> = now.iter().map(|s| s.target.to_ascii_lowercase()).collect();
+            all.retain(|k, s| {
+                let mine = s.source.lock().unwrap().found_by == found_by;
+                let keep = !mine || keys.contains(k);
+                if !keep {
+                    tracing::info!("storage gone: {k}");
+                    closing.push(s.clone());
+                }
+                keep
+            });
+            for src in now {
+                let k = src.target.to_ascii_lowercase();
+                match all.get(&k) {
+                    Some(s) => {
+                        let mut cur = s.source.lock().unwrap();
+                        if cur.found_by == found_by && *cur != src {
+                            let moved = cur.portal != src.portal;
+                            *cur = src;
+                            if moved {
+                                closing.push(s.clone());
+                            }
+                        }
+                    }
+                    None => {
+                        tracing::info!("storage found: {} at {}", src.target, src.portal);
+                        all.insert(
+                            k,
+                            Arc::new(Storage::new(src, self.opts.clone(), self.readahead)),
+                        );
+                    }
+                }
+            }
+        }
+        for s in closing {
+            tokio::spawn(async move { s.close().await });
+        }
+    }
+
+    /// Logs out of storage idle for `idle`, every second, for ever.
+    pub async fn reap(self: Arc<Self>, idle: Duration) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            for s in self.all() {
+                if s.is_open() && s.idle_for().is_some_and(|d| d >= idle) {
+                    s.close().await;
+                }
+            }
+        }
+    }
+}
+
+/// The targets an iSNS server knows, as sources.
+pub async fn from_isns(server: &str, initiator_name: &str) -> Result<Vec<Source>, String> {
+    let u =
+        initiator::isns::IsnsUrl::parse(&format!("isns://{server}/")).map_err(|e| e.to_string())?;
+    let found = initiator::isns::lookup(&u, initiator_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(found
+        .into_iter()
+        .filter_map(|t| {
+            let p = t.portals.first()?;
+            let portal = p.rsplit_once(',').map_or(p.as_str(), |(a, _)| a).to_owned();
+            Some(Source {
+                target: t.name.clone(),
+                alias: t.alias.clone(),
+                portal,
+                lun: None,
+                found_by: format!("isns {server}"),
+                url: IscsiUrl::parse("iscsi://127.0.0.1/").expect("static URL"),
+            })
+        })
+        .collect())
+}
+
+/// A storage named by an `iscsi://HOST[:PORT]/IQN[/LUN]` URL.
+pub fn from_url(s: &str) -> Result<Source, String> {
+    let url = IscsiUrl::parse(s).map_err(|e| e.to_string())?;
+    let target = url.target_required().map_err(|e| e.to_string())?.to_owned();
+    Ok(Source {
+        target,
+        alias: None,
+        portal: url.portal(),
+        lun: url.lun,
+        found_by: "url".to_owned(),
+        url,
+    })
+}
+
+// --- the LUN as a device for the file system readers ---------------------------------
+
+enum Slot {
+    Ready(Bytes),
+    Pending(std_mpsc::Receiver<initiator::Result<Bytes>>),
+}
+
+/// A LUN read in units of [`readahead::UNIT`], with the units ahead of a forward read
+/// fetched in the background (on the runtime) while the reader uses the ones it has.
+/// Runs on a volume's thread: it blocks on the units it needs.
+pub struct LunDevice {
+    lun: Lun,
+    rt: Handle,
+    plan: Planner,
+    cache: HashMap<u64, Slot>,
+    order: VecDeque<u64>,
+    size: u64,
+}
+
+impl LunDevice {
+    pub fn new(lun: Lun, rt: Handle, window: u64) -> LunDevice {
+        let size = lun.size();
+        LunDevice {
+            plan: Planner::new(readahead::UNIT, window, size),
+            lun,
+            rt,
+            cache: HashMap::new(),
+            order: VecDeque::new(),
+            size,
+        }
+    }
+
+    fn start(&mut self, u: u64) {
+        if self.cache.contains_key(&u) {
+            return;
+        }
+        let (off, len) = self.plan.extent(u, self.size);
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        let lun = self.lun.clone();
+        self.rt.spawn(async move {
+            let _ = tx.send(lun.read_at(off, len).await);
+        });
+        self.cache.insert(u, Slot::Pending(rx));
+        self.order.push_back(u);
+        while self.order.len() > self.plan.cache_units() {
+            if let Some(old) = self.order.pop_front() {
+                self.cache.remove(&old);
+            }
+        }
+    }
+
+    fn unit(&mut self, u: u64) -> io::Result<Bytes> {
+        self.start(u);
+        let slot = self.cache.get_mut(&u).expect("started");
+        if let Slot::Pending(rx) = slot {
+            tracing::trace!("waiting for unit {u} (offset {})", u * self.plan.unit());
+            let r = rx
+                .recv()
+                .map_err(|_| io::Error::other("read abandoned"))
+                .and_then(|r| r.map_err(io::Error::other));
+            match r {
+                Ok(b) => *slot = Slot::Ready(b),
+                Err(e) => {
+                    self.cache.remove(&u);
+                    self.order.retain(|x| *x != u);
+                    return Err(e);
+                }
+            }
+        }
+        match self.cache.get(&u) {
+            Some(Slot::Ready(b)) => Ok(b.clone()),
+            _ => unreachable!("made ready above"),
+        }
+    }
+}
+
+impl Device for LunDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if offset.saturating_add(buf.len() as u64) > self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the LUN",
+            ));
+        }
+        let plan = self.plan.access(offset, buf.len() as u64);
+        for u in plan.ahead.clone() {
+            self.start(u);
+        }
+        let unit = self.plan.unit();
+        let mut done = 0usize;
+        for u in plan.need {
+            let data = self.unit(u)?;
+            let ustart = u * unit;
+            let from = (offset + done as u64 - ustart) as usize;
+            let n = (data.len() - from).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&data[from..from + n]);
+            done += n;
+        }
+        if done != buf.len() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+        }
+        Ok(())
+    }
+}
