@@ -46,6 +46,13 @@ enum LabCommand {
         /// r2: disk servers per site (default 8).
         #[arg(long)]
         disk_servers: Option<usize>,
+        /// r2: only these rows (one, unpaced, static, reservoir, reservoir-rate, iperf3,
+        /// gridftp, qemu-img).
+        #[arg(long, value_delimiter = ',')]
+        rows: Vec<String>,
+        /// r2: the bottleneck's rate as tc writes it (800mbit) instead of calibrating it.
+        #[arg(long, value_parser = units::parse_rate)]
+        link_rate: Option<units::Rate>,
         /// rtt and r2: only these round-trip times, in milliseconds (e.g. 200,300).
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
         rtt: Vec<u32>,
@@ -112,6 +119,8 @@ pub fn run(args: LabArgs) -> Result<()> {
             rtt,
             seconds,
             disk_servers,
+            rows,
+            link_rate,
             delay,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
@@ -165,6 +174,21 @@ pub fn run(args: LabArgs) -> Result<()> {
                         if let Some(n) = disk_servers {
                             p.disk_servers = n.max(1);
                         }
+                        const ROWS: &[&str] = &[
+                            "one",
+                            "unpaced",
+                            "static",
+                            "reservoir",
+                            "reservoir-rate",
+                            "iperf3",
+                            "gridftp",
+                            "qemu-img",
+                        ];
+                        if let Some(r) = rows.iter().find(|r| !ROWS.contains(&r.as_str())) {
+                            bail!("r2 has no row {r:?}; its rows: {}", ROWS.join(", "));
+                        }
+                        p.rows = rows.clone();
+                        p.link_rate = link_rate.map(|r| r.bits_per_sec());
                         crate::r2::run(p, quick, &out, command.clone())?;
                         let r2_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r2.md")),

@@ -3,6 +3,7 @@
 
 use crate::busy::Sample;
 use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
 use serde_json::Value;
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -311,6 +312,8 @@ pub struct Link {
     pub b: Vec<Host>,
     /// The bottleneck's rate each way as brought up, bits per second.
     pub rate_bps: u64,
+    /// The relay process (`rsv wan relay`), whose CPU time a row can report.
+    pub relay_pid: Option<u32>,
 }
 
 /// The bottleneck's counters read on a thread every so often while a measurement runs
@@ -376,6 +379,7 @@ impl Link {
             a: Vec::new(),
             b: Vec::new(),
             rate_bps: 0,
+            relay_pid: None,
         };
         let out = run_ok(
             Command::new(rsv_bin())
@@ -388,6 +392,7 @@ impl Link {
         link.a = hosts(&v["a"])?;
         link.b = hosts(&v["b"])?;
         link.rate_bps = v["ab"]["rate_bps"].as_u64().unwrap_or(0);
+        link.relay_pid = v["pid"].as_u64().map(|p| p as u32);
         if link.a.is_empty() || link.b.is_empty() {
             bail!("rsv wan up: no hosts in {out}");
         }
@@ -564,4 +569,100 @@ pub fn wait_listen(ns: &str, port: u16, server: &mut Proc) -> Result<()> {
         }
         sleep(Duration::from_millis(30))?;
     }
+}
+
+/// What a measurement cost the machine, read before and after it: all CPUs' busy time
+/// (`/proc/stat`), the link relay's CPU time and the bottleneck's queue-overflow drops.
+/// On two shared cores a Reservoir row that leaves the machine busy is CPU-bound, and a
+/// relay near a whole core cannot keep the link's pace: both make a figure the
+/// machine's, not the protocol's.
+pub struct CostMark {
+    at: Instant,
+    cpu: Option<(u64, u64)>,
+    relay: Option<u64>,
+    drops: u64,
+    tun_drops: Option<u64>,
+}
+
+/// The cost between two marks.
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Busy share of all CPUs (100 % = every core busy).
+    pub cpu_busy_pct: Option<f64>,
+    /// The relay's CPU time over the span, in % of one core.
+    pub relay_cpu_pct: Option<f64>,
+    /// Packets dropped by the bottleneck's full queue, a to b.
+    pub queue_drops: u64,
+    /// Packets site a's TUN device dropped before the relay read them (a relay short of
+    /// CPU): losses of the machine, not of the emulated path.
+    pub host_drops: Option<u64>,
+}
+
+impl CostMark {
+    pub fn take(link: &Link) -> CostMark {
+        CostMark {
+            at: Instant::now(),
+            cpu: cpu_ticks(),
+            relay: link.relay_pid.and_then(process_ticks),
+            drops: link.ab_counters().map_or(0, |(_, d)| d),
+            tun_drops: link.a.first().and_then(|h| tun_tx_dropped(&h.ns)),
+        }
+    }
+
+    pub fn cost(&self, link: &Link) -> Cost {
+        let now = CostMark::take(link);
+        let secs = now.at.duration_since(self.at).as_secs_f64().max(1e-3);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Cost {
+            cpu_busy_pct: match (self.cpu, now.cpu) {
+                (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                    Some(100.0 * (b1 - b0) as f64 / (t1 - t0) as f64)
+                }
+                _ => None,
+            },
+            relay_cpu_pct: match (self.relay, now.relay) {
+                (Some(a), Some(b)) if b >= a => Some(100.0 * (b - a) as f64 / hz / secs),
+                _ => None,
+            },
+            queue_drops: now.drops.saturating_sub(self.drops),
+            host_drops: match (self.tun_drops, now.tun_drops) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// `tx dropped` of the emulator's TUN device in namespace `ns`.
+fn tun_tx_dropped(ns: &str) -> Option<u64> {
+    let out = Command::new("ip")
+        .args(["-j", "-s", "-n", ns, "link", "show", "wan0"])
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v[0]["stats64"]["tx"]["dropped"].as_u64()
+}
+
+/// (busy, total) clock ticks of all CPUs from `/proc/stat`.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// utime + stime of a process, clock ticks.
+fn process_ticks(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: fields count from after its closing parenthesis.
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }

@@ -46,6 +46,10 @@ pub struct Params {
     pub one_stream_share: f64,
     /// How long a peer that cannot finish (qemu-img) may run, as a multiple of link_seconds.
     pub overtime: f64,
+    /// Only the rows with these keys (all when empty).
+    pub rows: Vec<String>,
+    /// The bottleneck's rate, bits per second, instead of calibrating it.
+    pub link_rate: Option<u64>,
 }
 
 impl Params {
@@ -58,6 +62,8 @@ impl Params {
                 link_seconds: 6,
                 one_stream_share: 0.5,
                 overtime: 3.0,
+                rows: Vec::new(),
+                link_rate: None,
             }
         } else {
             Params {
@@ -74,6 +80,8 @@ impl Params {
                 link_seconds: 60,
                 one_stream_share: 0.25,
                 overtime: 2.0,
+                rows: Vec::new(),
+                link_rate: None,
             }
         }
     }
@@ -107,6 +115,10 @@ pub struct Row {
     /// The whole link's payload-equivalent throughput over time (Mbit/s on the wire).
     pub link_series: Vec<(f64, f64)>,
     pub verified_units: Option<u64>,
+    /// TCP retransmissions per stream, as the streams last reported them.
+    pub retransmits: Vec<u64>,
+    /// What the row cost the machine: CPU, the relay, drops at the bottleneck.
+    pub cost: proc::Cost,
     pub note: String,
     pub error: String,
 }
@@ -332,6 +344,16 @@ fn sync_row(
     row.streams = n;
     row.payload_bytes = done["bytes"].as_u64().unwrap_or(0);
     row.verified_units = done["verified_units"].as_u64();
+    if let Some(last) = ticks.last() {
+        row.retransmits = last["streams"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .map(|x| x["retransmits"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
     let started = done["started_unix"].as_f64().unwrap_or(start);
     let fin: Vec<f64> = done["finished_at"]
         .as_array()
@@ -703,7 +725,10 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     ])?;
     let _hosts = NetnsHosts::write(&link)?;
     // The volume's size from the largest candidate: sized again below once the rate is known.
-    let (rate_bps, calibration) = calibrate(&link, &p, dir, n)?;
+    let (rate_bps, calibration) = match p.link_rate {
+        Some(r) => (r, Vec::new()),
+        None => calibrate(&link, &p, dir, n)?,
+    };
     let mut volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
     // Both sites' stores (and the one-stream LUNs) live in memory: leave room for the rest.
     let room = mem_available().saturating_sub(6 << 30);
@@ -794,27 +819,35 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
                 vec!["--rate".into(), rate_arg.clone()],
             ),
         ];
-        for (key_, label, vol, args) in plans {
+        let wanted = |k: &str| p.rows.is_empty() || p.rows.iter().any(|r| r == k);
+        let mut measure = |f: &mut dyn FnMut() -> Result<Row>| -> Result<()> {
             check_interrupt()?;
-            let row = sync_row(
-                &link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout,
-            )?;
+            let mark = proc::CostMark::take(&link);
+            let mut row = f()?;
+            row.cost = mark.cost(&link);
             report(&row);
             rows.push(row);
+            Ok(())
+        };
+        for (key_, label, vol, args) in plans {
+            if wanted(key_) {
+                measure(&mut || {
+                    sync_row(
+                        &link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout,
+                    )
+                })?;
+            }
         }
-        check_interrupt()?;
-        let row = iperf3_row(&link, dir, rate_bps, rtt, n, p.link_seconds)?;
-        report(&row);
-        rows.push(row);
-        check_interrupt()?;
-        let row = gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout)?;
-        report(&row);
-        rows.push(row);
-        check_interrupt()?;
-        let cap = Duration::from_secs_f64(p.link_seconds as f64 * p.overtime);
-        let row = qemu_row(&link, dir, rate_bps, rtt, volume, cap)?;
-        report(&row);
-        rows.push(row);
+        if wanted("iperf3") {
+            measure(&mut || iperf3_row(&link, dir, rate_bps, rtt, n, p.link_seconds))?;
+        }
+        if wanted("gridftp") {
+            measure(&mut || gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout))?;
+        }
+        if wanted("qemu-img") {
+            let cap = Duration::from_secs_f64(p.link_seconds as f64 * p.overtime);
+            measure(&mut || qemu_row(&link, dir, rate_bps, rtt, volume, cap))?;
+        }
     }
     drop(site_a);
     drop(site_b);
@@ -893,7 +926,7 @@ impl Drop for HostSysctl {
 fn report(r: &Row) {
     let f = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.1}"));
     eprintln!(
-        "r2: {:>3} ms {:<48} {:>7.1} Mbit/s  whole {:>5.1} %  from full {:>5} %  full after {:>5} s  spread {:>5} %  Jain {}{}",
+        "r2: {:>3} ms {:<48} {:>7.1} Mbit/s  whole {:>5.1} %  from full {:>5} %  full after {:>5} s  spread {:>5} %  Jain {}{}{}",
         r.rtt_ms,
         r.label,
         r.payload_mbit_s,
@@ -902,8 +935,25 @@ fn report(r: &Row) {
         f(r.time_to_full_s),
         f(r.finish_spread_pct),
         r.jain.map_or("-".into(), |j| format!("{j:.3}")),
+        cost_text(r),
         if r.error.is_empty() { String::new() } else { format!("  ERROR {}", proc::tail(&r.error, 300)) }
     );
+}
+
+/// CPU, relay, drops and retransmissions of a row, for the log line.
+fn cost_text(r: &Row) -> String {
+    let f = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
+    let mut t = format!(
+        "  cpu {} %  relay {} %  drops {} (host {})",
+        f(r.cost.cpu_busy_pct),
+        f(r.cost.relay_cpu_pct),
+        r.cost.queue_drops,
+        r.cost.host_drops.map_or("-".into(), |d| d.to_string())
+    );
+    if !r.retransmits.is_empty() {
+        t += &format!("  retrans {:?}", r.retransmits);
+    }
+    t
 }
 
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
