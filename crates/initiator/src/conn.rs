@@ -99,6 +99,12 @@ async fn start_tls(portal: &str, stream: Stream, opts: &SessionOptions) -> Resul
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
         let stream = dial(portal, opts.dialer.as_ref()).await?;
+        RawConn::over(portal, stream, opts).await
+    }
+
+    /// A connection over `stream`, already connected to `portal` (the auto-tuning probe's
+    /// handshakes are kept for this): the socket tuned and, if asked, TLS started.
+    pub async fn over(portal: &str, stream: Stream, opts: &SessionOptions) -> Result<RawConn> {
         let tuning = stream
             .socket()
             .map(|fd| net::apply(fd, &opts.tuning()))
@@ -185,7 +191,7 @@ impl RawConn {
             .target_name
             .clone()
             .unwrap_or_else(|| "discovery".to_owned());
-        let mut login = InitiatorLogin::new(cfg);
+        let mut login = InitiatorLogin::new(cfg).skip_security(true);
         let mut rng = |b: &mut [u8]| rand::Rng::fill(&mut rand::thread_rng(), b);
         let mut out = login.start(&mut rng);
         loop {

@@ -50,14 +50,24 @@ pub struct LbaExtent {
 impl Lun {
     /// Opens LUN `lun` of `session`: READ CAPACITY and the Block Limits VPD page. A
     /// target without that page (or refusing it) is taken to have no limits.
+    ///
+    /// The commands go out together, in one round trip where one after the other took
+    /// four on a long path. TEST UNIT READY goes first (the lowest CmdSN) to take the
+    /// unit attention a new I_T nexus holds, which READ CAPACITY would otherwise get and
+    /// repeat (INQUIRY never reports one). The Block Limits page is asked for at once;
+    /// it counts only if the supported-pages list names it.
     pub async fn open(session: Session, lun: u16) -> Result<Lun> {
-        let capacity = session.read_capacity(lun).await?;
-        let b0 = match session.vpd(lun, 0).await {
-            Ok(pages) if supported_vpd_pages(&pages).contains(&0xb0) => session
-                .vpd(lun, 0xb0)
-                .await
-                .ok()
-                .and_then(|p| scsi::parse_vpd_b0(&p)),
+        let (_, capacity, pages, b0) = tokio::join!(
+            session.absorb_unit_attention(lun),
+            session.read_capacity(lun),
+            session.vpd(lun, 0),
+            session.vpd(lun, 0xb0),
+        );
+        let capacity = capacity?;
+        let b0 = match pages {
+            Ok(pages) if supported_vpd_pages(&pages).contains(&0xb0) => {
+                b0.ok().and_then(|p| scsi::parse_vpd_b0(&p))
+            }
             _ => None,
         };
         let b0 = b0.unwrap_or_default();

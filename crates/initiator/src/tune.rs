@@ -669,37 +669,57 @@ const PROBE_HANDSHAKES: usize = 3;
 /// Measures the path to `portal` with a few concurrent TCP handshakes (no login), each
 /// through `dialer` when one is given.
 pub async fn probe(portal: &str, dialer: Option<&net::transport::Dialer>) -> Result<Probe> {
+    probe_keep(portal, dialer).await.map(|(p, _)| p)
+}
+
+/// As [`probe`], and hands back the connections it made, so that a session logs in on
+/// them instead of dialing again: on a long path that saves a round trip.
+pub async fn probe_keep(
+    portal: &str,
+    dialer: Option<&net::transport::Dialer>,
+) -> Result<(Probe, Vec<net::transport::Stream>)> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..PROBE_HANDSHAKES {
         set.spawn(handshake(portal.to_owned(), dialer.cloned()));
     }
     let mut best: Option<Probe> = None;
+    let mut streams = Vec::new();
     let mut last_err = None;
     while let Some(r) = set.join_next().await {
         match r {
-            Ok(Ok(p)) if best.is_none_or(|b| p.rtt_us < b.rtt_us) => best = Some(p),
-            Ok(Ok(_)) => {}
+            Ok(Ok((p, s))) => {
+                if best.is_none_or(|b| p.rtt_us < b.rtt_us) {
+                    best = Some(p);
+                }
+                streams.push(s);
+            }
             Ok(Err(e)) => last_err = Some(e),
             Err(e) => last_err = Some(Error::Protocol(e.to_string())),
         }
     }
-    best.ok_or_else(|| last_err.unwrap_or(Error::Closed))
+    let best = best.ok_or_else(|| last_err.unwrap_or(Error::Closed))?;
+    Ok((best, streams))
 }
 
-async fn handshake(portal: String, dialer: Option<net::transport::Dialer>) -> Result<Probe> {
+async fn handshake(
+    portal: String,
+    dialer: Option<net::transport::Dialer>,
+) -> Result<(Probe, net::transport::Stream)> {
     let s = crate::conn::dial(&portal, dialer.as_ref()).await?;
     let Some(fd) = s.socket() else {
         // A carrier with no socket under it (in memory) has no path to wait for.
-        return Ok(Probe {
+        let p = Probe {
             rtt_us: 1,
             mss: LOOPBACK_MSS,
-        });
+        };
+        return Ok((p, s));
     };
     let info = net::tcp_info(fd)?;
-    Ok(Probe {
+    let p = Probe {
         rtt_us: info.rtt_us.max(1),
         mss: info.snd_mss,
-    })
+    };
+    Ok((p, s))
 }
 
 fn mbit(bytes_per_s: u64) -> String {

@@ -923,6 +923,7 @@ pub struct InitiatorLogin {
     finished: bool,
     target_alias: Option<String>,
     target_portal_group_tag: Option<u16>,
+    skip_security: bool,
 }
 
 impl InitiatorLogin {
@@ -956,10 +957,22 @@ impl InitiatorLogin {
             finished: false,
             target_alias: None,
             target_portal_group_tag: None,
+            skip_security: false,
         }
     }
 
-    /// The first request: identity keys and AuthMethod in the security stage. It needs no
+    /// With no credentials to present, start in the operational stage (RFC 7143 6.3:
+    /// the security stage is optional): the first request carries the identity and every
+    /// operational key and asks for full feature phase at once, so that a login takes
+    /// one exchange instead of two, a round trip saved per connection. A target that
+    /// requires authentication refuses it (0x0201), as it would refuse AuthMethod=None.
+    pub fn skip_security(mut self, yes: bool) -> Self {
+        self.skip_security = yes;
+        self
+    }
+
+    /// The first request: identity keys and AuthMethod in the security stage (or, with
+    /// [`InitiatorLogin::skip_security`] and no credentials, the operational keys). It needs no
     /// randomness (CHAP challenges come later); the parameter keeps both calls alike.
     pub fn start(&mut self, _rng: &mut dyn FnMut(&mut [u8])) -> LoginRequestOut {
         let c = &self.config;
@@ -975,6 +988,13 @@ impl InitiatorLogin {
         }
         if c.leading {
             keys.push("SessionType", c.session_type.as_str());
+        }
+        if self.skip_security && c.auth.is_none() {
+            self.stage = STAGE_OPERATIONAL;
+            self.auth = InitiatorAuth::Done;
+            self.offered_operational = true;
+            keys.0.extend(self.originator.offer().0);
+            return self.request(true, STAGE_FULL_FEATURE, keys);
         }
         let transit = match &c.auth {
             None => {

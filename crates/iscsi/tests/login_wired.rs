@@ -237,6 +237,66 @@ fn no_auth_normal_session() {
 }
 
 #[test]
+fn no_auth_login_skipping_the_security_stage_takes_one_exchange() {
+    let mut p = policy(AuthRequirement::None);
+    let (i, t, exchanges) = run(
+        InitiatorLogin::new(config(None)).skip_security(true),
+        TargetLogin::new(true, None),
+        &mut p,
+        0x77,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(exchanges, 1);
+    assert_eq!(i.tsih, 0x77);
+    // The same answers as through the security stage.
+    assert_eq!(i.target_alias.as_deref(), Some("first disk"));
+    assert_eq!(i.target_portal_group_tag, Some(3));
+    assert_eq!(i.session.max_burst_length, 1 << 20);
+    assert!(i.session.initial_r2t);
+    assert!(i.connection.header_digest);
+}
+
+#[test]
+fn skipping_the_security_stage_is_refused_where_chap_is_required() {
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    });
+    let r = run(
+        InitiatorLogin::new(config(None)).skip_security(true),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    );
+    assert!(matches!(r, Err(Err((2, 1)))), "{r:?}");
+}
+
+#[test]
+fn with_credentials_skip_security_still_authenticates() {
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    });
+    let creds = ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+    };
+    let (i, t, exchanges) = run(
+        InitiatorLogin::new(config(Some(creds))).skip_security(true),
+        TargetLogin::new(true, None),
+        &mut p,
+        1,
+    )
+    .unwrap();
+    assert_agree(&i, &t);
+    assert_eq!(exchanges, 4);
+}
+
+#[test]
 fn chap_one_way() {
     let mut p = policy(AuthRequirement::Chap {
         user: "alice".into(),

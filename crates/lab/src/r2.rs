@@ -344,15 +344,15 @@ fn sync_row(
     row.streams = n;
     row.payload_bytes = done["bytes"].as_u64().unwrap_or(0);
     row.verified_units = done["verified_units"].as_u64();
-    if let Some(last) = ticks.last() {
-        row.retransmits = last["streams"]
-            .as_array()
-            .map(|v| {
-                v.iter()
-                    .map(|x| x["retransmits"].as_u64().unwrap_or(0))
-                    .collect()
-            })
-            .unwrap_or_default();
+    // The most each stream reported: a finished stream's session is gone and says 0.
+    for t in &ticks {
+        for (i, x) in t["streams"].as_array().into_iter().flatten().enumerate() {
+            let r = x["retransmits"].as_u64().unwrap_or(0);
+            match row.retransmits.get_mut(i) {
+                Some(m) => *m = (*m).max(r),
+                None => row.retransmits.push(r),
+            }
+        }
     }
     let started = done["started_unix"].as_f64().unwrap_or(start);
     let fin: Vec<f64> = done["finished_at"]

@@ -70,6 +70,18 @@ impl Shared {
     /// Logs in the leading connection and the others, and installs them as a new
     /// generation of the session.
     pub(super) async fn establish(self: &Arc<Self>) -> Result<()> {
+        self.establish_over(Vec::new()).await
+    }
+
+    /// As [`Shared::establish`], on connections already made to the portal where there
+    /// are some (the auto-tuning probe's). The other connections' TCP (and TLS)
+    /// handshakes run while the leading one logs in, and they log in together once it
+    /// has: on a long path each step one after the other cost round trips per
+    /// connection.
+    pub(super) async fn establish_over(
+        self: &Arc<Self>,
+        ready: Vec<net::transport::Stream>,
+    ) -> Result<()> {
         let o = &self.opts;
         let proposal = SessionParams {
             max_connections: o.connections,
@@ -82,7 +94,23 @@ impl Shared {
             ..SessionParams::default()
         };
         let portal = self.portal();
-        let mut raw = RawConn::connect(&portal, o).await?;
+        let mut ready = ready.into_iter();
+        let open = |stream: Option<net::transport::Stream>| {
+            let (portal, o) = (portal.clone(), o.clone());
+            async move {
+                match stream {
+                    Some(s) => RawConn::over(&portal, s, &o).await,
+                    None => RawConn::connect(&portal, &o).await,
+                }
+            }
+        };
+        let lead_stream = ready.next();
+        // The others' handshakes start now, in the background of the leading login.
+        let extras: Vec<_> = (1..o.connections.max(1))
+            .map(|_| tokio::spawn(open(ready.next())))
+            .collect();
+        drop(ready);
+        let mut raw = open(lead_stream).await?;
         let cmdsn = {
             let st = self.state.lock().unwrap();
             st.window.cmdsn
@@ -96,24 +124,31 @@ impl Shared {
         let tls = raw.tls_summary();
         let mut logged_in: Vec<(RawConn, LoginDone, u16)> = vec![(raw, lead, 0)];
         let want = o.connections.min(params.max_connections).max(1);
-        for cid in 1..want {
-            let extra = async {
-                let mut raw = RawConn::connect(&portal, o).await?;
-                let done = raw
-                    .login(
-                        self.login_config(cid, tsih, params.clone()),
-                        u32::from(cid),
-                        cmdsn,
-                    )
-                    .await?;
-                Ok::<_, Error>((raw, done))
-            };
-            match extra.await {
-                Ok((raw, done)) => logged_in.push((raw, done, cid)),
-                Err(e) => {
-                    tracing::warn!("connection {cid} of the session could not log in: {e}");
-                    break;
+        let mut logins = Vec::new();
+        for (i, extra) in extras.into_iter().enumerate() {
+            let cid = i as u16 + 1;
+            if cid >= want {
+                // Granted fewer: the connection closes unused.
+                extra.abort();
+                continue;
+            }
+            let config = self.login_config(cid, tsih, params.clone());
+            logins.push(tokio::spawn(async move {
+                let mut raw = extra
+                    .await
+                    .map_err(|e| Error::Protocol(format!("connection set-up: {e}")))??;
+                let done = raw.login(config, u32::from(cid), cmdsn).await?;
+                Ok::<_, Error>((raw, done, cid))
+            }));
+        }
+        for (i, login) in logins.into_iter().enumerate() {
+            let cid = i + 1;
+            match login.await {
+                Ok(Ok(c)) => logged_in.push(c),
+                Ok(Err(e)) => {
+                    tracing::warn!("connection {cid} of the session could not log in: {e}")
                 }
+                Err(e) => tracing::warn!("connection {cid} of the session: {e}"),
             }
         }
         let first = &logged_in[0].1;

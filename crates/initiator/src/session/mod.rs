@@ -186,15 +186,16 @@ impl Session {
     /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
-        let (opts, plan) = if opts.auto_tune {
-            let probe = crate::tune::probe(&url.portal(), opts.dialer.as_ref()).await?;
+        let (opts, plan, probed) = if opts.auto_tune {
+            let (probe, probed) =
+                crate::tune::probe_keep(&url.portal(), opts.dialer.as_ref()).await?;
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");
             }
-            (o, Some(p))
+            (o, Some(p), probed)
         } else {
-            (opts.clone(), None)
+            (opts.clone(), None, Vec::new())
         };
         let shared = Arc::new(Shared {
             url: url.clone(),
@@ -215,7 +216,7 @@ impl Session {
             bufs: Arc::default(),
             opts,
         });
-        Shared::establish(&shared).await?;
+        Shared::establish_over(&shared, probed).await?;
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
         Ok(Session { shared })
     }
@@ -295,6 +296,24 @@ impl Session {
     /// connection loss (after recovery), on UNIT ATTENTION and on BUSY/TASK SET FULL.
     /// A status other than GOOD is returned as a result, not an error.
     pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
+        self.command_retrying(lun, cdb, dir, true).await
+    }
+
+    /// TEST UNIT READY that takes a pending UNIT ATTENTION and is not repeated for it:
+    /// issued first among commands that go out together, it spares them the attention
+    /// (and the round trip of a repeat). Its status is of no interest.
+    pub(crate) async fn absorb_unit_attention(&self, lun: u16) {
+        let cdb = crate::scsi::test_unit_ready();
+        let _ = self.command_retrying(lun, &cdb, DataDir::None, false).await;
+    }
+
+    async fn command_retrying(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        dir: DataDir,
+        again_on_attention: bool,
+    ) -> Result<ScsiResult> {
         let _slot = self.shared.slots.acquire().await?;
         let mut attempts = 0;
         let mut unit_attentions = 0;
@@ -308,7 +327,7 @@ impl Session {
                             .is_some_and(|s| s.key == scsi::SENSE_UNIT_ATTENTION);
                     let busy =
                         r.status == scsi::STATUS_BUSY || r.status == scsi::STATUS_TASK_SET_FULL;
-                    if (ua || busy) && unit_attentions < 10 {
+                    if ((ua && again_on_attention) || busy) && unit_attentions < 10 {
                         unit_attentions += 1;
                         if busy {
                             tokio::time::sleep(Duration::from_millis(5 << unit_attentions.min(6)))
