@@ -23,22 +23,69 @@ pub fn window_bytes(rtt: Duration, rate_bytes_per_s: u64) -> u64 {
     bdp.saturating_mul(2).clamp(MIN_WINDOW, MAX_WINDOW)
 }
 
+/// Read-ahead a new stream starts with, in units: small, so that a stream that stops at
+/// once (a player probing the file's head, a seek) leaves little on the link in front of
+/// the next demand read. It grows by a unit for each unit the stream consumes (doubling
+/// each round trip, as TCP's slow start) up to the window.
+pub const INITIAL_UNITS: u64 = 2;
+/// Streams followed at once: a file system's metadata reads (extent blocks, inodes) are
+/// streams of their own and do not reset the read-ahead of the data they interleave with.
+pub const STREAMS: usize = 4;
+
 /// Which units to read for each access.
 #[derive(Clone, Debug)]
 pub struct Planner {
     unit: u64,
-    /// Units the window holds.
+    /// Units the window holds: a stream's read-ahead at most.
     depth: u64,
     /// Units on the device (the last may be short).
     units: u64,
-    last: Option<u64>,
+    /// Sequential streams seen, most recent last.
+    streams: Vec<Stream>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stream {
+    /// The last unit read.
+    last: u64,
+    /// Units asked for ahead end here (exclusive).
+    ahead_to: u64,
+    /// Units of read-ahead it has earned (at most the window).
+    credit: u64,
 }
 
 /// The units an access needs now, and those to ask for ahead of it (not overlapping).
+/// The device asks for `need` first: a demand read never queues behind read-ahead it
+/// starts itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub need: Range<u64>,
     pub ahead: Range<u64>,
+    /// The access starts a stream of its own (nothing read ahead for it yet): the device
+    /// may read just the bytes asked ([`small_read`]) instead of whole units.
+    pub new_stream: bool,
+}
+
+/// A read that starts a stream (a file system's metadata, the first bytes of a seek) is
+/// answered from a read of at least this many bytes: small enough to come in one
+/// round trip on a connection whose congestion window is back at its initial ten
+/// segments (a TCP connection idle for a while), large enough for the first chunk of an
+/// answer.
+pub const SMALL_READ: u64 = 12 << 10;
+/// Alignment of small reads: the file systems' block.
+pub const SMALL_ALIGN: u64 = 4 << 10;
+
+/// Sans-IO: the bytes to read for an access of `[offset, offset + len)` that starts a
+/// stream: from the aligned start, at least [`SMALL_READ`], within the device.
+pub fn small_read(offset: u64, len: u64, device_size: u64) -> (u64, u64) {
+    let start = offset - offset % SMALL_ALIGN;
+    let end = offset
+        .saturating_add(len)
+        .div_ceil(SMALL_ALIGN)
+        .saturating_mul(SMALL_ALIGN)
+        .max(start + SMALL_READ)
+        .min(device_size);
+    (start, end.saturating_sub(start))
 }
 
 impl Planner {
@@ -48,7 +95,7 @@ impl Planner {
             unit,
             depth: window.div_ceil(unit).max(1),
             units: device_size.div_ceil(unit),
-            last: None,
+            streams: Vec::new(),
         }
     }
 
@@ -57,27 +104,49 @@ impl Planner {
     }
 
     /// Units kept in memory at most: the window, what is being read, and room for the
-    /// file system's metadata.
+    /// file system's metadata and the other streams.
     pub fn cache_units(&self) -> usize {
-        (self.depth * 2 + 32) as usize
+        (self.depth * 2 + 32 + STREAMS as u64 * INITIAL_UNITS) as usize
     }
 
     /// Bytes `[offset, offset + len)` are being read.
     pub fn access(&mut self, offset: u64, len: u64) -> Plan {
         let first = (offset / self.unit).min(self.units);
         let end = (offset.saturating_add(len.max(1)).div_ceil(self.unit)).min(self.units);
-        let forward = self
-            .last
-            .is_some_and(|l| first == l || first == l.saturating_add(1));
-        self.last = Some(end.saturating_sub(1).max(first));
-        let ahead = if forward {
-            end..end.saturating_add(self.depth).min(self.units)
-        } else {
-            end..end
+        let last = end.saturating_sub(1).max(first);
+        // A stream this access continues: at or right after its last unit, or inside
+        // what was read ahead for it (a reader skipping a little).
+        let hit = self.streams.iter().rposition(|s| {
+            first >= s.last && (first <= s.last.saturating_add(1) || first < s.ahead_to)
+        });
+        let Some(i) = hit else {
+            // A new stream: nothing ahead until it goes on.
+            if self.streams.len() >= STREAMS {
+                self.streams.remove(0);
+            }
+            self.streams.push(Stream {
+                last,
+                ahead_to: end,
+                credit: INITIAL_UNITS.min(self.depth),
+            });
+            return Plan {
+                need: first..end,
+                ahead: end..end,
+                new_stream: true,
+            };
         };
+        let mut s = self.streams.remove(i);
+        let consumed = last.saturating_sub(s.last);
+        s.credit = s.credit.saturating_add(consumed).min(self.depth);
+        s.last = last;
+        let from = s.ahead_to.max(end);
+        let to = end.saturating_add(s.credit).min(self.units).max(from);
+        s.ahead_to = to;
+        self.streams.push(s);
         Plan {
             need: first..end,
-            ahead,
+            ahead: from..to,
+            new_stream: false,
         }
     }
 
@@ -107,53 +176,78 @@ mod tests {
     }
 
     #[test]
-    fn reads_ahead_only_going_forward() {
+    fn reads_ahead_only_going_forward_and_ramps() {
         let unit = 1000;
-        let mut p = Planner::new(unit, 3000, 10_500);
-        assert_eq!(p.units, 11);
-        // First read: just what it covers.
+        let mut p = Planner::new(unit, 6000, 20_500);
+        assert_eq!(p.units, 21);
+        // First read: just what it covers, a new stream.
         let a = p.access(100, 50);
         assert_eq!(
             a,
             Plan {
                 need: 0..1,
-                ahead: 1..1
+                ahead: 1..1,
+                new_stream: true,
             }
         );
-        // The next unit: forward, three units ahead.
+        // Within the same unit: forward, the initial credit ahead.
+        let a = p.access(500, 10);
+        assert_eq!(a.ahead, 1..3);
+        assert!(!a.new_stream);
+        // The next unit: one consumed, credit 3; what was asked is not asked again.
         let a = p.access(1000, 1000);
-        assert_eq!(
-            a,
-            Plan {
-                need: 1..2,
-                ahead: 2..5
-            }
-        );
-        // Within the same unit still counts as forward.
-        let a = p.access(1500, 10);
-        assert_eq!(a.ahead, 2..5);
-        // A jump back: no read-ahead.
+        assert_eq!(a.need, 1..2);
+        assert_eq!(a.ahead, 3..5);
+        // Credit grows with what is consumed, up to the window (6 units).
+        let a = p.access(2000, 3000);
+        assert_eq!(a.need, 2..5);
+        assert_eq!(a.ahead, 5..11);
+        let a = p.access(5000, 1000);
+        assert_eq!(a.ahead, 11..12);
+        // A skip inside what was read ahead still counts as the same stream.
+        let a = p.access(8000, 10);
+        assert!(!a.new_stream);
+        assert_eq!(a.ahead, 12..15);
+        // A jump back: a new stream, nothing ahead.
         let a = p.access(100, 10);
-        assert_eq!(
-            a,
-            Plan {
-                need: 0..1,
-                ahead: 1..1
-            }
-        );
-        // A jump forward, then going on from there.
-        p.access(7000, 10);
-        let a = p.access(8000, 2500);
-        assert_eq!(
-            a,
-            Plan {
-                need: 8..11,
-                ahead: 11..11
-            }
-        );
+        assert_eq!(a.ahead, 1..1);
+        assert!(a.new_stream);
         // Past the end: nothing.
-        let a = p.access(20_000, 10);
-        assert_eq!(a.need, 11..11);
-        assert_eq!(p.extent(10, 10_500), (10_000, 500));
+        let a = p.access(30_000, 10);
+        assert_eq!(a.need, 21..21);
+        assert_eq!(p.extent(20, 20_500), (20_000, 500));
+    }
+
+    #[test]
+    fn metadata_reads_do_not_reset_a_stream() {
+        let unit = 1000;
+        let mut p = Planner::new(unit, 8000, 1_000_000);
+        p.access(100_000, 1000);
+        for i in 1..10u64 {
+            p.access(100_000 + i * 1000, 1000);
+        }
+        // The stream has earned its whole window.
+        let a = p.access(110_000, 1000);
+        assert_eq!(a.ahead.end, 119);
+        // An extent block elsewhere: a stream of its own, no read-ahead for it ...
+        let m = p.access(5_000, 100);
+        assert!(m.new_stream);
+        assert!(m.ahead.is_empty());
+        // ... and the data stream goes on with its window.
+        let a = p.access(111_000, 1000);
+        assert!(!a.new_stream);
+        assert_eq!(a.ahead, 119..120);
+    }
+
+    #[test]
+    fn small_reads() {
+        assert_eq!(small_read(0, 1024, 1 << 30), (0, SMALL_READ));
+        assert_eq!(small_read(5000, 10, 1 << 30), (4096, SMALL_READ));
+        // A 32 KiB group of blocks: all of it.
+        assert_eq!(small_read(8192, 32 << 10, 1 << 30), (8192, 32 << 10));
+        // Unaligned end rounds out to a block.
+        assert_eq!(small_read(4096, 13 << 10, 1 << 30), (4096, 16 << 10));
+        // Near the end of the device.
+        assert_eq!(small_read(10_000, 100, 12_000), (8192, 12_000 - 8192));
     }
 }

@@ -17,6 +17,10 @@ use crate::storage::Catalog;
 
 /// Bytes per read from a volume while streaming.
 const CHUNK: usize = 256 << 10;
+/// The first chunk of an answer: small, so that the head and the first bytes go out as
+/// soon as one small read of the LUN brings them (see `readahead::SMALL_READ`), while the
+/// read-ahead fetches what follows.
+const FIRST_CHUNK: usize = 8 << 10;
 /// Chunks read ahead of the socket.
 const CHUNKS_AHEAD: usize = 4;
 /// A kept-alive connection with no request for this long is closed.
@@ -241,7 +245,8 @@ async fn file(
         let _busy = busy;
         let mut off = start;
         while off <= end {
-            let n = (end - off + 1).min(CHUNK as u64) as usize;
+            let size = if off == start { FIRST_CHUNK } else { CHUNK };
+            let n = (end - off + 1).min(size as u64) as usize;
             let r = vol.read(&p, off, n).await;
             let stop = match &r {
                 Ok(b) if b.len() == n => false,

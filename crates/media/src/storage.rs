@@ -441,6 +441,8 @@ enum Slot {
 
 /// A LUN read in units of [`readahead::UNIT`], with the units ahead of a forward read
 /// fetched in the background (on the runtime) while the reader uses the ones it has.
+/// A read that starts a stream (metadata, a seek's first bytes) is answered by a small
+/// read of its own ([`readahead::small_read`]), kept in a side cache of 4 KiB blocks.
 /// Runs on a volume's thread: it blocks on the units it needs.
 pub struct LunDevice {
     lun: Lun,
@@ -448,8 +450,14 @@ pub struct LunDevice {
     plan: Planner,
     cache: HashMap<u64, Slot>,
     order: VecDeque<u64>,
+    /// Small reads, by 4 KiB block.
+    small: HashMap<u64, Bytes>,
+    small_order: VecDeque<u64>,
     size: u64,
 }
+
+/// Blocks the side cache keeps (4 MiB).
+const SMALL_BLOCKS: usize = 1024;
 
 impl LunDevice {
     pub fn new(lun: Lun, rt: Handle, window: u64) -> LunDevice {
@@ -460,6 +468,8 @@ impl LunDevice {
             rt,
             cache: HashMap::new(),
             order: VecDeque::new(),
+            small: HashMap::new(),
+            small_order: VecDeque::new(),
             size,
         }
     }
@@ -481,6 +491,61 @@ impl LunDevice {
                 self.cache.remove(&old);
             }
         }
+    }
+
+    /// Whether unit `u` has arrived.
+    fn ready(&self, u: u64) -> bool {
+        matches!(self.cache.get(&u), Some(Slot::Ready(_)))
+    }
+
+    /// Copies `[offset, offset + buf.len())` from the side cache if it holds it all.
+    fn from_small(&self, offset: u64, buf: &mut [u8]) -> bool {
+        let a = readahead::SMALL_ALIGN;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let Some(b) = self.small.get(&(at / a)) else {
+                return false;
+            };
+            let from = (at % a) as usize;
+            if from >= b.len() {
+                return false;
+            }
+            let n = (b.len() - from).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&b[from..from + n]);
+            done += n;
+        }
+        true
+    }
+
+    /// One small read (blocking), kept by block.
+    fn small_read(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        let (start, n) = readahead::small_read(offset, len, self.size);
+        let lun = self.lun.clone();
+        let data = self
+            .rt
+            .block_on(async move { lun.read_at(start, n as usize).await })
+            .map_err(io::Error::other)?;
+        let a = readahead::SMALL_ALIGN;
+        let mut at = 0u64;
+        while at < data.len() as u64 {
+            let end = (at + a).min(data.len() as u64);
+            let k = (start + at) / a;
+            if self
+                .small
+                .insert(k, data.slice(at as usize..end as usize))
+                .is_none()
+            {
+                self.small_order.push_back(k);
+            }
+            at = end;
+        }
+        while self.small_order.len() > SMALL_BLOCKS {
+            if let Some(old) = self.small_order.pop_front() {
+                self.small.remove(&old);
+            }
+        }
+        Ok(())
     }
 
     fn unit(&mut self, u: u64) -> io::Result<Bytes> {
@@ -521,8 +586,28 @@ impl Device for LunDevice {
             ));
         }
         let plan = self.plan.access(offset, buf.len() as u64);
+        let all_ready = plan.need.clone().all(|u| self.ready(u));
+        if !all_ready && plan.new_stream && buf.len() as u64 <= readahead::UNIT / 4 {
+            // A stream's first read: just these bytes, not whole units.
+            if !self.from_small(offset, buf) {
+                self.small_read(offset, buf.len() as u64)?;
+                if !self.from_small(offset, buf) {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+                }
+            }
+            return Ok(());
+        }
+        // What is needed goes out first, then what is read ahead: a demand read never
+        // queues behind the read-ahead it starts.
+        for u in plan.need.clone() {
+            self.start(u);
+        }
         for u in plan.ahead.clone() {
             self.start(u);
+        }
+        if !all_ready && self.from_small(offset, buf) {
+            // Going on from a small read: its bytes, while the units come.
+            return Ok(());
         }
         let unit = self.plan.unit();
         let mut done = 0usize;
