@@ -33,9 +33,17 @@ TP=$!
 for i in $(seq 50); do grep -q '^ready' $OUT/target.log && break; sleep 0.2; done
 IF=$(ip netns exec $NSA ip -o link | awk -F': ' '{print $2}' | grep -v lo | head -5 | tr '\n' ' ')
 echo "ifaces in $NSA: $IF" > $OUT/info
-ip netns exec $NSA tcpdump -i any -s 200 -w $OUT/cap.pcap tcp port 3260 > /dev/null 2>&1 &
+ip netns exec $NSA tcpdump -i any -s 120 -w $OUT/cap.pcap tcp port 3260 > /dev/null 2>&1 &
 CP=$!
 sleep 1
+if [ -n "${READ:-}" ]; then
+  # Throughput instead: the lab's reader, the whole file in 32 KiB calls.
+  ip netns exec $NSA timeout 120 $RSV media --read /movie.mp4 --call-size 32K ${MRATE:-} "iscsi://$B:3260/$IQN/0" > $OUT/read.json 2> $OUT/read.log
+  echo "read $(python3 -c 'import json,sys;v=json.load(open(sys.argv[1]));print(v["mbit_per_s"], v["first_byte_ms"], v["open_ms"])' $OUT/read.json) load $(cat /proc/loadavg)" | tee -a $OUT/info
+  kill $CP; kill $TP; wait $CP $TP 2>/dev/null
+  $RSV wan down --name $L
+  exit 0
+fi
 ip netns exec $NSA env RUST_LOG=${MLOG:-info} $RSV media --listen 127.0.0.1:18080 --idle 600s ${MRATE:-} "iscsi://$B:3260/$IQN/0" > $OUT/media.out 2> $OUT/media.log &
 MP=$!
 for i in $(seq 50); do grep -q '^ready' $OUT/media.out && break; sleep 0.2; done

@@ -99,24 +99,30 @@ pub async fn lookup(url: &IsnsUrl, initiator_name: &str) -> Result<Vec<Discovere
             message: format!("{what}: an answer without status"),
         }),
     };
-    let reg = exchange(
+    // The registration and the query go out together (the server answers them in order):
+    // one round trip after the handshake, and one more for the deregistration.
+    let mut answers = exchange_all(
         &mut s,
-        &objects::dev_attr_reg(1, initiator_name, &me, false),
+        &[
+            objects::dev_attr_reg(1, initiator_name, &me, false),
+            objects::query_targets(2, initiator_name),
+        ],
     )
     .await
-    .map_err(fail)?;
+    .map_err(fail)?
+    .into_iter();
+    let (reg, found) = match (answers.next(), answers.next()) {
+        (Some(r), Some(f)) => (r, f),
+        _ => return Err(fail(io::ErrorKind::UnexpectedEof.into())),
+    };
     status("registering the initiator", &reg)?;
-    let found = exchange(&mut s, &objects::query_targets(2, initiator_name))
-        .await
-        .map_err(fail);
     let dereg = exchange(&mut s, &objects::dev_dereg(3, initiator_name, &me.eid)).await;
-    let found = found?;
-    status("querying targets", &found)?;
     if let Ok(d) = dereg {
         if let Some(st) = d.status.filter(|s| !s.is_success()) {
             tracing::warn!("iSNS server {at}: deregistering the initiator: {st}");
         }
     }
+    status("querying targets", &found)?;
     Ok(objects::parse_targets(&found)
         .into_iter()
         .map(|t| DiscoveredTarget {
@@ -188,6 +194,40 @@ fn pick<'a>(targets: &'a [DiscoveredTarget], wanted: &str) -> Result<&'a Discove
             by_alias.len()
         )),
     }
+}
+
+/// Sends `msgs` at once and reads their answers (by transaction id), in the same order.
+async fn exchange_all(s: &mut TcpStream, msgs: &[Message]) -> io::Result<Vec<Message>> {
+    tokio::time::timeout(TIMEOUT, async {
+        let mut out = Vec::new();
+        for m in msgs {
+            out.extend_from_slice(&m.encode(MAX_PAYLOAD));
+        }
+        s.write_all(&out).await?;
+        let mut r = Reassembler::new();
+        let mut got: Vec<Option<Message>> = msgs.iter().map(|_| None).collect();
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            while let Some(m) = r.next_message().map_err(io::Error::other)? {
+                if let Some(i) = msgs
+                    .iter()
+                    .position(|q| m.xid == q.xid && m.function == q.function.response())
+                {
+                    got[i] = Some(m);
+                }
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            r.push(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
 }
 
 async fn exchange(s: &mut TcpStream, msg: &Message) -> io::Result<Message> {

@@ -182,6 +182,12 @@ pub struct SessionOptions {
     /// How the target's certificate is trusted (CA file, pinned fingerprint, the system's
     /// CAs) and the client certificate, if any.
     pub tls_files: net::tls::ClientFiles,
+    /// The session is ready once its leading connection is logged in; the others join as
+    /// their logins finish (a round trip later: they need the session's TSIH). Saves a
+    /// round trip before the first command (the media server's start of a stream); off by
+    /// default, so that a session has all its connections when `connect` returns.
+    #[serde(skip)]
+    pub join_late: bool,
 }
 
 mod secs {
@@ -225,6 +231,7 @@ impl Default for SessionOptions {
             dialer: None,
             tls: false,
             tls_files: Default::default(),
+            join_late: false,
         }
     }
 }

@@ -158,6 +158,7 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
         if let Some(r) = args.rate {
             opts.rate = Some(r.bytes_per_sec());
         }
+        opts.join_late = true;
         let r = read_file(&args, &opts, &path)?;
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -171,6 +172,8 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
     if let Some(n) = &args.initiator_name {
         opts.initiator_name = n.clone();
     }
+    // A request waits for the leading connection's login only; the others join later.
+    opts.join_late = true;
     opts.recovery_timeout = args.recovery_timeout;
     opts.command_timeout = args.recovery_timeout.max(Duration::from_secs(5));
     if let Some(r) = args.rate {

@@ -23,7 +23,7 @@ pub fn window_bytes(rtt: Duration, rate_bytes_per_s: u64) -> u64 {
     bdp.saturating_mul(2).clamp(MIN_WINDOW, MAX_WINDOW)
 }
 
-/// Read-ahead a new stream starts with, in units: small, so that a stream that stops at
+/// Read-ahead a new stream starts with (once it has left its first unit), in units: small, so that a stream that stops at
 /// once (a player probing the file's head, a seek) leaves little on the link in front of
 /// the next demand read. It grows by a unit for each unit the stream consumes (doubling
 /// each round trip, as TCP's slow start) up to the window.
@@ -46,6 +46,10 @@ pub struct Planner {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Stream {
+    /// The unit it started in: nothing is read ahead until it leaves it (a file system
+    /// reading its superblock and group descriptors, or an inode table block, stays in
+    /// one unit and is no stream).
+    first: u64,
     /// The last unit read.
     last: u64,
     /// Units asked for ahead end here (exclusive).
@@ -125,6 +129,7 @@ impl Planner {
                 self.streams.remove(0);
             }
             self.streams.push(Stream {
+                first,
                 last,
                 ahead_to: end,
                 credit: INITIAL_UNITS.min(self.depth),
@@ -140,7 +145,11 @@ impl Planner {
         s.credit = s.credit.saturating_add(consumed).min(self.depth);
         s.last = last;
         let from = s.ahead_to.max(end);
-        let to = end.saturating_add(s.credit).min(self.units).max(from);
+        let to = if s.last > s.first {
+            end.saturating_add(s.credit).min(self.units).max(from)
+        } else {
+            from
+        };
         s.ahead_to = to;
         self.streams.push(s);
         Plan {
@@ -190,14 +199,14 @@ mod tests {
                 new_stream: true,
             }
         );
-        // Within the same unit: forward, the initial credit ahead.
+        // Within the same unit: the same stream, but nothing ahead until it leaves it.
         let a = p.access(500, 10);
-        assert_eq!(a.ahead, 1..3);
+        assert_eq!(a.ahead, 1..1);
         assert!(!a.new_stream);
-        // The next unit: one consumed, credit 3; what was asked is not asked again.
+        // The next unit: one consumed, credit 3.
         let a = p.access(1000, 1000);
         assert_eq!(a.need, 1..2);
-        assert_eq!(a.ahead, 3..5);
+        assert_eq!(a.ahead, 2..5);
         // Credit grows with what is consumed, up to the window (6 units).
         let a = p.access(2000, 3000);
         assert_eq!(a.need, 2..5);

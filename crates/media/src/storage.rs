@@ -586,6 +586,10 @@ impl Device for LunDevice {
             ));
         }
         let plan = self.plan.access(offset, buf.len() as u64);
+        if plan.ahead.is_empty() && self.from_small(offset, buf) {
+            // Metadata read again, or a stream's first bytes: no unit for it.
+            return Ok(());
+        }
         let all_ready = plan.need.clone().all(|u| self.ready(u));
         if !all_ready && plan.new_stream && buf.len() as u64 <= readahead::UNIT / 4 {
             // A stream's first read: just these bytes, not whole units.

@@ -141,16 +141,22 @@ impl Shared {
                 Ok::<_, Error>((raw, done, cid))
             }));
         }
-        for (i, login) in logins.into_iter().enumerate() {
-            let cid = i + 1;
-            match login.await {
-                Ok(Ok(c)) => logged_in.push(c),
-                Ok(Err(e)) => {
-                    tracing::warn!("connection {cid} of the session could not log in: {e}")
+        let late = o.join_late && !logins.is_empty();
+        let logins = if late {
+            logins
+        } else {
+            for (i, login) in logins.into_iter().enumerate() {
+                let cid = i + 1;
+                match login.await {
+                    Ok(Ok(c)) => logged_in.push(c),
+                    Ok(Err(e)) => {
+                        tracing::warn!("connection {cid} of the session could not log in: {e}")
+                    }
+                    Err(e) => tracing::warn!("connection {cid} of the session: {e}"),
                 }
-                Err(e) => tracing::warn!("connection {cid} of the session: {e}"),
             }
-        }
+            Vec::new()
+        };
         let first = &logged_in[0].1;
         let conn_params = first.outcome.connection.clone();
         let (expcmdsn, maxcmdsn) =
@@ -207,7 +213,47 @@ impl Shared {
         st.conns.params = params;
         drop(st);
         self.window_waiters.notify_waiters();
+        if !logins.is_empty() {
+            // The others join as their logins finish (join_late).
+            let me = Arc::downgrade(self);
+            tokio::spawn(async move {
+                for (i, login) in logins.into_iter().enumerate() {
+                    let cid = i + 1;
+                    match login.await {
+                        Ok(Ok((raw, done, cid))) => match me.upgrade() {
+                            Some(s) => s.join(raw, &done, cid, gen),
+                            None => return,
+                        },
+                        Ok(Err(e)) => {
+                            tracing::warn!("connection {cid} of the session could not log in: {e}")
+                        }
+                        Err(e) => tracing::warn!("connection {cid} of the session: {e}"),
+                    }
+                }
+            });
+        }
         Ok(())
+    }
+
+    /// A connection logged in after the session started (join_late) joins generation
+    /// `gen`, unless the session was closed or reinstated meanwhile (it is then dropped).
+    fn join(self: &Arc<Self>, raw: RawConn, done: &LoginDone, cid: u16, gen: u64) {
+        let mut st = self.state.lock().unwrap();
+        if st.conns.gen != gen || st.conns.closed {
+            return;
+        }
+        let conn = self.start_conn(raw, done, cid, gen);
+        st.conns.all.push(conn);
+        if sn_gt(done.maxcmdsn, st.window.maxcmdsn) {
+            st.window.maxcmdsn = done.maxcmdsn;
+        }
+        let n = st.conns.all.len();
+        if let Some(info) = st.conns.info.as_mut() {
+            info.connections = n;
+        }
+        drop(st);
+        tracing::debug!(cid, "connection joined the session");
+        self.window_waiters.notify_waiters();
     }
 
     /// Turns a logged-in connection into a running one of generation `gen`.
