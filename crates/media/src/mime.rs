@@ -52,7 +52,7 @@ mod tests {
         assert_eq!(content_type("a/b/Clip.MP4"), ("video/mp4", true));
         assert_eq!(content_type("x.webm"), ("video/webm", true));
         assert_eq!(content_type("song.flac"), ("audio/flac", true));
-        assert_eq!(content_type("notes.txt").1, false);
+        assert!(!content_type("notes.txt").1);
         assert_eq!(content_type("noext"), ("application/octet-stream", false));
         assert_eq!(content_type(".hidden"), ("application/octet-stream", false));
     }

@@ -499,7 +499,7 @@ impl LunDevice {
     }
 
     /// Copies `[offset, offset + buf.len())` from the side cache if it holds it all.
-    fn from_small(&self, offset: u64, buf: &mut [u8]) -> bool {
+    fn copy_small(&self, offset: u64, buf: &mut [u8]) -> bool {
         let a = readahead::SMALL_ALIGN;
         let mut done = 0usize;
         while done < buf.len() {
@@ -586,16 +586,16 @@ impl Device for LunDevice {
             ));
         }
         let plan = self.plan.access(offset, buf.len() as u64);
-        if plan.ahead.is_empty() && self.from_small(offset, buf) {
+        if plan.ahead.is_empty() && self.copy_small(offset, buf) {
             // Metadata read again, or a stream's first bytes: no unit for it.
             return Ok(());
         }
         let all_ready = plan.need.clone().all(|u| self.ready(u));
         if !all_ready && plan.new_stream && buf.len() as u64 <= readahead::UNIT / 4 {
             // A stream's first read: just these bytes, not whole units.
-            if !self.from_small(offset, buf) {
+            if !self.copy_small(offset, buf) {
                 self.small_read(offset, buf.len() as u64)?;
-                if !self.from_small(offset, buf) {
+                if !self.copy_small(offset, buf) {
                     return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
                 }
             }
@@ -609,7 +609,7 @@ impl Device for LunDevice {
         for u in plan.ahead.clone() {
             self.start(u);
         }
-        if !all_ready && self.from_small(offset, buf) {
+        if !all_ready && self.copy_small(offset, buf) {
             // Going on from a small read: its bytes, while the units come.
             return Ok(());
         }
