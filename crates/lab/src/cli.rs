@@ -61,7 +61,8 @@ enum LabCommand {
         #[arg(long)]
         seconds: Option<u64>,
     },
-    /// Rewrite the result document from results already on disk.
+    /// Rewrite the result document from results already on disk (--out docs/lab-r4.md:
+    /// R4's).
     Doc {
         #[arg(long, default_value = "lab/results")]
         results: PathBuf,
@@ -108,7 +109,14 @@ pub fn run(args: LabArgs) -> Result<()> {
             }
             Ok(())
         }
-        LabCommand::Doc { results, out } => crate::doc::write(&results, &out),
+        LabCommand::Doc { results, out } => {
+            // The scenarios with a document of their own, by the name it has.
+            if out.file_name().is_some_and(|n| n == "lab-r4.md") {
+                crate::r4::write_doc(&results, &out)
+            } else {
+                crate::doc::write(&results, &out)
+            }
+        }
         LabCommand::Run {
             scenario,
             quick,

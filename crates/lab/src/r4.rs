@@ -599,7 +599,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             f(&s["warm_rtts"])
         );
     }
-    d += "\nNo session: `rsv media` was given the target's URL and has not logged in yet; the request makes it probe the path (three TCP handshakes), log in, report the LUNs, open the LUN (READ CAPACITY, VPD), read the ext4 superblock, group descriptors, journal and the file's inode and extents, then the first 64 KiB (the answer's head goes out with its first chunk of data, so curl's first byte is data read). Finding the target through iSNS is not in it (the server looks its iSNS servers up when it starts and every `--poll`).\n";
+    d += "\nNo session: `rsv media` was given the target's URL (with its LUN) and has not logged in yet; the request makes it probe the path (TCP handshakes, the leading connection logging in on one of them without CHAP), open the LUN (TEST UNIT READY, READ CAPACITY and two VPD pages at once; the session's other connections join while that runs), read the ext4 superblock and group descriptors, the inode table block holding the journal's and the root's inodes, the journal's superblock and the root directory with the file's inode (each a small read of its own, not a 128 KiB unit), then the first 8 KiB (the answer's head goes out with its first chunk of data, so curl's first byte is data read). Session open: 64 KiB from the middle of the file, which nothing has read yet. Finding the target through iSNS is not in it (the server looks its iSNS servers up when it starts and every `--poll`). `scripts/media-start.sh` takes the same two measurements at 24 ms with a packet capture; `docs/media.md` counts the round trips in it.\n";
     std::fs::write(doc, d)?;
     Ok(())
 }
