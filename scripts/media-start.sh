@@ -1,11 +1,12 @@
 #!/bin/bash
 # Start-of-stream measurement at 24 ms each way, 100 Mbit/s, with a pcap in site a.
-# Usage: med-start.sh OUTDIR  (uses $RSV, default ./target/release/rsv)
+# Usage: media-start.sh OUTDIR  (uses $RSV, default ./target/release/rsv; LINK= the
+# link's name, SCRATCH= the directory for the image, to keep runs of several people apart)
 set -u
-RSV=${RSV:-/work/wt-media/target/release/rsv}
+RSV=${RSV:-./target/release/rsv}
 OUT=${1:-/tmp/med-start}
-D=/dev/shm/med-start
-L=med-s
+D=${SCRATCH:-/dev/shm/med-start}
+L=${LINK:-med-s}
 DELAY=${DELAY:-24}
 mkdir -p $OUT $D/share
 if [ ! -f $D/media.img ]; then
@@ -38,8 +39,14 @@ CP=$!
 sleep 1
 if [ -n "${READ:-}" ]; then
   # Throughput instead: the lab's reader, the whole file in 32 KiB calls.
-  ip netns exec $NSA timeout 120 $RSV media --read /movie.mp4 --call-size 32K ${MRATE:-} "iscsi://$B:3260/$IQN/0" > $OUT/read.json 2> $OUT/read.log
-  echo "read $(python3 -c 'import json,sys;v=json.load(open(sys.argv[1]));print(v["mbit_per_s"], v["first_byte_ms"], v["open_ms"])' $OUT/read.json) load $(cat /proc/loadavg)" | tee -a $OUT/info
+  # CPU seconds of the reader and of the target over the read, beside the rate.
+  tcpu() { awk '{print $14+$15}' /proc/$TP/stat 2>/dev/null || echo 0; }
+  T0=$(tcpu)
+  TIMEFORMAT='%U %S'
+  { time ip netns exec $NSA timeout 120 $RSV media --read /movie.mp4 --call-size 32K ${MRATE:-} "iscsi://$B:3260/$IQN/0${QUERY:-}" > $OUT/read.json 2> $OUT/read.log ; } 2> $OUT/read.cpu
+  T1=$(tcpu)
+  TCK=$(getconf CLK_TCK)
+  echo "read $(python3 -c 'import json,sys;v=json.load(open(sys.argv[1]));print(v["mbit_per_s"], "Mbit/s first byte", v["first_byte_ms"], "ms open", v["open_ms"], "ms read-ahead", v["readahead_bytes"])' $OUT/read.json) reader cpu $(cat $OUT/read.cpu) target cpu $(( (T1 - T0) ))/$TCK s load $(cat /proc/loadavg)" | tee -a $OUT/info
   kill $CP; kill $TP; wait $CP $TP 2>/dev/null
   $RSV wan down --name $L
   exit 0

@@ -297,6 +297,55 @@ server = "127.0.0.1"
         text(&missing)
     );
 
+    // rsv media finds the targets too. open-isns refuses its SCN registration (it sends
+    // SCNs only to a registered SCN port): the watcher says so, and the poll finds them.
+    let media_log = d.join("media.log");
+    let media = have("curl").then(|| {
+        let mut c = ns.cmd(rsv());
+        c.args([
+            "media",
+            "--isns",
+            "127.0.0.1",
+            "--listen",
+            "127.0.0.1:18080",
+            "--poll",
+            "1s",
+        ]);
+        spawn_ready(&mut c, &media_log)
+    });
+    let media_targets = |ns: &Netns| -> Vec<String> {
+        let o = ns
+            .cmd("curl")
+            .args(["-s", "--max-time", "20", "http://127.0.0.1:18080/api/media"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let mut t: Vec<String> = v["storages"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s["target"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        t.sort();
+        t
+    };
+    if let Some(m) = media {
+        ns.children.insert(0, m);
+        assert_eq!(
+            media_targets(&ns),
+            [
+                "iqn.2026-11.org.reservoir:home",
+                "iqn.2026-11.org.reservoir:spare"
+            ]
+        );
+        let mlog = || std::fs::read_to_string(&media_log).unwrap_or_default();
+        wait_until(10, "the watcher to be refused", || {
+            mlog().contains("SCN Registration Rejected")
+        });
+    }
+
     // SIGTERM: deregistered before the target exits.
     // SAFETY: plain kill(2) on our own child's pid.
     unsafe {
@@ -312,6 +361,20 @@ server = "127.0.0.1"
     );
     let ls = ok(ns.cmd(rsv()).args(["ls", "--json", "isns://127.0.0.1/"]));
     assert_eq!(ls.trim(), "[]");
+    if have("curl") {
+        // The media server's poll drops them; stopped, it leaves no node behind.
+        wait_until(20, "rsv media to drop the targets", || {
+            media_targets(&ns).is_empty()
+        });
+        let mut m = ns.children.remove(0);
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(m.id() as i32, libc::SIGTERM);
+        }
+        assert!(m.wait().unwrap().success());
+        let q = query(&ns).unwrap();
+        assert!(!q.contains("Initiator"), "left registered:\n{q}");
+    }
 }
 
 /// Starts `cmd` with its stderr in `log` and waits for it to print `ready`.

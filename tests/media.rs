@@ -197,8 +197,10 @@ fn media_server_streams_to_curl_ffprobe_and_chromium() {
             &isns_addr,
             "--listen",
             "127.0.0.1:0",
+            // Longer than the test: storage that leaves or comes back is seen through
+            // the SCNs `rsv isns` sends, not the poll.
             "--poll",
-            "1s",
+            "600s",
             "--idle",
             "2s",
             "--recovery-timeout",
@@ -395,6 +397,97 @@ fn media_server_streams_to_curl_ffprobe_and_chromium() {
     });
     let o = curl(&["-r", "1000-1999", &url]);
     assert_eq!(o.stdout, &clip[1000..2000]);
+}
+
+/// Storage registering and deregistering in `rsv isns` reaches `rsv media`'s listing
+/// through the SCNs it registered for, with a poll far longer than the test; the
+/// lookups' own registrations wake no SCN (no loop of polls); the watcher deregisters
+/// when `rsv media` stops.
+#[test]
+fn media_listing_follows_isns_scns() {
+    if !have("curl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let me = "iqn.2026-11.org.reservoir:med-watch";
+    let mut kids = Kids(Vec::new());
+    let (isns, isns_addr) = spawn_ready(
+        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
+        &d.join("isns.log"),
+    );
+    kids.0.push(isns);
+    let isns_port = isns_addr.rsplit_once(':').unwrap().1.to_owned();
+    let (media_child, media) = spawn_ready(
+        Command::new(rsv()).args([
+            "media",
+            "--isns",
+            &isns_addr,
+            "--listen",
+            "127.0.0.1:0",
+            "--poll",
+            "600s",
+            "--initiator-name",
+            me,
+        ]),
+        &d.join("media.log"),
+    );
+    kids.0.push(media_child);
+    let isns_log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
+    let targets = |media: &str| -> Vec<String> {
+        listing(media)["storages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["target"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    wait_until(20, "the watcher's SCN registration", || {
+        isns_log().contains(&format!("SCNReg from {me}-scn -> Successful"))
+    });
+    assert!(targets(&media).is_empty());
+    let cfg = d.join("target.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\ndata_dir = \"{d}\"\n[[target]]\niqn = \"{IQN}\"\n\
+             alias = \"home\"\n[[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n\
+             [isns]\nserver = \"127.0.0.1:{isns_port}\"\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    for round in 0..2 {
+        let (target, _) = spawn_ready(
+            Command::new(rsv()).arg("target").arg("-c").arg(&cfg),
+            &d.join(format!("target{round}.log")),
+        );
+        kids.0.push(target);
+        wait_until(20, "the storage to be listed", || targets(&media) == [IQN]);
+        let mut target = kids.0.pop().unwrap();
+        sigterm(&mut target);
+        wait_until(20, "the storage to leave the listing", || {
+            targets(&media).is_empty()
+        });
+    }
+    // Four changes, each told to the watcher once; with the lookups' registrations
+    // notified too, each poll would wake the next and this would keep growing.
+    let told = |log: &str| log.matches(&format!("SCN to {me}-scn:")).count();
+    std::thread::sleep(Duration::from_secs(2));
+    let n = told(&isns_log());
+    assert_eq!(n, 4, "{}", isns_log());
+    assert!(
+        !isns_log().contains(&format!("SCN to {me}:")),
+        "{}",
+        isns_log()
+    );
+    let mut media_child = kids.0.remove(1);
+    sigterm(&mut media_child);
+    assert!(
+        isns_log().contains(&format!("DevDereg from {me}-scn -> Successful")),
+        "the watcher did not deregister:\n{}",
+        isns_log()
+    );
 }
 
 /// Loads `url` in headless Chromium driven over the DevTools protocol on a pipe

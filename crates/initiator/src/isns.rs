@@ -196,6 +196,171 @@ fn pick<'a>(targets: &'a [DiscoveredTarget], wanted: &str) -> Result<&'a Discove
     }
 }
 
+/// The node name a watcher ([`watch`]) registers under: not the initiator's own, whose
+/// registration each [`lookup`] makes and removes again.
+pub fn watcher_name(initiator_name: &str) -> String {
+    format!("{initiator_name}-scn")
+}
+
+/// What the SCNs [`watch`] asks for: targets (and itself) added and removed. Without
+/// "targets and self only" the lookups' own registration of the initiator would be
+/// notified too, and each poll it wakes would wake the next.
+pub const WATCH_SCN_BITMAP: u32 = isns::attr::scn::OBJECT_ADDED
+    | isns::attr::scn::OBJECT_REMOVED
+    | isns::attr::scn::TARGET_AND_SELF_ONLY;
+
+/// Registers for state-change notifications (RFC 4171 5.6.5.5: targets added and removed)
+/// on one connection kept open, as the node [`watcher_name`], and calls `changed` once
+/// registered (whatever changed before) and for each SCN the server sends on that
+/// connection (answering it) about another node than the initiator's own; the
+/// registration is refreshed at half the period the server grants. When `stop` turns
+/// true it deregisters the watcher and returns `Ok`; it returns an error when the
+/// connection fails, the server stops answering the refreshes or refuses the
+/// registration (deregistering what it had registered). `rsv isns` sends SCNs on the
+/// connection of the SCNReg; open-isns refuses an SCNReg from a node with no portal
+/// registering an SCN port (status 17), so there the caller's polling is all there is.
+pub async fn watch(
+    url: &IsnsUrl,
+    initiator_name: &str,
+    mut changed: impl FnMut(),
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
+    let at = url.server_address();
+    let fail = |e: io::Error| Error::Isns {
+        server: at.clone(),
+        message: e.to_string(),
+    };
+    let mut s = tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
+        .await
+        .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
+        .map_err(fail)?;
+    let node = watcher_name(initiator_name);
+    let me = Entity {
+        eid: format!("rsv:{node}:{}", std::process::id()),
+        period: None,
+        portals: Vec::new(),
+        nodes: vec![Node {
+            name: node.clone(),
+            alias: None,
+            node_type: node_type::INITIATOR,
+        }],
+        portal_group_tag: None,
+    };
+    let mut answers = exchange_all(
+        &mut s,
+        &[
+            objects::dev_attr_reg(1, &node, &me, false),
+            objects::scn_reg(2, &node, WATCH_SCN_BITMAP),
+        ],
+    )
+    .await
+    .map_err(fail)?
+    .into_iter();
+    let (reg, sreg) = match (answers.next(), answers.next()) {
+        (Some(r), Some(f)) => (r, f),
+        _ => return Err(fail(io::ErrorKind::UnexpectedEof.into())),
+    };
+    let refused = |what: &str, m: &Message| match m.status {
+        Some(st) if st.is_success() => None,
+        Some(st) => Some(format!("{what}: {st}")),
+        None => Some(format!("{what}: an answer without status")),
+    };
+    if let Some(why) = refused("registering the watcher", &reg) {
+        return Err(Error::Isns {
+            server: at.clone(),
+            message: why,
+        });
+    }
+    if let Some(why) = refused("registering for SCNs", &sreg) {
+        // Registered but not watching: take the node away again.
+        let _ = exchange(&mut s, &objects::dev_dereg(3, &node, &me.eid)).await;
+        return Err(Error::Isns {
+            server: at.clone(),
+            message: why,
+        });
+    }
+    changed();
+    let refresh = Duration::from_secs(u64::from(
+        objects::granted_period(&reg).unwrap_or(900).max(2) / 2,
+    ));
+    let mut next_refresh = tokio::time::Instant::now() + refresh;
+    // The refresh last sent and not answered yet.
+    let mut waiting: Option<u16> = None;
+    let mut xid = 3u16;
+    let mut r = Reassembler::new();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        while let Some(m) = r.next_message().map_err(|e| fail(io::Error::other(e)))? {
+            if m.function == isns::FunctionId::SCN {
+                s.write_all(&objects::scn_response(&m).encode(MAX_PAYLOAD))
+                    .await
+                    .map_err(fail)?;
+                let about = objects::scn_changes(&m);
+                tracing::debug!("iSNS server {at}: SCN {about:?}");
+                if about.iter().any(|(n, _)| {
+                    !n.eq_ignore_ascii_case(initiator_name) && !n.eq_ignore_ascii_case(&node)
+                }) {
+                    changed();
+                }
+            } else if Some(m.xid) == waiting
+                && m.function == isns::FunctionId::DEV_ATTR_REG.response()
+            {
+                if let Some(why) = refused("refreshing the watcher", &m) {
+                    return Err(Error::Isns {
+                        server: at.clone(),
+                        message: why,
+                    });
+                }
+                waiting = None;
+            }
+        }
+        let n = tokio::select! {
+            n = s.read(&mut buf) => n.map_err(fail)?,
+            _ = tokio::time::sleep_until(next_refresh) => {
+                if waiting.is_some() {
+                    // A whole half period without an answer.
+                    return Err(fail(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no answer to the watcher's refresh",
+                    )));
+                }
+                xid = xid.wrapping_add(1).max(4);
+                s.write_all(&objects::dev_attr_reg(xid, &node, &me, false).encode(MAX_PAYLOAD))
+                    .await
+                    .map_err(fail)?;
+                waiting = Some(xid);
+                next_refresh += refresh;
+                continue;
+            }
+            _ = stopped(&mut stop) => {
+                xid = xid.wrapping_add(1).max(4);
+                let dereg = objects::dev_dereg(xid, &node, &me.eid);
+                return match tokio::time::timeout(Duration::from_secs(2), exchange(&mut s, &dereg)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(fail(e)),
+                    Err(_) => Err(fail(io::ErrorKind::TimedOut.into())),
+                };
+            }
+        };
+        if n == 0 {
+            return Err(fail(io::ErrorKind::UnexpectedEof.into()));
+        }
+        r.push(&buf[..n]);
+    }
+}
+
+/// Returns once `stop` is true, or its sender is gone.
+pub async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow_and_update() {
+            return;
+        }
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Sends `msgs` at once and reads their answers (by transaction id), in the same order.
 async fn exchange_all(s: &mut TcpStream, msgs: &[Message]) -> io::Result<Vec<Message>> {
     tokio::time::timeout(TIMEOUT, async {

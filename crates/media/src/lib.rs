@@ -3,7 +3,7 @@
 //! file system on each LUN in-process (ext2/3/4 through `ext4-view`, FAT through
 //! `fatfs`; no kernel mount, no root), lists the media as a page and as JSON, and serves
 //! files over HTTP/1.1 with ranges. Storage idle for a while is logged out of; storage
-//! that leaves iSNS leaves the listing.
+//! that leaves iSNS leaves the listing (polled, and at once on the server's SCNs).
 //!
 //! Sans-IO: [`http`] (requests, ranges, answer heads), [`listing`] (the model, its JSON
 //! and HTML, routes), [`readahead`] (what to read ahead of a stream), [`mime`],
@@ -43,7 +43,8 @@ pub struct MediaArgs {
     /// Address to serve HTTP on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
-    /// How often to ask the iSNS servers what storage there is.
+    /// How often to ask the iSNS servers what storage there is (and at once when one
+    /// sends a state-change notification).
     #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
     pub poll: Duration,
     /// Log out of storage with no request for this long (reopened on the next one).
@@ -159,6 +160,8 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
             opts.rate = Some(r.bytes_per_sec());
         }
         opts.join_late = true;
+        // The queue depth in commands of the size the device reads in.
+        opts.io_size_hint = Some(readahead::UNIT);
         let r = read_file(&args, &opts, &path)?;
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -174,6 +177,8 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
     }
     // A request waits for the leading connection's login only; the others join later.
     opts.join_late = true;
+    // The queue depth in commands of the size the device reads in.
+    opts.io_size_hint = Some(readahead::UNIT);
     opts.recovery_timeout = args.recovery_timeout;
     opts.command_timeout = args.recovery_timeout.max(Duration::from_secs(5));
     if let Some(r) = args.rate {
@@ -195,15 +200,29 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
         for server in &args.isns {
             poll_once(&catalog, server, &opts.initiator_name).await;
         }
+        // Told to the SCN watchers at shutdown: they deregister.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut watchers = Vec::new();
         for server in args.isns.clone() {
             let c = catalog.clone();
             let name = opts.initiator_name.clone();
             let every = args.poll.max(Duration::from_millis(200));
+            // An SCN from the server (storage registered or gone) asks at once.
+            let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+            watchers.push(tokio::spawn(watch_scn(
+                server.clone(),
+                name.clone(),
+                changed.clone(),
+                stop_rx.clone(),
+            )));
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
                 loop {
-                    tick.tick().await;
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = changed.notified() => {}
+                    }
                     poll_once(&c, &server, &name).await;
                 }
             });
@@ -211,14 +230,62 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
         tokio::spawn(catalog.clone().reap(args.idle));
         println!("ready");
         let serve = server::serve(listener, catalog);
-        tokio::select! {
+        let r = tokio::select! {
             r = serve => r.context("serving"),
             _ = shutdown() => {
                 tracing::info!("stopping");
                 Ok(())
             }
+        };
+        let _ = stop_tx.send(true);
+        for w in watchers {
+            let _ = tokio::time::timeout(Duration::from_secs(3), w).await;
         }
+        r
     })
+}
+
+/// Keeps a registration for SCNs with `server`, notifying `changed` when it is made and
+/// on each SCN, until `stop`. A connection lost or a registration refused is tried again
+/// after 1 s, doubling up to 5 minutes while it keeps failing (open-isns refuses every
+/// time: it sends SCNs only to a registered SCN port); the poll goes on meanwhile.
+async fn watch_scn(
+    server: String,
+    initiator_name: String,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let Ok(u) = initiator::isns::IsnsUrl::parse(&format!("isns://{server}/")) else {
+        return;
+    };
+    const FIRST: Duration = Duration::from_secs(1);
+    const MOST: Duration = Duration::from_secs(300);
+    let mut wait = FIRST;
+    loop {
+        let n = changed.clone();
+        let began = tokio::time::Instant::now();
+        match initiator::isns::watch(&u, &initiator_name, move || n.notify_one(), stop.clone())
+            .await
+        {
+            Ok(()) => return,
+            Err(e) => {
+                // A watch that held for a while starts the backoff again.
+                if began.elapsed() > MOST {
+                    wait = FIRST;
+                }
+                if wait == FIRST {
+                    tracing::info!("iSNS {server}: no SCNs ({e}); polling, trying again");
+                } else {
+                    tracing::debug!("iSNS {server}: no SCNs: {e}; again in {wait:?}");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = initiator::isns::stopped(&mut stop) => return,
+        }
+        wait = (wait * 2).min(MOST);
+    }
 }
 
 /// One look at an iSNS server; a server that does not answer changes nothing.
