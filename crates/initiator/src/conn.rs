@@ -357,6 +357,10 @@ pub(crate) struct Conn {
     pub target_pacing: TargetPacing,
     /// Pacing rate set on this socket by the session's rate control (0: none).
     pub applied_pace: AtomicU64,
+    /// Wakes the reader to apply a pacing rate set from outside now, not at its next
+    /// sample: the share (and with `rsv`, the start) must reach the socket before the
+    /// first data, not a second into it.
+    pub repace: tokio::sync::Notify,
     /// The target's last answer to a pacing hint in full feature phase.
     pub ffp_pacing: std::sync::Mutex<Option<TargetPacing>>,
     /// The bytes that crossed the path, sampled, for a rate over a span.
@@ -414,6 +418,7 @@ impl Conn {
             path: std::sync::Mutex::new(None),
             target_pacing,
             applied_pace: AtomicU64::new(0),
+            repace: tokio::sync::Notify::new(),
             ffp_pacing: std::sync::Mutex::new(None),
             span: Default::default(),
         });

@@ -254,11 +254,13 @@ impl Session {
     /// Paces the session's sends to `rate` bytes per second in all (each live connection
     /// its share, with SO_MAX_PACING_RATE), or lifts the pacing with `None`. For a
     /// coordinator that divides a shared bottleneck between sessions; it wins over the
-    /// session's own rate control. Takes effect at each connection's next TCP_INFO sample
-    /// (at most a second).
+    /// session's own rate control. Each connection's reader applies it at once.
     pub fn set_pacing_rate(&self, rate: Option<u64>) {
         let v = rate.map_or(u64::MAX, |r| r.clamp(1, u64::MAX - 1));
         self.shared.tuner.pace_external.store(v, Ordering::Relaxed);
+        for c in self.shared.state.lock().unwrap().conns.all.iter() {
+            c.repace.notify_one();
+        }
     }
 
     /// Commands the session lets in flight now (auto-tuning may grow it while it runs).
