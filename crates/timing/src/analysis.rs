@@ -148,6 +148,8 @@ pub struct Direction {
     pub packets: u64,
     pub data_packets: u64,
     pub payload_bytes: u64,
+    /// Data packets that end at or below the highest sequence already seen: retransmitted,
+    /// or reordered before the capture point.
     pub retransmits: u64,
     pub mss: Option<u32>,
     /// Payload over the time from its first to its last data packet.
@@ -1024,7 +1026,8 @@ mod tests {
                 ("t>i", 0x21, 7, None, 0),
             ]
         );
-        assert_eq!(r.connections[0].to_client.retransmits, 1);
+        // The reordered first segment and its copy both sit below the highest sequence seen.
+        assert_eq!(r.connections[0].to_client.retransmits, 2);
         let c = &i.commands[0];
         assert_eq!((c.op, c.read, c.length), (0x28, true, 8192));
         assert_eq!(c.first_answer.as_deref(), Some("DataIn"));
