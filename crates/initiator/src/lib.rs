@@ -328,6 +328,10 @@ impl SessionOptions {
             "cert" | "tls_cert" => self.tls_files.cert = Some(v.into()),
             "key" | "tls_key" => self.tls_files.key = Some(v.into()),
             "tls_name" => self.tls_files.server_name = Some(v.to_owned()),
+            "tls_suite" => {
+                net::tls::parse_suite(v).map_err(Error::Option)?;
+                self.tls_files.suite = Some(v.to_owned());
+            }
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
@@ -335,7 +339,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate, rate_control, tls, ca, pin, cert, key, tls_name"
+                     rate, rate_control, tls, ca, pin, cert, key, tls_name, tls_suite"
                 )))
             }
         }
