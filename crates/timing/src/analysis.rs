@@ -211,6 +211,8 @@ pub struct Iscsi {
     pub data_digest: bool,
     /// Why decoding stopped in a direction, if it did.
     pub stopped: Vec<String>,
+    /// Stretches of a stream the capture does not hold (dropped by the capturer), skipped.
+    pub holes: Vec<String>,
     pub decode_errors: u64,
 }
 
@@ -252,9 +254,14 @@ struct Reasm {
     decoder: PduDecoder,
     stopped: Option<String>,
     from_initiator: bool,
+    /// Holes in the stream the capture never filled, skipped to the next PDU start.
+    holes: Vec<String>,
 }
 
 const MAX_PENDING: usize = 64 << 20;
+/// A hole with this much of the stream captured after it is taken as lost by the capture
+/// (a sender's retransmission would have filled it long before).
+const HOLE_AFTER: usize = 4 << 20;
 
 impl Reasm {
     fn new(from_initiator: bool) -> Reasm {
@@ -270,6 +277,33 @@ impl Reasm {
             }),
             stopped: None,
             from_initiator,
+            holes: Vec::new(),
+        }
+    }
+
+    /// Skips a hole the capture left: drops what is buffered of the PDU it cut, and goes
+    /// on at the first segment after it that starts with a plausible PDU header.
+    fn skip_hole(&mut self) {
+        let Some(next) = self.next else { return };
+        let digests = self.decoder.digests();
+        while let Some((s, (p, t))) = self.pending.pop_first() {
+            self.pending_bytes -= p.len();
+            if self.plausible_bhs(&p) {
+                self.holes.push(format!(
+                    "stream bytes {next}..{s} not captured; the PDU they cut was skipped"
+                ));
+                self.buf.clear();
+                self.chunks.clear();
+                self.appended = 0;
+                self.decoder = PduDecoder::new(FrameLimits {
+                    max_recv_data_segment: 16_777_215,
+                });
+                self.decoder.set_digests(digests);
+                self.next = Some(s);
+                let len = p.len() as u32;
+                self.feed(s, &p, len, true, t);
+                return;
+            }
         }
     }
 
@@ -320,6 +354,9 @@ impl Reasm {
                 return;
             }
             self.pending.insert(seq, (payload.to_vec(), t));
+            if self.pending_bytes > HOLE_AFTER {
+                self.skip_hole();
+            }
             return;
         }
         self.append(&payload[(next - seq) as usize..], t);
@@ -621,26 +658,34 @@ impl Conn {
                 out.acks = Vec::new();
                 out.burst_sizes = Vec::new();
             }
-            (out, d.reasm.stopped)
-        });
-        let mut stopped = Vec::new();
-        for (i, (_, s)) in dirs.iter_mut().enumerate() {
-            if let Some(s) = s.take() {
-                stopped.push(format!(
-                    "{}: {s}",
-                    if i == 0 {
-                        "initiator→target"
-                    } else {
-                        "target→initiator"
-                    }
+            let mut stopped = d.reasm.stopped;
+            if stopped.is_none() && !d.reasm.pending.is_empty() {
+                stopped = Some(format!(
+                    "stream bytes from {} not captured (the capture dropped packets?)",
+                    d.reasm.next.unwrap_or(0)
                 ));
             }
+            (out, stopped, d.reasm.holes)
+        });
+        let mut stopped = Vec::new();
+        let mut holes = Vec::new();
+        for (i, (_, s, h)) in dirs.iter_mut().enumerate() {
+            let side = if i == 0 {
+                "initiator→target"
+            } else {
+                "target→initiator"
+            };
+            if let Some(s) = s.take() {
+                stopped.push(format!("{side}: {s}"));
+            }
+            holes.extend(h.drain(..).map(|x| format!("{side}: {x}")));
         }
-        let [(to_server, _), (to_client, _)] = dirs;
+        let [(to_server, _, _), (to_client, _, _)] = dirs;
         let has_iscsi = iscsi && (!self.iscsi.pdus.is_empty() || !stopped.is_empty());
         let iscsi = has_iscsi.then(|| {
             let mut i = std::mem::take(&mut self.iscsi);
             i.stopped = stopped;
+            i.holes = holes;
             for p in &mut i.pdus {
                 p.t_ns = p.t_ns.saturating_sub(origin);
                 p.t_end_ns = p.t_end_ns.saturating_sub(origin);
@@ -1084,6 +1129,41 @@ mod tests {
         let i = r.connections[0].iscsi.as_ref().unwrap();
         assert_eq!(i.pdus.len(), 1);
         assert_eq!(i.pdus[0].itt, 3);
+    }
+
+    #[test]
+    fn a_hole_the_capture_left_is_skipped_to_the_next_pdu() {
+        let mut cap = Cap::handshake(10_000);
+        let mut seq = CISN + 1;
+        let mut t = 100_000;
+        let dout = |itt: u32, n: usize| {
+            enc(
+                iscsi::pdu::DataOut {
+                    itt,
+                    data: Bytes::from(vec![1u8; n]),
+                    ..Default::default()
+                },
+                Digests::default(),
+            )
+        };
+        // A PDU whose end the capture lost, then 160 PDUs of 32 KiB (5 MiB).
+        let first = dout(1, 3000);
+        cap.push(t, true, seq, SISN.wrapping_add(1), &first[..1000]);
+        seq = seq.wrapping_add(first.len() as u32); // bytes 1000.. never captured
+        for i in 0..160 {
+            t += 1000;
+            let p = dout(100 + i, 32768);
+            cap.push(t, true, seq, SISN.wrapping_add(1), &p);
+            seq = seq.wrapping_add(p.len() as u32);
+        }
+        let r = cap.report(&Options::default());
+        let i = r.connections[0].iscsi.as_ref().unwrap();
+        assert_eq!(i.holes.len(), 1, "{:?}", i.holes);
+        assert!(i.holes[0].contains("not captured"), "{:?}", i.holes);
+        assert!(i.stopped.is_empty(), "{:?}", i.stopped);
+        assert_eq!(i.pdus.len(), 160);
+        assert_eq!(i.pdus[0].itt, 100);
+        assert_eq!(i.pdus[159].itt, 259);
     }
 
     #[test]

@@ -192,6 +192,9 @@ fn connection(s: &mut String, c: &Connection, pdus: usize) {
         for st in &i.stopped {
             let _ = writeln!(s, "    decoding stopped, {st}");
         }
+        for h in &i.holes {
+            let _ = writeln!(s, "    {h}");
+        }
         for p in i.pdus.iter().take(pdus) {
             let _ = writeln!(
                 s,
