@@ -156,7 +156,9 @@ fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
     t.stop();
     let dump_log = dump_log.join().unwrap();
     assert!(
-        dump_log.lines().any(|l| l.trim() == "0 packets dropped by kernel"),
+        dump_log
+            .lines()
+            .any(|l| l.trim() == "0 packets dropped by kernel"),
         "{dump_log}"
     );
 

@@ -38,6 +38,8 @@ pub struct PathSpec {
     pub rate_bps: Option<u64>,
     /// Seconds per measurement on this path.
     pub seconds: u64,
+    /// Only Reservoir in plaintext and with the first suite (the long R0 path).
+    pub reservoir_only: bool,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -64,6 +66,7 @@ impl Params {
             ],
             rate_bps: Some(1_000_000_000),
             seconds: if quick { 1 } else { 8 },
+            reservoir_only: false,
         };
         let lo = PathSpec {
             key: "loopback".into(),
@@ -71,6 +74,7 @@ impl Params {
             wan: Vec::new(),
             rate_bps: None,
             seconds: if quick { 1 } else { 8 },
+            reservoir_only: false,
         };
         let mut paths = vec![lo, gig];
         if !quick {
@@ -87,6 +91,7 @@ impl Params {
                 ],
                 rate_bps: Some(100_000_000),
                 seconds: 20,
+                reservoir_only: true,
             });
         }
         Params {
@@ -462,7 +467,12 @@ fn run_path(
         url: format!("iscsi://{a}:{RSV_PLAIN}/{IQN}/0"),
         tgt: false,
     }];
-    for s in &p.suites {
+    let suites = if path.reservoir_only {
+        &p.suites[..p.suites.len().min(1)]
+    } else {
+        &p.suites[..]
+    };
+    for s in suites {
         configs.push(Config {
             key: "reservoir-tls",
             label: format!("Reservoir, TLS {s}"),
@@ -498,6 +508,9 @@ fn run_path(
         tgt: true,
     });
 
+    if path.reservoir_only {
+        configs.retain(|c| !c.tgt);
+    }
     // tgt (file on tmpfs) and stunnel in front of it.
     let tgt = Tgt::start_at(
         &site.ns,

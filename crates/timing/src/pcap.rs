@@ -125,7 +125,7 @@ fn pcapng(buf: &[u8]) -> Result<Vec<Frame<'_>>, PcapError> {
         }
         let btype = e.u32(buf, at).unwrap_or(0);
         let len = e.u32(buf, at + 4).unwrap_or(0) as usize;
-        if len < 12 || len % 4 != 0 {
+        if len < 12 || !len.is_multiple_of(4) {
             return err(format!("pcapng: bad block length {len} at byte {at}"));
         }
         let Some(block) = buf.get(at..at + len) else {
