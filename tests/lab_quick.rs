@@ -1,4 +1,4 @@
-//! `rsv lab run r0 --quick`, `r1 --quick`, `r2 --quick` and `r4 --quick` through real
+//! `rsv lab run r0 --quick`, `r1 --quick`, `r2 --quick`, `r3 --quick` and `r4 --quick` through real
 //! emulated links: the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
 
 use std::path::{Path, PathBuf};
