@@ -382,6 +382,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tls_suite_option_names_a_tls13_suite() {
+        let mut o = SessionOptions::default();
+        o.set("tls_suite", "chacha20").unwrap();
+        assert_eq!(o.tls_files.suite.as_deref(), Some("chacha20"));
+        let e = o.set("tls_suite", "3des").unwrap_err().to_string();
+        assert!(e.contains("unknown TLS 1.3 suite \"3des\""), "{e}");
+    }
+
+    #[test]
     fn sizes_and_rates_in_options() {
         let mut o = SessionOptions::default();
         o.set("max_burst", "256k").unwrap();
