@@ -260,6 +260,30 @@ check_stunnel() {
   return "$rc"
 }
 
+check_tshark() {
+  # tshark must decode iSCSI, not only start: a one-packet capture (IPv4/TCP to port 3260
+  # carrying an immediate NOP-Out with ITT 0x12345678) written here is dissected and the
+  # opcode and ITT read back; tcpdump must list its interfaces (the tests capture with it).
+  quiet tcpdump --version || return 1
+  local dir="$scratch/tshark"
+  mkdir -p "$dir"
+  python3 - "$dir/nop.pcap" <<'PY' || return 1
+import struct, sys
+bhs = bytearray(48)
+bhs[0], bhs[1] = 0x40, 0x80
+bhs[16:20] = struct.pack(">I", 0x12345678)
+bhs[20:24] = b"\xff\xff\xff\xff"
+tcp = struct.pack(">HHIIBBHHH", 40000, 3260, 1, 1, 5 << 4, 0x18, 65535, 0, 0) + bytes(bhs)
+ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0,
+                 bytes([127, 0, 0, 1]), bytes([127, 0, 0, 1])) + tcp
+rec = struct.pack("<IIII", 1, 0, len(ip), len(ip)) + ip
+open(sys.argv[1], "wb").write(struct.pack("<IHHiIII", 0xa1b2c3d4, 2, 4, 0, 0, 65535, 101) + rec)
+PY
+  tshark -r "$dir/nop.pcap" -o iscsi.target_ports:3260 -Y iscsi -T fields \
+    -e iscsi.opcode -e iscsi.initiatortasktag >"$scratch/out" 2>&1 || return 1
+  grep -q "^0x00[[:space:]]0x12345678" "$scratch/out"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_cargo() { quiet cargo --version; }
@@ -277,6 +301,7 @@ TOOLS=(
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv lab run r2|check_gridftp"
   "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
+  "tshark and tcpdump|tshark tcpdump python3|captures and Wireshark's iSCSI dissector: rsv timing's PDU decoding is checked against it (tests/timing.rs)|check_tshark"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
   "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
   "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"

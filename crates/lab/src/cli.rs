@@ -88,6 +88,12 @@ pub const SCENARIOS: &[(&str, &str)] = &[
          cooperative pacing, iperf3 -P N, GridFTP -p N, qemu-img; per-stream throughput over time",
     ),
     (
+        "r3",
+        "R3: secure transport: 1 MiB sequential reads and writes on loopback, over 1 Gbit/s 1 ms \
+         and R0's link: Reservoir plaintext and TLS 1.3 (each suite), tgt plaintext and behind \
+         stunnel; throughput, CPU s/GB each side, sender bursts, plaintext/TLS timeline",
+    ),
+    (
         "r4",
         "R4: a media server reading a file in 32 KiB calls over 100 Mbit/s with 0-24 ms added \
          each way, receive windows 64K/128K/default: Reservoir's initiator (ext4 read in-process) \
@@ -202,6 +208,26 @@ pub fn run(args: LabArgs) -> Result<()> {
                             eprintln!("lab: wrote {}", d.display());
                         }
                     }
+                    "r3" => {
+                        let mut p = crate::r3::Params::new(quick);
+                        if let Some(s) = seconds {
+                            for path in &mut p.paths {
+                                path.seconds = s;
+                            }
+                        }
+                        crate::r3::run(p, quick, &out, command.clone())?;
+                        let r3_doc = match (&doc, no_doc, quick) {
+                            (Some(d), _, _) => Some(d.with_file_name("lab-r3.md")),
+                            (None, false, false) if Path::new("docs").is_dir() => {
+                                Some(PathBuf::from("docs/lab-r3.md"))
+                            }
+                            _ => None,
+                        };
+                        if let Some(d) = r3_doc {
+                            crate::r3::write_doc(&out, &d)?;
+                            eprintln!("lab: wrote {}", d.display());
+                        }
+                    }
                     "r4" => {
                         let mut p = crate::r4::Params::new(quick);
                         if !delay.is_empty() {
@@ -230,7 +256,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
-                _ if names == ["r2"] || names == ["r4"] => None,
+                _ if names == ["r2"] || names == ["r3"] || names == ["r4"] => None,
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

@@ -15,5 +15,6 @@ mod proc;
 mod r0;
 mod r1;
 mod r2;
+mod r3;
 mod r4;
 mod rtt;

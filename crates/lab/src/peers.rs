@@ -38,12 +38,17 @@ pub struct Tgt {
 impl Tgt {
     /// tgtd in `ns` with target 1 / LUN 1 on `backing` (a sparse file of `size` bytes).
     pub fn start(ns: &str, addr: Ipv4Addr, backing: &Path, size: u64, log: &Path) -> Result<Tgt> {
+        Self::start_at(ns, &format!("{addr}:{ISCSI_PORT}"), backing, size, log)
+    }
+
+    /// As [`Tgt::start`], listening on `portal` (ADDR:PORT).
+    pub fn start_at(ns: &str, portal: &str, backing: &Path, size: u64, log: &Path) -> Result<Tgt> {
         // The control socket lives in the file system, shared by every namespace; a port
         // of our own keeps clear of other tgtd instances on the machine.
         let control = 20000 + (std::process::id() % 9000) as u16;
         std::fs::File::create(backing)?.set_len(size)?;
         let mut cmd = in_ns(ns, "tgtd");
-        cmd.args(["-f", "--iscsi", &format!("portal={addr}:{ISCSI_PORT}")])
+        cmd.args(["-f", "--iscsi", &format!("portal={portal}")])
             .args(["-C", &control.to_string()]);
         let proc = Proc::spawn(cmd, "tgtd", log)?;
         let mut t = Tgt {

@@ -81,6 +81,10 @@ pub struct SessionFlags {
     /// The name the target's certificate must carry (default: the URL's host).
     #[arg(long, value_name = "NAME")]
     pub tls_name: Option<String>,
+    /// Offer only this TLS 1.3 cipher suite: aes128, aes256 or chacha20 (or its IANA
+    /// name, e.g. TLS13_AES_128_GCM_SHA256); default all three, the target choosing.
+    #[arg(long, value_name = "SUITE")]
+    pub tls_suite: Option<String>,
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
@@ -140,6 +144,7 @@ impl SessionFlags {
             ("cert", &self.tls_cert),
             ("key", &self.tls_key),
             ("tls_name", &self.tls_name),
+            ("tls_suite", &self.tls_suite),
         ] {
             if let Some(v) = value {
                 o.set(key, v)?;
