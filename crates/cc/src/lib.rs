@@ -215,7 +215,9 @@ unsafe extern "C" fn capture(_level: c_int, fmt: *const c_char, ap: *mut c_void)
             // The end of a verifier log is what explains a refusal; keep the last 64 KiB.
             if log.len() > 64 * 1024 {
                 let cut = log.len() - 32 * 1024;
-                let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(0);
+                let cut = (cut..log.len())
+                    .find(|&i| log.is_char_boundary(i))
+                    .unwrap_or(0);
                 log.drain(..cut);
             }
             log.push_str(&s);
@@ -607,7 +609,7 @@ pub fn current() -> Option<&'static Loaded> {
 }
 
 /// What `rsv tune` and `--json` show.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Status {
     /// Loaded by this process.
     pub loaded: bool,

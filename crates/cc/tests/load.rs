@@ -71,7 +71,10 @@ fn rsv_is_selected_paces_a_share_and_goes_with_its_loader() {
         Err(why) => panic!("rsv did not load: {why}"),
     };
     assert_eq!(loaded.name(), NAME);
-    assert!(rsv_cc::available(), "rsv not in tcp_available_congestion_control");
+    assert!(
+        rsv_cc::available(),
+        "rsv not in tcp_available_congestion_control"
+    );
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -129,7 +132,10 @@ fn rsv_is_selected_paces_a_share_and_goes_with_its_loader() {
         s.write_all(&chunk).unwrap();
         pacing = info(&s).1;
     }
-    eprintln!("share lifted: tcpi_pacing_rate {pacing} B/s after {:?}", start.elapsed());
+    eprintln!(
+        "share lifted: tcpi_pacing_rate {pacing} B/s after {:?}",
+        start.elapsed()
+    );
     assert_ne!(pacing, share, "BBR paces again once the share is lifted");
     drop(s);
     assert!(reader.join().unwrap() > 0);
@@ -157,7 +163,10 @@ fn a_second_loader_shares_the_name_and_the_settings() {
     let second = load().expect("a second load must not fail when the name is taken");
     assert!(first.registered_here() || second.registered_here() || rsv_cc::available());
     assert!(!(first.registered_here() && second.registered_here()));
-    assert!(second.shares_map(), "the second loader reuses the live settings map");
+    assert!(
+        second.shares_map(),
+        "the second loader reuses the live settings map"
+    );
 
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
