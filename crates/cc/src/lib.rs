@@ -173,22 +173,31 @@ fn open_lib() -> Result<Lib, String> {
             Ok(p)
         }
     };
-    // SAFETY (all transmutes): each symbol is the libbpf 1.x function of that name, whose
-    // C prototype the field's type restates.
+    /// A function pointer of type F at p.
+    ///
+    /// # Safety
+    /// p must be a function whose C prototype F restates.
+    unsafe fn func<F: Copy>(p: *mut c_void) -> F {
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: sizes checked; the caller vouches for the type.
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+    }
+    // SAFETY (every func): each symbol is the libbpf 1.x function of that name, whose C
+    // prototype the field's type restates.
     unsafe {
         Ok(Lib {
-            open_mem: std::mem::transmute(sym(c"bpf_object__open_mem")?),
-            load: std::mem::transmute(sym(c"bpf_object__load")?),
-            close: std::mem::transmute(sym(c"bpf_object__close")?),
-            find_map: std::mem::transmute(sym(c"bpf_object__find_map_by_name")?),
-            map_fd: std::mem::transmute(sym(c"bpf_map__fd")?),
-            map_flags: std::mem::transmute(sym(c"bpf_map__map_flags")?),
-            set_map_flags: std::mem::transmute(sym(c"bpf_map__set_map_flags")?),
-            reuse_fd: std::mem::transmute(sym(c"bpf_map__reuse_fd")?),
-            attach_struct_ops: std::mem::transmute(sym(c"bpf_map__attach_struct_ops")?),
-            link_disconnect: std::mem::transmute(sym(c"bpf_link__disconnect")?),
-            link_destroy: std::mem::transmute(sym(c"bpf_link__destroy")?),
-            set_print: std::mem::transmute(sym(c"libbpf_set_print")?),
+            open_mem: func(sym(c"bpf_object__open_mem")?),
+            load: func(sym(c"bpf_object__load")?),
+            close: func(sym(c"bpf_object__close")?),
+            find_map: func(sym(c"bpf_object__find_map_by_name")?),
+            map_fd: func(sym(c"bpf_map__fd")?),
+            map_flags: func(sym(c"bpf_map__map_flags")?),
+            set_map_flags: func(sym(c"bpf_map__set_map_flags")?),
+            reuse_fd: func(sym(c"bpf_map__reuse_fd")?),
+            attach_struct_ops: func(sym(c"bpf_map__attach_struct_ops")?),
+            link_disconnect: func(sym(c"bpf_link__disconnect")?),
+            link_destroy: func(sym(c"bpf_link__destroy")?),
+            set_print: func(sym(c"libbpf_set_print")?),
         })
     }
 }
