@@ -124,6 +124,17 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
             for rw in ["write", "read"] {
                 rows.push(r0::bench(&link, cc_url, c, rw, 0.0, params.seconds, dir)?);
             }
+            // With the link's rate declared: the start and the pacing the congestion
+            // control is given, against the kernel's BBR given the same.
+            for (base, u) in [(&cfg, &url), (c, cc_url)] {
+                let mut rated = base.clone();
+                rated.label =
+                    Box::leak(format!("{} --rate {}", base.label, params.rate).into_boxed_str());
+                rated.initiator_opts.push(format!("rate={}", params.rate));
+                for rw in ["write", "read"] {
+                    rows.push(r0::bench(&link, u, &rated, rw, 0.0, params.seconds, dir)?);
+                }
+            }
         }
         for row in rows {
             let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
