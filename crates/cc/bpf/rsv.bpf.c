@@ -9,7 +9,9 @@
  *    today's path stops counting when BBR leaves STARTUP (its delivery rate stops growing
  *    for three rounds), so it costs a few round trips, not the transfer.
  *  - share_rate: pacing exactly at share_rate, cwnd never below twice share x min RTT, so
- *    the window never holds the share back and the pacing alone sets the rate.
+ *    the window never holds the share back and the pacing alone sets the rate, while the
+ *    ACKs show no queue (RTT within 5/4 of the minimum); with a queue, BBR's own rate
+ *    capped at the share, until the queue drains.
  *  - RSV_NO_PROBE_RTT: the min-RTT sample is kept fresh, so this connection never enters
  *    PROBE_RTT (user space says another connection, or a known path, keeps the minimum).
  *  - loss without queue growth (the ACK's RTT within 5/4 of the minimum) does not cut
@@ -131,6 +133,7 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 	struct bbr *bbr = bbr_of(sk);
 	u32 flags = s ? s->flags : 0;
 	u32 mode, rtt;
+	bool queue;
 
 	if ((flags & RSV_NO_PROBE_RTT) && BPF_CORE_READ_BITFIELD(bbr, mode) != BBR_PROBE_RTT)
 		bbr->min_rtt_stamp = (u32)bpf_jiffies64();
@@ -141,17 +144,26 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 
 	mode = BPF_CORE_READ_BITFIELD(bbr, mode);
 	rtt = path_rtt(sk, s);
-	if (!(flags & RSV_BBR_LOSS) && rtt &&
+	/* A queue: this ACK's RTT is more than 5/4 of the minimum. */
+	queue = rtt && rs->rtt_us > 0 && (u64)rs->rtt_us * 4 > (u64)rtt * 5;
+	if (!(flags & RSV_BBR_LOSS) && rtt && rs->rtt_us > 0 && !queue &&
 	    (rs->losses > 0 ||
 	     BPF_CORE_READ_BITFIELD((struct inet_connection_sock *)sk, icsk_ca_state) >=
-		     TCP_CA_RECOVERY) &&
-	    rs->rtt_us > 0 && (u64)rs->rtt_us * 4 <= (u64)rtt * 5)
+		     TCP_CA_RECOVERY))
 		raise_cwnd(tp, window_for(tp, sk->sk_pacing_rate, rtt, mode == BBR_PROBE_BW ? 2 : 1));
 
+	/* The share is exact while the path holds it. A share above what the path carries
+	 * (user space's estimate too high, another flow arrived) builds a queue: then BBR's
+	 * own rate, at most the share, drains it, and the share returns with the minimum
+	 * RTT, instead of a standing overflow. */
 	if (s && s->share_rate) {
-		sk->sk_pacing_rate = s->share_rate;
-		if (rtt)
-			raise_cwnd(tp, window_for(tp, s->share_rate, rtt, 2));
+		if (!queue) {
+			sk->sk_pacing_rate = s->share_rate;
+			if (rtt)
+				raise_cwnd(tp, window_for(tp, s->share_rate, rtt, 2));
+		} else if (sk->sk_pacing_rate > s->share_rate) {
+			sk->sk_pacing_rate = s->share_rate;
+		}
 	}
 }
 
