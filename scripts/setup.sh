@@ -286,6 +286,26 @@ PY
 
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
+check_bpf() {
+  # The build compiles rsv's congestion control (crates/cc/bpf/rsv.bpf.c) with clang-14
+  # against libbpf-dev's headers; the loader opens libbpf.so.1 at run time. A trivial
+  # program that uses the same headers must compile to an object whose BTF bpftool reads,
+  # and the library must open.
+  local dir="$scratch/bpf"
+  mkdir -p "$dir"
+  printf '%s\n' 'typedef unsigned char __u8; typedef unsigned short __u16; typedef unsigned int __u32;' \
+    'typedef int __s32; typedef unsigned long long __u64; typedef long long __s64;' \
+    'typedef __u16 __be16; typedef __u32 __be32; typedef __u32 __wsum;' '#include <bpf/bpf_helpers.h>' \
+    'struct { __uint(type, 2); __uint(max_entries, 1); __type(key, int); __type(value, int); } m SEC(".maps");' \
+    'SEC("socket") int prog(void *ctx) { int k = 0; int *v = bpf_map_lookup_elem(&m, &k); return v ? *v : 0; }' \
+    'char _license[] SEC("license") = "GPL";' >"$dir/check.bpf.c"
+  quiet clang-14 -target bpf -O2 -g -c "$dir/check.bpf.c" -o "$dir/check.bpf.o" || return 1
+  quiet bpftool btf dump file "$dir/check.bpf.o" || return 1
+  grep -q "STRUCT" "$scratch/out" || return 1
+  quiet python3 -c 'import ctypes; ctypes.CDLL("libbpf.so.1").libbpf_major_version' || return 1
+  [ -r /sys/kernel/btf/vmlinux ] || { echo "no /sys/kernel/btf/vmlinux: rsv cannot load here" >"$scratch/out"; return 1; }
+}
+
 check_cargo() { quiet cargo --version; }
 
 # name | Debian packages | what Reservoir needs it for | check
@@ -308,6 +328,7 @@ TOOLS=(
   "curl|curl|rsv media's tests ask for byte ranges|check_curl"
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
+  "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 

@@ -365,6 +365,8 @@ pub(crate) struct Conn {
     pub ffp_pacing: std::sync::Mutex<Option<TargetPacing>>,
     /// The bytes that crossed the path, sampled, for a rate over a span.
     span: std::sync::Mutex<crate::tune::SpanRate>,
+    /// The congestion control the socket runs, as the kernel read it back after tuning.
+    pub congestion: std::sync::OnceLock<String>,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -421,6 +423,7 @@ impl Conn {
             repace: tokio::sync::Notify::new(),
             ffp_pacing: std::sync::Mutex::new(None),
             span: Default::default(),
+            congestion: std::sync::OnceLock::new(),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)

@@ -60,6 +60,14 @@ enum LabCommand {
         /// link time per transfer; r4: the time limit of each reader.
         #[arg(long)]
         seconds: Option<u64>,
+        /// r0 and rtt: also run Reservoir's rows with this congestion control at both ends
+        /// (`rsv`: Reservoir's own, loaded by the target and the initiator; needs root).
+        #[arg(long, value_name = "NAME")]
+        congestion: Option<String>,
+        /// r0: only the iperf3 references and Reservoir's rows (no study configurations,
+        /// qemu-img or tgt).
+        #[arg(long)]
+        reservoir_only: bool,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -128,6 +136,8 @@ pub fn run(args: LabArgs) -> Result<()> {
             rows,
             link_rate,
             delay,
+            congestion,
+            reservoir_only,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS.iter().map(|s| s.0).collect(),
@@ -157,6 +167,8 @@ pub fn run(args: LabArgs) -> Result<()> {
                         if let Some(s) = seconds {
                             p.seconds = s;
                         }
+                        p.congestion = congestion.clone();
+                        p.reservoir_only = reservoir_only;
                         crate::r0::run(p, quick, &out, command.clone())?;
                     }
                     "rtt" => {
@@ -167,6 +179,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         if let Some(s) = seconds {
                             p.seconds = s;
                         }
+                        p.congestion = congestion.clone();
                         crate::rtt::run(p, quick, &out, command.clone())?;
                     }
                     "r2" => {

@@ -11,12 +11,24 @@ pub const ISCSI_PORT: u16 = 3260;
 
 /// `rsv target` in `ns` listening on `addr`, with the TOML `config` (written to `dir`).
 pub fn rsv_target(ns: &str, addr: Ipv4Addr, config: &str, dir: &Path, tag: &str) -> Result<Proc> {
+    rsv_target_on(ns, addr, ISCSI_PORT, config, dir, tag)
+}
+
+/// As [`rsv_target`], on another port (a second target beside the first).
+pub fn rsv_target_on(
+    ns: &str,
+    addr: Ipv4Addr,
+    port: u16,
+    config: &str,
+    dir: &Path,
+    tag: &str,
+) -> Result<Proc> {
     let cfg = dir.join(format!("target-{tag}.toml"));
     std::fs::write(&cfg, config)?;
     let mut cmd = in_ns(ns, rsv_bin());
     cmd.arg("target")
         .arg("--listen")
-        .arg(format!("{addr}:{ISCSI_PORT}"))
+        .arg(format!("{addr}:{port}"))
         .arg("--data-dir")
         .arg(dir.join(format!("data-{tag}")))
         .arg("--config")

@@ -377,6 +377,12 @@ fn hosts(site: &Value) -> Result<Vec<Host>> {
 
 impl Link {
     pub fn up(name: &str, params: &[String], hosts_a: u32) -> Result<Link> {
+        // RSV_LAB_PREFIX keeps concurrent runs (several people on one machine) apart: the
+        // link's namespaces are PREFIXname-a/-b.
+        let name = &format!(
+            "{}{name}",
+            std::env::var("RSV_LAB_PREFIX").unwrap_or_default()
+        );
         // A link of the same name left by a killed run would make `up` fail.
         let _ = run_ok(Command::new(rsv_bin()).args(["wan", "down", "--name", name]));
         let mut link = Link {

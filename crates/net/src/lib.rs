@@ -9,6 +9,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use serde::Serialize;
 use socket2::SockRef;
 
+/// Reservoir's own congestion control, `rsv` (a BPF struct_ops; see `docs/congestion.md`).
+pub use rsv_cc as cc;
+
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
 pub mod tls;
@@ -63,7 +66,9 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
         }
     }
     if let Some(cc) = &tuning.congestion {
-        if let Err(e) = set_congestion(fd, cc) {
+        if cc == cc::NAME {
+            select_rsv(fd);
+        } else if let Err(e) = set_congestion(fd, cc) {
             applied.warnings.push(format!("TCP_CONGESTION {cc}: {e}"));
         }
     }
@@ -100,6 +105,39 @@ fn setsockopt_u32(fd: BorrowedFd<'_>, level: i32, name: i32, v: u32) -> io::Resu
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Selects `rsv` on a socket, loading it into the kernel at the process's first ask; where
+/// it cannot be loaded (not root, not built: logged once by `cc::get`) and no other process
+/// registered it, the socket runs the kernel's BBR (or CUBIC) as without it.
+fn select_rsv(fd: BorrowedFd<'_>) {
+    let selected = match cc::get() {
+        Ok(loaded) => loaded.select(fd),
+        Err(_) => set_congestion(fd, cc::NAME),
+    };
+    if let Err(e) = selected {
+        tracing::debug!("TCP_CONGESTION {}: {e}; the kernel's instead", cc::NAME);
+        if let Some(other) = preferred_congestion() {
+            let _ = set_congestion(fd, &other);
+        }
+    }
+}
+
+/// Tells `rsv` on this socket (when it runs it and this process loaded it) to start at and
+/// pace exactly to `bytes_per_sec`, without PROBE_RTT; `None` lifts both.
+fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
+    let Some(loaded) = cc::current() else { return };
+    if congestion(fd).ok().as_deref() != Some(cc::NAME) {
+        return;
+    }
+    let mut s = loaded.get(fd).ok().flatten().unwrap_or_default();
+    let rate = bytes_per_sec.unwrap_or(0);
+    s.start_rate = rate;
+    s.share_rate = rate;
+    s.no_probe_rtt = rate > 0;
+    if let Err(e) = loaded.set(fd, s) {
+        tracing::debug!("rsv settings: {e}");
     }
 }
 
@@ -142,9 +180,18 @@ pub fn congestion(fd: BorrowedFd<'_>) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&s[..end]).into_owned())
 }
 
-/// Bytes per second. The kernel takes a u64 since 4.13 but older ones a u32; u64 is tried
-/// first.
+/// Bytes per second (`u64::MAX`: no limit). The kernel takes a u64 since 4.13 but older
+/// ones a u32; u64 is tried first. On a socket that runs `rsv`, the rate is also its
+/// share: it starts there and paces exactly to it.
 pub fn set_pacing_rate(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> io::Result<()> {
+    let r = set_max_pacing_rate(fd, bytes_per_sec);
+    if r.is_ok() {
+        share_to_rsv(fd, (bytes_per_sec != u64::MAX).then_some(bytes_per_sec));
+    }
+    r
+}
+
+fn set_max_pacing_rate(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> io::Result<()> {
     // SAFETY: the option value is a u64 owned by this frame.
     let rc = unsafe {
         libc::setsockopt(

@@ -92,6 +92,12 @@ pub struct SessionInfo {
     pub error_recovery_level: u8,
     pub queue_depth: usize,
     pub congestion: Option<String>,
+    /// The congestion control each live connection runs (by CID order), as the kernel
+    /// read it back.
+    pub congestion_by_connection: Vec<String>,
+    /// Whether this process loaded Reservoir's own congestion control `rsv`, and if not
+    /// why (`docs/congestion.md`).
+    pub rsv: net::cc::Status,
     pub send_buffer: usize,
     pub recv_buffer: usize,
     /// What auto-tuning measured and chose (absent when it was off).
@@ -228,6 +234,16 @@ impl Session {
         info.queue_depth = self.queue_depth();
         info.tuning = self.shared.tuner.plan.clone();
         info.path = Shared::path(&st.conns.all);
+        let mut by_cid: Vec<(u16, String)> = st
+            .conns
+            .all
+            .iter()
+            .filter(|c| c.is_alive())
+            .map(|c| (c.cid, c.congestion.get().cloned().unwrap_or_default()))
+            .collect();
+        by_cid.sort();
+        info.congestion_by_connection = by_cid.into_iter().map(|(_, c)| c).collect();
+        info.rsv = net::cc::status();
         let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
         let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {
             0 => None,
