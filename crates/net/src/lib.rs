@@ -65,11 +65,11 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
             }
         }
     }
-    if let Some(cc) = &tuning.congestion {
-        if cc == cc::NAME {
-            select_rsv(fd);
-        } else if let Err(e) = set_congestion(fd, cc) {
-            applied.warnings.push(format!("TCP_CONGESTION {cc}: {e}"));
+    if let Some(list) = &tuning.congestion {
+        if let Err(why) = select_congestion(fd, list) {
+            applied
+                .warnings
+                .push(format!("TCP_CONGESTION {list}: {why}"));
         }
     }
     if let Some(rate) = tuning.pacing_rate {
@@ -108,19 +108,42 @@ fn setsockopt_u32(fd: BorrowedFd<'_>, level: i32, name: i32, v: u32) -> io::Resu
     }
 }
 
-/// Selects `rsv` on a socket, loading it into the kernel at the process's first ask; where
-/// it cannot be loaded (not root, not built: logged once by `cc::get`) and no other process
-/// registered it, the socket runs the kernel's BBR (or CUBIC) as without it.
-fn select_rsv(fd: BorrowedFd<'_>) {
-    let selected = match cc::get() {
-        Ok(loaded) => loaded.select(fd),
-        Err(_) => set_congestion(fd, cc::NAME),
-    };
-    if let Err(e) = selected {
-        tracing::debug!("TCP_CONGESTION {}: {e}; the kernel's instead", cc::NAME);
+/// Selects the first congestion control of `list` (names separated by commas, e.g.
+/// `rsv,cubic`) that the socket takes. Where none does and `rsv` was among them (not
+/// root, not built: logged once by `cc::get`), the socket runs the kernel's preferred one
+/// (BBR, else CUBIC) as without it, which is no error; otherwise the reasons are.
+pub fn select_congestion(fd: BorrowedFd<'_>, list: &str) -> Result<(), String> {
+    let mut why = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let r = if name == cc::NAME {
+            select_rsv(fd)
+        } else {
+            set_congestion(fd, name)
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) => why.push(format!("{name}: {e}")),
+        }
+    }
+    if list.split(',').any(|n| n.trim() == cc::NAME) {
+        tracing::debug!(
+            "TCP_CONGESTION {list}: {}; the kernel's instead",
+            why.join("; ")
+        );
         if let Some(other) = preferred_congestion() {
             let _ = set_congestion(fd, &other);
         }
+        return Ok(());
+    }
+    Err(why.join("; "))
+}
+
+/// Selects `rsv` on a socket, loading it into the kernel at the process's first ask, or
+/// as another process registered it.
+fn select_rsv(fd: BorrowedFd<'_>) -> io::Result<()> {
+    match cc::get() {
+        Ok(loaded) => loaded.select(fd),
+        Err(_) => set_congestion(fd, cc::NAME),
     }
 }
 
@@ -523,6 +546,18 @@ mod tests {
         // Never more than the explicit maximum.
         let c = choose_buffer(usize::MAX / 4, 4 << 20, 8 << 20, true);
         assert_eq!(c.bytes, Some(MAX_EXPLICIT_BUFFER));
+    }
+
+    #[test]
+    fn a_congestion_list_takes_the_first_the_socket_takes() {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let fd = s.as_fd();
+        // "reno" is built into every kernel; the first name is not.
+        assert_eq!(select_congestion(fd, "no-such-cc, reno"), Ok(()));
+        assert_eq!(congestion(fd).unwrap(), "reno");
+        let e = select_congestion(fd, "no-such-cc").unwrap_err();
+        assert!(e.starts_with("no-such-cc: "), "{e}");
+        assert_eq!(congestion(fd).unwrap(), "reno");
     }
 
     #[test]
