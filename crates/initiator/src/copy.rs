@@ -286,6 +286,33 @@ pub enum CopyError {
     Mismatch { chunks: usize, first_offset: u64 },
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
+    /// A chunk failed (a session that could not be recovered in its `recovery_timeout`,
+    /// a file error): no chunk was started after it, those in flight were waited for, and
+    /// everything below `copied_prefix_bytes` was written and acknowledged. Copying again
+    /// from there ([`CopyOptions::start_offset`]) finishes the copy.
+    #[error("copy interrupted: {bytes} bytes copied, the first {copied_prefix_bytes} of {total_bytes} all done{}", if *.flushed { "" } else { " (acknowledged, but the destination could not be flushed)" })]
+    Interrupted {
+        source: Box<CopyError>,
+        /// Bytes this run copied.
+        bytes: u64,
+        total_bytes: u64,
+        copied_prefix_bytes: u64,
+        /// Whether the destination was flushed after the failure.
+        flushed: bool,
+    },
+}
+
+impl CopyError {
+    /// Where a copy that ended with this error can be resumed from, if it can.
+    pub fn resume_offset(&self) -> Option<u64> {
+        match self {
+            CopyError::Interrupted {
+                copied_prefix_bytes,
+                ..
+            } => Some(*copied_prefix_bytes),
+            _ => None,
+        }
+    }
 }
 
 /// Copies `src` to `dst` (from `opts.start_offset` to the end of `src`), calling
@@ -329,6 +356,7 @@ pub async fn copy(
     let mut set: JoinSet<Result<(u64, u64, bool), CopyError>> = JoinSet::new();
     let mut off = start_at;
     let mut stopped = false;
+    let mut failed: Option<CopyError> = None;
     while (off < size && !stopped) || !set.is_empty() {
         stopped |= deadline.is_some_and(|d| Instant::now() >= d);
         qd = qd.max(queue_depth());
@@ -363,23 +391,46 @@ pub async fn copy(
                 .unwrap_or(None),
             None => set.join_next().await,
         };
-        if let Some(r) = joined {
-            let (at, len, zero) = r??;
-            done[((at - start_at) / io) as usize] = true;
-            copied += len;
-            if zero {
-                skipped += len;
+        match joined {
+            Some(Ok(Ok((at, len, zero)))) => {
+                done[((at - start_at) / io) as usize] = true;
+                copied += len;
+                if zero {
+                    skipped += len;
+                }
+                progress(Progress::new(Phase::Copy, copied, todo, start));
             }
-            progress(Progress::new(Phase::Copy, copied, todo, start));
+            // The first failure stops the copy; the chunks in flight are waited for (they
+            // share the failed session and end soon), so that the prefix is known.
+            Some(Ok(Err(e))) => {
+                failed.get_or_insert(e);
+                stopped = true;
+            }
+            Some(Err(e)) => {
+                failed.get_or_insert(CopyError::Task(e));
+                stopped = true;
+            }
+            None => {}
         }
     }
-    dst.flush().await.map_err(CopyError::Flush)?;
-    let seconds = start.elapsed().as_secs_f64();
-    let complete = copied == todo;
     let copied_prefix_bytes = done
         .iter()
         .position(|d| !d)
         .map_or(size, |i| start_at + i as u64 * io);
+    if let Some(source) = failed {
+        // Worth a try: the failure may have been the source's.
+        let flushed = dst.flush().await.is_ok();
+        return Err(CopyError::Interrupted {
+            source: Box::new(source),
+            bytes: copied,
+            total_bytes: size,
+            copied_prefix_bytes,
+            flushed,
+        });
+    }
+    dst.flush().await.map_err(CopyError::Flush)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let complete = copied == todo;
     let checksum = if opts.verify && complete {
         Some(verify(src, dst, io, qd, &mut progress).await?)
     } else {

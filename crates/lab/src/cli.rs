@@ -53,6 +53,16 @@ enum LabCommand {
         /// link time per transfer; r4: the time limit of each reader.
         #[arg(long)]
         seconds: Option<u64>,
+        /// cuts: how long each break lasts, in seconds (default 5,30,120; --quick 4).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
+        cut: Vec<u64>,
+        /// cuts: only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
+        /// cp-get-erl0, sync; cut, restart), e.g. cp-put-erl0:cut,sync:restart.
+        #[arg(long, value_delimiter = ',')]
+        case: Vec<String>,
+        /// cuts: bytes each transfer moves (default 64M; --quick 32M).
+        #[arg(long, value_parser = units::parse_size)]
+        size: Option<u64>,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -87,6 +97,12 @@ pub const SCENARIOS: &[(&str, &str)] = &[
          against Samba (smbclient); start-of-stream latency through rsv media",
     ),
     (
+        "cuts",
+        "cut links and restarted targets mid-copy: rsv cp (to the LUN and back, ERL 2 and 0) \
+         and rsv sync over R0's link, the link cut or the target SIGKILLed for 5, 30, 120 s; \
+         each must end byte-identical, at once or resumed (not part of `all`)",
+    ),
+    (
         "rtt",
         "RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults \
          writing and reading, as a share of the link",
@@ -113,9 +129,16 @@ pub fn run(args: LabArgs) -> Result<()> {
             seconds,
             disk_servers,
             delay,
+            cut,
+            case,
+            size,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
-                "all" => SCENARIOS.iter().map(|s| s.0).collect(),
+                "all" => SCENARIOS
+                    .iter()
+                    .map(|s| s.0)
+                    .filter(|s| *s != "cuts")
+                    .collect(),
                 s if SCENARIOS.iter().any(|x| x.0 == s) => vec![s],
                 s => bail!("unknown scenario {s:?}; `rsv lab list` names them"),
             };
@@ -178,6 +201,33 @@ pub fn run(args: LabArgs) -> Result<()> {
                             eprintln!("lab: wrote {}", d.display());
                         }
                     }
+                    "cuts" => {
+                        let mut p = crate::cuts::Params::new(quick);
+                        if !cut.is_empty() {
+                            p.durations = cut.clone();
+                        }
+                        if let Some(s) = size {
+                            p.size = s.max(1 << 20) & !((1 << 20) - 1);
+                        }
+                        if !case.is_empty() {
+                            p.cases = case
+                                .iter()
+                                .map(|c| match c.split_once(':') {
+                                    Some((f, e)) => Ok((f.to_owned(), e.to_owned())),
+                                    None => bail!("--case {c}: expected TRANSFER:BREAK"),
+                                })
+                                .collect::<Result<_>>()?;
+                        }
+                        let r = crate::cuts::run(p, &out, command.clone())?;
+                        print!("{}", crate::cuts::table(&r));
+                        println!(
+                            "loadavg before: {}  after: {}",
+                            r.loadavg_before, r.loadavg_after
+                        );
+                        if !r.all_identical() {
+                            bail!("not every case ended byte-identical (see the table)");
+                        }
+                    }
                     "r4" => {
                         let mut p = crate::r4::Params::new(quick);
                         if !delay.is_empty() {
@@ -206,7 +256,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
-                _ if names == ["r2"] || names == ["r4"] => None,
+                _ if names == ["r2"] || names == ["r4"] || names == ["cuts"] => None,
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

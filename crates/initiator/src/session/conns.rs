@@ -25,6 +25,11 @@ pub(super) struct ConnSet {
     pub(super) params: SessionParams,
     pub(super) info: Option<SessionInfo>,
     pub(super) closed: bool,
+    /// The last reinstatement that gave up: the generation it tried to replace, when it
+    /// gave up, and why. Commands that were already waiting for it fail with it instead of
+    /// each trying again for as long (with a queue of 32, a cut link would otherwise hold
+    /// a copy for 32 recovery timeouts); a command that comes later tries afresh.
+    pub(super) failed: Option<(u64, std::time::Instant, u32, String)>,
 }
 
 impl ConnSet {
@@ -37,6 +42,7 @@ impl ConnSet {
             params: SessionParams::default(),
             info: None,
             closed: false,
+            failed: None,
         }
     }
 

@@ -42,6 +42,7 @@ pub(super) enum Loss {
 impl Shared {
     /// Reinstates the session unless another task already did since generation `gen`.
     pub(super) async fn recover(self: &Arc<Self>, gen: u64, why: &str) -> Result<()> {
+        let entered = Instant::now();
         let _g = self.recovery.lock().await;
         {
             let mut st = self.state.lock().unwrap();
@@ -50,6 +51,15 @@ impl Shared {
             }
             if st.conns.gen != gen {
                 return Ok(());
+            }
+            // Another task's reinstatement gave up while this one waited for it.
+            if let Some((g, at, attempts, last)) = &st.conns.failed {
+                if *g == gen && *at >= entered {
+                    return Err(Error::RecoveryFailed {
+                        attempts: *attempts,
+                        last: last.clone(),
+                    });
+                }
             }
             for c in &st.conns.all {
                 c.kill();
@@ -72,10 +82,16 @@ impl Shared {
                     return Err(e)
                 }
                 Err(e) if Instant::now() + delay > deadline => {
-                    return Err(Error::RecoveryFailed {
-                        attempts,
-                        last: e.to_string(),
-                    })
+                    let last = e.to_string();
+                    tracing::warn!(
+                        "session to {} not reinstated after {attempts} attempts in {:.0} s \
+                         (recovery_timeout): {last}",
+                        self.target,
+                        self.opts.recovery_timeout.as_secs_f64()
+                    );
+                    self.state.lock().unwrap().conns.failed =
+                        Some((gen, Instant::now(), attempts, last.clone()));
+                    return Err(Error::RecoveryFailed { attempts, last });
                 }
                 Err(e) => {
                     tracing::debug!("reinstatement attempt {attempts}: {e}");
