@@ -4,7 +4,9 @@
 //!
 //! Chunks finish out of order; what a copy stopped by its time limit can be resumed from
 //! is the prefix every chunk of which is done ([`CopyReport::copied_prefix_bytes`]), given
-//! back as [`CopyOptions::start_offset`]. Progress goes to a callback, never to a
+//! back as [`CopyOptions::start_offset`]. A chunk that fails (its session not recovered
+//! within `recovery_timeout`, a file error) stops the copy the same way, as
+//! [`CopyError::Interrupted`] with that prefix. Progress goes to a callback, never to a
 //! terminal.
 
 use std::os::unix::fs::FileExt;
@@ -509,4 +511,74 @@ pub async fn verify(
         all.extend_from_slice(&c.to_be_bytes());
     }
     Ok(crc32c::crc32c(&all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("rsv-copy-{}-{name}", std::process::id()))
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
+    }
+
+    /// A source that fails past 5 MiB: the copy stops, waits for what is in flight, and
+    /// says that the first 5 MiB are done; resumed there once the source reads again, it
+    /// ends with the destination equal to the source.
+    #[test]
+    fn a_failure_leaves_a_resumable_prefix() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (src_path, dst_path) = (scratch("src"), scratch("dst"));
+        let whole = pattern(8 << 20);
+        std::fs::write(&src_path, &whole[..5 << 20]).unwrap();
+        // The source claims 8 MiB but holds 5: reading chunk 5 fails.
+        let src = Endpoint::File {
+            file: Arc::new(std::fs::File::open(&src_path).unwrap()),
+            size: 8 << 20,
+        };
+        let (dst, _) = Endpoint::create_file(&dst_path, 8 << 20, true).unwrap();
+        let opts = CopyOptions {
+            queue_depth: Some(2),
+            ..CopyOptions::default()
+        };
+        let err = rt
+            .block_on(copy(&src, &dst, &opts, |_| {}))
+            .expect_err("the source fails");
+        assert_eq!(err.resume_offset(), Some(5 << 20), "{err}");
+        let CopyError::Interrupted {
+            ref source,
+            flushed,
+            ..
+        } = err
+        else {
+            panic!("{err:?}")
+        };
+        assert!(flushed);
+        assert!(
+            matches!(**source, CopyError::Read { offset, .. } if offset >= 5 << 20),
+            "{source:?}"
+        );
+        assert!(
+            err.to_string().contains("the first 5242880 of 8388608"),
+            "{err}"
+        );
+        std::fs::write(&src_path, &whole).unwrap();
+        let src = Endpoint::open_file(&src_path).unwrap();
+        let opts = CopyOptions {
+            start_offset: 5 << 20,
+            ..opts
+        };
+        let r = rt.block_on(copy(&src, &dst, &opts, |_| {})).unwrap();
+        assert!(r.complete);
+        assert_eq!(r.bytes, 3 << 20);
+        assert!(std::fs::read(&dst_path).unwrap() == whole);
+        let _ = std::fs::remove_file(&src_path);
+        let _ = std::fs::remove_file(&dst_path);
+    }
 }

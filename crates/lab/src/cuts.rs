@@ -115,6 +115,8 @@ pub struct CaseResult {
     pub outcome: String,
     /// The first command's exit status and, when it failed, its last words.
     pub first_exit: Option<i32>,
+    /// Seconds from the break to the first command's end.
+    pub first_end_s: f64,
     pub error: String,
     /// From the mend (link back, target ready) to the first progress after it.
     pub recover_s: Option<f64>,
@@ -236,13 +238,9 @@ fn progress_of(path: &Path, key: &str) -> u64 {
 }
 
 fn tx_bytes(link: &Link, dir: &str) -> u64 {
-    let out = proc::run_ok(Command::new(rsv_bin()).args([
-        "wan",
-        "stats",
-        "--name",
-        &link.name,
-        "--json",
-    ]))
+    let out = proc::run_ok(
+        Command::new(rsv_bin()).args(["wan", "stats", "--name", &link.name, "--json"]),
+    )
     .unwrap_or_default();
     let v: Value = serde_json::from_str(&out).unwrap_or_default();
     let d = if v[dir].is_object() {
@@ -511,15 +509,23 @@ impl Lab<'_> {
         let mended: Arc<Mutex<Option<(Instant, u64)>>> = Arc::default();
         let recovered: Arc<Mutex<Option<Instant>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        // The file whose progress counts: the first run's, then the resume's (any
+        // progress of which is a recovery).
+        let watched: Arc<Mutex<(PathBuf, bool)>> = Arc::new(Mutex::new((pfile.clone(), false)));
         let watcher = {
-            let (mended, recovered, stop, pfile) =
-                (mended.clone(), recovered.clone(), stop.clone(), pfile.clone());
+            let (mended, recovered, stop, watched) = (
+                mended.clone(),
+                recovered.clone(),
+                stop.clone(),
+                watched.clone(),
+            );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let m = *mended.lock().unwrap();
+                    let (file, resumed) = watched.lock().unwrap().clone();
                     if let Some((_, at)) = m {
-                        if recovered.lock().unwrap().is_none() && progress_of(&pfile, key) > at
-                        {
+                        let floor = if resumed { 0 } else { at };
+                        if recovered.lock().unwrap().is_none() && progress_of(&file, key) > floor {
                             *recovered.lock().unwrap() = Some(Instant::now());
                         }
                     }
@@ -527,6 +533,7 @@ impl Lab<'_> {
                 }
             })
         };
+        let broken = Instant::now();
         let loss = self.p.loss.clone();
         match event {
             "cut" => {
@@ -546,11 +553,11 @@ impl Lab<'_> {
         let deadline = Instant::now() + self.p.grace;
         let code = run.wait_until(deadline, || {})?;
         res.first_exit = code;
+        res.first_end_s = broken.elapsed().as_secs_f64();
         // A resumable end: cp's exit 4 with its prefix, a failed sync run again.
-        let summary: Value = serde_json::from_str(
-            &std::fs::read_to_string(&run.out).unwrap_or_default(),
-        )
-        .unwrap_or_default();
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(&run.out).unwrap_or_default())
+                .unwrap_or_default();
         for (k, slot) in [
             ("retries", &mut res.retries),
             ("reassigned_tasks", &mut res.reassigned_tasks),
@@ -576,6 +583,7 @@ impl Lab<'_> {
                 &self.dir,
                 self.next(),
             )?;
+            *watched.lock().unwrap() = (progress_file(&again), true);
             let c2 = again.wait_until(Instant::now() + self.p.grace, || {})?;
             if c2 == Some(0) {
                 ok = true;
@@ -636,7 +644,12 @@ pub fn table(r: &Results) -> String {
     for c in &r.cases {
         let mut notes = Vec::new();
         if let Some(off) = c.resumed_from {
-            notes.push(format!("resumed from {off}"));
+            notes.push(format!(
+                "exit {} {:.0} s after the break, resumed from {} MiB",
+                c.first_exit.unwrap_or(-1),
+                c.first_end_s,
+                off >> 20
+            ));
         }
         for (k, v) in [
             ("reassigned", c.reassigned_tasks),
@@ -649,7 +662,10 @@ pub fn table(r: &Results) -> String {
             }
         }
         if !c.error.is_empty() {
-            notes.push(format!("first run: {}", proc::tail(&c.error, 160)));
+            // The cause, without the resume hint that follows it.
+            let e = c.error.split(" | rsv cp: to go on").next().unwrap_or("");
+            let e = e.rsplit("all done: ").next().unwrap_or(e);
+            notes.push(proc::tail(e, 160).to_owned());
         }
         s += &format!(
             "{:<12} {:<8} {:>5}  {:<20} {:>9} {:>8.1} {:>11}  {}\n",
