@@ -680,6 +680,8 @@ fn target_at(
             return (child, iqn);
         }
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("rsv target on {portal} exited before ready");
 }
 
