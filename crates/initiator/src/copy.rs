@@ -23,6 +23,9 @@ use crate::{Error, Lun, Result};
 /// source's last is whole blocks of any LUN (512 or 4096 bytes).
 pub const ALIGN: u64 = 4096;
 
+/// How long a copy that failed tries to flush its destination before it reports.
+const FLUSH_AFTER_FAILURE: Duration = Duration::from_secs(10);
+
 /// One side of a copy.
 #[derive(Clone)]
 pub enum Endpoint {
@@ -420,8 +423,11 @@ pub async fn copy(
         .position(|d| !d)
         .map_or(size, |i| start_at + i as u64 * io);
     if let Some(source) = failed {
-        // Worth a try: the failure may have been the source's.
-        let flushed = dst.flush().await.is_ok();
+        // Worth a try (the failure may have been the source's), but not another
+        // recovery_timeout of a session that just failed.
+        let flushed = tokio::time::timeout(FLUSH_AFTER_FAILURE, dst.flush())
+            .await
+            .is_ok_and(|r| r.is_ok());
         return Err(CopyError::Interrupted {
             source: Box::new(source),
             bytes: copied,

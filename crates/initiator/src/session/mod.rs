@@ -296,6 +296,7 @@ impl Session {
     /// A status other than GOOD is returned as a result, not an error.
     pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
         let _slot = self.shared.slots.acquire().await?;
+        let began = Instant::now();
         let mut attempts = 0;
         let mut unit_attentions = 0;
         let mut plug = None;
@@ -323,7 +324,7 @@ impl Session {
                 Err(Attempt::Lost { gen, why, sent }) => {
                     match self.shared.after_conn_loss(sent).await {
                         Some(p) => plug = p,
-                        None => self.shared.recover(gen, &why).await?,
+                        None => self.shared.recover(gen, &why, began).await?,
                     }
                 }
             }

@@ -41,8 +41,15 @@ pub(super) enum Loss {
 
 impl Shared {
     /// Reinstates the session unless another task already did since generation `gen`.
-    pub(super) async fn recover(self: &Arc<Self>, gen: u64, why: &str) -> Result<()> {
-        let entered = Instant::now();
+    /// A reinstatement that gave up after `began` (when the caller's command was issued)
+    /// is the caller's answer too: a command under way while the session could not be
+    /// recovered fails with it rather than start another `recovery_timeout` of attempts.
+    pub(super) async fn recover(
+        self: &Arc<Self>,
+        gen: u64,
+        why: &str,
+        began: Instant,
+    ) -> Result<()> {
         let _g = self.recovery.lock().await;
         {
             let mut st = self.state.lock().unwrap();
@@ -52,9 +59,9 @@ impl Shared {
             if st.conns.gen != gen {
                 return Ok(());
             }
-            // Another task's reinstatement gave up while this one waited for it.
+            // Another task's reinstatement gave up while this command was under way.
             if let Some((g, at, attempts, last)) = &st.conns.failed {
-                if *g == gen && *at >= entered {
+                if *g == gen && *at >= began {
                     return Err(Error::RecoveryFailed {
                         attempts: *attempts,
                         last: last.clone(),
