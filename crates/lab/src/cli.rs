@@ -63,6 +63,10 @@ enum LabCommand {
         /// cuts: bytes each transfer moves (default 64M; --quick 32M).
         #[arg(long, value_parser = units::parse_size)]
         size: Option<u64>,
+        /// cuts: the emulated link's name (default rel-cuts, --quick rel-cq), so that two
+        /// runs can go side by side.
+        #[arg(long)]
+        link_name: Option<String>,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -132,6 +136,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             cut,
             case,
             size,
+            link_name,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS
@@ -205,6 +210,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                         let mut p = crate::cuts::Params::new(quick);
                         if !cut.is_empty() {
                             p.durations = cut.clone();
+                        }
+                        if let Some(n) = &link_name {
+                            p.link_name = n.clone();
                         }
                         if let Some(s) = size {
                             p.size = s.max(1 << 20) & !((1 << 20) - 1);

@@ -310,6 +310,8 @@ impl Running {
 
     fn stderr_tail(&self) -> String {
         let e = std::fs::read_to_string(&self.err).unwrap_or_default();
+        // A Rust tool's error comes before its backtrace (RUST_BACKTRACE=1).
+        let e = e.split("\nStack backtrace:").next().unwrap_or("");
         let lines: Vec<&str> = e
             .lines()
             .filter(|l| !l.trim_start().starts_with('{') && !l.trim().is_empty())
