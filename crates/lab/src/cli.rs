@@ -18,11 +18,13 @@ pub struct LabArgs {
     command: LabCommand,
 }
 
+// Parsed once per process: the size of the Run variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1, rtt, r2, r4 or all.
+    /// Run a scenario: r0, r1, rtt, r2, r4, cuts, or all (all but cuts).
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
