@@ -126,7 +126,7 @@ pub struct CaseResult {
     /// without a break.
     pub wire_bytes: u64,
     pub extra_wire_bytes: i64,
-    /// Resumed from this offset (cp) or by running the sync again.
+    /// Resumed from this offset (cp); 0 for a sync run again (from its `--state`).
     pub resumed_from: Option<u64>,
     pub retries: Option<u64>,
     pub reassigned_tasks: Option<u64>,
@@ -647,10 +647,14 @@ pub fn table(r: &Results) -> String {
         let mut notes = Vec::new();
         if let Some(off) = c.resumed_from {
             notes.push(format!(
-                "exit {} {:.0} s after the break, resumed from {} MiB",
+                "exit {} {:.0} s after the break, {}",
                 c.first_exit.unwrap_or(-1),
                 c.first_end_s,
-                off >> 20
+                if c.flow == "sync" {
+                    "run again".to_owned()
+                } else {
+                    format!("resumed from {} MiB", off >> 20)
+                }
             ));
         }
         for (k, v) in [
