@@ -295,8 +295,10 @@ impl Session {
     /// connection loss (after recovery), on UNIT ATTENTION and on BUSY/TASK SET FULL.
     /// A status other than GOOD is returned as a result, not an error.
     pub async fn command(&self, lun: u16, cdb: &[u8], dir: DataDir) -> Result<ScsiResult> {
-        let _slot = self.shared.slots.acquire().await?;
+        // Before the wait for a slot: a command queued behind a session that could not be
+        // recovered fails with it (see `recover`).
         let began = Instant::now();
+        let _slot = self.shared.slots.acquire().await?;
         let mut attempts = 0;
         let mut unit_attentions = 0;
         let mut plug = None;
