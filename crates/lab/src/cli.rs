@@ -18,11 +18,13 @@ pub struct LabArgs {
     command: LabCommand,
 }
 
+// Parsed once per process: the size of the Run variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1, rtt, r2, r4 or all.
+    /// Run a scenario: r0, r1, rtt, r2, r4, cuts, or all (all but cuts).
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
@@ -68,6 +70,20 @@ enum LabCommand {
         /// qemu-img or tgt).
         #[arg(long)]
         reservoir_only: bool,
+        /// cuts: how long each break lasts, in seconds (default 5,30,120; --quick 4).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
+        cut: Vec<u64>,
+        /// cuts: only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
+        /// cp-get-erl0, sync; cut, restart), e.g. cp-put-erl0:cut,sync:restart.
+        #[arg(long, value_delimiter = ',')]
+        case: Vec<String>,
+        /// cuts: bytes each transfer moves (default 64M; --quick 32M).
+        #[arg(long, value_parser = units::parse_size)]
+        size: Option<u64>,
+        /// cuts: the emulated link's name (default rel-cuts, --quick rel-cq), so that two
+        /// runs can go side by side.
+        #[arg(long)]
+        link_name: Option<String>,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -108,6 +124,12 @@ pub const SCENARIOS: &[(&str, &str)] = &[
          against Samba (smbclient); start-of-stream latency through rsv media",
     ),
     (
+        "cuts",
+        "cut links and restarted targets mid-copy: rsv cp (to the LUN and back, ERL 2 and 0) \
+         and rsv sync over R0's link, the link cut or the target SIGKILLed for 5, 30, 120 s; \
+         each must end byte-identical, at once or resumed (not part of `all`)",
+    ),
+    (
         "rtt",
         "RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults \
          writing and reading, as a share of the link",
@@ -138,9 +160,17 @@ pub fn run(args: LabArgs) -> Result<()> {
             delay,
             congestion,
             reservoir_only,
+            cut,
+            case,
+            size,
+            link_name,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
-                "all" => SCENARIOS.iter().map(|s| s.0).collect(),
+                "all" => SCENARIOS
+                    .iter()
+                    .map(|s| s.0)
+                    .filter(|s| *s != "cuts")
+                    .collect(),
                 s if SCENARIOS.iter().any(|x| x.0 == s) => vec![s],
                 s => bail!("unknown scenario {s:?}; `rsv lab list` names them"),
             };
@@ -241,6 +271,36 @@ pub fn run(args: LabArgs) -> Result<()> {
                             eprintln!("lab: wrote {}", d.display());
                         }
                     }
+                    "cuts" => {
+                        let mut p = crate::cuts::Params::new(quick);
+                        if !cut.is_empty() {
+                            p.durations = cut.clone();
+                        }
+                        if let Some(n) = &link_name {
+                            p.link_name = n.clone();
+                        }
+                        if let Some(s) = size {
+                            p.size = s.max(1 << 20) & !((1 << 20) - 1);
+                        }
+                        if !case.is_empty() {
+                            p.cases = case
+                                .iter()
+                                .map(|c| match c.split_once(':') {
+                                    Some((f, e)) => Ok((f.to_owned(), e.to_owned())),
+                                    None => bail!("--case {c}: expected TRANSFER:BREAK"),
+                                })
+                                .collect::<Result<_>>()?;
+                        }
+                        let r = crate::cuts::run(p, &out, command.clone())?;
+                        print!("{}", crate::cuts::table(&r));
+                        println!(
+                            "loadavg before: {}  after: {}",
+                            r.loadavg_before, r.loadavg_after
+                        );
+                        if !r.all_identical() {
+                            bail!("not every case ended byte-identical (see the table)");
+                        }
+                    }
                     "r4" => {
                         let mut p = crate::r4::Params::new(quick);
                         if !delay.is_empty() {
@@ -269,7 +329,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
-                _ if names == ["r2"] || names == ["r3"] || names == ["r4"] => None,
+                _ if names == ["r2"] || names == ["r3"] || names == ["r4"] || names == ["cuts"] => {
+                    None
+                }
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

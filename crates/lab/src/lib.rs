@@ -7,6 +7,7 @@
 
 mod busy;
 pub mod cli;
+mod cuts;
 mod doc;
 mod env;
 mod peers;

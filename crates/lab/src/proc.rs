@@ -118,6 +118,14 @@ impl Proc {
         }
     }
 
+    /// SIGKILL at once (a crash, as the cuts scenario needs), and the exit reaped.
+    pub fn sigkill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// SIGTERM, a grace period, then SIGKILL.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

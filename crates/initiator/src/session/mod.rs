@@ -332,6 +332,9 @@ impl Session {
         dir: DataDir,
         again_on_attention: bool,
     ) -> Result<ScsiResult> {
+        // Before the wait for a slot: a command queued behind a session that could not be
+        // recovered fails with it (see `recover`).
+        let began = Instant::now();
         let _slot = self.shared.slots.acquire().await?;
         let mut attempts = 0;
         let mut unit_attentions = 0;
@@ -360,7 +363,7 @@ impl Session {
                 Err(Attempt::Lost { gen, why, sent }) => {
                     match self.shared.after_conn_loss(sent).await {
                         Some(p) => plug = p,
-                        None => self.shared.recover(gen, &why).await?,
+                        None => self.shared.recover(gen, &why, began).await?,
                     }
                 }
             }
