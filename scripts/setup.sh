@@ -260,7 +260,51 @@ check_stunnel() {
   return "$rc"
 }
 
+check_tshark() {
+  # tshark must decode iSCSI, not only start: a one-packet capture (IPv4/TCP to port 3260
+  # carrying an immediate NOP-Out with ITT 0x12345678) written here is dissected and the
+  # opcode and ITT read back; tcpdump must list its interfaces (the tests capture with it).
+  quiet tcpdump --version || return 1
+  local dir="$scratch/tshark"
+  mkdir -p "$dir"
+  python3 - "$dir/nop.pcap" <<'PY' || return 1
+import struct, sys
+bhs = bytearray(48)
+bhs[0], bhs[1] = 0x40, 0x80
+bhs[16:20] = struct.pack(">I", 0x12345678)
+bhs[20:24] = b"\xff\xff\xff\xff"
+tcp = struct.pack(">HHIIBBHHH", 40000, 3260, 1, 1, 5 << 4, 0x18, 65535, 0, 0) + bytes(bhs)
+ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0,
+                 bytes([127, 0, 0, 1]), bytes([127, 0, 0, 1])) + tcp
+rec = struct.pack("<IIII", 1, 0, len(ip), len(ip)) + ip
+open(sys.argv[1], "wb").write(struct.pack("<IHHiIII", 0xa1b2c3d4, 2, 4, 0, 0, 65535, 101) + rec)
+PY
+  tshark -r "$dir/nop.pcap" -o iscsi.target_ports:3260 -Y iscsi -T fields \
+    -e iscsi.opcode -e iscsi.initiatortasktag >"$scratch/out" 2>&1 || return 1
+  grep -q "^0x00[[:space:]]0x12345678" "$scratch/out"
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
+
+check_bpf() {
+  # The build compiles rsv's congestion control (crates/cc/bpf/rsv.bpf.c) with clang-14
+  # against libbpf-dev's headers; the loader opens libbpf.so.1 at run time. A trivial
+  # program that uses the same headers must compile to an object whose BTF bpftool reads,
+  # and the library must open.
+  local dir="$scratch/bpf"
+  mkdir -p "$dir"
+  printf '%s\n' 'typedef unsigned char __u8; typedef unsigned short __u16; typedef unsigned int __u32;' \
+    'typedef int __s32; typedef unsigned long long __u64; typedef long long __s64;' \
+    'typedef __u16 __be16; typedef __u32 __be32; typedef __u32 __wsum;' '#include <bpf/bpf_helpers.h>' \
+    'struct { __uint(type, 2); __uint(max_entries, 1); __type(key, int); __type(value, int); } m SEC(".maps");' \
+    'SEC("socket") int prog(void *ctx) { int k = 0; int *v = bpf_map_lookup_elem(&m, &k); return v ? *v : 0; }' \
+    'char _license[] SEC("license") = "GPL";' >"$dir/check.bpf.c"
+  quiet clang-14 -target bpf -O2 -g -c "$dir/check.bpf.c" -o "$dir/check.bpf.o" || return 1
+  quiet bpftool btf dump file "$dir/check.bpf.o" || return 1
+  grep -q "STRUCT" "$scratch/out" || return 1
+  quiet python3 -c 'import ctypes; ctypes.CDLL("libbpf.so.1").libbpf_major_version' || return 1
+  [ -r /sys/kernel/btf/vmlinux ] || { echo "no /sys/kernel/btf/vmlinux: rsv cannot load here" >"$scratch/out"; return 1; }
+}
 
 check_cargo() { quiet cargo --version; }
 
@@ -277,12 +321,14 @@ TOOLS=(
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
   "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv lab run r2|check_gridftp"
   "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
+  "tshark and tcpdump|tshark tcpdump python3|captures and Wireshark's iSCSI dissector: rsv timing's PDU decoding is checked against it (tests/timing.rs)|check_tshark"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
   "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
   "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"
   "curl|curl|rsv media's tests ask for byte ranges|check_curl"
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
+  "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
 )
 

@@ -1,4 +1,4 @@
-//! `rsv lab run r0 --quick`, `r1 --quick`, `r2 --quick` and `r4 --quick` through real
+//! `rsv lab run r0 --quick`, `r1 --quick`, `r2 --quick`, `r3 --quick` and `r4 --quick` through real
 //! emulated links: the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
 
 use std::path::{Path, PathBuf};
@@ -294,4 +294,56 @@ fn lab_quick_r4() {
         "cold {cold} ms, warm {warm} ms"
     );
     assert!(!links_left("lr4-"), "the lab left namespaces behind");
+}
+
+#[test]
+fn lab_quick_r3() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["tcpdump", "stunnel", "openssl"]) {
+        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r3: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r3", out);
+    for f in ["r3.csv", "r3.json", "r3-timeline.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r3.csv"));
+    // Two paths, reads, four configurations (one TLS suite).
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for path in ["loopback", "1gbit-1ms"] {
+        for config in [
+            "reservoir-plain",
+            "reservoir-tls",
+            "tgt-plain",
+            "tgt-stunnel",
+        ] {
+            let r = rows
+                .iter()
+                .find(|r| r["path"] == path && r["config"] == config)
+                .unwrap_or_else(|| panic!("no {config} row on {path}"));
+            assert!(r["error"].is_empty(), "{r:?}");
+            assert!(num(r, "bytes") > 0.0 && num(r, "mb_per_s") > 0.0, "{r:?}");
+            assert!(num(r, "target_cpu_s_per_gb") > 0.0, "{r:?}");
+            assert!(num(r, "initiator_cpu_s_per_gb") > 0.0, "{r:?}");
+            // The sender's bursts were captured and measured.
+            assert!(num(r, "burst_median_segments") >= 1.0, "{r:?}");
+            if config.ends_with("tls") || config.ends_with("stunnel") {
+                assert_eq!(r["suite"], "TLS13_AES_128_GCM_SHA256", "{r:?}");
+            }
+            if config == "tgt-stunnel" {
+                assert!(num(r, "tunnel_cpu_s_per_gb") > 0.0, "{r:?}");
+            }
+            if path == "1gbit-1ms" {
+                assert!(num(r, "mb_per_s") < 126.0, "faster than the link: {r:?}");
+            }
+        }
+    }
+    assert!(!links_left("r3-"), "the lab left namespaces behind");
 }

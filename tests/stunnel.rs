@@ -6,7 +6,7 @@
 mod common;
 
 #[path = "../crates/tools/tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod peers;
 
 use std::io::{BufRead, BufReader};

@@ -357,10 +357,16 @@ pub(crate) struct Conn {
     pub target_pacing: TargetPacing,
     /// Pacing rate set on this socket by the session's rate control (0: none).
     pub applied_pace: AtomicU64,
+    /// Wakes the reader to apply a pacing rate set from outside now, not at its next
+    /// sample: the share (and with `rsv`, the start) must reach the socket before the
+    /// first data, not a second into it.
+    pub repace: tokio::sync::Notify,
     /// The target's last answer to a pacing hint in full feature phase.
     pub ffp_pacing: std::sync::Mutex<Option<TargetPacing>>,
     /// The bytes that crossed the path, sampled, for a rate over a span.
     span: std::sync::Mutex<crate::tune::SpanRate>,
+    /// The congestion control the socket runs, as the kernel read it back after tuning.
+    pub congestion: std::sync::OnceLock<String>,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -414,8 +420,10 @@ impl Conn {
             path: std::sync::Mutex::new(None),
             target_pacing,
             applied_pace: AtomicU64::new(0),
+            repace: tokio::sync::Notify::new(),
             ffp_pacing: std::sync::Mutex::new(None),
             span: Default::default(),
+            congestion: std::sync::OnceLock::new(),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)

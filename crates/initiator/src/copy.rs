@@ -4,7 +4,9 @@
 //!
 //! Chunks finish out of order; what a copy stopped by its time limit can be resumed from
 //! is the prefix every chunk of which is done ([`CopyReport::copied_prefix_bytes`]), given
-//! back as [`CopyOptions::start_offset`]. Progress goes to a callback, never to a
+//! back as [`CopyOptions::start_offset`]. A chunk that fails (its session not recovered
+//! within `recovery_timeout`, a file error) stops the copy the same way, as
+//! [`CopyError::Interrupted`] with that prefix. Progress goes to a callback, never to a
 //! terminal.
 
 use std::os::unix::fs::FileExt;
@@ -20,6 +22,9 @@ use crate::{Error, Lun, Result};
 /// Chunk sizes and resume offsets are multiples of this, so that every chunk but the
 /// source's last is whole blocks of any LUN (512 or 4096 bytes).
 pub const ALIGN: u64 = 4096;
+
+/// How long a copy that failed tries to flush its destination before it reports.
+const FLUSH_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// One side of a copy.
 #[derive(Clone)]
@@ -286,6 +291,33 @@ pub enum CopyError {
     Mismatch { chunks: usize, first_offset: u64 },
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
+    /// A chunk failed (a session that could not be recovered in its `recovery_timeout`,
+    /// a file error): no chunk was started after it, those in flight were waited for, and
+    /// everything below `copied_prefix_bytes` was written and acknowledged. Copying again
+    /// from there ([`CopyOptions::start_offset`]) finishes the copy.
+    #[error("copy interrupted: {bytes} bytes copied, the first {copied_prefix_bytes} of {total_bytes} all done{}", if *.flushed { "" } else { " (acknowledged, but the destination could not be flushed)" })]
+    Interrupted {
+        source: Box<CopyError>,
+        /// Bytes this run copied.
+        bytes: u64,
+        total_bytes: u64,
+        copied_prefix_bytes: u64,
+        /// Whether the destination was flushed after the failure.
+        flushed: bool,
+    },
+}
+
+impl CopyError {
+    /// Where a copy that ended with this error can be resumed from, if it can.
+    pub fn resume_offset(&self) -> Option<u64> {
+        match self {
+            CopyError::Interrupted {
+                copied_prefix_bytes,
+                ..
+            } => Some(*copied_prefix_bytes),
+            _ => None,
+        }
+    }
 }
 
 /// Copies `src` to `dst` (from `opts.start_offset` to the end of `src`), calling
@@ -329,6 +361,7 @@ pub async fn copy(
     let mut set: JoinSet<Result<(u64, u64, bool), CopyError>> = JoinSet::new();
     let mut off = start_at;
     let mut stopped = false;
+    let mut failed: Option<CopyError> = None;
     while (off < size && !stopped) || !set.is_empty() {
         stopped |= deadline.is_some_and(|d| Instant::now() >= d);
         qd = qd.max(queue_depth());
@@ -363,23 +396,49 @@ pub async fn copy(
                 .unwrap_or(None),
             None => set.join_next().await,
         };
-        if let Some(r) = joined {
-            let (at, len, zero) = r??;
-            done[((at - start_at) / io) as usize] = true;
-            copied += len;
-            if zero {
-                skipped += len;
+        match joined {
+            Some(Ok(Ok((at, len, zero)))) => {
+                done[((at - start_at) / io) as usize] = true;
+                copied += len;
+                if zero {
+                    skipped += len;
+                }
+                progress(Progress::new(Phase::Copy, copied, todo, start));
             }
-            progress(Progress::new(Phase::Copy, copied, todo, start));
+            // The first failure stops the copy; the chunks in flight are waited for (they
+            // share the failed session and end soon), so that the prefix is known.
+            Some(Ok(Err(e))) => {
+                failed.get_or_insert(e);
+                stopped = true;
+            }
+            Some(Err(e)) => {
+                failed.get_or_insert(CopyError::Task(e));
+                stopped = true;
+            }
+            None => {}
         }
     }
-    dst.flush().await.map_err(CopyError::Flush)?;
-    let seconds = start.elapsed().as_secs_f64();
-    let complete = copied == todo;
     let copied_prefix_bytes = done
         .iter()
         .position(|d| !d)
         .map_or(size, |i| start_at + i as u64 * io);
+    if let Some(source) = failed {
+        // Worth a try (the failure may have been the source's), but not another
+        // recovery_timeout of a session that just failed.
+        let flushed = tokio::time::timeout(FLUSH_AFTER_FAILURE, dst.flush())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        return Err(CopyError::Interrupted {
+            source: Box::new(source),
+            bytes: copied,
+            total_bytes: size,
+            copied_prefix_bytes,
+            flushed,
+        });
+    }
+    dst.flush().await.map_err(CopyError::Flush)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let complete = copied == todo;
     let checksum = if opts.verify && complete {
         Some(verify(src, dst, io, qd, &mut progress).await?)
     } else {
@@ -458,4 +517,74 @@ pub async fn verify(
         all.extend_from_slice(&c.to_be_bytes());
     }
     Ok(crc32c::crc32c(&all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("rsv-copy-{}-{name}", std::process::id()))
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
+    }
+
+    /// A source that fails past 5 MiB: the copy stops, waits for what is in flight, and
+    /// says that the first 5 MiB are done; resumed there once the source reads again, it
+    /// ends with the destination equal to the source.
+    #[test]
+    fn a_failure_leaves_a_resumable_prefix() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (src_path, dst_path) = (scratch("src"), scratch("dst"));
+        let whole = pattern(8 << 20);
+        std::fs::write(&src_path, &whole[..5 << 20]).unwrap();
+        // The source claims 8 MiB but holds 5: reading chunk 5 fails.
+        let src = Endpoint::File {
+            file: Arc::new(std::fs::File::open(&src_path).unwrap()),
+            size: 8 << 20,
+        };
+        let (dst, _) = Endpoint::create_file(&dst_path, 8 << 20, true).unwrap();
+        let opts = CopyOptions {
+            queue_depth: Some(2),
+            ..CopyOptions::default()
+        };
+        let err = rt
+            .block_on(copy(&src, &dst, &opts, |_| {}))
+            .expect_err("the source fails");
+        assert_eq!(err.resume_offset(), Some(5 << 20), "{err}");
+        let CopyError::Interrupted {
+            ref source,
+            flushed,
+            ..
+        } = err
+        else {
+            panic!("{err:?}")
+        };
+        assert!(flushed);
+        assert!(
+            matches!(**source, CopyError::Read { offset, .. } if offset >= 5 << 20),
+            "{source:?}"
+        );
+        assert!(
+            err.to_string().contains("the first 5242880 of 8388608"),
+            "{err}"
+        );
+        std::fs::write(&src_path, &whole).unwrap();
+        let src = Endpoint::open_file(&src_path).unwrap();
+        let opts = CopyOptions {
+            start_offset: 5 << 20,
+            ..opts
+        };
+        let r = rt.block_on(copy(&src, &dst, &opts, |_| {})).unwrap();
+        assert!(r.complete);
+        assert_eq!(r.bytes, 3 << 20);
+        assert!(std::fs::read(&dst_path).unwrap() == whole);
+        let _ = std::fs::remove_file(&src_path);
+        let _ = std::fs::remove_file(&dst_path);
+    }
 }

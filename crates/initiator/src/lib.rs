@@ -335,6 +335,10 @@ impl SessionOptions {
             "cert" | "tls_cert" => self.tls_files.cert = Some(v.into()),
             "key" | "tls_key" => self.tls_files.key = Some(v.into()),
             "tls_name" => self.tls_files.server_name = Some(v.to_owned()),
+            "tls_suite" => {
+                net::tls::parse_suite(v).map_err(Error::Option)?;
+                self.tls_files.suite = Some(v.to_owned());
+            }
             _ => {
                 return Err(Error::Option(format!(
                     "unknown option {key}; known: connections, queue_depth, header_digest, \
@@ -342,7 +346,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate, rate_control, tls, ca, pin, cert, key, tls_name"
+                     rate, rate_control, tls, ca, pin, cert, key, tls_name, tls_suite"
                 )))
             }
         }
@@ -383,6 +387,15 @@ impl SessionOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_suite_option_names_a_tls13_suite() {
+        let mut o = SessionOptions::default();
+        o.set("tls_suite", "chacha20").unwrap();
+        assert_eq!(o.tls_files.suite.as_deref(), Some("chacha20"));
+        let e = o.set("tls_suite", "3des").unwrap_err().to_string();
+        assert!(e.contains("unknown TLS 1.3 suite \"3des\""), "{e}");
+    }
 
     #[test]
     fn sizes_and_rates_in_options() {

@@ -18,11 +18,13 @@ pub struct LabArgs {
     command: LabCommand,
 }
 
+// Parsed once per process: the size of the Run variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum LabCommand {
     /// Name the scenarios.
     List,
-    /// Run a scenario: r0, r1, rtt, r2, r4 or all.
+    /// Run a scenario: r0, r1, rtt, r2, r4, cuts, or all (all but cuts).
     Run {
         scenario: String,
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
@@ -60,6 +62,28 @@ enum LabCommand {
         /// link time per transfer; r4: the time limit of each reader.
         #[arg(long)]
         seconds: Option<u64>,
+        /// r0 and rtt: also run Reservoir's rows with this congestion control at both ends
+        /// (`rsv`: Reservoir's own, loaded by the target and the initiator; needs root).
+        #[arg(long, value_name = "NAME")]
+        congestion: Option<String>,
+        /// r0: only the iperf3 references and Reservoir's rows (no study configurations,
+        /// qemu-img or tgt).
+        #[arg(long)]
+        reservoir_only: bool,
+        /// cuts: how long each break lasts, in seconds (default 5,30,120; --quick 4).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
+        cut: Vec<u64>,
+        /// cuts: only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
+        /// cp-get-erl0, sync; cut, restart), e.g. cp-put-erl0:cut,sync:restart.
+        #[arg(long, value_delimiter = ',')]
+        case: Vec<String>,
+        /// cuts: bytes each transfer moves (default 64M; --quick 32M).
+        #[arg(long, value_parser = units::parse_size)]
+        size: Option<u64>,
+        /// cuts: the emulated link's name (default rel-cuts, --quick rel-cq), so that two
+        /// runs can go side by side.
+        #[arg(long)]
+        link_name: Option<String>,
     },
     /// Rewrite the result document from results already on disk (--out docs/lab-r4.md:
     /// R4's).
@@ -89,10 +113,22 @@ pub const SCENARIOS: &[(&str, &str)] = &[
          cooperative pacing, iperf3 -P N, GridFTP -p N, qemu-img; per-stream throughput over time",
     ),
     (
+        "r3",
+        "R3: secure transport: 1 MiB sequential reads and writes on loopback, over 1 Gbit/s 1 ms \
+         and R0's link: Reservoir plaintext and TLS 1.3 (each suite), tgt plaintext and behind \
+         stunnel; throughput, CPU s/GB each side, sender bursts, plaintext/TLS timeline",
+    ),
+    (
         "r4",
         "R4: a media server reading a file in 32 KiB calls over 100 Mbit/s with 0-24 ms added \
          each way, receive windows 64K/128K/default: Reservoir's initiator (ext4 read in-process) \
          against Samba (smbclient); start-of-stream latency through rsv media",
+    ),
+    (
+        "cuts",
+        "cut links and restarted targets mid-copy: rsv cp (to the LUN and back, ERL 2 and 0) \
+         and rsv sync over R0's link, the link cut or the target SIGKILLed for 5, 30, 120 s; \
+         each must end byte-identical, at once or resumed (not part of `all`)",
     ),
     (
         "rtt",
@@ -130,9 +166,19 @@ pub fn run(args: LabArgs) -> Result<()> {
             rows,
             link_rate,
             delay,
+            congestion,
+            reservoir_only,
+            cut,
+            case,
+            size,
+            link_name,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
-                "all" => SCENARIOS.iter().map(|s| s.0).collect(),
+                "all" => SCENARIOS
+                    .iter()
+                    .map(|s| s.0)
+                    .filter(|s| *s != "cuts")
+                    .collect(),
                 s if SCENARIOS.iter().any(|x| x.0 == s) => vec![s],
                 s => bail!("unknown scenario {s:?}; `rsv lab list` names them"),
             };
@@ -159,6 +205,8 @@ pub fn run(args: LabArgs) -> Result<()> {
                         if let Some(s) = seconds {
                             p.seconds = s;
                         }
+                        p.congestion = congestion.clone();
+                        p.reservoir_only = reservoir_only;
                         crate::r0::run(p, quick, &out, command.clone())?;
                     }
                     "rtt" => {
@@ -169,6 +217,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         if let Some(s) = seconds {
                             p.seconds = s;
                         }
+                        p.congestion = congestion.clone();
                         crate::rtt::run(p, quick, &out, command.clone())?;
                     }
                     "r2" => {
@@ -210,6 +259,56 @@ pub fn run(args: LabArgs) -> Result<()> {
                             eprintln!("lab: wrote {}", d.display());
                         }
                     }
+                    "r3" => {
+                        let mut p = crate::r3::Params::new(quick);
+                        if let Some(s) = seconds {
+                            for path in &mut p.paths {
+                                path.seconds = s;
+                            }
+                        }
+                        crate::r3::run(p, quick, &out, command.clone())?;
+                        let r3_doc = match (&doc, no_doc, quick) {
+                            (Some(d), _, _) => Some(d.with_file_name("lab-r3.md")),
+                            (None, false, false) if Path::new("docs").is_dir() => {
+                                Some(PathBuf::from("docs/lab-r3.md"))
+                            }
+                            _ => None,
+                        };
+                        if let Some(d) = r3_doc {
+                            crate::r3::write_doc(&out, &d)?;
+                            eprintln!("lab: wrote {}", d.display());
+                        }
+                    }
+                    "cuts" => {
+                        let mut p = crate::cuts::Params::new(quick);
+                        if !cut.is_empty() {
+                            p.durations = cut.clone();
+                        }
+                        if let Some(n) = &link_name {
+                            p.link_name = n.clone();
+                        }
+                        if let Some(s) = size {
+                            p.size = s.max(1 << 20) & !((1 << 20) - 1);
+                        }
+                        if !case.is_empty() {
+                            p.cases = case
+                                .iter()
+                                .map(|c| match c.split_once(':') {
+                                    Some((f, e)) => Ok((f.to_owned(), e.to_owned())),
+                                    None => bail!("--case {c}: expected TRANSFER:BREAK"),
+                                })
+                                .collect::<Result<_>>()?;
+                        }
+                        let r = crate::cuts::run(p, &out, command.clone())?;
+                        print!("{}", crate::cuts::table(&r));
+                        println!(
+                            "loadavg before: {}  after: {}",
+                            r.loadavg_before, r.loadavg_after
+                        );
+                        if !r.all_identical() {
+                            bail!("not every case ended byte-identical (see the table)");
+                        }
+                    }
                     "r4" => {
                         let mut p = crate::r4::Params::new(quick);
                         if !delay.is_empty() {
@@ -238,7 +337,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                 eprintln!("lab: {name} results in {}", out.display());
             }
             let doc = match (doc, no_doc, quick) {
-                _ if names == ["r2"] || names == ["r4"] => None,
+                _ if names == ["r2"] || names == ["r3"] || names == ["r4"] || names == ["cuts"] => {
+                    None
+                }
                 (Some(d), _, _) => Some(d),
                 (None, false, false) if Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))

@@ -7,6 +7,7 @@
 
 mod busy;
 pub mod cli;
+mod cuts;
 mod doc;
 mod env;
 mod peers;
@@ -15,5 +16,6 @@ mod proc;
 mod r0;
 mod r1;
 mod r2;
+mod r3;
 mod r4;
 mod rtt;

@@ -11,12 +11,24 @@ pub const ISCSI_PORT: u16 = 3260;
 
 /// `rsv target` in `ns` listening on `addr`, with the TOML `config` (written to `dir`).
 pub fn rsv_target(ns: &str, addr: Ipv4Addr, config: &str, dir: &Path, tag: &str) -> Result<Proc> {
+    rsv_target_on(ns, addr, ISCSI_PORT, config, dir, tag)
+}
+
+/// As [`rsv_target`], on another port (a second target beside the first).
+pub fn rsv_target_on(
+    ns: &str,
+    addr: Ipv4Addr,
+    port: u16,
+    config: &str,
+    dir: &Path,
+    tag: &str,
+) -> Result<Proc> {
     let cfg = dir.join(format!("target-{tag}.toml"));
     std::fs::write(&cfg, config)?;
     let mut cmd = in_ns(ns, rsv_bin());
     cmd.arg("target")
         .arg("--listen")
-        .arg(format!("{addr}:{ISCSI_PORT}"))
+        .arg(format!("{addr}:{port}"))
         .arg("--data-dir")
         .arg(dir.join(format!("data-{tag}")))
         .arg("--config")
@@ -38,12 +50,17 @@ pub struct Tgt {
 impl Tgt {
     /// tgtd in `ns` with target 1 / LUN 1 on `backing` (a sparse file of `size` bytes).
     pub fn start(ns: &str, addr: Ipv4Addr, backing: &Path, size: u64, log: &Path) -> Result<Tgt> {
+        Self::start_at(ns, &format!("{addr}:{ISCSI_PORT}"), backing, size, log)
+    }
+
+    /// As [`Tgt::start`], listening on `portal` (ADDR:PORT).
+    pub fn start_at(ns: &str, portal: &str, backing: &Path, size: u64, log: &Path) -> Result<Tgt> {
         // The control socket lives in the file system, shared by every namespace; a port
         // of our own keeps clear of other tgtd instances on the machine.
         let control = 20000 + (std::process::id() % 9000) as u16;
         std::fs::File::create(backing)?.set_len(size)?;
         let mut cmd = in_ns(ns, "tgtd");
-        cmd.args(["-f", "--iscsi", &format!("portal={addr}:{ISCSI_PORT}")])
+        cmd.args(["-f", "--iscsi", &format!("portal={portal}")])
             .args(["-C", &control.to_string()]);
         let proc = Proc::spawn(cmd, "tgtd", log)?;
         let mut t = Tgt {

@@ -84,6 +84,11 @@ impl Proc {
         })
     }
 
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn alive(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
@@ -110,6 +115,14 @@ impl Proc {
                 );
             }
             sleep(Duration::from_millis(50))?;
+        }
+    }
+
+    /// SIGKILL at once (a crash, as the cuts scenario needs), and the exit reaped.
+    pub fn sigkill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 

@@ -26,6 +26,12 @@ pub struct Params {
     /// in `seconds`, from the iperf3 CUBIC reference at the same point).
     pub qemu_max_bytes: u64,
     pub reads: bool,
+    /// Also run the Reservoir rows (default and `--rate`) with this congestion control at
+    /// both ends (`rsv`: Reservoir's own, docs/congestion.md).
+    pub congestion: Option<String>,
+    /// Only the iperf3 references and the Reservoir rows (no study configurations, no
+    /// qemu-img, no tgt).
+    pub reservoir_only: bool,
 }
 
 impl Params {
@@ -43,6 +49,8 @@ impl Params {
             qemu_max_bytes: if quick { 16 << 20 } else { 256 << 20 },
             // Reads double the time; the quick version leaves them out.
             reads: !quick,
+            congestion: None,
+            reservoir_only: false,
         }
     }
 }
@@ -85,7 +93,28 @@ pub fn linux_default_tcp() -> Vec<(String, String)> {
     )
 }
 
-pub fn configs() -> Vec<IscsiConfig> {
+/// The configurations of a point: the study's, Reservoir's, and Reservoir's again with
+/// congestion control `cc` at both ends when given.
+pub fn configs(cc: Option<&str>) -> Vec<IscsiConfig> {
+    let mut v = base_configs();
+    if let Some(cc) = cc {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        for base in ["reservoir", "reservoir-rate"] {
+            let Some(c) = v.iter().find(|c| c.key == base).cloned() else {
+                continue;
+            };
+            let mut c = c;
+            c.key = leak(format!("{base}-{cc}"));
+            c.label = leak(format!("{} congestion={cc}", c.label));
+            c.target_session = format!("{}congestion = \"{cc}\"\n", c.target_session);
+            c.initiator_opts.push(format!("congestion={cc}"));
+            v.push(c);
+        }
+    }
+    v
+}
+
+fn base_configs() -> Vec<IscsiConfig> {
     vec![
         IscsiConfig {
             key: "before",
@@ -340,12 +369,13 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         rows.extend(point);
     }
     drop(link);
+    let configs = configs(params.congestion.as_deref());
     let results = Results {
         scenario: "r0",
         quick,
         command,
         params,
-        configs: configs(),
+        configs,
         peer_tcp: linux_default_tcp(),
         environment,
         rows,
@@ -375,7 +405,10 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
         rows.push(row);
     }
     let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
-    for cfg in configs() {
+    for cfg in configs(p.congestion.as_deref()) {
+        if p.reservoir_only && !cfg.key.starts_with("reservoir") {
+            continue;
+        }
         check_interrupt()?;
         set_tcp(link, &cfg.sysctl)?;
         let target = rsv_target(
@@ -400,7 +433,7 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
         for rw in dirs {
             rows.push(bench(link, &url, &cfg, rw, loss, p.seconds, dir)?);
         }
-        if cfg.key == "reservoir" {
+        if cfg.key == "reservoir" && !p.reservoir_only {
             let size = qemu_size(cubic_rate, p);
             rows.push(qemu(
                 &a.ns,
@@ -414,6 +447,9 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
             )?);
         }
         check_target(&mut target, &mut rows);
+    }
+    if p.reservoir_only {
+        return Ok(rows);
     }
     // tgt, driven by qemu-img (libiscsi) with everyone's defaults.
     set_tcp(link, &linux_default_tcp())?;

@@ -1037,11 +1037,25 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     d += &format!(
         "- Two sites of {n} disk servers each, plus a file server per site striping over them (1 MiB units); every disk server is its own network namespace host behind the site's bridge; one emulated bottleneck between the sites.\n"
     );
-    d += &format!(
-        "- Bottleneck: **{} Mbit/s**, the highest candidate at which `iperf3 -P {n}` kept ≥ 95 % on the wire at 20 ms with every disk server running (calibration: {}).\n",
-        rate / 1_000_000,
-        v["calibration"].as_array().map(|c| c.iter().map(|x| format!("{} Mbit/s → {:.1} %", x[0].as_u64().unwrap_or(0) / 1_000_000, x[1].as_f64().unwrap_or(0.0) * 100.0)).collect::<Vec<_>>().join(", ")).unwrap_or_default()
-    );
+    let calibration = v["calibration"].as_array().filter(|c| !c.is_empty());
+    d += &match calibration {
+        Some(c) => format!(
+            "- Bottleneck: **{} Mbit/s**, the highest candidate at which `iperf3 -P {n}` kept ≥ 95 % on the wire at 20 ms with every disk server running (calibration: {}).\n",
+            rate / 1_000_000,
+            c.iter()
+                .map(|x| format!(
+                    "{} Mbit/s → {:.1} %",
+                    x[0].as_u64().unwrap_or(0) / 1_000_000,
+                    x[1].as_f64().unwrap_or(0.0) * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => format!(
+            "- Bottleneck: **{} Mbit/s**, given (`--link-rate`), not calibrated in this run.\n",
+            rate / 1_000_000
+        ),
+    };
     d += &format!(
         "- Volume: {} MiB of random data ({} s of the link's payload capacity), RAM-backed files on both sides; the one-stream row copies a LUN of {:.0} % of that size.\n",
         v["volume_bytes"].as_u64().unwrap_or(0) >> 20,
@@ -1053,7 +1067,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
         "- Machine: {}\n\n",
         env.to_string().chars().take(400).collect::<String>()
     );
-    d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates.\n\n";
+    d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates; what the row cost the machine: both cores' busy share, the link relay's CPU (% of one core), and packets dropped by the emulated bottleneck's queue and, before the relay read them, by the TUN device (host drops: the machine's losses, not the path's). A row near 100 % CPU, or with host drops, measured the machine as much as the method.\n\n";
     let rtts: Vec<u64> = {
         let mut r: Vec<u64> = v["rows"]
             .as_array()
@@ -1068,7 +1082,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     };
     for rtt in rtts {
         d += &format!("## RTT {rtt} ms\n\n");
-        d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | note |\n|---|---|---|---|---|---|---|---|---|\n";
+        d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | CPU busy % | relay CPU % | drops: queue / host | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for row in v["rows"]
             .as_array()
             .into_iter()
@@ -1082,8 +1096,18 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
                 ),
                 _ => row["note"].as_str().unwrap_or("").replace('|', "/"),
             };
+            let cost = &row["cost"];
+            let drops = format!(
+                "{} / {}",
+                cost["queue_drops"]
+                    .as_u64()
+                    .map_or("–".into(), |d| d.to_string()),
+                cost["host_drops"]
+                    .as_u64()
+                    .map_or("–".into(), |d| d.to_string())
+            );
             d += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 row["label"].as_str().unwrap_or(""),
                 row["streams"],
                 f(&row["payload_mbit_s"], 1),
@@ -1092,6 +1116,9 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
                 f(&row["time_to_full_s"], 1),
                 f(&row["finish_spread_pct"], 1),
                 f(&row["jain"], 3),
+                f(&cost["cpu_busy_pct"], 0),
+                f(&cost["relay_cpu_pct"], 0),
+                drops,
                 note
             );
         }

@@ -16,6 +16,9 @@ pub struct Params {
     pub rate_bps: u64,
     pub rtt_ms: Vec<u32>,
     pub seconds: u64,
+    /// Also run Reservoir's rows with this congestion control at both ends (a second
+    /// target beside the first, on port 3261).
+    pub congestion: Option<String>,
 }
 
 impl Params {
@@ -36,6 +39,7 @@ impl Params {
                 vec![1, 10, 50, 100, 200, 300]
             },
             seconds: if quick { 3 } else { 30 },
+            congestion: None,
         }
     }
 }
@@ -57,6 +61,9 @@ pub struct Results {
     pub environment: Environment,
     pub points: Vec<Point>,
 }
+
+/// The second target's port (`--congestion`).
+const CC_PORT: u16 = 3261;
 
 fn reservoir() -> IscsiConfig {
     IscsiConfig {
@@ -91,6 +98,18 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     let mut target = rsv_target(&b.ns, b.addr, &r0::target_toml(""), dir, "rtt")?;
     let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
     let cfg = reservoir();
+    let with_cc = match &params.congestion {
+        Some(cc) => {
+            let mut c = reservoir();
+            c.key = Box::leak(format!("reservoir-{cc}").into_boxed_str());
+            c.label = Box::leak(format!("Reservoir congestion={cc}").into_boxed_str());
+            c.initiator_opts.push(format!("congestion={cc}"));
+            let toml = r0::target_toml(&format!("congestion = \"{cc}\"\n"));
+            let t = crate::peers::rsv_target_on(&b.ns, b.addr, CC_PORT, &toml, dir, "rtt-cc")?;
+            Some((c, t, format!("iscsi://{}:{CC_PORT}/{IQN}/0", b.addr)))
+        }
+        None => None,
+    };
     let mut points = Vec::new();
     for &rtt in &params.rtt_ms {
         check_interrupt()?;
@@ -100,6 +119,22 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         let mut rows = vec![r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?];
         for rw in ["write", "read"] {
             rows.push(r0::bench(&link, &url, &cfg, rw, 0.0, params.seconds, dir)?);
+        }
+        if let Some((c, _, cc_url)) = &with_cc {
+            for rw in ["write", "read"] {
+                rows.push(r0::bench(&link, cc_url, c, rw, 0.0, params.seconds, dir)?);
+            }
+            // With the link's rate declared: the start and the pacing the congestion
+            // control is given, against the kernel's BBR given the same.
+            for (base, u) in [(&cfg, &url), (c, cc_url)] {
+                let mut rated = base.clone();
+                rated.label =
+                    Box::leak(format!("{} --rate {}", base.label, params.rate).into_boxed_str());
+                rated.initiator_opts.push(format!("rate={}", params.rate));
+                for rw in ["write", "read"] {
+                    rows.push(r0::bench(&link, u, &rated, rw, 0.0, params.seconds, dir)?);
+                }
+            }
         }
         for row in rows {
             let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
@@ -118,7 +153,12 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
             });
         }
     }
-    if let Some(p) = points.last_mut() {
+    if let Some((_, mut t, _)) = with_cc {
+        if let Some(p) = points.last_mut() {
+            r0::check_target(&mut t, std::slice::from_mut(&mut p.row));
+        }
+    }
+    if let Some(p) = points.iter_mut().rev().find(|p| p.row.config == cfg.label) {
         r0::check_target(&mut target, std::slice::from_mut(&mut p.row));
     }
     drop(link);

@@ -9,6 +9,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use serde::Serialize;
 use socket2::SockRef;
 
+/// Reservoir's own congestion control, `rsv` (a BPF struct_ops; see `docs/congestion.md`).
+pub use rsv_cc as cc;
+
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
 pub mod tls;
@@ -62,9 +65,11 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
             }
         }
     }
-    if let Some(cc) = &tuning.congestion {
-        if let Err(e) = set_congestion(fd, cc) {
-            applied.warnings.push(format!("TCP_CONGESTION {cc}: {e}"));
+    if let Some(list) = &tuning.congestion {
+        if let Err(why) = select_congestion(fd, list) {
+            applied
+                .warnings
+                .push(format!("TCP_CONGESTION {list}: {why}"));
         }
     }
     if let Some(rate) = tuning.pacing_rate {
@@ -100,6 +105,62 @@ fn setsockopt_u32(fd: BorrowedFd<'_>, level: i32, name: i32, v: u32) -> io::Resu
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Selects the first congestion control of `list` (names separated by commas, e.g.
+/// `rsv,cubic`) that the socket takes. Where none does and `rsv` was among them (not
+/// root, not built: logged once by `cc::get`), the socket runs the kernel's preferred one
+/// (BBR, else CUBIC) as without it, which is no error; otherwise the reasons are.
+pub fn select_congestion(fd: BorrowedFd<'_>, list: &str) -> Result<(), String> {
+    let mut why = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let r = if name == cc::NAME {
+            select_rsv(fd)
+        } else {
+            set_congestion(fd, name)
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) => why.push(format!("{name}: {e}")),
+        }
+    }
+    if list.split(',').any(|n| n.trim() == cc::NAME) {
+        tracing::debug!(
+            "TCP_CONGESTION {list}: {}; the kernel's instead",
+            why.join("; ")
+        );
+        if let Some(other) = preferred_congestion() {
+            let _ = set_congestion(fd, &other);
+        }
+        return Ok(());
+    }
+    Err(why.join("; "))
+}
+
+/// Selects `rsv` on a socket, loading it into the kernel at the process's first ask, or
+/// as another process registered it.
+fn select_rsv(fd: BorrowedFd<'_>) -> io::Result<()> {
+    match cc::get() {
+        Ok(loaded) => loaded.select(fd),
+        Err(_) => set_congestion(fd, cc::NAME),
+    }
+}
+
+/// Tells `rsv` on this socket (when it runs it and this process loaded it) to start at and
+/// pace exactly to `bytes_per_sec`, without PROBE_RTT; `None` lifts both.
+fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
+    let Some(loaded) = cc::current() else { return };
+    if congestion(fd).ok().as_deref() != Some(cc::NAME) {
+        return;
+    }
+    let mut s = loaded.get(fd).ok().flatten().unwrap_or_default();
+    let rate = bytes_per_sec.unwrap_or(0);
+    s.start_rate = rate;
+    s.share_rate = rate;
+    s.no_probe_rtt = rate > 0;
+    if let Err(e) = loaded.set(fd, s) {
+        tracing::debug!("rsv settings: {e}");
     }
 }
 
@@ -142,9 +203,18 @@ pub fn congestion(fd: BorrowedFd<'_>) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&s[..end]).into_owned())
 }
 
-/// Bytes per second. The kernel takes a u64 since 4.13 but older ones a u32; u64 is tried
-/// first.
+/// Bytes per second (`u64::MAX`: no limit). The kernel takes a u64 since 4.13 but older
+/// ones a u32; u64 is tried first. On a socket that runs `rsv`, the rate is also its
+/// share: it starts there and paces exactly to it.
 pub fn set_pacing_rate(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> io::Result<()> {
+    let r = set_max_pacing_rate(fd, bytes_per_sec);
+    if r.is_ok() {
+        share_to_rsv(fd, (bytes_per_sec != u64::MAX).then_some(bytes_per_sec));
+    }
+    r
+}
+
+fn set_max_pacing_rate(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> io::Result<()> {
     // SAFETY: the option value is a u64 owned by this frame.
     let rc = unsafe {
         libc::setsockopt(
@@ -476,6 +546,18 @@ mod tests {
         // Never more than the explicit maximum.
         let c = choose_buffer(usize::MAX / 4, 4 << 20, 8 << 20, true);
         assert_eq!(c.bytes, Some(MAX_EXPLICIT_BUFFER));
+    }
+
+    #[test]
+    fn a_congestion_list_takes_the_first_the_socket_takes() {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let fd = s.as_fd();
+        // "reno" is built into every kernel; the first name is not.
+        assert_eq!(select_congestion(fd, "no-such-cc, reno"), Ok(()));
+        assert_eq!(congestion(fd).unwrap(), "reno");
+        let e = select_congestion(fd, "no-such-cc").unwrap_err();
+        assert!(e.starts_with("no-such-cc: "), "{e}");
+        assert_eq!(congestion(fd).unwrap(), "reno");
     }
 
     #[test]

@@ -200,6 +200,36 @@ pub struct ClientFiles {
     pub key: Option<PathBuf>,
     /// The name the target's certificate must carry; default the host of the URL.
     pub server_name: Option<String>,
+    /// Offer only this TLS 1.3 cipher suite (see [`parse_suite`]); default all three.
+    pub suite: Option<String>,
+}
+
+/// The TLS 1.3 suites offered, by their IANA names.
+pub const SUITES: &[&str] = &[
+    "TLS13_AES_128_GCM_SHA256",
+    "TLS13_AES_256_GCM_SHA384",
+    "TLS13_CHACHA20_POLY1305_SHA256",
+];
+
+/// A TLS 1.3 suite by name: its IANA name (any case) or `aes128`, `aes256`, `chacha20`.
+pub fn parse_suite(name: &str) -> Result<&'static str, String> {
+    let n = name.trim().to_ascii_uppercase().replace('-', "_");
+    let full = match n.as_str() {
+        "AES128" | "AES_128_GCM" | "AES128GCM" => SUITES[0],
+        "AES256" | "AES_256_GCM" | "AES256GCM" => SUITES[1],
+        "CHACHA20" | "CHACHA20_POLY1305" | "CHACHA" => SUITES[2],
+        other => SUITES
+            .iter()
+            .copied()
+            .find(|s| *s == other)
+            .ok_or_else(|| {
+                format!(
+                    "unknown TLS 1.3 suite {name:?}; known: aes128, aes256, chacha20 or {}",
+                    SUITES.join(", ")
+                )
+            })?,
+    };
+    Ok(full)
 }
 
 fn ser_pin<S: serde::Serializer>(pin: &Option<[u8; 32]>, s: S) -> Result<S::Ok, S::Error> {
@@ -227,7 +257,19 @@ impl std::fmt::Debug for ClientTls {
 
 impl ClientTls {
     pub fn new(files: &ClientFiles) -> Result<ClientTls, TlsError> {
-        let provider = provider();
+        let mut provider = provider();
+        if let Some(name) = &files.suite {
+            let want = parse_suite(name).map_err(TlsError::Config)?;
+            let mut p = (*provider).clone();
+            p.cipher_suites
+                .retain(|s| format!("{:?}", s.suite()) == want);
+            if p.cipher_suites.is_empty() {
+                return Err(TlsError::Config(format!(
+                    "{want} is not offered by this build"
+                )));
+            }
+            provider = Arc::new(p);
+        }
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?;

@@ -279,3 +279,39 @@ fn files_are_checked_before_any_connection() {
     });
     assert!(e.is_err());
 }
+
+#[tokio::test]
+async fn each_tls13_suite_is_negotiated_when_the_initiator_offers_only_it() {
+    let d = dir("suites");
+    let ca = Ca::new(&d, "ca");
+    let leaf = ca.issue(&d, "target", &["127.0.0.1"], false);
+    let s = server(&leaf.cert, &leaf.key, None);
+    for (name, iana) in [
+        ("aes128", "TLS13_AES_128_GCM_SHA256"),
+        ("AES256", "TLS13_AES_256_GCM_SHA384"),
+        (
+            "TLS13_CHACHA20_POLY1305_SHA256",
+            "TLS13_CHACHA20_POLY1305_SHA256",
+        ),
+    ] {
+        let c = ClientTls::new(&ClientFiles {
+            ca: Some(ca.cert.clone()),
+            suite: Some(name.into()),
+            ..Default::default()
+        })
+        .unwrap();
+        let (client, accepted) = handshake(Some(&s), &c, "127.0.0.1").await;
+        let client = client.unwrap();
+        let server = accepted.unwrap();
+        assert_eq!(client.tls_summary().unwrap(), format!("TLSv1_3 {iana}"));
+        assert_eq!(server.tls_summary().unwrap(), format!("TLSv1_3 {iana}"));
+    }
+    let e = ClientTls::new(&ClientFiles {
+        ca: Some(ca.cert.clone()),
+        suite: Some("rc4".into()),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("unknown TLS 1.3 suite \"rc4\""), "{e}");
+}

@@ -51,6 +51,8 @@ enum Command {
     Media(media::MediaArgs),
     /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
     Lab(lab::cli::LabArgs),
+    /// Packet timing of a capture: bursts, gaps, ACKs, iSCSI PDUs, command latency (R3).
+    Timing(timing::cli::TimingArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -153,6 +155,7 @@ fn main() -> anyhow::Result<ExitCode> {
         }),
         Command::Media(args) => ok(media::run(args)),
         Command::Lab(args) => ok(lab::cli::run(args)),
+        Command::Timing(args) => ok(timing::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }
 }

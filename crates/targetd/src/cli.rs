@@ -87,6 +87,11 @@ pub struct TargetArgs {
     /// Bytes per member before the next, with --stripe: a multiple of 4 KiB.
     #[arg(long, value_name = "SIZE", default_value = "1M", requires = "stripe")]
     pub stripe_unit: String,
+    /// TCP congestion control of the target's connections (overrides `[session]
+    /// congestion`): a kernel one (bbr, cubic) or `rsv`, Reservoir's own, loaded when the
+    /// first connection asks for it (root); without it, the kernel's BBR, said once in the log.
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
 }
 
 /// The spec `--stripe` and `--stripe-unit` stand for.
@@ -126,6 +131,9 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(d) = &args.data_dir {
         config.data_dir = d.clone();
+    }
+    if let Some(cc) = &args.congestion {
+        config.session.congestion = Some(cc.clone());
     }
     match (args.control, &args.control_key, &mut config.control) {
         (None, None, _) => {}

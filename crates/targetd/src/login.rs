@@ -282,7 +282,8 @@ pub(crate) async fn login(
                 peer_log!(
                     info,
                     "{peer}: login refused: {why} (0x{:02x}{:02x})",
-                    reply.status_class, reply.status_detail
+                    reply.status_class,
+                    reply.status_detail
                 );
                 wire::send_now(
                     stream,

@@ -81,6 +81,10 @@ pub struct SessionFlags {
     /// The name the target's certificate must carry (default: the URL's host).
     #[arg(long, value_name = "NAME")]
     pub tls_name: Option<String>,
+    /// Offer only this TLS 1.3 cipher suite: aes128, aes256 or chacha20 (or its IANA
+    /// name, e.g. TLS13_AES_128_GCM_SHA256); default all three, the target choosing.
+    #[arg(long, value_name = "SUITE")]
+    pub tls_suite: Option<String>,
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
@@ -140,6 +144,7 @@ impl SessionFlags {
             ("cert", &self.tls_cert),
             ("key", &self.tls_key),
             ("tls_name", &self.tls_name),
+            ("tls_suite", &self.tls_suite),
         ] {
             if let Some(v) = value {
                 o.set(key, v)?;
@@ -571,6 +576,39 @@ pub enum ProgressMode {
 
 /// `rsv cp`'s exit status when --max-time stopped the copy before its end.
 pub const EXIT_STOPPED_BY_MAX_TIME: u8 = 3;
+/// `rsv cp`'s exit status when a failure (a session not recovered within its
+/// recovery_timeout, a file error) interrupted the copy after some of it was done: the
+/// summary's copied_prefix_bytes is where `--resume-from` goes on.
+pub const EXIT_INTERRUPTED: u8 = 4;
+
+/// A copy a failure interrupted: what it did, and how to go on. [`copy`] returns it as
+/// its error; `rsv cp` prints it and exits with [`EXIT_INTERRUPTED`].
+#[derive(Debug)]
+pub struct CpInterrupted {
+    /// `error` says what failed; `complete` is false.
+    pub summary: CpSummary,
+    pub source: initiator::copy::CopyError,
+}
+
+impl std::fmt::Display for CpInterrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.summary.error.as_deref().unwrap_or("copy interrupted"))
+    }
+}
+
+impl std::error::Error for CpInterrupted {}
+
+/// An error and its causes on one line, as anyhow's `{:#}` prints them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        s += ": ";
+        s += &c.to_string();
+        next = c.source();
+    }
+    s
+}
 
 #[derive(Serialize, Debug, Clone)]
 pub struct CpSummary {
@@ -604,6 +642,10 @@ pub struct CpSummary {
     pub queue_depth: usize,
     pub sparse: bool,
     pub sessions: Vec<SessionInfo>,
+    /// What interrupted the copy (exit status 4): go on with --resume-from
+    /// copied_prefix_bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Opens one side of a copy: an iscsi:// LUN, a file or a block device. `dst_size`:
@@ -694,10 +736,54 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         pb.set_position(p.bytes);
         copied.store(p.bytes, Ordering::Relaxed);
     })
-    .await?;
+    .await;
     if let Some(r) = reporter {
         r.abort();
     }
+    let sessions: Vec<&Session> = [&src, &dst]
+        .into_iter()
+        .filter_map(|e| e.lun().map(Lun::session))
+        .collect();
+    let r = match r {
+        Ok(r) => r,
+        Err(
+            e @ initiator::copy::CopyError::Interrupted {
+                bytes,
+                total_bytes,
+                copied_prefix_bytes,
+                ..
+            },
+        ) => {
+            pb.finish_and_clear();
+            let summary = CpSummary {
+                src: redact(&args.src),
+                dst: redact(&args.dst),
+                bytes,
+                total_bytes,
+                complete: false,
+                copied_prefix_bytes,
+                skipped_zero_bytes: 0,
+                seconds: 0.0,
+                mb_per_s: 0.0,
+                retries: sessions.iter().map(|s| s.retries()).sum(),
+                reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
+                reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
+                reconnections: sessions.iter().map(|s| s.reconnections()).sum(),
+                verified: false,
+                checksum: None,
+                io_size: opts.chunk_size,
+                queue_depth: 0,
+                sparse,
+                sessions: Vec::new(),
+                error: Some(chain(&e)),
+            };
+            for s in sessions {
+                let _ = tokio::time::timeout(Duration::from_secs(5), s.logout()).await;
+            }
+            return Err(CpInterrupted { summary, source: e }.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     pb.finish_and_clear();
     if mode == ProgressMode::Json {
         eprintln!(
@@ -721,10 +807,6 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
     } else {
         None
     };
-    let sessions: Vec<&Session> = [&src, &dst]
-        .into_iter()
-        .filter_map(|e| e.lun().map(Lun::session))
-        .collect();
     let summary = CpSummary {
         src: redact(&args.src),
         dst: redact(&args.dst),
@@ -745,6 +827,7 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         queue_depth: r.queue_depth,
         sparse,
         sessions: sessions.iter().map(|s| s.info()).collect(),
+        error: None,
     };
     for s in sessions {
         let _ = s.logout().await;
@@ -798,7 +881,27 @@ pub(crate) fn redact(spec: &str) -> String {
 }
 
 pub fn cp(args: CpArgs) -> anyhow::Result<std::process::ExitCode> {
-    let s = runtime()?.block_on(copy(&args))?;
+    let s = match runtime()?.block_on(copy(&args)) {
+        Ok(s) => s,
+        Err(e) => match e.downcast::<CpInterrupted>() {
+            Ok(i) => {
+                let s = &i.summary;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(s)?);
+                }
+                eprintln!(
+                    "rsv cp: {}\nrsv cp: to go on: rsv cp {} {} --resume-from {}{}",
+                    s.error.as_deref().unwrap_or_default(),
+                    s.src,
+                    s.dst,
+                    s.copied_prefix_bytes,
+                    if args.sparse { " --sparse" } else { "" }
+                );
+                return Ok(std::process::ExitCode::from(EXIT_INTERRUPTED));
+            }
+            Err(e) => return Err(e),
+        },
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {

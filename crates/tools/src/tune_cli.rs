@@ -142,6 +142,24 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         i.send_buffer,
         i.recv_buffer
     );
+    if i.congestion_by_connection
+        .iter()
+        .any(|c| Some(c) != i.congestion.as_ref())
+    {
+        println!(
+            "congestion by connection: {}",
+            i.congestion_by_connection.join(", ")
+        );
+    }
+    println!(
+        "rsv (Reservoir's congestion control): {}",
+        match (&i.rsv.why_not, i.rsv.registered_here, i.rsv.available) {
+            (None, true, _) => "loaded and registered by this process".to_owned(),
+            (None, false, _) => "loaded; the name is held by another process".to_owned(),
+            (Some(w), _, true) => format!("not loaded here ({w}); registered by another process"),
+            (Some(w), _, false) => format!("not loaded ({w})"),
+        }
+    );
     println!("target pacing: {}", i.target_pacing.summary());
     println!(
         "transport: {}",

@@ -656,3 +656,126 @@ fn a_file_server_whose_disk_server_is_gone_stops_within_its_grace() {
         start.elapsed()
     );
 }
+
+/// `rsv target` on a given portal and data directory, and the IQN it printed.
+fn target_at(
+    bin: &std::path::Path,
+    portal: &str,
+    dir: &std::path::Path,
+) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(bin)
+        .args(["target", "--listen", portal, "--data-dir"])
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut iqn = String::new();
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(t) = line.strip_prefix("target ") {
+            iqn = t.trim().to_owned();
+        } else if line.trim() == "ready" {
+            return (child, iqn);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("rsv target on {portal} exited before ready");
+}
+
+/// A target that dies mid-copy and stays away past the session's recovery_timeout: `rsv
+/// cp` stops issuing, waits for what is in flight and exits 4 with the prefix it copied
+/// and the cause; started again on its store, `--resume-from` that prefix completes the
+/// copy byte-identical. (The waiting commands share the one failed reinstatement instead
+/// of each trying for another recovery_timeout.)
+#[test]
+fn cp_interrupted_by_a_dead_target_exits_4_and_resumes_to_identical() {
+    let Some(bin) = rsv_bin() else {
+        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let portal = format!("127.0.0.1:{}", free_port());
+    let (mut target, iqn) = target_at(&bin, &portal, &data);
+    let size = 32 * MIB;
+    let img = dir.path().join("image");
+    random_file(&img, size as usize, 21);
+    let url = format!("iscsi://{portal}/{iqn}/0?recovery_timeout=1&command_timeout=3");
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    // 16 Mbit/s: two megabytes a second, the copy is under way when the target dies.
+    let mut cp = std::process::Command::new(&bin)
+        .args(["cp", img.to_str().unwrap(), &url])
+        .args([
+            "--pacing-rate",
+            "16mbit",
+            "--queue-depth",
+            "4",
+            "--io-size",
+            "256k",
+        ])
+        .args(["--json", "--progress", "json"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let progressed = |limit: u64| {
+        for _ in 0..600 {
+            let text = std::fs::read_to_string(&err).unwrap_or_default();
+            if text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|v| v["bytes"].as_u64().is_some_and(|b| b >= limit))
+            {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!(
+            "no progress: {text}",
+            text = std::fs::read_to_string(&err).unwrap()
+        );
+    };
+    progressed(2 * MIB);
+    target.kill().unwrap();
+    target.wait().unwrap();
+    // Bounded: the copy must end by itself (the test harness would otherwise hang here).
+    let status = (0..1200)
+        .find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            cp.try_wait().unwrap()
+        })
+        .unwrap_or_else(|| {
+            let _ = cp.kill();
+            panic!("rsv cp still running 2 minutes after its target died")
+        });
+    let stderr = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(status.code(), Some(4), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(summary["complete"], false, "{summary}");
+    let error = summary["error"].as_str().unwrap();
+    assert!(error.contains("could not be recovered"), "{error}");
+    let prefix = summary["copied_prefix_bytes"].as_u64().unwrap();
+    assert!(prefix >= 2 * MIB && prefix < size, "{summary}");
+    assert!(
+        stderr.contains(&format!("--resume-from {prefix}")),
+        "the way to go on is printed: {stderr}"
+    );
+
+    let (mut target, _) = target_at(&bin, &portal, &data);
+    let again = std::process::Command::new(&bin)
+        .args(["cp", img.to_str().unwrap(), &url])
+        .args(["--resume-from", &prefix.to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{again:?}");
+    let s: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(s["bytes"].as_u64().unwrap(), size - prefix, "{s}");
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let lun = std::fs::read(data.join("lun0.img")).unwrap();
+    assert!(lun[..size as usize] == std::fs::read(&img).unwrap()[..]);
+}

@@ -25,6 +25,12 @@ pub(super) struct ConnSet {
     pub(super) params: SessionParams,
     pub(super) info: Option<SessionInfo>,
     pub(super) closed: bool,
+    /// The last reinstatement that gave up: the generation it tried to replace, when it
+    /// gave up, its attempts and why. Commands issued before it gave up fail with it
+    /// instead of each trying again for as long (with a queue of 32, a link cut for good
+    /// would otherwise hold a copy for 32 recovery timeouts); a command issued later
+    /// tries afresh.
+    pub(super) failed: Option<(u64, std::time::Instant, u32, String)>,
 }
 
 impl ConnSet {
@@ -37,6 +43,7 @@ impl ConnSet {
             params: SessionParams::default(),
             info: None,
             closed: false,
+            failed: None,
         }
     }
 

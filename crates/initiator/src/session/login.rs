@@ -202,6 +202,8 @@ impl Shared {
             error_recovery_level: params.error_recovery_level,
             queue_depth: o.queue_depth,
             congestion: tuning.congestion,
+            congestion_by_connection: Vec::new(),
+            rsv: net::cc::status(),
             send_buffer: tuning.send_buffer,
             recv_buffer: tuning.recv_buffer,
             tuning: None,
@@ -266,6 +268,7 @@ impl Shared {
     ) -> Arc<Conn> {
         let exp_statsn = raw.exp_statsn;
         let portal = raw.portal.clone();
+        let congestion = raw.tuning.congestion.clone();
         let (r, w, buf, dec, digests) = raw.into_parts();
         let (conn, dead) = Conn::new(
             cid,
@@ -277,6 +280,9 @@ impl Shared {
             digests,
             done.outcome.pacing,
         );
+        if let Some(c) = congestion {
+            let _ = conn.congestion.set(c);
+        }
         match done.outcome.pacing {
             TargetPacing::NotAsked => {}
             TargetPacing::Paced(r) => tracing::debug!(

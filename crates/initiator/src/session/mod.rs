@@ -92,6 +92,12 @@ pub struct SessionInfo {
     pub error_recovery_level: u8,
     pub queue_depth: usize,
     pub congestion: Option<String>,
+    /// The congestion control each live connection runs (by CID order), as the kernel
+    /// read it back.
+    pub congestion_by_connection: Vec<String>,
+    /// Whether this process loaded Reservoir's own congestion control `rsv`, and if not
+    /// why (`docs/congestion.md`).
+    pub rsv: net::cc::Status,
     pub send_buffer: usize,
     pub recv_buffer: usize,
     /// What auto-tuning measured and chose (absent when it was off).
@@ -228,6 +234,16 @@ impl Session {
         info.queue_depth = self.queue_depth();
         info.tuning = self.shared.tuner.plan.clone();
         info.path = Shared::path(&st.conns.all);
+        let mut by_cid: Vec<(u16, String)> = st
+            .conns
+            .all
+            .iter()
+            .filter(|c| c.is_alive())
+            .map(|c| (c.cid, c.congestion.get().cloned().unwrap_or_default()))
+            .collect();
+        by_cid.sort();
+        info.congestion_by_connection = by_cid.into_iter().map(|(_, c)| c).collect();
+        info.rsv = net::cc::status();
         let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
         let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {
             0 => None,
@@ -254,11 +270,13 @@ impl Session {
     /// Paces the session's sends to `rate` bytes per second in all (each live connection
     /// its share, with SO_MAX_PACING_RATE), or lifts the pacing with `None`. For a
     /// coordinator that divides a shared bottleneck between sessions; it wins over the
-    /// session's own rate control. Takes effect at each connection's next TCP_INFO sample
-    /// (at most a second).
+    /// session's own rate control. Each connection's reader applies it at once.
     pub fn set_pacing_rate(&self, rate: Option<u64>) {
         let v = rate.map_or(u64::MAX, |r| r.clamp(1, u64::MAX - 1));
         self.shared.tuner.pace_external.store(v, Ordering::Relaxed);
+        for c in self.shared.state.lock().unwrap().conns.all.iter() {
+            c.repace.notify_one();
+        }
     }
 
     /// Commands the session lets in flight now (auto-tuning may grow it while it runs).
@@ -314,6 +332,9 @@ impl Session {
         dir: DataDir,
         again_on_attention: bool,
     ) -> Result<ScsiResult> {
+        // Before the wait for a slot: a command queued behind a session that could not be
+        // recovered fails with it (see `recover`).
+        let began = Instant::now();
         let _slot = self.shared.slots.acquire().await?;
         let mut attempts = 0;
         let mut unit_attentions = 0;
@@ -342,7 +363,7 @@ impl Session {
                 Err(Attempt::Lost { gen, why, sent }) => {
                     match self.shared.after_conn_loss(sent).await {
                         Some(p) => plug = p,
-                        None => self.shared.recover(gen, &why).await?,
+                        None => self.shared.recover(gen, &why, began).await?,
                     }
                 }
             }

@@ -296,6 +296,11 @@ pub(super) async fn reader(
                 }
                 Err(e) => break e.to_string(),
             },
+            _ = conn.repace.notified() => {
+                if let Some(s) = shared.upgrade() {
+                    s.repace(&conn, &rd);
+                }
+            }
             _ = dead.changed() => break "closed".to_owned(),
         }
     };

@@ -41,7 +41,15 @@ pub(super) enum Loss {
 
 impl Shared {
     /// Reinstates the session unless another task already did since generation `gen`.
-    pub(super) async fn recover(self: &Arc<Self>, gen: u64, why: &str) -> Result<()> {
+    /// A reinstatement that gave up after `began` (when the caller's command was issued)
+    /// is the caller's answer too: a command under way while the session could not be
+    /// recovered fails with it rather than start another `recovery_timeout` of attempts.
+    pub(super) async fn recover(
+        self: &Arc<Self>,
+        gen: u64,
+        why: &str,
+        began: Instant,
+    ) -> Result<()> {
         let _g = self.recovery.lock().await;
         {
             let mut st = self.state.lock().unwrap();
@@ -50,6 +58,15 @@ impl Shared {
             }
             if st.conns.gen != gen {
                 return Ok(());
+            }
+            // Another task's reinstatement gave up while this command was under way.
+            if let Some((g, at, attempts, last)) = &st.conns.failed {
+                if *g == gen && *at >= began {
+                    return Err(Error::RecoveryFailed {
+                        attempts: *attempts,
+                        last: last.clone(),
+                    });
+                }
             }
             for c in &st.conns.all {
                 c.kill();
@@ -72,10 +89,16 @@ impl Shared {
                     return Err(e)
                 }
                 Err(e) if Instant::now() + delay > deadline => {
-                    return Err(Error::RecoveryFailed {
-                        attempts,
-                        last: e.to_string(),
-                    })
+                    let last = e.to_string();
+                    tracing::warn!(
+                        "session to {} not reinstated after {attempts} attempts in {:.0} s \
+                         (recovery_timeout): {last}",
+                        self.target,
+                        self.opts.recovery_timeout.as_secs_f64()
+                    );
+                    self.state.lock().unwrap().conns.failed =
+                        Some((gen, Instant::now(), attempts, last.clone()));
+                    return Err(Error::RecoveryFailed { attempts, last });
                 }
                 Err(e) => {
                     tracing::debug!("reinstatement attempt {attempts}: {e}");

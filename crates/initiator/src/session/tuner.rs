@@ -107,6 +107,16 @@ impl Shared {
         }
     }
 
+    /// Applies a pacing rate set from outside the session to this connection now
+    /// ([`crate::Session::set_pacing_rate`] wakes each reader for it).
+    pub(super) fn repace(self: &Arc<Self>, conn: &Arc<Conn>, stream: &Reader) {
+        if self.tuner.pace_external.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let conns = self.state.lock().unwrap().conns.all.clone();
+        self.apply_external_pace(conn, stream, &conns);
+    }
+
     /// Paces this connection to its share of the rate set from outside the session (a
     /// coordinator dividing a shared bottleneck between sessions); `u64::MAX` lifts it.
     fn apply_external_pace(&self, conn: &Arc<Conn>, stream: &Reader, conns: &[Arc<Conn>]) {

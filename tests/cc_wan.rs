@@ -1,0 +1,219 @@
+//! `rsv`, Reservoir's congestion control, over an emulated long path (`rsv wan`, 100 ms,
+//! 100 Mbit/s): a connection told a start rate has its window at once instead of ten
+//! packets, and `rsv cp` with `congestion=rsv` to `rsv target --congestion rsv` arrives
+//! whole, both ends running it. Needs root; elsewhere it prints SKIP. Never asserts a speed.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rsv() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
+}
+
+const LINK: &str = "cc-t";
+
+/// The link and the target in it, taken down however the test ends.
+struct Lab {
+    target: Option<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut t) = self.target.take() {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
+        let _ = Command::new(rsv())
+            .args(["wan", "down", "--name", LINK])
+            .output();
+    }
+}
+
+fn rsv_in(ns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(rsv());
+    c
+}
+
+fn run_json(cmd: &mut Command) -> serde_json::Value {
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// Runs `f` on a thread that has joined network namespace `ns` (setns moves only the
+/// calling thread).
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: a namespace fd, on this thread only.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// snd_cwnd and pacing rate from TCP_INFO.
+fn cwnd_and_pacing(s: &TcpStream) -> (u32, u64) {
+    let mut buf = [0u8; 232];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: buf/len describe a writable buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0);
+    (
+        u32::from_ne_bytes(buf[80..84].try_into().unwrap()),
+        u64::from_ne_bytes(buf[104..112].try_into().unwrap()),
+    )
+}
+
+#[test]
+fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("RESERVOIR_TEST_STRICT").is_none(),
+            "needs root"
+        );
+        eprintln!("SKIP cc_wan: needs root");
+        return;
+    }
+    let mut lab = Lab { target: None };
+    let _ = Command::new(rsv())
+        .args(["wan", "down", "--name", LINK])
+        .output();
+    let link = run_json(Command::new(rsv()).args([
+        "wan", "up", "--name", LINK, "--rtt", "100ms", "--rate", "100mbit", "--json",
+    ]));
+    let addr: std::net::IpAddr = link["b"]["addr"].as_str().unwrap().parse().unwrap();
+    let (ns_a, ns_b) = (format!("{LINK}-a"), format!("{LINK}-b"));
+
+    // 1. The start: 5 MB/s told after connect reaches the window at the first ACK.
+    {
+        let loaded = rsv_cc::load().unwrap_or_else(|why| panic!("rsv did not load: {why}"));
+        let listener = in_netns(&ns_b, move || TcpListener::bind((addr, 0)).unwrap());
+        let to: SocketAddr = listener.local_addr().unwrap();
+        let sink = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 65536];
+            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let mut s = in_netns(&ns_a, move || TcpStream::connect(to).unwrap());
+        loaded.select(s.as_fd()).unwrap();
+        let (cwnd0, _) = cwnd_and_pacing(&s);
+        let start = 5_000_000u64;
+        loaded
+            .set(
+                s.as_fd(),
+                rsv_cc::Settings {
+                    start_rate: start,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        s.write_all(b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+        let (cwnd, pacing) = cwnd_and_pacing(&s);
+        // Twice 5 MB/s x 100 ms is about 690 packets of 1448 bytes.
+        eprintln!(
+            "start: cwnd {cwnd0} at connect, {cwnd} after the first ACK; pacing {pacing} B/s"
+        );
+        assert!(
+            cwnd >= 300,
+            "cwnd {cwnd}: the start rate did not reach the window"
+        );
+        assert!(
+            pacing >= start,
+            "pacing {pacing} below the start rate {start}"
+        );
+        drop(s);
+        sink.join().unwrap();
+        drop(loaded);
+    }
+
+    // 2. A copy with both ends on rsv.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("target.log");
+    lab.target = Some(
+        rsv_in(&ns_b)
+            .args([
+                "target",
+                "--listen",
+                &format!("{addr}:3260"),
+                "--congestion",
+                "rsv",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("iscsi://{addr}/iqn.2026-11.org.reservoir:target0/0");
+    let ready = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = rsv_in(&ns_a).args(["inq", &url]).output().unwrap();
+        if o.status.success() {
+            break;
+        }
+        assert!(Instant::now() < ready, "the target never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let src = dir.path().join("src.img");
+    let mut bytes = vec![0u8; 24 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(&src, &bytes).unwrap();
+    let summary = run_json(
+        rsv_in(&ns_a)
+            .arg("cp")
+            .arg(&src)
+            .args([
+                &url,
+                "--verify",
+                "--json",
+                "--opt",
+                "congestion=rsv",
+                "--opt",
+            ])
+            .arg("rate=80mbit"),
+    );
+    assert_eq!(summary["complete"], true, "{summary}");
+    assert_eq!(summary["verified"], true, "{summary}");
+    let session = &summary["sessions"][0];
+    assert_eq!(session["congestion"], "rsv", "{session}");
+    let by_conn = session["congestion_by_connection"].as_array().unwrap();
+    assert!(
+        !by_conn.is_empty() && by_conn.iter().all(|c| c == "rsv"),
+        "{session}"
+    );
+    assert_eq!(session["rsv"]["loaded"], true, "{session}");
+    let target_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        target_log.contains("congestion control rsv loaded"),
+        "the target did not load rsv: {target_log}"
+    );
+}
