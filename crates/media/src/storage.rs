@@ -255,12 +255,9 @@ fn window_for(session: &Session, fixed: Option<u64>) -> (u64, Option<f64>) {
     let info = session.info();
     let rtt_ms = info.tuning.as_ref().map(|p| p.rtt_ms);
     let w = fixed.unwrap_or_else(|| {
-        let (rtt, rate, conns) = info
-            .tuning
-            .as_ref()
-            .map_or((0.001, 125_000_000, 1), |p| {
-                (p.rtt_ms / 1000.0, p.rate_bytes_per_s, p.connections)
-            });
+        let (rtt, rate, conns) = info.tuning.as_ref().map_or((0.001, 125_000_000, 1), |p| {
+            (p.rtt_ms / 1000.0, p.rate_bytes_per_s, p.connections)
+        });
         readahead::window_bytes(Duration::from_secs_f64(rtt.max(0.0)), rate, conns)
     });
     (w, rtt_ms)
