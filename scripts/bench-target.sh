@@ -26,8 +26,8 @@ CONNS=${CONNS:-1 2 4 8}
 FLAME=${FLAME:-1}
 FLAME_DIR=${FLAME_DIR:-bench/flame}
 QD=32
-./scripts/setup.sh
 if [ -z "${RSV:-}" ]; then
+  ./scripts/setup.sh
   cargo build --release --bin rsv >/dev/null
   RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
 fi
