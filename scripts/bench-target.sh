@@ -54,7 +54,7 @@ perf_args() { # url blocks_per_request random?
   [ "$3" = rand ] && args+=(-r)
   echo "${args[@]}" "$1"
 }
-perf() { # url blocks_per_request random? target-pid
+perf_iops() { # url blocks_per_request random? target-pid
   # shellcheck disable=SC2046
   with_cpu "$4" timeout $((SECS + 20)) iscsi-perf $(perf_args "$1" "$2" "$3") 2>&1 | tr '\r' '\n' |
     grep -o 'iops average [0-9]*' | tail -1 | grep -o '[0-9]*$' || echo 0
@@ -69,8 +69,8 @@ rsvb() { # url bytes seq|rand target-pid connections
 declare -A R C N
 for wl in seq:1048576:2048 rand:4096:8; do
   IFS=: read -r pat io blocks <<<"$wl"
-  R[$pat.rsv.perf]=$(perf "$RSV_URL" "$blocks" "$pat" "$rsv_pid"); C[$pat.rsv.perf]=$(cat "$work/cpu")
-  R[$pat.tgt.perf]=$(perf "$TGT_URL" "$blocks" "$pat" "$tgt_pid"); C[$pat.tgt.perf]=$(cat "$work/cpu")
+  R[$pat.rsv.perf]=$(perf_iops "$RSV_URL" "$blocks" "$pat" "$rsv_pid"); C[$pat.rsv.perf]=$(cat "$work/cpu")
+  R[$pat.tgt.perf]=$(perf_iops "$TGT_URL" "$blocks" "$pat" "$tgt_pid"); C[$pat.tgt.perf]=$(cat "$work/cpu")
   read -r R[$pat.tgt.rsv] _ <<<"$(rsvb "$TGT_URL" "$io" "$pat" "$tgt_pid" 1)"; C[$pat.tgt.rsv]=$(cat "$work/cpu")
   for c in $CONNS; do
     read -r R[$pat.rsv.c$c] N[$pat.rsv.c$c] <<<"$(rsvb "$RSV_URL" "$io" "$pat" "$rsv_pid" "$c")"

@@ -278,8 +278,8 @@ impl Server {
         let (cores, cores_stop) = match config.threads.count() {
             None => (None, None),
             Some(n) => {
-                let (cores, stop) = crate::cores::Cores::start(n)
-                    .context("starting the connection threads")?;
+                let (cores, stop) =
+                    crate::cores::Cores::start(n).context("starting the connection threads")?;
                 (Some(cores), Some(stop))
             }
         };
