@@ -27,7 +27,7 @@ pub(crate) fn current() -> Option<usize> {
     HOME.with(|h| h.get())
 }
 
-/// The running cores; cheap to share. Stopped by dropping their [`Stop`].
+/// The running cores, stopped by dropping their [`Stop`].
 pub(crate) struct Cores {
     cores: Vec<Core>,
 }
@@ -40,7 +40,15 @@ struct Core {
 
 /// Stops the cores when dropped: each one's tasks are dropped, and its blocking workers
 /// get a moment to end.
-pub(crate) struct Stop(#[allow(dead_code)] Vec<oneshot::Sender<()>>);
+pub(crate) struct Stop(Vec<oneshot::Sender<()>>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        for core in self.0.drain(..) {
+            let _ = core.send(());
+        }
+    }
+}
 
 /// A connection counted on its core until dropped.
 pub(crate) struct Placed(Arc<AtomicUsize>);
@@ -108,6 +116,6 @@ impl Cores {
         core.load.fetch_add(1, Ordering::AcqRel);
         let placed = Placed(core.load.clone());
         // Built on the core: a socket registered in `make` is served by the core's thread.
-        let _ = core.handle.spawn(async move { make(placed).await });
+        drop(core.handle.spawn(async move { make(placed).await }));
     }
 }
