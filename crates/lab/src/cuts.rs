@@ -685,7 +685,10 @@ impl Lab<'_> {
             format!("hung (killed {} s after the mend)", self.p.grace.as_secs())
         } else if event == "down" && code != Some(4) {
             // A link that never came back must end the copy with a resumable state.
-            format!("error (exit {} with the link down, not 4)", code.unwrap_or(-1))
+            format!(
+                "error (exit {} with the link down, not 4)",
+                code.unwrap_or(-1)
+            )
         } else if !ok {
             "error".into()
         } else {
