@@ -30,7 +30,8 @@ enum LabCommand {
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
         #[arg(long)]
         quick: bool,
-        /// Where results go (default lab/results, with --quick lab/results-quick).
+        /// Where results go (default lab/results, with --quick lab/results-quick); with --out the
+        /// documents in docs/ are left alone unless --doc names one.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Rewrite this result document (default docs/lab-r0-r1.md unless --quick).
@@ -74,7 +75,8 @@ enum LabCommand {
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
         cut: Vec<u64>,
         /// cuts: only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
-        /// cp-get-erl0, sync; cut, restart), e.g. cp-put-erl0:cut,sync:restart.
+        /// cp-get-erl0, sync; cut, restart, and for cp down: the link cut until the copy
+        /// gives up), e.g. cp-put-erl0:cut,sync:restart,cp-get-erl2:down.
         #[arg(long, value_delimiter = ',')]
         case: Vec<String>,
         /// cuts: bytes each transfer moves (default 64M; --quick 32M).
@@ -84,6 +86,11 @@ enum LabCommand {
         /// runs can go side by side.
         #[arg(long)]
         link_name: Option<String>,
+        /// cuts: URL options of the copies a `down` case breaks, e.g.
+        /// recovery_timeout=10&command_timeout=10 (default: none, i.e. the defaults;
+        /// --quick: recovery_timeout=5&command_timeout=5&nop_interval=2).
+        #[arg(long)]
+        down_opts: Option<String>,
     },
     /// Rewrite the result document from results already on disk (--out docs/lab-r4.md:
     /// R4's).
@@ -172,6 +179,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             case,
             size,
             link_name,
+            down_opts,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS
@@ -187,6 +195,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                 bail!("rsv lab needs root (network namespaces and TUN devices)");
             }
             proc::install_signal_handlers();
+            // A run whose results go elsewhere (--out) leaves the committed documents alone
+            // unless --doc names one.
+            let out_given = out.is_some();
             let out = out.unwrap_or_else(|| {
                 PathBuf::from(if quick {
                     "lab/results-quick"
@@ -249,7 +260,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r2::run(p, quick, &out, command.clone())?;
                         let r2_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r2.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r2.md"))
                             }
                             _ => None,
@@ -269,7 +280,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r3::run(p, quick, &out, command.clone())?;
                         let r3_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r3.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r3.md"))
                             }
                             _ => None,
@@ -286,6 +297,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                         if let Some(n) = &link_name {
                             p.link_name = n.clone();
+                        }
+                        if let Some(o) = &down_opts {
+                            p.down_opts = o.clone();
                         }
                         if let Some(s) = size {
                             p.size = s.max(1 << 20) & !((1 << 20) - 1);
@@ -320,7 +334,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r4::run(p, quick, &out, command.clone())?;
                         let r4_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r4.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r4.md"))
                             }
                             _ => None,
@@ -341,7 +355,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                     None
                 }
                 (Some(d), _, _) => Some(d),
-                (None, false, false) if Path::new("docs").is_dir() => {
+                (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))
                 }
                 _ => None,
