@@ -16,12 +16,17 @@ const SIZE: u64 = 1 << 20;
 
 /// A RAM store whose asynchronous reads wait in a queue until the test completes them
 /// (`complete`), from whichever thread it likes; `fail` makes them fail instead.
-#[derive(Debug)]
 struct Deferred {
     ram: RamBackstore,
     queued: Mutex<Vec<(Buf, u64)>>,
     dones: Mutex<Vec<ReadDone>>,
     fail: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Deferred({} reads queued)", self.queued.lock().unwrap().len())
+    }
 }
 
 impl Deferred {
