@@ -607,12 +607,20 @@ fn reads_in_flight_when_the_connection_goes_complete_safely() {
     // Without librbd's cache, so that every read goes to the OSD.
     let mut target = Target::start(
         dir.path(),
-        &lun(0, &format!("{}&timeout=3s&cache=no", cluster.spec("late")), ""),
+        &lun(
+            0,
+            &format!("{}&timeout=3s&cache=no", cluster.spec("late")),
+            "",
+        ),
         false,
     );
     let url = initiator::IscsiUrl::parse(&target.url(0, 0)).unwrap();
     let opts = initiator::SessionOptions::default();
-    let data = bytes::Bytes::from((0..4u32 << 20).map(|i| (i * 7 >> 3) as u8).collect::<Vec<_>>());
+    let data = bytes::Bytes::from(
+        (0..4u32 << 20)
+            .map(|i| (i * 7 >> 3) as u8)
+            .collect::<Vec<_>>(),
+    );
     let first = tokio::runtime::Runtime::new().unwrap();
     let lun = first
         .block_on(initiator::Lun::open_url(&url, &opts))
@@ -653,7 +661,10 @@ fn reads_in_flight_when_the_connection_goes_complete_safely() {
                 println!("not yet: {e}");
                 std::thread::sleep(Duration::from_millis(500));
             }
-            Err(e) => panic!("no read 40 s after the OSD came back: {e}\n{}", target.log()),
+            Err(e) => panic!(
+                "no read 40 s after the OSD came back: {e}\n{}",
+                target.log()
+            ),
         }
     };
     assert!(back == data, "reads after the outage differ");
@@ -737,7 +748,10 @@ fn store_zeroes_errors_and_reconnection() {
 
     // Asynchronous reads (completed by librbd's callback) read what the blocking ones do,
     // many at once; a range past the end fails at once.
-    assert!(store.reads_async(), "a connected RBD store reads asynchronously");
+    assert!(
+        store.reads_async(),
+        "a connected RBD store reads asynchronously"
+    );
     let mut want = vec![0u8; 16 << 20];
     store.read_at(&mut want, 0).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -750,7 +764,9 @@ fn store_zeroes_errors_and_reconnection() {
         store.read_async(buf, off, Box::new(move |b, r| tx.send((i, b, r)).unwrap()));
     }
     for _ in 0..ranges.len() {
-        let (i, b, r) = rx.recv_timeout(Duration::from_secs(20)).expect("a read's completion");
+        let (i, b, r) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a read's completion");
         r.unwrap_or_else(|e| panic!("async read {i}: {e}"));
         let (off, len) = ranges[i];
         assert!(
@@ -780,10 +796,16 @@ fn store_zeroes_errors_and_reconnection() {
     let (_, r) = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("no completion for an asynchronous read with the OSD down");
-    println!("async read with the OSD down: {r:?} after {:?}", t.elapsed());
+    println!(
+        "async read with the OSD down: {r:?} after {:?}",
+        t.elapsed()
+    );
     let e = r.expect_err("an asynchronous read with the OSD down succeeded");
     assert!(e.to_string().contains("rbd/store"), "{e}");
-    assert!(!store.reads_async(), "still asynchronous on a lost connection");
+    assert!(
+        !store.reads_async(),
+        "still asynchronous on a lost connection"
+    );
     let t = Instant::now();
     let r = store.write_at(&data, 8 << 20).and_then(|()| store.flush());
     let waited = t.elapsed();

@@ -846,7 +846,10 @@ impl Backstore for RbdImage {
 
     /// Yes while the store has a connection: without one, the blocking path connects.
     fn reads_async(&self) -> bool {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     fn read_async(&self, buf: Buf, offset: u64, done: ReadDone) {

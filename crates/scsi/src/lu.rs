@@ -108,7 +108,9 @@ impl AsyncRead {
                     Ok(()) => Response::good(buf.into_vec()),
                     Err(e) => {
                         tracing::warn!(error = %e, "backstore I/O error");
-                        Response::check_condition(&sense::UNRECOVERED_READ_ERROR.with_information(lba))
+                        Response::check_condition(
+                            &sense::UNRECOVERED_READ_ERROR.with_information(lba),
+                        )
                     }
                 })
             }),

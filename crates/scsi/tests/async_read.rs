@@ -25,7 +25,11 @@ struct Deferred {
 
 impl std::fmt::Debug for Deferred {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Deferred({} reads queued)", self.queued.lock().unwrap().len())
+        write!(
+            f,
+            "Deferred({} reads queued)",
+            self.queued.lock().unwrap().len()
+        )
     }
 }
 
@@ -203,7 +207,11 @@ fn a_write_waits_for_the_async_read_of_its_blocks_and_errors_are_medium_errors()
     let s = store.clone();
     std::thread::spawn(move || s.complete()).join().unwrap();
     let r = rx.recv().unwrap();
-    assert_eq!((r.status, r.data_in), (0, vec![0; 16 * 512]), "the old bytes");
+    assert_eq!(
+        (r.status, r.data_in),
+        (0, vec![0; 16 * 512]),
+        "the old bytes"
+    );
     assert_eq!(written.recv_timeout(Duration::from_secs(10)), Ok(0));
     writer.join().unwrap();
 
