@@ -1,11 +1,14 @@
 //! Cut links and restarted targets mid-copy, the short version of `rsv lab run cuts`:
 //! over a 10 ms, 100 Mbit/s emulated link, 32 MiB copies broken for 4 s once a quarter
 //! has arrived: the link cut during `rsv cp` at ERL 2 and at ERL 0 and during `rsv sync`,
-//! the target SIGKILLed and started again on its store during `rsv cp` both ways. Every
-//! case must end with the destination byte-identical to the source, at once or after the
-//! one resume the scenario allows (`rsv cp --resume-from`, `rsv sync` run again); none may
-//! differ or hang. About a minute. Needs root; elsewhere it prints SKIP. Never asserts a
-//! time.
+//! the target SIGKILLed and started again on its store during `rsv cp` both ways; and the
+//! link cut for good (mended only once the copy has ended) under `rsv cp` at ERL 2 and at
+//! ERL 0 with short limits (`recovery_timeout=5` and the like): the copy must give up on
+//! its own with exit 4 while the link is still down, and resume from there. Every case
+//! must end with the destination byte-identical to the source, at once or after the one
+//! resume the scenario allows (`rsv cp --resume-from`, `rsv sync` run again); none may
+//! differ or hang. About two minutes. Needs root; elsewhere it prints SKIP. Never asserts
+//! a time.
 
 mod common;
 
@@ -54,6 +57,8 @@ fn copies_survive_cut_links_and_restarted_targets() {
         "cp-put-erl0:cut",
         "cp-put-erl2:restart",
         "sync:cut",
+        "cp-put-erl2:down",
+        "cp-get-erl0:down",
     ] {
         assert!(ran.iter().any(|r| r == want), "{want} not run: {ran:?}");
     }
@@ -63,6 +68,11 @@ fn copies_survive_cut_links_and_restarted_targets() {
             outcome == "identical" || outcome == "resumed-identical",
             "{c}\n{stdout}"
         );
+    }
+    // A link that does not come back: the copy gave up by itself, resumably.
+    for c in cases.iter().filter(|c| c["event"] == "down") {
+        assert_eq!(c["first_exit"], 4, "{c}");
+        assert!(c["resumed_from"].is_number(), "{c}");
     }
     assert!(run.status.success(), "{stdout}\n{stderr}");
     // Each break really interrupted something: the transfer went on after the mend.

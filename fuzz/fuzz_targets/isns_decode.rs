@@ -1,6 +1,9 @@
 //! Arbitrary bytes through the iSNS reassembler in arbitrary chunks: nothing may panic,
 //! every message that decodes must encode back to a stream that decodes to itself, and
-//! the server's registry answers every request.
+//! the server's registry answers every request, and what it holds at the end survives a
+//! save and a load. (Saved and loaded once per input, not after every request: a load
+//! replays every registration, which after each of a few hundred requests held the target
+//! to about 900 executions a second on a busy machine.)
 
 #![no_main]
 
@@ -17,7 +20,7 @@ fuzz_target!(|input: &[u8]| {
     let chunk = usize::from(control) + 1;
     let mut r = Reassembler::new();
     let mut registry = Registry::new(30);
-    for piece in rest.chunks(chunk) {
+    'pieces: for piece in rest.chunks(chunk) {
         r.push(piece);
         loop {
             match r.next_message() {
@@ -28,12 +31,12 @@ fuzz_target!(|input: &[u8]| {
                     if !m.function.is_response() {
                         let (rsp, _) = registry.handle(&m, u64::from(control));
                         assert!(rsp.status.is_some());
-                        let _ = Registry::load(30, &registry.save());
                     }
                 }
                 Ok(None) => break,
-                Err(_) => return,
+                Err(_) => break 'pieces,
             }
         }
     }
+    let _ = Registry::load(30, &registry.save());
 });

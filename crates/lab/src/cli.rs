@@ -74,7 +74,8 @@ enum LabCommand {
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
         cut: Vec<u64>,
         /// cuts: only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
-        /// cp-get-erl0, sync; cut, restart), e.g. cp-put-erl0:cut,sync:restart.
+        /// cp-get-erl0, sync; cut, restart, and for cp down: the link cut until the copy
+        /// gives up), e.g. cp-put-erl0:cut,sync:restart,cp-get-erl2:down.
         #[arg(long, value_delimiter = ',')]
         case: Vec<String>,
         /// cuts: bytes each transfer moves (default 64M; --quick 32M).
@@ -84,6 +85,11 @@ enum LabCommand {
         /// runs can go side by side.
         #[arg(long)]
         link_name: Option<String>,
+        /// cuts: URL options of the copies a `down` case breaks, e.g.
+        /// recovery_timeout=10&command_timeout=10 (default: none, i.e. the defaults;
+        /// --quick: recovery_timeout=5&command_timeout=5&nop_interval=2).
+        #[arg(long)]
+        down_opts: Option<String>,
     },
     /// Rewrite the result document from results already on disk.
     Doc {
@@ -164,6 +170,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             case,
             size,
             link_name,
+            down_opts,
         } => {
             let names: Vec<&str> = match scenario.as_str() {
                 "all" => SCENARIOS
@@ -278,6 +285,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                         if let Some(n) = &link_name {
                             p.link_name = n.clone();
+                        }
+                        if let Some(o) = &down_opts {
+                            p.down_opts = o.clone();
                         }
                         if let Some(s) = size {
                             p.size = s.max(1 << 20) & !((1 << 20) - 1);

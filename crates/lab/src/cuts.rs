@@ -5,7 +5,13 @@
 //! - **cut**: the link drops every packet (`rsv wan set --loss 100%`) for D seconds, then
 //!   carries them again;
 //! - **restart**: the target across the link is killed with SIGKILL, stays down D seconds
-//!   and is started again on the same store.
+//!   and is started again on the same store;
+//! - **down** (`rsv cp` only): the link is cut for good, as far as the command can tell: it
+//!   is mended only once the command has ended on its own, which must be exit 4 with a
+//!   resumable state (or, past the time limit, the case is `hung`); the resume then runs
+//!   over the mended link. The time from the cut to that exit is the bound the initiator
+//!   keeps on a link that does not come back (`recovery_timeout` and the others, given
+//!   with `--down-opts`).
 //!
 //! The transfers: `rsv cp` from a file to the remote LUN (`put`) and back (`get`), at
 //! ErrorRecoveryLevel 2 and 0, and `rsv sync` from a target in A to one in B (the
@@ -45,7 +51,7 @@ pub const FLOWS: &[&str] = &[
     "cp-get-erl0",
     "sync",
 ];
-pub const EVENTS: &[&str] = &["cut", "restart"];
+pub const EVENTS: &[&str] = &["cut", "restart", "down"];
 
 pub struct Params {
     pub link_name: String,
@@ -60,6 +66,9 @@ pub struct Params {
     pub cases: Vec<(String, String)>,
     /// A case's command gets this long past the break before it counts as hung.
     pub grace: Duration,
+    /// URL options (`recovery_timeout=10&command_timeout=10`) of the `rsv cp` commands of
+    /// `down` cases: how soon they must give up.
+    pub down_opts: String,
 }
 
 impl Params {
@@ -68,7 +77,7 @@ impl Params {
             FLOWS
                 .iter()
                 .flat_map(|f| EVENTS.iter().map(|e| (f.to_string(), e.to_string())))
-                .collect()
+                .collect::<Vec<(String, String)>>()
         };
         if quick {
             // The short version CI runs: a quick link, short breaks, small copies.
@@ -85,11 +94,16 @@ impl Params {
                     ("cp-put-erl2", "restart"),
                     ("cp-get-erl0", "restart"),
                     ("sync", "cut"),
+                    ("cp-put-erl2", "down"),
+                    ("cp-get-erl0", "down"),
                 ]
                 .iter()
                 .map(|(f, e)| (f.to_string(), e.to_string()))
                 .collect(),
                 grace: Duration::from_secs(150),
+                // Short limits: a link that does not come back ends the copy in well under
+                // a minute instead of about two.
+                down_opts: "recovery_timeout=5&command_timeout=5&nop_interval=2".into(),
             }
         } else {
             Params {
@@ -99,8 +113,13 @@ impl Params {
                 loss: "1%".into(),
                 size: 64 << 20,
                 durations: vec![5, 30, 120],
-                cases: all(),
+                // `down` only where asked for (--case): it measures the bound, once.
+                cases: all()
+                    .into_iter()
+                    .filter(|(_, e): &(String, String)| e != "down")
+                    .collect(),
                 grace: Duration::from_secs(300),
+                down_opts: String::new(),
             }
         }
     }
@@ -308,6 +327,20 @@ impl Running {
         }
     }
 
+    /// Sleeps `d`, watching the command: when it ended meanwhile (a copy that gave up
+    /// while the link was still cut), the moment it was first seen ended.
+    fn sleep_watching(&mut self, d: Duration) -> Result<Option<Instant>> {
+        let end = Instant::now() + d;
+        let mut ended = None;
+        while Instant::now() < end {
+            if ended.is_none() && self.child.try_wait()?.is_some() {
+                ended = Some(Instant::now());
+            }
+            proc::sleep((end - Instant::now()).min(Duration::from_millis(100)))?;
+        }
+        Ok(ended)
+    }
+
     fn stderr_tail(&self) -> String {
         let e = std::fs::read_to_string(&self.err).unwrap_or_default();
         // A Rust tool's error comes before its backtrace (RUST_BACKTRACE=1).
@@ -414,7 +447,7 @@ impl Lab<'_> {
     }
 
     /// The command that runs `flow` from site A, from `resume` on (cp) or again (sync).
-    fn command(&self, f: &Flow, resume: Option<u64>) -> Command {
+    fn command(&self, f: &Flow, resume: Option<u64>, opts: &str) -> Command {
         let mut c = in_ns(&self.a.0, rsv_bin());
         if f.name == "sync" {
             c.args(["sync", "--json", "--interval", "1s", "--key-file"])
@@ -426,7 +459,10 @@ impl Lab<'_> {
             return c;
         }
         let erl = if f.name.ends_with("erl0") { "0" } else { "2" };
-        let url = format!("{}?erl={erl}", self.url());
+        let mut url = format!("{}?erl={erl}", self.url());
+        if !opts.is_empty() {
+            url = format!("{url}&{opts}");
+        }
         c.args(["cp", "--json", "--progress", "json"]);
         if f.name.starts_with("cp-put") {
             c.arg(&f.src).arg(&url);
@@ -452,7 +488,7 @@ impl Lab<'_> {
         let f = self.flow(flow)?;
         let before = tx_bytes(&self.link, f.dir);
         let start = Instant::now();
-        let mut r = Running::spawn(self.command(&f, None), &self.dir, self.next())?;
+        let mut r = Running::spawn(self.command(&f, None, ""), &self.dir, self.next())?;
         let code = r.wait_until(start + self.p.grace, || {})?;
         if code != Some(0) {
             bail!(
@@ -485,9 +521,17 @@ impl Lab<'_> {
                 r.err.clone()
             }
         };
+        if event == "down" && f.name == "sync" {
+            bail!("the down break is for rsv cp only");
+        }
+        let opts = if event == "down" {
+            self.p.down_opts.as_str()
+        } else {
+            ""
+        };
         let before = tx_bytes(&self.link, f.dir);
         let start = Instant::now();
-        let mut run = Running::spawn(self.command(&f, None), &self.dir, self.next())?;
+        let mut run = Running::spawn(self.command(&f, None, opts), &self.dir, self.next())?;
         let pfile = progress_file(&run);
         // Break it once a quarter has arrived (or after a minute, whatever it did).
         let trigger = start + Duration::from_secs(60);
@@ -537,25 +581,46 @@ impl Lab<'_> {
         };
         let broken = Instant::now();
         let loss = self.p.loss.clone();
+        // A down link's command ends (or is killed as hung) before the mend.
+        let mut ended_down = None;
+        // When the command was seen ended during the break: its exit is timed from the
+        // break to then, not to the mend (which is when it would be noticed otherwise).
+        let mut ended_in_break = None;
         match event {
             "cut" => {
                 self.link.set(&["--loss".into(), "100%".into()])?;
-                let r = proc::sleep(Duration::from_secs(secs));
+                let r = run.sleep_watching(Duration::from_secs(secs));
                 self.link.set(&["--loss".into(), loss])?;
-                r?;
+                ended_in_break = r?;
             }
             "restart" => {
                 f.remote.sigkill();
-                proc::sleep(Duration::from_secs(secs))?;
+                ended_in_break = run.sleep_watching(Duration::from_secs(secs))?;
                 f.remote.up()?;
+            }
+            "down" => {
+                self.link.set(&["--loss".into(), "100%".into()])?;
+                let code = run.wait_until(broken + self.p.grace, || {});
+                res.first_end_s = broken.elapsed().as_secs_f64();
+                res.break_s = res.first_end_s.ceil() as u64;
+                self.link.set(&["--loss".into(), loss])?;
+                ended_down = Some(code?);
             }
             other => bail!("unknown event {other}"),
         }
         *mended.lock().unwrap() = Some((Instant::now(), progress_of(&pfile, key)));
-        let deadline = Instant::now() + self.p.grace;
-        let code = run.wait_until(deadline, || {})?;
+        let code = match ended_down {
+            Some(code) => code,
+            None => {
+                let code = run.wait_until(Instant::now() + self.p.grace, || {})?;
+                res.first_end_s = ended_in_break
+                    .unwrap_or_else(Instant::now)
+                    .duration_since(broken)
+                    .as_secs_f64();
+                code
+            }
+        };
         res.first_exit = code;
-        res.first_end_s = broken.elapsed().as_secs_f64();
         // A resumable end: cp's exit 4 with its prefix, a failed sync run again.
         let summary: Value =
             serde_json::from_str(&std::fs::read_to_string(&run.out).unwrap_or_default())
@@ -581,7 +646,7 @@ impl Lab<'_> {
         if let Some(off) = resume {
             res.resumed_from = Some(off);
             let mut again = Running::spawn(
-                self.command(&f, (f.name != "sync").then_some(off)),
+                self.command(&f, (f.name != "sync").then_some(off), opts),
                 &self.dir,
                 self.next(),
             )?;
@@ -611,8 +676,19 @@ impl Lab<'_> {
             (Some((m, _)), Some(r)) => Some(r.duration_since(m).as_secs_f64()),
             _ => None,
         };
-        res.outcome = if code.is_none() {
+        res.outcome = if code.is_none() && event == "down" {
+            format!(
+                "hung (still running {} s into the cut)",
+                self.p.grace.as_secs()
+            )
+        } else if code.is_none() {
             format!("hung (killed {} s after the mend)", self.p.grace.as_secs())
+        } else if event == "down" && code != Some(4) {
+            // A link that never came back must end the copy with a resumable state.
+            format!(
+                "error (exit {} with the link down, not 4)",
+                code.unwrap_or(-1)
+            )
         } else if !ok {
             "error".into()
         } else {
@@ -754,11 +830,18 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
                 bytes
             }
         };
-        for &d in &p.durations {
-            eprintln!("cuts: {flow}, {event} for {d} s ...");
+        let once = [0];
+        let durations: &[u64] = if event == "down" { &once } else { &p.durations };
+        for &d in durations {
+            if event == "down" {
+                eprintln!("cuts: {flow}, link down until it gives up ...");
+            } else {
+                eprintln!("cuts: {flow}, {event} for {d} s ...");
+            }
             let r = lab.case(flow, event, d, base)?;
             eprintln!(
-                "cuts: {flow}, {event} {d} s: {} (recovered in {}, {:.1} s in all){}",
+                "cuts: {flow}, {event} {} s: {} (recovered in {}, {:.1} s in all){}",
+                r.break_s,
                 r.outcome,
                 r.recover_s.map_or("-".into(), |x| format!("{x:.1} s")),
                 r.total_s,

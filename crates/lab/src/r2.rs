@@ -317,10 +317,25 @@ fn sync_row(
         .args(args)
         .arg(volume.0)
         .arg(volume.1);
+    // RSV_LAB_KEEP=DIR keeps each sync's --json lines and its log (run with -v) there,
+    // for a look at a row's timeline; the run's results do not depend on it.
+    let keep = std::env::var_os("RSV_LAB_KEEP").map(PathBuf::from);
+    if keep.is_some() {
+        cmd.arg("-v");
+    }
     let watch = watch(link)?;
     let start = unix_now();
     let out = proc::run(cmd, timeout, dir)?;
     let end_wall = unix_now();
+    if let Some(k) = &keep {
+        std::fs::create_dir_all(k)?;
+        let stem = k.join(format!("r2-{rtt}ms-{rowkey}"));
+        std::fs::write(stem.with_extension("jsonl"), &out.stdout)?;
+        std::fs::write(
+            stem.with_extension("log"),
+            format!("started {start:.3}\n{}", out.stderr),
+        )?;
+    }
     let (ab, _) = watch.finish();
     let mut row = Row {
         key: rowkey.into(),

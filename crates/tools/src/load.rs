@@ -68,6 +68,18 @@ pub struct LoadReport {
     /// Resident memory a quarter into the run and at its end.
     pub target_rss_kib_at_quarter: Option<u64>,
     pub target_rss_kib_at_end: Option<u64>,
+    /// The target's memory and descriptors over the run: the sample nearest each tenth
+    /// of it (memory flat after warm-up shows as the same figure from the second on).
+    pub target_over_time: Vec<TargetSample>,
+}
+
+/// One sample of the target's process.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TargetSample {
+    /// Seconds since the load began.
+    pub at_s: u64,
+    pub rss_kib: u64,
+    pub fds: u64,
 }
 
 #[derive(Default)]
@@ -118,15 +130,19 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
     *tally.hist.lock().unwrap() =
         Some(hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 3).unwrap());
     let logged_in = Arc::new(AtomicU64::new(0));
-    let samples: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<TargetSample>>> = Arc::default();
     let started = Instant::now();
     rt.block_on(async {
         let sampler = args.target_pid.map(|pid| {
             let samples = samples.clone();
             tokio::spawn(async move {
                 loop {
-                    if let Some(s) = proc_sample(pid) {
-                        samples.lock().unwrap().push(s);
+                    if let Some((rss_kib, fds)) = proc_sample(pid) {
+                        samples.lock().unwrap().push(TargetSample {
+                            at_s: started.elapsed().as_secs(),
+                            rss_kib,
+                            fds,
+                        });
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -177,7 +193,14 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
     let at = |f: f64| {
         samples
             .get(((samples.len() as f64) * f) as usize)
-            .map(|s| s.0)
+            .map(|s| s.rss_kib)
+    };
+    let target_over_time = if samples.is_empty() {
+        Vec::new()
+    } else {
+        (1..=10)
+            .map(|i| samples[(samples.len() * i / 10).min(samples.len() - 1)])
+            .collect()
     };
     Ok(LoadReport {
         sessions: args.sessions,
@@ -194,10 +217,11 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
         latency_us_p99: h.value_at_quantile(0.99),
         latency_us_p999: h.value_at_quantile(0.999),
         latency_us_max: h.max(),
-        target_peak_rss_kib: samples.iter().map(|s| s.0).max(),
-        target_peak_fds: samples.iter().map(|s| s.1).max(),
+        target_peak_rss_kib: samples.iter().map(|s| s.rss_kib).max(),
+        target_peak_fds: samples.iter().map(|s| s.fds).max(),
         target_rss_kib_at_quarter: at(0.25),
-        target_rss_kib_at_end: samples.last().map(|s| s.0),
+        target_rss_kib_at_end: samples.last().map(|s| s.rss_kib),
+        target_over_time,
     })
 }
 
@@ -312,6 +336,12 @@ pub fn print(report: &LoadReport, json: bool) -> anyhow::Result<bool> {
                 report.target_rss_kib_at_quarter.unwrap_or(0),
                 report.target_rss_kib_at_end.unwrap_or(0)
             );
+            let over: Vec<String> = report
+                .target_over_time
+                .iter()
+                .map(|s| format!("{} s {} KiB {} fds", s.at_s, s.rss_kib, s.fds))
+                .collect();
+            println!("target over time: {}", over.join("; "));
         }
         for e in &report.first_errors {
             println!("  {e}");
