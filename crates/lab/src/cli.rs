@@ -30,7 +30,8 @@ enum LabCommand {
         /// A short version (about a minute for both scenarios): one loss point, small sizes.
         #[arg(long)]
         quick: bool,
-        /// Where results go (default lab/results, with --quick lab/results-quick).
+        /// Where results go (default lab/results, with --quick lab/results-quick); with --out the
+        /// documents in docs/ are left alone unless --doc names one.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Rewrite this result document (default docs/lab-r0-r1.md unless --quick).
@@ -186,6 +187,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                 bail!("rsv lab needs root (network namespaces and TUN devices)");
             }
             proc::install_signal_handlers();
+            // A run whose results go elsewhere (--out) leaves the committed documents alone
+            // unless --doc names one.
+            let out_given = out.is_some();
             let out = out.unwrap_or_else(|| {
                 PathBuf::from(if quick {
                     "lab/results-quick"
@@ -248,7 +252,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r2::run(p, quick, &out, command.clone())?;
                         let r2_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r2.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r2.md"))
                             }
                             _ => None,
@@ -268,7 +272,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r3::run(p, quick, &out, command.clone())?;
                         let r3_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r3.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r3.md"))
                             }
                             _ => None,
@@ -322,7 +326,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                         crate::r4::run(p, quick, &out, command.clone())?;
                         let r4_doc = match (&doc, no_doc, quick) {
                             (Some(d), _, _) => Some(d.with_file_name("lab-r4.md")),
-                            (None, false, false) if Path::new("docs").is_dir() => {
+                            (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r4.md"))
                             }
                             _ => None,
@@ -343,7 +347,7 @@ pub fn run(args: LabArgs) -> Result<()> {
                     None
                 }
                 (Some(d), _, _) => Some(d),
-                (None, false, false) if Path::new("docs").is_dir() => {
+                (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                     Some(PathBuf::from("docs/lab-r0-r1.md"))
                 }
                 _ => None,

@@ -3,7 +3,7 @@
 //! Protocol rules live in the sans-IO `iscsi` and `scsi` crates; this crate is the I/O.
 //!
 //! Modules depend on each other one way only, each on those listed before it:
-//! `config`, `tags`, `loglimit` → `node` → `task` → `session` (with `session::recovery`) → `shared`
+//! `config`, `tags`, `loglimit`, `cores` → `node` → `task` → `session` (with `session::recovery`) → `shared`
 //! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `isns` →
 //! `server` → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
 //! imports nothing from them. A module that needs something from one after it in this
@@ -12,6 +12,7 @@
 pub mod cli;
 pub mod config;
 mod conn;
+mod cores;
 mod isns;
 mod login;
 mod loglimit;

@@ -32,7 +32,14 @@ impl Connector {
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         crate::wire::tune(&self.0, stream.socket(), peer);
-        tokio::spawn(crate::conn::serve(self.0.clone(), stream, peer));
+        let shared = self.0.clone();
+        match &self.0.cores {
+            None => drop(tokio::spawn(crate::conn::serve(shared, stream, peer))),
+            Some(cores) => cores.spawn(None, move |placed| async move {
+                crate::conn::serve(shared, stream, peer).await;
+                drop(placed);
+            }),
+        }
     }
 }
 
@@ -73,6 +80,8 @@ pub struct Server {
     /// Each with its portal's TLS, if it has any.
     listeners: Vec<(TcpListener, Option<Arc<PortalTls>>)>,
     shutdown_tx: watch::Sender<bool>,
+    /// Stops the connection threads when the server is done.
+    cores_stop: Option<crate::cores::Stop>,
 }
 
 /// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
@@ -266,10 +275,19 @@ impl Server {
             listeners.push((l, tls));
         }
         let (shutdown_tx, shutdown) = watch::channel(false);
+        let (cores, cores_stop) = match config.threads.count() {
+            None => (None, None),
+            Some(n) => {
+                let (cores, stop) =
+                    crate::cores::Cores::start(n).context("starting the connection threads")?;
+                (Some(cores), Some(stop))
+            }
+        };
         Ok(Server {
-            shared: Arc::new(Shared::new(config, targets, portals, shutdown)),
+            shared: Arc::new(Shared::new(config, targets, portals, shutdown, cores)),
             listeners,
             shutdown_tx,
+            cores_stop,
         })
     }
 
@@ -324,6 +342,7 @@ impl Server {
             shared,
             listeners,
             shutdown_tx,
+            cores_stop,
         } = self;
         let registrar = shared.config.isns.as_ref().and_then(|cfg| {
             let targets: Vec<(String, Option<String>)> = shared
@@ -356,13 +375,39 @@ impl Server {
                             let tls = tls.clone();
                             tokio::spawn(async move {
                                 crate::wire::tune(&shared, Some(tcp.as_fd()), peer);
-                                let Some(stream) =
-                                    crate::wire::accept(&shared, tcp, peer, tls.as_deref()).await
+                                let Some((first, n)) =
+                                    crate::wire::first_bytes(&shared, &tcp, peer).await
                                 else {
                                     return;
                                 };
-                                crate::conn::serve(shared, stream, peer).await;
-                                drop(open);
+                                let Some(cores) = &shared.cores else {
+                                    serve_accepted(shared, tcp, first[0], peer, tls, open).await;
+                                    return;
+                                };
+                                // A connection joining a session goes to the session's
+                                // thread: their commands wait on each other's CmdSN.
+                                let home = crate::wire::login_tsih(&first[..n])
+                                    .and_then(|tsih| shared.session(tsih))
+                                    .and_then(|s| s.home());
+                                let tcp = match tcp.into_std() {
+                                    Ok(tcp) => tcp,
+                                    Err(e) => {
+                                        warn!("{peer}: {e}");
+                                        return;
+                                    }
+                                };
+                                let first = first[0];
+                                let to = shared.clone();
+                                cores.spawn(home, move |placed| async move {
+                                    // Registered with this thread's reactor.
+                                    match tokio::net::TcpStream::from_std(tcp) {
+                                        Ok(tcp) => {
+                                            serve_accepted(to, tcp, first, peer, tls, open).await
+                                        }
+                                        Err(e) => warn!("{peer}: {e}"),
+                                    }
+                                    drop(placed);
+                                });
                             });
                         }
                         Err(e) => {
@@ -424,9 +469,26 @@ impl Server {
         if failed? {
             bail!("some LUNs could not be flushed");
         }
+        drop(cores_stop);
         info!("stopped cleanly");
         Ok(())
     }
+}
+
+/// An accepted connection from its transport's set-up to its end.
+async fn serve_accepted(
+    shared: Arc<Shared>,
+    tcp: tokio::net::TcpStream,
+    first: u8,
+    peer: SocketAddr,
+    tls: Option<Arc<PortalTls>>,
+    open: crate::shared::OpenConnection,
+) {
+    let Some(stream) = crate::wire::accept(&shared, tcp, first, peer, tls.as_deref()).await else {
+        return;
+    };
+    crate::conn::serve(shared, stream, peer).await;
+    drop(open);
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
 //! connections, and the registry of its tasks (for task management across connections).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iscsi::ffp::CmdOrder;
@@ -62,6 +62,9 @@ pub struct Session {
     queue_depth: u32,
     /// Mirrors of the window for stamping outgoing PDUs without taking the lock.
     exp_cmdsn: AtomicU32,
+    /// The connection thread (`crate::cores`) of its leading connection, where the others
+    /// go too; `usize::MAX`: none (the runtime's shared scheduler).
+    home: AtomicUsize,
     inner: Mutex<Inner>,
 }
 
@@ -95,6 +98,8 @@ impl Session {
             nexus,
             queue_depth,
             exp_cmdsn: AtomicU32::new(first_cmdsn),
+            // Made by its leading connection's login, on that connection's thread.
+            home: AtomicUsize::new(crate::cores::current().unwrap_or(usize::MAX)),
             inner: Mutex::new(Inner {
                 order: CmdOrder::new(first_cmdsn, queue_depth),
                 conns: TagMap::default(),
@@ -108,6 +113,12 @@ impl Session {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic elsewhere must not wedge every connection of the session.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection thread the session's connections go to, if it has one.
+    pub fn home(&self) -> Option<usize> {
+        let h = self.home.load(Ordering::Acquire);
+        (h != usize::MAX).then_some(h)
     }
 
     pub fn is_discovery(&self) -> bool {

@@ -11,6 +11,7 @@ use scsi::Nexus;
 use tokio::sync::{watch, Notify};
 
 use crate::config::Config;
+use crate::cores::Cores;
 use crate::node::{LunStore, TargetNode};
 use crate::session::Session;
 
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
     /// TCP connections held, logged in or not (`max_open_connections`).
     open_connections: AtomicUsize,
     idle: Notify,
+    /// The threads connections run on; `None`: the runtime's shared scheduler.
+    pub(crate) cores: Option<Cores>,
 }
 
 impl Shared {
@@ -46,6 +49,7 @@ impl Shared {
         targets: Vec<Arc<TargetNode>>,
         portals: Vec<SocketAddr>,
         shutdown: watch::Receiver<bool>,
+        cores: Option<Cores>,
     ) -> Shared {
         Shared {
             config,
@@ -58,6 +62,7 @@ impl Shared {
             inflight: AtomicUsize::new(0),
             open_connections: AtomicUsize::new(0),
             idle: Notify::new(),
+            cores,
         }
     }
 

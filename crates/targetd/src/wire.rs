@@ -52,13 +52,49 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// initiator of ours can say so (others see the status: authentication failure).
 pub const TLS_REQUIRED_KEY: &str = "X-org.reservoir.TLS=Required";
 
-/// Turns an accepted socket into the connection's stream: a TLS handshake on a TLS
-/// portal, plain TCP otherwise. Which one the peer speaks is told by its first byte, so
-/// that each mismatch ends with a line that names it, here and, where the peer is ours,
-/// in the initiator's error. `None`: the connection is over (logged).
+/// What a new connection sent first, peeked (not taken): up to a BHS's worth, and how
+/// many bytes of it there are. `None`: the connection is over (logged).
+pub(crate) async fn first_bytes(
+    shared: &Shared,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+) -> Option<([u8; BHS_LEN], usize)> {
+    let limit = Duration::from_secs(shared.config.session.login_timeout.max(1));
+    let mut first = [0u8; BHS_LEN];
+    match tokio::time::timeout(limit, tcp.peek(&mut first)).await {
+        Ok(Ok(0)) => None,
+        Ok(Ok(n)) => Some((first, n)),
+        Ok(Err(e)) => {
+            debug!("{peer}: {e}");
+            None
+        }
+        Err(_) => {
+            let local = tcp
+                .local_addr()
+                .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+            info!("{peer}: portal {local}: nothing sent within {limit:?}; closed");
+            None
+        }
+    }
+}
+
+/// The TSIH a plaintext Login Request names in its first bytes (`first_bytes`): the
+/// session a new connection joins, when not 0.
+pub(crate) fn login_tsih(first: &[u8]) -> Option<u16> {
+    const LOGIN_REQUEST: u8 = 0x03;
+    let tsih = u16::from_be_bytes([*first.get(14)?, *first.get(15)?]);
+    (first[0] & 0x3f == LOGIN_REQUEST && tsih != 0).then_some(tsih)
+}
+
+/// Turns an accepted socket, whose first byte `first` is (`first_bytes`), into the
+/// connection's stream: a TLS handshake on a TLS portal, plain TCP otherwise. Which one
+/// the peer speaks is told by its first byte, so that each mismatch ends with a line that
+/// names it, here and, where the peer is ours, in the initiator's error. `None`: the
+/// connection is over (logged).
 pub(crate) async fn accept(
     shared: &Shared,
     tcp: TcpStream,
+    first: u8,
     peer: SocketAddr,
     portal: Option<&PortalTls>,
 ) -> Option<Stream> {
@@ -66,20 +102,7 @@ pub(crate) async fn accept(
         .local_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     let limit = Duration::from_secs(shared.config.session.login_timeout.max(1));
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(limit, tcp.peek(&mut first)).await {
-        Ok(Ok(0)) => return None,
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            debug!("{peer}: {e}");
-            return None;
-        }
-        Err(_) => {
-            info!("{peer}: portal {local}: nothing sent within {limit:?}; closed");
-            return None;
-        }
-    }
-    let hello = first[0] == TLS_HANDSHAKE_RECORD;
+    let hello = first == TLS_HANDSHAKE_RECORD;
     match (portal, hello) {
         (Some(p), true) => match tokio::time::timeout(limit, Stream::tls_accept(tcp, &p.tls)).await
         {
