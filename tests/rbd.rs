@@ -618,7 +618,7 @@ fn reads_in_flight_when_the_connection_goes_complete_safely() {
     let opts = initiator::SessionOptions::default();
     let data = bytes::Bytes::from(
         (0..4u32 << 20)
-            .map(|i| (i * 7 >> 3) as u8)
+            .map(|i| ((i * 7) >> 3) as u8)
             .collect::<Vec<_>>(),
     );
     let first = tokio::runtime::Runtime::new().unwrap();
