@@ -8,11 +8,18 @@
 #   scripts/bench-rbd.sh [SECONDS]      (default 10 s per measurement)
 #
 # The target exports the image twice: LUN 0 with librbd's cache at its default (on), LUN 1
-# with `cache=no`, so that both are measured in the same run.
+# with `cache=no`, so that both are measured in the same run. With RSV_BASE=path to
+# another build of rsv (main's, say), a second target from it is measured in the same run
+# too (rows marked "base"), for a before/after pair under the same load.
 # Reads at queue depth 32: 4 KiB random and 1 MiB (sequential for iscsi-perf's and
 # qemu-img's, which have no random large reads; random and sequential for fio). Prints a
 # table with each Reservoir figure over librbd's (fio), the load average at the start and
-# end (the machine may be shared), and writes $OUT (default bench-rbd.json).
+# end (the machine may be shared), and writes $OUT (default bench-rbd.json). Every row
+# also gives CPU seconds per GiB read: the client's (fio with librbd in it, iscsi-perf,
+# qemu-img: its user + system time), the target's and the OSD's (from /proc, over the
+# client's run); on two shared CPUs these say more than throughput ratios do. With
+# PERF_STAT=1, the 4 KiB rows also count context switches per read (perf stat) of the
+# client and of the target.
 # Environment: RSV=path to a built rsv (else `cargo build --release` here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +38,10 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-bench-rbd.XXXXXX")
 target_pid=
+base_pid=
 cleanup() {
   [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null && wait "$target_pid" 2>/dev/null
+  [ -n "$base_pid" ] && kill "$base_pid" 2>/dev/null && wait "$base_pid" 2>/dev/null
   scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -65,63 +74,127 @@ portal=$(sed -n 's/^portal //p' "$work/target.out" | head -1)
 URL="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/0"
 URL_NOCACHE="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/1"
 RBD_URL="rbd:rbd/bench:conf=$CEPH_CONF"
+if [ -n "${RSV_BASE:-}" ]; then
+  "$RSV_BASE" target --listen 127.0.0.1:0 --data-dir "$work/data-base" \
+    --config "$work/target.toml" >"$work/base.out" 2>"$work/base.log" &
+  base_pid=$!
+  for _ in $(seq 100); do grep -q '^ready' "$work/base.out" && break; sleep 0.1; done
+  base_portal=$(sed -n 's/^portal //p' "$work/base.out" | head -1)
+  URL_BASE="iscsi://$base_portal/iqn.2026-11.org.reservoir:bench-rbd/0"
+fi
+osd_pid=$(cat "$work/ceph/run/osd.0.pid")
+TCK=$(getconf CLK_TCK)
+
+# CPU seconds a process has used so far (user + system, all its threads).
+cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
+# Runs a client ("$@") and appends to its output line "CLIENT TARGET OSD": CPU seconds of
+# the client, of target process $TPID (none: 0) and of the OSD over the run. With
+# PERF_STAT=1 and CS set, also the context switches of the client and of the target.
+measured() {
+  local t0 o0 t1 o1 line cpu cs_c=0 cs_t=0 pstat=
+  t0=$([ -n "${TPID:-}" ] && cpu_of "$TPID" || echo 0)
+  o0=$(cpu_of "$osd_pid")
+  if [ "${PERF_STAT:-0}" = 1 ] && [ -n "${CS:-}" ] && [ -n "${TPID:-}" ]; then
+    perf stat -e context-switches -x, -o "$work/cs-target" -p "$TPID" -- sleep "$SECS" &
+    pstat=$!
+  fi
+  if [ "${PERF_STAT:-0}" = 1 ] && [ -n "${CS:-}" ]; then
+    line=$(/usr/bin/time -f '%U %S' -o "$work/cpu" \
+      perf stat -e context-switches -x, -o "$work/cs-client" -- "$@")
+    cs_c=$(awk -F, '/context-switches/ { print $1 }' "$work/cs-client")
+  else
+    line=$(/usr/bin/time -f '%U %S' -o "$work/cpu" "$@")
+  fi
+  if [ -n "$pstat" ]; then
+    wait "$pstat" || true
+    cs_t=$(awk -F, '/context-switches/ { print $1 }' "$work/cs-target")
+  fi
+  t1=$([ -n "${TPID:-}" ] && cpu_of "$TPID" || echo 0)
+  o1=$(cpu_of "$osd_pid")
+  cpu=$(awk '{ printf "%.3f", $1 + $2 }' "$work/cpu")
+  echo "${line:-0 0 0} $cpu $(python3 -c "print(f'{$t1-$t0:.3f} {$o1-$o0:.3f}')") ${cs_c:-0} ${cs_t:-0}"
+}
 
 # iscsi-perf prints "iops average N (M MB/s)" last; -r: random LBAs over the whole LUN.
-perf() { # blocks_per_request rand|seq [url] -> "IOPS MBs"
+iperf() { # blocks_per_request rand|seq [url] -> "IOPS MBs BYTES"
   local args=(-b "$1" -m 32 -t "$SECS")
   [ "$2" = rand ] && args+=(-r)
   timeout $((SECS + 20)) iscsi-perf "${args[@]}" "${3:-$URL}" 2>&1 | tr '\r' '\n' |
     grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
-    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/'
+    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
+    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
 }
 fio_rbd() { # bs randread|read -> "IOPS MBs"
   fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
     --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
-    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0]["read"]; print(int(r["iops"]), int(r["bw_bytes"]/1e6))'
+    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0]["read"]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])'
 }
 qbench() { # url bytes -> "IOPS MBs"; sequential reads, depth 32, for about SECS
   local count=$(($2 >= 1048576 ? SECS * 200 : SECS * 4000)) t0 t1
   t0=$(date +%s.%N)
-  timeout $((SECS * 6 + 60)) qemu-img bench -f raw -d 32 -c "$count" -s "$2" -n "$1" >/dev/null 2>&1 || { echo "0 0"; return; }
+  timeout $((SECS * 6 + 60)) qemu-img bench -f raw -d 32 -c "$count" -s "$2" -n "$1" >/dev/null 2>&1 || { echo "0 0 0"; return; }
   t1=$(date +%s.%N)
-  python3 -c "d=$t1-$t0; print(int($count/d), int($count*$2/d/1e6))"
+  python3 -c "d=$t1-$t0; print(int($count/d), int($count*$2/d/1e6), $count*$2)"
 }
+export -f iperf fio_rbd qbench
+export SECS URL CEPH_CONF
 
-p4=$(perf 8 rand)
-f4=$(fio_rbd 4k randread)
-p4n=$(perf 8 rand "$URL_NOCACHE")
-p1=$(perf 2048 seq)
-p1n=$(perf 2048 seq "$URL_NOCACHE")
-f1=$(fio_rbd 1m read)
-f1r=$(fio_rbd 1m randread)
-q4r=$(qbench "$RBD_URL" 4096)
-q4i=$(qbench "$URL" 4096)
-q1r=$(qbench "$RBD_URL" 1048576)
-q1i=$(qbench "$URL" 1048576)
+p4=$(TPID=$target_pid CS=1 measured bash -c 'iperf 8 rand')
+f4=$(CS=1 measured bash -c 'fio_rbd 4k randread')
+p4n=$(TPID=$target_pid CS=1 measured bash -c 'iperf 8 rand "$0"' "$URL_NOCACHE")
+p1=$(TPID=$target_pid measured bash -c 'iperf 2048 seq')
+p1n=$(TPID=$target_pid measured bash -c 'iperf 2048 seq "$0"' "$URL_NOCACHE")
+f1=$(measured bash -c 'fio_rbd 1m read')
+f1r=$(measured bash -c 'fio_rbd 1m randread')
+if [ -n "$base_pid" ]; then
+  b4=$(TPID=$base_pid CS=1 measured bash -c 'iperf 8 rand "$0"' "$URL_BASE")
+  b1=$(TPID=$base_pid measured bash -c 'iperf 2048 seq "$0"' "$URL_BASE")
+fi
+q4r=$(measured bash -c 'qbench "$0" 4096' "$RBD_URL")
+q4i=$(TPID=$target_pid measured bash -c 'qbench "$0" 4096' "$URL")
+q1r=$(measured bash -c 'qbench "$0" 1048576' "$RBD_URL")
+q1i=$(TPID=$target_pid measured bash -c 'qbench "$0" 1048576' "$URL")
 load_end=$(load)
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
 col() { cut -d' ' -f"$2" <<<"$1"; }
-printf '%-44s %10s %9s %8s\n' workload IOPS MB/s ÷librbd
-row() { printf '%-44s %10s %9s %8s\n' "$1" "$(col "$2" 1)" "$(col "$2" 2)" "${3:-}"; }
+# A row: IOPS, MB/s, bytes read, CPU seconds of the client, target and OSD, context
+# switches of the client and target.
+# CPU seconds per GiB read of column $2 (4 client, 5 target, 6 OSD).
+per_gib() { python3 -c "b=$(col "$1" 3)/2**30; print(f'{$(col "$1" "$2")/b:.1f}' if b else 'n/a')"; }
+# Context switches per read of column $2 (7 client, 8 target); blank when not counted.
+per_io() { python3 -c "n=$(col "$1" "$2"); i=$(col "$1" 1)*$SECS; print(f'{n/i:.1f}' if n and i else '')"; }
+printf '%-44s %9s %7s %7s | %-18s | %s\n' workload IOPS MB/s ÷librbd \
+  "CPU s/GiB cl tg osd" "cs/read cl tg"
+row() {
+  printf '%-44s %9s %7s %7s | %5s %5s %5s      | %s %s\n' "$1" "$(col "$2" 1)" "$(col "$2" 2)" \
+    "${3:-}" "$(per_gib "$2" 4)" "$(per_gib "$2" 5)" "$(per_gib "$2" 6)" \
+    "$(per_io "$2" 7)" "$(per_io "$2" 8)"
+}
 row "4 KiB random read QD32: fio rbd engine" "$f4"
 row "  Reservoir over RBD, iscsi-perf" "$p4" "$(ratio "$(col "$p4" 1)" "$(col "$f4" 1)")"
 row "  Reservoir over RBD cache=no, iscsi-perf" "$p4n" "$(ratio "$(col "$p4n" 1)" "$(col "$f4" 1)")"
+[ -n "$base_pid" ] && row "  base build, iscsi-perf" "$b4" "$(ratio "$(col "$b4" 1)" "$(col "$f4" 1)")"
 row "1 MiB read QD32: fio rbd engine, sequential" "$f1"
 row "  fio rbd engine, random" "$f1r"
 # librbd's better 1 MiB figure is the reference (its sequential reads may trail its random ones).
 f1best=$(python3 -c "print(max($(col "$f1" 2), $(col "$f1r" 2)))")
 row "  Reservoir over RBD, iscsi-perf, sequential" "$p1" "$(ratio "$(col "$p1" 2)" "$f1best")"
 row "  Reservoir over RBD cache=no, iscsi-perf, seq" "$p1n" "$(ratio "$(col "$p1n" 2)" "$f1best")"
+[ -n "$base_pid" ] && row "  base build, iscsi-perf, sequential" "$b1" "$(ratio "$(col "$b1" 2)" "$f1best")"
 row "qemu-img bench 4 KiB seq QD32: rbd:" "$q4r"
 row "  qemu-img bench through Reservoir" "$q4i" "$(ratio "$(col "$q4i" 1)" "$(col "$q4r" 1)")"
 row "qemu-img bench 1 MiB seq QD32: rbd:" "$q1r"
 row "  qemu-img bench through Reservoir" "$q1i" "$(ratio "$(col "$q1i" 2)" "$(col "$q1r" 2)")"
 echo "load average: start $load_start, end $load_end; $(nproc) CPUs; image ${SIZE_MB} MiB, memstore"
+echo "CPU s/GiB: cl = the client process (fio with librbd, iscsi-perf, qemu-img), tg = the target, osd = the OSD"
+# A row as JSON: figures, CPU seconds (client, target, OSD) and context switches.
+js() { local r=$1; [ -z "$r" ] && { echo null; return; }
+  echo "{\"iops\": $(col "$r" 1), \"mbs\": $(col "$r" 2), \"bytes\": $(col "$r" 3), \"cpu_s\": [$(col "$r" 4), $(col "$r" 5), $(col "$r" 6)], \"cs\": [$(col "$r" 7), $(col "$r" 8)]}"; }
 cat >"$OUT" <<JSON
 {"seconds": $SECS, "nproc": $(nproc), "load_start": "$load_start", "load_end": "$load_end",
- "rand_4k_qd32_iops": {"reservoir_iscsi_perf": $(col "$p4" 1), "reservoir_iscsi_perf_cache_no": $(col "$p4n" 1), "fio_rbd": $(col "$f4" 1)},
- "read_1m_qd32_mbs": {"reservoir_iscsi_perf_seq": $(col "$p1" 2), "reservoir_iscsi_perf_seq_cache_no": $(col "$p1n" 2), "fio_rbd_seq": $(col "$f1" 2), "fio_rbd_rand": $(col "$f1r" 2)},
- "qemu_img_bench_4k_iops": {"rbd": $(col "$q4r" 1), "reservoir": $(col "$q4i" 1)},
- "qemu_img_bench_1m_mbs": {"rbd": $(col "$q1r" 2), "reservoir": $(col "$q1i" 2)}}
+ "rand_4k_qd32": {"reservoir_iscsi_perf": $(js "$p4"), "reservoir_iscsi_perf_cache_no": $(js "$p4n"), "base_iscsi_perf": $(js "${b4:-}"), "fio_rbd": $(js "$f4")},
+ "read_1m_qd32": {"reservoir_iscsi_perf_seq": $(js "$p1"), "reservoir_iscsi_perf_seq_cache_no": $(js "$p1n"), "base_iscsi_perf_seq": $(js "${b1:-}"), "fio_rbd_seq": $(js "$f1"), "fio_rbd_rand": $(js "$f1r")},
+ "qemu_img_bench_4k": {"rbd": $(js "$q4r"), "reservoir": $(js "$q4i")},
+ "qemu_img_bench_1m": {"rbd": $(js "$q1r"), "reservoir": $(js "$q1i")}}
 JSON

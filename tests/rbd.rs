@@ -3,7 +3,8 @@
 //! OSD): libiscsi's suite on an RBD-backed LUN with zero failures, a qemu-img round trip
 //! read back through qemu's own rbd driver, a SIGKILL of the target mid-write that loses
 //! no flushed data, an OSD killed and restarted mid-copy (a pause or errors, never wrong
-//! data), and the store's own errors and reconnection.
+//! data), the store's own errors and reconnection (its asynchronous reads among them), and
+//! reads whose completions arrive after their connection has gone.
 //!
 //! Without Ceph (ceph-mon, ceph-osd, rbd) the tests skip with a note, unless CI or
 //! RESERVOIR_TEST_STRICT is set: then they fail (scripts/setup.sh installs Ceph).
@@ -591,6 +592,91 @@ fn osd_killed_and_restarted_mid_copy_pauses_or_fails_never_corrupts() {
     );
 }
 
+/// Reads started on librbd (asynchronously) and still in flight when their initiator's
+/// connection goes away: with the OSD down they complete only at the store's timeout,
+/// after the connection is gone (and the commands with it). The target takes those late
+/// completions, serves a new session, and reads return the right data once the OSD is back.
+#[test]
+fn reads_in_flight_when_the_connection_goes_complete_safely() {
+    if !have_ceph() {
+        return;
+    }
+    let cluster = Cluster::start(true);
+    cluster.create("late", "16M");
+    let dir = tempfile::tempdir().unwrap();
+    // Without librbd's cache, so that every read goes to the OSD.
+    let mut target = Target::start(
+        dir.path(),
+        &lun(
+            0,
+            &format!("{}&timeout=3s&cache=no", cluster.spec("late")),
+            "",
+        ),
+        false,
+    );
+    let url = initiator::IscsiUrl::parse(&target.url(0, 0)).unwrap();
+    let opts = initiator::SessionOptions::default();
+    let data = bytes::Bytes::from(
+        (0..4u32 << 20)
+            .map(|i| ((i * 7) >> 3) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let lun = first
+        .block_on(initiator::Lun::open_url(&url, &opts))
+        .expect("login");
+    first.block_on(async {
+        lun.write_at(0, data.clone()).await.unwrap();
+        lun.flush().await.unwrap();
+        assert_eq!(lun.read_at(0, 4 << 20).await.unwrap(), data);
+    });
+    cluster.script("kill-osd");
+    for i in 0..32u64 {
+        let lun = lun.clone();
+        first.spawn(async move { lun.read_at(i * 131072, 4096).await });
+    }
+    // The reads reach the target and librbd; then the initiator is gone, connections and
+    // all, without a logout.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(lun);
+    first.shutdown_background();
+    // librbd gives up on them (timeout=3s) after the connection has closed.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        target.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the target died:\n{}",
+        target.log()
+    );
+    cluster.script("start-osd");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t = Instant::now();
+    let back = loop {
+        let got = rt.block_on(async {
+            let lun = initiator::Lun::open_url(&url, &opts).await?;
+            lun.read_at(0, 4 << 20).await
+        });
+        match got {
+            Ok(b) => break b,
+            Err(e) if t.elapsed() < Duration::from_secs(40) => {
+                println!("not yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!(
+                "no read 40 s after the OSD came back: {e}\n{}",
+                target.log()
+            ),
+        }
+    };
+    assert!(back == data, "reads after the outage differ");
+    let log = target.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        log.contains("backstore I/O error"),
+        "the reads in flight did not fail in the store:\n{log}"
+    );
+    target.kill();
+}
+
 fn open(spec: &str) -> Result<Arc<dyn Backstore>, backstore::OpenError> {
     let mut reg = backstore::Registry::with_builtins();
     rbd::register(&mut reg);
@@ -660,8 +746,66 @@ fn store_zeroes_errors_and_reconnection() {
         t.elapsed()
     );
 
-    // The OSD gone: writes fail within the timeout; back, the same store works again.
+    // Asynchronous reads (completed by librbd's callback) read what the blocking ones do,
+    // many at once; a range past the end fails at once.
+    assert!(
+        store.reads_async(),
+        "a connected RBD store reads asynchronously"
+    );
+    let mut want = vec![0u8; 16 << 20];
+    store.read_at(&mut want, 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ranges: Vec<(u64, usize)> = (0..64u64)
+        .map(|i| ((i * 7919 % 4000) * 4096, 4096 << (i % 3)))
+        .collect();
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        let tx = tx.clone();
+        let buf = backstore::buffers::Buf::take(len);
+        store.read_async(buf, off, Box::new(move |b, r| tx.send((i, b, r)).unwrap()));
+    }
+    for _ in 0..ranges.len() {
+        let (i, b, r) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a read's completion");
+        r.unwrap_or_else(|e| panic!("async read {i}: {e}"));
+        let (off, len) = ranges[i];
+        assert!(
+            b[..] == want[off as usize..off as usize + len],
+            "async read {i} at {off}+{len} differs"
+        );
+    }
+    store.read_async(
+        backstore::buffers::Buf::take(8192),
+        (16 << 20) - 4096,
+        Box::new(move |b, r| tx.send((0, b, r)).unwrap()),
+    );
+    let (_, _, r) = rx.recv_timeout(Duration::from_secs(1)).unwrap();
+    assert!(r.is_err(), "a read past the end succeeded");
+
+    // The OSD gone: an asynchronous read fails within the timeout, and the store stops
+    // reading asynchronously until the blocking path has connected again; writes fail
+    // within the timeout; back, the same store works again.
     cluster.script("kill-osd");
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.read_async(
+        backstore::buffers::Buf::take(4096),
+        8 << 20,
+        Box::new(move |b, r| tx.send((b, r)).unwrap()),
+    );
+    let (_, r) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no completion for an asynchronous read with the OSD down");
+    println!(
+        "async read with the OSD down: {r:?} after {:?}",
+        t.elapsed()
+    );
+    let e = r.expect_err("an asynchronous read with the OSD down succeeded");
+    assert!(e.to_string().contains("rbd/store"), "{e}");
+    assert!(
+        !store.reads_async(),
+        "still asynchronous on a lost connection"
+    );
     let t = Instant::now();
     let r = store.write_at(&data, 8 << 20).and_then(|()| store.flush());
     let waited = t.elapsed();
@@ -685,6 +829,16 @@ fn store_zeroes_errors_and_reconnection() {
     assert!(ok, "the store did not come back after the OSD did");
     store.read_at(&mut back, 8 << 20).unwrap();
     assert!(back == data);
+    assert!(store.reads_async(), "asynchronous again once connected");
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.read_async(
+        backstore::buffers::Buf::take(1 << 20),
+        8 << 20,
+        Box::new(move |b, r| tx.send((b, r)).unwrap()),
+    );
+    let (b, r) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    r.unwrap();
+    assert!(b[..] == data[..], "asynchronous read after the outage");
     store.read_at(&mut back, 0).unwrap();
     assert!(
         back[..4096].iter().all(|&b| b == 0xa5),

@@ -42,6 +42,26 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<bool> {
         Ok(false)
     }
+    /// Whether [`Backstore::read_async`] returns before the read is done, the store
+    /// completing it on a thread of its own (librbd's): then an event loop may start reads
+    /// itself instead of parking a thread that may block on each. No (the default) for a
+    /// store whose reads block; callers then keep its reads on such threads. May change
+    /// over the store's life (an RBD store says no while it has no connection, so that the
+    /// blocking path connects again): ask before each read.
+    fn reads_async(&self) -> bool {
+        false
+    }
+    /// Starts reading `buf.len()` bytes at `offset`; `done` gets `buf` back, filled, or the
+    /// error, exactly once. A store that says yes to [`Backstore::reads_async`] returns at
+    /// once and calls `done` later on a thread of its own (or before it returns, when it
+    /// fails at once or its cache answers); `done` must not block, and the buffer is the
+    /// store's until then, whatever happens to whoever started the read. The default is
+    /// today's blocking path: [`Backstore::read_at`] on the calling thread, then `done`.
+    fn read_async(&self, buf: buffers::Buf, offset: u64, done: ReadDone) {
+        let mut buf = buf;
+        let r = self.read_at(&mut buf, offset);
+        done(buf, r)
+    }
     /// Lends `[offset, offset + len)` without copying it (see [`Lent`]), when the store
     /// can: `Ok(None)` when it cannot, or when `wait` is false and the bytes are not in
     /// memory yet. With `wait`, the call may block until they are. The caller keeps
@@ -95,6 +115,10 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// not shared never call it.
     fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
 }
+
+/// What a store calls when a read started with [`Backstore::read_async`] is over: the
+/// buffer, and whether it was filled.
+pub type ReadDone = Box<dyn FnOnce(buffers::Buf, io::Result<()>) + Send>;
 
 /// Why a store refused a request.
 #[derive(Debug, thiserror::Error)]

@@ -1001,6 +1001,14 @@ impl Backstore for Tracked {
         self.inner.try_read_at(buf, offset)
     }
 
+    fn reads_async(&self) -> bool {
+        self.inner.reads_async()
+    }
+
+    fn read_async(&self, buf: crate::buffers::Buf, offset: u64, done: crate::ReadDone) {
+        self.inner.read_async(buf, offset, done)
+    }
+
     fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
         self.inner.lend(offset, len, wait)
     }

@@ -7,6 +7,10 @@ use std::os::raw::{c_char, c_int, c_void};
 pub type rados_t = *mut c_void;
 pub type rados_ioctx_t = *mut c_void;
 pub type rbd_image_t = *mut c_void;
+pub type rbd_completion_t = *mut c_void;
+/// Called by librbd (on one of its threads, or on the submitting one) once per completion
+/// when the request is over: the completion and the argument given at its creation.
+pub type rbd_callback_t = extern "C" fn(rbd_completion_t, *mut c_void);
 /// Called by `rbd_diff_iterate2` per extent: offset, length, whether it exists.
 pub type rbd_diff_cb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 /// Called by librbd (on its own thread) when the image's header changed: a resize, a
@@ -108,6 +112,24 @@ extern "C" {
         op_flags: c_int,
     ) -> isize;
     pub fn rbd_flush(image: rbd_image_t) -> c_int;
+    pub fn rbd_aio_create_completion(
+        cb_arg: *mut c_void,
+        complete_cb: rbd_callback_t,
+        c: *mut rbd_completion_t,
+    ) -> c_int;
+    /// 0 once queued (the callback will run); negative: not queued, no callback.
+    pub fn rbd_aio_read2(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        buf: *mut c_char,
+        c: rbd_completion_t,
+        op_flags: c_int,
+    ) -> c_int;
+    /// The bytes read, or a negative errno.
+    pub fn rbd_aio_get_return_value(c: rbd_completion_t) -> isize;
+    /// Frees the completion (allowed in its callback).
+    pub fn rbd_aio_release(c: rbd_completion_t);
     pub fn rbd_write_zeroes(
         image: rbd_image_t,
         ofs: u64,

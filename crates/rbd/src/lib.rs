@@ -1,7 +1,9 @@
 //! A Ceph RBD image as a store: the `rbd` kind, `rbd:POOL/[NAMESPACE/]IMAGE?conf=...`,
 //! through a thin FFI over librbd's C API ([`ffi`]; Debian's librbd-dev).
 //!
-//! The `Backstore` calls are synchronous and come from the target's blocking workers (as
+//! Reads may be asynchronous ([`aio`]): started by the caller (the connection's task),
+//! completed by librbd's callback on its own thread, with no thread parked per read. The
+//! other `Backstore` calls are synchronous and come from the target's blocking workers (as
 //! every store call does), so each is librbd's synchronous call, which is its asynchronous
 //! one and a wait on the completion; librbd's own threads do the network I/O. Mapping:
 //! - flush (SYNCHRONIZE CACHE, FUA writes, and every write while the LU's write cache is
@@ -33,8 +35,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use backstore::{Backstore, OpenContext, OpenError, Param, Registry, StoreFactory, StoreSpec};
+use backstore::buffers::Buf;
+use backstore::{
+    Backstore, OpenContext, OpenError, Param, ReadDone, Registry, StoreFactory, StoreSpec,
+};
 
+mod aio;
 pub mod ffi;
 
 /// Registers the `rbd` kind.
@@ -646,9 +652,32 @@ impl Drop for Conn {
     }
 }
 
+/// A failed operation on `conn`, named for the log and the sense data's reader; a failure
+/// that means the connection is lost empties `slot` (if it still holds `conn`), so that
+/// the next command connects again.
+fn failed(
+    slot: &Mutex<Option<Arc<Conn>>>,
+    conn: &Arc<Conn>,
+    shown: &str,
+    e: io::Error,
+) -> io::Error {
+    let was_lost = lost(&e);
+    let e = io::Error::new(e.kind(), format!("{shown}: {e}"));
+    if was_lost {
+        tracing::warn!("{e}; the next command connects again");
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
+        }
+    }
+    e
+}
+
 /// An RBD image as a [`Backstore`].
 pub struct RbdImage {
     cfg: RbdConfig,
+    /// `cfg.shown()`, made once: error messages of reads completed on librbd's threads.
+    shown: Arc<str>,
     read_only: bool,
     /// The size now (see [`SizeWatch`]).
     sizes: Arc<SizeWatch>,
@@ -687,6 +716,7 @@ impl RbdImage {
                 .spawn(move || watch_size(&sizes, &conn, &shown))?
         };
         Ok(RbdImage {
+            shown: cfg.shown().into(),
             cfg,
             read_only,
             sizes,
@@ -748,21 +778,7 @@ impl RbdImage {
     /// fails as lost is dropped, so that the next command connects afresh.
     fn run<T>(&self, op: impl FnOnce(&Conn) -> io::Result<T>) -> io::Result<T> {
         let conn = self.connection()?;
-        match op(&conn) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                let was_lost = lost(&e);
-                let e = io::Error::new(e.kind(), format!("{}: {e}", self.cfg.shown()));
-                if was_lost {
-                    tracing::warn!("{e}; the next command connects again");
-                    let mut slot = self.conn.lock().unwrap();
-                    if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-                        *slot = None;
-                    }
-                }
-                Err(e)
-            }
-        }
+        op(&conn).map_err(|e| failed(&self.conn, &conn, &self.shown, e))
     }
 
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -826,6 +842,41 @@ impl Backstore for RbdImage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.run(|c| c.read(buf, offset))
+    }
+
+    /// Yes while the store has a connection: without one, the blocking path connects.
+    fn reads_async(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    fn read_async(&self, buf: Buf, offset: u64, done: ReadDone) {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return done(buf, Err(e));
+        }
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(conn) = conn else {
+            // Lost since `reads_async` said yes; connecting could block the caller.
+            let e = io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "{}: not connected (the connection was lost; the next command connects \
+                     again)",
+                    self.shown
+                ),
+            );
+            return done(buf, Err(e));
+        };
+        aio::read(
+            conn,
+            self.conn.clone(),
+            self.shown.clone(),
+            buf,
+            offset,
+            done,
+        );
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

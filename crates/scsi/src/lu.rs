@@ -74,6 +74,50 @@ impl AsRef<[u8]> for LentRead {
     }
 }
 
+/// A plain READ ready to start on a store that completes it on a thread of its own (see
+/// [`LogicalUnit::try_read_async`]); it holds its blocks against writes.
+#[derive(Debug)]
+pub struct AsyncRead {
+    store: Arc<dyn Backstore>,
+    guard: RangeGuard,
+    lba: u64,
+    offset: u64,
+    len: usize,
+}
+
+impl AsyncRead {
+    /// Starts the read and returns; `done` gets the command's response once the store has
+    /// read the blocks (GOOD with the data, or CHECK CONDITION with UNRECOVERED READ
+    /// ERROR as [`LogicalUnit::execute`] answers a store's error), exactly once, on the
+    /// store's thread or on this one. The blocks are let go before `done` runs.
+    pub fn start(self, done: impl FnOnce(Response) + Send + 'static) {
+        let AsyncRead {
+            store,
+            guard,
+            lba,
+            offset,
+            len,
+        } = self;
+        let buf = Buf::take(len);
+        store.read_async(
+            buf,
+            offset,
+            Box::new(move |buf, result| {
+                drop(guard);
+                done(match result {
+                    Ok(()) => Response::good(buf.into_vec()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "backstore I/O error");
+                        Response::check_condition(
+                            &sense::UNRECOVERED_READ_ERROR.with_information(lba),
+                        )
+                    }
+                })
+            }),
+        );
+    }
+}
+
 /// A copy source or destination: this logical unit or another one.
 enum CopyTarget<'a> {
     This(&'a LogicalUnit),
@@ -358,6 +402,27 @@ impl LogicalUnit {
             // Errors too are execute()'s to report, with its sense data and log line.
             Ok(false) | Err(_) => None,
         }
+    }
+
+    /// Prepares a plain READ to be started on a store that completes reads on threads of
+    /// its own (see [`Backstore::reads_async`]), under the same rules as
+    /// [`LogicalUnit::try_read_now`]: `None` and nothing changed for another command, one
+    /// that [`LogicalUnit::execute`] would answer otherwise, a store that reads by
+    /// blocking, or blocks a write holds now. Its blocks are held against writes from here
+    /// until the store has read them. Start it with [`AsyncRead::start`].
+    pub fn try_read_async(&self, cmd: &Command, max_bytes: u64) -> Option<AsyncRead> {
+        if !self.store.reads_async() {
+            return None;
+        }
+        let r = self.plain_read(cmd, max_bytes)?;
+        let guard = self.locks.try_lock(r.lba, r.lba + r.blocks, false)?;
+        Some(AsyncRead {
+            store: self.store.clone(),
+            guard,
+            lba: r.lba,
+            offset: r.lba * self.block_size,
+            len: (r.blocks * self.block_size) as usize,
+        })
     }
 
     /// Whether reads may be answered with the store's bytes lent (see

@@ -1,7 +1,9 @@
-//! Running a command on the logical unit, on the connection's task when the page cache
-//! answers at once or on a blocking worker otherwise, and turning its outcome into Data-In
-//! PDUs and a SCSI Response (RFC 7143 11.4, 11.7) that go back on the command's own
-//! connection (allegiance), or wherever the session says after a reassignment.
+//! Running a command on the logical unit: on the connection's task when the page cache
+//! answers at once; started there and answered from the store's own thread when the store
+//! completes reads by itself (librbd); on a blocking worker otherwise. Then turning its
+//! outcome into Data-In PDUs and a SCSI Response (RFC 7143 11.4, 11.7) that go back on
+//! the command's own connection (allegiance), or wherever the session says after a
+//! reassignment.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,6 +53,9 @@ impl Conn {
         let shared = self.shared.clone();
         let executing = self.executing.clone();
         let cid = self.cid;
+        // `finish` may run on a store's own thread (an asynchronous read's completion),
+        // outside the runtime: it spawns through the handle.
+        let rt = session.erl2().then(tokio::runtime::Handle::current);
         let finish = move |job: Job, pdus: Vec<Pdu>| {
             let ctl = &job.task.ctl;
             if ctl.claim_answer() {
@@ -60,15 +65,16 @@ impl Conn {
                     }
                 }
             }
-            // erl2() first: may_lend() looks the LU up, and this runs for every command.
-            if session.erl2() && job.may_lend() {
+            // ERL 2 first (`rt` is set only then): may_lend() looks the LU up, and this
+            // runs for every command.
+            if let Some(rt) = rt.as_ref().filter(|_| job.may_lend()) {
                 // At ERL 2 the session keeps the answer until its status is acknowledged,
                 // and with it the blocks of a lent read: an initiator that goes quiet
                 // after the read would hold writes to them up. After LENT_HOLD a kept
                 // answer is copied and the blocks go (the writer does the same for what
                 // the socket has not taken).
                 let session = session.clone();
-                tokio::spawn(async move {
+                rt.spawn(async move {
                     tokio::time::sleep(wire::LENT_HOLD).await;
                     session.unlend_retained(&[itt]);
                 });
@@ -84,6 +90,16 @@ impl Conn {
         // A read the page cache can answer costs less than the hand-over to a worker.
         if let Some(pdus) = job.run_now() {
             finish(job, pdus);
+            return;
+        }
+        // A store that completes reads on threads of its own (librbd) answers from there:
+        // no worker is parked on the read, and the answer goes straight to the writer.
+        if let Some(read) = job.start_async() {
+            let finish = finish.clone();
+            read.start(move |resp| {
+                let pdus = job.respond(resp, None);
+                finish(job, pdus);
+            });
             return;
         }
         tokio::task::spawn_blocking(move || {
@@ -149,6 +165,24 @@ impl Job {
         }
         let resp = lu.try_read_now(&cmd, INLINE_READ_MAX.into())?;
         Some(self.respond(resp, None))
+    }
+
+    /// A plain READ the logical unit can start on a store that completes it by itself
+    /// (see `LogicalUnit::try_read_async`), or `None`: use [`Job::run`].
+    fn start_async(&self) -> Option<scsi::AsyncRead> {
+        let t = &self.task;
+        if t.cmd.write || t.sink.is_some() {
+            return None;
+        }
+        let lu = self.target.luns.get(&t.lun?)?;
+        lu.try_read_async(
+            &scsi::Command {
+                cdb: &t.cmd.cdb,
+                data_out: &[],
+                nexus: self.nexus,
+            },
+            u64::MAX,
+        )
     }
 
     /// The Data-In PDUs and status that carry `resp` back on this connection.

@@ -1,0 +1,256 @@
+//! Reads started on a store that completes them on a thread of its own
+//! (`LogicalUnit::try_read_async`, `Backstore::read_async`): the same answers as
+//! `execute`, blocks held against writes until the store is done, store errors as CHECK
+//! CONDITION, and nothing at all for stores whose reads block.
+
+use std::io;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use backstore::buffers::Buf;
+use backstore::{Backstore, RamBackstore, ReadDone};
+use proptest::prelude::*;
+use scsi::{Command, LogicalUnit, LuConfig, Nexus, Response};
+
+const SIZE: u64 = 1 << 20;
+
+/// A RAM store whose asynchronous reads wait in a queue until the test completes them
+/// (`complete`), from whichever thread it likes; `fail` makes them fail instead.
+struct Deferred {
+    ram: RamBackstore,
+    queued: Mutex<Vec<(Buf, u64)>>,
+    dones: Mutex<Vec<ReadDone>>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Deferred({} reads queued)",
+            self.queued.lock().unwrap().len()
+        )
+    }
+}
+
+impl Deferred {
+    fn new() -> Arc<Deferred> {
+        Arc::new(Deferred {
+            ram: RamBackstore::new(SIZE),
+            queued: Mutex::default(),
+            dones: Mutex::default(),
+            fail: Default::default(),
+        })
+    }
+
+    /// Completes every read queued so far; how many.
+    fn complete(&self) -> usize {
+        let queued: Vec<_> = std::mem::take(&mut *self.queued.lock().unwrap());
+        let dones: Vec<_> = std::mem::take(&mut *self.dones.lock().unwrap());
+        let n = queued.len();
+        for ((mut buf, offset), done) in queued.into_iter().zip(dones) {
+            let r = if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+                Err(io::Error::other("the device went away"))
+            } else {
+                self.ram.read_at(&mut buf, offset)
+            };
+            done(buf, r);
+        }
+        n
+    }
+}
+
+impl Backstore for Deferred {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.ram.read_at(buf, offset)
+    }
+    fn reads_async(&self) -> bool {
+        true
+    }
+    fn read_async(&self, buf: Buf, offset: u64, done: ReadDone) {
+        self.queued.lock().unwrap().push((buf, offset));
+        self.dones.lock().unwrap().push(done);
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.ram.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.ram.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.ram.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.ram.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        self.ram.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        self.ram.supports_discard()
+    }
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![op, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// Starts `cmd` asynchronously if the LU takes it that way: the receiver of its response.
+fn start(lu: &LogicalUnit, cmd: &Command) -> Option<mpsc::Receiver<Response>> {
+    let read = lu.try_read_async(cmd, u64::MAX)?;
+    let (tx, rx) = mpsc::channel();
+    read.start(move |r| tx.send(r).unwrap());
+    Some(rx)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// A transport that starts reads asynchronously where the LU lets it, and executes
+    /// everything else, sees exactly what one that only executes sees: the same data, unit
+    /// attentions and errors, command for command.
+    #[test]
+    fn async_reads_answer_as_execute_would(
+        cmds in prop::collection::vec((
+            prop::sample::select(&[0x28u8, 0x28, 0x2a, 0x00, 0x35][..]),
+            0u32..2040, 0u16..16, any::<u8>(), 0u64..3), 1..16),
+    ) {
+        let store = Deferred::new();
+        let fast = LogicalUnit::new(LuConfig::default(), store.clone());
+        let plain = LogicalUnit::new(LuConfig::default(), Arc::new(RamBackstore::new(SIZE)));
+        for (op, lba, blocks, fill, nexus) in cmds {
+            let cdb = match op {
+                0x28 | 0x2a => rw10(op, lba, blocks),
+                0x35 => vec![0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                _ => vec![0; 6],
+            };
+            let data_out = vec![fill; if op == 0x2a { blocks as usize * 512 } else { 0 }];
+            let cmd = Command { cdb: &cdb, data_out: &data_out, nexus: Nexus(nexus) };
+            let a = match start(&fast, &cmd) {
+                Some(rx) => {
+                    prop_assert!(rx.try_recv().is_err(), "answered before the store read");
+                    prop_assert_eq!(store.complete(), 1);
+                    rx.recv().unwrap()
+                }
+                None => fast.execute(&cmd),
+            };
+            let b = plain.execute(&cmd);
+            prop_assert_eq!(a, b, "cdb {:02x?}", cdb);
+        }
+    }
+}
+
+/// A write to blocks whose asynchronous read is in flight waits until the store has read
+/// them, so the read never shows it half done; the store's error is a CHECK CONDITION
+/// with MEDIUM ERROR, UNRECOVERED READ ERROR; a store whose reads block is never asked.
+#[test]
+fn a_write_waits_for_the_async_read_of_its_blocks_and_errors_are_medium_errors() {
+    let store = Deferred::new();
+    let lu = Arc::new(LogicalUnit::new(LuConfig::default(), store.clone()));
+    let n = Nexus(1);
+    let exec = |cdb: &[u8], data: &[u8]| -> Response {
+        lu.execute(&Command {
+            cdb,
+            data_out: data,
+            nexus: n,
+        })
+    };
+    assert_eq!(
+        exec(&rw10(0x00, 0, 0)[..6], &[]).status,
+        0x02,
+        "power-on unit attention first"
+    );
+    let read = rw10(0x28, 8, 16);
+    let rx = start(
+        &lu,
+        &Command {
+            cdb: &read,
+            data_out: &[],
+            nexus: n,
+        },
+    )
+    .expect("a plain read starts asynchronously");
+    let (tx, written) = mpsc::channel();
+    let writer = {
+        let lu = lu.clone();
+        std::thread::spawn(move || {
+            let r = lu.execute(&Command {
+                cdb: &rw10(0x2a, 20, 8),
+                data_out: &[7; 8 * 512],
+                nexus: Nexus(1),
+            });
+            tx.send(r.status).unwrap();
+        })
+    };
+    assert!(
+        written.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the overlapping write waited"
+    );
+    // A waiting write holds off new asynchronous reads of its blocks.
+    let overlapping = rw10(0x28, 24, 1);
+    assert!(start(
+        &lu,
+        &Command {
+            cdb: &overlapping,
+            data_out: &[],
+            nexus: n,
+        }
+    )
+    .is_none());
+    // Completed from another thread, as librbd's would be.
+    let s = store.clone();
+    std::thread::spawn(move || s.complete()).join().unwrap();
+    let r = rx.recv().unwrap();
+    assert_eq!(
+        (r.status, r.data_in),
+        (0, vec![0; 16 * 512]),
+        "the old bytes"
+    );
+    assert_eq!(written.recv_timeout(Duration::from_secs(10)), Ok(0));
+    writer.join().unwrap();
+
+    store.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rx = start(
+        &lu,
+        &Command {
+            cdb: &rw10(0x28, 20, 8),
+            data_out: &[],
+            nexus: n,
+        },
+    )
+    .unwrap();
+    assert_eq!(store.complete(), 1);
+    let r = rx.recv().unwrap();
+    let sense = r.sense.expect("sense data");
+    assert_eq!(r.status, 0x02);
+    assert_eq!(
+        (sense[2] & 0x0f, sense[12], sense[13]),
+        (0x03, 0x11, 0x00),
+        "MEDIUM ERROR, UNRECOVERED READ ERROR"
+    );
+    // The blocks were let go: a write to them goes at once.
+    assert_eq!(exec(&rw10(0x2a, 20, 8), &[9; 8 * 512]).status, 0);
+
+    let blocking = LogicalUnit::new(LuConfig::default(), Arc::new(RamBackstore::new(SIZE)));
+    let _ = blocking.execute(&Command {
+        cdb: &rw10(0x00, 0, 0)[..6],
+        data_out: &[],
+        nexus: n,
+    });
+    assert!(blocking
+        .try_read_async(
+            &Command {
+                cdb: &read,
+                data_out: &[],
+                nexus: n,
+            },
+            u64::MAX
+        )
+        .is_none());
+}
