@@ -64,6 +64,18 @@ impl IsnsUrl {
     }
 }
 
+/// Connects to the iSNS server within [`TIMEOUT`].
+async fn connect(url: &IsnsUrl) -> Result<TcpStream> {
+    let fail = |e: io::Error| Error::Isns {
+        server: url.server_address(),
+        message: e.to_string(),
+    };
+    tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
+        .await
+        .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
+        .map_err(fail)
+}
+
 /// Every target the server lets `initiator_name` see, with its portals as SendTargets
 /// writes them (`address:port,tag`).
 pub async fn lookup(url: &IsnsUrl, initiator_name: &str) -> Result<Vec<DiscoveredTarget>> {
@@ -72,10 +84,7 @@ pub async fn lookup(url: &IsnsUrl, initiator_name: &str) -> Result<Vec<Discovere
         server: at.clone(),
         message: e.to_string(),
     };
-    let mut s = tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
-        .await
-        .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
-        .map_err(fail)?;
+    let mut s = connect(url).await?;
     // One entity per process: two lookups at once must not deregister each other.
     let me = Entity {
         eid: format!("rsv:{initiator_name}:{}", std::process::id()),
@@ -230,10 +239,7 @@ pub async fn watch(
         server: at.clone(),
         message: e.to_string(),
     };
-    let mut s = tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
-        .await
-        .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
-        .map_err(fail)?;
+    let mut s = connect(url).await?;
     let node = watcher_name(initiator_name);
     let me = Entity {
         eid: format!("rsv:{node}:{}", std::process::id()),
