@@ -540,7 +540,8 @@ impl Drop for Loaded {
     }
 }
 
-fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+/// Sets the socket's congestion control by name (`TCP_CONGESTION`).
+pub fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     // SAFETY: the buffer is valid for its length; the kernel copies it.
     let rc = unsafe {
         libc::setsockopt(

@@ -164,23 +164,7 @@ fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
     }
 }
 
-pub fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
-    // SAFETY: the buffer is valid for its length; the kernel copies it.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
+pub use cc::set_congestion;
 
 pub fn congestion(fd: BorrowedFd<'_>) -> io::Result<String> {
     let mut buf = [0u8; 32];
