@@ -14,7 +14,9 @@ pub use rsv_cc as cc;
 
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
+pub mod record;
 pub mod tls;
+pub mod tlsconn;
 pub mod transport;
 
 /// What a connection should look like; `None` leaves the kernel's choice alone.

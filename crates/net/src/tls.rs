@@ -137,7 +137,7 @@ pub struct ServerFiles {
 /// A portal's TLS, ready to accept handshakes.
 #[derive(Clone)]
 pub struct ServerTls {
-    pub(crate) acceptor: tokio_rustls::TlsAcceptor,
+    pub(crate) config: Arc<rustls::ServerConfig>,
     /// Of the portal's own certificate, for initiators that pin it.
     pub fingerprint: [u8; 32],
     pub mutual: bool,
@@ -178,8 +178,10 @@ impl ServerTls {
         })?;
         // iSCSI has no ALPN name of its own; nothing is offered or asked.
         config.send_tls13_tickets = 0;
+        // After the handshake the records are ours (`crate::tlsconn`).
+        config.enable_secret_extraction = true;
         Ok(ServerTls {
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            config: Arc::new(config),
             fingerprint,
             mutual: files.client_ca.is_some(),
         })
@@ -245,7 +247,7 @@ const SYSTEM_CAS: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// An initiator's TLS, ready to start handshakes.
 #[derive(Clone)]
 pub struct ClientTls {
-    pub(crate) connector: tokio_rustls::TlsConnector,
+    pub(crate) config: Arc<rustls::ClientConfig>,
     server_name: Option<String>,
 }
 
@@ -286,7 +288,7 @@ impl ClientTls {
             (None, Some(ca)) => builder.with_root_certificates(roots(ca)?),
             (None, None) => builder.with_root_certificates(roots(Path::new(SYSTEM_CAS))?),
         };
-        let config = match (&files.cert, &files.key) {
+        let mut config = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(read_certs(cert)?, read_key(key)?)
                 .map_err(|e| file_error(key, format!("does not fit {}: {e}", cert.display())))?,
@@ -297,8 +299,9 @@ impl ClientTls {
                 ))
             }
         };
+        config.enable_secret_extraction = true;
         Ok(ClientTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            config: Arc::new(config),
             server_name: files.server_name.clone(),
         })
     }
