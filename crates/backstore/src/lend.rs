@@ -1,5 +1,6 @@
 //! Lending a store's bytes without copying them: a read-only memory mapping of the backing
-//! file, of which a [`Lent`] is a window.
+//! file, of which a [`Lent`] is a window, or a memory store's own buffer (the ram store;
+//! see [`Lent::readable_in_user_space`]).
 //!
 //! A copy from the page cache into a buffer was a third of the target's CPU on large reads;
 //! a window on the mapping goes from the page cache to the socket in the kernel's one copy.
@@ -99,9 +100,10 @@ impl Mapping {
     pub(crate) fn lend(self: &Arc<Self>, offset: usize, len: usize) -> Lent {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
         Lent {
-            map: self.clone(),
-            offset,
+            // SAFETY: within the mapping (asserted above).
+            ptr: unsafe { self.ptr.cast::<u8>().add(offset) },
             len,
+            owner: Owner::Map(self.clone()),
         }
     }
 }
@@ -122,16 +124,40 @@ fn page_size() -> usize {
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
-/// Bytes of a store lent without a copy: a read-only window on the store's memory mapping.
-/// Hand it to the kernel (`writev`); see the module's note before reading it in user space.
-/// The bytes are those on the store while the window is sent: whoever lends it keeps
-/// writers off the range until it is dropped.
+/// Memory a store lends out of its own buffers: kept alive by the window, whatever the
+/// store does with it meanwhile (a ram chunk discarded while lent is freed with the
+/// last window).
+pub(crate) trait LentMemory: Send + Sync + std::fmt::Debug {}
+
+/// What keeps a window's bytes where they are.
+#[derive(Debug)]
+enum Owner {
+    Map(#[allow(dead_code)] Arc<Mapping>),
+    Memory(#[allow(dead_code)] Arc<dyn LentMemory>),
+    Zeros,
+}
+
+/// Never-written blocks of a memory store: lent from here, without filling a buffer.
+static ZEROS: [u8; ZEROS_LEN] = [0; ZEROS_LEN];
+/// The longest run of zeros [`Lent::zeros`] lends (a ram chunk).
+pub(crate) const ZEROS_LEN: usize = 1 << 20;
+
+/// Bytes of a store lent without a copy: a read-only window on the store's memory mapping
+/// (hand it to the kernel, `writev`; see the module's note before reading it in user
+/// space), or on a memory store's buffer (which anyone may read). The bytes are those on
+/// the store while the window is sent: whoever lends it keeps writers off the range until
+/// it is dropped.
 #[derive(Debug)]
 pub struct Lent {
-    map: Arc<Mapping>,
-    offset: usize,
+    ptr: *const u8,
     len: usize,
+    owner: Owner,
 }
+
+// SAFETY: the window is a read-only view of memory its owner keeps alive (an `Arc` of the
+// mapping or the buffer, or a static); nothing writes through it.
+unsafe impl Send for Lent {}
+unsafe impl Sync for Lent {}
 
 impl Lent {
     pub fn len(&self) -> usize {
@@ -141,14 +167,45 @@ impl Lent {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Whether user space may read the bytes (encrypt them, digest them): true for memory,
+    /// false for a file's mapping, where a page gone from under us is SIGBUS.
+    pub fn readable_in_user_space(&self) -> bool {
+        !matches!(self.owner, Owner::Map(_))
+    }
+
+    /// `len` bytes at `ptr` inside `owner`'s memory, which stays where it is while `owner`
+    /// lives.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must lie within memory that `owner` keeps allocated, and the
+    /// lender must keep writers off it while the window lives.
+    pub(crate) unsafe fn memory(owner: Arc<dyn LentMemory>, ptr: *const u8, len: usize) -> Lent {
+        Lent {
+            ptr,
+            len,
+            owner: Owner::Memory(owner),
+        }
+    }
+
+    /// `len` (at most 1 MiB) zeros.
+    pub(crate) fn zeros(len: usize) -> Lent {
+        assert!(len <= ZEROS_LEN);
+        Lent {
+            ptr: ZEROS.as_ptr(),
+            len,
+            owner: Owner::Zeros,
+        }
+    }
 }
 
 impl AsRef<[u8]> for Lent {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: the window lies within the mapping (checked in `Mapping::lend`), which
-        // lives as long as `self`. The memory is mapped read-only; writes through the file
-        // are kept off this range by the lender's lock while the window lives.
-        unsafe { std::slice::from_raw_parts(self.map.ptr.cast::<u8>().add(self.offset), self.len) }
+        // SAFETY: the window lies within memory its owner keeps alive as long as `self`
+        // (checked in `Mapping::lend`, promised to `Lent::memory`, a static for zeros).
+        // A mapping is read-only; writes through the file or into the buffer are kept off
+        // this range by the lender's lock while the window lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 

@@ -74,6 +74,12 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn can_lend(&self) -> bool {
         false
     }
+    /// Whether what [`Backstore::lend`] lends is plain memory, which user space may read
+    /// (a TLS carrier encrypting it, a data digest): a memory store says yes, a file's
+    /// mapping no (see [`Lent::readable_in_user_space`]).
+    fn lends_memory(&self) -> bool {
+        false
+    }
     /// Writes the whole of `buf` at `offset`, or fails.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable.

@@ -250,6 +250,10 @@ impl Backstore for StripeBackstore {
         self.members.iter().any(|m| m.can_lend())
     }
 
+    fn lends_memory(&self) -> bool {
+        self.members.iter().all(|m| m.lends_memory())
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
         let work = split_by_member(

@@ -1017,6 +1017,10 @@ impl Backstore for Tracked {
         self.inner.can_lend()
     }
 
+    fn lends_memory(&self) -> bool {
+        self.inner.lends_memory()
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.change(offset, buf.len() as u64, || {
             self.inner.write_at(buf, offset)

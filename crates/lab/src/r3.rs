@@ -96,10 +96,13 @@ impl Params {
         }
         Params {
             paths,
+            // Writes first, so that the reads move data: a RAM LUN never written reads
+            // as zeros, which the store lends from no buffer of its own, and a sparse
+            // tgt file reads its holes from the kernel's zero page.
             directions: if quick {
                 vec!["read".into()]
             } else {
-                vec!["read".into(), "write".into()]
+                vec!["write".into(), "read".into()]
             },
             suites: if quick {
                 vec!["aes128".into()]
@@ -797,7 +800,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
         v["environment"]["nproc"].as_str().unwrap_or("?")
     );
     d += &format!(
-        "- Workload: `rsv bench --pattern seq --block-size {} --queue-depth {} --connections 1` for the seconds given per path, reads then writes; the initiator is `rsv bench` on every row (TLS by `?pin=…&tls_suite=…`), so only the target side changes. Reservoir: `rsv target`, RAM LUN, a plaintext and a TLS 1.3 portal (self-signed P-256 certificate, pinned). tgt: `tgtd`, a file LUN on tmpfs; behind stunnel: an stunnel4 server (TLS 1.3) in front of it, `rsv bench` speaking TLS to stunnel directly.\n",
+        "- Workload: `rsv bench --pattern seq --block-size {} --queue-depth {} --connections 1` for the seconds given per path, writes then reads (so that reads find written data); the initiator is `rsv bench` on every row (TLS by `?pin=…&tls_suite=…`), so only the target side changes. Reservoir: `rsv target`, RAM LUN, a plaintext and a TLS 1.3 portal (self-signed P-256 certificate, pinned). tgt: `tgtd`, a file LUN on tmpfs; behind stunnel: an stunnel4 server (TLS 1.3) in front of it, `rsv bench` speaking TLS to stunnel directly.\n",
         p["block_size"].as_str().unwrap_or(""),
         p["queue_depth"]
     );

@@ -315,3 +315,105 @@ async fn each_tls13_suite_is_negotiated_when_the_initiator_offers_only_it() {
     .to_string();
     assert!(e.contains("unknown TLS 1.3 suite \"rc4\""), "{e}");
 }
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i * 7 + seed) % 251) as u8).collect()
+}
+
+/// A stock rustls peer (tokio-rustls, rustls's own record layer) at the other end: our
+/// records after the handshake must be TLS 1.3's, both ways, through KeyUpdates from
+/// either side (one asking for ours in return), the server's session tickets and
+/// close_notify.
+#[tokio::test]
+async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() {
+    let d = dir("stock");
+    let ca = Ca::new(&d, "ca");
+    let leaf = ca.issue(&d, "target", &["127.0.0.1"], false);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in net::tls::read_certs(&ca.cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let stock_client = rustls::ClientConfig::builder_with_provider(net::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(stock_client));
+
+    // Ours as the server, theirs as the client.
+    let ours = server(&leaf.cert, &leaf.key, None);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (theirs, accepted) = tokio::join!(
+        async { connector.connect(name.clone(), TcpStream::connect(addr).await.unwrap()).await },
+        async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
+    );
+    let mut theirs = theirs.unwrap();
+    let (mut rd, mut wr) = accepted.unwrap().into_split();
+    let up = pattern(300 << 10, 1);
+    theirs.write_all(&up[..100 << 10]).await.unwrap();
+    // A KeyUpdate that asks for ours in return.
+    theirs.get_mut().1.refresh_traffic_keys().unwrap();
+    theirs.write_all(&up[100 << 10..]).await.unwrap();
+    theirs.flush().await.unwrap();
+    let mut got = vec![0u8; up.len()];
+    rd.read_exact(&mut got).await.unwrap();
+    assert!(got == up);
+    // Ours: the answer to theirs goes first, then one of our own after three records.
+    wr.update_tls_keys_after(3);
+    let down = pattern(1 << 20, 2);
+    let sender = tokio::spawn(async move {
+        wr.write_all(&down).await.unwrap();
+        wr.shutdown().await.unwrap();
+        (wr, down)
+    });
+    let mut got = Vec::new();
+    theirs.read_to_end(&mut got).await.unwrap();
+    let (_wr, down) = sender.await.unwrap();
+    assert!(got == down);
+    theirs.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(rd.read_to_end(&mut rest).await.unwrap(), 0);
+
+    // Theirs as the server (sending two session tickets after the handshake), ours as
+    // the client.
+    let stock_server = rustls::ServerConfig::builder_with_provider(net::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            net::tls::read_certs(&leaf.cert).unwrap(),
+            net::tls::read_key(&leaf.key).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(stock_server.send_tls13_tickets, 2);
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(stock_server));
+    let c = ClientTls::new(&ClientFiles {
+        ca: Some(ca.cert.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (ours, theirs) = tokio::join!(
+        async { Stream::tls_connect(TcpStream::connect(addr).await.unwrap(), &c, "127.0.0.1").await },
+        async { acceptor.accept(l.accept().await.unwrap().0).await }
+    );
+    let mut theirs = theirs.unwrap();
+    let (mut rd, mut wr) = ours.unwrap().into_split();
+    let down = pattern(512 << 10, 3);
+    theirs.write_all(&down[..1000]).await.unwrap();
+    theirs.get_mut().1.refresh_traffic_keys().unwrap();
+    theirs.write_all(&down[1000..]).await.unwrap();
+    theirs.flush().await.unwrap();
+    let mut got = vec![0u8; down.len()];
+    rd.read_exact(&mut got).await.unwrap();
+    assert!(got == down);
+    let up = pattern(700 << 10, 4);
+    wr.write_all(&up).await.unwrap();
+    wr.flush().await.unwrap();
+    let mut got = vec![0u8; up.len()];
+    theirs.read_exact(&mut got).await.unwrap();
+    assert!(got == up);
+}

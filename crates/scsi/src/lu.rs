@@ -431,6 +431,13 @@ impl LogicalUnit {
         self.store.can_lend()
     }
 
+    /// Whether the bytes lent are plain memory that user space may read (see
+    /// [`Backstore::lends_memory`]): then a carrier that encrypts, or a data digest, may
+    /// take them too.
+    pub fn lends_memory(&self) -> bool {
+        self.store.lends_memory()
+    }
+
     /// Answers a plain READ with the store's bytes lent rather than copied (see
     /// [`Backstore::lend`]), under the same rules as [`LogicalUnit::try_read_now`]: `None`
     /// and nothing changed when it cannot. The answer is GOOD with [`LentRead`]'s bytes,

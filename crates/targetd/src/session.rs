@@ -110,6 +110,14 @@ impl Session {
         }
     }
 
+    /// Whether a LUN of the session's target lends memory (see `LogicalUnit::lends_memory`):
+    /// its Data-In may then hold lent bytes on any carrier.
+    pub fn lends_memory(&self) -> bool {
+        self.target
+            .as_ref()
+            .is_some_and(|t| t.luns.values().any(|lu| lu.lends_memory()))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic elsewhere must not wedge every connection of the session.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())

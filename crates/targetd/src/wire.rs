@@ -347,9 +347,10 @@ pub(crate) async fn writer(
     cid: u16,
 ) -> std::io::Result<()> {
     let erl2 = session.erl2();
-    // As `Job::lend`: Data-In may be lent only without data digests, and only where the
-    // kernel alone reads it (not TLS, which encrypts it in user space).
-    let lends = !digests.data && !wr.copies_in_user_space();
+    // As `Job::may_lend`: Data-In may hold a file's mapped bytes without data digests and
+    // TLS (where the kernel alone reads it), and a memory store's bytes on any carrier.
+    // Only a writer with neither can be sure it holds nothing lent.
+    let lends = (!digests.data && !wr.copies_in_user_space()) || session.lends_memory();
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.

@@ -43,11 +43,12 @@ impl Conn {
             out: self.out.clone(),
             max_seg: self.params.max_send_data_segment_length,
             max_burst: self.session.params.max_burst_length,
-            // A data digest reads the bytes in user space: it copies; so does TLS, which
-            // encrypts them there (where a file cut short would be SIGBUS, not the
-            // EFAULT of the kernel's read). At ERL 2 an answer
-            // kept for reassignment keeps its blocks for a second at most (the writer).
-            lend: !self.params.data_digest && !self.tls,
+            // A data digest reads the bytes in user space, and so does TLS, which
+            // encrypts them there: a file's mapping is then not lent (a file cut short
+            // would be SIGBUS, not the EFAULT of the kernel's read); memory is. At ERL 2
+            // an answer kept for reassignment keeps its blocks for a second at most (the
+            // writer).
+            lend_mapping: !self.params.data_digest && !self.tls,
         };
         let session = self.session.clone();
         let shared = self.shared.clone();
@@ -123,21 +124,21 @@ struct Job {
     out: mpsc::UnboundedSender<Out>,
     max_seg: u32,
     max_burst: u32,
-    /// Large reads may send the store's bytes without a copy (see `LogicalUnit::try_read_lent`).
-    lend: bool,
+    /// Large reads may send a file's mapped bytes without a copy (see
+    /// `LogicalUnit::try_read_lent`); a memory store's bytes may be lent whatever this says.
+    lend_mapping: bool,
 }
 
 impl Job {
     /// Whether the answer may send the store's lent bytes.
     fn may_lend(&self) -> bool {
         let t = &self.task;
-        self.lend
-            && !t.cmd.write
+        !t.cmd.write
             && t.sink.is_none()
             && t.cmd.edtl >= LEND_MIN
             && t.lun
                 .and_then(|l| self.target.luns.get(&l))
-                .is_some_and(|lu| lu.can_lend())
+                .is_some_and(|lu| lu.can_lend() && (self.lend_mapping || lu.lends_memory()))
     }
 
     /// The answer to a read that needs no wait for a device, or `None`: use [`Job::run`]
