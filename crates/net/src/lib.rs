@@ -12,9 +12,9 @@ use socket2::SockRef;
 /// Reservoir's own congestion control, `rsv` (a BPF struct_ops; see `docs/congestion.md`).
 pub use rsv_cc as cc;
 
+pub mod record;
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
-pub mod record;
 pub mod tls;
 pub mod tlsconn;
 pub mod transport;

@@ -157,7 +157,12 @@ impl Sealer {
     /// Seals the `n` bytes of plaintext already at `out[HEADER_LEN..HEADER_LEN + n]` in
     /// place (for plaintext gathered from pieces too small to seal one by one); `out`
     /// must hold `n + OVERHEAD` bytes. Returns the record's length.
-    pub fn seal_in_place(&mut self, typ: u8, n: usize, out: &mut [u8]) -> Result<usize, RecordError> {
+    pub fn seal_in_place(
+        &mut self,
+        typ: u8,
+        n: usize,
+        out: &mut [u8],
+    ) -> Result<usize, RecordError> {
         assert!(n <= MAX_PLAINTEXT);
         let body = n + 1 + TAG_LEN;
         let out = &mut out[..HEADER_LEN + body];
@@ -296,9 +301,18 @@ mod tests {
     #[test]
     fn headers_are_checked_before_the_body_arrives() {
         assert_eq!(record_len(&[23, 3, 3, 0]), None);
-        assert_eq!(record_len(&[22, 3, 3, 0, 40]), Some(Err(RecordError::OuterType(22))));
-        assert_eq!(record_len(&[23, 3, 3, 0xff, 0xff]), Some(Err(RecordError::TooLong(0xffff))));
-        assert_eq!(record_len(&[23, 3, 3, 0, 16]), Some(Err(RecordError::TooShort)));
+        assert_eq!(
+            record_len(&[22, 3, 3, 0, 40]),
+            Some(Err(RecordError::OuterType(22)))
+        );
+        assert_eq!(
+            record_len(&[23, 3, 3, 0xff, 0xff]),
+            Some(Err(RecordError::TooLong(0xffff)))
+        );
+        assert_eq!(
+            record_len(&[23, 3, 3, 0, 16]),
+            Some(Err(RecordError::TooShort))
+        );
         assert_eq!(record_len(&[23, 3, 3, 0, 17]), Some(Ok(22)));
     }
 

@@ -127,7 +127,12 @@ pub(crate) struct Rx {
 
 impl std::fmt::Debug for Rx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Rx({:?}, {} bytes waiting)", self.open, self.end - self.start)
+        write!(
+            f,
+            "Rx({:?}, {} bytes waiting)",
+            self.open,
+            self.end - self.start
+        )
     }
 }
 
@@ -209,7 +214,9 @@ impl Rx {
 
     fn alert(&mut self, r: Range<usize>) -> io::Result<()> {
         let &[_level, desc] = &self.buf[r] else {
-            return Err(tls_error(rustls::Error::General("malformed TLS alert".into())));
+            return Err(tls_error(rustls::Error::General(
+                "malformed TLS alert".into(),
+            )));
         };
         match AlertDescription::from(desc) {
             AlertDescription::CloseNotify => {
@@ -280,7 +287,12 @@ pub(crate) struct Tx {
 
 impl std::fmt::Debug for Tx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tx({:?}, {} bytes unsent)", self.seal, self.end - self.start)
+        write!(
+            f,
+            "Tx({:?}, {} bytes unsent)",
+            self.seal,
+            self.end - self.start
+        )
     }
 }
 
@@ -447,14 +459,20 @@ impl Tx {
 /// One side of a handshake through rustls's unbuffered API.
 trait Handshaking: Sized {
     type Data;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data>;
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data>;
     fn common(&self) -> &rustls::CommonState;
     fn into_kernel(self) -> Result<(ExtractedSecrets, KernelSide), rustls::Error>;
 }
 
 impl Handshaking for UnbufferedClientConnection {
     type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn common(&self) -> &rustls::CommonState {
@@ -468,7 +486,10 @@ impl Handshaking for UnbufferedClientConnection {
 
 impl Handshaking for UnbufferedServerConnection {
     type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn common(&self) -> &rustls::CommonState {
@@ -642,11 +663,9 @@ async fn handshake<C: Handshaking>(
                 }
             }
             Ok(ConnectionState::TransmitTlsData(t)) => {
-                let _ = tokio::time::timeout(
-                    std::time::Duration::from_secs(1),
-                    tcp.write_all(&out),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(1), tcp.write_all(&out))
+                        .await;
                 out.clear();
                 t.done();
             }
@@ -669,7 +688,11 @@ pub struct TlsStream {
 
 impl std::fmt::Debug for TlsStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TlsStream({}, {:?}, {:?})", self.info.summary, self.rx, self.tx)
+        write!(
+            f,
+            "TlsStream({}, {:?}, {:?})",
+            self.info.summary, self.rx, self.tx
+        )
     }
 }
 
@@ -706,7 +729,11 @@ impl AsyncRead for TlsStream {
 }
 
 impl AsyncWrite for TlsStream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let s = self.get_mut();
         s.tx.poll_write(&mut s.tcp, cx, &[io::IoSlice::new(buf)])
     }
@@ -739,7 +766,10 @@ impl TlsStream {
     /// The two directions, for a reader task and a writer task that run at once.
     pub(crate) fn into_split(self) -> (TlsRead, TlsWrite) {
         let (r, w) = self.tcp.into_split();
-        (TlsRead { io: r, rx: self.rx }, TlsWrite { io: w, tx: self.tx })
+        (
+            TlsRead { io: r, rx: self.rx },
+            TlsWrite { io: w, tx: self.tx },
+        )
     }
 }
 
@@ -769,7 +799,11 @@ impl AsyncRead for TlsRead {
 }
 
 impl AsyncWrite for TlsWrite {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let s = self.get_mut();
         s.tx.poll_write(&mut s.io, cx, &[io::IoSlice::new(buf)])
     }

@@ -346,7 +346,11 @@ async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() 
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (theirs, accepted) = tokio::join!(
-        async { connector.connect(name.clone(), TcpStream::connect(addr).await.unwrap()).await },
+        async {
+            connector
+                .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
+                .await
+        },
         async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
     );
     let mut theirs = theirs.unwrap();
@@ -397,7 +401,9 @@ async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() 
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (ours, theirs) = tokio::join!(
-        async { Stream::tls_connect(TcpStream::connect(addr).await.unwrap(), &c, "127.0.0.1").await },
+        async {
+            Stream::tls_connect(TcpStream::connect(addr).await.unwrap(), &c, "127.0.0.1").await
+        },
         async { acceptor.accept(l.accept().await.unwrap().0).await }
     );
     let mut theirs = theirs.unwrap();
