@@ -72,7 +72,7 @@ fn builtin_kinds_open_from_specs() {
     let ram = ctx.open(&spec("ram:?size=2M")).unwrap();
     assert_eq!(ram.size(), 2 * MIB);
     assert_eq!(ram.sidecar(".pr"), None);
-    assert!(!ram.can_lend());
+    assert!(ram.can_lend() && ram.lends_memory());
     ram.write_at(&data, 8192).unwrap();
     ram.read_at(&mut back, 8192).unwrap();
     assert_eq!(back, data);

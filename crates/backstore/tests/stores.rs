@@ -255,9 +255,15 @@ fn file_store_lends_exactly_what_it_reads() {
         drop(store);
         assert_eq!(before.as_ref(), &[0xee; 16]);
     }
-    // The ram store copies; it lends nothing.
+    // The ram store lends memory: zeros where never written, its chunk where written.
     let ram = RamBackstore::new(MIB);
-    assert!(ram.lend(0, 4096, true).unwrap().is_none());
+    assert!(ram.lends_memory());
+    let zeros = ram.lend(0, 4096, true).unwrap().expect("zeros lent");
+    assert!(zeros.readable_in_user_space() && zeros.as_ref() == [0u8; 4096]);
+    ram.write_at(&[7u8; 512], 512).unwrap();
+    let lent = ram.lend(0, 4096, false).unwrap().expect("a chunk lent");
+    assert_eq!(&lent.as_ref()[512..1024], &[7u8; 512]);
+    assert!(lent.as_ref()[..512].iter().all(|&b| b == 0));
 }
 
 /// A lent window whose file is cut short behind the store's back: copying it through

@@ -41,6 +41,8 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let fast = file_lu(&dir);
         let plain = ram_lu();
+        // The ram store lends too (its chunks, zeros where never written).
+        let ram_fast = ram_lu();
         for (op, lba, blocks, fill, nexus, wait) in cmds {
             let cdb = match op {
                 0x28 | 0x2a => rw10(op, lba, blocks),
@@ -54,8 +56,14 @@ proptest! {
             } else {
                 fast.try_read_now(&cmd, u64::MAX).unwrap_or_else(|| fast.execute(&cmd))
             };
+            let c = if let Some(lent) = ram_fast.try_read_lent(&cmd, u64::MAX, wait) {
+                Response::good(lent.as_ref().to_vec())
+            } else {
+                ram_fast.try_read_now(&cmd, u64::MAX).unwrap_or_else(|| ram_fast.execute(&cmd))
+            };
             let b = plain.execute(&cmd);
-            prop_assert_eq!(a, b, "cdb {:02x?}", cdb);
+            prop_assert_eq!(&a, &b, "cdb {:02x?}", cdb);
+            prop_assert_eq!(c, b, "ram, cdb {:02x?}", cdb);
         }
     }
 }
