@@ -223,6 +223,20 @@ fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
         "{err}"
     );
 
+    // Destination members smaller than their sources: their agents are asked while the
+    // streams start (two round trips saved on a long path), and the sync still fails with
+    // the sizes, before any source writes (each source agent refuses a smaller LUN too).
+    let c = site(50, 2, "1M", port, &key, false);
+    let out = sync(&key, &[&volume(30, port), &volume(50, port)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("less than"), "{err}");
+    assert!(
+        err.contains("1048576"),
+        "the destination's size is said: {err}"
+    );
+    drop(c);
+
     // A key file others may read is refused before anything is sent.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -46,6 +46,9 @@ enum LabCommand {
         /// r4: only these delays added each way, in milliseconds (e.g. 0,12,24).
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1000))]
         delay: Vec<u32>,
+        /// r4: only these receive windows (64K, 128K, default).
+        #[arg(long, value_delimiter = ',')]
+        window: Vec<String>,
         /// r2: disk servers per site (default 8).
         #[arg(long)]
         disk_servers: Option<usize>,
@@ -173,6 +176,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             rows,
             link_rate,
             delay,
+            window,
             congestion,
             reservoir_only,
             cut,
@@ -327,6 +331,12 @@ pub fn run(args: LabArgs) -> Result<()> {
                         let mut p = crate::r4::Params::new(quick);
                         if !delay.is_empty() {
                             p.delays_ms = delay.clone();
+                        }
+                        if !window.is_empty() {
+                            p.windows = window
+                                .iter()
+                                .map(|w| crate::r4::parse_window(w))
+                                .collect::<Result<_>>()?;
                         }
                         if let Some(s) = seconds {
                             p.timeout_s = s;

@@ -89,6 +89,20 @@ pub struct ReadReport {
     pub mbit_per_s: f64,
     pub readahead_bytes: u64,
     pub rtt_ms: Option<f64>,
+    /// The session's connections.
+    pub connections: usize,
+    /// Pacing per connection, bytes per second (auto-tuning's, with a given rate).
+    pub pacing_rate: Option<u64>,
+    /// Units of the device asked for, and small reads of their own.
+    pub units: u64,
+    pub small_reads: u64,
+    /// How often, and for how long in all, a call waited for a unit still on its way.
+    pub waits: u64,
+    pub waited_s: f64,
+    /// Per wait on average: units beyond the awaited one already arrived, and still on
+    /// their way (the awaited unit late behind later ones says its connection lagged).
+    pub ready_ahead_at_waits: f64,
+    pub pending_ahead_at_waits: f64,
 }
 
 fn read_file(
@@ -108,9 +122,10 @@ fn read_file(
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let t0 = Instant::now();
-        let (vol, window, rtt_ms) = storage::open_volume(&src, lun, opts, args.readahead)
+        let opened = storage::open_volume(&src, lun, opts, args.readahead)
             .await
             .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let vol = &opened.volume;
         let open_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let len = vol
@@ -135,6 +150,11 @@ fn read_file(
             calls += 1;
         }
         let seconds = t1.elapsed().as_secs_f64();
+        let info = opened.session.info();
+        let st = &opened.stats;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let waits = get(&st.waits);
+        let per_wait = |a| get(a) as f64 / waits.max(1) as f64;
         Ok(ReadReport {
             path: path.to_owned(),
             bytes: off,
@@ -144,24 +164,43 @@ fn read_file(
             first_byte_ms,
             seconds,
             mbit_per_s: off as f64 * 8.0 / seconds.max(1e-9) / 1e6,
-            readahead_bytes: window,
-            rtt_ms,
+            readahead_bytes: opened.window,
+            rtt_ms: opened.rtt_ms,
+            connections: info.connections,
+            pacing_rate: info.tuning.as_ref().and_then(|p| p.pacing_rate),
+            units: get(&st.units),
+            small_reads: get(&st.small_reads),
+            waits,
+            waited_s: get(&st.wait_ns) as f64 / 1e9,
+            ready_ahead_at_waits: per_wait(&st.ready_ahead_at_waits),
+            pending_ahead_at_waits: per_wait(&st.pending_ahead_at_waits),
         })
     })
 }
 
+/// The session options of `rsv media` (server and `--read`): auto-tuned, with the given
+/// rate, the queue depth in the device's units; each storage's URL may add its own, and
+/// [`storage::stream_connections`] then chooses the connections.
+pub fn session_options(args: &MediaArgs) -> initiator::SessionOptions {
+    let mut opts = initiator::SessionOptions::default();
+    if let Some(n) = &args.initiator_name {
+        opts.initiator_name = n.clone();
+    }
+    // A request waits for the leading connection's login only; others would join later.
+    opts.join_late = true;
+    // The queue depth in commands of the size the device reads in.
+    opts.io_size_hint = Some(readahead::UNIT);
+    opts.recovery_timeout = args.recovery_timeout;
+    opts.command_timeout = args.recovery_timeout.max(Duration::from_secs(5));
+    if let Some(r) = args.rate {
+        opts.rate = Some(r.bytes_per_sec());
+    }
+    opts
+}
+
 pub fn run(args: MediaArgs) -> anyhow::Result<()> {
     if let Some(path) = args.read.clone() {
-        let mut opts = initiator::SessionOptions::default();
-        if let Some(n) = &args.initiator_name {
-            opts.initiator_name = n.clone();
-        }
-        if let Some(r) = args.rate {
-            opts.rate = Some(r.bytes_per_sec());
-        }
-        opts.join_late = true;
-        // The queue depth in commands of the size the device reads in.
-        opts.io_size_hint = Some(readahead::UNIT);
+        let opts = session_options(&args);
         let r = read_file(&args, &opts, &path)?;
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
@@ -171,19 +210,7 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
             "nothing to serve: give --isns SERVER or iscsi:// URLs (see rsv media --help)"
         );
     }
-    let mut opts = initiator::SessionOptions::default();
-    if let Some(n) = &args.initiator_name {
-        opts.initiator_name = n.clone();
-    }
-    // A request waits for the leading connection's login only; the others join later.
-    opts.join_late = true;
-    // The queue depth in commands of the size the device reads in.
-    opts.io_size_hint = Some(readahead::UNIT);
-    opts.recovery_timeout = args.recovery_timeout;
-    opts.command_timeout = args.recovery_timeout.max(Duration::from_secs(5));
-    if let Some(r) = args.rate {
-        opts.rate = Some(r.bytes_per_sec());
-    }
+    let opts = session_options(&args);
     let mut direct = Vec::new();
     for u in &args.urls {
         direct.push(storage::from_url(u).map_err(|e| anyhow::anyhow!("{u}: {e}"))?);
@@ -304,5 +331,74 @@ async fn shutdown() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use storage::{stream_connections, STREAM_CONNECTIONS};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        media: MediaArgs,
+    }
+
+    /// The options a session of `rsv media --rate 100mbit URL` gets.
+    fn opts_for(url: &str) -> initiator::SessionOptions {
+        let a = Cli::parse_from(["media", "--rate", "100mbit", url]).media;
+        let u = initiator::IscsiUrl::parse(url).unwrap();
+        let mut o = u.options(&session_options(&a)).unwrap();
+        stream_connections(&mut o);
+        o
+    }
+
+    fn plan_for(opts: &initiator::SessionOptions, rtt_ms: u32) -> initiator::tune::Plan {
+        let probe = initiator::tune::Probe {
+            rtt_us: rtt_ms * 1000,
+            mss: 1448,
+        };
+        // The lab's namespaces: the kernel's defaults, autotuning up to 4 and 32 MiB.
+        let kernel = net::KernelLimits {
+            tcp_wmem_max: 4 << 20,
+            tcp_rmem_max: 32 << 20,
+            wmem_max: 212_992,
+            rmem_max: 212_992,
+            can_force: false,
+        };
+        initiator::tune::plan(opts, &probe, &kernel).1
+    }
+
+    #[test]
+    fn one_connection_at_the_whole_rate() {
+        let opts = opts_for("iscsi://h/iqn.x:y/0");
+        // A 48 ms path with a given rate: auto-tuning alone opens eight paced connections.
+        let mut plain = opts.clone();
+        plain.pinned.remove("connections");
+        assert_eq!(plan_for(&plain, 48).connections, 8);
+        // A media session: one, paced at the whole rate plus 5 %.
+        for rtt in [1, 16, 32, 48] {
+            let p = plan_for(&opts, rtt);
+            assert_eq!(p.connections, STREAM_CONNECTIONS, "rtt {rtt} ms");
+            assert_eq!(p.pacing_rate, Some(12_500_000 + 625_000), "rtt {rtt} ms");
+        }
+        // The read-ahead: the round trips twice and one unit on its connection.
+        let w = readahead::window_bytes(Duration::from_millis(32), 12_500_000, 1);
+        assert_eq!(w, 800_000 + readahead::UNIT);
+    }
+
+    #[test]
+    fn a_small_receive_buffer_or_the_url_keeps_more() {
+        // The URL's count wins.
+        let o = opts_for("iscsi://h/iqn.x:y/0?connections=4");
+        assert_eq!(plan_for(&o, 48).connections, 4);
+        // A receive buffer set by hand (the study's 64 KB window) cannot hold a stream's
+        // round trip on one connection: auto-tuning's count, as for any session.
+        let o = opts_for("iscsi://h/iqn.x:y/0?recv_buffer=32768");
+        assert!(!o.is_pinned("connections"));
+        assert_eq!(plan_for(&o, 48).connections, 8);
+        assert_eq!(plan_for(&o, 24).connections, 4);
     }
 }

@@ -200,6 +200,9 @@ impl Agent {
         let size = local.store.size();
         let url = IscsiUrl::parse(&req.dest).map_err(|e| err(400, e))?;
         let mut opts = url.options(&self.base).map_err(|e| err(400, e))?;
+        // The send starts on the leading connection; the others join a round trip later
+        // (350 ms of the start in R2's case), and the pacing is shared among those live.
+        opts.join_late = true;
         for (k, v) in &req.session {
             opts.set(k, v)
                 .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;

@@ -142,12 +142,24 @@ async fn find_lun(client: &Client, iqn: &str, lun: u16) -> anyhow::Result<(api::
     Ok((luns, info))
 }
 
+/// A member's LUN as its agent reports it, or, while its agent has not been asked yet
+/// ([`members`] with `ask` false), as the file server's stripe names it: size 0 until
+/// [`check_members`] has the answer.
+type Member = (Client, LunInfo, String);
+
+/// A member not asked yet: its position, and the words for an error about it.
+type Unasked = (usize, String);
+
 /// A volume's members: `(control client, LUN there, its iSCSI URL)`, and the stripe unit
-/// when it is striped.
+/// when it is striped. With `ask` false, a striped volume's members are named from the
+/// file server's answer alone and returned as unasked, for [`check_members`] to ask while
+/// the transfer starts: over a long path each ask costs two round trips (a connection and
+/// the request).
 async fn members(
     v: &VolumeRef,
     key: &Key,
-) -> anyhow::Result<(Vec<(Client, LunInfo, String)>, Option<u64>)> {
+    ask: bool,
+) -> anyhow::Result<(Vec<Member>, Option<u64>, Vec<Unasked>)> {
     let client = Client::new(addr(&v.host, v.port), key.clone());
     let (luns, info) = find_lun(&client, &v.iqn, v.lun).await?;
     let spec: Option<StoreSpec> = info.store.parse().ok();
@@ -158,8 +170,8 @@ async fn members(
                     .map_err(|e| anyhow!("{}: stripe unit: {e}", client.addr))?,
                 None => 1 << 20,
             };
-            // Every member's agent at once: over a long path each call costs round trips.
-            let mut set = tokio::task::JoinSet::new();
+            let mut named = Vec::new();
+            let mut unasked = Vec::new();
             for (i, m) in spec.members().iter().enumerate() {
                 let text = m.to_string();
                 let url =
@@ -168,22 +180,25 @@ async fn members(
                 let c = Client::new(addr(&url.host, v.port), key.clone());
                 // The member's URL without the file server's session options.
                 let plain = format!("iscsi://{}/{iqn}/{lun}", addr(&url.host, url.port));
-                let port = v.port;
-                set.spawn(async move {
-                    let found = find_lun(&c, &iqn, lun).await.with_context(|| {
-                        format!("member {text} (its agent on control port {port})")
-                    });
-                    (i, found.map(|(_, mi)| (c, mi, plain)))
-                });
+                let info = LunInfo {
+                    iqn,
+                    lun,
+                    size: 0,
+                    block_size: 0,
+                    store: String::new(),
+                    tracking: None,
+                };
+                named.push((c, info, plain));
+                unasked.push((
+                    i,
+                    format!("member {text} (its agent on control port {})", v.port),
+                ));
             }
-            let mut found = Vec::new();
-            while let Some(r) = set.join_next().await {
-                let (i, r) = r?;
-                found.push((i, r?));
+            if ask {
+                check_members(&mut named, &unasked).await?;
+                unasked.clear();
             }
-            found.sort_by_key(|(i, _)| *i);
-            let out = found.into_iter().map(|(_, m)| m).collect();
-            return Ok((out, Some(unit)));
+            return Ok((named, Some(unit), unasked));
         }
     }
     let portal_port = luns
@@ -192,14 +207,91 @@ async fn members(
         .and_then(|p| p.parse::<std::net::SocketAddr>().ok())
         .map_or(initiator::url::DEFAULT_PORT, |p| p.port());
     let url = format!("iscsi://{}/{}/{}", addr(&v.host, portal_port), v.iqn, v.lun);
-    Ok((vec![(client, info, url)], None))
+    Ok((vec![(client, info, url)], None, Vec::new()))
 }
 
-/// Pairs the source's members with the destination's, checking that they fit.
-pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result<Vec<Stream>> {
-    let (s, d) = tokio::join!(members(src, key), members(dst, key));
-    let (s, s_unit) = s.context("source")?;
-    let (d, d_unit) = d.context("destination")?;
+/// Asks the unasked members' agents, every one at once, for their LUNs and fills them in.
+async fn check_members(members: &mut [Member], unasked: &[Unasked]) -> anyhow::Result<()> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, what) in unasked {
+        let (c, info, _) = &members[*i];
+        let (c, iqn, lun, what, i) = (c.clone(), info.iqn.clone(), info.lun, what.clone(), *i);
+        set.spawn(async move {
+            let found = find_lun(&c, &iqn, lun).await.with_context(|| what);
+            (i, found.map(|(_, mi)| mi))
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r?;
+        members[i].1 = r?;
+    }
+    Ok(())
+}
+
+/// A destination member holds at least what its source sends.
+fn check_fits(source: &LunInfo, dest: &LunInfo, dest_url: &str) -> anyhow::Result<()> {
+    if dest.size < source.size {
+        bail!(
+            "destination member {dest_url} holds {} bytes, less than its source's {}",
+            dest.size,
+            source.size
+        );
+    }
+    Ok(())
+}
+
+/// The destination members' agents, asked while the transfer starts ([`plan`]): each
+/// must answer for its LUN, and hold what its source sends. (A source agent also refuses
+/// to write to a smaller LUN before it sends anything.)
+pub struct DestCheck {
+    task: tokio::task::JoinHandle<anyhow::Result<Vec<LunInfo>>>,
+}
+
+impl DestCheck {
+    fn start(streams: &[Stream], unasked: Vec<Unasked>) -> DestCheck {
+        let mut dest: Vec<Member> = streams
+            .iter()
+            .map(|s| (s.dest.clone(), s.dest_lun.clone(), s.dest_url.clone()))
+            .collect();
+        let sources: Vec<LunInfo> = streams.iter().map(|s| s.source_lun.clone()).collect();
+        DestCheck {
+            task: tokio::spawn(async move {
+                check_members(&mut dest, &unasked)
+                    .await
+                    .context("destination")?;
+                for ((_, d, url), s) in dest.iter().zip(&sources) {
+                    check_fits(s, d, url)?;
+                }
+                Ok(dest.into_iter().map(|(_, d, _)| d).collect())
+            }),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the answers and puts them into `streams`.
+    async fn finish(self, streams: &mut [Stream]) -> anyhow::Result<()> {
+        let infos = self.task.await??;
+        for (s, d) in streams.iter_mut().zip(infos) {
+            s.dest_lun = d;
+        }
+        Ok(())
+    }
+}
+
+/// Pairs the source's members with the destination's, checking that the layouts match.
+/// The destination's members (behind a long path) are asked by the returned check, which
+/// runs while the streams start; the source's (near) are asked here.
+pub async fn plan(
+    src: &VolumeRef,
+    dst: &VolumeRef,
+    key: &Key,
+) -> anyhow::Result<(Vec<Stream>, DestCheck)> {
+    let (s, d) = tokio::join!(members(src, key, true), members(dst, key, false));
+    let (s, s_unit, _) = s.context("source")?;
+    let (d, d_unit, unasked) = d.context("destination")?;
     if s.len() != d.len() {
         bail!(
             "the source has {} member(s), the destination {}: the layouts must match disk server for disk server",
@@ -211,13 +303,9 @@ pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result
         bail!("the stripe units differ (source {s_unit:?}, destination {d_unit:?}): the same bytes would land on other disk servers");
     }
     let mut out = Vec::new();
-    for ((sc, sl, _), (dc, dl, durl)) in s.into_iter().zip(d) {
-        if dl.size < sl.size {
-            bail!(
-                "destination member {durl} holds {} bytes, less than its source's {}",
-                dl.size,
-                sl.size
-            );
+    for (i, ((sc, sl, _), (dc, dl, durl))) in s.into_iter().zip(d).enumerate() {
+        if !unasked.iter().any(|(u, _)| *u == i) {
+            check_fits(&sl, &dl, &durl)?;
         }
         out.push(Stream {
             source: sc,
@@ -227,7 +315,8 @@ pub async fn plan(src: &VolumeRef, dst: &VolumeRef, key: &Key) -> anyhow::Result
             dest_url: durl,
         });
     }
-    Ok(out)
+    let check = DestCheck::start(&out, unasked);
+    Ok((out, check))
 }
 
 /// One line of `--json` progress.
@@ -300,7 +389,8 @@ pub async fn run(
     o: &SyncOptions,
     mut out: impl FnMut(&Tick<'_>),
 ) -> anyhow::Result<Report> {
-    let streams = plan(src, dst, key).await?;
+    let (mut streams, dest_check) = plan(src, dst, key).await?;
+    let mut dest_check = Some(dest_check);
     let n = streams.len();
     let label = |v: &VolumeRef| format!("{}/{}/{}", addr(&v.host, v.port), v.iqn, v.lun);
     let mut resume = ResumeState {
@@ -400,6 +490,13 @@ pub async fn run(
             match r {
                 Ok(st) => statuses[i] = Some(st),
                 Err(e) => tracing::warn!("stream {i}: {e:#}"),
+            }
+        }
+        if dest_check.as_ref().is_some_and(DestCheck::is_finished) {
+            let check = dest_check.take().expect("checked");
+            if let Err(e) = check.finish(&mut streams).await {
+                cancel_all(&streams, &jobs).await;
+                return Err(e);
             }
         }
         let now = t0.elapsed();
@@ -521,6 +618,10 @@ pub async fn run(
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
+    // A transfer shorter than the destination's answers waits for them before verifying.
+    if let Some(check) = dest_check.take() {
+        check.finish(&mut streams).await?;
+    }
     let ends: Vec<f64> = finished_at.iter().map(|f| f.unwrap_or(seconds)).collect();
     let (lo, hi) = ends
         .iter()

@@ -1,0 +1,120 @@
+#!/bin/bash
+# One point of lab R4, several readers in one run: the 512 MiB file read start to end in
+# 32 KiB calls by `rsv media --read` (each VARIANT its own options) and by `smbclient get`,
+# over `rsv wan` at 100 Mbit/s with DELAY ms each way and the kernel's default windows
+# (CUBIC, as the lab sets). Prints one line per reader: Mbit/s, % of the link, the
+# bottleneck's queue drops over the read, the reader's CPU seconds, the load average.
+#
+# Usage: media-read.sh OUTDIR VARIANT...   VARIANT: LABEL=ARGS, ARGS after `rsv media
+#   --read ... --call-size 32K` and before the URL, `?query` appended to the URL, e.g.
+#   'default=--rate 100mbit'  'c2=--rate 100mbit ?connections=2'  'smb' (smbclient get)
+# Env: RSV (./target/release/rsv), DELAY (16), LINK (m3-rd: namespaces LINK-a, LINK-b),
+#   SCRATCH (/dev/shm/m3-read), TARGET_SESSION (lines of the target's [session], e.g.
+#   'congestion = "cubic"'), PCAP=1 (a capture of site a's side per reader, -s 120).
+# Root. Everything it starts is stopped and the link taken down at the end.
+set -u
+RSV=${RSV:-./target/release/rsv}
+OUT=${1:?OUTDIR}
+shift
+D=${SCRATCH:-/dev/shm/m3-read}
+L=${LINK:-m3-rd}
+DELAY=${DELAY:-16}
+mkdir -p "$OUT" "$D/share" "$D/smb"
+if [ ! -f "$D/media.img" ]; then
+  head -c $((512 << 20)) /dev/urandom > "$D/share/movie.mp4"
+  truncate -s $(((512 << 20) + (64 << 20) + (64 << 20))) "$D/media.img"
+  mkfs.ext4 -q -F -d "$D/share" "$D/media.img"
+fi
+$RSV wan down --name $L > /dev/null 2>&1
+J=$($RSV wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms) || exit 1
+js() { echo "$J" | python3 -c "import json,sys;v=json.load(sys.stdin);print($1)"; }
+NSA=$(js 'v["a"]["netns"]')
+NSB=$(js 'v["b"]["netns"]')
+B=$(js 'v["b"]["addr"]')
+for ns in $NSA $NSB; do
+  ip netns exec $ns sysctl -q -w net.ipv4.tcp_congestion_control=cubic \
+    net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
+done
+IQN=iqn.2026-11.org.reservoir:m3-read
+cat > "$D/t.toml" << T
+[session]
+${TARGET_SESSION:-}
+[[target]]
+iqn = "$IQN"
+alias = "home"
+[[target.lun]]
+id = 0
+store = "file:$D/media.img"
+T
+ip netns exec $NSB env RUST_LOG=warn $RSV target --listen $B:3260 --data-dir "$D/data" \
+  --config "$D/t.toml" > "$OUT/target.log" 2>&1 &
+TP=$!
+cat > "$D/smb.conf" << S
+[global]
+  server role = standalone server
+  map to guest = Bad User
+  guest account = root
+  lock directory = $D/smb
+  state directory = $D/smb
+  cache directory = $D/smb
+  private dir = $D/smb
+  pid directory = $D/smb
+  log file = $D/smb/log.%m
+  disable netbios = yes
+  smb ports = 445
+  load printers = no
+  printing = bsd
+  printcap name = /dev/null
+[media]
+  path = $D/share
+  read only = yes
+  guest ok = yes
+  guest only = yes
+S
+ip netns exec $NSB smbd --foreground --debug-stdout --configfile="$D/smb.conf" > "$OUT/smbd.log" 2>&1 &
+SP=$!
+for i in $(seq 50); do grep -q '^ready' "$OUT/target.log" && break; sleep 0.2; done
+sleep 1
+drops() { $RSV wan stats --name $L --json | python3 -c 'import json,sys;v=json.load(sys.stdin);d=v.get("ba") or v["stats"]["ba"];print(d.get("drop_queue",0))'; }
+echo "delay $DELAY ms each way, 100 Mbit/s, default windows; load $(cat /proc/loadavg)" | tee "$OUT/info"
+for v in "$@"; do
+  label=${v%%=*}
+  args=""
+  [ "$label" != "$v" ] && args=${v#*=}
+  q=""
+  opts=()
+  for a in $args; do
+    case $a in
+      \?*) q=$a ;;
+      *) opts+=("$a") ;;
+    esac
+  done
+  if [ -n "${PCAP:-}" ]; then
+    ip netns exec $NSA tcpdump -i any -s 120 -w "$OUT/$label.pcap" tcp > /dev/null 2>&1 &
+    CP=$!
+    sleep 0.5
+  fi
+  d0=$(drops)
+  TIMEFORMAT='%U %S'
+  if [ "$label" = smb ]; then
+    { time ip netns exec $NSA timeout 200 smbclient //$B/media -N -s "$D/smb.conf" \
+      -c "get movie.mp4 /dev/null" > "$OUT/$label.out" 2>&1; } 2> "$OUT/$label.cpu"
+    mbit=$(grep -o 'getting file.*' "$OUT/$label.out" | sed -E 's/.*\(([0-9.]+) KiloBytes\/sec.*/\1/' |
+      python3 -c 'import sys;print(round(float(sys.stdin.read())*1024*8/1e6,2))')
+    extra=""
+  else
+    { time ip netns exec $NSA timeout 200 $RSV media --read /movie.mp4 --call-size 32K "${opts[@]}" \
+      "iscsi://$B:3260/$IQN/0$q" > "$OUT/$label.json" 2> "$OUT/$label.log"; } 2> "$OUT/$label.cpu"
+    mbit=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["mbit_per_s"])' "$OUT/$label.json")
+    extra=$(python3 -c 'import json,sys
+v=json.load(open(sys.argv[1]))
+print(" ".join(f"{k} {v[k]}" for k in ("connections","pacing_rate","readahead_bytes","units","waits","waited_s","ready_ahead_at_waits","pending_ahead_at_waits") if k in v))' "$OUT/$label.json")
+  fi
+  d1=$(drops)
+  [ -n "${PCAP:-}" ] && { kill $CP; wait $CP 2> /dev/null; }
+  pct=$(python3 -c "print(round($mbit,2))")
+  echo "$label: $mbit Mbit/s ($pct % of the link) queue drops $((d1 - d0)) cpu $(cat "$OUT/$label.cpu") $extra load $(cat /proc/loadavg)" | tee -a "$OUT/info"
+done
+kill $TP $SP
+wait $TP $SP 2> /dev/null
+$RSV wan down --name $L
