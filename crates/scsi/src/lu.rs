@@ -442,7 +442,10 @@ impl LogicalUnit {
     /// unit attention, a reservation conflict, a bad field, more than `max_bytes` as the
     /// CDB asks, whatever the transport expects).
     fn plain_read(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
-        if !matches!(cmd.cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16))) {
+        if !matches!(
+            cmd.cdb.first(),
+            Some(&(READ_6 | READ_10 | READ_12 | READ_16))
+        ) {
             return None;
         }
         self.plain_block(cmd, max_bytes)
@@ -581,8 +584,7 @@ impl LogicalUnit {
             }
         }
         let r = block_range(cdb);
-        if self.check_range(r.lba, r.blocks).is_err() || self.pr().check(cmd.nexus, cdb).is_err()
-        {
+        if self.check_range(r.lba, r.blocks).is_err() || self.pr().check(cmd.nexus, cdb).is_err() {
             return None;
         }
         Some(AsyncFlush {

@@ -401,7 +401,9 @@ fn async_writes_hold_their_blocks_ask_for_durability_and_fail_as_write_errors() 
     let rx = cmd(&sync, &[]).unwrap();
     store.complete();
     assert_eq!(rx.recv().unwrap().status, 0x02, "a failed flush");
-    store.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    store
+        .fail
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     // Short data, and a range past the end, are execute()'s.
     assert!(cmd(&rw10(0x2a, 50, 2), &[8; 512]).is_none());
     assert!(cmd(&rw10(0x2a, (SIZE / 512) as u32, 1), &[8; 512]).is_none());
