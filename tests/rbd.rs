@@ -3,8 +3,9 @@
 //! OSD): libiscsi's suite on an RBD-backed LUN with zero failures, a qemu-img round trip
 //! read back through qemu's own rbd driver, a SIGKILL of the target mid-write that loses
 //! no flushed data, an OSD killed and restarted mid-copy (a pause or errors, never wrong
-//! data), the store's own errors and reconnection (its asynchronous reads among them), and
-//! reads whose completions arrive after their connection has gone.
+//! data), the store's own errors and reconnection (its asynchronous reads, writes and
+//! flushes among them), and reads and writes whose completions arrive after their
+//! connection has gone.
 //!
 //! Without Ceph (ceph-mon, ceph-osd, rbd) the tests skip with a note, unless CI or
 //! RESERVOIR_TEST_STRICT is set: then they fail (scripts/setup.sh installs Ceph).
@@ -592,8 +593,8 @@ fn osd_killed_and_restarted_mid_copy_pauses_or_fails_never_corrupts() {
     );
 }
 
-/// Reads started on librbd (asynchronously) and still in flight when their initiator's
-/// connection goes away: with the OSD down they complete only at the store's timeout,
+/// Reads and writes started on librbd (asynchronously) and still in flight when their
+/// initiator's connection goes away: with the OSD down they complete only at the store's timeout,
 /// after the connection is gone (and the commands with it). The target takes those late
 /// completions, serves a new session, and reads return the right data once the OSD is back.
 #[test]
@@ -634,6 +635,12 @@ fn reads_in_flight_when_the_connection_goes_complete_safely() {
     for i in 0..32u64 {
         let lun = lun.clone();
         first.spawn(async move { lun.read_at(i * 131072, 4096).await });
+    }
+    // Writes too (started on librbd the same way), elsewhere in the image.
+    for i in 0..16u64 {
+        let lun = lun.clone();
+        let d = bytes::Bytes::from(vec![i as u8; 8192]);
+        first.spawn(async move { lun.write_at((8 << 20) + i * 65536, d).await });
     }
     // The reads reach the target and librbd; then the initiator is gone, connections and
     // all, without a logout.
@@ -782,9 +789,66 @@ fn store_zeroes_errors_and_reconnection() {
     let (_, _, r) = rx.recv_timeout(Duration::from_secs(1)).unwrap();
     assert!(r.is_err(), "a read past the end succeeded");
 
+    // Asynchronous writes (completed by librbd's callback; half of them durable: flushed
+    // before their completion), many at once, then an asynchronous flush: read back as
+    // written. A write past the end fails at once.
+    assert!(
+        store.writes_async(),
+        "a connected RBD store writes asynchronously"
+    );
+    let (wtx, wrx) = std::sync::mpsc::channel();
+    let mut expect = want.clone();
+    let writes: Vec<(u64, usize)> = (0..64u64)
+        .map(|i| {
+            (
+                (10 << 20) + (i * 37 % 64) * 65536 + (i % 3) * 4096,
+                4096 << (i % 4),
+            )
+        })
+        .collect();
+    for (i, &(off, len)) in writes.iter().enumerate() {
+        let mut buf = backstore::buffers::Buf::take(len);
+        buf.fill(i as u8 ^ 0x3c);
+        expect[off as usize..off as usize + len].fill(i as u8 ^ 0x3c);
+        let wtx = wtx.clone();
+        store.write_async(
+            buf,
+            off,
+            i % 2 == 0,
+            Box::new(move |b, r| wtx.send((i, b.len(), r)).unwrap()),
+        );
+    }
+    for _ in 0..writes.len() {
+        let (i, len, r) = wrx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a write's completion");
+        r.unwrap_or_else(|e| panic!("async write {i}: {e}"));
+        assert_eq!(len, writes[i].1, "the buffer comes back");
+    }
+    let (ftx, frx) = std::sync::mpsc::channel();
+    store.flush_async(Box::new(move |r| ftx.send(r).unwrap()));
+    frx.recv_timeout(Duration::from_secs(20))
+        .expect("a flush's completion")
+        .expect("async flush");
+    store.read_at(&mut want, 0).unwrap();
+    assert!(want == expect, "async writes read back differently");
+    store.write_async(
+        backstore::buffers::Buf::take(8192),
+        (16 << 20) - 4096,
+        true,
+        Box::new(move |b, r| wtx.send((0, b.len(), r)).unwrap()),
+    );
+    let (_, _, r) = wrx.recv_timeout(Duration::from_secs(1)).unwrap();
+    assert!(r.is_err(), "a write past the end succeeded");
+
     // The OSD gone: an asynchronous read fails within the timeout, and the store stops
     // reading asynchronously until the blocking path has connected again; writes fail
     // within the timeout; back, the same store works again.
+    // A second handle without librbd's cache, for a durable write with the OSD down: with
+    // the cache (write-around, after the first flush) librbd acknowledged such a write and
+    // its flush although it logged the write's ETIMEDOUT (seen 2026-11-25, Ceph 16.2.15).
+    let uncached =
+        open(&format!("{}&timeout=3s&cache=no", cluster.spec("store"))).expect("open uncached");
     cluster.script("kill-osd");
     let t = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -793,9 +857,25 @@ fn store_zeroes_errors_and_reconnection() {
         8 << 20,
         Box::new(move |b, r| tx.send((b, r)).unwrap()),
     );
+    // A durable asynchronous write queued beside it fails too (not acknowledged).
+    let (wtx, wrx) = std::sync::mpsc::channel();
+    uncached.write_async(
+        backstore::buffers::Buf::take(4096),
+        12 << 20,
+        true,
+        Box::new(move |_, r| wtx.send(r).unwrap()),
+    );
     let (_, r) = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("no completion for an asynchronous read with the OSD down");
+    let w = wrx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no completion for an asynchronous write with the OSD down");
+    println!("async write with the OSD down: {w:?}");
+    assert!(
+        w.is_err(),
+        "an asynchronous write with the OSD down succeeded"
+    );
     println!(
         "async read with the OSD down: {r:?} after {:?}",
         t.elapsed()
@@ -813,6 +893,7 @@ fn store_zeroes_errors_and_reconnection() {
     assert!(r.is_err(), "a write with the OSD down succeeded");
     assert!(waited < Duration::from_secs(20), "took {waited:?}");
     cluster.script("start-osd");
+    drop(uncached);
     let t = Instant::now();
     let mut ok = false;
     while t.elapsed() < Duration::from_secs(30) {

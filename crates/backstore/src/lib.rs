@@ -62,6 +62,28 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
         let r = self.read_at(&mut buf, offset);
         done(buf, r)
     }
+    /// Whether [`Backstore::write_async`] and [`Backstore::flush_async`] return before the
+    /// write or flush is done, the store completing them on a thread of its own (librbd's),
+    /// as [`Backstore::reads_async`] says of reads. Asked before each command.
+    fn writes_async(&self) -> bool {
+        false
+    }
+    /// Starts writing the whole of `buf` at `offset`, made durable before `done` runs when
+    /// `durable` is set (a FUA write, or any write while the write cache is off: as
+    /// [`Backstore::write_at`] then [`Backstore::flush`]); `done` gets the buffer back and
+    /// the outcome exactly once, under the rules of [`Backstore::read_async`] (the buffer
+    /// is the store's until then). The default is the blocking path on the calling thread.
+    fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: WriteDone) {
+        let r = self
+            .write_at(&buf, offset)
+            .and_then(|()| if durable { self.flush() } else { Ok(()) });
+        done(buf, r)
+    }
+    /// Starts a [`Backstore::flush`]: every write completed before the call is durable when
+    /// `done` runs (exactly once, as [`Backstore::write_async`]'s). The default blocks.
+    fn flush_async(&self, done: FlushDone) {
+        done(self.flush())
+    }
     /// Lends `[offset, offset + len)` without copying it (see [`Lent`]), when the store
     /// can: `Ok(None)` when it cannot, or when `wait` is false and the bytes are not in
     /// memory yet. With `wait`, the call may block until they are. The caller keeps
@@ -125,6 +147,13 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the
 /// buffer, and whether it was filled.
 pub type ReadDone = Box<dyn FnOnce(buffers::Buf, io::Result<()>) + Send>;
+
+/// What a store calls when a write started with [`Backstore::write_async`] is over: the
+/// buffer it wrote, and whether it was written (and made durable, when asked).
+pub type WriteDone = Box<dyn FnOnce(buffers::Buf, io::Result<()>) + Send>;
+
+/// What a store calls when a flush started with [`Backstore::flush_async`] is over.
+pub type FlushDone = Box<dyn FnOnce(io::Result<()>) + Send>;
 
 /// Why a store refused a request.
 #[derive(Debug, thiserror::Error)]

@@ -126,6 +126,18 @@ extern "C" {
         c: rbd_completion_t,
         op_flags: c_int,
     ) -> c_int;
+    /// 0 once queued (the callback will run); negative: not queued, no callback. `buf`
+    /// must stay valid until the completion's callback.
+    pub fn rbd_aio_write2(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        buf: *const c_char,
+        c: rbd_completion_t,
+        op_flags: c_int,
+    ) -> c_int;
+    /// Completes once every write queued before it is durable. 0 once queued.
+    pub fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
     /// The bytes read, or a negative errno.
     pub fn rbd_aio_get_return_value(c: rbd_completion_t) -> isize;
     /// Frees the completion (allowed in its callback).

@@ -1,11 +1,14 @@
 //! A Ceph RBD image as a store: the `rbd` kind, `rbd:POOL/[NAMESPACE/]IMAGE?conf=...`,
 //! through a thin FFI over librbd's C API ([`ffi`]; Debian's librbd-dev).
 //!
-//! Reads may be asynchronous ([`aio`]): started by the caller (the connection's task),
-//! completed by librbd's callback on its own thread, with no thread parked per read. The
-//! other `Backstore` calls are synchronous and come from the target's blocking workers (as
-//! every store call does), so each is librbd's synchronous call, which is its asynchronous
-//! one and a wait on the completion; librbd's own threads do the network I/O. Mapping:
+//! Reads, writes and flushes may be asynchronous ([`aio`]): started by the caller (the
+//! connection's task), completed by librbd's callback on its own thread, with no thread
+//! parked per command; a write to be made durable (FUA, or the write cache off) is
+//! answered after an `rbd_aio_flush` queued from its completion. The other `Backstore`
+//! calls (and these when the store has no connection, or a command is not a plain one)
+//! are synchronous and come from the target's blocking workers, so each is librbd's
+//! synchronous call, which is its asynchronous one and a wait on the completion; librbd's
+//! own threads do the network I/O. Mapping:
 //! - flush (SYNCHRONIZE CACHE, FUA writes, and every write while the LU's write cache is
 //!   off) is `rbd_flush`: librbd's cache, on by default, turns write-back after the first
 //!   flush, so nothing acknowledged as durable may skip it;
@@ -37,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use backstore::buffers::Buf;
 use backstore::{
-    Backstore, OpenContext, OpenError, Param, ReadDone, Registry, StoreFactory, StoreSpec,
+    Backstore, FlushDone, OpenContext, OpenError, Param, ReadDone, Registry, StoreFactory,
+    StoreSpec, WriteDone,
 };
 
 mod aio;
@@ -781,6 +785,31 @@ impl RbdImage {
         op(&conn).map_err(|e| failed(&self.conn, &conn, &self.shown, e))
     }
 
+    /// The connection, for an asynchronous operation: an error if there is none (lost
+    /// since `reads_async` said yes), as connecting could block the caller.
+    fn connected(&self) -> io::Result<Arc<Conn>> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        conn.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "{}: not connected (the connection was lost; the next command connects \
+                     again)",
+                    self.shown
+                ),
+            )
+        })
+    }
+
+    /// What an asynchronous operation on `conn` carries besides its own arguments.
+    fn on(&self, conn: Arc<Conn>) -> aio::On {
+        aio::On {
+            conn,
+            slot: self.conn.clone(),
+            shown: self.shown.clone(),
+        }
+    }
+
     fn check(&self, offset: u64, len: u64) -> io::Result<()> {
         let size = self.size_now();
         match offset.checked_add(len) {
@@ -856,27 +885,39 @@ impl Backstore for RbdImage {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return done(buf, Err(e));
         }
-        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(conn) = conn else {
-            // Lost since `reads_async` said yes; connecting could block the caller.
-            let e = io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "{}: not connected (the connection was lost; the next command connects \
-                     again)",
-                    self.shown
-                ),
-            );
-            return done(buf, Err(e));
+        let conn = match self.connected() {
+            Ok(c) => c,
+            Err(e) => return done(buf, Err(e)),
         };
-        aio::read(
-            conn,
-            self.conn.clone(),
-            self.shown.clone(),
-            buf,
-            offset,
-            done,
-        );
+        aio::read(self.on(conn), buf, offset, done);
+    }
+
+    /// Yes while the store has a connection and takes writes.
+    fn writes_async(&self) -> bool {
+        !self.read_only && self.reads_async()
+    }
+
+    fn write_async(&self, buf: Buf, offset: u64, durable: bool, done: WriteDone) {
+        if let Err(e) = self
+            .writable()
+            .and_then(|()| self.check(offset, buf.len() as u64))
+        {
+            return done(buf, Err(e));
+        }
+        match self.connected() {
+            Ok(conn) => aio::write(self.on(conn), buf, offset, durable, done),
+            Err(e) => done(buf, Err(e)),
+        }
+    }
+
+    fn flush_async(&self, done: FlushDone) {
+        if self.read_only {
+            return done(Ok(()));
+        }
+        match self.connected() {
+            Ok(conn) => aio::flush(self.on(conn), done),
+            Err(e) => done(Err(e)),
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -16,7 +16,7 @@ mod sanitize;
 pub mod sense;
 mod xcopy;
 
-pub use lu::{AsyncRead, LentRead, LogicalUnit};
+pub use lu::{AsyncFlush, AsyncRead, AsyncWrite, LentRead, LogicalUnit};
 pub use sense::Sense;
 pub use xcopy::{CopyTargets, Designator};
 

@@ -118,6 +118,92 @@ impl AsyncRead {
     }
 }
 
+/// A plain WRITE ready to start on a store that completes writes on a thread of its own
+/// (see [`LogicalUnit::try_write_async`]); it holds its blocks against other commands.
+#[derive(Debug)]
+pub struct AsyncWrite {
+    store: Arc<dyn Backstore>,
+    guard: RangeGuard,
+    lba: u64,
+    offset: u64,
+    len: usize,
+    /// FUA, or the write cache is off: durable before the answer.
+    durable: bool,
+}
+
+impl AsyncWrite {
+    /// Bytes the write takes: the buffer given to [`AsyncWrite::start`] holds exactly so
+    /// many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the write has no bytes (never: such a WRITE is not started this way).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Starts the write of `data` (exactly [`AsyncWrite::len`] bytes) and returns; `done`
+    /// gets the command's response once the store has written them, and made them durable
+    /// for a FUA write or while the write cache is off (GOOD, or CHECK CONDITION with WRITE
+    /// ERROR as [`LogicalUnit::execute`] answers a store's error), exactly once, on the
+    /// store's thread or on this one. The blocks are let go before `done` runs.
+    pub fn start(self, data: Buf, done: impl FnOnce(Response) + Send + 'static) {
+        let AsyncWrite {
+            store,
+            guard,
+            lba,
+            offset,
+            len,
+            durable,
+        } = self;
+        if data.len() != len {
+            drop(guard);
+            return done(Response::check_condition(
+                &sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
+            ));
+        }
+        store.write_async(
+            data,
+            offset,
+            durable,
+            Box::new(move |_buf, result| {
+                drop(guard);
+                done(match result {
+                    Ok(()) => Response::good(Vec::new()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "backstore I/O error");
+                        Response::check_condition(&sense::WRITE_ERROR.with_information(lba))
+                    }
+                })
+            }),
+        );
+    }
+}
+
+/// A SYNCHRONIZE CACHE ready to start on a store that completes flushes on a thread of
+/// its own (see [`LogicalUnit::try_flush_async`]).
+#[derive(Debug)]
+pub struct AsyncFlush {
+    store: Arc<dyn Backstore>,
+}
+
+impl AsyncFlush {
+    /// Starts the flush; `done` gets GOOD once every write completed before it is durable,
+    /// or CHECK CONDITION with WRITE ERROR, exactly once, on the store's thread or this one.
+    pub fn start(self, done: impl FnOnce(Response) + Send + 'static) {
+        self.store.flush_async(Box::new(move |result| {
+            done(match result {
+                Ok(()) => Response::good(Vec::new()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "backstore I/O error");
+                    Response::check_condition(&sense::WRITE_ERROR)
+                }
+            })
+        }));
+    }
+}
+
 /// A copy source or destination: this logical unit or another one.
 enum CopyTarget<'a> {
     This(&'a LogicalUnit),
@@ -356,9 +442,36 @@ impl LogicalUnit {
     /// unit attention, a reservation conflict, a bad field, more than `max_bytes` as the
     /// CDB asks, whatever the transport expects).
     fn plain_read(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
+        if !matches!(
+            cmd.cdb.first(),
+            Some(&(READ_6 | READ_10 | READ_12 | READ_16))
+        ) {
+            return None;
+        }
+        self.plain_block(cmd, max_bytes)
+    }
+
+    /// The blocks of a plain WRITE that [`LogicalUnit::execute`] would write (and answer
+    /// with GOOD unless the store fails), changing nothing else; `None` as for
+    /// [`LogicalUnit::plain_read`], and for a LU that refuses writes or data of another
+    /// length than the CDB's.
+    fn plain_write(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
+        if !matches!(
+            cmd.cdb.first(),
+            Some(&(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16))
+        ) || self.check_writable().is_err()
+        {
+            return None;
+        }
+        let r = self.plain_block(cmd, max_bytes)?;
+        (cmd.data_out.len() as u64 == r.blocks * self.block_size).then_some(r)
+    }
+
+    /// What [`LogicalUnit::plain_read`] and [`LogicalUnit::plain_write`] share: the checks
+    /// of `run` and of the command's own function, for a READ or WRITE of any size.
+    fn plain_block(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
         let cdb = cmd.cdb;
-        if !matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
-            || cdb::check_len(cdb).is_err()
+        if cdb::check_len(cdb).is_err()
             || self.sanitizer.running()
             || self.medium_present().is_err()
         {
@@ -422,6 +535,60 @@ impl LogicalUnit {
             lba: r.lba,
             offset: r.lba * self.block_size,
             len: (r.blocks * self.block_size) as usize,
+        })
+    }
+
+    /// Prepares a plain WRITE (6, 10, 12, 16; FUA or not) to be started on a store that
+    /// completes writes on threads of its own (see [`Backstore::writes_async`]), under the
+    /// rules of [`LogicalUnit::try_read_async`]; `cmd.data_out` is only measured (it must
+    /// hold exactly the CDB's blocks): the bytes go to [`AsyncWrite::start`]. Its blocks
+    /// are held exclusively from here until the store has written them.
+    pub fn try_write_async(&self, cmd: &Command, max_bytes: u64) -> Option<AsyncWrite> {
+        if !self.store.writes_async() {
+            return None;
+        }
+        let r = self.plain_write(cmd, max_bytes)?;
+        let guard = self.locks.try_lock(r.lba, r.lba + r.blocks, true)?;
+        let wce = self.mode.read().unwrap_or_else(|e| e.into_inner()).wce;
+        Some(AsyncWrite {
+            store: self.store.clone(),
+            guard,
+            lba: r.lba,
+            offset: r.lba * self.block_size,
+            len: (r.blocks * self.block_size) as usize,
+            durable: r.flags & 0x08 != 0 || !wce,
+        })
+    }
+
+    /// Prepares a SYNCHRONIZE CACHE (10 or 16) to be started on a store that completes
+    /// flushes on threads of its own, under the rules of [`LogicalUnit::try_read_async`].
+    pub fn try_flush_async(&self, cmd: &Command) -> Option<AsyncFlush> {
+        let cdb = cmd.cdb;
+        if !self.store.writes_async()
+            || !matches!(
+                cdb.first(),
+                Some(&(SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16))
+            )
+            || cdb::check_len(cdb).is_err()
+            || self.sanitizer.running()
+            || self.medium_present().is_err()
+            || self.refresh_capacity()
+        {
+            return None;
+        }
+        {
+            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+            let pending = nexuses.get(&cmd.nexus)?;
+            if !pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                return None;
+            }
+        }
+        let r = block_range(cdb);
+        if self.check_range(r.lba, r.blocks).is_err() || self.pr().check(cmd.nexus, cdb).is_err() {
+            return None;
+        }
+        Some(AsyncFlush {
+            store: self.store.clone(),
         })
     }
 

@@ -1,6 +1,6 @@
 //! Running a command on the logical unit: on the connection's task when the page cache
 //! answers at once; started there and answered from the store's own thread when the store
-//! completes reads by itself (librbd); on a blocking worker otherwise. Then turning its
+//! completes reads, writes and flushes by itself (librbd); on a blocking worker otherwise. Then turning its
 //! outcome into Data-In PDUs and a SCSI Response (RFC 7143 11.4, 11.7) that go back on
 //! the command's own connection (allegiance), or wherever the session says after a
 //! reassignment.
@@ -103,6 +103,26 @@ impl Conn {
             });
             return;
         }
+        // So do its writes and flushes (SYNCHRONIZE CACHE): the data goes to the store,
+        // which owns it until its callback.
+        if let Some(write) = job.start_write_async() {
+            let mut job = job;
+            let data = std::mem::take(&mut job.task.buf);
+            let finish = finish.clone();
+            write.start(data, move |resp| {
+                let pdus = job.respond(resp, None);
+                finish(job, pdus);
+            });
+            return;
+        }
+        if let Some(flush) = job.start_flush_async() {
+            let finish = finish.clone();
+            flush.start(move |resp| {
+                let pdus = job.respond(resp, None);
+                finish(job, pdus);
+            });
+            return;
+        }
         tokio::task::spawn_blocking(move || {
             let pdus = job.run();
             finish(job, pdus);
@@ -184,6 +204,46 @@ impl Job {
             },
             u64::MAX,
         )
+    }
+
+    /// A plain WRITE, with all its data here and as long as its CDB says, that the logical
+    /// unit can start on a store that completes it by itself (see
+    /// `LogicalUnit::try_write_async`), or `None`: use [`Job::run`]. The data stays in the
+    /// task until [`scsi::AsyncWrite::start`] takes it.
+    fn start_write_async(&self) -> Option<scsi::AsyncWrite> {
+        let t = &self.task;
+        if !t.cmd.write || t.cmd.read || t.sink.is_some() {
+            return None;
+        }
+        let lu = self.target.luns.get(&t.lun?)?;
+        let cdb = &t.cmd.cdb[..];
+        let expected = LogicalUnit::data_out_len(cdb, lu.config().block_size)?;
+        if expected != t.cmd.edtl || t.buf.len() != expected as usize {
+            return None;
+        }
+        lu.try_write_async(
+            &scsi::Command {
+                cdb,
+                data_out: &t.buf,
+                nexus: self.nexus,
+            },
+            u64::MAX,
+        )
+    }
+
+    /// A SYNCHRONIZE CACHE the logical unit can start on a store that completes flushes by
+    /// itself, or `None`: use [`Job::run`].
+    fn start_flush_async(&self) -> Option<scsi::AsyncFlush> {
+        let t = &self.task;
+        if t.cmd.write || t.sink.is_some() {
+            return None;
+        }
+        let lu = self.target.luns.get(&t.lun?)?;
+        lu.try_flush_async(&scsi::Command {
+            cdb: &t.cmd.cdb,
+            data_out: &[],
+            nexus: self.nexus,
+        })
     }
 
     /// The Data-In PDUs and status that carry `resp` back on this connection.
