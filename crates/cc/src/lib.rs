@@ -205,6 +205,50 @@ fn open_lib() -> Result<Lib, String> {
 // --- libbpf's messages, kept while loading ------------------------------------------------
 
 static LOAD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Where processes of this host take turns at loading: the first of these that opens.
+/// Loading needs root, so /run is writable where it matters.
+const HOST_LOCKS: [&str; 2] = ["/run/rsv-cc.lock", "/tmp/rsv-cc.lock"];
+
+/// A host-wide turn at loading (`flock` on a file every namespace sees); released when
+/// dropped. When no lock file can be opened, loading goes on without a turn (and the race
+/// it guards against is logged by [`get`] as an unshared map).
+struct HostLock {
+    _fd: Option<OwnedFd>,
+}
+
+impl HostLock {
+    fn take() -> HostLock {
+        for path in HOST_LOCKS {
+            let Ok(c) = std::ffi::CString::new(path) else {
+                continue;
+            };
+            // SAFETY: c is a NUL-terminated path; the fd returned is owned below.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: fd was just opened and is owned by nobody else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            loop {
+                // SAFETY: a valid fd; flock blocks until the turn is ours.
+                if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                    return HostLock { _fd: Some(fd) };
+                }
+                if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
+        }
+        HostLock { _fd: None }
+    }
+}
 static LOG: Mutex<String> = Mutex::new(String::new());
 
 extern "C" {
@@ -364,6 +408,12 @@ pub fn load() -> Result<Loaded, Why> {
     }
     let lib = lib().map_err(Why::NoLibbpf)?;
     let _guard = LOAD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Processes that load at the same moment (the lab starts sixteen disk servers' agents
+    // at once) must take turns: the first registers, and each after it finds the first's
+    // settings map and reuses it *before* loading, so that its settings reach the
+    // registered program. Without the turn each loaded its own map and only one process's
+    // settings reached `rsv`.
+    let _host = HostLock::take();
     LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
     // SAFETY: capture is a valid callback for the whole load; the previous one is put back.
     let previous = unsafe { (lib.set_print)(Some(capture)) };

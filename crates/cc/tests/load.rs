@@ -189,3 +189,70 @@ fn a_second_loader_shares_the_name_and_the_settings() {
         assert!(second.registered_here());
     }
 }
+
+/// Run as a child by [`loaders_that_start_together_all_reach_the_registered_program`]:
+/// loads, says what it got, and holds it a moment so that the others load while it does.
+#[test]
+fn child_loader() {
+    if std::env::var_os("RSV_CC_LOAD_CHILD").is_none() {
+        return;
+    }
+    match load() {
+        Ok(l) => {
+            println!(
+                "LOADED registered={} shared={}",
+                l.registered_here(),
+                l.shares_map()
+            );
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        Err(e) => println!("FAILED {e}"),
+    }
+}
+
+/// Processes that load at the same moment (the R2 lab starts sixteen agents at once) take
+/// turns: each one either holds the name or writes into the map of the program that does.
+/// Before they took turns, all but one loaded a map of their own that no registered
+/// program read, and their sockets' settings were lost.
+#[test]
+fn loaders_that_start_together_all_reach_the_registered_program() {
+    if !root() {
+        eprintln!("SKIP: loading BPF needs root");
+        return;
+    }
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "child_loader", "--nocapture", "--test-threads=1"])
+                .env("RSV_CC_LOAD_CHILD", "1")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut registered = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        // The harness may print its "test child_loader ... " before the child's line.
+        let line = text
+            .lines()
+            .find_map(|l| {
+                l.find("LOADED")
+                    .or_else(|| l.find("FAILED"))
+                    .map(|at| &l[at..])
+            })
+            .unwrap_or_else(|| panic!("a child said nothing: {text}"));
+        assert!(line.starts_with("LOADED"), "{line}");
+        let held = line.contains("registered=true");
+        let shared = line.contains("shared=true");
+        assert!(
+            held || shared,
+            "a loader neither holds the name nor shares the holder's map: {line}"
+        );
+        registered += usize::from(held);
+    }
+    assert!(registered <= 1, "the name is one per host");
+}

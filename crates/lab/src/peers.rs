@@ -33,7 +33,12 @@ pub fn rsv_target_on(
         .arg(dir.join(format!("data-{tag}")))
         .arg("--config")
         .arg(&cfg)
-        .env("RUST_LOG", "warn");
+        // RSV_LAB_TARGET_LOG=FILTER (e.g. `replicate=debug,initiator=debug`) for a look
+        // at what the targets and their agents do; warnings only otherwise.
+        .env(
+            "RUST_LOG",
+            std::env::var("RSV_LAB_TARGET_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     let mut p = Proc::spawn(cmd, "rsv target", &dir.join(format!("target-{tag}.log")))?;
     p.wait_log(Duration::from_secs(20), |l| {
         l.lines().any(|x| x.trim() == "ready")

@@ -169,8 +169,14 @@ impl Controller {
                     let before = d0.get(i).copied().unwrap_or(0);
                     self.rates[i] = (d.saturating_sub(before) as f64 / secs) as u64;
                 }
+                // A stream judged over a span is one that had delivered when the span
+                // began: before its first acknowledgment it is logging in, or its first
+                // units are still crossing the path, and says nothing of what it can do.
+                let delivering: Vec<bool> = (0..n)
+                    .map(|i| d0.get(i).copied().unwrap_or(0) > 0)
+                    .collect();
                 self.span_start = Some((now, sum, done.clone()));
-                self.sample(streams);
+                self.sample(streams, &delivering);
             }
             Some(_) => {}
         }
@@ -182,7 +188,7 @@ impl Controller {
     }
 
     /// A new span's rates are in.
-    fn sample(&mut self, streams: &[StreamView]) {
+    fn sample(&mut self, streams: &[StreamView], delivering: &[bool]) {
         let rate = self.rate;
         let all_busy = streams.iter().all(|s| !s.finished);
         // A span in which nothing was acknowledged (the first units still on their way
@@ -228,7 +234,11 @@ impl Controller {
                 let limited = self.short[i].0 >= SHORT_SPANS;
                 let bar = if limited { 0.95 } else { 0.85 };
                 match self.shares[i] {
-                    Some(share) if !s.finished && (reached as f64) < share as f64 * bar => {
+                    Some(share)
+                        if !s.finished
+                            && delivering[i]
+                            && (reached as f64) < share as f64 * bar =>
+                    {
                         self.short[i] = (self.short[i].0 + 1, reached);
                     }
                     _ => self.short[i] = (0, 0),
@@ -437,5 +447,47 @@ mod tests {
         }
         assert_eq!(d.shares[0], Some(114)); // 100 B/s (rounded down) + 15 %
         assert_eq!(d.shares[1], Some(886));
+    }
+
+    /// Seen at 350 ms with the rate given: the streams spent their first three spans
+    /// logging in, were judged short of their shares at 0 B/s and capped to what they
+    /// reached in their first second of data plus 15 %, so the link took seconds more to
+    /// fill. A stream is judged only over spans that began after its first delivery.
+    #[test]
+    fn a_stream_still_starting_keeps_its_share() {
+        let mut c = Controller::new(Mode::Cooperative, Some(1000), 2);
+        let mut t = Duration::ZERO;
+        let mut d = c.tick(t, RTT, &[view(0, 1_000_000), view(0, 1_000_000)]);
+        // Four spans with nothing delivered (logging in), then one with a slow first
+        // second (the first units crossing the path).
+        let mut done = 0;
+        for step in 0..5 {
+            t += Duration::from_secs(1);
+            if step == 4 {
+                done = 50;
+            }
+            d = c.tick(
+                t,
+                RTT,
+                &[view(done, 1_000_000 - done), view(done, 1_000_000 - done)],
+            );
+        }
+        assert_eq!(d.shares, vec![Some(500), Some(500)]);
+        // A stream that then stays short is judged as before.
+        let mut done = [done, done];
+        for _ in 0..3 {
+            t += Duration::from_secs(1);
+            done[0] += 100;
+            done[1] += 500;
+            d = c.tick(
+                t,
+                RTT,
+                &[
+                    view(done[0], 1_000_000 - done[0]),
+                    view(done[1], 1_000_000 - done[1]),
+                ],
+            );
+        }
+        assert_eq!(d.shares[0], Some(114)); // 100 B/s (rounded down) + 15 %
     }
 }
