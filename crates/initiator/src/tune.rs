@@ -267,26 +267,12 @@ pub fn plan(
     if opts.is_pinned("pacing_rate") {
         reasons.push("pacing: set by hand".into());
     } else if let Some(r) = opts.rate {
-        // `rsv` first among the congestion controls paces exactly at the share (its
-        // `share_rate`), where BBR only stays under a cap: the shares add up to 95 % of the
-        // rate in payload, about 98.5 % of it on the wire (1448 of every 1500 bytes are
-        // payload), so that together they never overrun the bottleneck; 5 % above, as
-        // for BBR, is a standing overflow of 9 % on the wire. Otherwise 5 % above the
-        // share: a cap, which a flow recovering from a loss stays under, leaving room the
-        // others may take.
-        let exact = o
-            .congestion
-            .as_deref()
-            .and_then(|c| c.split(',').next())
-            .is_some_and(|c| c.trim() == net::cc::NAME);
-        let (each, how) = if exact {
-            ((r / n - r / n / 20).max(1), "less 5 % (rsv paces exactly)")
-        } else {
-            ((r / n + r / n / 20).max(1), "plus 5 %")
-        };
+        // 5 % above the share: the kernel paces whole packets, headers included, and a flow
+        // recovering from a loss leaves room the others may take.
+        let each = (r / n + r / n / 20).max(1);
         o.pacing_rate = Some(each);
         reasons.push(format!(
-            "pacing: {} per connection, the given rate shared by {n} {how}: the senders \
+            "pacing: {} per connection, the given rate shared by {n} plus 5 %: the senders \
              never overrun the bottleneck's queue{}",
             mbit(each),
             if opts.pacing_hint {
@@ -795,14 +781,6 @@ mod tests {
         assert!(!o.initial_r2t && o.immediate_data);
         // The given rate is shared by 8 connections, plus 5 %.
         assert_eq!(o.pacing_rate, Some(12_500_000 / 8 * 105 / 100));
-        // On rsv, which paces exactly, less 5 %.
-        let mut on_rsv = opts.clone();
-        on_rsv.congestion = Some("rsv,cubic".into());
-        let (r, _) = plan(&on_rsv, &probe_ms(100), &kernel());
-        assert_eq!(r.pacing_rate, Some(12_500_000 / 8 * 95 / 100));
-        on_rsv.congestion = Some("bbr,rsv".into());
-        let (r, _) = plan(&on_rsv, &probe_ms(100), &kernel());
-        assert_eq!(r.pacing_rate, Some(12_500_000 / 8 * 105 / 100));
         // 2.5 MB over 8 sockets fits the kernel's autotuning.
         assert_eq!(o.send_buffer, None);
         // Without a rate: two unpaced connections sized for 1 Gbit/s, 12.5 MB each.
