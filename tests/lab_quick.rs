@@ -38,9 +38,14 @@ fn can_run() -> bool {
 }
 
 fn lab(scenario: &str, out: &Path) {
+    lab_with(scenario, out, &[]);
+}
+
+fn lab_with(scenario: &str, out: &Path, extra: &[&str]) {
     let o = Command::new(rsv())
         .args(["lab", "run", scenario, "--quick", "--no-doc", "--out"])
         .arg(out)
+        .args(extra)
         .output()
         .expect("running rsv lab");
     let err = String::from_utf8_lossy(&o.stderr);
@@ -180,6 +185,80 @@ fn lab_quick_r0_and_r1() {
         !links_left("lr0-") && !links_left("lr1-"),
         "the lab left namespaces behind"
     );
+}
+
+/// `--repeat 2`: each of Reservoir's rows twice with its repetition number, the peers once,
+/// and the JSON's and the document's medians over both.
+#[test]
+fn lab_quick_repeat() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab_with("r0", out, &["--repeat", "2", "--rows", "reservoir"]);
+    let rows = csv(&out.join("r0.csv"));
+    let mine: Vec<_> = rows
+        .iter()
+        .filter(|r| r["config"] == "Reservoir default")
+        .collect();
+    let reps: Vec<&str> = mine.iter().map(|r| r["repeat"].as_str()).collect();
+    assert_eq!(reps, ["1", "2"], "{rows:?}");
+    for r in &mine {
+        assert!(r["error"].is_empty() && num(r, "mbit_per_s") > 0.0, "{r:?}");
+    }
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["config"].starts_with("iperf3"))
+            .count(),
+        2,
+        "iperf3 CUBIC and BBR once: {rows:?}"
+    );
+    assert!(
+        !rows.iter().any(|r| r["config"].starts_with("R0")),
+        "--rows reservoir ran other configurations: {rows:?}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("r0.json")).unwrap()).unwrap();
+    let sum = v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["config"] == "Reservoir default" && s["direction"] == "write")
+        .unwrap_or_else(|| panic!("no summary of Reservoir's writes: {}", v["summary"]));
+    let figures: Vec<f64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["config"] == "Reservoir default" && r["direction"] == "write")
+        .map(|r| r["mbit_per_s"].as_f64().unwrap())
+        .collect();
+    assert_eq!(figures.len(), 2, "{}", v["rows"]);
+    let m = &sum["mbit_per_s"];
+    assert_eq!(m["n"], 2, "{sum}");
+    let (lo, hi) = (figures[0].min(figures[1]), figures[0].max(figures[1]));
+    let near = |a: &serde_json::Value, b: f64| (a.as_f64().unwrap() - b).abs() < 1e-9;
+    assert!(
+        near(&m["min"], lo) && near(&m["max"], hi),
+        "{sum} against {figures:?}"
+    );
+    assert!(
+        near(&m["median"], (lo + hi) / 2.0),
+        "{sum} against {figures:?}"
+    );
+    let doc = out.join("doc.md");
+    let o = Command::new(rsv())
+        .args(["lab", "doc", "--results"])
+        .arg(out)
+        .arg("--out")
+        .arg(&doc)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc = std::fs::read_to_string(&doc).unwrap();
+    assert!(doc.contains("the median of the 2"), "{doc}");
+    let cell = format!("{:.2} ({lo:.2}–{hi:.2})", (lo + hi) / 2.0);
+    assert!(doc.contains(&cell), "no {cell:?} in\n{doc}");
 }
 
 #[test]

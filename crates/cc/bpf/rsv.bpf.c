@@ -5,9 +5,11 @@
  * rsv_settings socket-storage map (crates/cc/src/lib.rs writes it, keyed by the socket's fd):
  *
  *  - start_rate: while BBR is still in STARTUP, pacing is at least start_rate and cwnd at
- *    least twice start_rate x RTT, instead of growing from 10 packets. A rate too high for
- *    today's path stops counting when BBR leaves STARTUP (its delivery rate stops growing
- *    for three rounds), so it costs a few round trips, not the transfer.
+ *    least twice start_rate x RTT, instead of growing from 10 packets, from the first data
+ *    sent after the settings (CA_EVENT_TX_START) or the first ACK, whichever comes
+ *    first. A rate too high for today's path stops counting when BBR leaves STARTUP (its
+ *    delivery rate stops growing for three rounds), so it costs a few round trips, not the
+ *    transfer.
  *  - share_rate: pacing exactly at share_rate, cwnd never below twice share x min RTT, so
  *    the window never holds the share back and the pacing alone sets the rate, while the
  *    ACKs show no queue (RTT within 5/4 of the minimum); with a queue, BBR's own rate
@@ -183,6 +185,12 @@ SEC("struct_ops/rsv_cwnd_event")
 void BPF_PROG(rsv_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 {
 	bbr_cwnd_event(sk, event);
+	/* The first data after an idle spell, e.g. a session's first command after its login
+	 * (whose settings came after the login's last ACK): the start is in force from this
+	 * packet on, not from the next ACK, a round trip later. An ACK that finds nothing in
+	 * flight does not reach cong_control. */
+	if (event == CA_EVENT_TX_START)
+		apply_start(sk, settings_of(sk));
 }
 
 SEC("struct_ops/rsv_set_state")

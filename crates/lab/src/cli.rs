@@ -53,9 +53,17 @@ enum LabCommand {
         #[arg(long)]
         disk_servers: Option<usize>,
         /// r2: only these rows (one, unpaced, static, reservoir, reservoir-rate, iperf3,
-        /// gridftp, qemu-img).
+        /// gridftp, qemu-img); r0: only these configurations (before, tuned, reservoir,
+        /// reservoir-rate, with --congestion CC reservoir-CC, reservoir-rate-CC); rtt: only
+        /// these of Reservoir's rows (the same names but before and tuned); r1: only these
+        /// modes (iperf3, cubic, bbr, paced, reservoir, reservoir-CC).
         #[arg(long, value_delimiter = ',')]
         rows: Vec<String>,
+        /// r0, rtt and r1: run each of Reservoir's rows (r1: each mode) this many times,
+        /// interleaved; the results give the median and the range (min-max) and the plots
+        /// the median. The peers of r0 and rtt (iperf3, qemu-img, tgt) run once a point.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeat: u32,
         /// r2: the bottleneck's rate as tc writes it (800mbit) instead of calibrating it.
         #[arg(long, value_parser = units::parse_rate)]
         link_rate: Option<units::Rate>,
@@ -66,8 +74,8 @@ enum LabCommand {
         /// link time per transfer; r4: the time limit of each reader.
         #[arg(long)]
         seconds: Option<u64>,
-        /// r0 and rtt: also run Reservoir's rows with this congestion control at both ends
-        /// (`rsv`: Reservoir's own, loaded by the target and the initiator; needs root).
+        /// r0, rtt and r1: also run Reservoir's rows with this congestion control at both
+        /// ends (`rsv`: Reservoir's own, loaded by the target and the initiator; needs root).
         #[arg(long, value_name = "NAME")]
         congestion: Option<String>,
         /// r0: only the iperf3 references and Reservoir's rows (no study configurations,
@@ -174,6 +182,7 @@ pub fn run(args: LabArgs) -> Result<()> {
             seconds,
             disk_servers,
             rows,
+            repeat,
             link_rate,
             delay,
             window,
@@ -222,6 +231,8 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                         p.congestion = congestion.clone();
                         p.reservoir_only = reservoir_only;
+                        p.repeat = repeat;
+                        p.rows = rows.clone();
                         crate::r0::run(p, quick, &out, command.clone())?;
                     }
                     "rtt" => {
@@ -233,6 +244,8 @@ pub fn run(args: LabArgs) -> Result<()> {
                             p.seconds = s;
                         }
                         p.congestion = congestion.clone();
+                        p.repeat = repeat;
+                        p.rows = rows.clone();
                         crate::rtt::run(p, quick, &out, command.clone())?;
                     }
                     "r2" => {
@@ -355,7 +368,11 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                     }
                     _ => {
-                        crate::r1::run(quick, &out, command.clone())?;
+                        let mut p = crate::r1::Params::new(quick);
+                        p.congestion = congestion.clone();
+                        p.repeat = repeat;
+                        p.modes = rows.clone();
+                        crate::r1::run(p, quick, &out, command.clone())?;
                     }
                 }
                 eprintln!("lab: {name} results in {}", out.display());

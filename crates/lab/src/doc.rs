@@ -1,6 +1,7 @@
 //! docs/lab-r0-r1.md, regenerated from the results' JSON: tables, figures and the studies'
 //! numbers side by side.
 
+use crate::stats::Spread;
 use anyhow::Result;
 use serde_json::Value;
 use std::fmt::Write;
@@ -32,6 +33,53 @@ fn f(v: &Value) -> f64 {
 
 fn s(v: &Value) -> &str {
     v.as_str().unwrap_or("")
+}
+
+/// Whether any of `rows` is of configuration `name`.
+fn names_ran(rows: &[&Value], name: &str) -> bool {
+    rows.iter().any(|x| s(&x["config"]) == name)
+}
+
+/// How many times Reservoir's rows ran (`--repeat`; 1 for results from before it).
+fn repeats(r: &Value) -> u64 {
+    r["params"]["repeat"].as_u64().unwrap_or(1).max(1)
+}
+
+/// What a repeated run's tables show.
+fn repeat_note(doc: &mut String, r: &Value, what: &str) {
+    let n = repeats(r);
+    if n > 1 {
+        let _ = writeln!(
+            doc,
+            "{what} ran {n} times each, interleaved (every row once, then again): each figure \
+             is the median of the {n}, with the range (min–max) in brackets; a repetition that \
+             failed is left out and said.\n"
+        );
+    }
+}
+
+/// The median and range of `rows`' Mbit/s (those without an error), `digits` decimals;
+/// "error" when every one failed, "—" when there is none.
+fn mbit_cell(rows: &[&Value], digits: usize) -> String {
+    let ok: Vec<&&Value> = rows.iter().filter(|x| s(&x["error"]).is_empty()).collect();
+    let failed = rows.len() - ok.len();
+    match Spread::of(ok.iter().map(|x| f(&x["mbit_per_s"]))) {
+        Some(sp) => {
+            let mark = if ok.iter().any(|x| x["complete"].as_bool() == Some(false)) {
+                " †"
+            } else {
+                ""
+            };
+            let fails = if failed > 0 {
+                format!(", {failed} failed")
+            } else {
+                String::new()
+            };
+            format!("{}{mark}{fails}", sp.show(digits, ""))
+        }
+        None if failed > 0 => "error".into(),
+        None => "—".into(),
+    }
 }
 
 fn env_block(doc: &mut String, r: &Value) {
@@ -75,6 +123,11 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
         f(&p["seconds"]),
         f(&p["qemu_max_bytes"]) / 1048576.0
     );
+    repeat_note(
+        doc,
+        r,
+        "The iSCSI configurations (iperf3, qemu-img and tgt once a point)",
+    );
     for dir in ["write", "read"] {
         let sel: Vec<&Value> = rows
             .iter()
@@ -100,35 +153,31 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
         for name in names {
             let mut l = format!("| {name} |");
             for loss in &losses {
-                let cell = sel
+                let cell: Vec<&Value> = sel
                     .iter()
-                    .find(|x| s(&x["config"]) == name && (f(&x["loss_pct"]) - loss).abs() < 1e-9);
-                match cell {
-                    Some(x) if s(&x["error"]).is_empty() => {
-                        let mark = if x["complete"].as_bool() == Some(false) {
-                            " †"
-                        } else {
-                            ""
-                        };
-                        let _ = write!(l, " {:.2}{mark} |", f(&x["mbit_per_s"]));
-                    }
-                    Some(_) => l += " error |",
-                    None => l += " — |",
-                }
+                    .copied()
+                    .filter(|x| s(&x["config"]) == name && (f(&x["loss_pct"]) - loss).abs() < 1e-9)
+                    .collect();
+                let _ = write!(l, " {} |", mbit_cell(&cell, 2));
             }
             let _ = writeln!(doc, "{l}");
         }
         let ratio = |a: &str, b: &str| {
             let mut l = format!("| {a} ÷ {b} |");
             for loss in &losses {
+                // The medians.
                 let get = |n: &str| {
-                    sel.iter()
-                        .find(|x| {
-                            s(&x["config"]) == n
-                                && s(&x["direction"]) == dir
-                                && (f(&x["loss_pct"]) - loss).abs() < 1e-9
-                        })
-                        .map(|x| f(&x["mbit_per_s"]))
+                    Spread::of(
+                        sel.iter()
+                            .filter(|x| {
+                                s(&x["config"]) == n
+                                    && s(&x["direction"]) == dir
+                                    && s(&x["error"]).is_empty()
+                                    && (f(&x["loss_pct"]) - loss).abs() < 1e-9
+                            })
+                            .map(|x| f(&x["mbit_per_s"])),
+                    )
+                    .map(|sp| sp.median)
                 };
                 match (get(a), get(b)) {
                     (Some(x), Some(y)) if y > 0.0 => {
@@ -139,8 +188,11 @@ fn r0_section(doc: &mut String, r: &Value, link: &Path) {
             }
             l
         };
-        let _ = writeln!(doc, "{}", ratio("R0 tuned (2b)", "R0 before"));
-        let _ = writeln!(doc, "{}", ratio("Reservoir default", "R0 before"));
+        // Only where the study's "before" ran (not with --reservoir-only or --rows).
+        if names_ran(&sel, "R0 before") {
+            let _ = writeln!(doc, "{}", ratio("R0 tuned (2b)", "R0 before"));
+            let _ = writeln!(doc, "{}", ratio("Reservoir default", "R0 before"));
+        }
         let _ = writeln!(
             doc,
             "\n![R0 {dir}s]({})\n",
@@ -248,7 +300,28 @@ fn r1_section(doc: &mut String, r: &Value, link: &Path) {
         "| run | per stream (MB/s) | total (MB/s) | link use | wire use | Jain | queue drops |\n\
          |---|---|---:|---:|---:|---:|---:|"
     );
-    for m in r["modes"].as_array().cloned().unwrap_or_default() {
+    repeat_note(
+        doc,
+        r,
+        "The modes; per stream and queue drops are those of the median repetition (by link use)",
+    );
+    let modes = r["modes"].as_array().cloned().unwrap_or_default();
+    // One line a mode: its median repetition, with the spreads over all of them.
+    let mut keys: Vec<&str> = Vec::new();
+    for m in &modes {
+        if !keys.contains(&s(&m["key"])) {
+            keys.push(s(&m["key"]));
+        }
+    }
+    for key in keys {
+        let runs: Vec<&Value> = modes.iter().filter(|m| s(&m["key"]) == key).collect();
+        let mut by_use = runs.clone();
+        by_use.sort_by(|a, b| f(&a["link_use_pct"]).total_cmp(&f(&b["link_use_pct"])));
+        let m = by_use[(by_use.len() - 1) / 2];
+        let spread = |k: &str, digits: usize, unit: &str| {
+            Spread::of(runs.iter().map(|x| f(&x[k])))
+                .map_or("—".into(), |sp| sp.show(digits, unit))
+        };
         let streams: Vec<String> = m["streams"]
             .as_array()
             .map(|a| {
@@ -265,14 +338,14 @@ fn r1_section(doc: &mut String, r: &Value, link: &Path) {
             .unwrap_or_default();
         let _ = writeln!(
             doc,
-            "| {} ({}) | {} | {:.1} | {:.1} % | {:.1} % | {:.3} | {} |",
+            "| {} ({}) | {} | {} | {} | {} | {} | {} |",
             s(&m["label"]),
             s(&m["tool"]),
             streams.join(" / "),
-            f(&m["total_mb_per_s"]),
-            f(&m["link_use_pct"]),
-            f(&m["wire_use_pct"]),
-            f(&m["jain"]),
+            spread("total_mb_per_s", 1, ""),
+            spread("link_use_pct", 1, " %"),
+            spread("wire_use_pct", 1, " %"),
+            spread("jain", 3, ""),
             m["queue_drops"].as_u64().unwrap_or(0)
         );
     }
@@ -311,37 +384,70 @@ fn rtt_section(doc: &mut String, r: &Value) {
          for {} s: iperf3 BBR (one stream) as the network's ceiling, and `rsv bench --pattern \
          seq` with Reservoir's defaults writing and reading 1 MiB commands: share of the link \
          in payload, over the whole run (start-up included, and the commands in flight at its \
-         end waited for). The goal is 90 % at every point.\n",
+         end waited for). Issue 21's goal is 92 % at every point.\n",
         s(&p["rate"]),
         f(&p["seconds"]),
     );
+    repeat_note(doc, r, "Reservoir's rows (iperf3 once a point)");
     let _ = writeln!(
         doc,
-        "| RTT (ms) | iperf3 BBR | Reservoir write | Reservoir read |\n|---:|---:|---:|---:|"
+        "| RTT (ms) | run | write | read |\n|---:|---|---:|---:|"
     );
     let mut rtts: Vec<u64> = points.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect();
     rtts.dedup();
     for rtt in rtts {
-        let cell = |dir: &str| {
-            let Some(x) = points
-                .iter()
-                .find(|x| x["rtt_ms"].as_u64() == Some(rtt) && s(&x["row"]["direction"]) == dir)
-            else {
-                return "—".to_string();
-            };
-            let row = &x["row"];
-            if !s(&row["error"]).is_empty() {
-                return format!("failed: {}", s(&row["error"]));
+        let at: Vec<&Value> = points
+            .iter()
+            .filter(|x| x["rtt_ms"].as_u64() == Some(rtt))
+            .collect();
+        let mut configs: Vec<&str> = Vec::new();
+        for x in &at {
+            if !configs.contains(&s(&x["row"]["config"])) {
+                configs.push(s(&x["row"]["config"]));
             }
-            format!("{:.1} %", f(&x["link_pct"]))
-        };
-        let _ = writeln!(
-            doc,
-            "| {rtt} | {} | {} | {} |",
-            cell("network"),
-            cell("write"),
-            cell("read")
-        );
+        }
+        for config in configs {
+            // Share of the link: median and range over the repetitions.
+            let cell = |dir: &str| {
+                let runs: Vec<&&Value> = at
+                    .iter()
+                    .filter(|x| {
+                        s(&x["row"]["config"]) == config && s(&x["row"]["direction"]) == dir
+                    })
+                    .collect();
+                let ok: Vec<&&&Value> = runs
+                    .iter()
+                    .filter(|x| s(&x["row"]["error"]).is_empty())
+                    .collect();
+                match Spread::of(ok.iter().map(|x| f(&x["link_pct"]))) {
+                    Some(sp) if ok.len() < runs.len() => {
+                        format!("{}, {} failed", sp.show(1, " %"), runs.len() - ok.len())
+                    }
+                    Some(sp) => sp.show(1, " %"),
+                    None => match runs.first() {
+                        Some(x) => format!("failed: {}", s(&x["row"]["error"])),
+                        None => "—".into(),
+                    },
+                }
+            };
+            if at
+                .iter()
+                .any(|x| s(&x["row"]["config"]) == config && s(&x["row"]["direction"]) == "network")
+            {
+                let _ = writeln!(
+                    doc,
+                    "| {rtt} | {config} (the network) | {} | |",
+                    cell("network")
+                );
+            } else {
+                let _ = writeln!(
+                    doc,
+                    "| {rtt} | {config} | {} | {} |",
+                    cell("write"),
+                    cell("read")
+                );
+            }
+        }
     }
     let _ = writeln!(doc);
     let reservoir: Vec<(String, &Value)> = points
@@ -349,7 +455,12 @@ fn rtt_section(doc: &mut String, r: &Value) {
         .filter(|x| s(&x["row"]["direction"]) != "network")
         .map(|x| {
             (
-                format!("{} ms {}", f(&x["rtt_ms"]), s(&x["row"]["direction"])),
+                format!(
+                    "{} ms {} {}",
+                    f(&x["rtt_ms"]),
+                    s(&x["row"]["config"]),
+                    s(&x["row"]["direction"])
+                ),
                 &x["row"],
             )
         })
@@ -360,8 +471,13 @@ fn rtt_section(doc: &mut String, r: &Value) {
 
 /// Where the link's time went in each labelled `rsv bench` row that has the bottleneck's
 /// counters: how busy it was, and the time lost before it first ran full and after.
+/// Rows with the same label are repetitions: one line gives their medians, with the range
+/// of the payload rate and of the time to full.
 fn link_use_table(doc: &mut String, rows: &[(String, &Value)]) {
-    let rows: Vec<&(String, &Value)> = rows.iter().filter(|(_, x)| x["link"].is_object()).collect();
+    let rows: Vec<&(String, &Value)> = rows
+        .iter()
+        .filter(|(_, x)| x["link"].is_object() && s(&x["error"]).is_empty())
+        .collect();
     if rows.is_empty() {
         return;
     }
@@ -380,17 +496,41 @@ fn link_use_table(doc: &mut String, rows: &[(String, &Value)]) {
         "| run | payload Mbit/s | link busy | payload ÷ wire | full after | lost starting | \
          lost later |\n|---|---:|---:|---:|---:|---:|---:|"
     );
-    for (label, x) in rows {
-        let u = &x["link"];
+    let mut labels: Vec<&str> = Vec::new();
+    for (label, _) in &rows {
+        if !labels.contains(&label.as_str()) {
+            labels.push(label);
+        }
+    }
+    for label in labels {
+        let runs: Vec<&Value> = rows
+            .iter()
+            .filter(|(l, _)| l == label)
+            .map(|(_, x)| *x)
+            .collect();
+        let med = |g: &dyn Fn(&Value) -> f64| {
+            Spread::of(runs.iter().map(|x| g(x))).unwrap_or(Spread {
+                n: 0,
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            })
+        };
+        let payload = med(&|x| f(&x["mbit_per_s"]));
+        let busy = med(&|x| f(&x["link"]["busy_pct"]));
+        let share = med(&|x| f(&x["bytes"]) / f(&x["link"]["wire_bytes"]).max(1.0) * 100.0);
+        let full = med(&|x| f(&x["link"]["start_s"]));
+        let lost_start = med(&|x| f(&x["link"]["lost_start_s"]));
+        let lost_later = med(&|x| f(&x["link"]["lost_later_s"]));
         let _ = writeln!(
             doc,
-            "| {label} | {:.2} | {:.1} % | {:.1} % | {:.1} s | {:.2} s | {:.2} s |",
-            f(&x["mbit_per_s"]),
-            f(&u["busy_pct"]),
-            f(&x["bytes"]) / f(&u["wire_bytes"]).max(1.0) * 100.0,
-            f(&u["start_s"]),
-            f(&u["lost_start_s"]),
-            f(&u["lost_later_s"]),
+            "| {label} | {} | {:.1} % | {:.1} % | {} | {:.2} s | {:.2} s |",
+            payload.show(2, ""),
+            busy.median,
+            share.median,
+            full.show(1, " s"),
+            lost_start.median,
+            lost_later.median,
         );
     }
     let _ = writeln!(doc);
@@ -403,13 +543,26 @@ pub fn write(results: &Path, out: &Path) -> Result<()> {
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let link = relative(dir, results);
-    let mut doc = String::from(
+    // The results' directory as the repository names it (lab/results for the committed
+    // document).
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            std::fs::canonicalize(results)
+                .ok()?
+                .strip_prefix(cwd)
+                .ok()
+                .map(Path::to_path_buf)
+        })
+        .unwrap_or_else(|| results.to_path_buf());
+    let mut doc = format!(
         "# Lab: R0 and R1 reproduced, and an RTT sweep\n\n\
          Generated by `rsv lab` (crates/lab) from the results under \
-         `lab/results/` — do not edit by hand; rerun `rsv lab run all` (or `rsv lab doc` to \
+         `{}/` — do not edit by hand; rerun `rsv lab run all` (or `rsv lab doc` to \
          redraw from the JSON). The studies are summarised in `shared/REFERENCES.md`. Every \
          number below comes from one run in which Reservoir and its peers crossed the same \
          emulated link.\n\n",
+        shown.display()
     );
     let mut any = false;
     if let Ok(r) = crate::r0::load(results) {

@@ -19,3 +19,4 @@ mod r2;
 mod r3;
 mod r4;
 mod rtt;
+mod stats;

@@ -32,6 +32,12 @@ pub struct Params {
     /// Only the iperf3 references and the Reservoir rows (no study configurations, no
     /// qemu-img, no tgt).
     pub reservoir_only: bool,
+    /// Each iSCSI configuration's rows run this many times at each point, interleaved
+    /// (all configurations once, then again); the peers (iperf3, qemu-img, tgt) once.
+    pub repeat: u32,
+    /// Only these configurations (by key: before, tuned, reservoir, reservoir-rate, and
+    /// with a congestion control CC reservoir-CC, reservoir-rate-CC); empty: all.
+    pub rows: Vec<String>,
 }
 
 impl Params {
@@ -51,6 +57,8 @@ impl Params {
             reads: !quick,
             congestion: None,
             reservoir_only: false,
+            repeat: 1,
+            rows: Vec::new(),
         }
     }
 }
@@ -199,6 +207,8 @@ pub struct Row {
     /// The transfer ran to its planned end (a fixed size, or the time for a timed run).
     pub complete: bool,
     pub error: String,
+    /// Which repetition of the row this is (1 to `--repeat`).
+    pub repeat: u32,
     /// For `rsv bench` rows: what the session used and what its sockets saw (JSON only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionSummary>,
@@ -255,6 +265,7 @@ impl Row {
             mbit_per_s: 0.0,
             complete: false,
             error: String::new(),
+            repeat: 1,
             session: None,
             link: None,
         }
@@ -327,10 +338,47 @@ pub struct Results {
     pub configs: Vec<IscsiConfig>,
     pub peer_tcp: Vec<(String, String)>,
     pub environment: Environment,
+    /// Every run, each repetition its own row.
     pub rows: Vec<Row>,
+    /// Each row over its repetitions: median and range.
+    pub summary: Vec<LossSummary>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct LossSummary {
+    pub loss_pct: f64,
+    #[serde(flatten)]
+    pub row: crate::stats::RowSummary,
+}
+
+/// The rows' summaries, point by point.
+fn summarize(loss_pct: &[f64], rows: &[Row]) -> Vec<LossSummary> {
+    let mut out = Vec::new();
+    for &loss in loss_pct {
+        let at = rows.iter().filter(|r| r.loss_pct == loss);
+        out.extend(
+            crate::stats::summarize(at)
+                .into_iter()
+                .map(|row| LossSummary {
+                    loss_pct: loss,
+                    row,
+                }),
+        );
+    }
+    out
 }
 
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
+    let keys: Vec<&str> = configs(params.congestion.as_deref())
+        .iter()
+        .map(|c| c.key)
+        .collect();
+    if let Some(r) = params.rows.iter().find(|r| !keys.contains(&r.as_str())) {
+        anyhow::bail!(
+            "r0 has no configuration {r:?}; its configurations: {}",
+            keys.join(", ")
+        );
+    }
     let environment = crate::env::collect();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r0")?;
@@ -354,22 +402,48 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     for &loss in &params.loss_pct {
         check_interrupt()?;
         link.set(&["--loss".into(), format!("{loss}%")])?;
-        eprintln!("r0: loss {loss} %");
-        let point = run_point(&link, loss, &params, dir, &src)?;
-        for r in &point {
+        for rep in 1..=params.repeat.max(1) {
+            check_interrupt()?;
             eprintln!(
-                "  {:<7} {:<22} {:<24} {:>8.2} Mbit/s{}",
-                r.direction,
-                r.config,
-                r.tool,
-                r.mbit_per_s,
-                r.note()
+                "r0: loss {loss} %{}",
+                if params.repeat > 1 {
+                    format!(", repetition {rep} of {}", params.repeat)
+                } else {
+                    String::new()
+                }
             );
+            let mut point = run_point(&link, loss, &params, dir, &src, rep)?;
+            for r in &mut point {
+                r.repeat = rep;
+                eprintln!(
+                    "  {:<7} {:<22} {:<24} {:>8.2} Mbit/s{}",
+                    r.direction,
+                    r.config,
+                    r.tool,
+                    r.mbit_per_s,
+                    r.note()
+                );
+            }
+            rows.extend(point);
         }
-        rows.extend(point);
     }
     drop(link);
     let configs = configs(params.congestion.as_deref());
+    let summary = summarize(&params.loss_pct, &rows);
+    if params.repeat > 1 {
+        for s in &summary {
+            if let Some(m) = &s.row.mbit_per_s {
+                eprintln!(
+                    "r0: {} % {:<7} {:<40} {} Mbit/s, full after {}",
+                    s.loss_pct,
+                    s.row.direction,
+                    s.row.config,
+                    m.show(2, ""),
+                    s.row.full_after_s.map_or("—".into(), |f| f.show(1, " s"))
+                );
+            }
+        }
+    }
     let results = Results {
         scenario: "r0",
         quick,
@@ -379,6 +453,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         peer_tcp: linux_default_tcp(),
         environment,
         rows,
+        summary,
     };
     write_outputs(&results, out)?;
     Ok(results)
@@ -391,13 +466,23 @@ pub(crate) fn set_tcp(link: &Link, settings: &[(String, String)]) -> Result<()> 
     Ok(())
 }
 
-fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Result<Vec<Row>> {
+/// One point's rows; the peers (iperf3, qemu-img, tgt) only in the first repetition.
+fn run_point(
+    link: &Link,
+    loss: f64,
+    p: &Params,
+    dir: &Path,
+    src: &Path,
+    rep: u32,
+) -> Result<Vec<Row>> {
     let a = &link.a[0];
     let b = &link.b[0];
     let mut rows = Vec::new();
     set_tcp(link, &linux_default_tcp())?;
+    let first = rep <= 1;
     let mut cubic_rate = 0.0;
-    for cc in ["cubic", "bbr"] {
+    let peers: &[&str] = if first { &["cubic", "bbr"] } else { &[] };
+    for &cc in peers {
         let row = iperf3(link, loss, cc, p.seconds, dir)?;
         if cc == "cubic" && row.ok() {
             cubic_rate = row.mbit_per_s * 1e6 / 8.0;
@@ -407,6 +492,9 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
     let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
     for cfg in configs(p.congestion.as_deref()) {
         if p.reservoir_only && !cfg.key.starts_with("reservoir") {
+            continue;
+        }
+        if !p.rows.is_empty() && !p.rows.iter().any(|r| r == cfg.key) {
             continue;
         }
         check_interrupt()?;
@@ -433,7 +521,7 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
         for rw in dirs {
             rows.push(bench(link, &url, &cfg, rw, loss, p.seconds, dir)?);
         }
-        if cfg.key == "reservoir" && !p.reservoir_only {
+        if cfg.key == "reservoir" && !p.reservoir_only && first && p.rows.is_empty() {
             let size = qemu_size(cubic_rate, p);
             rows.push(qemu(
                 &a.ns,
@@ -448,7 +536,7 @@ fn run_point(link: &Link, loss: f64, p: &Params, dir: &Path, src: &Path) -> Resu
         }
         check_target(&mut target, &mut rows);
     }
-    if p.reservoir_only {
+    if p.reservoir_only || !first || !p.rows.is_empty() {
         return Ok(rows);
     }
     // tgt, driven by qemu-img (libiscsi) with everyone's defaults.
@@ -639,15 +727,16 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("r0.json"), serde_json::to_string_pretty(r)?)?;
     let mut csv = String::from(
-        "scenario,loss_pct,direction,config,tool,bytes,seconds,mbit_per_s,complete,error\n",
+        "scenario,loss_pct,direction,config,tool,repeat,bytes,seconds,mbit_per_s,complete,error\n",
     );
     for x in &r.rows {
         csv += &format!(
-            "r0,{},{},{},{},{},{:.3},{:.3},{},{}\n",
+            "r0,{},{},{},{},{},{},{:.3},{:.3},{},{}\n",
             x.loss_pct,
             x.direction,
             x.config,
             x.tool,
+            x.repeat,
             x.bytes,
             x.seconds,
             x.mbit_per_s,
@@ -657,18 +746,20 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     }
     std::fs::write(out.join("r0.csv"), csv)?;
     for dir in ["write", "read"] {
+        // Each row's median over its repetitions.
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         for x in r
-            .rows
+            .summary
             .iter()
-            .filter(|x| x.direction == dir || x.direction == "network")
+            .filter(|x| x.row.direction == dir || x.row.direction == "network")
         {
-            if !x.ok() {
+            let Some(m) = &x.row.mbit_per_s else {
                 continue;
-            }
-            match series.iter_mut().find(|(n, _)| *n == x.config) {
-                Some((_, pts)) => pts.push((x.loss_pct, x.mbit_per_s)),
-                None => series.push((x.config.clone(), vec![(x.loss_pct, x.mbit_per_s)])),
+            };
+            let pt = (x.loss_pct, m.median);
+            match series.iter_mut().find(|(n, _)| *n == x.row.config) {
+                Some((_, pts)) => pts.push(pt),
+                None => series.push((x.row.config.clone(), vec![pt])),
             }
         }
         let title = format!(

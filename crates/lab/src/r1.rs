@@ -5,6 +5,7 @@
 use crate::env::Environment;
 use crate::peers::{rsv_target, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
+use crate::stats::Spread;
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
@@ -26,6 +27,13 @@ pub struct Params {
     pub image_bytes: u64,
     pub io_size: String,
     pub iperf_seconds: u64,
+    /// Also run Reservoir's default with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiators; needs root).
+    pub congestion: Option<String>,
+    /// Every mode runs this many times, interleaved (all modes once, then again).
+    pub repeat: u32,
+    /// Only these modes (iperf3, cubic, bbr, paced, reservoir, reservoir-CC); empty: all.
+    pub modes: Vec<String>,
 }
 
 impl Params {
@@ -46,6 +54,9 @@ impl Params {
             image_bytes: if quick { 24 << 20 } else { 256 << 20 },
             io_size: "1m".into(),
             iperf_seconds: if quick { 3 } else { 10 },
+            congestion: None,
+            repeat: 1,
+            modes: Vec::new(),
         }
     }
 }
@@ -76,6 +87,51 @@ pub struct Mode {
     pub wire_use_pct: f64,
     pub queue_drops: u64,
     pub jain: f64,
+    /// Which repetition of the mode this is (1 to `--repeat`).
+    pub repeat: u32,
+}
+
+/// A mode over its repetitions: median and range of what the table shows, and which
+/// repetition is the median one (its streams stand for the mode in the plot).
+#[derive(Serialize, Clone, Debug)]
+pub struct ModeSummary {
+    pub key: String,
+    pub label: String,
+    pub runs: usize,
+    pub link_use_pct: Option<Spread>,
+    pub wire_use_pct: Option<Spread>,
+    pub total_mb_per_s: Option<Spread>,
+    pub jain: Option<Spread>,
+    pub median_repeat: u32,
+}
+
+fn summarize(modes: &[Mode]) -> Vec<ModeSummary> {
+    let mut keys: Vec<&str> = Vec::new();
+    for m in modes {
+        if !keys.contains(&m.key.as_str()) {
+            keys.push(&m.key);
+        }
+    }
+    keys.into_iter()
+        .map(|k| {
+            let runs: Vec<&Mode> = modes.iter().filter(|m| m.key == k).collect();
+            let link = Spread::of(runs.iter().map(|m| m.link_use_pct));
+            // The repetition whose link use is the median (the lower middle one of an even
+            // count).
+            let mut by_use = runs.clone();
+            by_use.sort_by(|a, b| a.link_use_pct.total_cmp(&b.link_use_pct));
+            ModeSummary {
+                key: k.into(),
+                label: runs[0].label.clone(),
+                runs: runs.len(),
+                link_use_pct: link,
+                wire_use_pct: Spread::of(runs.iter().map(|m| m.wire_use_pct)),
+                total_mb_per_s: Spread::of(runs.iter().map(|m| m.total_mb_per_s)),
+                jain: Spread::of(runs.iter().map(|m| m.jain)),
+                median_repeat: by_use[(by_use.len() - 1) / 2].repeat,
+            }
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -86,7 +142,10 @@ pub struct Results {
     pub params: Params,
     pub target_config: String,
     pub environment: Environment,
+    /// Every run, each repetition its own mode.
     pub modes: Vec<Mode>,
+    /// Each mode over its repetitions.
+    pub summary: Vec<ModeSummary>,
 }
 
 pub fn jain(xs: &[f64]) -> f64 {
@@ -99,16 +158,65 @@ pub fn jain(xs: &[f64]) -> f64 {
     }
 }
 
-fn target_toml(image: u64) -> String {
-    let mut t = format!("[[target]]\niqn = \"{IQN}\"\n");
+fn target_toml(image: u64, session: &str) -> String {
+    let mut t = format!("{session}[[target]]\niqn = \"{IQN}\"\n");
     for i in 0..STREAMS {
         t += &format!("[[target.lun]]\nid = {i}\nbackstore = \"ram\"\nsize = {image}\n");
     }
     t
 }
 
-pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
-    let p = Params::new(quick);
+pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
+    let quarter = p.rate_bps / STREAMS as u64;
+    // (key, label, congestion, pacing, the target's [session])
+    let mut table: Vec<(String, String, String, Option<u64>, String)> = vec![
+        (
+            "cubic".into(),
+            "CUBIC unpaced".into(),
+            "cubic".into(),
+            None,
+            String::new(),
+        ),
+        (
+            "bbr".into(),
+            "BBR unpaced".into(),
+            "bbr".into(),
+            None,
+            String::new(),
+        ),
+        (
+            "paced".into(),
+            "CUBIC paced to 1/4 each".into(),
+            "cubic".into(),
+            Some(quarter),
+            String::new(),
+        ),
+        // Nothing set by hand: the hosts' default is CUBIC, Reservoir picks its own.
+        (
+            "reservoir".into(),
+            "Reservoir default".into(),
+            AUTO.into(),
+            None,
+            String::new(),
+        ),
+    ];
+    if let Some(cc) = &p.congestion {
+        table.push((
+            format!("reservoir-{cc}"),
+            format!("Reservoir congestion={cc}"),
+            cc.clone(),
+            None,
+            format!("[session]\ncongestion = \"{cc}\"\n"),
+        ));
+    }
+    let keys: Vec<&str> = std::iter::once("iperf3")
+        .chain(table.iter().map(|t| t.0.as_str()))
+        .collect();
+    if let Some(m) = p.modes.iter().find(|m| !keys.contains(&m.as_str())) {
+        anyhow::bail!("r1 has no mode {m:?}; its modes: {}", keys.join(", "));
+    }
+    let wanted = |k: &str| p.modes.is_empty() || p.modes.iter().any(|m| m == k);
+    table.retain(|t| wanted(&t.0));
     let environment = crate::env::collect();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r1")?;
@@ -134,22 +242,12 @@ pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
         sysctl(ns, &crate::r0::linux_default_tcp())?;
     }
     let b = &link.b[0];
-    let config = target_toml(p.image_bytes);
-    let mut modes = vec![iperf3_reference(&link, &p, dir)?];
-    let quarter = p.rate_bps / STREAMS as u64;
-    for (key, label, cc, pacing) in [
-        ("cubic", "CUBIC unpaced", "cubic", None),
-        ("bbr", "BBR unpaced", "bbr", None),
-        ("paced", "CUBIC paced to 1/4 each", "cubic", Some(quarter)),
-        // Nothing set by hand: the hosts' default is CUBIC, Reservoir picks its own.
-        ("reservoir", "Reservoir default", AUTO, None),
-    ] {
-        check_interrupt()?;
-        // A fresh target per mode: no state (or fresh-LUN allocation) carries over.
-        let mut target = rsv_target(&b.ns, b.addr, &config, dir, key)?;
-        let m = backups(&link, &p, key, label, cc, pacing, &src, dir)?;
+    let config = target_toml(p.image_bytes, "");
+    let mut modes = Vec::new();
+    let show = |m: &Mode| {
         eprintln!(
-            "r1: {label:<26} total {:>7.1} MB/s  link use {:>5.1} %  Jain {:.3}  streams {:?}",
+            "r1: {:<26} total {:>7.1} MB/s  link use {:>5.1} %  Jain {:.3}  streams {:?}",
+            m.label,
             m.total_mb_per_s,
             m.link_use_pct,
             m.jain,
@@ -158,10 +256,48 @@ pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
                 .map(|s| (s.mb_per_s * 10.0).round() / 10.0)
                 .collect::<Vec<_>>()
         );
-        modes.push(m);
-        target.stop();
+    };
+    for rep in 1..=p.repeat.max(1) {
+        if p.repeat > 1 {
+            eprintln!("r1: repetition {rep} of {}", p.repeat);
+        }
+        if wanted("iperf3") {
+            let mut m = iperf3_reference(&link, &p, dir)?;
+            m.repeat = rep;
+            show(&m);
+            modes.push(m);
+        }
+        for (key, label, cc, pacing, session) in &table {
+            check_interrupt()?;
+            // A fresh target per mode: no state (or fresh-LUN allocation) carries over.
+            let toml = target_toml(p.image_bytes, session);
+            let mut target = rsv_target(&b.ns, b.addr, &toml, dir, key)?;
+            let mut m = backups(&link, &p, key, label, cc, *pacing, &src, dir)?;
+            m.repeat = rep;
+            if !target.alive() {
+                for s in &mut m.streams {
+                    if s.error.is_empty() {
+                        s.error = "rsv target exited during the run".into();
+                    }
+                }
+            }
+            show(&m);
+            modes.push(m);
+            target.stop();
+        }
     }
     drop(link);
+    let summary = summarize(&modes);
+    if p.repeat > 1 {
+        for s in &summary {
+            eprintln!(
+                "r1: {:<26} link use {}  Jain {}",
+                s.label,
+                s.link_use_pct.map_or("—".into(), |x| x.show(1, " %")),
+                s.jain.map_or("—".into(), |x| x.show(3, ""))
+            );
+        }
+    }
     let results = Results {
         scenario: "r1",
         quick,
@@ -170,6 +306,7 @@ pub fn run(quick: bool, out: &Path, command: String) -> Result<Results> {
         target_config: config,
         environment,
         modes,
+        summary,
     };
     write_outputs(&results, out)?;
     Ok(results)
@@ -248,6 +385,7 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
         wire_use_pct: 0.0,
         queue_drops: drops1 - drops0,
         jain: 0.0,
+        repeat: 1,
     };
     let scale = m.wall_seconds / wall;
     Ok(finish(
@@ -269,7 +407,12 @@ fn backups(
     dir: &Path,
 ) -> Result<Mode> {
     let b = &link.b[0];
-    let host_cc = if cc == AUTO { "cubic" } else { cc };
+    // The hosts' default where the mode sets none, or names one the kernel may not have
+    // registered yet (`rsv`, loaded by Reservoir's processes): the option selects it.
+    let host_cc = match cc {
+        "cubic" | "bbr" => cc,
+        _ => "cubic",
+    };
     for h in &link.a[..STREAMS] {
         sysctl(
             &h.ns,
@@ -340,6 +483,7 @@ fn backups(
         wire_use_pct: 0.0,
         queue_drops: drops1 - drops0,
         jain: 0.0,
+        repeat: 1,
     };
     Ok(finish(m, p.rate_bps, wire1 - wire0))
 }
@@ -348,17 +492,18 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("r1.json"), serde_json::to_string_pretty(r)?)?;
     let mut csv = String::from(
-        "scenario,mode,tool,congestion,pacing_bps,stream,host,bytes,seconds,mb_per_s,\
+        "scenario,mode,tool,congestion,pacing_bps,repeat,stream,host,bytes,seconds,mb_per_s,\
          total_mb_per_s,link_use_pct,wire_use_pct,jain,queue_drops,error\n",
     );
     for m in &r.modes {
         let pacing = m.pacing_bps.map(|x| x.to_string()).unwrap_or_default();
         for (i, s) in m.streams.iter().enumerate() {
             csv += &format!(
-                "r1,{},{},{},{pacing},{},{},{},{:.3},{:.3},,,,,,{}\n",
+                "r1,{},{},{},{pacing},{},{},{},{},{:.3},{:.3},,,,,,{}\n",
                 m.label.replace(',', ";"),
                 m.tool,
                 m.congestion,
+                m.repeat,
                 i + 1,
                 s.host,
                 s.bytes,
@@ -369,10 +514,11 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
         }
         let bytes: u64 = m.streams.iter().map(|s| s.bytes).sum();
         csv += &format!(
-            "r1,{},{},{},{pacing},total,,{bytes},{:.3},{:.3},{:.3},{:.2},{:.2},{:.4},{},\n",
+            "r1,{},{},{},{pacing},{},total,,{bytes},{:.3},{:.3},{:.3},{:.2},{:.2},{:.4},{},\n",
             m.label.replace(',', ";"),
             m.tool,
             m.congestion,
+            m.repeat,
             m.wall_seconds,
             m.total_mb_per_s,
             m.total_mb_per_s,
@@ -384,9 +530,15 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     }
     std::fs::write(out.join("r1.csv"), csv)?;
     let cap_mb = r.params.rate_bps as f64 / 8e6;
+    // Each mode's median repetition (by link use).
     let mut groups: Vec<crate::plot::BarGroup> = r
-        .modes
+        .summary
         .iter()
+        .filter_map(|s| {
+            r.modes
+                .iter()
+                .find(|m| m.key == s.key && m.repeat == s.median_repeat)
+        })
         .map(|m| crate::plot::BarGroup {
             label: m.label.clone(),
             streams: m

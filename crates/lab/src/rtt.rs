@@ -19,6 +19,12 @@ pub struct Params {
     /// Also run Reservoir's rows with this congestion control at both ends (a second
     /// target beside the first, on port 3261).
     pub congestion: Option<String>,
+    /// Reservoir's rows run this many times at each RTT, interleaved (every row once, then
+    /// again); iperf3 once.
+    pub repeat: u32,
+    /// Only these rows (reservoir, reservoir-rate, and with a congestion control CC
+    /// reservoir-CC, reservoir-rate-CC); empty: all.
+    pub rows: Vec<String>,
 }
 
 impl Params {
@@ -40,6 +46,8 @@ impl Params {
             },
             seconds: if quick { 3 } else { 30 },
             congestion: None,
+            repeat: 1,
+            rows: Vec::new(),
         }
     }
 }
@@ -59,7 +67,19 @@ pub struct Results {
     pub command: String,
     pub params: Params,
     pub environment: Environment,
+    /// Every run, each repetition its own point.
     pub points: Vec<Point>,
+    /// Each row over its repetitions: median and range.
+    pub summary: Vec<RttSummary>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct RttSummary {
+    pub rtt_ms: u32,
+    /// Payload rate as a share of the link rate.
+    pub link_pct: Option<crate::stats::Spread>,
+    #[serde(flatten)]
+    pub row: crate::stats::RowSummary,
 }
 
 /// The second target's port (`--congestion`).
@@ -110,47 +130,73 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
         None => None,
     };
+    // Reservoir's rows: its defaults; with a congestion control, the same on it, and both
+    // with the link's rate declared (the start and the pacing the congestion control is
+    // given, against the kernel's BBR given the same).
+    let mut configs = vec![(cfg.clone(), url.clone())];
+    if let Some((c, _, cc_url)) = &with_cc {
+        configs.push((c.clone(), cc_url.clone()));
+        for (base, u) in [(&cfg, &url), (c, cc_url)] {
+            let mut rated = base.clone();
+            rated.key = Box::leak(
+                base.key
+                    .replacen("reservoir", "reservoir-rate", 1)
+                    .into_boxed_str(),
+            );
+            rated.label =
+                Box::leak(format!("{} --rate {}", base.label, params.rate).into_boxed_str());
+            rated.initiator_opts.push(format!("rate={}", params.rate));
+            configs.push((rated, u.clone()));
+        }
+    }
+    let keys: Vec<&str> = configs.iter().map(|(c, _)| c.key).collect();
+    if let Some(r) = params.rows.iter().find(|r| !keys.contains(&r.as_str())) {
+        anyhow::bail!("rtt has no row {r:?}; its rows: {}", keys.join(", "));
+    }
+    configs.retain(|(c, _)| params.rows.is_empty() || params.rows.iter().any(|r| r == c.key));
     let mut points = Vec::new();
+    let show = |row: &Row, link_pct: f64| {
+        eprintln!(
+            "  {:<7} {:<22} {:>8.2} Mbit/s  {:>5.1} % of the link{}",
+            row.direction,
+            row.config,
+            row.mbit_per_s,
+            link_pct,
+            row.note()
+        );
+    };
+    let pct = |row: &Row| row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
     for &rtt in &params.rtt_ms {
         check_interrupt()?;
         // The queue stays one BDP (the emulator's default) as the RTT changes.
         link.set(&["--rtt".into(), format!("{rtt}ms")])?;
         eprintln!("rtt: {rtt} ms");
-        let mut rows = vec![r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?];
-        for rw in ["write", "read"] {
-            rows.push(r0::bench(&link, &url, &cfg, rw, 0.0, params.seconds, dir)?);
-        }
-        if let Some((c, _, cc_url)) = &with_cc {
-            for rw in ["write", "read"] {
-                rows.push(r0::bench(&link, cc_url, c, rw, 0.0, params.seconds, dir)?);
+        let row = r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?;
+        let link_pct = pct(&row);
+        show(&row, link_pct);
+        points.push(Point {
+            rtt_ms: rtt,
+            row,
+            link_pct,
+        });
+        for rep in 1..=params.repeat.max(1) {
+            if params.repeat > 1 {
+                eprintln!("rtt: {rtt} ms, repetition {rep} of {}", params.repeat);
             }
-            // With the link's rate declared: the start and the pacing the congestion
-            // control is given, against the kernel's BBR given the same.
-            for (base, u) in [(&cfg, &url), (c, cc_url)] {
-                let mut rated = base.clone();
-                rated.label =
-                    Box::leak(format!("{} --rate {}", base.label, params.rate).into_boxed_str());
-                rated.initiator_opts.push(format!("rate={}", params.rate));
+            for (c, u) in &configs {
                 for rw in ["write", "read"] {
-                    rows.push(r0::bench(&link, u, &rated, rw, 0.0, params.seconds, dir)?);
+                    check_interrupt()?;
+                    let mut row = r0::bench(&link, u, c, rw, 0.0, params.seconds, dir)?;
+                    row.repeat = rep;
+                    let link_pct = pct(&row);
+                    show(&row, link_pct);
+                    points.push(Point {
+                        rtt_ms: rtt,
+                        row,
+                        link_pct,
+                    });
                 }
             }
-        }
-        for row in rows {
-            let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
-            eprintln!(
-                "  {:<7} {:<22} {:>8.2} Mbit/s  {:>5.1} % of the link{}",
-                row.direction,
-                row.config,
-                row.mbit_per_s,
-                link_pct,
-                row.note()
-            );
-            points.push(Point {
-                rtt_ms: rtt,
-                row,
-                link_pct,
-            });
         }
     }
     if let Some((_, mut t, _)) = with_cc {
@@ -162,6 +208,33 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         r0::check_target(&mut target, std::slice::from_mut(&mut p.row));
     }
     drop(link);
+    let mut summary = Vec::new();
+    for &rtt in &params.rtt_ms {
+        let at: Vec<&Point> = points.iter().filter(|p| p.rtt_ms == rtt).collect();
+        for row in crate::stats::summarize(at.iter().map(|p| &p.row)) {
+            let link_pct = crate::stats::Spread::of(
+                at.iter()
+                    .filter(|p| {
+                        p.row.ok() && p.row.direction == row.direction && p.row.config == row.config
+                    })
+                    .map(|p| p.link_pct),
+            );
+            if params.repeat > 1 && row.direction != "network" {
+                eprintln!(
+                    "rtt: {rtt} ms {:<7} {:<40} {} of the link, full after {}",
+                    row.direction,
+                    row.config,
+                    link_pct.map_or("—".into(), |l| l.show(1, " %")),
+                    row.full_after_s.map_or("—".into(), |f| f.show(1, " s"))
+                );
+            }
+            summary.push(RttSummary {
+                rtt_ms: rtt,
+                link_pct,
+                row,
+            });
+        }
+    }
     let results = Results {
         scenario: "rtt",
         quick,
@@ -169,6 +242,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         params,
         environment,
         points,
+        summary,
     };
     std::fs::create_dir_all(out)?;
     std::fs::write(
@@ -176,16 +250,18 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         serde_json::to_string_pretty(&results)?,
     )?;
     let mut csv = String::from(
-        "scenario,rtt_ms,direction,config,tool,bytes,seconds,mbit_per_s,link_pct,complete,error\n",
+        "scenario,rtt_ms,direction,config,tool,repeat,bytes,seconds,mbit_per_s,link_pct,complete,\
+         error\n",
     );
     for p in &results.points {
         let r = &p.row;
         csv += &format!(
-            "rtt,{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
+            "rtt,{},{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
             p.rtt_ms,
             r.direction,
             r.config,
             r.tool,
+            r.repeat,
             r.bytes,
             r.seconds,
             r.mbit_per_s,
