@@ -10,8 +10,8 @@
 //! synchronous call, which is its asynchronous one and a wait on the completion; librbd's
 //! own threads do the network I/O. Mapping:
 //! - flush (SYNCHRONIZE CACHE, FUA writes, and every write while the LU's write cache is
-//!   off) is `rbd_flush`: librbd's cache, on by default, turns write-back after the first
-//!   flush, so nothing acknowledged as durable may skip it;
+//!   off) is `rbd_flush`; librbd's own cache is off unless `cache=yes` (see
+//!   [`RbdFactory`]'s reason: with it, a failed durable write was acknowledged);
 //! - discard and write_zeroes are both `rbd_write_zeroes`: `rbd_discard` silently ignores
 //!   ranges smaller than `rbd_discard_granularity_bytes` (64 KiB) and the store's contract
 //!   is that a discarded range reads as zeros; librbd's zeroing removes whole objects and
@@ -1037,7 +1037,7 @@ const PARAMS: &[Param] = &[
     Param {
         name: "cache",
         required: false,
-        help: "librbd's cache: yes/no (librbd's default: yes; write-back after the first flush)",
+        help: "librbd's cache: yes/no (default: no; with it, librbd acknowledged a durable write and its flush that failed: tests/rbd.rs)",
     },
 ];
 
@@ -1055,6 +1055,12 @@ impl RbdFactory {
             cfg.timeout = units::parse_duration(t)
                 .map_err(|e| OpenError::invalid(spec, format!("timeout={t:?}: {e}")))?;
         }
+        // Off unless asked for: with librbd's cache on (write-around after the first
+        // flush) a durable write sent while the OSD was down was acknowledged, and so was
+        // its flush, although librbd logged the write's ETIMEDOUT (Ceph 16.2.15,
+        // 2026-11-25); without it the write fails as it must. A FUA write or a SYNCHRONIZE
+        // CACHE that succeeds must mean the data is on the OSDs.
+        cfg.cache = Some(false);
         if let Some(c) = spec.param("cache") {
             cfg.cache = Some(match c {
                 "yes" | "true" | "on" => true,
@@ -1069,7 +1075,7 @@ impl RbdFactory {
                 return Err(OpenError::invalid(
                     spec,
                     "cache=yes on an image that other targets export too (peer_portal_groups): \
-                     librbd's cache would not see their writes; leave cache out or say no",
+                     librbd's cache would not see their writes; leave cache out (off) or say no",
                 ));
             }
             cfg.cache = Some(false);
