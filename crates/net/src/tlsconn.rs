@@ -717,50 +717,63 @@ impl TlsStream {
     }
 }
 
-impl AsyncRead for TlsStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.rx.poll_read(&mut s.tcp, cx, buf)
-    }
+/// `AsyncRead` through `$rx` over the socket `$io` (the whole stream, or its read half).
+macro_rules! read_through {
+    ($t:ty, $io:ident) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                let s = self.get_mut();
+                s.rx.poll_read(&mut s.$io, cx, buf)
+            }
+        }
+    };
 }
 
-impl AsyncWrite for TlsStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let s = self.get_mut();
-        s.tx.poll_write(&mut s.tcp, cx, &[io::IoSlice::new(buf)])
-    }
+/// `AsyncWrite` through `tx` over the socket `$io` (the whole stream, or its write half).
+macro_rules! write_through {
+    ($t:ty, $io:ident) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                let s = self.get_mut();
+                s.tx.poll_write(&mut s.$io, cx, &[io::IoSlice::new(buf)])
+            }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let s = self.get_mut();
-        s.tx.poll_write(&mut s.tcp, cx, bufs)
-    }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                let s = self.get_mut();
+                s.tx.poll_write(&mut s.$io, cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.tx.poll_flush(&mut s.tcp, cx)
-    }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let s = self.get_mut();
+                s.tx.poll_flush(&mut s.$io, cx)
+            }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.tx.poll_shutdown(&mut s.tcp, cx)
-    }
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let s = self.get_mut();
+                s.tx.poll_shutdown(&mut s.$io, cx)
+            }
+        }
+    };
 }
+
+read_through!(TlsStream, tcp);
+write_through!(TlsStream, tcp);
 
 impl TlsStream {
     /// The two directions, for a reader task and a writer task that run at once.
@@ -787,50 +800,8 @@ pub struct TlsWrite {
     pub(crate) tx: Tx,
 }
 
-impl AsyncRead for TlsRead {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.rx.poll_read(&mut s.io, cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsWrite {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let s = self.get_mut();
-        s.tx.poll_write(&mut s.io, cx, &[io::IoSlice::new(buf)])
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let s = self.get_mut();
-        s.tx.poll_write(&mut s.io, cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.tx.poll_flush(&mut s.io, cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let s = self.get_mut();
-        s.tx.poll_shutdown(&mut s.io, cx)
-    }
-}
+read_through!(TlsRead, io);
+write_through!(TlsWrite, io);
 
 #[cfg(test)]
 mod tests {

@@ -469,6 +469,15 @@ impl LogicalUnit {
 
     /// What [`LogicalUnit::plain_read`] and [`LogicalUnit::plain_write`] share: the checks
     /// of `run` and of the command's own function, for a READ or WRITE of any size.
+    /// Whether the nexus is known and has no unit attention waiting: otherwise its next
+    /// command is `execute()`'s, which reports it.
+    fn nothing_pending(&self, nexus: Nexus) -> bool {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        nexuses
+            .get(&nexus)
+            .is_some_and(|pending| pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
+    }
+
     fn plain_block(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
         let cdb = cmd.cdb;
         if cdb::check_len(cdb).is_err()
@@ -482,12 +491,8 @@ impl LogicalUnit {
         if self.refresh_capacity() {
             return None;
         }
-        {
-            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
-            let pending = nexuses.get(&cmd.nexus)?;
-            if !pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-                return None;
-            }
+        if !self.nothing_pending(cmd.nexus) {
+            return None;
         }
         let r = block_range(cdb);
         let ok = r.flags & 0xe0 == 0
@@ -576,12 +581,8 @@ impl LogicalUnit {
         {
             return None;
         }
-        {
-            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
-            let pending = nexuses.get(&cmd.nexus)?;
-            if !pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-                return None;
-            }
+        if !self.nothing_pending(cmd.nexus) {
+            return None;
         }
         let r = block_range(cdb);
         if self.check_range(r.lba, r.blocks).is_err() || self.pr().check(cmd.nexus, cdb).is_err() {
