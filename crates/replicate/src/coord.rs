@@ -641,7 +641,7 @@ pub async fn run(
         if finished_at.iter().all(Option::is_some) {
             break;
         }
-        pause = next_poll(o.interval, &views, &rates);
+        pause = next_poll(o.interval, &views, rates);
     }
     let seconds = t0.elapsed().as_secs_f64();
     // A transfer shorter than the destination's answers waits for them before verifying.
