@@ -7,7 +7,9 @@
 #
 # Usage: media-read.sh OUTDIR VARIANT...   VARIANT: LABEL=ARGS, ARGS after `rsv media
 #   --read ... --call-size 32K` and before the URL, `?query` appended to the URL, e.g.
-#   'default=--rate 100mbit'  'c2=--rate 100mbit ?connections=2'  'smb' (smbclient get)
+#   'default=--rate 100mbit'  'c2=--rate 100mbit ?connections=2'  'smb' (smbclient get);
+#   a word bin=PATH in ARGS reads with that rsv binary instead (two builds alternated over
+#   one link and target: 'old=bin=/tmp/rsv-old --rate 100mbit' 'new=--rate 100mbit')
 # Env: RSV (./target/release/rsv), DELAY (16), LINK (m3-rd: namespaces LINK-a, LINK-b),
 #   SCRATCH (/dev/shm/m3-read), TARGET_SESSION (lines of the target's [session], e.g.
 #   'congestion = "cubic"'), PCAP=1 (a capture of site a's side per reader, -s 120).
@@ -83,9 +85,11 @@ for v in "$@"; do
   [ "$label" != "$v" ] && args=${v#*=}
   q=""
   opts=()
+  rbin=$RSV
   for a in $args; do
     case $a in
       \?*) q=$a ;;
+      bin=*) rbin=${a#bin=} ;;
       *) opts+=("$a") ;;
     esac
   done
@@ -103,7 +107,7 @@ for v in "$@"; do
       python3 -c 'import sys;print(round(float(sys.stdin.read())*1024*8/1e6,2))')
     extra=""
   else
-    { time ip netns exec $NSA timeout 200 $RSV media --read /movie.mp4 --call-size 32K "${opts[@]}" \
+    { time ip netns exec $NSA timeout 200 $rbin media --read /movie.mp4 --call-size 32K "${opts[@]}" \
       "iscsi://$B:3260/$IQN/0$q" > "$OUT/$label.json" 2> "$OUT/$label.log"; } 2> "$OUT/$label.cpu"
     mbit=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["mbit_per_s"])' "$OUT/$label.json")
     extra=$(python3 -c 'import json,sys

@@ -539,7 +539,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
         p["rate"].as_str().unwrap_or("")
     );
     d += &format!(
-        "- The file: {} MiB of random data, read start to end in {} KiB calls. Reservoir: `rsv media --read` in site a reads it from the ext4 file system on a LUN of `rsv target` in site b (file store on tmpfs), in-process, with the media server's read-ahead (twice RTT × rate plus a 128 KiB unit per connection of the session, in 128 KiB units) and its session: one connection paced at the rate (`--rate`), or auto-tuning's count where the window is set by hand; the target on CUBIC, as smbd. Samba: `smbd` in site b shares the same file (tmpfs); `smbclient` in site a gets it to /dev/null, once with `iosize {}` (32 KiB reads) and once as it comes.\n",
+        "- The file: {} MiB of random data, read start to end in {} KiB calls. Reservoir: `rsv media --read` in site a reads it from the ext4 file system on a LUN of `rsv target` in site b (file store on tmpfs), in-process, with the media server's read-ahead (four times RTT × rate plus a 128 KiB unit per connection of the session, in 128 KiB units) and its session: one connection paced at the rate (`--rate`), or auto-tuning's count where the window is set by hand; the target on CUBIC, as smbd. Samba: `smbd` in site b shares the same file (tmpfs); `smbclient` in site a gets it to /dev/null, once with `iosize {}` (32 KiB reads) and once as it comes.\n",
         p["file_bytes"].as_u64().unwrap_or(0) >> 20,
         p["call_size"].as_u64().unwrap_or(0) >> 10,
         p["call_size"].as_u64().unwrap_or(0)

@@ -50,7 +50,7 @@ pub struct MediaArgs {
     /// Log out of storage with no request for this long (reopened on the next one).
     #[arg(long, default_value = "60s", value_parser = units::parse_duration)]
     pub idle: Duration,
-    /// The path's rate, for read-ahead (twice RTT × rate) and the sessions' tuning;
+    /// The path's rate, for read-ahead (four times RTT × rate) and the sessions' tuning;
     /// default: what auto-tuning assumes.
     #[arg(long, value_parser = units::parse_rate)]
     pub rate: Option<units::Rate>,
@@ -384,9 +384,9 @@ mod tests {
             assert_eq!(p.connections, STREAM_CONNECTIONS, "rtt {rtt} ms");
             assert_eq!(p.pacing_rate, Some(12_500_000 + 625_000), "rtt {rtt} ms");
         }
-        // The read-ahead: the round trips twice and one unit on its connection.
+        // The read-ahead: four round trips and one unit on its connection.
         let w = readahead::window_bytes(Duration::from_millis(32), 12_500_000, 1);
-        assert_eq!(w, 800_000 + readahead::UNIT);
+        assert_eq!(w, 1_600_000 + readahead::UNIT);
     }
 
     #[test]
