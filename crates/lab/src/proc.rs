@@ -365,6 +365,35 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// The watch's readings as samples on one clock. Starting `rsv wan stats` takes
+/// milliseconds to tens of them on a loaded machine, so the middle of that span is a poor
+/// time for the counters: an interval between two readings came out too long or too
+/// short by as much, and the link looked idle in one and over its rate in the next. The
+/// relay's own clock (`uptime_s`, read with the counters) times them instead, placed on
+/// Unix time by the reading that took least time to get; without it, the middle.
+fn timed_samples(
+    readings: &[(f64, f64, Option<f64>, Option<u64>, Option<u64>)],
+) -> (Vec<Sample>, Vec<Sample>) {
+    let offset = readings
+        .iter()
+        .filter_map(|&(before, after, up, _, _)| Some((after - before, (before + after) / 2.0 - up?)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, off)| off);
+    let (mut ab, mut ba) = (Vec::new(), Vec::new());
+    for &(before, after, up, a, b) in readings {
+        let at = match (offset, up) {
+            (Some(off), Some(up)) => up + off,
+            _ => (before + after) / 2.0,
+        };
+        for (bytes, list) in [(a, &mut ab), (b, &mut ba)] {
+            if let Some(bytes) = bytes {
+                list.push(Sample { at, bytes });
+            }
+        }
+    }
+    (ab, ba)
+}
+
 fn hosts(site: &Value) -> Result<Vec<Host>> {
     let list = site["hosts"]
         .as_array()
@@ -443,26 +472,28 @@ impl Link {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let (name, flag) = (self.name.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
-            let (mut ab, mut ba) = (Vec::new(), Vec::new());
+            // Each reading: when `rsv wan stats` was started and when it returned (Unix
+            // time), the relay's own clock when it took the counters, and the counters.
+            let mut readings: Vec<(f64, f64, Option<f64>, Option<u64>, Option<u64>)> = Vec::new();
             // One reading after the stop too: the window ends as the measurement does.
             loop {
                 let stopping = flag.load(Ordering::Relaxed);
                 let before = unix_now();
                 let stats = wan_stats(&name);
-                let at = (before + unix_now()) / 2.0;
+                let after = unix_now();
                 if let Ok(v) = stats {
-                    for (dir, list) in [("ab", &mut ab), ("ba", &mut ba)] {
-                        if let Some(bytes) = direction(&v, dir)["tx_bytes"].as_u64() {
-                            list.push(Sample { at, bytes });
-                        }
-                    }
+                    let bytes = |dir| direction(&v, dir)["tx_bytes"].as_u64();
+                    let uptime = v["uptime_s"]
+                        .as_f64()
+                        .or_else(|| v["stats"]["uptime_s"].as_f64());
+                    readings.push((before, after, uptime, bytes("ab"), bytes("ba")));
                 }
                 if stopping {
                     break;
                 }
                 std::thread::sleep(every);
             }
-            (ab, ba)
+            timed_samples(&readings)
         });
         Watch { stop, thread }
     }
