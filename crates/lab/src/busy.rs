@@ -244,7 +244,10 @@ mod tests {
         assert!((u.intervals[43].busy_pct - 50.0).abs() < 1e-6, "{u:?}");
         // Without the issuing's end, the same time is lost later.
         let u = link_use(&s, 0.0, 11.0, None, 8_000_000).unwrap();
-        assert!((u.lost_later_s - 0.5).abs() < 1e-6 && u.lost_end_s == 0.0, "{u:?}");
+        assert!(
+            (u.lost_later_s - 0.5).abs() < 1e-6 && u.lost_end_s == 0.0,
+            "{u:?}"
+        );
     }
 
     #[test]

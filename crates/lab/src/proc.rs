@@ -359,7 +359,7 @@ fn direction<'a>(v: &'a Value, dir: &str) -> &'a Value {
     }
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -376,7 +376,9 @@ fn timed_samples(
 ) -> (Vec<Sample>, Vec<Sample>) {
     let offset = readings
         .iter()
-        .filter_map(|&(before, after, up, _, _)| Some((after - before, (before + after) / 2.0 - up?)))
+        .filter_map(|&(before, after, up, _, _)| {
+            Some((after - before, (before + after) / 2.0 - up?))
+        })
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, off)| off);
     let (mut ab, mut ba) = (Vec::new(), Vec::new());
