@@ -468,11 +468,14 @@ impl Link {
         ))
     }
 
-    /// Reads the bottleneck's byte counters every `every` until the watch is finished.
-    /// The reading's time is taken halfway through the `rsv wan stats` call.
+    /// Reads the bottleneck's byte counters every `every` until the watch is finished,
+    /// each reading timed by the relay's clock ([`timed_samples`]). Returns once the first
+    /// reading is in (or failed), so that a measurement started next is covered from its
+    /// start.
     pub fn watch(&self, every: Duration) -> Watch {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let (name, flag) = (self.name.clone(), stop.clone());
+        let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             // Each reading: when `rsv wan stats` was started and when it returned (Unix
             // time), the relay's own clock when it took the counters, and the counters.
@@ -490,6 +493,7 @@ impl Link {
                         .or_else(|| v["stats"]["uptime_s"].as_f64());
                     readings.push((before, after, uptime, bytes("ab"), bytes("ba")));
                 }
+                let _ = first_tx.send(());
                 if stopping {
                     break;
                 }
@@ -497,6 +501,7 @@ impl Link {
             }
             timed_samples(&readings)
         });
+        let _ = first_rx.recv_timeout(Duration::from_secs(5));
         Watch { stop, thread }
     }
 
