@@ -747,9 +747,11 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     let mut volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
     // Both sites' stores (and the one-stream LUNs) live in memory: leave room for the rest.
     let room = mem_available().saturating_sub(6 << 30);
-    let per_volume = (2.0 * (1.0 + p.one_stream_share)) as u64 + 1;
-    if volume > room / per_volume {
-        let capped = room / per_volume;
+    // Each site holds the volume and the one-stream row's LUN.
+    let per_volume = 2.0 * (1.0 + p.one_stream_share);
+    let fits = (room as f64 / per_volume) as u64;
+    if volume > fits {
+        let capped = fits;
         eprintln!(
             "r2: the volume would be {} MiB, more than memory holds for both sites; {} MiB: {:.0} s of link time instead of {}",
             volume >> 20,

@@ -8,6 +8,9 @@
 //!
 //! Durability and resume: every two seconds the send flushes the destination
 //! (SYNCHRONIZE CACHE); units acknowledged before a flush that succeeded are durable.
+//! The last window of a send (as many units as the session keeps in flight) is written
+//! with FUA and the final flush goes out as soon as every other unit is acknowledged, so
+//! a send is durable when its last unit is acknowledged, not a round trip or two later.
 //! Only durable units are reported as safe to skip on resume (`durable_prefix`) and, with
 //! change tracking, cleared from the frozen set ([`ChangeLog::sent`]), so an interrupted
 //! sync resumes without resending what arrived, and never skips what did not.
@@ -88,6 +91,8 @@ struct Job {
 #[derive(Default)]
 struct Progress {
     state: Option<JobState>,
+    /// When the send ended (done, failed or cancelled), by the agent's clock.
+    ended: Option<Instant>,
     error: Option<String>,
     done_bytes: u64,
     durable_bytes: u64,
@@ -292,16 +297,15 @@ impl Agent {
             job.plan.len()
         );
         tokio::spawn(async move {
-            let result = run_send(job.clone(), local, url, opts).await;
-            let mut p = job.progress.lock().unwrap();
-            match result {
-                Ok(()) if job.cancel.load(Ordering::Relaxed) => p.state = Some(JobState::Cancelled),
-                Ok(()) => p.state = Some(JobState::Done),
-                Err(e) => {
-                    tracing::warn!("send {}: {e:#}", job.id);
-                    p.state = Some(JobState::Failed);
-                    p.error = Some(format!("{e:#}"));
-                }
+            let (result, lun) = match Lun::open_url(&url, &opts).await {
+                Ok(lun) => (pump(&job, &local, &lun).await, Some(lun)),
+                Err(e) => (Err(e.into()), None),
+            };
+            job.end(result);
+            // The send is over (and said so) once its units are durable; logging out
+            // is the session's business, not part of the transfer's time.
+            if let Some(lun) = lun {
+                let _ = lun.session().logout().await;
             }
         });
         Ok(ok(&started))
@@ -395,6 +399,21 @@ impl Job {
         )
     }
 
+    /// Records how the send ended.
+    fn end(&self, result: anyhow::Result<()>) {
+        let mut p = self.progress.lock().unwrap();
+        p.ended = Some(Instant::now());
+        match result {
+            Ok(()) if self.cancel.load(Ordering::Relaxed) => p.state = Some(JobState::Cancelled),
+            Ok(()) => p.state = Some(JobState::Done),
+            Err(e) => {
+                tracing::warn!("send {}: {e:#}", self.id);
+                p.state = Some(JobState::Failed);
+                p.error = Some(format!("{e:#}"));
+            }
+        }
+    }
+
     fn set_pacing(&self, rate: Option<u64>) {
         self.pacing.store(rate.unwrap_or(0), Ordering::Relaxed);
         if let Some(s) = self.session.get() {
@@ -415,6 +434,9 @@ impl Job {
             done_units: p.done_units,
             durable_prefix: p.durable_prefix,
             elapsed_ms: self.started.elapsed().as_millis() as u64,
+            ended_ms: p
+                .ended
+                .map(|e| e.saturating_duration_since(self.started).as_millis() as u64),
             pacing: match self.pacing.load(Ordering::Relaxed) {
                 0 => None,
                 r => Some(r),
@@ -464,18 +486,6 @@ impl Job {
     }
 }
 
-async fn run_send(
-    job: Arc<Job>,
-    local: LocalLun,
-    url: IscsiUrl,
-    opts: SessionOptions,
-) -> anyhow::Result<()> {
-    let lun = Lun::open_url(&url, &opts).await?;
-    let result = pump(&job, &local, &lun).await;
-    let _ = lun.session().logout().await;
-    result
-}
-
 async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()> {
     anyhow::ensure!(
         lun.size() >= job.size,
@@ -495,11 +505,25 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
         ((session.queue_depth() as u64 * per / job.unit) as usize).max(2)
     };
     let mut next = 0usize;
-    let mut inflight: JoinSet<anyhow::Result<(usize, String)>> = JoinSet::new();
+    // A unit's write: its plan position, its sum, and whether it went with FUA.
+    let mut inflight: JoinSet<anyhow::Result<(usize, String, bool)>> = JoinSet::new();
+    // Acknowledged units written without FUA that no flush has covered yet.
     let mut unflushed: Vec<usize> = Vec::new();
-    let mut flushing: Option<tokio::task::JoinHandle<(Vec<usize>, initiator::Result<()>)>> = None;
+    // Writes without FUA still in flight.
+    let mut plain_in_flight = 0usize;
+    // Flushes in flight, each with the units it makes durable.
+    let mut flushes: JoinSet<(Vec<usize>, initiator::Result<()>)> = JoinSet::new();
     let mut last_flush = Instant::now();
+    // Once the last window has begun, every unit goes with FUA.
+    let mut fua_window = false;
     let changes = local.changes.clone().zip(job.epoch);
+    let record = |pos: usize, sum: String| {
+        let i = job.plan[pos];
+        let mut p = job.progress.lock().unwrap();
+        p.done_bytes += job.unit_len(i);
+        p.done_units += 1;
+        p.sums.insert(i, sum);
+    };
     loop {
         if job.polled.lock().unwrap().elapsed() > ORPHANED {
             tracing::warn!(
@@ -510,21 +534,28 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
         }
         if job.cancel.load(Ordering::Relaxed) {
             // Let what is in flight land (and become durable below): a resume skips it.
+            let mut landed = Vec::new();
             while let Some(r) = inflight.join_next().await {
-                if let Ok(Ok((pos, sum))) = r {
-                    let i = job.plan[pos];
-                    let mut p = job.progress.lock().unwrap();
-                    p.done_bytes += job.unit_len(i);
-                    p.done_units += 1;
-                    p.sums.insert(i, sum);
-                    unflushed.push(pos);
+                if let Ok(Ok((pos, sum, fua))) = r {
+                    record(pos, sum);
+                    if fua {
+                        landed.push(pos);
+                    } else {
+                        unflushed.push(pos);
+                    }
                 }
             }
+            durable(job, &changes, &landed).await?;
             break;
         }
         while inflight.len() < depth() && next < job.plan.len() {
             let pos = next;
             next += 1;
+            fua_window |= pos + depth() >= job.plan.len();
+            let fua = fua_window;
+            if !fua {
+                plain_in_flight += 1;
+            }
             let i = job.plan[pos];
             let (start, end) = api::unit_range(i, job.unit, job.size);
             let store = local.store.clone();
@@ -538,8 +569,12 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                         Ok((buf, sum))
                     })
                     .await??;
-                lun.write_at(start, Bytes::from(data)).await?;
-                Ok((pos, sum))
+                if fua {
+                    lun.write_fua(start, Bytes::from(data)).await?;
+                } else {
+                    lun.write_at(start, Bytes::from(data)).await?;
+                }
+                Ok((pos, sum, fua))
             });
         }
         if inflight.is_empty() && next >= job.plan.len() {
@@ -547,35 +582,38 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
         }
         tokio::select! {
             r = inflight.join_next(), if !inflight.is_empty() => {
-                let (pos, sum) = r.expect("not empty")??;
-                let i = job.plan[pos];
-                let mut p = job.progress.lock().unwrap();
-                p.done_bytes += job.unit_len(i);
-                p.done_units += 1;
-                p.sums.insert(i, sum);
-                unflushed.push(pos);
+                let (pos, sum, fua) = r.expect("not empty")??;
+                record(pos, sum);
+                if fua {
+                    durable(job, &changes, &[pos]).await?;
+                } else {
+                    plain_in_flight -= 1;
+                    unflushed.push(pos);
+                }
             }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-        if let Some(f) = &flushing {
-            if f.is_finished() {
-                let (done, r) = flushing.take().expect("checked").await?;
+            f = flushes.join_next(), if !flushes.is_empty() => {
+                let (done, r) = f.expect("not empty")?;
                 r?;
                 durable(job, &changes, &done).await?;
             }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        if flushing.is_none() && !unflushed.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
+        // Every unit before the last window acknowledged: flush them at once (beside a
+        // periodic flush still out), so that the send is durable when the window lands.
+        let last = fua_window && plain_in_flight == 0;
+        let due = flushes.is_empty() && last_flush.elapsed() >= FLUSH_EVERY;
+        if !unflushed.is_empty() && (last || due) {
             let done = std::mem::take(&mut unflushed);
             let lun = lun.clone();
             last_flush = Instant::now();
-            flushing = Some(tokio::spawn(async move {
+            flushes.spawn(async move {
                 let r = lun.flush().await;
                 (done, r)
-            }));
+            });
         }
     }
-    if let Some(f) = flushing.take() {
-        let (done, r) = f.await?;
+    while let Some(f) = flushes.join_next().await {
+        let (done, r) = f?;
         r?;
         durable(job, &changes, &done).await?;
     }
@@ -591,6 +629,9 @@ async fn durable(
     changes: &Option<(Arc<dyn ChangeLog>, u64)>,
     done: &[usize],
 ) -> anyhow::Result<()> {
+    if done.is_empty() {
+        return Ok(());
+    }
     job.made_durable(done);
     if let Some((changes, epoch)) = changes.clone() {
         let units: Vec<u64> = done.iter().map(|&pos| job.plan[pos]).collect();

@@ -104,6 +104,10 @@ pub struct JobStatus {
     /// Units of the plan, from its start, all durable: a resume may skip this many.
     pub durable_prefix: u64,
     pub elapsed_ms: u64,
+    /// When the send ended, ms after it started (the agent's clock, as `elapsed_ms`):
+    /// `elapsed_ms - ended_ms` ago. Absent while it runs (and from older agents).
+    #[serde(default)]
+    pub ended_ms: Option<u64>,
     pub pacing: Option<u64>,
     pub queue_depth: usize,
     pub connections: usize,

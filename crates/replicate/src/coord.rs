@@ -381,6 +381,27 @@ struct ResumeState {
     skip: Vec<u64>,
 }
 
+/// How long to wait before asking the streams again: the interval, or less once every
+/// stream still running should end sooner (its bytes left at its last rate), so that the
+/// command ends soon after its last stream, not up to an interval later.
+fn next_poll(interval: Duration, views: &[StreamView], rates: &[u64]) -> Duration {
+    const SOONEST: Duration = Duration::from_millis(50);
+    let mut longest = Duration::ZERO;
+    for (i, v) in views.iter().enumerate() {
+        if v.finished {
+            continue;
+        }
+        let rate = rates.get(i).copied().unwrap_or(0);
+        if v.remaining > 0 && rate == 0 {
+            return interval;
+        }
+        longest = longest.max(Duration::from_secs_f64(
+            v.remaining as f64 / rate.max(1) as f64,
+        ));
+    }
+    longest.clamp(SOONEST, interval.max(SOONEST))
+}
+
 /// Runs a sync to its end. `out` gets progress: `Some(tick)` every interval.
 pub async fn run(
     src: &VolumeRef,
@@ -477,8 +498,9 @@ pub async fn run(
     let mut finished_at: Vec<Option<f64>> = vec![None; n];
     let mut applied: Vec<Option<u64>> = first.shares.clone();
     let mut statuses: Vec<Option<JobStatus>> = vec![None; n];
+    let mut pause = o.interval;
     loop {
-        tokio::time::sleep(o.interval).await;
+        tokio::time::sleep(pause).await;
         let mut set = tokio::task::JoinSet::new();
         for (i, (s, j)) in streams.iter().zip(&jobs).enumerate() {
             let c = s.source.clone();
@@ -507,7 +529,10 @@ pub async fn run(
                     failed = Some((i, st.error.clone().unwrap_or_else(|| "cancelled".into())));
                 }
                 if st.state == JobState::Done && finished_at[i].is_none() {
-                    finished_at[i] = Some(now.as_secs_f64());
+                    // When the agent saw it end, not when this poll heard of it.
+                    let ago = st.ended_ms.map_or(0, |e| st.elapsed_ms.saturating_sub(e));
+                    let at = now.saturating_sub(Duration::from_millis(ago));
+                    finished_at[i] = Some(at.as_secs_f64());
                 }
             }
         }
@@ -616,6 +641,7 @@ pub async fn run(
         if finished_at.iter().all(Option::is_some) {
             break;
         }
+        pause = next_poll(o.interval, &views, rates);
     }
     let seconds = t0.elapsed().as_secs_f64();
     // A transfer shorter than the destination's answers waits for them before verifying.
@@ -795,6 +821,34 @@ mod tests {
         assert!("host/iqn".parse::<VolumeRef>().is_err());
         assert!("host/iqn/x".parse::<VolumeRef>().is_err());
         assert!("/iqn/0".parse::<VolumeRef>().is_err());
+    }
+
+    #[test]
+    fn polls_sooner_as_the_last_streams_end() {
+        let s = Duration::from_millis(500);
+        let v = |remaining, finished| StreamView {
+            done: 0,
+            remaining,
+            finished,
+        };
+        // Two seconds left at the last rate: the interval.
+        assert_eq!(next_poll(s, &[v(2_000_000, false)], &[1_000_000]), s);
+        // 0.2 s left on the slowest stream still running; a finished one does not count.
+        assert_eq!(
+            next_poll(
+                s,
+                &[v(100_000, false), v(200_000, false), v(9, true)],
+                &[1_000_000, 1_000_000, 0]
+            ),
+            Duration::from_millis(200)
+        );
+        // Everything acknowledged, the last flush out: soon.
+        assert_eq!(
+            next_poll(s, &[v(0, false)], &[0]),
+            Duration::from_millis(50)
+        );
+        // Bytes left and no rate known yet (still logging in): the interval.
+        assert_eq!(next_poll(s, &[v(1, false)], &[0]), s);
     }
 
     #[test]

@@ -227,12 +227,28 @@ impl Controller {
             }
         }
         if self.mode == Mode::Cooperative && self.total.is_some() {
+            // What the streams typically reach of their shares: when they all fall short
+            // together, the total is more than the path carries (a rate found a little
+            // high), and that is no stream's fault; a stream is short only against the
+            // others. (Capping every stream at what it reached, as before, split the
+            // rate-found default's streams into capped and uncapped ones that then
+            // finished 10 % apart.)
+            let mut reach: Vec<f64> = (0..streams.len())
+                .filter(|&i| !streams[i].finished && delivering[i])
+                .filter_map(|i| {
+                    let share = self.shares[i]?;
+                    Some(self.rates[i] as f64 / share.max(1) as f64)
+                })
+                .collect();
+            reach.sort_by(f64::total_cmp);
+            let typical = reach.get(reach.len() / 2).copied().unwrap_or(1.0).min(1.0);
             for (i, s) in streams.iter().enumerate() {
                 let reached = self.rates[i];
-                // Short of the share: below 85 % of it, or, once judged short, below 95 %
-                // of what it was given since (it did not use its probe's room).
+                // Short of the share: below 85 % of what the streams typically reach
+                // of theirs, or, once judged short, below 95 % of what it was given since
+                // (it did not use its probe's room).
                 let limited = self.short[i].0 >= SHORT_SPANS;
-                let bar = if limited { 0.95 } else { 0.85 };
+                let bar = if limited { 0.95 } else { 0.85 * typical };
                 match self.shares[i] {
                     Some(share)
                         if !s.finished
@@ -447,6 +463,41 @@ mod tests {
         }
         assert_eq!(d.shares[0], Some(114)); // 100 B/s (rounded down) + 15 %
         assert_eq!(d.shares[1], Some(886));
+    }
+
+    /// The total above what the path carries (a found rate a little high): every stream
+    /// reaches 80 % of its share. None is capped: each keeps a share in proportion to
+    /// what it has left, so that they still finish together; one that reaches far less
+    /// than the others is still judged short.
+    #[test]
+    fn streams_short_together_are_not_capped() {
+        let mut c = Controller::new(Mode::Cooperative, Some(1000), 3);
+        let size = 1_000_000u64;
+        let mut t = Duration::ZERO;
+        let mut done = [0u64; 3];
+        let mut d = c.tick(t, RTT, &[view(0, size), view(0, size), view(0, size)]);
+        for _ in 0..6 {
+            t += Duration::from_secs(1);
+            for (done, share) in done.iter_mut().zip(&d.shares) {
+                *done += share.unwrap() * 8 / 10;
+            }
+            let views: Vec<StreamView> = done.iter().map(|&x| view(x, size - x)).collect();
+            d = c.tick(t, RTT, &views);
+        }
+        let sum: u64 = d.shares.iter().map(|s| s.unwrap()).sum();
+        assert!(sum >= 999, "{d:?}");
+        assert!(d.shares.iter().all(|s| s.unwrap() >= 330), "{d:?}");
+        // Now stream 2 reaches a tenth of what the others do.
+        for _ in 0..4 {
+            t += Duration::from_secs(1);
+            for (i, (done, share)) in done.iter_mut().zip(&d.shares).enumerate() {
+                *done += share.unwrap() * if i == 2 { 8 } else { 80 } / 100;
+            }
+            let views: Vec<StreamView> = done.iter().map(|&x| view(x, size - x)).collect();
+            d = c.tick(t, RTT, &views);
+        }
+        assert!(d.shares[2].unwrap() < 100, "{d:?}");
+        assert!(d.shares[0].unwrap() > 400, "{d:?}");
     }
 
     /// Seen at 350 ms with the rate given: the streams spent their first three spans
