@@ -295,15 +295,16 @@ fn r1_section(doc: &mut String, r: &Value, link: &Path) {
         s(&p["rtt"]),
         s(&p["queue"])
     );
-    let _ = writeln!(
-        doc,
-        "| run | per stream (MB/s) | total (MB/s) | link use | wire use | Jain | queue drops |\n\
-         |---|---|---:|---:|---:|---:|---:|"
-    );
+    // The note on repetitions comes before the table: a line inside it would end it.
     repeat_note(
         doc,
         r,
         "The modes; per stream and queue drops are those of the median repetition (by link use)",
+    );
+    let _ = writeln!(
+        doc,
+        "| run | per stream (MB/s) | total (MB/s) | link use | wire use | Jain | queue drops |\n\
+         |---|---|---:|---:|---:|---:|---:|"
     );
     let modes = r["modes"].as_array().cloned().unwrap_or_default();
     // One line a mode: its median repetition, with the spreads over all of them.
@@ -367,8 +368,59 @@ fn r1_section(doc: &mut String, r: &Value, link: &Path) {
          with today's TCP does not recreate it. What this scenario does show is that \
          Reservoir's default, set by no one, keeps the link full and the four backups even.\n"
     );
+    r1_link_table(doc, &modes);
     let _ = writeln!(doc, "![R1]({})\n", link.join("r1.png").display());
     env_block(doc, r);
+}
+
+/// Where R1's bottleneck time went in each mode that watched it: medians over the
+/// repetitions.
+fn r1_link_table(doc: &mut String, modes: &[Value]) {
+    let mut keys: Vec<&str> = Vec::new();
+    for m in modes.iter().filter(|m| m["link"].is_object()) {
+        if !keys.contains(&s(&m["key"])) {
+            keys.push(s(&m["key"]));
+        }
+    }
+    if keys.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        doc,
+        "Where the bottleneck's time went (the backups' wall time, from starting the four \
+         `rsv cp` to the last one's end; the bottleneck's byte counters read every 0.2 s; \
+         medians of the repetitions). *Busy* counts every byte that left the bottleneck; \
+         *full* is the first 0.2 s at 90 % of the rate or more; the seconds lost are link \
+         time at the full rate that went unused, counted from the bytes over each phase: \
+         before that point (the processes' start, login, the first round trips), after it \
+         until the first backup ended, and after that (the others finishing).\n"
+    );
+    let _ = writeln!(
+        doc,
+        "| run | wall | link busy | full after | lost starting | lost later | lost after the \
+         first ended |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for key in keys {
+        let runs: Vec<&Value> = modes
+            .iter()
+            .filter(|m| s(&m["key"]) == key && m["link"].is_object())
+            .collect();
+        let med = |g: &dyn Fn(&Value) -> f64| {
+            Spread::of(runs.iter().map(|x| g(x))).map_or(0.0, |sp| sp.median)
+        };
+        let _ = writeln!(
+            doc,
+            "| {} | {:.1} s | {:.1} % | {:.1} s | {:.2} s | {:.2} s | {:.2} s |",
+            s(&runs[0]["label"]),
+            med(&|x| f(&x["wall_seconds"])),
+            med(&|x| f(&x["link"]["busy_pct"])),
+            med(&|x| f(&x["link"]["start_s"])),
+            med(&|x| f(&x["link"]["lost_start_s"])),
+            med(&|x| f(&x["link"]["lost_later_s"])),
+            med(&|x| f(&x["link"]["lost_end_s"])),
+        );
+    }
+    let _ = writeln!(doc);
 }
 
 fn rtt_section(doc: &mut String, r: &Value) {
@@ -488,13 +540,14 @@ fn link_use_table(doc: &mut String, rows: &[(String, &Value)]) {
          headers included, so payload is at most about 96.5 % of it (less is bytes sent \
          twice); *full* is the first \
          0.2 s at 90 % of the rate or more; the seconds lost are link time at the full rate \
-         that went unused, before that point (start-up) and after it (probing, recovery, the \
-         end of the run).\n"
+         that went unused, counted from the bytes over each phase: before that point \
+         (start-up), after it until the issuing stopped (probing, recovery, stalls), and \
+         while the commands then in flight finished (the end).\n"
     );
     let _ = writeln!(
         doc,
         "| run | payload Mbit/s | link busy | payload ÷ wire | full after | lost starting | \
-         lost later |\n|---|---:|---:|---:|---:|---:|---:|"
+         lost later | lost at the end |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     let mut labels: Vec<&str> = Vec::new();
     for (label, _) in &rows {
@@ -502,6 +555,7 @@ fn link_use_table(doc: &mut String, rows: &[(String, &Value)]) {
             labels.push(label);
         }
     }
+    let mut old_count = false;
     for label in labels {
         let runs: Vec<&Value> = rows
             .iter()
@@ -520,17 +574,41 @@ fn link_use_table(doc: &mut String, rows: &[(String, &Value)]) {
         let busy = med(&|x| f(&x["link"]["busy_pct"]));
         let share = med(&|x| f(&x["bytes"]) / f(&x["link"]["wire_bytes"]).max(1.0) * 100.0);
         let full = med(&|x| f(&x["link"]["start_s"]));
-        let lost_start = med(&|x| f(&x["link"]["lost_start_s"]));
-        let lost_later = med(&|x| f(&x["link"]["lost_later_s"]));
+        // Results from before the seconds lost were counted from each phase's bytes (no
+        // `lost_end_s`) summed the shortfalls of single intervals, which overstated them:
+        // not shown.
+        let counted = runs.iter().all(|x| x["link"]["lost_end_s"].is_number());
+        let mut secs = |key: &str| {
+            if counted {
+                format!("{:.2} s", med(&|x| f(&x["link"][key])).median)
+            } else {
+                old_count = true;
+                "—".to_owned()
+            }
+        };
+        let lost = [
+            secs("lost_start_s"),
+            secs("lost_later_s"),
+            secs("lost_end_s"),
+        ];
         let _ = writeln!(
             doc,
-            "| {label} | {} | {:.1} % | {:.1} % | {} | {:.2} s | {:.2} s |",
+            "| {label} | {} | {:.1} % | {:.1} % | {} | {} | {} | {} |",
             payload.show(2, ""),
             busy.median,
             share.median,
             full.show(1, " s"),
-            lost_start.median,
-            lost_later.median,
+            lost[0],
+            lost[1],
+            lost[2],
+        );
+    }
+    if old_count {
+        let _ = writeln!(
+            doc,
+            "\n— : measured before the seconds lost were counted from each phase's bytes; \
+             the earlier count added up the shortfalls of single 0.2-s intervals, which a \
+             reading timed late made up on a busy link, and is not shown."
         );
     }
     let _ = writeln!(doc);

@@ -359,10 +359,49 @@ fn direction<'a>(v: &'a Value, dir: &str) -> &'a Value {
     }
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One reading of the link's counters: when `rsv wan stats` was started and when it
+/// returned (Unix time), the relay's own clock when it took the counters, and the bytes
+/// that had left the bottleneck each way.
+#[derive(Clone, Copy)]
+struct Reading {
+    before: f64,
+    after: f64,
+    uptime: Option<f64>,
+    ab: Option<u64>,
+    ba: Option<u64>,
+}
+
+/// The watch's readings as samples on one clock. Starting `rsv wan stats` takes
+/// milliseconds to tens of them on a loaded machine, so the middle of that span is a poor
+/// time for the counters: an interval between two readings came out too long or too
+/// short by as much, and the link looked idle in one and over its rate in the next. The
+/// relay's own clock (`uptime_s`, read with the counters) times them instead, placed on
+/// Unix time by the reading that took least time to get; without it, the middle.
+fn timed_samples(readings: &[Reading]) -> (Vec<Sample>, Vec<Sample>) {
+    let offset = readings
+        .iter()
+        .filter_map(|r| Some((r.after - r.before, (r.before + r.after) / 2.0 - r.uptime?)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, off)| off);
+    let (mut ab, mut ba) = (Vec::new(), Vec::new());
+    for r in readings {
+        let at = match (offset, r.uptime) {
+            (Some(off), Some(up)) => up + off,
+            _ => (r.before + r.after) / 2.0,
+        };
+        for (bytes, list) in [(r.ab, &mut ab), (r.ba, &mut ba)] {
+            if let Some(bytes) = bytes {
+                list.push(Sample { at, bytes });
+            }
+        }
+    }
+    (ab, ba)
 }
 
 fn hosts(site: &Value) -> Result<Vec<Host>> {
@@ -437,33 +476,44 @@ impl Link {
         ))
     }
 
-    /// Reads the bottleneck's byte counters every `every` until the watch is finished.
-    /// The reading's time is taken halfway through the `rsv wan stats` call.
+    /// Reads the bottleneck's byte counters every `every` until the watch is finished,
+    /// each reading timed by the relay's clock ([`timed_samples`]). Returns once the first
+    /// reading is in (or failed), so that a measurement started next is covered from its
+    /// start.
     pub fn watch(&self, every: Duration) -> Watch {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let (name, flag) = (self.name.clone(), stop.clone());
+        let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let (mut ab, mut ba) = (Vec::new(), Vec::new());
+            let mut readings = Vec::new();
             // One reading after the stop too: the window ends as the measurement does.
             loop {
                 let stopping = flag.load(Ordering::Relaxed);
                 let before = unix_now();
                 let stats = wan_stats(&name);
-                let at = (before + unix_now()) / 2.0;
+                let after = unix_now();
                 if let Ok(v) = stats {
-                    for (dir, list) in [("ab", &mut ab), ("ba", &mut ba)] {
-                        if let Some(bytes) = direction(&v, dir)["tx_bytes"].as_u64() {
-                            list.push(Sample { at, bytes });
-                        }
-                    }
+                    let bytes = |dir| direction(&v, dir)["tx_bytes"].as_u64();
+                    let uptime = v["uptime_s"]
+                        .as_f64()
+                        .or_else(|| v["stats"]["uptime_s"].as_f64());
+                    readings.push(Reading {
+                        before,
+                        after,
+                        uptime,
+                        ab: bytes("ab"),
+                        ba: bytes("ba"),
+                    });
                 }
+                let _ = first_tx.send(());
                 if stopping {
                     break;
                 }
                 std::thread::sleep(every);
             }
-            (ab, ba)
+            timed_samples(&readings)
         });
+        let _ = first_rx.recv_timeout(Duration::from_secs(5));
         Watch { stop, thread }
     }
 
@@ -684,4 +734,48 @@ fn process_ticks(pid: u32) -> Option<u64> {
     let rest = &text[text.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readings_are_timed_by_the_relays_clock() {
+        // The relay took its counters every 0.2 s of its clock (started at Unix 1000.0);
+        // the reader's process took 0.02 to 0.3 s to answer, its middle off by up to 0.075 s.
+        let spans = [0.3, 0.02, 0.2, 0.1];
+        let readings: Vec<Reading> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, &span)| {
+                let up = 0.2 * i as f64;
+                let at = 1000.0 + up;
+                // The counters were read 1/4 of the way into the call.
+                Reading {
+                    before: at - span / 4.0,
+                    after: at + 3.0 * span / 4.0,
+                    uptime: Some(up),
+                    ab: Some(i as u64 * 100),
+                    ba: None,
+                }
+            })
+            .collect();
+        let (ab, ba) = timed_samples(&readings);
+        assert!(ba.is_empty());
+        assert_eq!(ab.len(), 4);
+        // Placed by the quickest reading (0.02 s long: 0.005 s off), spaced exactly.
+        for (i, s) in ab.iter().enumerate() {
+            let want = 1000.0 + 0.2 * i as f64 + 0.005;
+            assert!((s.at - want).abs() < 1e-9, "{i}: {} vs {want}", s.at);
+            assert_eq!(s.bytes, i as u64 * 100);
+        }
+        // Without the relay's clock: the middle of each call.
+        let old: Vec<Reading> = readings
+            .iter()
+            .map(|r| Reading { uptime: None, ..*r })
+            .collect();
+        let (ab, _) = timed_samples(&old);
+        assert!((ab[0].at - (1000.0 + 0.075)).abs() < 1e-9, "{}", ab[0].at);
+    }
 }

@@ -315,12 +315,13 @@ impl Row {
                 ) + &self.link.as_ref().map_or(String::new(), |u| {
                     format!(
                         "  link busy {:.1} %, {:.1} % of it payload: {:.1} s lost starting (full \
-                     after {:.1} s), {:.1} s later",
+                     after {:.1} s), {:.1} s later, {:.1} s at the end",
                         u.busy_pct,
                         self.bytes as f64 / u.wire_bytes.max(1) as f64 * 100.0,
                         u.lost_start_s,
                         u.start_s,
-                        u.lost_later_s
+                        u.lost_later_s,
+                        u.lost_end_s
                     )
                 })
             }
@@ -664,7 +665,10 @@ pub(crate) fn bench(
     // Writes cross a→b (the initiator is in site a), reads b→a.
     let samples = if rw == "write" { ab } else { ba };
     let from = v["started_unix_s"].as_f64().unwrap_or(0.0);
-    row.link = busy::link_use(&samples, from, from + secs, link.rate_bps);
+    // The issuing stopped `seconds` after the start; the rest of the window waited for the
+    // commands then in flight.
+    let issued = from + seconds as f64;
+    row.link = busy::link_use(&samples, from, from + secs, Some(issued), link.rate_bps);
     if row.link.is_none() {
         eprintln!(
             "  (the link's counters do not cover {from:.1}..{:.1}: {} readings, {:?}..{:?})",

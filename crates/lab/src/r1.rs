@@ -89,6 +89,11 @@ pub struct Mode {
     pub jain: f64,
     /// Which repetition of the mode this is (1 to `--repeat`).
     pub repeat: u32,
+    /// Where the bottleneck's time went over the wall time (the backups' modes): its
+    /// byte counters read every 0.2 s; the issuing's end is the first backup's end, so
+    /// "at the end" is the time the others took after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::busy::LinkUse>,
 }
 
 /// A mode over its repetitions: median and range of what the table shows, and which
@@ -256,6 +261,13 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
                 .map(|s| (s.mb_per_s * 10.0).round() / 10.0)
                 .collect::<Vec<_>>()
         );
+        if let Some(u) = &m.link {
+            eprintln!(
+                "r1:   link busy {:.1} %: {:.2} s lost starting (full after {:.1} s), {:.2} s \
+                 later, {:.2} s after the first backup ended",
+                u.busy_pct, u.lost_start_s, u.start_s, u.lost_later_s, u.lost_end_s
+            );
+        }
     };
     for rep in 1..=p.repeat.max(1) {
         if p.repeat > 1 {
@@ -386,6 +398,7 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
         queue_drops: drops1 - drops0,
         jain: 0.0,
         repeat: 1,
+        link: None,
     };
     let scale = m.wall_seconds / wall;
     Ok(finish(
@@ -440,12 +453,27 @@ fn backups(
         })
         .collect();
     let (wire0, drops0) = link.ab_counters()?;
+    let watch = link.watch(Duration::from_millis(200));
     let t0 = Instant::now();
+    let t0_unix = proc::unix_now();
     // At 20 % link use a backup takes 5x its ideal time; allow ten.
     let ideal = p.image_bytes as f64 * STREAMS as f64 * 8.0 / p.rate_bps as f64;
-    let outs = proc::run_many(cmds, Duration::from_secs_f64(10.0 * ideal + 30.0), dir)?;
+    let outs = proc::run_many(cmds, Duration::from_secs_f64(10.0 * ideal + 30.0), dir);
     let wall = t0.elapsed().as_secs_f64();
+    let (ab, _) = watch.finish();
+    let outs = outs?;
     let (wire1, drops1) = link.ab_counters()?;
+    let first_done = outs
+        .iter()
+        .map(|o| o.elapsed.as_secs_f64())
+        .fold(f64::INFINITY, f64::min);
+    let link_use = crate::busy::link_use(
+        &ab,
+        t0_unix,
+        t0_unix + wall,
+        first_done.is_finite().then_some(t0_unix + first_done),
+        p.rate_bps,
+    );
     let streams = outs
         .iter()
         .enumerate()
@@ -484,6 +512,7 @@ fn backups(
         queue_drops: drops1 - drops0,
         jain: 0.0,
         repeat: 1,
+        link: link_use,
     };
     Ok(finish(m, p.rate_bps, wire1 - wire0))
 }

@@ -265,7 +265,7 @@ fn link_figures(
     row.payload_mbit_s = row.payload_bytes as f64 * 8.0 / row.seconds.max(1e-9) / 1e6;
     row.whole_pct = 100.0 * row.payload_bytes as f64 / (cap * row.seconds.max(1e-9));
     row.link_series = link_series(ab, start, end);
-    if let Some(u) = busy::link_use(ab, start, end, rate_bps) {
+    if let Some(u) = busy::link_use(ab, start, end, None, rate_bps) {
         row.wire_pct = u.busy_pct;
         if u.start_s < row.seconds {
             row.time_to_full_s = Some(u.start_s);
