@@ -13,13 +13,15 @@
 # average before and after is printed with the table, and the rows go to OUT as JSON.
 #
 # Environment: RSV=path to a built rsv (else `cargo build --release -p rsv` here, honouring
-# CARGO_TARGET_DIR); SPAN; QD (default 32); OUT (default bench-tls.json).
+# CARGO_TARGET_DIR); SPAN; QD (default 32); OUT (default bench-tls.json); SUITE (aes128,
+# aes256 or chacha20: the one suite the initiator offers; default: rustls's preference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 SPAN=${SPAN:-1GiB}
 QD=${QD:-32}
 OUT=${OUT:-bench-tls.json}
+SUITE=${SUITE:-}
 if [ -z "${RSV:-}" ]; then
   cargo build --release -p rsv >/dev/null
   RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
@@ -90,9 +92,9 @@ PY
 declare -A M
 for rw in write read; do
   M[plain.$rw]=$(measure "$rw" "iscsi://$plain/$iqn/0")
-  M[tls.$rw]=$(measure "$rw" "iscsi://$tls/$iqn/0?pin=$pin")
+  M[tls.$rw]=$(measure "$rw" "iscsi://$tls/$iqn/0?pin=$pin${SUITE:+&tls_suite=$SUITE}")
 done
-suite=$("$RSV" tune "iscsi://$tls/$iqn/0?pin=$pin" 2>/dev/null | sed -n 's/^transport: //p')
+suite=$("$RSV" tune "iscsi://$tls/$iqn/0?pin=$pin${SUITE:+&tls_suite=$SUITE}" 2>/dev/null | sed -n 's/^transport: //p')
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 j() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
