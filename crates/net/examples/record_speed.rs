@@ -70,7 +70,11 @@ fn main() {
         let len = seal(&sk, &mut 0, &plain, &mut wire);
         let sealed = wire[..len].to_vec();
         let mut row = vec![("seal (out of place)", seal_s)];
-        for mode in ["open in place", "open in place + copy", "open into destination"] {
+        for mode in [
+            "open in place",
+            "open in place + copy",
+            "open into destination",
+        ] {
             let mut total = 0f64;
             for _ in 0..rounds {
                 wire[..len].copy_from_slice(&sealed);
