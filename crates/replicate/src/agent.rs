@@ -447,6 +447,7 @@ impl Job {
             srtt_ms: 0.0,
             retransmits: 0,
             path_rate: 0,
+            wire_rate: 0,
             epoch: self.epoch,
         };
         drop(p);
@@ -459,6 +460,7 @@ impl Job {
                 st.srtt_ms = path.srtt_ms;
                 st.retransmits = path.retransmits;
                 st.path_rate = path.rate_bytes_per_s;
+                st.wire_rate = path.wire_bytes_per_s;
             }
         }
         st

@@ -116,6 +116,10 @@ pub struct JobStatus {
     pub retransmits: u64,
     /// Delivery rate the connections measured last (TCP_INFO), bytes per second.
     pub path_rate: u64,
+    /// Bytes per second the connections put across the path over their last span
+    /// (segments delivered, SACKed ones included); 0 when not known (older agents).
+    #[serde(default)]
+    pub wire_rate: u64,
     pub epoch: Option<u64>,
 }
 

@@ -565,11 +565,13 @@ pub async fn run(
                     done: st.done_bytes,
                     remaining: st.bytes - st.done_bytes.min(st.bytes),
                     finished: st.state == JobState::Done,
+                    wire_rate: st.wire_rate,
                 },
                 None => StreamView {
                     done: 0,
                     remaining: j.bytes,
                     finished: false,
+                    wire_rate: 0,
                 },
             })
             .collect();
@@ -830,6 +832,7 @@ mod tests {
             done: 0,
             remaining,
             finished,
+            wire_rate: 0,
         };
         // Two seconds left at the last rate: the interval.
         assert_eq!(next_poll(s, &[v(2_000_000, false)], &[1_000_000]), s);

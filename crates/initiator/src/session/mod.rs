@@ -122,6 +122,10 @@ pub struct PathReport {
     pub srtt_ms: f64,
     /// Bytes per second over all connections in the last sample.
     pub rate_bytes_per_s: u64,
+    /// Bytes per second that crossed the path over the last span (segments delivered,
+    /// SACKed ones included, and received), over all connections that have run a span:
+    /// unlike `rate_bytes_per_s` (cumulative acknowledgments), not held back by a hole.
+    pub wire_bytes_per_s: u64,
     pub retransmits: u64,
     pub connections_sampled: usize,
 }
@@ -193,13 +197,12 @@ impl Session {
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
         let (opts, plan, probed) = if opts.auto_tune {
-            let (probe, probed) =
-                crate::tune::probe_keep(
-                    &url.portal(),
-                    opts.dialer.as_ref(),
-                    crate::conn::first_window(opts),
-                )
-                .await?;
+            let (probe, probed) = crate::tune::probe_keep(
+                &url.portal(),
+                opts.dialer.as_ref(),
+                crate::conn::first_window(opts),
+            )
+            .await?;
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");

@@ -62,6 +62,7 @@ impl Shared {
             if let Some(p) = *c.path.lock().unwrap() {
                 r.connections_sampled += 1;
                 r.rate_bytes_per_s += p.rate;
+                r.wire_bytes_per_s += p.span_rate.unwrap_or(0);
                 r.retransmits += u64::from(p.info.total_retrans);
                 if p.info.min_rtt_us > 0 {
                     min_rtt = min_rtt.min(p.info.min_rtt_us);
