@@ -18,7 +18,7 @@ use iscsi::negotiate::TargetPacing;
 use iscsi::pdu::{Digests, Pdu};
 use iscsi::serial::sn_gt;
 use net::transport::{Dialer, ReadHalf, Stream, WriteHalf};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch};
 
 use crate::{Error, Result, SessionOptions};
@@ -542,85 +542,40 @@ fn set_expstatsn(pdu: &mut Pdu, v: u32) {
     }
 }
 
-/// Most PDUs gathered into one `writev`, and most of their data bytes: bounds the iovec
-/// count (three per PDU, under the kernel's 1024) and how long one batch holds the rest.
-const BATCH_PDUS: usize = 128;
-const BATCH_BYTES: usize = 4 << 20;
-
-/// Per PDU of a batch: its header's range in the headers buffer, and the trailer (padding
-/// + data digest) that follows its payload, with its length.
-type Layout = (std::ops::Range<usize>, [u8; 7], usize);
-
-/// Sends the PDUs queued for the connection: all that are waiting go out in one vectored
-/// write, each header beside its payload, no payload copied. (A buffered writer sent a
-/// large payload's header alone first: two system calls and, with TCP_NODELAY, a
-/// 48-byte segment of its own per Data-Out.)
 async fn writer(
     mut rx: mpsc::UnboundedReceiver<Pdu>,
-    mut w: WriteHalf,
+    w: WriteHalf,
     digests: Digests,
     exp_statsn: Arc<AtomicU32>,
     dead_tx: Arc<watch::Sender<bool>>,
     cid: u16,
 ) {
     let mut dead = dead_tx.subscribe();
-    let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
-    let mut headers: Vec<u8> = Vec::with_capacity(BATCH_PDUS * (iscsi::pdu::BHS_LEN + 4));
-    let mut layout: Vec<Layout> = Vec::with_capacity(BATCH_PDUS);
+    let mut w = BufWriter::with_capacity(256 * 1024, w);
+    let mut header = Vec::with_capacity(128);
     let result: std::io::Result<()> = async {
         loop {
-            let first = tokio::select! {
+            let mut pdu = tokio::select! {
                 p = rx.recv() => match p { Some(p) => p, None => return Ok(()) },
                 _ = dead.changed() => return Ok(()),
             };
-            let mut bytes = first.data().len();
-            batch.push(first);
-            while batch.len() < BATCH_PDUS && bytes < BATCH_BYTES {
+            loop {
+                set_expstatsn(&mut pdu, exp_statsn.load(Ordering::Acquire));
+                header.clear();
+                pdu.encode_header(&mut header, digests);
+                w.write_all(&header).await?;
+                let data = pdu.data();
+                if !data.is_empty() {
+                    w.write_all(data).await?;
+                    let (trailer, n) = iscsi::pdu::data_trailer(data, digests);
+                    w.write_all(&trailer[..n]).await?;
+                }
                 match rx.try_recv() {
-                    Ok(p) => {
-                        bytes += p.data().len();
-                        batch.push(p);
-                    }
+                    Ok(p) => pdu = p,
                     Err(_) => break,
                 }
             }
-            headers.clear();
-            layout.clear();
-            let exp = exp_statsn.load(Ordering::Acquire);
-            for pdu in &mut batch {
-                set_expstatsn(pdu, exp);
-                let start = headers.len();
-                pdu.encode_header(&mut headers, digests);
-                let (trailer, n) = if pdu.data().is_empty() {
-                    ([0; 7], 0)
-                } else {
-                    iscsi::pdu::data_trailer(pdu.data(), digests)
-                };
-                layout.push((start..headers.len(), trailer, n));
-            }
-            {
-                let mut slices = Vec::with_capacity(batch.len() * 3);
-                for (pdu, (range, trailer, n)) in batch.iter().zip(&layout) {
-                    slices.push(std::io::IoSlice::new(&headers[range.clone()]));
-                    if !pdu.data().is_empty() {
-                        slices.push(std::io::IoSlice::new(pdu.data()));
-                        if *n > 0 {
-                            slices.push(std::io::IoSlice::new(&trailer[..*n]));
-                        }
-                    }
-                }
-                let mut rest = &mut slices[..];
-                while !rest.is_empty() {
-                    let n = w.write_vectored(rest).await?;
-                    if n == 0 {
-                        return Err(std::io::ErrorKind::WriteZero.into());
-                    }
-                    std::io::IoSlice::advance_slices(&mut rest, n);
-                }
-            }
-            // TLS may hold the batch's last records until flushed; TCP's flush is free.
             w.flush().await?;
-            batch.clear();
         }
     }
     .await;

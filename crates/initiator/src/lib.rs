@@ -126,11 +126,6 @@ pub struct SessionOptions {
     pub initiator_name: String,
     /// Password the target must prove it knows (mutual CHAP).
     pub target_secret: Option<String>,
-    /// The largest Data-In segment we take (MaxRecvDataSegmentLength). 1 MiB by default: a
-    /// 1 MiB read arrives as one PDU rather than four, which costs both ends fewer system
-    /// calls, headers and wake-ups per byte (measured: docs/bench-connections.md); a large
-    /// segment in order goes straight into its read's buffer, so no buffer of this size is
-    /// held per connection.
     pub max_recv_data_segment: u32,
     pub max_burst: u32,
     pub first_burst: u32,
@@ -213,7 +208,7 @@ impl Default for SessionOptions {
             data_digest: false,
             initiator_name: default_initiator_name(),
             target_secret: None,
-            max_recv_data_segment: 1 << 20,
+            max_recv_data_segment: 262_144,
             max_burst: 1 << 20,
             first_burst: 262_144,
             immediate_data: true,
