@@ -20,8 +20,8 @@
 # comparable with STAT=0 ones). Per row and side: the median of the rounds and the range.
 # The load average is printed before and after.
 #
-# Like for like, or not: iscsi-perf reads into a buffer libiscsi allocates per PDU and
-# copies each Data-In segment into a reassembly buffer (no iovec given); qemu-img bench
+# Like for like, or not: iscsi-perf gives its READ16 tasks no buffer, so libiscsi gathers
+# the Data-In into one of its own, which iscsi-perf frees unread; qemu-img bench
 # hands libiscsi its own buffer (an iovec) for reads and writes, but adds qemu's block
 # layer and coroutines. `rsv bench` reads into pooled buffers it drops unread and writes
 # one buffer it made at the start.
@@ -98,7 +98,8 @@ run_perf() { # rw bytes
   echo "$iops $((iops * SECS * $2))"
 }
 # qemu-img bench issues a count, not a duration: about SECS seconds at the rate of the
-# round's first rsv run ($2 IOPS guess).
+# round's first rsv run ($3, IOPS). It has no random pattern: at 4 KiB it strides by a
+# prime number of blocks instead (-S), wrapping at the end of the LUN.
 run_qemu() { # rw bytes iops-guess
   local count=$(($3 * SECS)) w=() t0 t1
   [ "$count" -lt 64 ] && count=64
