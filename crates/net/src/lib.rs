@@ -582,10 +582,19 @@ mod tests {
             can_force,
         };
         // Half of the ceiling: the kernel doubles what setsockopt is given.
-        assert_eq!(first_window_buffer(&l(32 << 20, 212_992, true)), Some(16 << 20));
-        assert_eq!(first_window_buffer(&l(6 << 20, 8 << 20, false)), Some(3 << 20));
+        assert_eq!(
+            first_window_buffer(&l(32 << 20, 212_992, true)),
+            Some(16 << 20)
+        );
+        assert_eq!(
+            first_window_buffer(&l(6 << 20, 8 << 20, false)),
+            Some(3 << 20)
+        );
         // Without CAP_NET_ADMIN net.core.rmem_max caps it; at the default nothing is won.
-        assert_eq!(first_window_buffer(&l(32 << 20, 1 << 20, false)), Some(1 << 20));
+        assert_eq!(
+            first_window_buffer(&l(32 << 20, 1 << 20, false)),
+            Some(1 << 20)
+        );
         assert_eq!(first_window_buffer(&l(32 << 20, 65_536, false)), None);
         assert_eq!(first_window_buffer(&l(128 << 10, 8 << 20, true)), None);
     }
@@ -593,13 +602,18 @@ mod tests {
     #[test]
     fn a_listeners_buffer_is_the_first_window_of_what_it_accepts() {
         let first = |buffer: Option<usize>| {
-            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-                .unwrap();
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
             if let Some(n) = buffer {
                 set_recv_buffer(s.as_fd(), n).unwrap();
             }
-            s.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into())
-                .unwrap();
+            s.bind(
+                &"127.0.0.1:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
             s.listen(1).unwrap();
             let l: TcpListener = s.into();
             let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
