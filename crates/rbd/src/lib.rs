@@ -69,6 +69,9 @@ pub struct RbdConfig {
     pub timeout: Duration,
     /// librbd's cache: its own default (on) when `None`.
     pub cache: Option<bool>,
+    /// librados' completion threads (`librados_thread_count`, `io_context_pool`): the
+    /// configuration file's (or librados' default, 2) when `None`.
+    pub threads: Option<u32>,
     /// Other targets export the image too: resets are announced to them and theirs taken
     /// (see [`PeerEvents`]).
     pub shared: bool,
@@ -100,6 +103,7 @@ impl RbdConfig {
             keyring: None,
             timeout: DEFAULT_TIMEOUT,
             cache: None,
+            threads: None,
             shared: false,
         })
     }
@@ -236,6 +240,19 @@ extern "C" fn header_changed(arg: *mut c_void) {
     watch.poke();
 }
 
+/// A client option's value as librados has it (after the configuration file), or `None`.
+fn conf_get(cluster: ffi::rados_t, option: &str) -> Option<String> {
+    let opt = cstr(option).ok()?;
+    let mut buf = [0u8; 256];
+    // SAFETY: a created handle; `buf` holds `len` bytes, NUL-terminated by librados.
+    let r = unsafe { ffi::rados_conf_get(cluster, opt.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
 /// An id for this store among the targets sharing an image: the process and the time.
 fn rand_id() -> u64 {
     let t = std::time::SystemTime::now()
@@ -300,6 +317,11 @@ struct Conn {
     watch: Option<(u64, Arc<SizeWatch>)>,
     /// The watch on the events object shared with other targets (shared stores only).
     peers: Option<(u64, Box<PeerWatch>)>,
+    /// Whether a write's completion may come before the OSDs have it, so that a durable
+    /// write needs a flush after it: librbd's cache is on for this image (see
+    /// [`Conn::cached`]). Without a cache, librbd completes a write when the OSDs have
+    /// committed it, and a flush after it adds nothing but a round through librbd.
+    cached: bool,
 }
 
 // SAFETY: librados clients, I/O contexts and librbd image handles may be used from many
@@ -329,6 +351,7 @@ impl Conn {
             image: ptr::null_mut(),
             watch: None,
             peers: None,
+            cached: true,
         };
         let path = cfg
             .conf
@@ -347,11 +370,24 @@ impl Conn {
             return Err(errno(r.into(), format!("{shown}: reading {which}")));
         }
         let secs = cfg.timeout.as_secs().max(1).to_string();
-        let mut set: Vec<(&str, String)> = vec![
+        let mut set: Vec<(&str, String)> = Vec::new();
+        // One completion thread rather than librados' two unless the LUN or the
+        // configuration file says otherwise (a file that says 2, the default, is not told
+        // from one that says nothing): each hop through librados' `io_context_pool` costs a
+        // wake-up, and one thread does the completions of a single client. Not for a store
+        // shared with other targets: see the `threads` parameter.
+        let threads = cfg.threads.or_else(|| {
+            let file = conf_get(cluster, "librados_thread_count");
+            (!cfg.shared && file.as_deref() == Some("2")).then_some(1)
+        });
+        if let Some(n) = threads {
+            set.push(("librados_thread_count", n.to_string()));
+        }
+        set.extend([
             ("rados_osd_op_timeout", secs.clone()),
             ("rados_mon_op_timeout", secs.clone()),
             ("client_mount_timeout", secs),
-        ];
+        ]);
         if let Some(m) = &cfg.mon_host {
             set.push(("mon_host", m.clone()));
         }
@@ -414,6 +450,9 @@ impl Conn {
             };
             return Err(errno(r.into(), what));
         }
+        conn.cached = conn.cached().map_err(|e| {
+            io::Error::new(e.kind(), format!("{shown}: reading the image's options: {e}"))
+        })?;
         let arg = sizes.clone();
         let mut handle = 0u64;
         // SAFETY: an open image; the callback's argument is the Arc's target, which
@@ -439,6 +478,58 @@ impl Conn {
             conn.watch_peers(cfg, events)?;
         }
         Ok(conn)
+    }
+
+    /// Whether librbd may complete a write before the OSDs have committed it: its cache
+    /// (`rbd_cache`) or a plugin (the persistent write-log cache) is on for the open image,
+    /// as the image sees its options (the client's, with the pool's and the image's own
+    /// overrides, `rbd config image set`).
+    fn cached(&self) -> io::Result<bool> {
+        let mut n: c_int = 0;
+        let mut opts: Vec<ffi::rbd_config_option_t> = Vec::new();
+        // The first call says how many options there are (-ERANGE); the list may grow.
+        for _ in 0..4 {
+            opts.clear();
+            opts.resize_with(n.max(0) as usize, || ffi::rbd_config_option_t {
+                name: ptr::null_mut(),
+                value: ptr::null_mut(),
+                source: 0,
+            });
+            let mut max = n;
+            // SAFETY: an open image; `opts` has room for `max` entries.
+            let r = unsafe { ffi::rbd_config_image_list(self.image, opts.as_mut_ptr(), &mut max) };
+            if r == -libc::ERANGE && max > n {
+                n = max;
+                continue;
+            }
+            if r < 0 {
+                return Err(errno(r.into(), "rbd_config_image_list"));
+            }
+            let mut cache = None;
+            let mut plugins = None;
+            for o in &opts[..max.max(0) as usize] {
+                if o.name.is_null() || o.value.is_null() {
+                    continue;
+                }
+                // SAFETY: librbd's NUL-terminated strings, valid until the cleanup.
+                let (name, value) = unsafe {
+                    (
+                        std::ffi::CStr::from_ptr(o.name).to_string_lossy(),
+                        std::ffi::CStr::from_ptr(o.value).to_string_lossy(),
+                    )
+                };
+                match &*name {
+                    "rbd_cache" => cache = Some(value.trim() == "true"),
+                    "rbd_plugins" => plugins = Some(!value.trim().is_empty()),
+                    _ => {}
+                }
+            }
+            // SAFETY: the entries the call filled, freed once.
+            unsafe { ffi::rbd_config_image_list_cleanup(opts.as_mut_ptr(), max) };
+            // An option not listed is taken as on: a flush too many, never one too few.
+            return Ok(cache.unwrap_or(true) || plugins.unwrap_or(true));
+        }
+        Err(io::Error::other("rbd_config_image_list: the list kept growing"))
     }
 
     /// The name of the object the targets sharing the image notify each other on.
@@ -1039,6 +1130,11 @@ const PARAMS: &[Param] = &[
         required: false,
         help: "librbd's cache: yes/no (default: no; with it, librbd acknowledged a durable write and its flush that failed: tests/rbd.rs)",
     },
+    Param {
+        name: "threads",
+        required: false,
+        help: "librados' completion threads (librados_thread_count; default 1, or the ceph.conf's; 2 or more when shared)",
+    },
 ];
 
 impl RbdFactory {
@@ -1080,6 +1176,21 @@ impl RbdFactory {
             }
             cfg.cache = Some(false);
             cfg.shared = true;
+        }
+        if let Some(t) = spec.param("threads") {
+            let n = t
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| OpenError::invalid(spec, format!("threads={t:?}: 1 to 64")))?;
+            if n < 2 && cfg.shared {
+                return Err(OpenError::invalid(
+                    spec,
+                    "threads=1 on an image that other targets export too: the watch for their \
+                     resets acknowledges with a call that waits on librados' completion thread",
+                ));
+            }
+            cfg.threads = Some(n);
         }
         Ok(cfg)
     }
