@@ -214,7 +214,7 @@ extern "C" fn op_done(comp: ffi::rbd_completion_t, arg: *mut c_void) {
             durable: true,
             done,
             ..
-        } if conn.cached => {
+        } => {
             // Queued from librbd's thread: rbd_aio_flush only queues (librbd's own
             // dispatch, `rbd_non_blocking_aio`), it does not wait here.
             return submit(Box::new(Op {

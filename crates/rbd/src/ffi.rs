@@ -22,16 +22,6 @@ pub type rados_watchcb2_t = extern "C" fn(*mut c_void, u64, u64, u64, *mut c_voi
 /// Called by librados when a watch fails: arg, cookie, error.
 pub type rados_watcherrcb_t = extern "C" fn(*mut c_void, u64, c_int);
 
-/// One of librbd's options as an open image sees it (`rbd_config_image_list`): the
-/// client's configuration with the pool's and the image's overrides applied.
-#[repr(C)]
-pub struct rbd_config_option_t {
-    pub name: *mut c_char,
-    pub value: *mut c_char,
-    /// `rbd_config_source_t`: 0 the client's configuration, 1 the pool, 2 the image.
-    pub source: c_int,
-}
-
 #[link(name = "rados")]
 extern "C" {
     pub fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
@@ -105,14 +95,6 @@ extern "C" {
         snap_name: *const c_char,
     ) -> c_int;
     pub fn rbd_close(image: rbd_image_t) -> c_int;
-    /// Every librbd option as the open image sees it; -ERANGE with `*max_options` set
-    /// when the array is too short. Filled entries are freed by the cleanup.
-    pub fn rbd_config_image_list(
-        image: rbd_image_t,
-        options: *mut rbd_config_option_t,
-        max_options: *mut c_int,
-    ) -> c_int;
-    pub fn rbd_config_image_list_cleanup(options: *mut rbd_config_option_t, max_options: c_int);
     pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     pub fn rbd_update_watch(
         image: rbd_image_t,

@@ -245,7 +245,8 @@ fn conf_get(cluster: ffi::rados_t, option: &str) -> Option<String> {
     let opt = cstr(option).ok()?;
     let mut buf = [0u8; 256];
     // SAFETY: a created handle; `buf` holds `len` bytes, NUL-terminated by librados.
-    let r = unsafe { ffi::rados_conf_get(cluster, opt.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let r =
+        unsafe { ffi::rados_conf_get(cluster, opt.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if r < 0 {
         return None;
     }
@@ -317,11 +318,6 @@ struct Conn {
     watch: Option<(u64, Arc<SizeWatch>)>,
     /// The watch on the events object shared with other targets (shared stores only).
     peers: Option<(u64, Box<PeerWatch>)>,
-    /// Whether a write's completion may come before the OSDs have it, so that a durable
-    /// write needs a flush after it: librbd's cache is on for this image (see
-    /// [`Conn::cached`]). Without a cache, librbd completes a write when the OSDs have
-    /// committed it, and a flush after it adds nothing but a round through librbd.
-    cached: bool,
 }
 
 // SAFETY: librados clients, I/O contexts and librbd image handles may be used from many
@@ -351,7 +347,6 @@ impl Conn {
             image: ptr::null_mut(),
             watch: None,
             peers: None,
-            cached: true,
         };
         let path = cfg
             .conf
@@ -450,9 +445,6 @@ impl Conn {
             };
             return Err(errno(r.into(), what));
         }
-        conn.cached = conn.cached().map_err(|e| {
-            io::Error::new(e.kind(), format!("{shown}: reading the image's options: {e}"))
-        })?;
         let arg = sizes.clone();
         let mut handle = 0u64;
         // SAFETY: an open image; the callback's argument is the Arc's target, which
@@ -478,58 +470,6 @@ impl Conn {
             conn.watch_peers(cfg, events)?;
         }
         Ok(conn)
-    }
-
-    /// Whether librbd may complete a write before the OSDs have committed it: its cache
-    /// (`rbd_cache`) or a plugin (the persistent write-log cache) is on for the open image,
-    /// as the image sees its options (the client's, with the pool's and the image's own
-    /// overrides, `rbd config image set`).
-    fn cached(&self) -> io::Result<bool> {
-        let mut n: c_int = 0;
-        let mut opts: Vec<ffi::rbd_config_option_t> = Vec::new();
-        // The first call says how many options there are (-ERANGE); the list may grow.
-        for _ in 0..4 {
-            opts.clear();
-            opts.resize_with(n.max(0) as usize, || ffi::rbd_config_option_t {
-                name: ptr::null_mut(),
-                value: ptr::null_mut(),
-                source: 0,
-            });
-            let mut max = n;
-            // SAFETY: an open image; `opts` has room for `max` entries.
-            let r = unsafe { ffi::rbd_config_image_list(self.image, opts.as_mut_ptr(), &mut max) };
-            if r == -libc::ERANGE && max > n {
-                n = max;
-                continue;
-            }
-            if r < 0 {
-                return Err(errno(r.into(), "rbd_config_image_list"));
-            }
-            let mut cache = None;
-            let mut plugins = None;
-            for o in &opts[..max.max(0) as usize] {
-                if o.name.is_null() || o.value.is_null() {
-                    continue;
-                }
-                // SAFETY: librbd's NUL-terminated strings, valid until the cleanup.
-                let (name, value) = unsafe {
-                    (
-                        std::ffi::CStr::from_ptr(o.name).to_string_lossy(),
-                        std::ffi::CStr::from_ptr(o.value).to_string_lossy(),
-                    )
-                };
-                match &*name {
-                    "rbd_cache" => cache = Some(value.trim() == "true"),
-                    "rbd_plugins" => plugins = Some(!value.trim().is_empty()),
-                    _ => {}
-                }
-            }
-            // SAFETY: the entries the call filled, freed once.
-            unsafe { ffi::rbd_config_image_list_cleanup(opts.as_mut_ptr(), max) };
-            // An option not listed is taken as on: a flush too many, never one too few.
-            return Ok(cache.unwrap_or(true) || plugins.unwrap_or(true));
-        }
-        Err(io::Error::other("rbd_config_image_list: the list kept growing"))
     }
 
     /// The name of the object the targets sharing the image notify each other on.
