@@ -15,6 +15,7 @@
 # Prints one line per measurement and a summary per row: IOPS and MB/s (mean of the pairs),
 # the ratio to fio's, and CPU seconds per GiB moved of the target, of the initiator, of both,
 # and of fio's whole process (librbd inside it); the load average at the start and end.
+# With FIO1=1, fio also runs with `librados thread count = 1` (row "fio1").
 # With PROFILE=ROW (r4 or w4), instead: one run of that row on target B and one of fio under
 # `perf record -g`, and the top of each profile by thread and by shared object, then by
 # symbol (perf.data files kept in $PROFILE_DIR, default /dev/shm/rbd6-prof).
@@ -42,6 +43,9 @@ head -c "${SIZE_MB}M" /dev/urandom >"$work/src.img"
 rbd import --no-progress "$work/src.img" bench >/dev/null
 rm -f "$work/src.img"
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
+# With FIO1=1, fio runs a second time in each pair with one librados completion thread
+# (side "fio1"), as the target's store has by default.
+sed 's/^\[client\]$/[client]\nlibrados thread count = 1/' "$CEPH_CONF" >"$work/fio1.conf"
 TCK=$(getconf CLK_TCK)
 
 start_target() { # name rsv params -> sets url_NAME and pid_NAME
@@ -102,10 +106,12 @@ export SECS RSV_B CEPH_CONF
 # One measurement: "IOPS MBs BYTES CLIENT_CPU TARGET_CPU OSD_CPU".
 measure() { # row side(A|B|fio)
   local url tpid t0 t1 o0 o1 line
-  case $2 in A) url=$url_A tpid=$pid_A ;; B) url=$url_B tpid=$pid_B ;; fio) url=fio tpid= ;; esac
+  local conf=$CEPH_CONF
+  case $2 in A) url=$url_A tpid=$pid_A ;; B) url=$url_B tpid=$pid_B ;; fio) url=fio tpid= ;;
+    fio1) url=fio tpid= conf=$work/fio1.conf ;; esac
   t0=$([ -n "$tpid" ] && cpu_of "$tpid" || echo 0)
   o0=$(cpu_of "$osd_pid")
-  line=$(/usr/bin/time -f '%U %S' -o "$work/cpu" bash -c 'client "$0" "$1"' "$1" "$url")
+  line=$(CEPH_CONF=$conf /usr/bin/time -f '%U %S' -o "$work/cpu" bash -c 'client "$0" "$1"' "$1" "$url")
   t1=$([ -n "$tpid" ] && cpu_of "$tpid" || echo 0)
   o1=$(cpu_of "$osd_pid")
   echo "${line:-0 0 0} $(awk '{ printf "%.3f", $1 + $2 }' "$work/cpu") $(python3 -c "print(f'{$t1-$t0:.3f} {$o1-$o0:.3f}')")"
@@ -137,7 +143,9 @@ for p in $(seq "$PAIRS"); do
   order="A B"
   [ $((p % 2)) = 0 ] && order="B A"
   for r in $ROWS; do
-    for s in $order fio; do
+    sides="$order fio"
+    [ "${FIO1:-0}" = 1 ] && sides="$sides fio1"
+    for s in $sides; do
       # Memstore keeps an object as one buffer list that 4 KiB overwrites cut into pieces:
       # each 4 KiB write run leaves the OSD slower for the next (in the first sittings the
       # first of each pair was the faster, whichever build it was). Every 4 KiB write run
@@ -164,7 +172,9 @@ for r in ["r4", "w4", "r1", "w1"]:
     fb = sum(x[2] for x in f) / 2**30; fc = sum(x[3] for x in f)
     big = r.endswith("1")
     print(f"{names[r]}: fio {fi:,.0f} IOPS {fm:,.0f} MB/s, {fc/fb:.2f} CPU s/GiB (whole process)")
-    for s in ["A", "B"]:
+    for s in ["A", "B", "fio1"]:
+        if (r, s) not in rows:
+            continue
         v = rows[(r, s)]
         i = sum(x[0] for x in v) / len(v); m = sum(x[1] for x in v) / len(v)
         b = sum(x[2] for x in v) / 2**30
