@@ -29,6 +29,11 @@ fn tshark_pdus(cap: &std::path::Path, port: u16) -> Vec<Pdu> {
         &[
             "-r",
             &cap.display().to_string(),
+            // Loopback captures can list a connection's segments out of order (two CPUs
+            // sending at the same instant); tshark reassembles across such a gap only with
+            // this preference, as `rsv timing` always does.
+            "-o",
+            "tcp.reassemble_out_of_order:TRUE",
             "-o",
             &format!("iscsi.target_ports:{port}"),
             "-o",

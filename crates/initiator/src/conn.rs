@@ -45,7 +45,22 @@ pub(crate) struct LoginDone {
 
 /// Opens a connection to `portal` (`host:port`) through `dialer` (TCP without one), or
 /// says why it cannot.
-pub(crate) async fn dial(portal: &str, dialer: Option<&Dialer>) -> Result<Stream> {
+/// The receive buffer a connection is dialled with (see `net::first_window_buffer`): the
+/// one asked for, or with auto-tuning autotuning's ceiling, so that a long path's first
+/// window is not the kernel's 64 KB.
+pub(crate) fn first_window(opts: &SessionOptions) -> Option<usize> {
+    match opts.recv_buffer {
+        Some(n) => Some(n),
+        None if opts.auto_tune => net::first_window_buffer(&net::KernelLimits::read()),
+        None => None,
+    }
+}
+
+pub(crate) async fn dial(
+    portal: &str,
+    dialer: Option<&Dialer>,
+    recv_buffer: Option<usize>,
+) -> Result<Stream> {
     let unreachable = |source| Error::Unreachable {
         portal: portal.to_owned(),
         source,
@@ -53,7 +68,7 @@ pub(crate) async fn dial(portal: &str, dialer: Option<&Dialer>) -> Result<Stream
     let connect = async {
         match dialer {
             Some(d) => d.dial(portal).await,
-            None => Stream::connect(portal).await,
+            None => Stream::connect_with(portal, recv_buffer).await,
         }
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
@@ -98,7 +113,7 @@ async fn start_tls(portal: &str, stream: Stream, opts: &SessionOptions) -> Resul
 
 impl RawConn {
     pub async fn connect(portal: &str, opts: &SessionOptions) -> Result<RawConn> {
-        let stream = dial(portal, opts.dialer.as_ref()).await?;
+        let stream = dial(portal, opts.dialer.as_ref(), first_window(opts)).await?;
         RawConn::over(portal, stream, opts).await
     }
 

@@ -669,18 +669,20 @@ const PROBE_HANDSHAKES: usize = 3;
 /// Measures the path to `portal` with a few concurrent TCP handshakes (no login), each
 /// through `dialer` when one is given.
 pub async fn probe(portal: &str, dialer: Option<&net::transport::Dialer>) -> Result<Probe> {
-    probe_keep(portal, dialer).await.map(|(p, _)| p)
+    probe_keep(portal, dialer, None).await.map(|(p, _)| p)
 }
 
 /// As [`probe`], and hands back the connections it made, so that a session logs in on
-/// them instead of dialing again: on a long path that saves a round trip.
+/// them instead of dialing again: on a long path that saves a round trip. They are dialled
+/// with `recv_buffer` (their first window, see `net::first_window_buffer`).
 pub async fn probe_keep(
     portal: &str,
     dialer: Option<&net::transport::Dialer>,
+    recv_buffer: Option<usize>,
 ) -> Result<(Probe, Vec<net::transport::Stream>)> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..PROBE_HANDSHAKES {
-        set.spawn(handshake(portal.to_owned(), dialer.cloned()));
+        set.spawn(handshake(portal.to_owned(), dialer.cloned(), recv_buffer));
     }
     let mut best: Option<Probe> = None;
     let mut streams = Vec::new();
@@ -704,8 +706,9 @@ pub async fn probe_keep(
 async fn handshake(
     portal: String,
     dialer: Option<net::transport::Dialer>,
+    recv_buffer: Option<usize>,
 ) -> Result<(Probe, net::transport::Stream)> {
-    let s = crate::conn::dial(&portal, dialer.as_ref()).await?;
+    let s = crate::conn::dial(&portal, dialer.as_ref(), recv_buffer).await?;
     let Some(fd) = s.socket() else {
         // A carrier with no socket under it (in memory) has no path to wait for.
         let p = Probe {

@@ -60,11 +60,8 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
         }
     }
     if let Some(n) = tuning.recv_buffer {
-        let v = n.min(i32::MAX as usize) as u32;
-        if setsockopt_u32(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
-            if let Err(e) = sock.set_recv_buffer_size(n) {
-                applied.warnings.push(format!("SO_RCVBUF {n}: {e}"));
-            }
+        if let Err(e) = set_recv_buffer(fd, n) {
+            applied.warnings.push(format!("SO_RCVBUF {n}: {e}"));
         }
     }
     if let Some(list) = &tuning.congestion {
@@ -90,6 +87,16 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
     applied.recv_buffer = sock.recv_buffer_size().unwrap_or(0);
     applied.congestion = congestion(fd).ok();
     applied
+}
+
+/// `SO_RCVBUF` of `n` bytes (the kernel doubles it), past `net.core.rmem_max` where the
+/// process may (`SO_RCVBUFFORCE`).
+pub fn set_recv_buffer(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
+    let v = n.min(i32::MAX as usize) as u32;
+    if setsockopt_u32(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
+        SockRef::from(&fd).set_recv_buffer_size(n)?;
+    }
+    Ok(())
 }
 
 fn setsockopt_u32(fd: BorrowedFd<'_>, level: i32, name: i32, v: u32) -> io::Result<()> {
@@ -293,12 +300,16 @@ pub struct TcpInfo {
     /// Segments delivered to the peer (cumulatively or selectively acknowledged),
     /// retransmitted ones included once.
     pub delivered: u32,
+    /// The most this end will advertise as its receive window now (bytes); it grows as
+    /// data arrives, up to what the receive buffer allows.
+    pub rcv_ssthresh: u32,
 }
 
 // Offsets into struct tcp_info (include/uapi/linux/tcp.h), stable ABI since the fields were
 // appended in order.
 const OFF_SND_MSS: usize = 16;
 const OFF_RCV_MSS: usize = 20;
+const OFF_RCV_SSTHRESH: usize = 64;
 const OFF_RTT: usize = 68;
 const OFF_RTTVAR: usize = 72;
 const OFF_SND_CWND: usize = 80;
@@ -356,6 +367,7 @@ pub fn tcp_info(fd: impl AsFd) -> io::Result<TcpInfo> {
         rcv_mss: u32_at(OFF_RCV_MSS),
         data_segs_in: u32_at(OFF_DATA_SEGS_IN),
         delivered: u32_at(OFF_DELIVERED),
+        rcv_ssthresh: u32_at(OFF_RCV_SSTHRESH),
     })
 }
 
@@ -476,6 +488,32 @@ fn mib(b: usize) -> String {
     format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
 }
 
+/// The receive buffer (bytes for `SO_RCVBUF`) to give a socket before its handshake, so
+/// that its first window is the one autotuning would reach anyway: `None` where that is no
+/// more than the kernel's default.
+///
+/// A TCP connection's first advertised window is what its receive buffer holds at the
+/// handshake: 64 KB with the kernel's default 128 KB buffer (a listener's buffer passes
+/// to the connections it accepts). Autotuning then opens it as data arrives, by a few
+/// segments for each one received: about five round trips before a window of a few MB,
+/// 1.75 s at 350 ms, during which a sender with the rate already known waits. Given the
+/// buffer autotuning would grow to (`net.ipv4.tcp_rmem`'s maximum) before the handshake,
+/// the window is open from the first round trip. The buffer is then fixed, as any
+/// explicit buffer is: its memory is taken only by data waiting to be read, which a
+/// target or an initiator bounds by what it has asked for.
+pub fn first_window_buffer(limits: &KernelLimits) -> Option<usize> {
+    // setsockopt takes half of what the socket ends up with.
+    let half = limits.tcp_rmem_max / 2;
+    let cap = if limits.can_force {
+        MAX_EXPLICIT_BUFFER
+    } else {
+        limits.rmem_max
+    };
+    let bytes = half.min(cap);
+    // The kernel's default buffer (net.ipv4.tcp_rmem's middle, 128 KB) is 64 KiB here.
+    (bytes > 64 * 1024).then_some(bytes)
+}
+
 /// The rate both ends size their buffers for when no rate is known: a fast WAN.
 pub const ASSUMED_RATE_BPS: u64 = 1_000_000_000;
 
@@ -532,6 +570,47 @@ mod tests {
         // Never more than the explicit maximum.
         let c = choose_buffer(usize::MAX / 4, 4 << 20, 8 << 20, true);
         assert_eq!(c.bytes, Some(MAX_EXPLICIT_BUFFER));
+    }
+
+    #[test]
+    fn the_first_window_buffer_is_autotunings_ceiling() {
+        let l = |tcp_rmem_max, rmem_max, can_force| KernelLimits {
+            tcp_wmem_max: 4 << 20,
+            tcp_rmem_max,
+            wmem_max: 212_992,
+            rmem_max,
+            can_force,
+        };
+        // Half of the ceiling: the kernel doubles what setsockopt is given.
+        assert_eq!(first_window_buffer(&l(32 << 20, 212_992, true)), Some(16 << 20));
+        assert_eq!(first_window_buffer(&l(6 << 20, 8 << 20, false)), Some(3 << 20));
+        // Without CAP_NET_ADMIN net.core.rmem_max caps it; at the default nothing is won.
+        assert_eq!(first_window_buffer(&l(32 << 20, 1 << 20, false)), Some(1 << 20));
+        assert_eq!(first_window_buffer(&l(32 << 20, 65_536, false)), None);
+        assert_eq!(first_window_buffer(&l(128 << 10, 8 << 20, true)), None);
+    }
+
+    #[test]
+    fn a_listeners_buffer_is_the_first_window_of_what_it_accepts() {
+        let first = |buffer: Option<usize>| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .unwrap();
+            if let Some(n) = buffer {
+                set_recv_buffer(s.as_fd(), n).unwrap();
+            }
+            s.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into())
+                .unwrap();
+            s.listen(1).unwrap();
+            let l: TcpListener = s.into();
+            let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (a, _) = l.accept().unwrap();
+            tcp_info(&a).unwrap().rcv_ssthresh
+        };
+        let default = first(None);
+        let opened = first(Some(4 << 20));
+        // The kernel's default buffer opens at about 64 KB; 4 MiB opens at about 4 MiB.
+        assert!(default < 1 << 20, "{default}");
+        assert!(opened >= 3 << 20, "{opened} (default {default})");
     }
 
     #[test]

@@ -175,6 +175,32 @@ impl Stream {
         Ok(Stream::Tcp(TcpStream::connect(addr).await?))
     }
 
+    /// As [`Stream::connect`], with `SO_RCVBUF` of `recv_buffer` set before the handshake,
+    /// so that the connection's first window is that buffer's
+    /// ([`crate::first_window_buffer`]). Each address `addr` resolves to is tried in turn.
+    pub async fn connect_with(addr: &str, recv_buffer: Option<usize>) -> io::Result<Stream> {
+        let Some(n) = recv_buffer else {
+            return Stream::connect(addr).await;
+        };
+        let mut last = None;
+        for a in tokio::net::lookup_host(addr).await? {
+            let sock = if a.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            // A buffer refused (no privilege, a lower rmem_max) leaves the kernel's.
+            let _ = crate::set_recv_buffer(std::os::fd::AsFd::as_fd(&sock), n);
+            match sock.connect(a).await {
+                Ok(s) => return Ok(Stream::Tcp(s)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: no address"))
+        }))
+    }
+
     /// Runs a TLS handshake as the client over `tcp`, verifying the target's certificate
     /// against `host` (or the name `tls` was given). The error's text is one line that
     /// names the cause ([`crate::tls::handshake_failure`]).

@@ -3,7 +3,7 @@
 //! and each way a handshake fails told in one line on both sides.
 
 use std::io::IoSlice;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use net::testcerts::{self, Ca};
 use net::tls::{ClientFiles, ClientTls, ServerFiles, ServerTls};
@@ -11,11 +11,12 @@ use net::transport::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("net-tls-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory for one test's certificates, removed when the test ends.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("net-tls-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn server(cert: &Path, key: &Path, client_ca: Option<&Path>) -> ServerTls {
@@ -60,8 +61,8 @@ async fn handshake(
 #[tokio::test]
 async fn tls_carries_bytes_both_ways_through_the_halves() {
     let d = dir("bytes");
-    let ca = Ca::new(&d, "ca");
-    let leaf = ca.issue(&d, "target", &["localhost", "127.0.0.1"], false);
+    let ca = Ca::new(d.path(), "ca");
+    let leaf = ca.issue(d.path(), "target", &["localhost", "127.0.0.1"], false);
     let s = server(&leaf.cert, &leaf.key, None);
     let c = ClientTls::new(&ClientFiles {
         ca: Some(ca.cert.clone()),
@@ -113,8 +114,8 @@ async fn tls_carries_bytes_both_ways_through_the_halves() {
 #[tokio::test]
 async fn a_pinned_self_signed_certificate_is_trusted_and_no_other() {
     let d = dir("pin");
-    let own = testcerts::self_signed(&d, "own", &["target.example"]);
-    let other = testcerts::self_signed(&d, "other", &["target.example"]);
+    let own = testcerts::self_signed(d.path(), "own", &["target.example"]);
+    let other = testcerts::self_signed(d.path(), "other", &["target.example"]);
     let s = server(&own.cert, &own.key, None);
     let pinned = |fp: &str| {
         ClientTls::new(&ClientFiles {
@@ -143,10 +144,10 @@ async fn a_pinned_self_signed_certificate_is_trusted_and_no_other() {
 #[tokio::test]
 async fn each_failed_handshake_names_its_cause_on_both_sides() {
     let d = dir("fail");
-    let ca = Ca::new(&d, "ca");
-    let good = ca.issue(&d, "good", &["localhost"], false);
-    let expired = ca.issue(&d, "expired", &["localhost"], true);
-    let stranger = testcerts::self_signed(&d, "stranger", &["localhost"]);
+    let ca = Ca::new(d.path(), "ca");
+    let good = ca.issue(d.path(), "good", &["localhost"], false);
+    let expired = ca.issue(d.path(), "expired", &["localhost"], true);
+    let stranger = testcerts::self_signed(d.path(), "stranger", &["localhost"]);
     let trusting = ClientTls::new(&ClientFiles {
         ca: Some(ca.cert.clone()),
         ..Default::default()
@@ -203,11 +204,11 @@ async fn each_failed_handshake_names_its_cause_on_both_sides() {
 #[tokio::test]
 async fn mutual_tls_wants_a_client_certificate_from_the_ca() {
     let d = dir("mutual");
-    let ca = Ca::new(&d, "ca");
-    let clients = Ca::new(&d, "clients");
-    let leaf = ca.issue(&d, "target", &["localhost"], false);
-    let me = clients.issue(&d, "initiator", &["initiator.example"], false);
-    let stranger = testcerts::self_signed(&d, "stranger", &["initiator.example"]);
+    let ca = Ca::new(d.path(), "ca");
+    let clients = Ca::new(d.path(), "clients");
+    let leaf = ca.issue(d.path(), "target", &["localhost"], false);
+    let me = clients.issue(d.path(), "initiator", &["initiator.example"], false);
+    let stranger = testcerts::self_signed(d.path(), "stranger", &["initiator.example"]);
     let s = server(&leaf.cert, &leaf.key, Some(&clients.cert));
     let client = |cert: Option<&testcerts::Files>| {
         ClientTls::new(&ClientFiles {
@@ -248,7 +249,7 @@ async fn mutual_tls_wants_a_client_certificate_from_the_ca() {
 #[test]
 fn files_are_checked_before_any_connection() {
     let d = dir("files");
-    let own = testcerts::self_signed(&d, "own", &["localhost"]);
+    let own = testcerts::self_signed(d.path(), "own", &["localhost"]);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&own.key, std::fs::Permissions::from_mode(0o640)).unwrap();
     let e = ServerTls::new(&ServerFiles {
@@ -266,7 +267,7 @@ fn files_are_checked_before_any_connection() {
         "{e}"
     );
     let e = ClientTls::new(&ClientFiles {
-        ca: Some(d.join("missing.crt")),
+        ca: Some(d.path().join("missing.crt")),
         ..Default::default()
     })
     .unwrap_err()
@@ -283,8 +284,8 @@ fn files_are_checked_before_any_connection() {
 #[tokio::test]
 async fn each_tls13_suite_is_negotiated_when_the_initiator_offers_only_it() {
     let d = dir("suites");
-    let ca = Ca::new(&d, "ca");
-    let leaf = ca.issue(&d, "target", &["127.0.0.1"], false);
+    let ca = Ca::new(d.path(), "ca");
+    let leaf = ca.issue(d.path(), "target", &["127.0.0.1"], false);
     let s = server(&leaf.cert, &leaf.key, None);
     for (name, iana) in [
         ("aes128", "TLS13_AES_128_GCM_SHA256"),
@@ -327,8 +328,8 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
 #[tokio::test]
 async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() {
     let d = dir("stock");
-    let ca = Ca::new(&d, "ca");
-    let leaf = ca.issue(&d, "target", &["127.0.0.1"], false);
+    let ca = Ca::new(d.path(), "ca");
+    let leaf = ca.issue(d.path(), "target", &["127.0.0.1"], false);
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let mut roots = rustls::RootCertStore::empty();
     for c in net::tls::read_certs(&ca.cert).unwrap() {

@@ -1,6 +1,6 @@
 //! EXTENDED COPY (LID1) and RECEIVE COPY RESULTS (SPC-4 6.4, 6.18): the parameter list's
 //! syntax, the copy manager's limits and the data RECEIVE COPY RESULTS returns. Running
-//! the segments is the logical unit's business (`lu.rs`), because it reads and writes
+//! the segments is the logical unit's business (`lu/copy.rs`), because it reads and writes
 //! logical units.
 
 use std::sync::Arc;

@@ -85,6 +85,35 @@ pub struct Server {
 }
 
 /// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
+/// The receive buffer a portal's connections start with, before their handshake (see
+/// `net::first_window_buffer`): the configured one, or with auto-tuning autotuning's
+/// ceiling, so that a long path's first window is not the kernel's 64 KB.
+fn first_window(s: &crate::config::SessionDefaults) -> Option<usize> {
+    match s.recv_buffer {
+        Some(n) => Some(n),
+        None if s.auto_tune => net::first_window_buffer(&net::KernelLimits::read()),
+        None => None,
+    }
+}
+
+/// A listening socket on `addr` (address reuse and backlog as tokio's `bind`), whose
+/// accepted connections inherit `recv_buffer`.
+fn listen(addr: SocketAddr, recv_buffer: Option<usize>) -> std::io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    if let Some(n) = recv_buffer {
+        if let Err(e) = net::set_recv_buffer(sock.as_fd(), n) {
+            warn!("portal {addr}: a receive buffer of {n} bytes: {e}");
+        }
+    }
+    sock.bind(addr)?;
+    sock.listen(1024)
+}
+
 fn stable_id(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
@@ -251,8 +280,7 @@ impl Server {
                     require: t.require,
                 })),
             };
-            let l = TcpListener::bind(p.listen)
-                .await
+            let l = listen(p.listen, first_window(&config.session))
                 .with_context(|| format!("listening on {}", p.listen))?;
             let addr = l.local_addr()?;
             if let Some(t) = &tls {

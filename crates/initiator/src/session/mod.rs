@@ -194,7 +194,12 @@ impl Session {
         let target = url.target_required()?.to_owned();
         let (opts, plan, probed) = if opts.auto_tune {
             let (probe, probed) =
-                crate::tune::probe_keep(&url.portal(), opts.dialer.as_ref()).await?;
+                crate::tune::probe_keep(
+                    &url.portal(),
+                    opts.dialer.as_ref(),
+                    crate::conn::first_window(opts),
+                )
+                .await?;
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");

@@ -1,0 +1,708 @@
+//! The logical unit: state shared by all nexuses and the SBC/SPC command set.
+//!
+//! This module holds the unit's state, `execute` (checks, reservations, unit attentions,
+//! dispatch) and the small commands; the rest by kind: `media` (the commands that read or
+//! change the medium), `copy` (EXTENDED COPY), `fast` (the paths beside `execute` for
+//! plain READs, WRITEs and flushes: lent, at once or asynchronous).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+
+use backstore::Backstore;
+
+use crate::cdb::{self, be16, be32, block_range, truncate, BlockRange};
+use crate::inquiry::{self, Limits};
+use crate::mode::{self, ModeState};
+use crate::opcodes::*;
+use crate::pr::{Fail, Notices, Reservations};
+use crate::range_lock::{RangeGuard, RangeLocks};
+use crate::sanitize::Sanitizer;
+use crate::sense::{self, Sense};
+use crate::xcopy::{self, CopyStatus, CopyTargets, Designator};
+use crate::{status, Command, LuConfig, Nexus, Response};
+
+mod copy;
+mod fast;
+mod media;
+
+pub use fast::{AsyncFlush, AsyncRead, AsyncWrite, LentRead};
+
+type Outcome = Result<Vec<u8>, Sense>;
+
+/// Largest buffer a WRITE SAME fills at once.
+const WRITE_SAME_CHUNK: u64 = 1 << 20;
+/// Bytes an EXTENDED COPY segment moves per read and write.
+const COPY_CHUNK: u64 = 1 << 20;
+
+/// Per-nexus state: unit attentions not yet reported.
+type Pending = Mutex<VecDeque<Sense>>;
+
+/// A direct-access logical unit over a [`Backstore`].
+#[derive(Debug)]
+pub struct LogicalUnit {
+    config: LuConfig,
+    store: Arc<dyn Backstore>,
+    block_size: u64,
+    /// Logical blocks, as the store's size last gave them (see
+    /// [`LogicalUnit::refresh_capacity`]).
+    capacity: AtomicU64,
+    limits: Limits,
+    mode: RwLock<ModeState>,
+    nexuses: RwLock<HashMap<Nexus, Pending>>,
+    /// Removable medium ejected by START STOP UNIT.
+    no_medium: AtomicBool,
+    /// A SANITIZE operation, running or not: the medium answers nothing while it runs
+    /// (SBC-4 4.11).
+    sanitizer: Arc<Sanitizer>,
+    /// Nexuses holding a PREVENT MEDIUM REMOVAL.
+    prevent: Mutex<HashSet<Nexus>>,
+    /// Writes hold their blocks exclusively, reads shared: a write (WRITE ATOMIC above
+    /// all) is never seen half done, not even by a read whose bytes are still being sent.
+    locks: Arc<RangeLocks>,
+    reservations: Mutex<Reservations>,
+    /// VPD page 83h designators of this logical unit (association: logical unit).
+    designators: Vec<Designator>,
+    /// The other logical units EXTENDED COPY may reach, when the transport tells.
+    copy_targets: OnceLock<Weak<dyn CopyTargets>>,
+    /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
+    copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
+}
+
+impl LogicalUnit {
+    pub fn new(config: LuConfig, store: Arc<dyn Backstore>) -> Self {
+        let block_size = config.block_size.max(1) as u64;
+        let capacity = store.size() / block_size;
+        let limits = Limits::new(&config);
+        let designators = inquiry::lu_designators(&config);
+        let reservations = config
+            .pr_file
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| Reservations::load(&text))
+            .unwrap_or_default();
+        Self {
+            config,
+            store,
+            block_size,
+            capacity: AtomicU64::new(capacity),
+            limits,
+            mode: RwLock::new(ModeState::default()),
+            nexuses: RwLock::new(HashMap::new()),
+            no_medium: AtomicBool::new(false),
+            sanitizer: Arc::default(),
+            prevent: Mutex::new(HashSet::new()),
+            locks: Arc::default(),
+            reservations: Mutex::new(reservations),
+            designators,
+            copy_targets: OnceLock::new(),
+            copies: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Lets EXTENDED COPY reach the logical units `targets` finds (the target's other
+    /// logical units). Set once; later calls change nothing.
+    pub fn set_copy_targets(&self, targets: Weak<dyn CopyTargets>) {
+        let _ = self.copy_targets.set(targets);
+    }
+
+    /// Whether `d` is one of this logical unit's designators (VPD page 83h).
+    pub fn has_designator(&self, d: &Designator) -> bool {
+        self.designators.contains(d)
+    }
+
+    fn copies(&self) -> MutexGuard<'_, HashMap<(Nexus, u8), CopyStatus>> {
+        self.copies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Names the initiator port (`iqn...,i,0x<isid>`) behind a nexus; persistent
+    /// reservations are kept by this name.
+    pub fn name_nexus(&self, nexus: Nexus, initiator_port: &str) {
+        self.pr().name(nexus, initiator_port);
+    }
+
+    fn pr(&self) -> MutexGuard<'_, Reservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn config(&self) -> &LuConfig {
+        &self.config
+    }
+
+    fn offer(&self) -> Offer {
+        Offer {
+            thin: self.config.thin,
+            reservations: self.config.peer_port_groups.is_empty(),
+        }
+    }
+
+    /// Number of logical blocks.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    /// Takes the store's size again (a store whose size changes by itself: an RBD image
+    /// resized by another client); when it has changed, every nexus gets CAPACITY DATA HAS
+    /// CHANGED (SBC-4 4.10) and READ CAPACITY answers the new size from then on. Called
+    /// before every command; a store's `size` is a field or an atomic, so this costs a
+    /// load and a compare. Returns whether the capacity changed.
+    pub fn refresh_capacity(&self) -> bool {
+        let blocks = self.store.size() / self.block_size;
+        if self.capacity.load(Ordering::Acquire) == blocks {
+            return false;
+        }
+        let old = self.capacity.swap(blocks, Ordering::AcqRel);
+        if old == blocks {
+            return false;
+        }
+        tracing::info!(
+            store = %self.store.description(),
+            "capacity changed from {old} to {blocks} blocks of {}",
+            self.block_size
+        );
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for pending in nexuses.values() {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.contains(&sense::CAPACITY_DATA_HAS_CHANGED) {
+                q.push_back(sense::CAPACITY_DATA_HAS_CHANGED);
+            }
+        }
+        true
+    }
+
+    pub fn flush(&self) -> io::Result<()> {
+        self.store.flush()
+    }
+
+    /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
+    /// defaults and every nexus gets a unit attention; a store that other targets export
+    /// too tells them, so that their nexuses get it as well (this blocks until they have,
+    /// or the store gave up: call it where blocking is allowed).
+    pub fn reset(&self) {
+        self.reset_here();
+        if let Err(e) = self.store.announce_reset() {
+            tracing::warn!(
+                store = %self.store.description(),
+                "the other targets exporting this LU may not have seen its reset: {e}"
+            );
+        }
+    }
+
+    /// Takes resets that other targets exporting the same store announce (see
+    /// [`Backstore::on_peer_reset`]) as this LU's own, without announcing them again.
+    pub fn listen_to_peers(self: &Arc<Self>) {
+        let lu = Arc::downgrade(self);
+        self.store.on_peer_reset(Arc::new(move || {
+            if let Some(lu) = lu.upgrade() {
+                tracing::info!("logical unit reset announced by another target");
+                lu.reset_here();
+            }
+        }));
+    }
+
+    fn reset_here(&self) {
+        *self.mode.write().unwrap_or_else(|e| e.into_inner()) = ModeState::default();
+        self.prevent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for pending in nexuses.values() {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.clear();
+            q.push_back(sense::POWER_ON_RESET);
+        }
+        drop(nexuses);
+        self.pr().reset();
+    }
+
+    /// I_T nexus loss: forget the nexus; if it returns it starts afresh.
+    pub fn nexus_lost(&self, nexus: Nexus) {
+        self.nexuses
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nexus);
+        self.pr().nexus_lost(nexus);
+        self.prevent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nexus);
+        self.copies().retain(|(n, _), _| *n != nexus);
+    }
+
+    /// Bytes the initiator is to send for this CDB, or `None` if the CDB is not one this
+    /// logical unit understands well enough to say.
+    pub fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u32> {
+        cdb::check_len(cdb).ok()?;
+        let bs = block_size as u64;
+        let blocks = |r: BlockRange| r.blocks.checked_mul(bs).and_then(|n| u32::try_from(n).ok());
+        match cdb[0] {
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12
+            | WRITE_VERIFY_16 | ORWRITE_16 => blocks(block_range(cdb)),
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => match (cdb[1] >> 1) & 0x03 {
+                0 => Some(0),
+                1 => blocks(block_range(cdb)),
+                3 => Some(block_size),
+                _ => None,
+            },
+            // Data of another length than the CDB implies is refused (SBC-4 4.28.2 lets
+            // the device server do so), so the transport hands over what came.
+            WRITE_SAME_10 | WRITE_SAME_16 | COMPARE_AND_WRITE => None,
+            UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
+            MODE_SELECT_6 => Some(cdb[4] as u32),
+            SANITIZE => Some(be16(&cdb[7..9]) as u32),
+            WRITE_ATOMIC_16 => u32::try_from(be16(&cdb[12..14]) as u64 * bs).ok(),
+            PERSISTENT_RESERVE_OUT => Some(be32(&cdb[5..9])),
+            EXTENDED_COPY => Some(xcopy::parameter_list_length(cdb)),
+            RECEIVE_COPY_RESULTS => Some(0),
+            RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10 | PERSISTENT_RESERVE_IN => Some(0),
+            TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
+            | PREVENT_ALLOW | READ_CAPACITY_10 | READ_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10
+            | READ_DEFECT_DATA_10 | MODE_SENSE_10 | READ_16 | PRE_FETCH_16
+            | SYNCHRONIZE_CACHE_16 | SERVICE_ACTION_IN_16 | REPORT_LUNS | MAINTENANCE_IN
+            | READ_12 | READ_DEFECT_DATA_12 => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Runs one command. Safe to call from many threads at once.
+    pub fn execute(&self, cmd: &Command) -> Response {
+        self.execute_abortable(cmd, &|| false)
+    }
+
+    /// Runs one command that the transport may abort while it runs: `aborted` says when.
+    /// Only a SANITIZE waiting for its operation looks (and stops waiting); every other
+    /// command finishes as it would.
+    pub fn execute_abortable(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Response {
+        match self.run(cmd, aborted) {
+            Ok(data) => Response::good(data),
+            Err(Fail::Check(s)) => Response::check_condition(&s),
+            Err(Fail::Conflict) => Response {
+                status: status::RESERVATION_CONFLICT,
+                sense: None,
+                data_in: Vec::new(),
+            },
+        }
+    }
+
+    fn run(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Result<Vec<u8>, Fail> {
+        let Some(&opcode) = cmd.cdb.first() else {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
+        };
+        cdb::check_len(cmd.cdb)?;
+        let cdb = cmd.cdb;
+        let sa = (cdb[1] & 0x1f) as u16;
+        let offer = self.offer();
+        // Reservations a LU does not offer are refused as a whole, whatever the service
+        // action (see `LuConfig::peer_port_groups`).
+        if !offer.reservations && is_reservation(opcode) {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
+        }
+        if !is_supported(opcode, sa, offer) {
+            // A known opcode with an unknown service action is a bad field, not a bad
+            // opcode.
+            if has_service_action(opcode) {
+                return Err(Sense::invalid_field_in_cdb(1, Some(4)).into());
+            }
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
+        }
+
+        self.register(cmd.nexus);
+        self.refresh_capacity();
+        if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+            if let Some(ua) = self.take_unit_attention(cmd.nexus) {
+                return Err(ua.into());
+            }
+        }
+        if self.sanitizer.running() && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
+            return Err(self.sanitizer.in_progress().into());
+        }
+        self.pr().check(cmd.nexus, cdb)?;
+
+        let ptpl = self.config.pr_file.is_some();
+        match opcode {
+            RESERVE_6 | RESERVE_10 => self.pr().reserve(cmd.nexus, cdb).map(|_| Vec::new()),
+            RELEASE_6 | RELEASE_10 => self.pr().release(cmd.nexus, cdb).map(|_| Vec::new()),
+            PERSISTENT_RESERVE_IN => self.pr().persistent_in(cdb, ptpl),
+            PERSISTENT_RESERVE_OUT => self.persistent_out(cmd),
+            MAINTENANCE_IN if sa == SA_REPORT_TARGET_PORT_GROUPS => {
+                Ok(inquiry::report_target_port_groups(cdb, &self.config)?)
+            }
+            _ => Ok(self.run_unreserved(cmd, aborted)?),
+        }
+    }
+
+    fn run_unreserved(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
+        let cdb = cmd.cdb;
+        match cdb[0] {
+            INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
+            REPORT_LUNS => report_luns(&[0], cdb),
+            REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
+            MAINTENANCE_IN => report_supported_opcodes(cdb, self.offer()),
+            MODE_SENSE_6 | MODE_SENSE_10 => {
+                let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
+                let dev = mode::Device {
+                    write_protected: self.config.read_only || state.swp,
+                    capacity: self.capacity_blocks(),
+                    block_size: self.block_size as u32,
+                };
+                mode::mode_sense(cdb, &state, &dev)
+            }
+            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cmd),
+            START_STOP_UNIT => self.start_stop(cdb, cmd.nexus),
+            PREVENT_ALLOW => self.prevent_allow(cdb, cmd.nexus),
+            // Each copy target's medium is checked when a segment reaches it.
+            EXTENDED_COPY => self.extended_copy(cmd),
+            RECEIVE_COPY_RESULTS => self.receive_copy_results(cdb, cmd.nexus),
+            _ => {
+                self.medium_present()?;
+                self.media_command(cmd, aborted)
+            }
+        }
+    }
+
+    fn persistent_out(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
+        let ptpl = self.config.pr_file.is_some();
+        let mut pr = self.pr();
+        let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl)?;
+        if let Some(path) = &self.config.pr_file {
+            let result = if pr.aptpl() {
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, pr.save()).and_then(|_| std::fs::rename(&tmp, path))
+            } else {
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                }
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, path = %path.display(), "keeping reservations");
+            }
+        }
+        self.notify(&pr, notices);
+        Ok(Vec::new())
+    }
+
+    /// Queues reservation unit attentions for every nexus of the named initiator ports.
+    fn notify(&self, pr: &Reservations, notices: Notices) {
+        if notices.is_empty() {
+            return;
+        }
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for (port, s) in notices {
+            for n in pr.nexuses_of(&port) {
+                if let Some(q) = nexuses.get(&n) {
+                    q.lock().unwrap_or_else(|e| e.into_inner()).push_back(s);
+                }
+            }
+        }
+    }
+
+    /// Commands that touch the medium.
+    fn media_command(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
+        let cdb = cmd.cdb;
+        match cdb[0] {
+            TEST_UNIT_READY => Ok(Vec::new()),
+            READ_CAPACITY_10 => self.read_capacity_10(cdb),
+            SERVICE_ACTION_IN_16 => match (cdb[1] & 0x1f) as u16 {
+                SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
+                _ => self.get_lba_status(cdb),
+            },
+            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb),
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cdb, cmd.data_out),
+            WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
+                self.write_verify(cdb, cmd.data_out)
+            }
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, cmd.data_out),
+            ORWRITE_16 => self.orwrite(cdb, cmd.data_out),
+            WRITE_ATOMIC_16 => self.write_atomic(cdb, cmd.data_out),
+            COMPARE_AND_WRITE => self.compare_and_write(cdb, cmd.data_out),
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
+            PRE_FETCH_10 | PRE_FETCH_16 => {
+                let r = block_range(cdb);
+                self.check_range(r.lba, r.blocks)?;
+                Ok(Vec::new())
+            }
+            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
+            UNMAP => self.unmap(cdb, cmd.data_out),
+            SANITIZE => self.sanitize(cdb, cmd.data_out, aborted),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
+            _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
+        }
+    }
+
+    fn register(&self, nexus: Nexus) {
+        if self
+            .nexuses
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&nexus)
+        {
+            return;
+        }
+        self.nexuses
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(nexus)
+            .or_insert_with(|| Mutex::new(VecDeque::from([sense::POWER_ON_RESET])));
+    }
+
+    fn take_unit_attention(&self, nexus: Nexus) -> Option<Sense> {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        let pending = nexuses.get(&nexus)?;
+        let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+        q.pop_front()
+    }
+
+    fn medium_present(&self) -> Result<(), Sense> {
+        if self.no_medium.load(Ordering::Acquire) {
+            Err(sense::MEDIUM_NOT_PRESENT)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_range(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.capacity_blocks() => Ok(()),
+            _ => Err(sense::LBA_OUT_OF_RANGE),
+        }
+    }
+
+    /// Where the transfer length lives in a block command's CDB, for field pointers.
+    fn length_field(cdb: &[u8]) -> u16 {
+        match cdb.len() {
+            6 => 4,
+            10 => 7,
+            12 => 6,
+            _ => 10,
+        }
+    }
+
+    fn check_transfer(&self, cdb: &[u8], blocks: u64) -> Result<(), Sense> {
+        if blocks > self.limits.max_transfer as u64 {
+            Err(Sense::invalid_field_in_cdb(Self::length_field(cdb), None))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), Sense> {
+        if self.config.read_only || self.mode.read().unwrap_or_else(|e| e.into_inner()).swp {
+            Err(sense::WRITE_PROTECTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn write_through(&self, fua: bool) -> Result<(), Sense> {
+        let wce = self.mode.read().unwrap_or_else(|e| e.into_inner()).wce;
+        if fua || !wce {
+            self.store
+                .flush()
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        Ok(())
+    }
+
+    fn io_error(&self, e: io::Error, s: Sense) -> Sense {
+        tracing::warn!(error = %e, "backstore I/O error");
+        s
+    }
+
+    fn data<'d>(&self, data_out: &'d [u8], len: u64) -> Result<&'d [u8], Sense> {
+        data_out
+            .get(..len as usize)
+            .ok_or(sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT)
+    }
+
+    /// Locks blocks `[lba, lba + blocks)` for a write, once no other command uses them.
+    fn lock_range(&self, lba: u64, blocks: u64) -> RangeGuard {
+        self.locks
+            .lock(lba, lba.saturating_add(blocks.max(1)), true)
+    }
+
+    /// The same blocks, shared, for a read.
+    fn lock_range_shared(&self, lba: u64, blocks: u64) -> RangeGuard {
+        self.locks
+            .lock(lba, lba.saturating_add(blocks.max(1)), false)
+    }
+
+    fn read_capacity_10(&self, cdb: &[u8]) -> Outcome {
+        if cdb[8] & 0x01 == 0 && be32(&cdb[2..6]) != 0 {
+            return Err(Sense::invalid_field_in_cdb(2, None));
+        }
+        let last = self.capacity_blocks().saturating_sub(1).min(0xffff_ffff) as u32;
+        let mut d = last.to_be_bytes().to_vec();
+        d.extend_from_slice(&(self.block_size as u32).to_be_bytes());
+        Ok(d)
+    }
+
+    fn read_capacity_16(&self, cdb: &[u8]) -> Outcome {
+        let alloc = be32(&cdb[10..14]) as usize;
+        let mut d = vec![0u8; 32];
+        d[0..8].copy_from_slice(&self.capacity_blocks().saturating_sub(1).to_be_bytes());
+        d[8..12].copy_from_slice(&(self.block_size as u32).to_be_bytes());
+        d[13] = self.config.physical_block_exponent & 0x0f;
+        if self.config.thin {
+            d[14] = 0x80 | 0x40; // LBPME, LBPRZ
+        }
+        Ok(truncate(d, alloc))
+    }
+
+    fn request_sense(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
+        let desc = cdb[1] & 0x01 != 0;
+        let alloc = cdb[4] as usize;
+        let s = self
+            .take_unit_attention(nexus)
+            .or_else(|| {
+                self.sanitizer
+                    .running()
+                    .then(|| self.sanitizer.in_progress())
+            })
+            .or_else(|| self.medium_present().err())
+            .unwrap_or(sense::NO_SENSE);
+        let data = if desc { s.descriptor() } else { s.fixed() };
+        Ok(truncate(data, alloc))
+    }
+
+    fn mode_select(&self, cmd: &Command) -> Outcome {
+        let mut state = self.mode.write().unwrap_or_else(|e| e.into_inner());
+        let new = mode::mode_select(cmd.cdb, cmd.data_out, &state, self.block_size as u32)?;
+        if new != *state {
+            *state = new;
+            drop(state);
+            let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+            for (n, pending) in nexuses.iter() {
+                if *n != cmd.nexus {
+                    pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(sense::MODE_PARAMETERS_CHANGED);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn start_stop(&self, cdb: &[u8], _nexus: Nexus) -> Outcome {
+        let power_condition = cdb[4] >> 4;
+        let no_flush = cdb[4] & 0x04 != 0;
+        let loej = cdb[4] & 0x02 != 0;
+        let start = cdb[4] & 0x01 != 0;
+        // A power condition change leaves START and LOEJ unused (SBC-4 5.25); there are no
+        // power conditions to enter here.
+        if power_condition != 0 {
+            return Ok(Vec::new());
+        }
+        if !start && !no_flush {
+            self.store
+                .flush()
+                .map_err(|e| self.io_error(e, sense::WRITE_ERROR))?;
+        }
+        if loej && self.config.removable {
+            if !self
+                .prevent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                return Err(sense::MEDIUM_REMOVAL_PREVENTED);
+            }
+            self.no_medium.store(!start, Ordering::Release);
+        }
+        Ok(Vec::new())
+    }
+
+    fn prevent_allow(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
+        let prevent = cdb[4] & 0x03;
+        if prevent > 1 {
+            return Err(Sense::invalid_field_in_cdb(4, Some(1)));
+        }
+        if !self.config.removable {
+            // Nothing can be removed; prevention is trivially honoured.
+            return Ok(Vec::new());
+        }
+        let mut set = self.prevent.lock().unwrap_or_else(|e| e.into_inner());
+        if prevent == 1 {
+            set.insert(nexus);
+        } else {
+            set.remove(&nexus);
+        }
+        Ok(Vec::new())
+    }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a.max(1), b.max(1));
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a.max(1) / x * b.max(1)
+}
+
+fn read_defect_data(cdb: &[u8]) -> Outcome {
+    let (format_byte, alloc) = if cdb[0] == READ_DEFECT_DATA_10 {
+        (cdb[2], be16(&cdb[7..9]) as usize)
+    } else {
+        (cdb[1], be32(&cdb[6..10]) as usize)
+    };
+    // Echo the requested lists and format, with no defects in them.
+    let flags = format_byte & 0x1f;
+    let data = if cdb[0] == READ_DEFECT_DATA_10 {
+        vec![0, flags, 0, 0]
+    } else {
+        vec![0, flags, 0, 0, 0, 0, 0, 0]
+    };
+    Ok(truncate(data, alloc))
+}
+
+/// Single-level LUN structure (SAM-5 4.7): peripheral addressing below 256, flat above.
+fn encode_lun(lun: u16) -> [u8; 8] {
+    let mut l = [0u8; 8];
+    if lun < 256 {
+        l[1] = lun as u8;
+    } else {
+        l[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
+        l[1] = lun as u8;
+    }
+    l
+}
+
+pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
+    if cdb.len() < 12 {
+        return Err(Sense::invalid_field_in_cdb(0, None));
+    }
+    let alloc = be32(&cdb[6..10]) as usize;
+    let list: Vec<u16> = match cdb[2] {
+        0x00 | 0x02 => luns.to_vec(),
+        0x01 | 0x10 | 0x11 => Vec::new(),
+        0x12 => luns.iter().copied().filter(|&l| l == 0).collect(),
+        _ => return Err(Sense::invalid_field_in_cdb(2, None)),
+    };
+    let mut data = ((list.len() * 8) as u32).to_be_bytes().to_vec();
+    data.extend_from_slice(&[0; 4]);
+    for l in list {
+        data.extend_from_slice(&encode_lun(l));
+    }
+    Ok(truncate(data, alloc))
+}
+
+pub(crate) fn lun_not_supported(cdb: &[u8]) -> Outcome {
+    cdb::check_len(cdb)?;
+    match cdb[0] {
+        INQUIRY => inquiry::not_supported(cdb),
+        REQUEST_SENSE => {
+            let s = sense::LOGICAL_UNIT_NOT_SUPPORTED;
+            let data = if cdb[1] & 0x01 != 0 {
+                s.descriptor()
+            } else {
+                s.fixed()
+            };
+            Ok(truncate(data, cdb[4] as usize))
+        }
+        REPORT_LUNS => report_luns(&[], cdb),
+        _ => Err(sense::LOGICAL_UNIT_NOT_SUPPORTED),
+    }
+}
