@@ -23,6 +23,11 @@
 //!   exported changes the store's size and the logical unit raises CAPACITY DATA HAS
 //!   CHANGED.
 //!
+//! librados delivers completions on one thread (`librados_thread_count = 1`, the `threads`
+//! parameter) rather than its default two: the wake-ups between librados' and librbd's
+//! threads are most of a 4 KiB read's cost, and with one thread the target spent a third less
+//! CPU per read (docs/bench-rbd.md). A store shared with other targets keeps librados' count.
+//!
 //! Every operation has a deadline (`timeout`, 30 s by default: librados' OSD and monitor
 //! operation timeouts and its mount timeout), so an unreachable or stalled cluster fails
 //! commands with a clear error instead of holding them forever. A command that finds the
