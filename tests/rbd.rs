@@ -733,6 +733,23 @@ fn store_zeroes_errors_and_reconnection() {
     let ext = store.is_allocated(4 << 20, 4 << 20).unwrap();
     assert_eq!(ext, vec![(4 << 20, 4 << 20, false)], "discarded object");
 
+    // librados' completion threads: one by default, any count a LUN asks for; nonsense
+    // refused before connecting.
+    let two = open(&format!("{}&timeout=3s&threads=2", cluster.spec("store"))).expect("threads=2");
+    let mut again = vec![0u8; 1 << 20];
+    two.read_at(&mut again, 0).unwrap();
+    assert!(
+        again == back,
+        "threads=2 reads what the default store reads"
+    );
+    drop(two);
+    for bad in ["0", "x", "65"] {
+        let e = open(&format!("{}&threads={bad}", cluster.spec("store")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("threads=") && e.contains("1 to 64"), "{e}");
+    }
+
     // Clear errors.
     let e = open(&cluster.spec("nonesuch")).unwrap_err().to_string();
     assert!(

@@ -27,6 +27,13 @@ extern "C" {
     pub fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
     pub fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
     pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    /// The option's value as text into `buf`; -ENAMETOOLONG if it does not fit.
+    pub fn rados_conf_get(
+        cluster: rados_t,
+        option: *const c_char,
+        buf: *mut c_char,
+        len: usize,
+    ) -> c_int;
     pub fn rados_connect(cluster: rados_t) -> c_int;
     pub fn rados_shutdown(cluster: rados_t);
     pub fn rados_ioctx_create(

@@ -23,6 +23,11 @@
 //!   exported changes the store's size and the logical unit raises CAPACITY DATA HAS
 //!   CHANGED.
 //!
+//! librados delivers completions on one thread (`librados_thread_count = 1`, the `threads`
+//! parameter) rather than its default two: the wake-ups between librados' and librbd's
+//! threads are most of a 4 KiB read's cost, and with one thread the target spent a third less
+//! CPU per read (docs/bench-rbd.md). A store shared with other targets keeps librados' count.
+//!
 //! Every operation has a deadline (`timeout`, 30 s by default: librados' OSD and monitor
 //! operation timeouts and its mount timeout), so an unreachable or stalled cluster fails
 //! commands with a clear error instead of holding them forever. A command that finds the
@@ -69,6 +74,9 @@ pub struct RbdConfig {
     pub timeout: Duration,
     /// librbd's cache: its own default (on) when `None`.
     pub cache: Option<bool>,
+    /// librados' completion threads (`librados_thread_count`, `io_context_pool`): the
+    /// configuration file's (or librados' default, 2) when `None`.
+    pub threads: Option<u32>,
     /// Other targets export the image too: resets are announced to them and theirs taken
     /// (see [`PeerEvents`]).
     pub shared: bool,
@@ -100,6 +108,7 @@ impl RbdConfig {
             keyring: None,
             timeout: DEFAULT_TIMEOUT,
             cache: None,
+            threads: None,
             shared: false,
         })
     }
@@ -236,6 +245,20 @@ extern "C" fn header_changed(arg: *mut c_void) {
     watch.poke();
 }
 
+/// A client option's value as librados has it (after the configuration file), or `None`.
+fn conf_get(cluster: ffi::rados_t, option: &str) -> Option<String> {
+    let opt = cstr(option).ok()?;
+    let mut buf = [0u8; 256];
+    // SAFETY: a created handle; `buf` holds `len` bytes, NUL-terminated by librados.
+    let r =
+        unsafe { ffi::rados_conf_get(cluster, opt.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
 /// An id for this store among the targets sharing an image: the process and the time.
 fn rand_id() -> u64 {
     let t = std::time::SystemTime::now()
@@ -347,11 +370,24 @@ impl Conn {
             return Err(errno(r.into(), format!("{shown}: reading {which}")));
         }
         let secs = cfg.timeout.as_secs().max(1).to_string();
-        let mut set: Vec<(&str, String)> = vec![
+        let mut set: Vec<(&str, String)> = Vec::new();
+        // One completion thread rather than librados' two unless the LUN or the
+        // configuration file says otherwise (a file that says 2, the default, is not told
+        // from one that says nothing): each hop through librados' `io_context_pool` costs a
+        // wake-up, and one thread does the completions of a single client. Not for a store
+        // shared with other targets: see the `threads` parameter.
+        let threads = cfg.threads.or_else(|| {
+            let file = conf_get(cluster, "librados_thread_count");
+            (!cfg.shared && file.as_deref() == Some("2")).then_some(1)
+        });
+        if let Some(n) = threads {
+            set.push(("librados_thread_count", n.to_string()));
+        }
+        set.extend([
             ("rados_osd_op_timeout", secs.clone()),
             ("rados_mon_op_timeout", secs.clone()),
             ("client_mount_timeout", secs),
-        ];
+        ]);
         if let Some(m) = &cfg.mon_host {
             set.push(("mon_host", m.clone()));
         }
@@ -1039,6 +1075,11 @@ const PARAMS: &[Param] = &[
         required: false,
         help: "librbd's cache: yes/no (default: no; with it, librbd acknowledged a durable write and its flush that failed: tests/rbd.rs)",
     },
+    Param {
+        name: "threads",
+        required: false,
+        help: "librados' completion threads (librados_thread_count; default 1, or the ceph.conf's; 2 or more when shared)",
+    },
 ];
 
 impl RbdFactory {
@@ -1080,6 +1121,21 @@ impl RbdFactory {
             }
             cfg.cache = Some(false);
             cfg.shared = true;
+        }
+        if let Some(t) = spec.param("threads") {
+            let n = t
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| OpenError::invalid(spec, format!("threads={t:?}: 1 to 64")))?;
+            if n < 2 && cfg.shared {
+                return Err(OpenError::invalid(
+                    spec,
+                    "threads=1 on an image that other targets export too: the watch for their \
+                     resets acknowledges with a call that waits on librados' completion thread",
+                ));
+            }
+            cfg.threads = Some(n);
         }
         Ok(cfg)
     }
