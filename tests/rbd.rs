@@ -1238,4 +1238,16 @@ fn two_targets_one_image_alua_and_reservations() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("cache=yes"), "{e}");
+    // And one librados completion thread: the watch of peers' resets waits on it.
+    let spec: backstore::StoreSpec = format!("{}&threads=1", cluster.spec("mp")).parse().unwrap();
+    let e = reg
+        .context(Path::new("/"))
+        .shared(true)
+        .open(&spec)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("threads=1 on an image that other targets export"),
+        "{e}"
+    );
 }
