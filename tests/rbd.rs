@@ -1227,25 +1227,18 @@ fn two_targets_one_image_alua_and_reservations() {
     assert!(failed.is_empty(), "failures: {failed:?}\n{out}");
     assert!(out.contains("PROUT Not Supported"), "{out}");
 
-    // A shared image with librbd's cache is refused.
+    // A shared image refuses librbd's cache, and one librados completion thread (the
+    // watch of peers' resets waits on it).
     let mut reg = backstore::Registry::with_builtins();
     rbd::register(&mut reg);
-    let spec: backstore::StoreSpec = format!("{}&cache=yes", cluster.spec("mp")).parse().unwrap();
-    let e = reg
-        .context(Path::new("/"))
-        .shared(true)
-        .open(&spec)
-        .unwrap_err()
-        .to_string();
+    let refusal = |param: &str| {
+        let spec: backstore::StoreSpec = format!("{}&{param}", cluster.spec("mp")).parse().unwrap();
+        let e = reg.context(Path::new("/")).shared(true).open(&spec);
+        e.unwrap_err().to_string()
+    };
+    let e = refusal("cache=yes");
     assert!(e.contains("cache=yes"), "{e}");
-    // And one librados completion thread: the watch of peers' resets waits on it.
-    let spec: backstore::StoreSpec = format!("{}&threads=1", cluster.spec("mp")).parse().unwrap();
-    let e = reg
-        .context(Path::new("/"))
-        .shared(true)
-        .open(&spec)
-        .unwrap_err()
-        .to_string();
+    let e = refusal("threads=1");
     assert!(
         e.contains("threads=1 on an image that other targets export"),
         "{e}"
