@@ -43,19 +43,15 @@ pub(crate) struct LoginDone {
     pub maxcmdsn: u32,
 }
 
-/// Opens a connection to `portal` (`host:port`) through `dialer` (TCP without one), or
-/// says why it cannot.
 /// The receive buffer a connection is dialled with (see `net::first_window_buffer`): the
 /// one asked for, or with auto-tuning autotuning's ceiling, so that a long path's first
 /// window is not the kernel's 64 KB.
 pub(crate) fn first_window(opts: &SessionOptions) -> Option<usize> {
-    match opts.recv_buffer {
-        Some(n) => Some(n),
-        None if opts.auto_tune => net::first_window_buffer(&net::KernelLimits::read()),
-        None => None,
-    }
+    net::first_window(opts.recv_buffer, opts.auto_tune)
 }
 
+/// Opens a connection to `portal` (`host:port`) through `dialer` (TCP without one), with
+/// `recv_buffer` before the handshake, or says why it cannot.
 pub(crate) async fn dial(
     portal: &str,
     dialer: Option<&Dialer>,

@@ -514,6 +514,16 @@ pub fn first_window_buffer(limits: &KernelLimits) -> Option<usize> {
     (bytes > 64 * 1024).then_some(bytes)
 }
 
+/// The receive buffer to listen or dial with: the configured one, else with auto-tuning
+/// [`first_window_buffer`] of this network namespace's limits.
+pub fn first_window(configured: Option<usize>, auto_tune: bool) -> Option<usize> {
+    match configured {
+        Some(n) => Some(n),
+        None if auto_tune => first_window_buffer(&KernelLimits::read()),
+        None => None,
+    }
+}
+
 /// The rate both ends size their buffers for when no rate is known: a fast WAN.
 pub const ASSUMED_RATE_BPS: u64 = 1_000_000_000;
 

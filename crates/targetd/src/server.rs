@@ -84,20 +84,9 @@ pub struct Server {
     cores_stop: Option<crate::cores::Stop>,
 }
 
-/// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
-/// The receive buffer a portal's connections start with, before their handshake (see
-/// `net::first_window_buffer`): the configured one, or with auto-tuning autotuning's
-/// ceiling, so that a long path's first window is not the kernel's 64 KB.
-fn first_window(s: &crate::config::SessionDefaults) -> Option<usize> {
-    match s.recv_buffer {
-        Some(n) => Some(n),
-        None if s.auto_tune => net::first_window_buffer(&net::KernelLimits::read()),
-        None => None,
-    }
-}
-
 /// A listening socket on `addr` (address reuse and backlog as tokio's `bind`), whose
-/// accepted connections inherit `recv_buffer`.
+/// accepted connections inherit `recv_buffer`: their first window (see
+/// `net::first_window_buffer`), so that a long path's is not the kernel's 64 KB.
 fn listen(addr: SocketAddr, recv_buffer: Option<usize>) -> std::io::Result<TcpListener> {
     let sock = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -114,6 +103,7 @@ fn listen(addr: SocketAddr, recv_buffer: Option<usize>) -> std::io::Result<TcpLi
     sock.listen(1024)
 }
 
+/// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
 fn stable_id(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
@@ -280,7 +270,9 @@ impl Server {
                     require: t.require,
                 })),
             };
-            let l = listen(p.listen, first_window(&config.session))
+            let first_window =
+                net::first_window(config.session.recv_buffer, config.session.auto_tune);
+            let l = listen(p.listen, first_window)
                 .with_context(|| format!("listening on {}", p.listen))?;
             let addr = l.local_addr()?;
             if let Some(t) = &tls {
