@@ -260,6 +260,8 @@ impl Server {
         }
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
+        // Read once: the limits are the namespace's, the same for every portal.
+        let first_window = net::first_window(config.session.recv_buffer, config.session.auto_tune);
         for p in &config.portals {
             // Key and certificates first: a portal whose TLS cannot work does not open.
             let tls = match &p.tls {
@@ -270,8 +272,6 @@ impl Server {
                     require: t.require,
                 })),
             };
-            let first_window =
-                net::first_window(config.session.recv_buffer, config.session.auto_tune);
             let l = listen(p.listen, first_window)
                 .with_context(|| format!("listening on {}", p.listen))?;
             let addr = l.local_addr()?;
