@@ -8,9 +8,11 @@
 //! can do: computing the next keys at a KeyUpdate, and taking session tickets. Records
 //! are sealed and opened by [`crate::record`] into and out of one buffer per direction:
 //!
-//! - [`Tx`]: plaintext from the caller's slices is sealed straight into the output buffer
-//!   (no copy for slices of 4 KiB and more; smaller ones are gathered into one record)
-//!   and up to 1 MiB of records leaves in one write;
+//! - [`Tx`]: plaintext from the caller's slices is sealed straight into the output
+//!   segments (no copy for slices of 4 KiB and more; smaller ones are gathered into one
+//!   record), and the sealed segments leave in one write; a large write of owned pieces
+//!   (`poll_write_shared`) is numbered here and sealed on the sealing threads
+//!   ([`crate::sealing`]), its records written in order once sealed;
 //! - [`Rx`]: the socket is read in reads of up to 256 KiB, each record opened where it
 //!   landed and its plaintext copied once, to the reader.
 //!
