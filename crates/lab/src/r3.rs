@@ -249,6 +249,9 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     }
     let environment = crate::env::collect();
     let load_before = loadavg();
+    // Each namespace defaults to cubic (`r0::linux_default_tcp`), which a namespace may
+    // only choose when the host allows it: added for the run, the list put back after.
+    let _cc = proc::AllowedCc::ensure(&["cubic"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r3")?;
     let dir = &scratch.0;
     let mut rows = Vec::new();

@@ -13,6 +13,7 @@ use socket2::SockRef;
 pub use rsv_cc as cc;
 
 pub mod record;
+pub mod sealing;
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
 pub mod tls;

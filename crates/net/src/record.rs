@@ -121,44 +121,78 @@ fn header(body_len: usize) -> [u8; HEADER_LEN] {
     [APPLICATION_DATA, 3, 3, l[0], l[1]]
 }
 
-/// Seals records for one direction.
-#[derive(Debug)]
-pub struct Sealer(Keys);
+/// A sending key without a counter: seals the record of any given sequence number, so
+/// that records may be sealed on other threads (`crate::sealing`) with numbers assigned
+/// in order by the one sender, and still be written in that order.
+pub struct SealKey {
+    key: LessSafeKey,
+    iv: [u8; 12],
+}
 
-impl Sealer {
-    /// From the traffic secrets rustls hands over, at sequence number `seq`.
-    pub fn new(secrets: &ConnectionTrafficSecrets, seq: u64) -> Sealer {
-        Sealer(Keys::new(secrets, seq))
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SealKey({:?})", self.key.algorithm())
+    }
+}
+
+impl SealKey {
+    /// From the traffic secrets rustls hands over.
+    pub fn new(secrets: &ConnectionTrafficSecrets) -> SealKey {
+        let (alg, key, iv) = algorithm(secrets);
+        let k = Keys::from_parts(alg, key, iv, 0);
+        SealKey {
+            key: k.key,
+            iv: k.iv,
+        }
     }
 
-    /// Records sealed so far with this key (the next sequence number).
-    pub fn seq(&self) -> u64 {
-        self.0.seq
+    /// A key of suite `alg` from its raw parts (tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn for_tests(alg: &'static aead::Algorithm, key: &[u8], iv: &[u8]) -> SealKey {
+        let k = Keys::from_parts(alg, key, iv, 0);
+        SealKey {
+            key: k.key,
+            iv: k.iv,
+        }
     }
 
-    /// Seals `plain` (at most [`MAX_PLAINTEXT`] bytes) of content type `typ` into the
-    /// front of `out`, which must hold `plain.len() + OVERHEAD` bytes; returns the
-    /// record's length. `plain` is read once, straight into the record.
-    pub fn seal(&mut self, typ: u8, plain: &[u8], out: &mut [u8]) -> Result<usize, RecordError> {
+    fn nonce(&self, seq: u64) -> Nonce {
+        let mut n = self.iv;
+        for (b, s) in n[4..].iter_mut().zip(seq.to_be_bytes()) {
+            *b ^= s;
+        }
+        Nonce::assume_unique_for_key(n)
+    }
+
+    /// Seals `plain` (at most [`MAX_PLAINTEXT`] bytes) of content type `typ` as record
+    /// number `seq` into the front of `out`, which must hold `plain.len() + OVERHEAD`
+    /// bytes; returns the record's length. `plain` is read once, straight into the
+    /// record. Each `seq` must be sealed at most once under one key.
+    pub fn seal(
+        &self,
+        seq: u64,
+        typ: u8,
+        plain: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, RecordError> {
         assert!(plain.len() <= MAX_PLAINTEXT);
         let body = plain.len() + 1 + TAG_LEN;
         let out = &mut out[..HEADER_LEN + body];
         let hdr = header(body);
         out[..HEADER_LEN].copy_from_slice(&hdr);
-        let nonce = self.0.next_nonce()?;
         let (ct, extra) = out[HEADER_LEN..].split_at_mut(plain.len());
-        self.0
-            .key
-            .seal_out_of_place_scatter(nonce, Aad::from(hdr), plain, ct, &[typ], extra)
+        self.key
+            .seal_out_of_place_scatter(self.nonce(seq), Aad::from(hdr), plain, ct, &[typ], extra)
             .map_err(|_| RecordError::Seal)?;
         Ok(HEADER_LEN + body)
     }
 
     /// Seals the `n` bytes of plaintext already at `out[HEADER_LEN..HEADER_LEN + n]` in
-    /// place (for plaintext gathered from pieces too small to seal one by one); `out`
-    /// must hold `n + OVERHEAD` bytes. Returns the record's length.
+    /// place as record number `seq` (for plaintext gathered from pieces too small to seal
+    /// one by one); `out` must hold `n + OVERHEAD` bytes. Returns the record's length.
     pub fn seal_in_place(
-        &mut self,
+        &self,
+        seq: u64,
         typ: u8,
         n: usize,
         out: &mut [u8],
@@ -169,15 +203,66 @@ impl Sealer {
         let hdr = header(body);
         out[..HEADER_LEN].copy_from_slice(&hdr);
         out[HEADER_LEN + n] = typ;
-        let nonce = self.0.next_nonce()?;
         let (inout, tag_out) = out[HEADER_LEN..].split_at_mut(n + 1);
         let tag = self
-            .0
             .key
-            .seal_in_place_separate_tag(nonce, Aad::from(hdr), inout)
+            .seal_in_place_separate_tag(self.nonce(seq), Aad::from(hdr), inout)
             .map_err(|_| RecordError::Seal)?;
         tag_out.copy_from_slice(tag.as_ref());
         Ok(HEADER_LEN + body)
+    }
+}
+
+/// Seals records for one direction, numbering them itself.
+#[derive(Debug)]
+pub struct Sealer {
+    key: std::sync::Arc<SealKey>,
+    seq: u64,
+}
+
+impl Sealer {
+    /// From the traffic secrets rustls hands over, at sequence number `seq`.
+    pub fn new(secrets: &ConnectionTrafficSecrets, seq: u64) -> Sealer {
+        Sealer {
+            key: std::sync::Arc::new(SealKey::new(secrets)),
+            seq,
+        }
+    }
+
+    /// Records sealed so far with this key (the next sequence number).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The key, shared with whoever seals the records [`Sealer::reserve`] numbers.
+    pub fn key(&self) -> &std::sync::Arc<SealKey> {
+        &self.key
+    }
+
+    /// Takes the next `n` sequence numbers for records sealed elsewhere with
+    /// [`Sealer::key`]; the first of them.
+    pub fn reserve(&mut self, n: u64) -> Result<u64, RecordError> {
+        let first = self.seq;
+        self.seq = first.checked_add(n).ok_or(RecordError::SequenceExhausted)?;
+        Ok(first)
+    }
+
+    /// Seals `plain` as the next record; see [`SealKey::seal`].
+    pub fn seal(&mut self, typ: u8, plain: &[u8], out: &mut [u8]) -> Result<usize, RecordError> {
+        let seq = self.reserve(1)?;
+        self.key.seal(seq, typ, plain, out)
+    }
+
+    /// Seals what lies in `out` in place as the next record; see
+    /// [`SealKey::seal_in_place`].
+    pub fn seal_in_place(
+        &mut self,
+        typ: u8,
+        n: usize,
+        out: &mut [u8],
+    ) -> Result<usize, RecordError> {
+        let seq = self.reserve(1)?;
+        self.key.seal_in_place(seq, typ, n, out)
     }
 }
 
@@ -205,6 +290,17 @@ pub fn record_len(buf: &[u8]) -> Option<Result<usize, RecordError>> {
 impl Opener {
     pub fn new(secrets: &ConnectionTrafficSecrets, seq: u64) -> Opener {
         Opener(Keys::new(secrets, seq))
+    }
+
+    /// An opener of suite `alg` from its raw parts, at `seq` (tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        alg: &'static aead::Algorithm,
+        key: &[u8],
+        iv: &[u8],
+        seq: u64,
+    ) -> Opener {
+        Opener(Keys::from_parts(alg, key, iv, seq))
     }
 
     /// Opens the whole record `rec` (as long as [`record_len`] says) in place: its
@@ -246,7 +342,14 @@ mod tests {
     }
 
     fn sealer(which: u8, seq: u64) -> Sealer {
-        Sealer(keys(which, seq))
+        let k = keys(which, 0);
+        Sealer {
+            key: std::sync::Arc::new(SealKey {
+                key: k.key,
+                iv: k.iv,
+            }),
+            seq,
+        }
     }
 
     fn opener(which: u8, seq: u64) -> Opener {

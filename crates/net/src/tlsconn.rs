@@ -8,9 +8,11 @@
 //! can do: computing the next keys at a KeyUpdate, and taking session tickets. Records
 //! are sealed and opened by [`crate::record`] into and out of one buffer per direction:
 //!
-//! - [`Tx`]: plaintext from the caller's slices is sealed straight into the output buffer
-//!   (no copy for slices of 4 KiB and more; smaller ones are gathered into one record)
-//!   and up to 1 MiB of records leaves in one write;
+//! - [`Tx`]: plaintext from the caller's slices is sealed straight into the output
+//!   segments (no copy for slices of 4 KiB and more; smaller ones are gathered into one
+//!   record), and the sealed segments leave in one write; a large write of owned pieces
+//!   (`poll_write_shared`) is numbered here and sealed on the sealing threads
+//!   ([`crate::sealing`]), its records written in order once sealed;
 //! - [`Rx`]: the socket is read in reads of up to 256 KiB, each record opened where it
 //!   landed and its plaintext copied once, to the reader.
 //!
@@ -27,6 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
+
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::kernel::KernelConnection;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
@@ -37,13 +41,12 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::record::{self, Opener, RecordError, Sealer};
+use crate::sealing::{self, Outbox, DIRECT_MIN};
 
 /// Receive buffer: many records per socket read.
 const RX_CAP: usize = 256 << 10;
-/// Send buffer: up to 1 MiB of plaintext sealed before one write.
-const TX_CAP: usize = (1 << 20) + (64 << 10);
-/// A slice at least this long is sealed from where it lies; shorter ones are gathered.
-const DIRECT_MIN: usize = 4096;
+/// A write of owned pieces at least this long is sealed on the sealing threads.
+const SEAL_ELSEWHERE_MIN: usize = 64 << 10;
 /// A KeyUpdate record (4-byte message) with its overhead.
 const KEY_UPDATE_RECORD: usize = 4 + 1 + record::OVERHEAD;
 /// Post-handshake messages buffered at most while incomplete.
@@ -55,7 +58,7 @@ fn tls_error(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
-fn record_error(e: RecordError) -> io::Error {
+pub(crate) fn record_error(e: RecordError) -> io::Error {
     let tls = match e {
         RecordError::Decrypt => rustls::Error::DecryptError,
         RecordError::SequenceExhausted => rustls::Error::EncryptError,
@@ -272,12 +275,11 @@ impl Rx {
     }
 }
 
-/// The sending direction: records sealed and not yet taken by the socket.
+/// The sending direction: records sealed (here, or on the sealing threads) and not yet
+/// taken by the socket, in order.
 pub(crate) struct Tx {
     seal: Sealer,
-    out: Box<[u8]>,
-    start: usize,
-    end: usize,
+    out: Outbox,
     /// Records per key: the sender updates its keys when it has sealed this many.
     limit: u64,
     /// close_notify sealed.
@@ -287,22 +289,23 @@ pub(crate) struct Tx {
 
 impl std::fmt::Debug for Tx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tx({:?}, {} bytes unsent)",
-            self.seal,
-            self.end - self.start
-        )
+        write!(f, "Tx({:?}, {:?})", self.seal, self.out)
     }
 }
 
 impl Tx {
-    fn room(&self) -> usize {
-        self.out.len() - self.end
+    fn new(seal: Sealer, limit: u64, kernel: Arc<Kernel>) -> Tx {
+        Tx {
+            seal,
+            out: Outbox::new(),
+            limit,
+            closed: false,
+            kernel,
+        }
     }
 
-    /// Seals as much of `bufs` as fits and tries to send it; the bytes taken. What the
-    /// socket does not take now waits for the next write or a flush.
+    /// Seals as much of `bufs` as fits, here, and tries to send it; the bytes taken.
+    /// What the socket does not take now waits for the next write or a flush.
     pub(crate) fn poll_write<W: AsyncWrite + Unpin>(
         &mut self,
         io: &mut W,
@@ -315,17 +318,92 @@ impl Tx {
         if self.closed {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
-        if self.room() < record::MAX_PLAINTEXT + record::OVERHEAD + KEY_UPDATE_RECORD {
-            ready!(self.poll_send(io, cx))?;
+        let mut n = self.seal_from(bufs)?;
+        if n == 0 {
+            ready!(self.out.poll_send(io, cx))?;
+            n = self.seal_from(bufs)?;
         }
-        let n = self.seal_from(bufs)?;
-        if let Poll::Ready(Err(e)) = self.poll_send(io, cx) {
+        if let Poll::Ready(Err(e)) = self.out.poll_send(io, cx) {
             return Poll::Ready(Err(e));
         }
         Poll::Ready(Ok(n))
     }
 
-    /// Seals plaintext from `bufs` into the output buffer while there is room.
+    /// Takes `pieces` as [`Tx::poll_write`] does, but owned, so that a large write's
+    /// records may be sealed on the sealing threads (`crate::sealing`) while the socket
+    /// takes the ones before them; the bytes taken.
+    pub(crate) fn poll_write_shared<W: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut W,
+        cx: &mut Context<'_>,
+        pieces: &[Bytes],
+    ) -> Poll<io::Result<usize>> {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if total < SEAL_ELSEWHERE_MIN {
+            let slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
+            return self.poll_write(io, cx, &slices);
+        }
+        if self.closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let (mut i, mut off, mut taken) = (0usize, 0usize, 0usize);
+        while taken < total {
+            // A KeyUpdate goes before the records it concerns, sealed here; `false` only
+            // when the outbox is full, as below.
+            if !self.out.has_room() || !self.maybe_update_keys()? {
+                match self.out.poll_send(io, cx) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending if taken > 0 => break,
+                    Poll::Pending => return Poll::Pending,
+                }
+                continue;
+            }
+            if !self.out.has_room() {
+                // The KeyUpdate took the last segment: fill it here.
+                taken += self.seal_from_shared(pieces, &mut i, &mut off)?;
+                continue;
+            }
+            let plan = sealing::plan(pieces, &mut i, &mut off, sealing::SEGMENT);
+            let first = self
+                .seal
+                .reserve(plan.records.len() as u64)
+                .map_err(record_error)?;
+            taken += plan.taken;
+            self.out
+                .seal_elsewhere(self.seal.key().clone(), first, plan);
+        }
+        if let Poll::Ready(Err(e)) = self.out.poll_send(io, cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    /// What of `pieces` from (`i`, `off`) the last segment's room takes, sealed here.
+    fn seal_from_shared(
+        &mut self,
+        pieces: &[Bytes],
+        i: &mut usize,
+        off: &mut usize,
+    ) -> io::Result<usize> {
+        let room = self.out.tail_room();
+        let plan = sealing::plan(pieces, i, off, room);
+        if plan.taken == 0 {
+            return Ok(0);
+        }
+        let first = self
+            .seal
+            .reserve(plan.records.len() as u64)
+            .map_err(record_error)?;
+        let out = self
+            .out
+            .tail(plan.sealed_len())
+            .expect("planned within the tail's room");
+        let n = sealing::seal_plan(self.seal.key(), first, &plan, out).map_err(record_error)?;
+        self.out.commit(n);
+        Ok(plan.taken)
+    }
+
+    /// Seals plaintext from `bufs` here, record by record, while the outbox has room.
     fn seal_from(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let (mut i, mut off, mut taken) = (0usize, 0usize, 0usize);
         while i < bufs.len() {
@@ -333,24 +411,33 @@ impl Tx {
                 (i, off) = (i + 1, 0);
                 continue;
             }
-            if self.room() < record::OVERHEAD + 1 + KEY_UPDATE_RECORD {
+            if !self.maybe_update_keys()? {
                 break;
             }
-            self.maybe_update_keys()?;
-            let max = record::MAX_PLAINTEXT.min(self.room() - record::OVERHEAD);
+            // A whole record if a segment can hold one, else what the last one holds.
+            let want = record::MAX_PLAINTEXT + record::OVERHEAD;
+            let room = if self.out.tail_room() >= want || !self.out.has_room() {
+                self.out.tail_room()
+            } else {
+                want
+            };
+            if room < record::OVERHEAD + 1 {
+                break;
+            }
+            let max = record::MAX_PLAINTEXT.min(room - record::OVERHEAD);
+            let out = self.out.tail(room).expect("room checked");
             let cur = &bufs[i][off..];
-            let at = self.end;
             let (n, len) = if cur.len() >= DIRECT_MIN.min(max) {
                 let n = cur.len().min(max);
                 let len = self
                     .seal
-                    .seal(record::APPLICATION_DATA, &cur[..n], &mut self.out[at..])
+                    .seal(record::APPLICATION_DATA, &cur[..n], out)
                     .map_err(record_error)?;
                 off += n;
                 (n, len)
             } else {
                 // Small pieces (PDU headers, small payloads) gathered into one record.
-                let body = at + record::HEADER_LEN;
+                let body = record::HEADER_LEN;
                 let mut n = 0;
                 while n < max && i < bufs.len() {
                     let cur = &bufs[i][off..];
@@ -362,35 +449,40 @@ impl Tx {
                         break;
                     }
                     let k = cur.len().min(max - n);
-                    self.out[body + n..body + n + k].copy_from_slice(&cur[..k]);
+                    out[body + n..body + n + k].copy_from_slice(&cur[..k]);
                     (n, off) = (n + k, off + k);
                 }
                 let len = self
                     .seal
-                    .seal_in_place(record::APPLICATION_DATA, n, &mut self.out[at..])
+                    .seal_in_place(record::APPLICATION_DATA, n, out)
                     .map_err(record_error)?;
                 (n, len)
             };
-            self.end += len;
+            self.out.commit(len);
             taken += n;
         }
         Ok(taken)
     }
 
     /// Sends a KeyUpdate and switches to the next keys, when the peer asked for it or
-    /// this key has sealed as many records as it should.
-    fn maybe_update_keys(&mut self) -> io::Result<()> {
-        let asked = self.kernel.update_requested.swap(false, Ordering::AcqRel);
+    /// this key has sealed as many records as it should. False: it is due, but the
+    /// outbox has no room for it until the socket takes some.
+    fn maybe_update_keys(&mut self) -> io::Result<bool> {
+        let asked = self.kernel.update_requested.load(Ordering::Acquire);
         if !asked && self.seal.seq() < self.limit {
-            return Ok(());
+            return Ok(true);
         }
+        let Some(out) = self.out.tail(KEY_UPDATE_RECORD) else {
+            return Ok(false);
+        };
+        self.kernel.update_requested.store(false, Ordering::Release);
         // update_not_requested: we answer, or update for ourselves.
         let msg = [KEY_UPDATE, 0, 0, 1, 0];
-        let at = self.end;
-        self.end += self
+        let n = self
             .seal
-            .seal(record::HANDSHAKE, &msg, &mut self.out[at..])
+            .seal(record::HANDSHAKE, &msg, out)
             .map_err(record_error)?;
+        self.out.commit(n);
         let (seq, secrets) = self
             .kernel
             .conn
@@ -399,24 +491,7 @@ impl Tx {
             .update_tx()
             .map_err(tls_error)?;
         self.seal = Sealer::new(&secrets, seq);
-        Ok(())
-    }
-
-    /// Writes sealed records until none is left or the socket is full.
-    fn poll_send<W: AsyncWrite + Unpin>(
-        &mut self,
-        io: &mut W,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        while self.start < self.end {
-            let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.out[self.start..self.end]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.start += n;
-        }
-        (self.start, self.end) = (0, 0);
-        Poll::Ready(Ok(()))
+        Ok(true)
     }
 
     pub(crate) fn poll_flush<W: AsyncWrite + Unpin>(
@@ -424,7 +499,7 @@ impl Tx {
         io: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
-        ready!(self.poll_send(io, cx))?;
+        ready!(self.out.poll_send(io, cx))?;
         Pin::new(io).poll_flush(cx)
     }
 
@@ -435,17 +510,21 @@ impl Tx {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         if !self.closed {
-            if self.room() < 2 + record::OVERHEAD {
-                ready!(self.poll_send(io, cx))?;
+            if self.out.tail(2 + record::OVERHEAD).is_none() {
+                ready!(self.out.poll_send(io, cx))?;
             }
-            let at = self.end;
-            self.end += self
+            let out = self
+                .out
+                .tail(2 + record::OVERHEAD)
+                .expect("the socket took every segment");
+            let n = self
                 .seal
-                .seal(record::ALERT, &[1, 0], &mut self.out[at..])
+                .seal(record::ALERT, &[1, 0], out)
                 .map_err(record_error)?;
+            self.out.commit(n);
             self.closed = true;
         }
-        ready!(self.poll_send(io, cx))?;
+        ready!(self.out.poll_send(io, cx))?;
         Pin::new(io).poll_shutdown(cx)
     }
 
@@ -618,16 +697,8 @@ async fn handshake<C: Handshaking>(
                 closed: false,
                 kernel: kernel.clone(),
             };
-            let tx = Tx {
-                seal: Sealer::new(&secrets.tx.1, secrets.tx.0),
-                out: vec![0u8; TX_CAP].into_boxed_slice(),
-                start: 0,
-                end: 0,
-                // Well before the limit: a KeyUpdate in flight still counts against it.
-                limit: limit / 2,
-                closed: false,
-                kernel,
-            };
+            // Well before the limit: a KeyUpdate in flight still counts against it.
+            let tx = Tx::new(Sealer::new(&secrets.tx.1, secrets.tx.0), limit / 2, kernel);
             return Ok((rx, tx, info));
         }
         if !(read_more || done) {

@@ -330,6 +330,42 @@ impl WriteHalf {
         matches!(self, WriteHalf::Tls(..))
     }
 
+    /// Writes from `pieces` as `poll_write_vectored` does, the bytes taken; but owned, so
+    /// that a carrier that encrypts may seal a large write's records on other threads
+    /// (`crate::sealing`) while the socket takes the records before them. A piece (a
+    /// store's lent bytes among them) is held only until its records are sealed.
+    pub fn poll_write_shared(
+        &mut self,
+        cx: &mut Context<'_>,
+        pieces: &[bytes::Bytes],
+    ) -> Poll<io::Result<usize>> {
+        match self {
+            WriteHalf::Tls(w) => {
+                let w = &mut **w;
+                w.tx.poll_write_shared(&mut w.io, cx, pieces)
+            }
+            other => {
+                let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+                Pin::new(other).poll_write_vectored(cx, &slices)
+            }
+        }
+    }
+
+    /// [`WriteHalf::poll_write_shared`] without waiting (`WouldBlock` when nothing).
+    pub fn try_write_shared(&mut self, pieces: &[bytes::Bytes]) -> io::Result<usize> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.poll_write_shared(&mut cx, pieces) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Whether [`WriteHalf::poll_write_shared`] gains anything over a vectored write:
+    /// the carrier seals records, and may do so on other threads (TLS).
+    pub fn seals_elsewhere(&self) -> bool {
+        matches!(self, WriteHalf::Tls(..))
+    }
+
     /// TLS: send a KeyUpdate and switch to the next keys after `records` more records
     /// (done by itself before the suite's confidentiality limit; for tests). Nothing on
     /// other carriers.

@@ -424,3 +424,93 @@ async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() 
     theirs.read_exact(&mut got).await.unwrap();
     assert!(got == up);
 }
+
+/// Large writes of owned pieces (as the target's writer sends Data-In) are sealed on the
+/// sealing threads, small ones here, with KeyUpdates between: a stock rustls peer reads
+/// them all, in order, and the stream ends with close_notify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_sealed_on_other_threads_reach_a_stock_peer_in_order() {
+    let d = dir("sealing");
+    let ca = Ca::new(d.path(), "ca");
+    let leaf = ca.issue(d.path(), "target", &["127.0.0.1"], false);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in net::tls::read_certs(&ca.cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    for suite in [
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+        rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+    ] {
+        let mut provider = (*net::tls::provider()).clone();
+        provider.cipher_suites.retain(|s| s.suite() == suite);
+        let stock_client = rustls::ClientConfig::builder_with_provider(provider.into())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(stock_client));
+        let ours = server(&leaf.cert, &leaf.key, None);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (theirs, accepted) = tokio::join!(
+            async {
+                connector
+                    .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
+                    .await
+            },
+            async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
+        );
+        let mut theirs = theirs.unwrap();
+        let (_rd, mut wr) = accepted.unwrap().into_split();
+        assert!(wr.seals_elsewhere());
+        // PDU-like: a 48-byte header, then payloads from 0 to 1 MiB; 24 MiB in all.
+        let mut pieces = Vec::new();
+        for k in 0..40 {
+            pieces.push(bytes::Bytes::from(pattern(48, k)));
+            let len = [1 << 20, 0, 100, 300 << 10, 5000][k % 5];
+            pieces.push(bytes::Bytes::from(pattern(len, k + 1)));
+        }
+        let marker = |k: usize| format!("<{k:04}>").into_bytes();
+        let mut expect = Vec::new();
+        for (k, chunk) in pieces.chunks(7).enumerate() {
+            expect.extend(chunk.iter().flat_map(|p| p.iter().copied()));
+            expect.extend(marker(k));
+        }
+        // A KeyUpdate of ours after 40 records, then again every 40.
+        wr.update_tls_keys_after(40);
+        let sender = tokio::spawn(async move {
+            let mut sent = 0;
+            for (k, chunk) in pieces.chunks(7).enumerate() {
+                let mut rest = chunk.to_vec();
+                while !rest.is_empty() {
+                    let n = std::future::poll_fn(|cx| wr.poll_write_shared(cx, &rest))
+                        .await
+                        .unwrap();
+                    assert!(n > 0);
+                    sent += n;
+                    let mut skip = n;
+                    rest.retain_mut(|p| {
+                        let k = skip.min(p.len());
+                        skip -= k;
+                        *p = p.slice(k..);
+                        !p.is_empty()
+                    });
+                }
+                if k % 3 == 0 {
+                    wr.update_tls_keys_after(40);
+                }
+                // A small write through the vectored path between the large ones.
+                wr.write_all(&marker(k)).await.unwrap();
+                sent += 6;
+            }
+            wr.shutdown().await.unwrap();
+            sent
+        });
+        let mut got = Vec::new();
+        theirs.read_to_end(&mut got).await.unwrap();
+        let sent = sender.await.unwrap();
+        assert_eq!(sent, expect.len());
+        assert!(got == expect, "{suite:?}: the stream differs");
+    }
+}

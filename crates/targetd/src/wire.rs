@@ -418,7 +418,23 @@ pub(crate) async fn writer(
             stamps.clear();
         }
         let mut written = 0usize;
-        let sent = {
+        // TLS: the batch as owned pieces, whose records the carrier may seal on other
+        // threads while the socket takes the ones before (`net::sealing`).
+        let shared = wr.seals_elsewhere();
+        let sent = if shared {
+            let pieces = batch_pieces(&batch, &headers, &layout);
+            let taken = try_write_shared_now(&mut wr, &pieces, &mut written)?;
+            if taken || !lends {
+                write_all_shared(&mut wr, &pieces, &mut written).await?;
+                true
+            } else {
+                let w = write_all_shared(&mut wr, &pieces, &mut written);
+                match tokio::time::timeout(LENT_HOLD, w).await {
+                    Ok(r) => r.map(|()| true)?,
+                    Err(_elapsed) => false,
+                }
+            }
+        } else {
             let mut slices = batch_slices(&batch, &headers, &layout);
             let mut rest = &mut slices[..];
             // Most batches fit the socket now: no timer for them.
@@ -452,10 +468,15 @@ pub(crate) async fn writer(
                 }
             }
             debug!("cid {cid}: the peer is slow to read; lent Data-In copied after {LENT_HOLD:?}");
-            let mut slices = batch_slices(&batch, &headers, &layout);
-            let mut rest = &mut slices[..];
-            std::io::IoSlice::advance_slices(&mut rest, written);
-            write_all_vectored(&mut wr, rest, &mut written).await?;
+            if shared {
+                let pieces = batch_pieces(&batch, &headers, &layout);
+                write_all_shared(&mut wr, &pieces, &mut written).await?;
+            } else {
+                let mut slices = batch_slices(&batch, &headers, &layout);
+                let mut rest = &mut slices[..];
+                std::io::IoSlice::advance_slices(&mut rest, written);
+                write_all_vectored(&mut wr, rest, &mut written).await?;
+            }
         }
         // TLS may hold the batch's last records until flushed; TCP's flush is free.
         wr.flush().await?;
@@ -489,6 +510,80 @@ fn batch_slices<'a>(
         }
     }
     slices
+}
+
+/// The batch as owned pieces, in the order of [`batch_slices`]: the headers copied once
+/// into one buffer, payloads shared (a store's lent bytes stay lent until sealed).
+fn batch_pieces(batch: &[Pdu], headers: &[u8], layout: &[Layout]) -> Vec<bytes::Bytes> {
+    let headers = bytes::Bytes::copy_from_slice(headers);
+    let mut pieces = Vec::with_capacity(batch.len() * 3);
+    for (p, (range, trailer, n)) in batch.iter().zip(layout) {
+        pieces.push(headers.slice(range.clone()));
+        if !p.data().is_empty() {
+            pieces.push(p.data().clone());
+            if *n > 0 {
+                pieces.push(bytes::Bytes::copy_from_slice(&trailer[..*n]));
+            }
+        }
+    }
+    pieces
+}
+
+/// `pieces` after their first `n` bytes.
+fn pieces_after(pieces: &[bytes::Bytes], mut n: usize) -> Vec<bytes::Bytes> {
+    let mut rest = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        if n >= p.len() {
+            n -= p.len();
+        } else {
+            rest.push(p.slice(n..));
+            n = 0;
+        }
+    }
+    rest
+}
+
+/// As [`try_write_now`], through [`WriteHalf::try_write_shared`]: writes `pieces` after
+/// the `written` bytes already taken, without waiting; true when all were taken.
+fn try_write_shared_now(
+    wr: &mut WriteHalf,
+    pieces: &[bytes::Bytes],
+    written: &mut usize,
+) -> std::io::Result<bool> {
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut rest = pieces_after(pieces, *written);
+    while *written < total {
+        match wr.try_write_shared(&rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n;
+                rest = pieces_after(&rest, n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// As [`write_all_vectored`], through [`WriteHalf::poll_write_shared`]: writes `pieces`
+/// after the `written` bytes already taken, counting on in `written`.
+async fn write_all_shared(
+    wr: &mut WriteHalf,
+    pieces: &[bytes::Bytes],
+    written: &mut usize,
+) -> std::io::Result<()> {
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut rest = pieces_after(pieces, *written);
+    while *written < total {
+        let n = std::future::poll_fn(|cx| wr.poll_write_shared(cx, &rest)).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        *written += n;
+        rest = pieces_after(&rest, n);
+    }
+    Ok(())
 }
 
 /// Writes what the socket takes without waiting; true when that was everything.
