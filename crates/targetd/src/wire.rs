@@ -200,6 +200,7 @@ fn socket_tuning(
         // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
         congestion: s.congestion.clone().or_else(net::preferred_congestion),
         pacing_rate: s.pacing_rate,
+        start_rate: None,
         notsent_lowat: s.notsent_lowat,
         nodelay: true,
     };
