@@ -279,4 +279,10 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
     assert_eq!(plan["rate_bytes_per_s"].as_u64(), Some(f[0]), "{plan}");
     let reasons = plan["reasons"].to_string();
     assert!(reasons.contains("start: each connection at"), "{reasons}");
+    // The target was told too (X-org.reservoir.StartRate), for its Data-In.
+    let target_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        target_log.contains("as the initiator remembers the path"),
+        "the target did not start from the remembered rate: {target_log}"
+    );
 }

@@ -878,8 +878,10 @@ mod tests {
             rate_bytes_per_s: 625_000_000,
             age_s: 600,
         });
-        let mut o = SessionOptions::default();
-        o.congestion = Some("rsv,bbr".into());
+        let mut o = SessionOptions {
+            congestion: Some("rsv,bbr".into()),
+            ..Default::default()
+        };
         let (got, p) = plan(&o, &probe, &kernel());
         assert_eq!(
             (p.rate_bytes_per_s, p.rate_source),
