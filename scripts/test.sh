@@ -14,4 +14,7 @@ if [ -f fuzz/Cargo.toml ]; then
 fi
 # Here every peer is installed and every binary built: a test that would skip fails instead.
 export RESERVOIR_TEST_STRICT=1
+# No path cache (net::paths) carried from one test to the next: a remembered rate would
+# change another test's plan. tests/cc_wan.rs gives its copies a cache of their own.
+export RSV_PATH_CACHE=off
 cargo test --workspace --no-fail-fast -- --test-threads=2

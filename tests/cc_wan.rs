@@ -1,7 +1,9 @@
 //! `rsv`, Reservoir's congestion control, over an emulated long path (`rsv wan`, 100 ms,
 //! 100 Mbit/s): a connection told a start rate has its window at once instead of ten
-//! packets (from the first data it sends, not its first ACK), and `rsv cp` with `congestion=rsv` to `rsv target --congestion rsv` arrives
-//! whole, both ends running it. Needs root; elsewhere it prints SKIP. Never asserts a speed.
+//! packets (from the first data it sends, not its first ACK), `rsv cp` with
+//! `congestion=rsv` to `rsv target --congestion rsv` arrives whole, both ends running it,
+//! and the path's rate it remembers (`net::paths`) sizes and starts the next copy. Needs
+//! root; elsewhere it prints SKIP. Never asserts a speed.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -212,8 +214,10 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     std::fs::write(&src, &bytes).unwrap();
+    let paths = dir.path().join("paths");
     let summary = run_json(
         rsv_in(&ns_a)
+            .env("RSV_PATH_CACHE", &paths)
             .arg("cp")
             .arg(&src)
             .args([
@@ -222,6 +226,9 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
                 "--json",
                 "--opt",
                 "congestion=rsv",
+                // A queue the copy keeps full: the path cache learns from busy samples.
+                "--opt",
+                "queue_depth=8",
                 "--opt",
             ])
             .arg("rate=80mbit"),
@@ -240,5 +247,42 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
     assert!(
         target_log.contains("congestion control rsv loaded"),
         "the target did not load rsv: {target_log}"
+    );
+
+    // 3. The path cache: the copy above remembered the path's rate; the next session to
+    // the same peer, given no rate, is sized for it and starts its connections at it.
+    let cache = std::fs::read_to_string(&paths).expect("the copy wrote the path cache");
+    let line = cache
+        .lines()
+        .find(|l| l.starts_with(&format!("{addr} ")))
+        .unwrap_or_else(|| panic!("no line for {addr}: {cache}"));
+    let f: Vec<u64> = line
+        .split(' ')
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    eprintln!("path cache: {line}");
+    // The copy ran paced to 80 Mbit/s over a 100-ms path: a rate up to the link's
+    // 12.5 MB/s and a minimum RTT of about 100 ms.
+    assert!(f[0] > 1_000_000 && f[0] <= 13_000_000, "{line}");
+    assert!((95_000..150_000).contains(&f[1]), "{line}");
+    let again = run_json(
+        rsv_in(&ns_a)
+            .env("RSV_PATH_CACHE", &paths)
+            .arg("cp")
+            .arg(&src)
+            .args([&url, "--json", "--opt", "congestion=rsv"]),
+    );
+    assert_eq!(again["complete"], true, "{again}");
+    let plan = &again["sessions"][0]["tuning"];
+    assert_eq!(plan["rate_source"], "remembered", "{plan}");
+    assert_eq!(plan["rate_bytes_per_s"].as_u64(), Some(f[0]), "{plan}");
+    let reasons = plan["reasons"].to_string();
+    assert!(reasons.contains("start: each connection at"), "{reasons}");
+    // The target was told too (X-org.reservoir.StartRate), for its Data-In.
+    let target_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        target_log.contains("as the initiator remembers the path"),
+        "the target did not start from the remembered rate: {target_log}"
     );
 }

@@ -78,7 +78,7 @@ pub(crate) async fn dial(
 }
 
 /// The host part of `host:port` or `[v6]:port`, which a certificate must name.
-fn portal_host(portal: &str) -> &str {
+pub(crate) fn portal_host(portal: &str) -> &str {
     match portal.rsplit_once(':') {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
         None => portal,

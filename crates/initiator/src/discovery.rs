@@ -43,6 +43,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
         connection: connection_prefs(opts),
         leading: true,
         pacing_hint: None,
+        start_hint: None,
     };
     let done = raw.login(cfg, 1, 1).await?;
     let mut cmdsn = done.expcmdsn;

@@ -133,6 +133,9 @@ pub struct SessionOptions {
     pub initial_r2t: bool,
     /// Bytes per second per connection (SO_MAX_PACING_RATE).
     pub pacing_rate: Option<u64>,
+    /// Bytes per second each connection starts at on `rsv` instead of ten packets, without
+    /// pacing to it afterwards (auto-tuning sets it from a remembered rate).
+    pub start_rate: Option<u64>,
     /// With a `pacing_rate` in force, ask the target at each connection's login to pace
     /// its sends (Data-In) the same way (`X-org.reservoir.PacingRate`; targets that do not
     /// know the key answer NotUnderstood and are simply not paced).
@@ -165,6 +168,10 @@ pub struct SessionOptions {
     /// (`tune::RateControl`). Off by default: see docs/architecture.md for what it did in
     /// the lab.
     pub rate_control: bool,
+    /// Remember the rate a long path (RTT 10 ms or more) carried, in `net::paths`'s file,
+    /// and size and start the next session to the same peer for it when no `rate` is
+    /// given.
+    pub path_cache: bool,
     /// Bytes per command the caller will issue (cp and bench set it); sizes bursts and
     /// the queue depth.
     #[serde(skip)]
@@ -214,6 +221,7 @@ impl Default for SessionOptions {
             immediate_data: true,
             initial_r2t: false,
             pacing_rate: None,
+            start_rate: None,
             pacing_hint: true,
             send_buffer: None,
             recv_buffer: None,
@@ -226,6 +234,7 @@ impl Default for SessionOptions {
             auto_tune: true,
             rate: None,
             rate_control: false,
+            path_cache: true,
             io_size_hint: None,
             pinned: Default::default(),
             dialer: None,
@@ -321,6 +330,8 @@ impl SessionOptions {
             }
             "auto_tune" => self.auto_tune = parse_bool_opt(key, v)?,
             "rate_control" => self.rate_control = parse_bool_opt(key, v)?,
+            "path_cache" => self.path_cache = parse_bool_opt(key, v)?,
+            "start_rate" => self.start_rate = Some(rate(v)?),
             "rate" => self.rate = Some(rate(v)?),
             "tls" => self.tls = parse_bool_opt(key, v)?,
             // A way to trust the target's certificate means TLS.
@@ -346,7 +357,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate, rate_control, tls, ca, pin, cert, key, tls_name, tls_suite"
+                     rate, rate_control, path_cache, start_rate, tls, ca, pin, cert, key, tls_name, tls_suite"
                 )))
             }
         }
@@ -378,6 +389,7 @@ impl SessionOptions {
             recv_buffer: self.recv_buffer,
             congestion: self.congestion.clone(),
             pacing_rate: self.pacing_rate,
+            start_rate: self.start_rate,
             notsent_lowat: self.notsent_lowat,
             nodelay: true,
         }

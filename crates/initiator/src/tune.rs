@@ -45,12 +45,22 @@ pub const MAX_QUEUE_DEPTH: usize = 1024;
 /// The largest burst RFC 7143 allows (2^24 - 1) rounded down to 1 KiB.
 pub const MAX_BURST: u32 = 16_776_192;
 
-/// What was measured before login.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+/// What was measured before login, and what an earlier session learnt of the path.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
 pub struct Probe {
     /// Round-trip time of the handshake, microseconds.
     pub rtt_us: u32,
     pub mss: u32,
+    /// The rate an earlier session with this peer moved (`net::paths`), if one did lately.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remembered: Option<Remembered>,
+}
+
+/// A path's rate from the path cache, and how old it is.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Remembered {
+    pub rate_bytes_per_s: u64,
+    pub age_s: u64,
 }
 
 /// What auto-tuning saw and chose, and why. `rsv tune` prints it; `rsv cp --json` and
@@ -93,9 +103,13 @@ pub fn plan(
 ) -> (SessionOptions, Plan) {
     let mut o = opts.clone();
     let rtt = Duration::from_micros(u64::from(probe.rtt_us.max(1)));
-    let (rate, rate_source) = match opts.rate {
-        Some(r) => (r.max(1), "given"),
-        None => (ASSUMED_RATE, "assumed"),
+    let remembered = probe
+        .remembered
+        .filter(|r| opts.rate.is_none() && opts.path_cache && r.rate_bytes_per_s > 0);
+    let (rate, rate_source) = match (opts.rate, remembered) {
+        (Some(r), _) => (r.max(1), "given"),
+        (None, Some(m)) => (m.rate_bytes_per_s, "remembered"),
+        (None, None) => (ASSUMED_RATE, "assumed"),
     };
     let bdp = net::bdp_bytes(rate.saturating_mul(8), rtt);
     let in_flight = bdp.saturating_mul(2).max(1 << 20);
@@ -126,9 +140,14 @@ pub fn plan(
             .push("auto-tuning off: every option as given or default".into());
         return (o, plan);
     }
-    let rate_note = match opts.rate {
-        Some(_) => format!("{} given", mbit(rate)),
-        None => format!(
+    let rate_note = match (opts.rate, remembered) {
+        (Some(_), _) => format!("{} given", mbit(rate)),
+        (None, Some(m)) => format!(
+            "{} remembered from a session {} ago (give --rate for the real bottleneck)",
+            mbit(rate),
+            age(m.age_s)
+        ),
+        (None, None) => format!(
             "{} assumed (give --rate for the real bottleneck)",
             mbit(rate)
         ),
@@ -300,6 +319,27 @@ pub fn plan(
                 ""
             }
         ));
+    }
+    if let Some(m) =
+        remembered.filter(|_| !opts.is_pinned("pacing_rate") && !opts.is_pinned("start_rate"))
+    {
+        let each = (m.rate_bytes_per_s / n).max(1);
+        o.start_rate = Some(each);
+        let rsv = o
+            .congestion
+            .as_deref()
+            .is_some_and(|c| c.split(',').any(|c| c.trim() == net::cc::NAME));
+        reasons.push(if rsv {
+            format!(
+                "start: each connection at {} (the remembered rate shared by {n}) instead \
+                 of ten packets; BBR's own model takes over once the rate stops growing",
+                mbit(each)
+            )
+        } else {
+            "start: the kernel's (congestion=rsv would start each connection at its share of \
+             the remembered rate)"
+                .into()
+        });
     }
     reasons.push(match &o.congestion {
         Some(cc) => format!("congestion control: {cc}"),
@@ -494,6 +534,47 @@ impl PeakRate {
         let (first, _) = self.hist[0];
         (at.saturating_sub(first) >= PEAK_WINDOW)
             .then(|| self.hist.iter().map(|&(_, r)| r).max().unwrap_or(0))
+    }
+}
+
+/// What a session learns of its path for the path cache (`net::paths`): the rate it moved
+/// while it had work queued, as the upper quartile of its busy samples (above the ramp of
+/// the start, below a burst of acknowledgments after a loss), and the least RTT seen.
+#[derive(Clone, Debug, Default)]
+pub struct PathLearner {
+    busy: std::collections::VecDeque<u64>,
+    min_rtt_us: u32,
+}
+
+/// Busy samples kept for the estimate, the newest.
+const LEARN_SAMPLES: usize = 64;
+/// Busy samples needed before the session says anything of the path.
+pub const LEARN_MIN_SAMPLES: usize = 3;
+
+impl PathLearner {
+    /// One sample of the session: the rate its connections moved lately, whether it had
+    /// work queued, and the least RTT they saw (0: none).
+    pub fn push(&mut self, rate: u64, busy: bool, min_rtt_us: u32) {
+        if min_rtt_us > 0 && (self.min_rtt_us == 0 || min_rtt_us < self.min_rtt_us) {
+            self.min_rtt_us = min_rtt_us;
+        }
+        if !busy || rate == 0 {
+            return;
+        }
+        if self.busy.len() == LEARN_SAMPLES {
+            self.busy.pop_front();
+        }
+        self.busy.push_back(rate);
+    }
+
+    /// (rate in bytes per second, min RTT in microseconds), once enough busy samples came.
+    pub fn estimate(&self) -> Option<(u64, u32)> {
+        if self.busy.len() < LEARN_MIN_SAMPLES || self.min_rtt_us == 0 {
+            return None;
+        }
+        let mut v: Vec<u64> = self.busy.iter().copied().collect();
+        v.sort_unstable();
+        Some((v[v.len() * 3 / 4], self.min_rtt_us))
     }
 }
 
@@ -714,6 +795,7 @@ async fn handshake(
         let p = Probe {
             rtt_us: 1,
             mss: LOOPBACK_MSS,
+            remembered: None,
         };
         return Ok((p, s));
     };
@@ -721,8 +803,17 @@ async fn handshake(
     let p = Probe {
         rtt_us: info.rtt_us.max(1),
         mss: info.snd_mss,
+        remembered: None,
     };
     Ok((p, s))
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s => format!("{} h", s / 3600),
+    }
 }
 
 fn mbit(bytes_per_s: u64) -> String {
@@ -755,6 +846,80 @@ mod tests {
         Probe {
             rtt_us: ms * 1000,
             mss: 1448,
+            remembered: None,
+        }
+    }
+
+    #[test]
+    fn path_learner_takes_the_upper_quartile_of_busy_samples() {
+        let mut l = PathLearner::default();
+        l.push(9_000_000, true, 0);
+        l.push(50_000_000, false, 101_000);
+        assert_eq!(l.estimate(), None, "one busy sample says nothing");
+        // A ramp, the cruise and one burst.
+        for r in [2, 6, 11, 12, 12, 12, 12, 12, 12, 12, 12, 30] {
+            l.push(r * 1_000_000, true, 100_500);
+        }
+        assert_eq!(l.estimate(), Some((12_000_000, 100_500)));
+        for _ in 0..LEARN_SAMPLES {
+            l.push(5_000_000, true, 0);
+        }
+        assert_eq!(
+            l.estimate(),
+            Some((5_000_000, 100_500)),
+            "the newest samples count"
+        );
+    }
+
+    #[test]
+    fn a_remembered_rate_sizes_the_session_and_starts_rsv_connections() {
+        let mut probe = probe_ms(100);
+        probe.remembered = Some(Remembered {
+            rate_bytes_per_s: 625_000_000,
+            age_s: 600,
+        });
+        let mut o = SessionOptions {
+            congestion: Some("rsv,bbr".into()),
+            ..Default::default()
+        };
+        let (got, p) = plan(&o, &probe, &kernel());
+        assert_eq!(
+            (p.rate_bytes_per_s, p.rate_source),
+            (625_000_000, "remembered")
+        );
+        assert!(p.reasons[0].contains("5000 Mbit/s remembered from a session 10 min ago"));
+        let n = u64::from(got.connections);
+        assert_eq!(got.start_rate, Some(625_000_000 / n));
+        assert_eq!(got.pacing_rate, None, "a remembered rate is no pace");
+        assert!(p
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("start: each connection at")));
+        // Sized for it: more commands in flight than for the assumed 1 Gbit/s.
+        let (assumed, _) = plan(&o, &probe_ms(100), &kernel());
+        assert!(got.queue_depth > assumed.queue_depth);
+        assert_eq!(assumed.start_rate, None);
+
+        // A given rate wins; the cache off or a start set by hand leaves it unused.
+        o.set("rate", "200mbit").unwrap();
+        assert_eq!(plan(&o, &probe, &kernel()).1.rate_source, "given");
+        let mut off = SessionOptions::default();
+        off.set("path_cache", "no").unwrap();
+        assert_eq!(plan(&off, &probe, &kernel()).1.rate_source, "assumed");
+        let mut by_hand = SessionOptions::default();
+        by_hand.set("start_rate", "10mbit").unwrap();
+        let (o2, p2) = plan(&by_hand, &probe, &kernel());
+        assert_eq!(
+            (p2.rate_source, o2.start_rate),
+            ("remembered", Some(1_250_000))
+        );
+        // Without rsv, the start stays the kernel's and the plan says so.
+        let (o3, p3) = plan(&SessionOptions::default(), &probe, &kernel());
+        if !o3.congestion.as_deref().unwrap_or("").contains("rsv") {
+            assert!(p3
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("start: the kernel's")));
         }
     }
 

@@ -150,6 +150,9 @@ pub struct LoginOutcome {
     /// How `X-org.reservoir.PacingRate` went: on the target, the rate to pace this
     /// connection at; on the initiator, what the target answered.
     pub pacing: TargetPacing,
+    /// How `X-org.reservoir.StartRate` went: on the target, the rate this connection's
+    /// sends may start at; on the initiator, the start the target said it applies.
+    pub start_rate: Option<u64>,
 }
 
 /// What the target daemon knows that the login needs.
@@ -705,6 +708,7 @@ impl TargetLogin {
             target_alias: identity.target_alias.clone(),
             target_portal_group_tag: self.sent_tpgt,
             pacing: responder.pacing,
+            start_rate: responder.start,
         })
     }
 }
@@ -742,6 +746,9 @@ pub struct InitiatorLoginConfig {
     /// Bytes per second to ask the target to pace this connection's sends at
     /// (`X-org.reservoir.PacingRate`); `None` sends no key.
     pub pacing_hint: Option<u64>,
+    /// Bytes per second at which the target's sends on this connection may start
+    /// (`X-org.reservoir.StartRate`, sent only without a pacing hint); `None` sends no key.
+    pub start_hint: Option<u64>,
 }
 
 /// The fields of the Login Request to send. ITT, CmdSN and ExpStatSN belong to the
@@ -941,7 +948,8 @@ impl InitiatorLogin {
             config.connection.clone(),
             existing,
         )
-        .pacing_hint(config.pacing_hint);
+        .pacing_hint(config.pacing_hint)
+        .start_hint(config.start_hint);
         InitiatorLogin {
             config,
             stage: STAGE_SECURITY,
@@ -1297,6 +1305,7 @@ impl InitiatorLogin {
             target_alias: self.target_alias.clone(),
             target_portal_group_tag: self.target_portal_group_tag,
             pacing: self.originator.pacing,
+            start_rate: self.originator.start,
         }
     }
 }

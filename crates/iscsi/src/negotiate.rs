@@ -440,6 +440,22 @@ pub fn lookup(name: &str) -> Option<&'static KeyDef> {
 /// - A target that does not know it (tgt, LIO) answers `NotUnderstood` (RFC 7143 6.2).
 ///   None of these answers fails a login: the initiator records them and goes on.
 pub const PACING_RATE_KEY: &str = "X-org.reservoir.PacingRate";
+/// `X-org.reservoir.StartRate`, Reservoir's private key (RFC 7143 13.5.4 `X-` form): the
+/// initiator tells the target the rate, in bytes per second, at which this connection's
+/// sends may start (a rate the initiator remembers for the path, `net::paths`), so that the
+/// target's first Data-In does not start from ten packets. A start only: after it the
+/// target's congestion control runs as before (with Reservoir's `rsv`, until BBR leaves
+/// STARTUP; other congestion controls ignore it).
+///
+/// - Sent by the initiator only, in the operational stage of a connection's login in a
+///   normal session, when it has such a rate and sends no [`PACING_RATE_KEY`] (a pacing
+///   rate is also a start).
+/// - A target that knows the key answers the start it applies: the value clamped to
+///   [`PACING_HINT_MIN`]..=[`PACING_HINT_MAX`]; `0` when it takes no hints or paces at a
+///   configured rate (which is its start); `Reject` for a value that is no number;
+///   `Irrelevant` in a discovery session. A target that does not know it answers
+///   `NotUnderstood`. No answer fails a login.
+pub const START_RATE_KEY: &str = "X-org.reservoir.StartRate";
 /// Smallest rate a target applies from a hint (1 Mbit/s): slower would stall commands.
 pub const PACING_HINT_MIN: u64 = 125_000;
 /// Largest rate a target applies from a hint (400 Gbit/s): beyond, pacing means nothing.
@@ -504,6 +520,19 @@ pub fn answer_pacing_hint(offered: &str, policy: &PacingPolicy) -> (Answer, Targ
     }
     let r = hint.clamp(PACING_HINT_MIN, PACING_HINT_MAX);
     (Answer::Value(r.to_string()), TargetPacing::Paced(r))
+}
+
+/// The target's answer to a [`START_RATE_KEY`] of `offered`, by `policy`, and the start
+/// it applies (`None`: none).
+pub fn answer_start_hint(offered: &str, policy: &PacingPolicy) -> (Answer, Option<u64>) {
+    let Ok(hint) = parse_number(offered) else {
+        return (Answer::Reject, None);
+    };
+    if policy.configured.is_some_and(|r| r > 0) || !policy.accept_hint || hint == 0 {
+        return (Answer::Value("0".into()), None);
+    }
+    let r = hint.clamp(PACING_HINT_MIN, PACING_HINT_MAX);
+    (Answer::Value(r.to_string()), Some(r))
 }
 
 /// The initiator's reading of the target's answer to [`PACING_RATE_KEY`]. Never an error:
@@ -869,6 +898,8 @@ pub struct Responder {
     pacing_policy: Option<PacingPolicy>,
     /// What the answer to [`PACING_RATE_KEY`] promised.
     pub pacing: TargetPacing,
+    /// The start the answer to [`START_RATE_KEY`] promised, bytes per second.
+    pub start: Option<u64>,
 }
 
 impl Responder {
@@ -892,10 +923,11 @@ impl Responder {
             required_digests: (false, false),
             pacing_policy: None,
             pacing: TargetPacing::NotAsked,
+            start: None,
         }
     }
 
-    /// Understands [`PACING_RATE_KEY`] and answers it by `policy`.
+    /// Understands [`PACING_RATE_KEY`] and [`START_RATE_KEY`] and answers them by `policy`.
     pub fn pacing(mut self, policy: Option<PacingPolicy>) -> Self {
         self.pacing_policy = policy;
         self
@@ -913,6 +945,21 @@ impl Responder {
         }
         let (answer, pacing) = answer_pacing_hint(offered, &policy);
         self.pacing = pacing;
+        answer
+    }
+
+    fn answer_start(&mut self, offered: &str) -> Answer {
+        let Some(policy) = self.pacing_policy else {
+            return Answer::NotUnderstood;
+        };
+        let relevant = self.ctx.we_are_target
+            && self.ctx.phase != Phase::FullFeature
+            && self.ctx.session_type == SessionType::Normal;
+        if !relevant {
+            return Answer::Irrelevant;
+        }
+        let (answer, start) = answer_start_hint(offered, &policy);
+        self.start = start;
         answer
     }
 
@@ -935,6 +982,8 @@ impl Responder {
             }
             let mut answer = if k == PACING_RATE_KEY {
                 self.answer_pacing(v)
+            } else if k == START_RATE_KEY {
+                self.answer_start(v)
             } else {
                 respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs)
             };
@@ -1009,6 +1058,11 @@ pub struct Originator {
     pacing_hint: Option<u64>,
     /// How the target answered [`PACING_RATE_KEY`].
     pub pacing: TargetPacing,
+    /// Bytes per second at which to tell the target this connection may start.
+    start_hint: Option<u64>,
+    /// The start the target said it applies ([`START_RATE_KEY`]); `None`: none, or the key
+    /// not understood.
+    pub start: Option<u64>,
 }
 
 impl Originator {
@@ -1032,7 +1086,17 @@ impl Originator {
             ledger: KeyLedger::default(),
             pacing_hint: None,
             pacing: TargetPacing::NotAsked,
+            start_hint: None,
+            start: None,
         }
+    }
+
+    /// Tells the target that this connection may start at `rate` bytes per second
+    /// ([`START_RATE_KEY`]), unless a pacing hint goes (which is also the start); `None`
+    /// sends no key.
+    pub fn start_hint(mut self, rate: Option<u64>) -> Self {
+        self.start_hint = rate;
+        self
     }
 
     /// Asks the target to pace this connection at `rate` bytes per second
@@ -1070,9 +1134,11 @@ impl Originator {
             keys.push("DataSequenceInOrder", encode_bool(s.data_sequence_in_order));
             keys.push("ErrorRecoveryLevel", s.error_recovery_level.to_string());
         }
-        if let Some(rate) = self.pacing_hint {
-            if self.ctx.session_type == SessionType::Normal {
-                keys.push(PACING_RATE_KEY, rate.to_string());
+        if self.ctx.session_type == SessionType::Normal {
+            match (self.pacing_hint, self.start_hint) {
+                (Some(rate), _) => keys.push(PACING_RATE_KEY, rate.to_string()),
+                (None, Some(rate)) if rate > 0 => keys.push(START_RATE_KEY, rate.to_string()),
+                _ => {}
             }
         }
         for (k, v) in keys.iter() {
@@ -1135,6 +1201,10 @@ impl Originator {
         };
         if key == PACING_RATE_KEY {
             self.pacing = pacing_from_answer(answer);
+            return Ok(());
+        }
+        if key == START_RATE_KEY {
+            self.start = parse_number(answer).ok().filter(|&r| r > 0);
             return Ok(());
         }
         // Keys the peer could not or would not take keep their defaults.
@@ -1503,6 +1573,105 @@ mod tests {
                 (v("5000000"), TargetPacing::Paced(5_000_000))
             );
         }
+    }
+
+    #[test]
+    fn start_hint_answers() {
+        let accept = PacingPolicy {
+            accept_hint: true,
+            configured: None,
+        };
+        assert_eq!(
+            answer_start_hint("12500000", &accept),
+            (Answer::Value("12500000".into()), Some(12_500_000))
+        );
+        assert_eq!(
+            answer_start_hint("1", &accept),
+            (
+                Answer::Value(PACING_HINT_MIN.to_string()),
+                Some(PACING_HINT_MIN)
+            )
+        );
+        assert_eq!(
+            answer_start_hint("0", &accept),
+            (Answer::Value("0".into()), None)
+        );
+        assert_eq!(answer_start_hint("fast", &accept), (Answer::Reject, None));
+        for policy in [
+            PacingPolicy {
+                accept_hint: false,
+                configured: None,
+            },
+            PacingPolicy {
+                accept_hint: true,
+                configured: Some(1_000_000),
+            },
+        ] {
+            assert_eq!(
+                answer_start_hint("12500000", &policy),
+                (Answer::Value("0".into()), None),
+                "{policy:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn start_hint_goes_alone_and_is_answered_where_known() {
+        let ctx = |we_are_target, session_type| NegotiationContext {
+            session_type,
+            leading: true,
+            phase: Phase::Operational,
+            we_are_target,
+        };
+        let originator = |pacing: Option<u64>, start: Option<u64>, t| {
+            Originator::new(
+                ctx(false, t),
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing_hint(pacing)
+            .start_hint(start)
+        };
+        let offer = originator(None, Some(12_500_000), SessionType::Normal).offer();
+        assert_eq!(offer.get(START_RATE_KEY), Some("12500000"));
+        // A pacing hint is the start too: the start key stays home.
+        let both = originator(Some(1_000_000), Some(12_500_000), SessionType::Normal).offer();
+        assert_eq!(both.get(START_RATE_KEY), None);
+        assert_eq!(both.get(PACING_RATE_KEY), Some("1000000"));
+        let disc = originator(None, Some(12_500_000), SessionType::Discovery).offer();
+        assert_eq!(disc.get(START_RATE_KEY), None);
+
+        let responder = |policy| {
+            Responder::new(
+                ctx(true, SessionType::Normal),
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing(policy)
+        };
+        let mut knows = responder(Some(PacingPolicy {
+            accept_hint: true,
+            configured: None,
+        }));
+        let answer = knows.respond(&offer).unwrap();
+        assert_eq!(answer.get(START_RATE_KEY), Some("12500000"));
+        assert_eq!(knows.start, Some(12_500_000));
+        let mut o = originator(None, Some(12_500_000), SessionType::Normal);
+        o.offer();
+        assert!(o.on_response(&answer).unwrap().is_empty());
+        assert_eq!(o.start, Some(12_500_000));
+
+        let mut old = responder(None);
+        let answer = old.respond(&offer).unwrap();
+        assert_eq!(answer.get(START_RATE_KEY), Some("NotUnderstood"));
+        assert_eq!(old.start, None);
+        let mut o = originator(None, Some(12_500_000), SessionType::Normal);
+        o.offer();
+        assert!(o.on_response(&answer).unwrap().is_empty());
+        o.finish();
+        assert_eq!(o.start, None);
     }
 
     #[test]

@@ -99,6 +99,7 @@ fn config(auth: Option<ChapCredentials>) -> InitiatorLoginConfig {
         },
         leading: true,
         pacing_hint: None,
+        start_hint: None,
     }
 }
 

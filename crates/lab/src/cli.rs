@@ -55,7 +55,9 @@ enum LabCommand {
         /// r2: only these rows (one, unpaced, static, reservoir, reservoir-rate, iperf3,
         /// gridftp, qemu-img); r0: only these configurations (before, tuned, reservoir,
         /// reservoir-rate, with --congestion CC reservoir-CC, reservoir-rate-CC); rtt: only
-        /// these of Reservoir's rows (the same names but before and tuned); r1: only these
+        /// these of Reservoir's rows (the same names but before and tuned, and with
+        /// --congestion CC reservoir-remembered-CC: the rate from the path cache after a
+        /// 10-s learning run at each point); r1: only these
         /// modes (iperf3, cubic, bbr, paced, reservoir, reservoir-CC).
         #[arg(long, value_delimiter = ',')]
         rows: Vec<String>,

@@ -54,10 +54,15 @@ pub fn rsv_bin() -> PathBuf {
 }
 
 /// A command run inside network namespace `ns` (`ip netns exec` execs the program, so the
-/// child's pid is the program's own).
+/// child's pid is the program's own). Without the path cache (`net::paths`) unless the
+/// lab's caller chose one with `RSV_PATH_CACHE`: each row starts from what it is told,
+/// not from what the row before it learnt.
 pub fn in_ns(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns]).arg(program);
+    if std::env::var_os("RSV_PATH_CACHE").is_none() {
+        c.env("RSV_PATH_CACHE", "off");
+    }
     c
 }
 

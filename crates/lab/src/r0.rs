@@ -75,6 +75,9 @@ pub struct IscsiConfig {
     pub queue_depth: Option<usize>,
     pub io_size: &'static str,
     pub initiator_opts: Vec<String>,
+    /// The initiator's path cache (`RSV_PATH_CACHE`); `None`: none, as every row but the
+    /// RTT sweep's remembered-rate row.
+    pub path_cache: Option<std::path::PathBuf>,
 }
 
 fn tcp(sack: bool, ts: bool, wscale: bool, wmem: &str, rmem: &str) -> Vec<(String, String)> {
@@ -144,6 +147,7 @@ fn base_configs() -> Vec<IscsiConfig> {
                 "recv_buffer=174080".into(),
                 "congestion=cubic".into(),
             ],
+            path_cache: None,
         },
         IscsiConfig {
             key: "tuned",
@@ -163,6 +167,7 @@ fn base_configs() -> Vec<IscsiConfig> {
                 "max_burst=262144".into(),
                 "congestion=cubic".into(),
             ],
+            path_cache: None,
         },
         IscsiConfig {
             key: "reservoir",
@@ -173,6 +178,7 @@ fn base_configs() -> Vec<IscsiConfig> {
             queue_depth: None,
             io_size: "1m",
             initiator_opts: Vec::new(),
+            path_cache: None,
         },
         IscsiConfig {
             key: "reservoir-rate",
@@ -183,6 +189,7 @@ fn base_configs() -> Vec<IscsiConfig> {
             queue_depth: None,
             io_size: "1m",
             initiator_opts: vec!["rate=100mbit".into()],
+            path_cache: None,
         },
     ]
 }
@@ -647,6 +654,9 @@ pub(crate) fn bench(
     }
     for o in &cfg.initiator_opts {
         c.args(["--opt", o]);
+    }
+    if let Some(p) = &cfg.path_cache {
+        c.env("RSV_PATH_CACHE", p);
     }
     let watch = link.watch(WATCH_EVERY);
     // At 5 % loss a single command can wait many retransmission timeouts.

@@ -23,7 +23,7 @@ pub struct Params {
     /// again); iperf3 once.
     pub repeat: u32,
     /// Only these rows (reservoir, reservoir-rate, and with a congestion control CC
-    /// reservoir-CC, reservoir-rate-CC); empty: all.
+    /// reservoir-CC, reservoir-remembered-CC, reservoir-rate-CC); empty: all.
     pub rows: Vec<String>,
 }
 
@@ -84,6 +84,9 @@ pub struct RttSummary {
 
 /// The second target's port (`--congestion`).
 const CC_PORT: u16 = 3261;
+/// The run before each measurement of the remembered-rate row, from which the path cache
+/// learns the path (`net::paths`).
+const LEARN_SECONDS: u64 = 10;
 
 fn reservoir() -> IscsiConfig {
     IscsiConfig {
@@ -95,6 +98,7 @@ fn reservoir() -> IscsiConfig {
         queue_depth: None,
         io_size: "1m",
         initiator_opts: Vec::new(),
+        path_cache: None,
     }
 }
 
@@ -130,12 +134,22 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
         None => None,
     };
-    // Reservoir's rows: its defaults; with a congestion control, the same on it, and both
-    // with the link's rate declared (the start and the pacing the congestion control is
-    // given, against the kernel's BBR given the same).
+    // Reservoir's rows: its defaults; with a congestion control, the same on it, the same
+    // again starting from the rate its path cache remembers (a learning run before each
+    // measurement, not counted), and both with the link's rate declared (the start and the
+    // pacing the congestion control is given, against the kernel's BBR given the same).
     let mut configs = vec![(cfg.clone(), url.clone())];
     if let Some((c, _, cc_url)) = &with_cc {
         configs.push((c.clone(), cc_url.clone()));
+        let mut remembered = c.clone();
+        remembered.key = Box::leak(
+            c.key
+                .replacen("reservoir", "reservoir-remembered", 1)
+                .into_boxed_str(),
+        );
+        remembered.label = Box::leak(format!("{}, rate remembered", c.label).into_boxed_str());
+        remembered.path_cache = Some(dir.join("paths"));
+        configs.push((remembered, cc_url.clone()));
         for (base, u) in [(&cfg, &url), (c, cc_url)] {
             let mut rated = base.clone();
             rated.key = Box::leak(
@@ -184,6 +198,15 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                 eprintln!("rtt: {rtt} ms, repetition {rep} of {}", params.repeat);
             }
             for (c, u) in &configs {
+                if c.path_cache.is_some() {
+                    // What the path cache will remember: a short run at this RTT.
+                    check_interrupt()?;
+                    let learn = r0::bench(&link, u, c, "write", 0.0, LEARN_SECONDS, dir)?;
+                    eprintln!(
+                        "  (learning run for {}: {:.2} Mbit/s, not counted)",
+                        c.label, learn.mbit_per_s
+                    );
+                }
                 for rw in ["write", "read"] {
                     check_interrupt()?;
                     let mut row = r0::bench(&link, u, c, rw, 0.0, params.seconds, dir)?;

@@ -359,6 +359,7 @@ mod tests {
         let probe = initiator::tune::Probe {
             rtt_us: rtt_ms * 1000,
             mss: 1448,
+            remembered: None,
         };
         // The lab's namespaces: the kernel's defaults, autotuning up to 4 and 32 MiB.
         let kernel = net::KernelLimits {

@@ -12,6 +12,7 @@ use socket2::SockRef;
 /// Reservoir's own congestion control, `rsv` (a BPF struct_ops; see `docs/congestion.md`).
 pub use rsv_cc as cc;
 
+pub mod paths;
 pub mod record;
 pub mod sealing;
 #[cfg(feature = "test-certs")]
@@ -28,6 +29,10 @@ pub struct SocketTuning {
     pub congestion: Option<String>,
     /// Bytes per second; the kernel paces this socket's packets (works without fq since 4.20).
     pub pacing_rate: Option<u64>,
+    /// Bytes per second for `rsv` to start at (a rate remembered for the path, see
+    /// [`paths`]) without pacing to it afterwards; ignored with `pacing_rate` (which is
+    /// also the start) and on sockets that run another congestion control.
+    pub start_rate: Option<u64>,
     pub notsent_lowat: Option<u32>,
     pub nodelay: bool,
 }
@@ -78,6 +83,9 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
                 .warnings
                 .push(format!("SO_MAX_PACING_RATE {rate}: {e}"));
         }
+    }
+    if let (Some(rate), None) = (tuning.start_rate, tuning.pacing_rate) {
+        start_rsv_at(fd, rate);
     }
     if let Some(n) = tuning.notsent_lowat {
         if let Err(e) = setsockopt_u32(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, n) {
@@ -171,6 +179,27 @@ fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
     s.no_probe_rtt = rate > 0;
     if let Err(e) = loaded.set(fd, s) {
         tracing::debug!("rsv settings: {e}");
+    }
+}
+
+/// Tells `rsv` on this socket (when it runs it and this process loaded it) to start at
+/// `bytes_per_sec` instead of ten packets, leaving BBR's pacing and PROBE_RTT as they are
+/// once it leaves STARTUP; returns whether it did.
+pub fn start_rsv_at(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> bool {
+    let Some(loaded) = cc::current() else {
+        return false;
+    };
+    if congestion(fd).ok().as_deref() != Some(cc::NAME) {
+        return false;
+    }
+    let mut s = loaded.get(fd).ok().flatten().unwrap_or_default();
+    s.start_rate = bytes_per_sec;
+    match loaded.set(fd, s) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!("rsv settings: {e}");
+            false
+        }
     }
 }
 
@@ -676,6 +705,7 @@ mod tests {
             recv_buffer: Some(1 << 20),
             congestion: cc.clone(),
             pacing_rate: Some(10_000_000),
+            start_rate: None,
             notsent_lowat: Some(128 * 1024),
             nodelay: true,
         };

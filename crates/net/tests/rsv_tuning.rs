@@ -52,9 +52,34 @@ fn pacing_through_net_reaches_the_rsv_settings() {
         (0, 0, false)
     );
 
+    // A remembered rate is a start only: no share, PROBE_RTT as BBR has it.
+    let started = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let applied = net::apply(
+        started.as_fd(),
+        &net::SocketTuning {
+            congestion: Some("rsv".into()),
+            start_rate: Some(rate),
+            ..Default::default()
+        },
+    );
+    assert_eq!(applied.congestion.as_deref(), Some("rsv"), "{applied:?}");
+    let got = loaded.get(started.as_fd()).unwrap().expect("settings");
+    assert_eq!(
+        (got.share_rate, got.start_rate, got.no_probe_rtt),
+        (0, rate, false)
+    );
+    assert_eq!(net::max_pacing_rate(started.as_fd()).unwrap(), u64::MAX);
+
     // A socket on another congestion control is left alone.
+    assert!(!net::start_rsv_at(other_cubic(&listener).as_fd(), rate));
     let other = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     net::set_congestion(other.as_fd(), "cubic").unwrap();
     net::set_pacing_rate(other.as_fd(), rate).unwrap();
     assert_eq!(loaded.get(other.as_fd()).unwrap(), None);
+}
+
+fn other_cubic(listener: &TcpListener) -> TcpStream {
+    let s = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    net::set_congestion(s.as_fd(), "cubic").unwrap();
+    s
 }

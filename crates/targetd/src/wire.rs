@@ -200,6 +200,7 @@ fn socket_tuning(
         // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
         congestion: s.congestion.clone().or_else(net::preferred_congestion),
         pacing_rate: s.pacing_rate,
+        start_rate: None,
         notsent_lowat: s.notsent_lowat,
         nodelay: true,
     };
@@ -250,7 +251,8 @@ pub(crate) async fn send_now(stream: &mut Stream, pdu: &Pdu) -> anyhow::Result<(
 }
 
 /// Paces the connection's sends at the rate its login promised the initiator
-/// (`X-org.reservoir.PacingRate`); a configured `pacing_rate` is in force since accept.
+/// (`X-org.reservoir.PacingRate`; a configured `pacing_rate` is in force since accept),
+/// or starts them at the rate it said it applies (`X-org.reservoir.StartRate`).
 pub(crate) fn apply_pacing(
     stream: &Stream,
     outcome: &LoginOutcome,
@@ -286,6 +288,20 @@ pub(crate) fn apply_pacing(
             debug!("{peer}: session {tsih} cid {cid}: malformed pacing hint rejected")
         }
         TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
+    }
+    if let Some(rate) = outcome.start_rate {
+        if net::start_rsv_at(fd, rate) {
+            info!(
+                "{peer}: session {tsih} cid {cid}: sends start at {:.1} Mbit/s as the initiator \
+                 remembers the path",
+                rate as f64 * 8e-6
+            );
+        } else {
+            debug!(
+                "{peer}: session {tsih} cid {cid}: start hint {rate} bytes/s unused (the \
+                 connection does not run rsv)"
+            );
+        }
     }
 }
 

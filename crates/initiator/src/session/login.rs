@@ -64,6 +64,8 @@ impl Shared {
                 .as_ref()
                 .filter(|_| o.pacing_hint)
                 .map(|_| 0)),
+            // A remembered rate: the target's Data-In starts near its share too.
+            start_hint: o.start_rate.filter(|_| o.pacing_hint),
         }
     }
 

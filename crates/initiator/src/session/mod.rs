@@ -197,12 +197,15 @@ impl Session {
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
         let (opts, plan, probed) = if opts.auto_tune {
-            let (probe, probed) = crate::tune::probe_keep(
+            let (mut probe, probed) = crate::tune::probe_keep(
                 &url.portal(),
                 opts.dialer.as_ref(),
                 crate::conn::first_window(opts),
             )
             .await?;
+            if opts.path_cache && opts.rate.is_none() {
+                probe.remembered = recall_path(&url.portal());
+            }
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");
@@ -433,12 +436,59 @@ impl Session {
         for c in conns {
             c.kill();
         }
+        self.shared.remember_path();
         result
     }
+}
+
+/// What the path cache knows of the path to `portal`'s host, if it is young enough.
+fn recall_path(portal: &str) -> Option<crate::tune::Remembered> {
+    let file = net::paths::default_file()?;
+    let cache = net::paths::load(&file)
+        .inspect_err(|e| tracing::debug!("path cache {}: {e}", file.display()))
+        .ok()?;
+    let now = net::paths::unix_now();
+    let e = cache.recall(crate::conn::portal_host(portal), now)?;
+    Some(crate::tune::Remembered {
+        rate_bytes_per_s: e.rate,
+        age_s: e.age(now).as_secs(),
+    })
 }
 
 impl Shared {
     fn portal(&self) -> String {
         self.url.portal()
+    }
+
+    /// Saves what the session learnt of a long path in the path cache (`net::paths`).
+    fn remember_path(&self) {
+        if !self.opts.auto_tune || !self.opts.path_cache {
+            return;
+        }
+        let Some((rate, min_rtt_us)) = self.tuner.learnt.lock().unwrap().estimate() else {
+            tracing::debug!("path cache: too few busy samples to remember the path");
+            return;
+        };
+        let Some(file) = net::paths::default_file() else {
+            return;
+        };
+        let portal = self.portal();
+        let host = crate::conn::portal_host(&portal);
+        let now = net::paths::unix_now();
+        let e = net::paths::PathEntry {
+            rate,
+            min_rtt_us,
+            saved: now,
+        };
+        match net::paths::save(&file, host, e, now) {
+            Ok(true) => tracing::info!(
+                "path cache: {:.1} Mbit/s at {:.1} ms remembered for {host} ({})",
+                rate as f64 * 8e-6,
+                f64::from(min_rtt_us) / 1e3,
+                file.display()
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::debug!("path cache {}: {e}", file.display()),
+        }
     }
 }

@@ -13,7 +13,7 @@ use super::tasks::recv_pdu;
 use super::{PathReport, Shared};
 use crate::conn::{Conn, Reader};
 use crate::tune::RateControl;
-use crate::tune::{PeakRate, Plan};
+use crate::tune::{PathLearner, PeakRate, Plan};
 
 /// How often a connection's reader samples TCP_INFO for auto-tuning.
 const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,6 +36,8 @@ pub(super) struct Tuner {
     sample_every_us: AtomicU64,
     /// The least time the connections' rates are measured over, microseconds.
     span_us: AtomicU64,
+    /// What the session learns of its path, for the path cache at logout.
+    pub(super) learnt: Mutex<PathLearner>,
 }
 
 impl Tuner {
@@ -49,6 +51,7 @@ impl Tuner {
             pace_external: AtomicU64::new(0),
             sample_every_us: AtomicU64::new(PATH_SAMPLE_INTERVAL.as_micros() as u64),
             span_us: AtomicU64::new(RateControl::span(Duration::ZERO).as_micros() as u64),
+            learnt: Mutex::default(),
         }
     }
 }
@@ -97,6 +100,11 @@ impl Shared {
         let Some(path) = Self::path(&conns) else {
             return;
         };
+        self.tuner.learnt.lock().unwrap().push(
+            path.rate_bytes_per_s,
+            self.slots.busy(self.slots.depth()),
+            (path.min_rtt_ms * 1e3) as u32,
+        );
         if !self.opts.is_pinned("queue_depth") {
             self.grow_queue(&path, conns.len());
             self.shrink_queue(&path, conns.len());
