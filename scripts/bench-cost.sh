@@ -6,7 +6,8 @@
 #   scripts/bench-cost.sh [SECONDS]      (default 5 s per measurement)
 #
 # Rows ($ROWS, default "read:1m write:1m read:4k"), each QD32, sequential at 1 MiB and
-# random at 4 KiB, one connection:
+# random at 4 KiB, one connection unless the row names a count (`read:4k:8`: `rsv bench`
+# over 8 connections; the libiscsi tools, which open one, skip such rows):
 #   - `rsv bench` of build A ($RSV_A) and of build B ($RSV_B), alternated ROUNDS times
 #     (default 3), B first in even rounds;
 #   - libiscsi's iscsi-perf (reads only: it has no write mode) and `qemu-img bench` over
@@ -79,12 +80,12 @@ PY
 }
 
 # Each prints "IOPS bytes-moved" of one run; its costs are left in $work/cpu and $work/stat.
-run_rsv() { # binary rw bytes [extra flags]
+run_rsv() { # binary rw bytes connections [extra flags]
   local pat=seq
   [ "$3" = 4096 ] && pat=rand
   # shellcheck disable=SC2086
   measured timeout $((SECS + 30)) "$1" bench --json --rw "$2" --pattern "$pat" --block-size "$3" \
-    --queue-depth "$QD" --connections 1 --duration "$SECS" ${4:-} "$RSV_URL" 2>"$work/err" |
+    --queue-depth "$QD" --connections "$4" --duration "$SECS" ${5:-} "$RSV_URL" 2>"$work/err" |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["iops"]), d["ios"]*d["block_size"])' ||
     { cat "$work/err" >&2; echo 0 0; }
 }
@@ -123,17 +124,19 @@ record() { # row side "iops bytes"
 
 for r in $(seq "$ROUNDS"); do
   for row in $ROWS; do
-    rw=${row%%:*} bs=$(size_of "${row##*:}")
+    IFS=: read -r rw sz conns <<<"$row"
+    bs=$(size_of "$sz") conns=${conns:-1}
     sides=(A)
     [ -n "$RSV_B" ] && { [ $((r % 2)) = 0 ] && sides=(B A) || sides=(A B); }
     guess=0
     for s in "${sides[@]}"; do
       bin=$RSV_A extra=${RSV_A_ARGS:-}
       [ "$s" = B ] && bin=$RSV_B extra=${RSV_B_ARGS:-}
-      got=$(run_rsv "$bin" "$rw" "$bs" "$extra")
+      got=$(run_rsv "$bin" "$rw" "$bs" "$conns" "$extra")
       record "$row" "rsv-$s" "$got"
       [ "$guess" = 0 ] && guess=${got%% *}
     done
+    [ "$conns" = 1 ] || continue
     got=$(run_perf "$rw" "$bs")
     [ "$got" != skip ] && record "$row" iscsi-perf "$got"
     [ "${QEMU:-1}" = 1 ] && { got=$(run_qemu "$rw" "$bs" "$guess"); record "$row" qemu-img "$got"; }

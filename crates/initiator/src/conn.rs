@@ -378,6 +378,10 @@ pub(crate) struct Conn {
     span: std::sync::Mutex<crate::tune::SpanRate>,
     /// The congestion control the socket runs, as the kernel read it back after tuning.
     pub congestion: std::sync::OnceLock<String>,
+    /// The path's minimum round trip in microseconds as TCP_INFO last gave it (0: not
+    /// sampled yet, or no TCP socket): whether the session may pack small commands on
+    /// this connection (see `ConnSet::pick_for`).
+    pub min_rtt_us: AtomicU32,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -435,6 +439,7 @@ impl Conn {
             ffp_pacing: std::sync::Mutex::new(None),
             span: Default::default(),
             congestion: std::sync::OnceLock::new(),
+            min_rtt_us: AtomicU32::new(0),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)
@@ -447,6 +452,7 @@ impl Conn {
             return false;
         };
         self.acked.store(info.bytes_acked, Ordering::Relaxed);
+        self.min_rtt_us.store(info.min_rtt_us, Ordering::Relaxed);
         let now = std::time::Instant::now();
         let mut g = self.path.lock().unwrap();
         // Reads leave the initiator's delivery_rate (its own sent data) near zero: the

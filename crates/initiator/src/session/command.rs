@@ -62,6 +62,7 @@ impl Shared {
                 pool: self.bufs.clone(),
             })
         });
+        let weight = u64::from(edtl) + 4096;
         let (conn, itt, id, cmdsn, mut rx) = loop {
             // Registered before the state is looked at, so that no opening of the window
             // is missed; only once the command had to wait (the first look is free).
@@ -75,7 +76,7 @@ impl Shared {
                 if st.conns.closed {
                     return Err(Attempt::Fatal(Error::Closed));
                 }
-                let conn = st.conns.pick();
+                let conn = st.conns.pick_for(weight);
                 let conn = match conn {
                     Some(c) => Some(c),
                     // ERL 2: the lost connection is on its way back; wait for it.
@@ -102,6 +103,8 @@ impl Shared {
                         }),
                         sink.clone(),
                     );
+                    // Counted under the lock, so that the next command's pick sees it.
+                    conn.outstanding.fetch_add(weight, Ordering::Relaxed);
                     // Sent under the lock so that each connection carries CmdSNs in order.
                     self.send_command(
                         &st.conns.params,
@@ -134,8 +137,6 @@ impl Shared {
                 let _ = tokio::time::timeout(Duration::from_millis(500), n).await;
             }
         };
-        let weight = u64::from(edtl) + 4096;
-        conn.outstanding.fetch_add(weight, Ordering::Relaxed);
         let mut guard = TaskGuard {
             shared: self,
             itt,
