@@ -322,7 +322,8 @@ mod tests {
         );
         assert_eq!(sb.inode_at(0, &groups), None);
         assert_eq!(sb.inode_at(5 * 8192 + 1, &groups), None);
-        let m = sb.metadata(&groups, &[81_920 * 4096..(81_920 + 4096) * 4096]);
+        let journal = 81_920 * 4096..(81_920 + 4096) * 4096;
+        let m = sb.metadata(&groups, std::slice::from_ref(&journal));
         // Group 0: superblock, one descriptor block and 63 reserved; the bitmaps; the
         // five inode tables back to back (512 blocks each).
         assert_eq!(m[0], 0..65 * 4096);
