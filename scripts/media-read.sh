@@ -33,6 +33,13 @@ js() { echo "$J" | python3 -c "import json,sys;v=json.load(sys.stdin);print($1)"
 NSA=$(js 'v["a"]["netns"]')
 NSB=$(js 'v["b"]["netns"]')
 B=$(js 'v["b"]["addr"]')
+# A namespace may only choose a congestion control the host allows (as the lab does).
+ALLOWED=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+case " $ALLOWED " in
+  *" cubic "*) ;;
+  *) echo "$ALLOWED cubic" > /proc/sys/net/ipv4/tcp_allowed_congestion_control
+     trap 'echo "$ALLOWED" > /proc/sys/net/ipv4/tcp_allowed_congestion_control' EXIT ;;
+esac
 for ns in $NSA $NSB; do
   ip netns exec $ns sysctl -q -w net.ipv4.tcp_congestion_control=cubic \
     net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
@@ -112,7 +119,7 @@ for v in "$@"; do
     mbit=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["mbit_per_s"])' "$OUT/$label.json")
     extra=$(python3 -c 'import json,sys
 v=json.load(open(sys.argv[1]))
-print(" ".join(f"{k} {v[k]}" for k in ("connections","pacing_rate","readahead_bytes","units","waits","waited_s","ready_ahead_at_waits","pending_ahead_at_waits") if k in v))' "$OUT/$label.json")
+print(" ".join(f"{k} {v[k]}" for k in ("connections","pacing_rate","readahead_bytes","units","skipped_units","first_byte_ms","waits","waited_s","ready_ahead_at_waits","pending_ahead_at_waits") if k in v))' "$OUT/$label.json")
   fi
   d1=$(drops)
   [ -n "${PCAP:-}" ] && { kill $CP; wait $CP 2> /dev/null; }

@@ -105,7 +105,7 @@ enum LabCommand {
         #[arg(long)]
         down_opts: Option<String>,
     },
-    /// Rewrite the result document from results already on disk (--out docs/lab-r4.md:
+    /// Rewrite the result document from results already on disk (--out docs/lab-r4*.md:
     /// R4's).
     Doc {
         #[arg(long, default_value = "lab/results")]
@@ -166,8 +166,12 @@ pub fn run(args: LabArgs) -> Result<()> {
             Ok(())
         }
         LabCommand::Doc { results, out } => {
-            // The scenarios with a document of their own, by the name it has.
-            if out.file_name().is_some_and(|n| n == "lab-r4.md") {
+            // The scenarios with a document of their own, by the name it has (R4's:
+            // lab-r4*.md, a run of some windows may have one of its own).
+            if out
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("lab-r4"))
+            {
                 crate::r4::write_doc(&results, &out)
             } else {
                 crate::doc::write(&results, &out)
@@ -358,6 +362,9 @@ pub fn run(args: LabArgs) -> Result<()> {
                         }
                         crate::r4::run(p, quick, &out, command.clone())?;
                         let r4_doc = match (&doc, no_doc, quick) {
+                            // R4 alone writes the document --doc names (a window's own
+                            // run beside the full one); with others, lab-r4.md beside theirs.
+                            (Some(d), _, _) if names == ["r4"] => Some(d.clone()),
                             (Some(d), _, _) => Some(d.with_file_name("lab-r4.md")),
                             (None, false, false) if !out_given && Path::new("docs").is_dir() => {
                                 Some(PathBuf::from("docs/lab-r4.md"))

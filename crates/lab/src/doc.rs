@@ -8,7 +8,7 @@ use std::fmt::Write;
 use std::path::{Component, Path, PathBuf};
 
 /// `to` as seen from directory `from` (both made absolute first).
-fn relative(from: &Path, to: &Path) -> PathBuf {
+pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {
     let abs = |p: &Path| {
         std::fs::canonicalize(p)
             .unwrap_or_else(|_| std::env::current_dir().unwrap_or_default().join(p))

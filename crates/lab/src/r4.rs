@@ -557,7 +557,9 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             .take(300)
             .collect::<String>()
     );
-    d += "![R4](../lab/results/r4.png)\n\n";
+    let dir = doc.parent().filter(|d| !d.as_os_str().is_empty());
+    let png = crate::doc::relative(dir.unwrap_or(Path::new(".")), &results.join("r4.png"));
+    d += &format!("![R4]({})\n\n", png.display());
     d += "## Throughput (Mbit/s; % of the link)\n\n| delay each way (ms) | window | Reservoir iSCSI | Samba 32 KiB reads | Samba get |\n|---|---|---|---|---|\n";
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
     let mut keys: Vec<(u64, String)> = Vec::new();

@@ -6,10 +6,12 @@
 //! that leaves iSNS leaves the listing (polled, and at once on the server's SCNs).
 //!
 //! Sans-IO: [`http`] (requests, ranges, answer heads), [`listing`] (the model, its JSON
-//! and HTML, routes), [`readahead`] (what to read ahead of a stream), [`mime`],
-//! [`volume::probe`]. I/O: [`server`] (the HTTP sockets), [`storage`] (sessions, the LUN
+//! and HTML, routes), [`readahead`] (what to read ahead of a stream), [`ext4layout`]
+//! (where an ext4 file system keeps no file data, for the read-ahead to step over),
+//! [`mime`], [`volume::probe`]. I/O: [`server`] (the HTTP sockets), [`storage`] (sessions, the LUN
 //! as a device), [`volume`] (a file system reader on its own thread).
 
+pub mod ext4layout;
 pub mod http;
 pub mod listing;
 pub mod mime;
@@ -96,6 +98,8 @@ pub struct ReadReport {
     /// Units of the device asked for, and small reads of their own.
     pub units: u64,
     pub small_reads: u64,
+    /// Units read-ahead stepped over (the file system's metadata and journal).
+    pub skipped_units: u64,
     /// How often, and for how long in all, a call waited for a unit still on its way.
     pub waits: u64,
     pub waited_s: f64,
@@ -170,6 +174,7 @@ fn read_file(
             pacing_rate: info.tuning.as_ref().and_then(|p| p.pacing_rate),
             units: get(&st.units),
             small_reads: get(&st.small_reads),
+            skipped_units: get(&st.skipped),
             waits,
             waited_s: get(&st.wait_ns) as f64 / 1e9,
             ready_ahead_at_waits: per_wait(&st.ready_ahead_at_waits),

@@ -79,6 +79,9 @@ pub struct Planner {
     units: u64,
     /// Sequential streams seen, most recent last.
     streams: Vec<Stream>,
+    /// Runs of units that hold no file data (a file system's metadata and journal, see
+    /// [`Planner::set_holes`]), sorted, apart: read-ahead steps over them.
+    holes: Vec<Range<u64>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +103,8 @@ struct Stream {
 
 /// The units an access needs now, and those to ask for ahead of it (not overlapping).
 /// The device asks for `need` first: a demand read never queues behind read-ahead it
-/// starts itself.
+/// starts itself. `ahead` may span holes ([`Planner::is_hole`]): their units are not
+/// read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub need: Range<u64>,
@@ -140,7 +144,63 @@ impl Planner {
             depth: window.div_ceil(unit).max(1),
             units: device_size.div_ceil(unit),
             streams: Vec::new(),
+            holes: Vec::new(),
         }
+    }
+
+    /// Byte ranges of the device that hold no file data (`ext4layout`): a stream's
+    /// read-ahead steps over every unit wholly inside one, as the file's extents do,
+    /// instead of sending what nobody will read over the link in front of the file's next
+    /// extent. Units a read needs are read wherever they are.
+    pub fn set_holes(&mut self, ranges: &[Range<u64>]) {
+        let mut v: Vec<Range<u64>> = ranges
+            .iter()
+            .map(|r| {
+                r.start.div_ceil(self.unit).min(self.units)..(r.end / self.unit).min(self.units)
+            })
+            .filter(|r| r.start < r.end)
+            .collect();
+        v.sort_by_key(|r| r.start);
+        self.holes.clear();
+        for r in v {
+            match self.holes.last_mut() {
+                Some(l) if r.start <= l.end => l.end = l.end.max(r.end),
+                _ => self.holes.push(r),
+            }
+        }
+    }
+
+    /// Whether unit `u` lies in a hole: read-ahead does not read it.
+    pub fn is_hole(&self, u: u64) -> bool {
+        let i = self.holes.partition_point(|h| h.end <= u);
+        self.holes.get(i).is_some_and(|h| h.start <= u)
+    }
+
+    /// Where `n` units of data from unit `from` end (exclusive), the holes stepped over
+    /// (one it ends at too, so that the file's next read past it is inside what was read
+    /// ahead); at most the device's end.
+    fn advance(&self, from: u64, n: u64) -> u64 {
+        let mut pos = from.min(self.units);
+        let mut left = n;
+        let mut i = self.holes.partition_point(|h| h.end <= pos);
+        while left > 0 && pos < self.units {
+            match self.holes.get(i) {
+                Some(h) if h.start <= pos => {
+                    pos = h.end;
+                    i += 1;
+                }
+                next => {
+                    let stop = next.map_or(self.units, |h| h.start);
+                    let take = left.min(stop - pos);
+                    pos += take;
+                    left -= take;
+                }
+            }
+        }
+        if let Some(h) = self.holes.get(i).filter(|h| h.start == pos) {
+            pos = h.end;
+        }
+        pos
     }
 
     pub fn unit(&self) -> u64 {
@@ -179,7 +239,7 @@ impl Planner {
                 self.streams.remove(0);
             }
             if let Some(credit) = carried {
-                let to = end.saturating_add(credit).min(self.units).max(end);
+                let to = self.advance(end, credit).max(end);
                 self.streams.push(Stream {
                     first,
                     last,
@@ -214,7 +274,7 @@ impl Planner {
         s.going |= s.last > s.first;
         let from = s.ahead_to.max(end);
         let to = if s.going {
-            end.saturating_add(s.credit).min(self.units).max(from)
+            self.advance(end, s.credit).max(from)
         } else {
             from
         };
@@ -377,6 +437,44 @@ mod tests {
         let a = p.access(90 << 20, 1 << 20);
         assert!(a.new_stream);
         assert!(a.ahead.is_empty());
+    }
+
+    #[test]
+    fn read_ahead_steps_over_holes() {
+        let unit = 1000;
+        let mut p = Planner::new(unit, 4000, 100_000);
+        // Units 10..14 and 20 hold no file data; a hole's partial units are not holes.
+        p.set_holes(&[
+            10_000..14_000,
+            20_000..21_500,
+            50_500..50_900,
+            99_000..200_000,
+        ]);
+        assert_eq!(p.holes, vec![10..14, 20..21, 99..100]);
+        assert!(p.is_hole(10) && p.is_hole(13) && p.is_hole(20) && p.is_hole(99));
+        assert!(!p.is_hole(9) && !p.is_hole(14) && !p.is_hole(50));
+        p.access(5000, 1000);
+        // Three units of data ahead of unit 6: 7, 8, 9; then the hole 10..14 it ends at.
+        let a = p.access(6000, 1000);
+        assert_eq!(a.ahead, 7..14);
+        // Four: 8, 9, then 14, 15 past the hole.
+        let a = p.access(7000, 1000);
+        assert_eq!(a.ahead, 14..16);
+        // The file goes on past the hole: inside what was read ahead, the same stream.
+        let a = p.access(14_000, 1000);
+        assert!(!a.new_stream);
+        assert_eq!(a.ahead, 16..19);
+        let a = p.access(15_000, 1000);
+        assert_eq!(a.ahead, 19..21);
+        let a = p.access(16_000, 1000);
+        assert!(!a.new_stream);
+        assert_eq!(a.ahead, 21..22);
+        // A demand read inside a hole is read all the same.
+        let a = p.access(10_500, 10);
+        assert_eq!(a.need, 10..11);
+        // At the device's end.
+        assert_eq!(p.advance(97, 5), 100);
+        assert_eq!(p.advance(0, 0), 0);
     }
 
     #[test]

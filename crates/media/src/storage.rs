@@ -502,6 +502,9 @@ pub struct DeviceStats {
     pub units: AtomicU64,
     /// Small reads of their own (a stream's first bytes, metadata).
     pub small_reads: AtomicU64,
+    /// Units read-ahead stepped over: they hold no file data (the file system's
+    /// metadata and journal, `Device::no_file_data`).
+    pub skipped: AtomicU64,
     /// Times a read found a unit it needed still on its way, and waited.
     pub waits: AtomicU64,
     /// Nanoseconds spent in those waits.
@@ -704,6 +707,38 @@ impl Device for LunDevice {
         self.size
     }
 
+    fn no_file_data(&mut self, ranges: &[std::ops::Range<u64>]) {
+        self.plan.set_holes(ranges);
+    }
+
+    fn read_if_cached(&mut self, offset: u64, buf: &mut [u8]) -> bool {
+        if offset.saturating_add(buf.len() as u64) > self.size {
+            return false;
+        }
+        if self.copy_small(offset, buf) {
+            return true;
+        }
+        // From units that have arrived, the planner untouched.
+        let unit = self.plan.unit();
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let u = at / unit;
+            self.poll(u);
+            let Some(Slot::Ready(data)) = self.cache.get(&u) else {
+                return false;
+            };
+            let from = (at - u * unit) as usize;
+            if from >= data.len() {
+                return false;
+            }
+            let n = (data.len() - from).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&data[from..from + n]);
+            done += n;
+        }
+        true
+    }
+
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if offset.saturating_add(buf.len() as u64) > self.size {
             return Err(io::Error::new(
@@ -733,7 +768,11 @@ impl Device for LunDevice {
             self.start(u);
         }
         for u in plan.ahead.clone() {
-            self.start(u);
+            if self.plan.is_hole(u) {
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.start(u);
+            }
         }
         if !all_ready && self.copy_small(offset, buf) {
             // Going on from a small read: its bytes, while the units come.

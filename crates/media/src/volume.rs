@@ -4,8 +4,10 @@
 //! and is asked through a channel; a [`Volume`] is the handle, and the thread ends when
 //! the last handle goes. Nothing here mounts anything or needs root; nothing writes.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::rc::Rc;
 use std::sync::mpsc as std_mpsc;
 
 use bytes::Bytes;
@@ -16,6 +18,16 @@ pub trait Device: Send + 'static {
     fn size(&self) -> u64;
     /// Fills `buf` from `offset`; an error when the bytes cannot all be had.
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Byte ranges that hold no file data (the file system's metadata and journal,
+    /// [`crate::ext4layout`]): a device reading ahead may step over them. A hint: reads
+    /// there are answered all the same.
+    fn no_file_data(&mut self, _ranges: &[std::ops::Range<u64>]) {}
+    /// Fills `buf` from `offset` only if that costs no I/O worth counting (bytes a LUN
+    /// holds in its caches; a local file reads them): for hints, which must neither wait
+    /// a round trip nor change what the device reads ahead.
+    fn read_if_cached(&mut self, offset: u64, buf: &mut [u8]) -> bool {
+        self.read_at(offset, buf).is_ok()
+    }
 }
 
 impl Device for std::fs::File {
@@ -46,6 +58,17 @@ impl Device for Window {
             ));
         }
         self.dev.read_at(self.base + offset, buf)
+    }
+    fn no_file_data(&mut self, ranges: &[std::ops::Range<u64>]) {
+        let moved: Vec<_> = ranges
+            .iter()
+            .map(|r| self.base.saturating_add(r.start)..self.base.saturating_add(r.end))
+            .collect();
+        self.dev.no_file_data(&moved);
+    }
+    fn read_if_cached(&mut self, offset: u64, buf: &mut [u8]) -> bool {
+        offset.saturating_add(buf.len() as u64) <= self.len
+            && self.dev.read_if_cached(self.base + offset, buf)
     }
 }
 
@@ -200,7 +223,9 @@ impl Volume {
 
 // --- ext2/3/4 ------------------------------------------------------------------------
 
-struct Ext4Dev(Box<dyn Device>);
+/// The device under `ext4-view`, shared with the volume's thread (which tells it where
+/// the file system's metadata is once `ext4-view` has loaded).
+struct Ext4Dev(Rc<RefCell<Box<dyn Device>>>);
 
 impl ext4_view::Ext4Read for Ext4Dev {
     fn read(
@@ -208,7 +233,51 @@ impl ext4_view::Ext4Read for Ext4Dev {
         start_byte: u64,
         dst: &mut [u8],
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
-        self.0.read_at(start_byte, dst).map_err(|e| e.into())
+        self.0
+            .borrow_mut()
+            .read_at(start_byte, dst)
+            .map_err(|e| e.into())
+    }
+}
+
+/// Where the file system on `dev` keeps what is not file data ([`crate::ext4layout`]),
+/// from what `dev` already holds (`Device::read_if_cached`: `ext4-view` has read the
+/// superblock and descriptors when it loads, and the journal's inode with the root's at
+/// the first path it looks up): no round trip, and nothing read ahead differently. `None`
+/// until the superblock and descriptors are had; the bool says whether the journal was.
+fn ext4_metadata(dev: &mut dyn Device) -> Option<(Vec<std::ops::Range<u64>>, bool)> {
+    use crate::ext4layout::{journal_extents, Superblock, SUPERBLOCK_LEN, SUPERBLOCK_OFFSET};
+    let mut read = |at: std::ops::Range<u64>| -> Option<Vec<u8>> {
+        let mut b = vec![0u8; usize::try_from(at.end.checked_sub(at.start)?).ok()?];
+        dev.read_if_cached(at.start, &mut b).then_some(b)
+    };
+    let sb = read(SUPERBLOCK_OFFSET..SUPERBLOCK_OFFSET + SUPERBLOCK_LEN as u64)
+        .and_then(|b| Superblock::parse(&b))?;
+    let groups = sb.groups_from(&read(sb.gdt())?);
+    let journal = match sb.journal_inode {
+        None => Some(Vec::new()),
+        Some(n) => sb
+            .inode_at(n, &groups)
+            .and_then(&mut read)
+            .map(|ino| journal_extents(&sb, &ino)),
+    };
+    let known = journal.is_some();
+    Some((sb.metadata(&groups, &journal.unwrap_or_default()), known))
+}
+
+/// Tells the device where the file system's metadata is, once more with the journal
+/// when that is first had; returns whether there is nothing left to tell.
+fn tell_metadata(dev: &RefCell<Box<dyn Device>>, told: usize) -> usize {
+    let mut d = dev.borrow_mut();
+    match ext4_metadata(&mut **d) {
+        Some((holes, journal)) => {
+            let now = if journal { 2 } else { 1 };
+            if now > told {
+                d.no_file_data(&holes);
+            }
+            now.max(told)
+        }
+        None => told,
     }
 }
 
@@ -245,7 +314,8 @@ fn serve_ext4(
     jobs: std_mpsc::Receiver<Job>,
     ready: std_mpsc::Sender<io::Result<()>>,
 ) {
-    let fs = match ext4_view::Ext4::load(Box::new(Ext4Dev(dev))) {
+    let dev = Rc::new(RefCell::new(dev));
+    let fs = match ext4_view::Ext4::load(Box::new(Ext4Dev(dev.clone()))) {
         Ok(fs) => {
             let _ = ready.send(Ok(()));
             fs
@@ -258,7 +328,12 @@ fn serve_ext4(
     let mut open = OpenFiles {
         files: VecDeque::new(),
     };
+    // 0: nothing told the device yet, 1: the metadata but the journal, 2: all of it.
+    let mut told = tell_metadata(&dev, 0);
     while let Ok(job) = jobs.recv() {
+        if told < 2 {
+            told = tell_metadata(&dev, told);
+        }
         match job {
             Job::List(reply) => {
                 let _ = reply.send(list_ext4(&fs));

@@ -147,3 +147,102 @@ fn no_file_system_is_an_error() {
         .unwrap();
     assert!(e.to_string().contains("no ext2/3/4 or FAT"), "{e}");
 }
+
+/// A file as a device that keeps what the volume tells it holds no file data.
+struct Recording {
+    f: std::fs::File,
+    holes: std::sync::Arc<std::sync::Mutex<Vec<std::ops::Range<u64>>>>,
+}
+
+impl media::volume::Device for Recording {
+    fn size(&self) -> u64 {
+        self.f.metadata().map_or(0, |m| m.len())
+    }
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.f, buf, offset)
+    }
+    fn no_file_data(&mut self, ranges: &[std::ops::Range<u64>]) {
+        *self.holes.lock().unwrap() = ranges.to_vec();
+    }
+}
+
+/// Physical blocks `debugfs -R "blocks WHAT"` lists (a path, or `<8>` for an inode).
+fn debugfs_blocks(img: &Path, what: &str) -> Vec<u64> {
+    let o = Command::new("debugfs")
+        .args(["-R", &format!("blocks {what}")])
+        .arg(img)
+        .output()
+        .expect("debugfs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|x| x.parse().expect("a block number"))
+        .collect()
+}
+
+/// mkfs.ext4 puts the journal in the middle of the file system and leaves room in the
+/// groups for backup superblocks and descriptors, so a file that fills most of it jumps
+/// over them; the volume tells its device where they are (for read-ahead to step over),
+/// and none of it is the file's: checked against debugfs, 1 KiB and 4 KiB blocks.
+#[test]
+fn ext4_metadata_told_to_the_device_is_never_file_data() {
+    if !have("mkfs.ext4") || !have("debugfs") {
+        return;
+    }
+    for block in ["1024", "4096"] {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f.bin"), pattern(60 << 20, 4)).unwrap();
+        let img = d.path().join("fs.img");
+        run(Command::new("truncate").args(["-s", "96M"]).arg(&img));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", block, "-d"])
+            .arg(&src)
+            .arg(&img));
+        let bs: u64 = block.parse().unwrap();
+        let holes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let dev = Recording {
+            f: std::fs::File::open(&img).unwrap(),
+            holes: holes.clone(),
+        };
+        let v = Volume::open(Box::new(dev), "t").unwrap();
+        // The volume's thread tells the device before it serves a request.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        assert_eq!(rt.block_on(v.stat("/f.bin")).unwrap(), 60 << 20);
+        let holes = holes.lock().unwrap().clone();
+        let inside = |b: u64| {
+            holes
+                .iter()
+                .any(|r| r.start <= b * bs && (b + 1) * bs <= r.end)
+        };
+        let overlaps = |b: u64| {
+            holes
+                .iter()
+                .any(|r| r.start < (b + 1) * bs && b * bs < r.end)
+        };
+        let file = debugfs_blocks(&img, "/f.bin");
+        assert!(
+            file.len() as u64 >= (60 << 20) / bs,
+            "{block}: {} blocks",
+            file.len()
+        );
+        for b in &file {
+            assert!(!overlaps(*b), "{block}: file block {b} inside {holes:?}");
+        }
+        let journal = debugfs_blocks(&img, "<8>");
+        assert!(!journal.is_empty());
+        for b in &journal {
+            assert!(inside(*b), "{block}: journal block {b} not in {holes:?}");
+        }
+        // With 1 KiB blocks (twelve groups) the journal sits in the middle and the file
+        // jumps over it: its data lies on both sides.
+        if bs == 1024 {
+            let (j0, j1) = (journal[0], *journal.last().unwrap());
+            assert!(file.iter().any(|b| *b < j0) && file.iter().any(|b| *b > j1));
+        }
+        // Superblock, descriptors, bitmaps and inode table of group 0.
+        let first = if bs == 1024 { 1 } else { 0 };
+        assert!(inside(first) && inside(first + 1), "{block}: {holes:?}");
+    }
+}
