@@ -205,7 +205,11 @@ pub fn save(file: &Path, peer: &str, e: PathEntry, now: u64) -> io::Result<bool>
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
+    // One temporary name per save: sessions of one process (`rsv sync`'s many) may save
+    // at once.
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = file.with_extension(format!("tmp.{}.{n}", std::process::id()));
     std::fs::write(&tmp, merged.print())?;
     std::fs::rename(&tmp, file).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
