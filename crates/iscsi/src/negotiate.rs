@@ -933,34 +933,41 @@ impl Responder {
         self
     }
 
-    fn answer_pacing(&mut self, offered: &str) -> Answer {
-        let Some(policy) = self.pacing_policy else {
-            return Answer::NotUnderstood;
-        };
+    /// The policy for Reservoir's hint keys in this login, or the answer when there is
+    /// none: `NotUnderstood` without a policy, `Irrelevant` outside a normal session's
+    /// login on the target side.
+    fn hint_policy(&self) -> Result<PacingPolicy, Answer> {
+        let policy = self.pacing_policy.ok_or(Answer::NotUnderstood)?;
         let relevant = self.ctx.we_are_target
             && self.ctx.phase != Phase::FullFeature
             && self.ctx.session_type == SessionType::Normal;
-        if !relevant {
-            return Answer::Irrelevant;
+        if relevant {
+            Ok(policy)
+        } else {
+            Err(Answer::Irrelevant)
         }
-        let (answer, pacing) = answer_pacing_hint(offered, &policy);
-        self.pacing = pacing;
-        answer
+    }
+
+    fn answer_pacing(&mut self, offered: &str) -> Answer {
+        match self.hint_policy() {
+            Ok(policy) => {
+                let (answer, pacing) = answer_pacing_hint(offered, &policy);
+                self.pacing = pacing;
+                answer
+            }
+            Err(answer) => answer,
+        }
     }
 
     fn answer_start(&mut self, offered: &str) -> Answer {
-        let Some(policy) = self.pacing_policy else {
-            return Answer::NotUnderstood;
-        };
-        let relevant = self.ctx.we_are_target
-            && self.ctx.phase != Phase::FullFeature
-            && self.ctx.session_type == SessionType::Normal;
-        if !relevant {
-            return Answer::Irrelevant;
+        match self.hint_policy() {
+            Ok(policy) => {
+                let (answer, start) = answer_start_hint(offered, &policy);
+                self.start = start;
+                answer
+            }
+            Err(answer) => answer,
         }
-        let (answer, start) = answer_start_hint(offered, &policy);
-        self.start = start;
-        answer
     }
 
     /// Accepts only CRC32C for the header and/or data digest: an initiator offering
