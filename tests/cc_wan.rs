@@ -228,7 +228,7 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
                 "congestion=rsv",
                 // A queue the copy keeps full: the path cache learns from busy samples.
                 "--opt",
-                "queue_depth=8",
+                "queue_depth=4",
                 "--opt",
             ])
             .arg("rate=80mbit"),
@@ -276,8 +276,15 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
     assert_eq!(again["complete"], true, "{again}");
     let plan = &again["sessions"][0]["tuning"];
     assert_eq!(plan["rate_source"], "remembered", "{plan}");
-    assert_eq!(plan["rate_bytes_per_s"].as_u64(), Some(f[0]), "{plan}");
+    // Sized for at least the assumed 1 Gbit/s; started at the remembered rate.
+    assert_eq!(
+        plan["rate_bytes_per_s"].as_u64(),
+        Some(f[0].max(125_000_000)),
+        "{plan}"
+    );
     let reasons = plan["reasons"].to_string();
+    let remembered = format!("{:.0} Mbit/s remembered", f[0] as f64 * 8e-6);
+    assert!(reasons.contains(&remembered), "{remembered}: {reasons}");
     assert!(reasons.contains("start: each connection at"), "{reasons}");
     // The target was told too (X-org.reservoir.StartRate), for its Data-In.
     let target_log = std::fs::read_to_string(&log).unwrap();

@@ -776,6 +776,9 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
     }
     let loadavg_before = loadavg();
     let environment = crate::env::collect();
+    // The namespaces run CUBIC as R0's (a host whose allowed list is "reno bbr" refuses
+    // it otherwise), as every lab scenario does.
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "cuts")?;
     let dir = scratch.0.clone();
     let key = dir.join("control.key");
