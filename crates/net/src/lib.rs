@@ -168,24 +168,24 @@ fn select_rsv(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// Tells `rsv` on this socket (when it runs it and this process loaded it) to start at and
 /// pace exactly to `bytes_per_sec`, without PROBE_RTT; `None` lifts both.
 fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
-    let Some(loaded) = cc::current() else { return };
-    if congestion(fd).ok().as_deref() != Some(cc::NAME) {
-        return;
-    }
-    let mut s = loaded.get(fd).ok().flatten().unwrap_or_default();
     let rate = bytes_per_sec.unwrap_or(0);
-    s.start_rate = rate;
-    s.share_rate = rate;
-    s.no_probe_rtt = rate > 0;
-    if let Err(e) = loaded.set(fd, s) {
-        tracing::debug!("rsv settings: {e}");
-    }
+    update_rsv(fd, |s| {
+        s.start_rate = rate;
+        s.share_rate = rate;
+        s.no_probe_rtt = rate > 0;
+    });
 }
 
 /// Tells `rsv` on this socket (when it runs it and this process loaded it) to start at
 /// `bytes_per_sec` instead of ten packets, leaving BBR's pacing and PROBE_RTT as they are
 /// once it leaves STARTUP; returns whether it did.
 pub fn start_rsv_at(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> bool {
+    update_rsv(fd, |s| s.start_rate = bytes_per_sec)
+}
+
+/// Changes this socket's `rsv` settings with `change`, when the socket runs `rsv` and this
+/// process loaded it; returns whether they were set.
+fn update_rsv(fd: BorrowedFd<'_>, change: impl FnOnce(&mut cc::Settings)) -> bool {
     let Some(loaded) = cc::current() else {
         return false;
     };
@@ -193,7 +193,7 @@ pub fn start_rsv_at(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> bool {
         return false;
     }
     let mut s = loaded.get(fd).ok().flatten().unwrap_or_default();
-    s.start_rate = bytes_per_sec;
+    change(&mut s);
     match loaded.set(fd, s) {
         Ok(()) => true,
         Err(e) => {
