@@ -401,7 +401,9 @@ fn spawn_ready(cmd: &mut Command, log: &Path) -> Child {
 
 /// A node that registered for SCNs, on a thread inside the namespace: the changes it was
 /// told about (name, bitmap), answering each SCN and keeping its entity alive with a
-/// query a second.
+/// query a second. Returns once the server has accepted the SCN registration (a change
+/// made before that would, rightly, not be told to the watcher; on a loaded machine the
+/// thread can start late).
 fn scn_watcher(
     ns: &str,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -410,6 +412,7 @@ fn scn_watcher(
     use isns::objects::{self, Entity, Node};
     use std::io::{Read, Write};
     let (tx, rx) = std::sync::mpsc::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let path = format!("/var/run/netns/{ns}");
     std::thread::spawn(move || {
         let f = std::fs::File::open(&path).unwrap();
@@ -457,6 +460,10 @@ fn scn_watcher(
                 Err(_) => continue,
             }
             while let Ok(Some(m)) = dec.next_message() {
+                if m.function == isns::FunctionId::SCN_REG.response() {
+                    let ok = m.status == Some(isns::Status::SUCCESS);
+                    let _ = ready_tx.send(ok);
+                }
                 if m.function == isns::FunctionId::SCN {
                     s.write_all(&objects::scn_response(&m).encode(65532))
                         .unwrap();
@@ -467,6 +474,11 @@ fn scn_watcher(
             }
         }
     });
+    match ready_rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(true) => {}
+        Ok(false) => panic!("the server refused the watcher's SCN registration"),
+        Err(_) => panic!("no answer to the watcher's SCN registration in 30 s"),
+    }
     rx
 }
 
