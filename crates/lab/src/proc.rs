@@ -592,35 +592,130 @@ impl Drop for Scratch {
 /// net.ipv4.tcp_allowed_congestion_control. Peers that cannot choose per socket (qemu-img,
 /// tgtd) get the namespace default, so the algorithms a scenario sets are added for the run
 /// and the list is put back afterwards. This widens only what unprivileged sockets may pick.
+///
+/// Several lab runs may overlap (the test suite runs two at a time, an operator may start
+/// one beside another): the list is put back only when the last of them ends, so one run's
+/// end never takes an algorithm from under another. The runs agree through a directory
+/// (`$RSV_LAB_STATE`, default `/run/reservoir-lab`) under an exclusive `flock`: one file per
+/// holder named by its process, and the list as it was before the first of them. A holder
+/// whose process is gone (killed) is dropped by the next run that looks.
 pub struct AllowedCc {
-    old: Option<String>,
+    holder: Option<PathBuf>,
+    dir: PathBuf,
+    allowed: PathBuf,
 }
 
 const ALLOWED_CC: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 
+fn lab_state_dir() -> PathBuf {
+    std::env::var_os("RSV_LAB_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/reservoir-lab"))
+}
+
+/// An exclusive `flock` on `dir/name`, released when the file is dropped.
+fn lock_file(dir: &Path, name: &str) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    let f = File::create(&path).with_context(|| format!("opening {}", path.display()))?;
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+}
+
+/// The holder files in `dir` (`cc-holder.PID.N`) whose process still runs; the others are
+/// removed.
+fn live_holders(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut live = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("cc-holder.")) else {
+            continue;
+        };
+        let pid: Option<libc::pid_t> = rest.split('.').next().and_then(|p| p.parse().ok());
+        let alive = pid.is_some_and(|pid| {
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            let rc = unsafe { libc::kill(pid, 0) };
+            rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        });
+        if alive {
+            live.push(e.path());
+        } else {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    live
+}
+
 impl AllowedCc {
     pub fn ensure(ccs: &[&str]) -> Result<AllowedCc> {
-        let old = std::fs::read_to_string(ALLOWED_CC)
-            .with_context(|| format!("reading {ALLOWED_CC}"))?
+        Self::ensure_in(&lab_state_dir(), Path::new(ALLOWED_CC), ccs)
+    }
+
+    fn ensure_in(dir: &Path, allowed: &Path, ccs: &[&str]) -> Result<AllowedCc> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let _lock = lock_file(dir, "cc.lock")?;
+        let current = std::fs::read_to_string(allowed)
+            .with_context(|| format!("reading {}", allowed.display()))?
             .trim()
             .to_owned();
-        let mut list: Vec<&str> = old.split_whitespace().collect();
-        let missing: Vec<&str> = ccs.iter().copied().filter(|c| !list.contains(c)).collect();
-        if missing.is_empty() {
-            return Ok(AllowedCc { old: None });
+        let orig = dir.join("cc-original");
+        // The first holder keeps the list as it was; one left by a run that was killed
+        // (no live holder, the file still there) is still the list from before it.
+        if live_holders(dir).is_empty() && !orig.exists() {
+            std::fs::write(&orig, &current)
+                .with_context(|| format!("writing {}", orig.display()))?;
         }
-        list.extend(&missing);
-        std::fs::write(ALLOWED_CC, list.join(" "))
-            .with_context(|| format!("allowing {missing:?} in {ALLOWED_CC}"))?;
-        eprintln!("lab: added {missing:?} to net.ipv4.tcp_allowed_congestion_control for this run");
-        Ok(AllowedCc { old: Some(old) })
+        let mut list: Vec<&str> = current.split_whitespace().collect();
+        let missing: Vec<&str> = ccs.iter().copied().filter(|c| !list.contains(c)).collect();
+        if !missing.is_empty() {
+            list.extend(&missing);
+            std::fs::write(allowed, list.join(" "))
+                .with_context(|| format!("allowing {missing:?} in {}", allowed.display()))?;
+            eprintln!(
+                "lab: added {missing:?} to net.ipv4.tcp_allowed_congestion_control for this run"
+            );
+        }
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let holder = dir.join(format!("cc-holder.{}.{n}", std::process::id()));
+        std::fs::write(&holder, "").with_context(|| format!("writing {}", holder.display()))?;
+        Ok(AllowedCc {
+            holder: Some(holder),
+            dir: dir.to_owned(),
+            allowed: allowed.to_owned(),
+        })
     }
 }
 
 impl Drop for AllowedCc {
+    /// Drops this run's hold; the last live holder puts the original list back.
     fn drop(&mut self) {
-        if let Some(old) = &self.old {
-            let _ = std::fs::write(ALLOWED_CC, old);
+        let (dir, allowed) = (&self.dir, &self.allowed);
+        let Some(holder) = self.holder.take() else {
+            return;
+        };
+        let Ok(_lock) = lock_file(dir, "cc.lock") else {
+            return;
+        };
+        let _ = std::fs::remove_file(&holder);
+        if !live_holders(dir).is_empty() {
+            return;
+        }
+        let orig = dir.join("cc-original");
+        if let Ok(old) = std::fs::read_to_string(&orig) {
+            let _ = std::fs::write(allowed, old.trim());
+            let _ = std::fs::remove_file(&orig);
         }
     }
 }
@@ -744,6 +839,46 @@ fn process_ticks(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_runs_keep_the_widened_list_until_the_last_ends() {
+        let dir = std::env::temp_dir().join(format!("rsv-allowed-cc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let allowed = dir.join("allowed");
+        std::fs::write(&allowed, "reno bbr\n").unwrap();
+        let read = || std::fs::read_to_string(&allowed).unwrap();
+
+        // A holder left by a run that was killed: its process no longer exists.
+        let mut dead = Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        dead.wait().unwrap();
+        std::fs::write(dir.join(format!("cc-holder.{dead_pid}.0")), "").unwrap();
+
+        let first = AllowedCc::ensure_in(&dir, &allowed, &["cubic", "bbr"]).unwrap();
+        assert_eq!(read(), "reno bbr cubic");
+        // The second finds cubic there and adds nothing, but still holds it.
+        let second = AllowedCc::ensure_in(&dir, &allowed, &["cubic"]).unwrap();
+        assert_eq!(read(), "reno bbr cubic");
+        drop(first);
+        assert_eq!(
+            read(),
+            "reno bbr cubic",
+            "the first run's end took cubic from the second"
+        );
+        drop(second);
+        assert_eq!(read(), "reno bbr", "the last run's end puts the list back");
+        assert!(!dir.join(format!("cc-holder.{dead_pid}.0")).exists());
+        assert!(!dir.join("cc-original").exists());
+
+        // A run killed with the list widened: the next one restores the list from before.
+        std::fs::write(&allowed, "reno bbr cubic").unwrap();
+        std::fs::write(dir.join("cc-original"), "reno bbr").unwrap();
+        let again = AllowedCc::ensure_in(&dir, &allowed, &["cubic"]).unwrap();
+        drop(again);
+        assert_eq!(read(), "reno bbr");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn readings_are_timed_by_the_relays_clock() {
