@@ -255,71 +255,31 @@ impl RawConn {
 
     pub fn into_parts(self) -> (Reader, WriteHalf, BytesMut, PduDecoder, Digests) {
         let (r, w) = self.stream.into_split();
-        (Reader::new(r), w, self.buf, self.dec, self.digests)
+        (Reader(r), w, self.buf, self.dec, self.digests)
     }
 }
 
 /// The receiving side of a connection in full feature phase, for the session's reader.
-pub(crate) struct Reader {
-    half: ReadHalf,
-    /// The socket's SO_RCVLOWAT as last set (1: the kernel's default).
-    lowat: usize,
-}
+pub(crate) struct Reader(ReadHalf);
 
 impl Reader {
-    pub fn new(half: ReadHalf) -> Reader {
-        Reader { half, lowat: 1 }
-    }
-
     /// Reads what has arrived into `dst`'s spare capacity; 0 when the target closed.
     /// Cancel-safe.
     pub async fn fill(&mut self, dst: &mut impl BufMut) -> std::io::Result<usize> {
-        if self.lowat != 1 {
-            // A segment's wait left the low-water mark up. What is here is read as always;
-            // a wait for what comes next (a header: 48 bytes may be all there is) needs it
-            // back at one byte.
-            if let ReadHalf::Tcp(t) = &self.half {
-                match t.try_read_buf(dst) {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    r => return r,
-                }
-            }
-            self.set_lowat(1)?;
-        }
-        self.half.read_buf(dst).await
+        self.0.read_buf(dst).await
     }
 
     /// Reads exactly `n` more bytes into `v`'s spare capacity (not zeroed first).
-    ///
-    /// Over TCP, when a read comes short (tokio then waits for the socket to be readable
-    /// again), the socket's SO_RCVLOWAT is set to the rest first: the reader sleeps until
-    /// the whole rest of a large Data-In segment has arrived and takes it with one read,
-    /// rather than waking, and reading, as each of the target's TCP segments lands. The
-    /// segment's length is in the header already read, so those bytes come unless the
-    /// connection ends, which wakes the wait too.
     pub async fn read_exact_into(&mut self, v: &mut Vec<u8>, n: usize) -> std::io::Result<()> {
         let mut dst = v.limit(n);
         while dst.has_remaining_mut() {
-            let want = dst.remaining_mut();
-            let got = self.half.read_buf(&mut dst).await?;
-            if got == 0 {
+            if self.0.read_buf(&mut dst).await? == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "closed by the target",
                 ));
             }
-            if got < want && matches!(self.half, ReadHalf::Tcp(_)) {
-                self.set_lowat(want - got)?;
-            }
         }
-        Ok(())
-    }
-
-    fn set_lowat(&mut self, n: usize) -> std::io::Result<()> {
-        if let Some(fd) = self.half.socket() {
-            net::set_recv_lowat(fd, n)?;
-        }
-        self.lowat = n;
         Ok(())
     }
 }
@@ -328,7 +288,7 @@ impl Reader {
     /// The TCP socket under the connection, for TCP_INFO and pacing; `None` on a carrier
     /// without one.
     pub fn socket(&self) -> Option<BorrowedFd<'_>> {
-        self.half.socket()
+        self.0.socket()
     }
 }
 
@@ -641,56 +601,4 @@ async fn writer(
         let _ = dead_tx.send(true);
     }
     let _ = w.shutdown().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::AsyncWriteExt;
-    use tokio::net::{TcpListener, TcpStream};
-
-    /// A reader over a loopback connection, its write half (kept open) and the peer.
-    async fn pair() -> (Reader, tokio::net::tcp::OwnedWriteHalf, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (c, s) = tokio::join!(TcpStream::connect(l.local_addr().unwrap()), l.accept());
-        let (r, w) = c.unwrap().into_split();
-        (Reader::new(ReadHalf::Tcp(r)), w, s.unwrap().0)
-    }
-
-    /// A segment that arrives in pieces is read whole (the wait sets SO_RCVLOWAT to its
-    /// rest), and a short PDU after it still wakes the next read: the low-water mark goes
-    /// back to one byte before a wait for a header, which would otherwise sleep for ever.
-    #[tokio::test]
-    async fn a_segment_in_pieces_then_a_header() {
-        let (mut rd, _w, mut peer) = pair().await;
-        let seg: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
-        let sending = {
-            let seg = seg.clone();
-            tokio::spawn(async move {
-                for piece in seg.chunks(70_000) {
-                    peer.write_all(piece).await.unwrap();
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                peer.write_all(&[0xab; 48]).await.unwrap();
-                peer
-            })
-        };
-        let mut v = Vec::with_capacity(seg.len());
-        rd.read_exact_into(&mut v, seg.len()).await.unwrap();
-        assert_eq!(v, seg);
-        assert!(rd.lowat > 1, "the wait for the rest set no low-water mark");
-        let mut hdr = bytes::BytesMut::with_capacity(64);
-        let n = tokio::time::timeout(std::time::Duration::from_secs(10), rd.fill(&mut hdr))
-            .await
-            .expect("a 48-byte PDU after a large segment did not wake the reader")
-            .unwrap();
-        assert_eq!(n, 48);
-        assert_eq!(rd.lowat, 1);
-        drop(sending.await.unwrap());
-        // The end of the stream wakes a wait for more than will come.
-        let mut v = Vec::with_capacity(1 << 20);
-        let e = rd.read_exact_into(&mut v, 1 << 20).await.unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
-    }
 }

@@ -108,14 +108,6 @@ pub fn set_recv_buffer(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// `SO_RCVLOWAT` of `n` bytes (at least 1): the socket reads as readable (epoll, poll)
-/// only once that much has arrived, or at the end of the stream or an error. Reads that do
-/// not wait return what there is, as always. The kernel caps it at half the receive buffer.
-pub fn set_recv_lowat(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
-    let v = n.clamp(1, i32::MAX as usize) as u32;
-    setsockopt_u32(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, v)
-}
-
 fn setsockopt_u32(fd: BorrowedFd<'_>, level: i32, name: i32, v: u32) -> io::Result<()> {
     // SAFETY: fd is a live socket for the borrow's lifetime and the option value is a u32.
     let rc = unsafe {
