@@ -27,11 +27,22 @@ typedef _Bool bool;
 #define false 0
 
 enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_SK_STORAGE = 24,
 };
 
 enum {
 	BPF_F_NO_PREALLOC = 1,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_NOEXIST = 1,
+};
+
+/* The verifier finds a map value's lock by this name in the program's BTF. */
+struct bpf_spin_lock {
+	__u32 val;
 };
 
 enum {

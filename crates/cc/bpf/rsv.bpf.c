@@ -16,6 +16,9 @@
  *    capped at the share, until the queue drains.
  *  - RSV_NO_PROBE_RTT: the min-RTT sample is kept fresh, so this connection never enters
  *    PROBE_RTT (user space says another connection, or a known path, keeps the minimum).
+ *  - group: the connections of one session share a group id, and their PROBE_RTT is
+ *    coordinated through the rsv_groups map (see "PROBE_RTT by group" below): a minimum
+ *    another member confirmed lately is fresh, and one member probes at a time.
  *  - loss without queue growth (the ACK's RTT within 5/4 of the minimum) does not cut
  *    cwnd below what the current pacing rate needs; BBR's packet conservation in recovery
  *    would. RSV_BBR_LOSS turns this off.
@@ -43,6 +46,8 @@ struct rsv_settings {
 	__u64 share_rate; /* bytes/s; 0: none */
 	__u32 min_rtt_us; /* the path's minimum RTT if user space knows it; 0: unknown */
 	__u32 flags;      /* RSV_* */
+	__u32 group;      /* the session's group, for PROBE_RTT; 0: none */
+	__u32 pad;
 };
 
 struct {
@@ -51,6 +56,84 @@ struct {
 	__type(key, int);
 	__type(value, struct rsv_settings);
 } rsv_settings SEC(".maps");
+
+/* PROBE_RTT by group.
+ *
+ * BBR enters PROBE_RTT (cwnd 4 for at least 200 ms and a round trip) when its min-RTT
+ * sample is 10 s old. The connections of a session start together, so their samples age
+ * together and the whole session drains at once. Here, for a socket with a group (not
+ * RSV_NO_PROBE_RTT), the program decides shortly before BBR would (RSV_DUE_NS after the
+ * sample was taken, measured in ktime ns from when this program saw BBR set it), on each
+ * ACK while it is due:
+ *  (a) skip: another member saw, less than RSV_DUE_NS ago, an RTT at most 9/8 of this
+ *      socket's minimum (each member publishes its samples that are within 9/8 of its own
+ *      minimum, in its slot of the group): the minimum is fresh; BBR's sample is renewed
+ *      and this socket is due again RSV_DUE_NS after that member's sample;
+ *  (b) defer: another member holds the group's token (it is probing): BBR's sample is
+ *      renewed on every ACK, and the socket stays due;
+ *  (c) probe: it takes the token until PROBE_RTT's 200 ms and two round trips have
+ *      passed (released earlier when it leaves PROBE_RTT, or when the socket goes), and
+ *      lets BBR's filter expire now.
+ * A minimum nobody confirms is still probed, one member after the other, so a base RTT
+ * that grew is learnt; a lower one BBR takes at once, as always. Sockets without a group
+ * run BBR's own PROBE_RTT. Counters (per group and per socket) say what happened; the
+ * group's max_probing is the most members in PROBE_RTT at once. */
+#define RSV_GROUP_SLOTS 8
+#define NSEC_PER_SEC 1000000000ULL
+#define NSEC_PER_USEC 1000ULL
+#define RSV_MIN_RTT_WIN_NS (10 * NSEC_PER_SEC) /* BBR's bbr_min_rtt_win_sec */
+#define RSV_DUE_NS (RSV_MIN_RTT_WIN_NS - NSEC_PER_SEC / 10)
+#define RSV_PROBE_NS (NSEC_PER_SEC / 5) /* BBR's bbr_probe_rtt_mode_ms */
+#define RSV_PUBLISH_NS (NSEC_PER_SEC / 32)
+#define RSV_MAX_GROUPS 4096
+
+/* Must match crates/cc/src/lib.rs (RawGroup). */
+struct rsv_group {
+	struct bpf_spin_lock lock;
+	__u32 members;
+	__u32 probing;     /* members in PROBE_RTT now */
+	__u32 max_probing; /* the most at once */
+	__u32 token;       /* the holder's id; 0: none */
+	__u32 next_slot;
+	__u64 token_until; /* ktime ns */
+	__u64 probes;      /* PROBE_RTTs entered by members */
+	__u64 skipped;     /* (a) */
+	__u64 deferred;    /* (b), once a due spell */
+	__u32 low_rtt_us[RSV_GROUP_SLOTS]; /* each slot's latest sample near its minimum */
+	__u64 low_ns[RSV_GROUP_SLOTS];     /* and when (ktime ns); 0: none */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RSV_MAX_GROUPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct rsv_group);
+} rsv_groups SEC(".maps");
+
+/* The program's own state of a socket (user space reads its counters). Must match
+ * crates/cc/src/lib.rs (RawSockState). */
+struct rsv_sock {
+	__u64 stamp_ns;   /* when BBR's min_rtt_stamp took its current value, as seen here */
+	__u64 probes;     /* PROBE_RTTs entered */
+	__u64 skipped;
+	__u64 deferred;
+	__u32 seen_stamp; /* BBR's min_rtt_stamp as last seen */
+	__u32 group;      /* the group joined; 0: none */
+	__u32 id;         /* this socket's token id */
+	__u32 slot;
+	__u8 mode;        /* BBR's mode after the last ACK */
+	__u8 holds_token;
+	__u8 deferring;   /* this due spell's deferral is counted */
+	__u8 pad[5];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct rsv_sock);
+} rsv_state SEC(".maps");
 
 extern void bbr_init(struct sock *sk) __ksym;
 extern void bbr_main(struct sock *sk, u32 ack, int flag, const struct rate_sample *rs) __ksym;
@@ -120,11 +203,244 @@ static __always_inline void apply_start(struct sock *sk, struct rsv_settings *s)
 		raise_cwnd(tp, window_for(tp, s->start_rate, rtt, 2));
 }
 
+/* --- PROBE_RTT by group (see the top of the file) ------------------------------------ */
+
+static __always_inline u32 mode_of(struct bbr *bbr)
+{
+	return BPF_CORE_READ_BITFIELD(bbr, mode);
+}
+
+/* The state starts with BBR's: its min-RTT stamp as taken now. */
+static __always_inline void state_start(struct sock *sk, struct rsv_sock *st)
+{
+	struct bbr *bbr = bbr_of(sk);
+
+	if (!st->id)
+		st->id = bpf_get_prandom_u32() | 1;
+	st->seen_stamp = bbr->min_rtt_stamp;
+	st->stamp_ns = bpf_ktime_get_ns();
+	st->mode = mode_of(bbr);
+	st->holds_token = 0;
+	st->deferring = 0;
+}
+
+static __always_inline void group_leave(struct rsv_sock *st)
+{
+	u32 key = st->group;
+	u32 id = st->id, left;
+	bool probing = st->mode == BBR_PROBE_RTT;
+	struct rsv_group *g;
+
+	if (!key)
+		return;
+	st->group = 0;
+	st->holds_token = 0;
+	g = bpf_map_lookup_elem(&rsv_groups, &key);
+	if (!g)
+		return;
+	bpf_spin_lock(&g->lock);
+	if (probing && g->probing)
+		g->probing--;
+	if (g->token == id)
+		g->token = 0;
+	if (g->members)
+		g->members--;
+	left = g->members;
+	bpf_spin_unlock(&g->lock);
+	if (!left)
+		bpf_map_delete_elem(&rsv_groups, &key);
+}
+
+/* The socket's group entry, joined (and the old one left) when its settings name another;
+ * NULL without a group, or when the map is full (then BBR's own PROBE_RTT). */
+static __always_inline struct rsv_group *group_join(struct rsv_sock *st, u32 key)
+{
+	bool probing = st->mode == BBR_PROBE_RTT;
+	struct rsv_group *g;
+	u32 slot;
+
+	if (st->group != key)
+		group_leave(st);
+	if (!key)
+		return NULL;
+	g = bpf_map_lookup_elem(&rsv_groups, &key);
+	if (g && st->group == key)
+		return g;
+	if (!g) {
+		struct rsv_group fresh = {};
+
+		bpf_map_update_elem(&rsv_groups, &key, &fresh, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&rsv_groups, &key);
+		if (!g)
+			return NULL;
+	}
+	bpf_spin_lock(&g->lock);
+	g->members++;
+	slot = g->next_slot++;
+	if (probing) {
+		g->probing++;
+		if (g->probing > g->max_probing)
+			g->max_probing = g->probing;
+	}
+	bpf_spin_unlock(&g->lock);
+	st->slot = slot & (RSV_GROUP_SLOTS - 1);
+	st->group = key;
+	return g;
+}
+
+/* The time a probe holds the group's token past its last ACK: PROBE_RTT's 200 ms and two
+ * round trips (the drain to 4 packets, and the round it then lasts). */
+static __always_inline u64 probe_hold_ns(struct bbr *bbr)
+{
+	u64 rtt = bbr->min_rtt_us;
+
+	if (!rtt || rtt > USEC_PER_SEC)
+		rtt = USEC_PER_SEC;
+	return RSV_PROBE_NS + 2 * rtt * NSEC_PER_USEC;
+}
+
+/* Before bbr_main: when BBR's minimum is about to expire, skip, defer or probe. */
+static __always_inline void coordinate(struct sock *sk, struct rsv_sock *st,
+				       struct rsv_group *g, u64 now)
+{
+	struct bbr *bbr = bbr_of(sk);
+	u32 min_rtt = bbr->min_rtt_us;
+	u32 jiffies = (u32)bpf_jiffies64();
+	u32 own = st->slot & (RSV_GROUP_SLOTS - 1);
+	u64 fresh = 0, until = now + probe_hold_ns(bbr);
+	bool defer = false, counted = st->deferring;
+	int i;
+
+	if (st->mode == BBR_PROBE_RTT || now < st->stamp_ns + RSV_DUE_NS)
+		return;
+	if (min_rtt && min_rtt != ~0U) {
+		u64 near = (u64)min_rtt * 9 / 8;
+
+#pragma unroll
+		for (i = 0; i < RSV_GROUP_SLOTS; i++) {
+			u64 t = g->low_ns[i];
+
+			if (i == own || !t || t + RSV_DUE_NS <= now)
+				continue;
+			if (g->low_rtt_us[i] <= near && t > fresh)
+				fresh = t;
+		}
+	}
+	if (fresh) {
+		/* (a) Another member confirmed the minimum: it is fresh as of its sample. */
+		bbr->min_rtt_stamp = jiffies;
+		st->seen_stamp = jiffies;
+		st->stamp_ns = fresh;
+		st->deferring = 0;
+		st->skipped++;
+		bpf_spin_lock(&g->lock);
+		g->skipped++;
+		bpf_spin_unlock(&g->lock);
+		return;
+	}
+	bpf_spin_lock(&g->lock);
+	if (g->token && g->token != st->id && g->token_until > now) {
+		defer = true;
+		if (!counted)
+			g->deferred++;
+	} else {
+		g->token = st->id;
+		g->token_until = until;
+	}
+	bpf_spin_unlock(&g->lock);
+	if (defer) {
+		/* (b) Another member probes: BBR waits, this socket stays due. */
+		bbr->min_rtt_stamp = jiffies;
+		st->seen_stamp = jiffies;
+		if (!counted) {
+			st->deferring = 1;
+			st->deferred++;
+		}
+		return;
+	}
+	/* (c) This one probes: BBR's filter expires now (a stamp older than ten seconds at any
+	 * HZ), and BBR enters PROBE_RTT in this bbr_main. */
+	st->holds_token = 1;
+	st->deferring = 0;
+	bbr->min_rtt_stamp = jiffies - 0x40000000;
+	st->seen_stamp = jiffies - 0x40000000;
+}
+
+/* After bbr_main: what BBR did (a new minimum, PROBE_RTT entered or left), the token, and
+ * this ACK's RTT for the other members when it is near this socket's minimum. */
+static __always_inline void observe(struct sock *sk, struct rsv_sock *st, struct rsv_group *g,
+				    const struct rate_sample *rs, u64 now)
+{
+	struct bbr *bbr = bbr_of(sk);
+	u32 mode = mode_of(bbr), prev = st->mode, min_rtt = bbr->min_rtt_us;
+	u32 stamp = bbr->min_rtt_stamp, id = st->id;
+	bool entered = mode == BBR_PROBE_RTT && prev != BBR_PROBE_RTT;
+	bool left = mode != BBR_PROBE_RTT && prev == BBR_PROBE_RTT;
+	bool holds = st->holds_token;
+	bool release = holds && mode != BBR_PROBE_RTT;
+	u64 until = now + probe_hold_ns(bbr);
+	long rtt_us = rs->rtt_us;
+
+	if (stamp != st->seen_stamp) {
+		st->seen_stamp = stamp;
+		st->stamp_ns = now;
+	}
+	st->mode = mode;
+	if (entered) {
+		st->probes++;
+		st->deferring = 0;
+	}
+	if (release)
+		st->holds_token = 0;
+	if (!g)
+		return;
+	if (entered || left || holds) {
+		bpf_spin_lock(&g->lock);
+		if (entered) {
+			g->probes++;
+			g->probing++;
+			if (g->probing > g->max_probing)
+				g->max_probing = g->probing;
+		}
+		if (left && g->probing)
+			g->probing--;
+		if (g->token == id) {
+			if (release)
+				g->token = 0;
+			else if (g->token_until < until)
+				g->token_until = until; /* held while its ACKs come */
+		}
+		bpf_spin_unlock(&g->lock);
+	}
+	if (rtt_us > 0 && min_rtt && min_rtt != ~0U && (u64)rtt_us * 8 <= (u64)min_rtt * 9) {
+		u32 slot = st->slot & (RSV_GROUP_SLOTS - 1);
+
+		if (g->low_ns[slot] + RSV_PUBLISH_NS <= now || (u32)rtt_us < g->low_rtt_us[slot]) {
+			g->low_rtt_us[slot] = (u32)rtt_us;
+			g->low_ns[slot] = now;
+		}
+	}
+}
+
 SEC("struct_ops/rsv_init")
 void BPF_PROG(rsv_init, struct sock *sk)
 {
+	struct rsv_sock *st;
+
 	bbr_init(sk);
 	apply_start(sk, settings_of(sk));
+	st = bpf_sk_storage_get(&rsv_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st)
+		state_start(sk, st);
+}
+
+SEC("struct_ops/rsv_release")
+void BPF_PROG(rsv_release, struct sock *sk)
+{
+	struct rsv_sock *st = bpf_sk_storage_get(&rsv_state, sk, 0, 0);
+
+	if (st)
+		group_leave(st);
 }
 
 SEC("struct_ops/rsv_cong_control")
@@ -134,13 +450,28 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 	struct rsv_settings *s = settings_of(sk);
 	struct bbr *bbr = bbr_of(sk);
 	u32 flags = s ? s->flags : 0;
+	struct rsv_group *g = NULL;
+	struct rsv_sock *st;
+	u64 now = bpf_ktime_get_ns();
 	u32 mode, rtt;
 	bool queue;
 
+	st = bpf_sk_storage_get(&rsv_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st) {
+		if (!st->id)
+			state_start(sk, st);
+		g = group_join(st, s ? s->group : 0);
+	}
+
 	if ((flags & RSV_NO_PROBE_RTT) && BPF_CORE_READ_BITFIELD(bbr, mode) != BBR_PROBE_RTT)
 		bbr->min_rtt_stamp = (u32)bpf_jiffies64();
+	else if (st && g)
+		coordinate(sk, st, g, now);
 
 	bbr_main(sk, ack, flag, rs);
+
+	if (st)
+		observe(sk, st, g, rs, now);
 
 	apply_start(sk, s);
 
@@ -214,6 +545,7 @@ u32 BPF_PROG(rsv_min_tso_segs, struct sock *sk)
 SEC(".struct_ops")
 struct tcp_congestion_ops rsv = {
 	.init = (void *)rsv_init,
+	.release = (void *)rsv_release,
 	.cong_control = (void *)rsv_cong_control,
 	.ssthresh = (void *)rsv_ssthresh,
 	.undo_cwnd = (void *)rsv_undo_cwnd,

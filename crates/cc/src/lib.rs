@@ -3,7 +3,8 @@
 //! The congestion control is a BPF `struct_ops` `tcp_congestion_ops` (`bpf/rsv.bpf.c`)
 //! built on the kernel's BBRv1, which it calls as kfuncs; what it changes is steered per
 //! socket through [`Settings`] in a socket-storage map: a start near a known rate, exact
-//! pacing to a share, no PROBE_RTT, and no cwnd cut on loss without queue growth. The build
+//! pacing to a share, no PROBE_RTT or PROBE_RTT coordinated across a session's connections
+//! (a [`Settings::group`]), and no cwnd cut on loss without queue growth. The build
 //! compiles it with clang when clang and libbpf-dev are there (else [`load`] says "not
 //! built"); loading uses the system's libbpf (`libbpf.so.1`, opened at run time, so that
 //! nothing links it and a machine without it still builds and runs Reservoir).
@@ -26,6 +27,8 @@ use std::sync::{Mutex, OnceLock};
 /// The name sockets select with TCP_CONGESTION.
 pub const NAME: &str = "rsv";
 const SETTINGS_MAP: &str = "rsv_settings";
+const GROUPS_MAP: &str = "rsv_groups";
+const STATE_MAP: &str = "rsv_state";
 const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/rsv.bpf.o"));
 const NOT_BUILT: &str = env!("RSV_CC_NOT_BUILT");
 
@@ -50,6 +53,10 @@ pub struct Settings {
     /// Keep BBR's own cwnd response to loss (packet conservation) even when the RTT shows
     /// no queue.
     pub bbr_loss: bool,
+    /// The session's group ([`new_group`], [`group_for`]): the connections of one group
+    /// take turns at PROBE_RTT, and skip it while another's RTT samples keep the minimum
+    /// fresh; 0: none (BBR's own PROBE_RTT).
+    pub group: u32,
 }
 
 /// The map's value; must match `struct rsv_settings` in `bpf/rsv.bpf.c`.
@@ -60,6 +67,131 @@ struct RawSettings {
     share_rate: u64,
     min_rtt_us: u32,
     flags: u32,
+    group: u32,
+    pad: u32,
+}
+
+/// Slots of a group where members leave their RTT samples for the others (`bpf/rsv.bpf.c`).
+const GROUP_SLOTS: usize = 8;
+
+/// A `rsv_groups` value; must match `struct rsv_group` in `bpf/rsv.bpf.c`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawGroup {
+    lock: u32,
+    members: u32,
+    probing: u32,
+    max_probing: u32,
+    token: u32,
+    next_slot: u32,
+    token_until: u64,
+    probes: u64,
+    skipped: u64,
+    deferred: u64,
+    low_rtt_us: [u32; GROUP_SLOTS],
+    low_ns: [u64; GROUP_SLOTS],
+}
+
+/// A `rsv_state` value; must match `struct rsv_sock` in `bpf/rsv.bpf.c`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawSockState {
+    stamp_ns: u64,
+    probes: u64,
+    skipped: u64,
+    deferred: u64,
+    seen_stamp: u32,
+    group: u32,
+    id: u32,
+    slot: u32,
+    mode: u8,
+    holds_token: u8,
+    deferring: u8,
+    pad: [u8; 5],
+}
+
+/// What a group's PROBE_RTT coordination did, from the `rsv_groups` map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GroupCounts {
+    /// The group's connections that run `rsv` now.
+    pub members: u32,
+    /// PROBE_RTTs its members entered.
+    pub probes: u64,
+    /// Probes skipped: another member's RTT samples kept the minimum fresh.
+    pub skipped: u64,
+    /// Probes put off while another member probed.
+    pub deferred: u64,
+    /// Members in PROBE_RTT now.
+    pub probing: u32,
+    /// The most members in PROBE_RTT at once.
+    pub max_probing: u32,
+}
+
+impl From<RawGroup> for GroupCounts {
+    fn from(g: RawGroup) -> Self {
+        GroupCounts {
+            members: g.members,
+            probes: g.probes,
+            skipped: g.skipped,
+            deferred: g.deferred,
+            probing: g.probing,
+            max_probing: g.max_probing,
+        }
+    }
+}
+
+/// One socket's PROBE_RTTs, from the `rsv_state` map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SocketCounts {
+    /// The group it is in; 0: none.
+    pub group: u32,
+    /// PROBE_RTTs it entered.
+    pub probes: u64,
+    pub skipped: u64,
+    pub deferred: u64,
+    /// It is in PROBE_RTT now.
+    pub probing: bool,
+}
+
+const BBR_PROBE_RTT: u8 = 3;
+
+impl From<RawSockState> for SocketCounts {
+    fn from(r: RawSockState) -> Self {
+        SocketCounts {
+            group: r.group,
+            probes: r.probes,
+            skipped: r.skipped,
+            deferred: r.deferred,
+            probing: r.mode == BBR_PROBE_RTT,
+        }
+    }
+}
+
+/// A new group id for a session (random, never 0). The group map is one per host, shared
+/// by every process that runs `rsv`: ids are random so that sessions of different
+/// processes do not meet.
+pub fn new_group() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: b is writable for its length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        group_for(&std::process::id().to_ne_bytes())
+    };
+    v.max(1)
+}
+
+/// The group id for a session known by `key` (e.g. a target's ISID, TSIH and initiator
+/// name): the same key gives the same id within this process, never 0; other processes
+/// give other ids (the hash is keyed per process).
+pub fn group_for(key: &[u8]) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write(key);
+    let v = h.finish();
+    ((v ^ (v >> 32)) as u32).max(1)
 }
 
 impl From<Settings> for RawSettings {
@@ -76,6 +208,8 @@ impl From<Settings> for RawSettings {
             share_rate: s.share_rate,
             min_rtt_us: s.min_rtt_us,
             flags,
+            group: s.group,
+            pad: 0,
         }
     }
 }
@@ -88,6 +222,7 @@ impl From<RawSettings> for Settings {
             min_rtt_us: r.min_rtt_us,
             no_probe_rtt: r.flags & FLAG_NO_PROBE_RTT != 0,
             bbr_loss: r.flags & FLAG_BBR_LOSS != 0,
+            group: r.group,
         }
     }
 }
@@ -294,6 +429,7 @@ const BPF_OBJ_GET_INFO_BY_FD: c_int = 15;
 const BPF_LINK_CREATE: c_int = 28;
 const BPF_STRUCT_OPS: u32 = 44;
 const BPF_F_LINK: u32 = 1 << 13;
+const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
 
 /// `union bpf_attr`, as the few u32/u64 fields the calls here use; the rest stays zero.
@@ -342,8 +478,9 @@ fn link_create(map_fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A live settings map of another loader, to share: the oldest one (lowest id).
-fn find_settings_map() -> Option<OwnedFd> {
+/// A live map of another loader, to share: the oldest one (lowest id) of this name, type
+/// and layout.
+fn find_map(want: &str, kind: u32, value_size: usize) -> Option<OwnedFd> {
     let mut id = 0u32;
     loop {
         let mut a = Attr::new().u32(0, id);
@@ -366,10 +503,7 @@ fn find_settings_map() -> Option<OwnedFd> {
         let u = |o: usize| u32::from_ne_bytes(info[o..o + 4].try_into().unwrap());
         let name = &info[24..40];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(16)];
-        if u(0) == BPF_MAP_TYPE_SK_STORAGE
-            && u(8) == 4
-            && u(12) as usize == std::mem::size_of::<RawSettings>()
-            && name == SETTINGS_MAP.as_bytes()
+        if u(0) == kind && u(8) == 4 && u(12) as usize == value_size && name == want.as_bytes()
         {
             return Some(fd);
         }
@@ -386,6 +520,8 @@ pub struct Loaded {
     ops_link: *mut c_void,
     ops_fd: RawFd,
     settings_fd: RawFd,
+    groups_fd: RawFd,
+    state_fd: RawFd,
     link: Mutex<Option<OwnedFd>>,
     shared_map: bool,
 }
@@ -440,6 +576,8 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
         ops_link: std::ptr::null_mut(),
         ops_fd: -1,
         settings_fd: -1,
+        groups_fd: -1,
+        state_fd: -1,
         link: Mutex::new(None),
         shared_map: false,
     };
@@ -447,7 +585,11 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
     let ops = unsafe { (lib.find_map)(obj, c"rsv".as_ptr()) };
     // SAFETY: as above.
     let settings = unsafe { (lib.find_map)(obj, c"rsv_settings".as_ptr()) };
-    if ops.is_null() || settings.is_null() {
+    // SAFETY: as above.
+    let groups = unsafe { (lib.find_map)(obj, c"rsv_groups".as_ptr()) };
+    // SAFETY: as above.
+    let state = unsafe { (lib.find_map)(obj, c"rsv_state".as_ptr()) };
+    if ops.is_null() || settings.is_null() || groups.is_null() || state.is_null() {
         return Err(Why::Failed("the object lacks its maps".into()));
     }
     // libbpf 1.1 knows no `.struct_ops.link` section: the flag makes the map a link's.
@@ -456,11 +598,37 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
     if rc != 0 {
         return Err(Why::Failed(format!("bpf_map__set_map_flags: {rc}")));
     }
-    if let Some(fd) = find_settings_map() {
+    if let Some(fd) = find_map(
+        SETTINGS_MAP,
+        BPF_MAP_TYPE_SK_STORAGE,
+        std::mem::size_of::<RawSettings>(),
+    ) {
         // SAFETY: settings is a map of obj, fd a live map of the same definition; libbpf
         // duplicates the fd.
         if unsafe { (lib.reuse_fd)(settings, fd.as_raw_fd()) } == 0 {
             loaded.shared_map = true;
+        }
+    }
+    // The groups (and the program's socket state) are shared the same way, so that the
+    // members of a group meet whichever program runs, and counters are read where it
+    // writes them.
+    for (map, name, kind, size) in [
+        (
+            groups,
+            GROUPS_MAP,
+            BPF_MAP_TYPE_HASH,
+            std::mem::size_of::<RawGroup>(),
+        ),
+        (
+            state,
+            STATE_MAP,
+            BPF_MAP_TYPE_SK_STORAGE,
+            std::mem::size_of::<RawSockState>(),
+        ),
+    ] {
+        if let Some(fd) = find_map(name, kind, size) {
+            // SAFETY: as above.
+            unsafe { (lib.reuse_fd)(map, fd.as_raw_fd()) };
         }
     }
     // SAFETY: obj is open and not loaded.
@@ -482,6 +650,10 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
     loaded.ops_fd = unsafe { (lib.map_fd)(ops) };
     // SAFETY: as above.
     loaded.settings_fd = unsafe { (lib.map_fd)(settings) };
+    // SAFETY: as above.
+    loaded.groups_fd = unsafe { (lib.map_fd)(groups) };
+    // SAFETY: as above.
+    loaded.state_fd = unsafe { (lib.map_fd)(state) };
     // With BPF_F_LINK this stores the programs in the map without registering them.
     // SAFETY: ops is a loaded struct_ops map.
     let l = unsafe { (lib.attach_struct_ops)(ops) };
@@ -555,6 +727,19 @@ impl Loaded {
         bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
     }
 
+    /// A group's PROBE_RTT counters; `None` when no member runs `rsv` (any more).
+    pub fn group_counts(&self, group: u32) -> io::Result<Option<GroupCounts>> {
+        let mut value = RawGroup::default();
+        lookup(self.groups_fd, &group, &mut value).map(|found| found.then(|| value.into()))
+    }
+
+    /// A socket's PROBE_RTT counters; `None` when `rsv` has not run on it.
+    pub fn socket_counts(&self, fd: BorrowedFd<'_>) -> io::Result<Option<SocketCounts>> {
+        let key: i32 = fd.as_raw_fd();
+        let mut value = RawSockState::default();
+        lookup(self.state_fd, &key, &mut value).map(|found| found.then(|| value.into()))
+    }
+
     /// A socket's settings; `None` when it has none.
     pub fn get(&self, fd: BorrowedFd<'_>) -> io::Result<Option<Settings>> {
         let key: i32 = fd.as_raw_fd();
@@ -587,6 +772,19 @@ impl Drop for Loaded {
             }
             (self.lib.close)(self.obj);
         }
+    }
+}
+
+/// Looks `key` up in the map `map_fd` into `value`; whether it was there.
+fn lookup<K, V>(map_fd: RawFd, key: &K, value: &mut V) -> io::Result<bool> {
+    let mut a = Attr::new()
+        .u32(0, map_fd as u32)
+        .u64(8, key as *const K as u64)
+        .u64(16, value as *mut V as u64);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -679,6 +877,18 @@ pub struct Status {
     pub available: bool,
     /// Why this process has not loaded it (not asked yet, or the load's failure).
     pub why_not: Option<String>,
+    /// The session's PROBE_RTT coordination (its group's counters), where a session asks
+    /// with [`group_status`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_rtt: Option<GroupCounts>,
+}
+
+/// A group's counters when this process loaded `rsv` and the group has members.
+pub fn group_status(group: u32) -> Option<GroupCounts> {
+    if group == 0 {
+        return None;
+    }
+    current()?.group_counts(group).ok().flatten()
 }
 
 pub fn status() -> Status {
@@ -688,6 +898,7 @@ pub fn status() -> Status {
             registered_here: l.registered_here(),
             available: available(),
             why_not: None,
+            probe_rtt: None,
         },
         Some(Err(w)) => Status {
             available: available(),
@@ -717,11 +928,46 @@ mod tests {
             min_rtt_us: 100_000,
             no_probe_rtt: true,
             bbr_loss: false,
+            group: 0xdead_beef,
         };
         let raw = RawSettings::from(s);
         assert_eq!(raw.flags, FLAG_NO_PROBE_RTT);
+        assert_eq!(raw.group, 0xdead_beef);
         assert_eq!(Settings::from(raw), s);
-        assert_eq!(std::mem::size_of::<RawSettings>(), 24);
+    }
+
+    /// The map values' layouts as `bpf/rsv.bpf.c` has them (clang's BTF of the object
+    /// says 32, 152 and 56 bytes); a field added on one side only changes a size or an
+    /// offset here.
+    #[test]
+    fn map_values_match_the_programs_layout() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<RawSettings>(), 32);
+        assert_eq!(offset_of!(RawSettings, flags), 20);
+        assert_eq!(offset_of!(RawSettings, group), 24);
+        assert_eq!(size_of::<RawGroup>(), 152);
+        assert_eq!(offset_of!(RawGroup, token_until), 24);
+        assert_eq!(offset_of!(RawGroup, deferred), 48);
+        assert_eq!(offset_of!(RawGroup, low_rtt_us), 56);
+        assert_eq!(offset_of!(RawGroup, low_ns), 88);
+        assert_eq!(size_of::<RawSockState>(), 56);
+        assert_eq!(offset_of!(RawSockState, seen_stamp), 32);
+        assert_eq!(offset_of!(RawSockState, mode), 48);
+    }
+
+    #[test]
+    fn a_session_key_gives_one_group_and_never_none() {
+        assert_eq!(group_for(b"isid 1"), group_for(b"isid 1"));
+        assert_ne!(group_for(b"isid 1"), group_for(b"isid 2"));
+        assert_ne!(new_group(), 0);
+        let sock = RawSockState {
+            mode: BBR_PROBE_RTT,
+            probes: 3,
+            ..Default::default()
+        };
+        let c = SocketCounts::from(sock);
+        assert!(c.probing);
+        assert_eq!(c.probes, 3);
     }
 
     #[test]

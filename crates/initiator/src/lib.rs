@@ -136,6 +136,10 @@ pub struct SessionOptions {
     /// Bytes per second each connection starts at on `rsv` instead of ten packets, without
     /// pacing to it afterwards (auto-tuning sets it from a remembered rate).
     pub start_rate: Option<u64>,
+    /// The session's group for `rsv` (its connections take turns at PROBE_RTT, see
+    /// docs/congestion.md); 0: a new one for each session ([`Session::connect`] draws it).
+    #[serde(skip)]
+    pub rsv_group: u32,
     /// With a `pacing_rate` in force, ask the target at each connection's login to pace
     /// its sends (Data-In) the same way (`X-org.reservoir.PacingRate`; targets that do not
     /// know the key answer NotUnderstood and are simply not paced).
@@ -222,6 +226,7 @@ impl Default for SessionOptions {
             initial_r2t: false,
             pacing_rate: None,
             start_rate: None,
+            rsv_group: 0,
             pacing_hint: true,
             send_buffer: None,
             recv_buffer: None,
@@ -390,6 +395,7 @@ impl SessionOptions {
             congestion: self.congestion.clone(),
             pacing_rate: self.pacing_rate,
             start_rate: self.start_rate,
+            rsv_group: (self.rsv_group != 0).then_some(self.rsv_group),
             notsent_lowat: self.notsent_lowat,
             nodelay: true,
         }

@@ -241,6 +241,9 @@ pub struct SessionSummary {
     pub drained_after_window: u64,
     /// Commands that did not finish in the wait after it and were not.
     pub abandoned: u64,
+    /// On `rsv`, the initiator's PROBE_RTTs (its sends: the writes), as the session's
+    /// group counted them: entered, skipped, deferred, the most at once.
+    pub probe_rtt: Option<[u64; 4]>,
 }
 
 impl SessionSummary {
@@ -256,6 +259,10 @@ impl SessionSummary {
             min_rtt_ms: s["path"]["min_rtt_ms"].as_f64().unwrap_or(0.0),
             drained_after_window: v["drained_after_window"].as_u64().unwrap_or(0),
             abandoned: v["abandoned_at_deadline"].as_u64().unwrap_or(0),
+            probe_rtt: s["rsv"]["probe_rtt"].as_object().map(|p| {
+                let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0);
+                [n("probes"), n("skipped"), n("deferred"), n("max_probing")]
+            }),
         }
     }
 }
@@ -305,7 +312,7 @@ impl Row {
             _ if !self.error.is_empty() => format!("  ({})", self.error),
             Some(s) => {
                 format!(
-                    "  ({} conn, QD {}{}, {}{}, {} retransmits)",
+                    "  ({} conn, QD {}{}, {}{}, {} retransmits{})",
                     s.connections,
                     s.queue_depth,
                     if s.queue_depth_end != s.queue_depth && s.queue_depth_end > 0 {
@@ -318,7 +325,10 @@ impl Row {
                         " paced {:.1} Mbit/s",
                         r as f64 * 8e-6
                     )),
-                    s.retransmits
+                    s.retransmits,
+                    s.probe_rtt.map_or(String::new(), |[e, sk, d, m]| format!(
+                        ", PROBE_RTT {e} entered {sk} skipped {d} deferred, at most {m} at once"
+                    ))
                 ) + &self.link.as_ref().map_or(String::new(), |u| {
                     format!(
                         "  link busy {:.1} %, {:.1} % of it payload: {:.1} s lost starting (full \

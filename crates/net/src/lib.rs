@@ -33,6 +33,9 @@ pub struct SocketTuning {
     /// [`paths`]) without pacing to it afterwards; ignored with `pacing_rate` (which is
     /// also the start) and on sockets that run another congestion control.
     pub start_rate: Option<u64>,
+    /// The session's group for `rsv` ([`cc::new_group`]): its connections take turns at
+    /// PROBE_RTT; ignored on sockets that run another congestion control.
+    pub rsv_group: Option<u32>,
     pub notsent_lowat: Option<u32>,
     pub nodelay: bool,
 }
@@ -86,6 +89,9 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
     }
     if let (Some(rate), None) = (tuning.start_rate, tuning.pacing_rate) {
         start_rsv_at(fd, rate);
+    }
+    if let Some(group) = tuning.rsv_group {
+        group_rsv(fd, group);
     }
     if let Some(n) = tuning.notsent_lowat {
         if let Err(e) = setsockopt_u32(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, n) {
@@ -181,6 +187,13 @@ fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
 /// once it leaves STARTUP; returns whether it did.
 pub fn start_rsv_at(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> bool {
     update_rsv(fd, |s| s.start_rate = bytes_per_sec)
+}
+
+/// Puts this socket in `group` for `rsv`'s PROBE_RTT (when it runs `rsv` and this process
+/// loaded it): the group's connections take turns at PROBE_RTT, and skip it while another
+/// one's RTT samples keep the minimum fresh; returns whether it did.
+pub fn group_rsv(fd: BorrowedFd<'_>, group: u32) -> bool {
+    update_rsv(fd, |s| s.group = group)
 }
 
 /// Changes this socket's `rsv` settings with `change`, when the socket runs `rsv` and this
@@ -706,6 +719,7 @@ mod tests {
             congestion: cc.clone(),
             pacing_rate: Some(10_000_000),
             start_rate: None,
+            rsv_group: None,
             notsent_lowat: Some(128 * 1024),
             nodelay: true,
         };

@@ -59,14 +59,15 @@ fn pacing_through_net_reaches_the_rsv_settings() {
         &net::SocketTuning {
             congestion: Some("rsv".into()),
             start_rate: Some(rate),
+            rsv_group: Some(42),
             ..Default::default()
         },
     );
     assert_eq!(applied.congestion.as_deref(), Some("rsv"), "{applied:?}");
     let got = loaded.get(started.as_fd()).unwrap().expect("settings");
     assert_eq!(
-        (got.share_rate, got.start_rate, got.no_probe_rtt),
-        (0, rate, false)
+        (got.share_rate, got.start_rate, got.no_probe_rtt, got.group),
+        (0, rate, false, 42)
     );
     assert_eq!(net::max_pacing_rate(started.as_fd()).unwrap(), u64::MAX);
 

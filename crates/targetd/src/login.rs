@@ -308,7 +308,7 @@ pub(crate) async fn login(
                     }
                 };
                 // Paced before the last login response goes out: every Data-In is.
-                wire::apply_pacing(stream, &outcome, shared, peer, session.tsih, req.cid);
+                wire::apply_pacing(stream, &outcome, shared, peer, &session, req.cid);
                 let window = session.window();
                 wire::send_now(
                     stream,

@@ -201,6 +201,7 @@ fn socket_tuning(
         congestion: s.congestion.clone().or_else(net::preferred_congestion),
         pacing_rate: s.pacing_rate,
         start_rate: None,
+        rsv_group: None,
         notsent_lowat: s.notsent_lowat,
         nodelay: true,
     };
@@ -252,18 +253,22 @@ pub(crate) async fn send_now(stream: &mut Stream, pdu: &Pdu) -> anyhow::Result<(
 
 /// Paces the connection's sends at the rate its login promised the initiator
 /// (`X-org.reservoir.PacingRate`; a configured `pacing_rate` is in force since accept),
-/// or starts them at the rate it said it applies (`X-org.reservoir.StartRate`).
+/// or starts them at the rate it said it applies (`X-org.reservoir.StartRate`). On `rsv`,
+/// the connection joins its session's group, so that the session's connections take
+/// turns at PROBE_RTT.
 pub(crate) fn apply_pacing(
     stream: &Stream,
     outcome: &LoginOutcome,
     shared: &Shared,
     peer: SocketAddr,
-    tsih: u16,
+    session: &Session,
     cid: u16,
 ) {
     let Some(fd) = stream.socket() else {
         return;
     };
+    let tsih = session.tsih;
+    net::group_rsv(fd, rsv_group(session));
     match outcome.pacing {
         TargetPacing::Paced(rate) if Some(rate) != shared.config.session.pacing_rate => {
             if let Err(e) = net::set_pacing_rate(fd, rate) {
@@ -303,6 +308,16 @@ pub(crate) fn apply_pacing(
             );
         }
     }
+}
+
+/// The session's group for `rsv`: the same for each of its connections (ISID, TSIH and
+/// initiator name), another for every other session and process.
+pub(crate) fn rsv_group(session: &Session) -> u32 {
+    let mut key = Vec::with_capacity(8 + session.initiator.len());
+    key.extend_from_slice(&session.isid);
+    key.extend_from_slice(&session.tsih.to_be_bytes());
+    key.extend_from_slice(session.initiator.as_bytes());
+    net::cc::group_for(&key)
 }
 
 pub(crate) enum Out {

@@ -160,6 +160,13 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
             (Some(w), _, false) => format!("not loaded ({w})"),
         }
     );
+    if let Some(p) = &i.rsv.probe_rtt {
+        println!(
+            "rsv PROBE_RTT, this session's {} connections in turn: {} entered, {} skipped \
+             (another's samples kept the minimum), {} deferred, at most {} at once",
+            p.members, p.probes, p.skipped, p.deferred, p.max_probing
+        );
+    }
     println!("target pacing: {}", i.target_pacing.summary());
     println!(
         "transport: {}",

@@ -214,6 +214,10 @@ impl Session {
         } else {
             (opts.clone(), None, Vec::new())
         };
+        let mut opts = opts;
+        if opts.rsv_group == 0 {
+            opts.rsv_group = net::cc::new_group();
+        }
         let shared = Arc::new(Shared {
             url: url.clone(),
             target,
@@ -255,6 +259,7 @@ impl Session {
         by_cid.sort();
         info.congestion_by_connection = by_cid.into_iter().map(|(_, c)| c).collect();
         info.rsv = net::cc::status();
+        info.rsv.probe_rtt = net::cc::group_status(self.shared.opts.rsv_group);
         let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
         let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {
             0 => None,
