@@ -23,10 +23,6 @@
 //!   exported changes the store's size and the logical unit raises CAPACITY DATA HAS
 //!   CHANGED.
 //!
-//! Without librbd's cache (the default), writes go out of the command's own buffer
-//! (`rbd_disable_zero_copy_writes = false`): librbd's default copy of every write cost a
-//! tenth of the target's CPU per GiB of 1 MiB writes (docs/bench-rbd.md).
-//!
 //! librados delivers completions on one thread (`librados_thread_count = 1`, the `threads`
 //! parameter) rather than its default two: the wake-ups between librados' and librbd's
 //! threads are most of a 4 KiB read's cost, and with one thread the target spent a third less
@@ -400,17 +396,6 @@ impl Conn {
         }
         if let Some(c) = cfg.cache {
             set.push(("rbd_cache", c.to_string()));
-        }
-        // Without librbd's cache, writes go out of the command's own buffer: librbd's
-        // default copies every write into a buffer of its own first, a copy of each byte
-        // written (a tenth of the target's CPU per GiB of 1 MiB writes). Safe here because
-        // the buffer is the operation's until its completion, which librbd holds back
-        // until its last reference to the buffer is gone, and nothing writes to it
-        // meanwhile (the option's reason: a client that changes the bytes in flight breaks
-        // the messenger's CRC). With the cache on, the copy stays: cached bytes outlive the
-        // write.
-        if cfg.cache == Some(false) {
-            set.push(("rbd_disable_zero_copy_writes", "false".into()));
         }
         for (k, v) in set {
             let (ck, cv) = (cstr(k)?, cstr(&v)?);
