@@ -16,9 +16,10 @@
 # the ratio to fio's, and CPU seconds per GiB moved of the target, of the initiator, of both,
 # and of fio's whole process (librbd inside it); the load average at the start and end.
 # With FIO1=1, fio also runs with `librados thread count = 1` (row "fio1").
-# With PROFILE=ROW (r4 or w4), instead: one run of that row on target B and one of fio under
-# `perf record -g`, and the top of each profile by thread and by shared object, then by
-# symbol (perf.data files kept in $PROFILE_DIR, default /dev/shm/rbd6-prof).
+# With PROFILE=ROW (r4, w4, r1 or w1), instead: one run of that row on target B and one of
+# fio under `perf record -g`, and the top of each profile by thread and by shared object,
+# then by symbol (perf.data files kept in $PROFILE_DIR, default /dev/shm/rbd6-prof); with
+# PROFILE_ALL=1 both profiles are of the whole machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=${1:-3}
@@ -120,11 +121,16 @@ measure() { # row side(A|B|fio)
 if [ -n "${PROFILE:-}" ]; then
   dir=${PROFILE_DIR:-/dev/shm/rbd6-prof}
   mkdir -p "$dir"
-  perf record -g -o "$dir/target.data" -p "$pid_B" -- sleep "$SECS" >/dev/null 2>&1 &
+  # PROFILE_ALL=1: the whole machine (target, initiator, OSD, anything else), not target B.
+  who=(-p "$pid_B")
+  [ "${PROFILE_ALL:-0}" = 1 ] && who=(-a)
+  perf record -g -o "$dir/target.data" "${who[@]}" -- sleep "$SECS" >/dev/null 2>&1 &
   prec=$!
   echo "target B: $(measure "$PROFILE" B)"
   wait "$prec" || true
-  perf record -g -o "$dir/fio.data" -- bash -c 'client "$0" fio' "$PROFILE" >"$work/fio.out" 2>/dev/null
+  all=()
+  [ "${PROFILE_ALL:-0}" = 1 ] && all=(-a)
+  perf record -g "${all[@]}" -o "$dir/fio.data" -- bash -c 'client "$0" fio' "$PROFILE" >"$work/fio.out" 2>/dev/null
   echo "fio: $(cat "$work/fio.out")"
   for w in target fio; do
     echo "== $w: by thread, shared object (self)"

@@ -130,6 +130,13 @@ check_ceph() {
   quiet "$scratch/rbd-check"
 }
 
+check_fio() {
+  # fio's rbd engine (librbd directly) is the ceiling the RBD benchmarks compare with.
+  quiet fio --version || return 1
+  quiet fio --enghelp || return 1
+  grep -qx 'rbd' <(tr -d '\t ' <"$scratch/out")
+}
+
 check_ffmpeg() {
   # rsv media's tests make a clip from test sources (VP8 + Opus in WebM) and read it back
   # over HTTP with ffprobe: a 1-second clip must encode and probe as such.
@@ -330,6 +337,7 @@ TOOLS=(
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"
   "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
+  "fio with its rbd engine|fio|librbd's own speed beside Reservoir's in scripts/bench-rbd.sh and scripts/ab-rbd.sh|check_fio"
 )
 
 failing=()  # indices into TOOLS

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use iscsi::framing::{FrameError, FrameLimits, PduDecoder};
 use iscsi::negotiate::ConnectionParams;
 use iscsi::pdu::{
@@ -265,17 +265,60 @@ impl Conn {
 
     async fn serve(
         &mut self,
+        rd: Reader,
+        dec: PduDecoder,
+        buf: BytesMut,
+        events: &mut mpsc::UnboundedReceiver<ConnEvent>,
+    ) -> anyhow::Result<String> {
+        let mut placing = None;
+        let why = self.serve_pdus(rd, dec, buf, events, &mut placing).await;
+        // A segment cut off mid-way: its buffer goes back to its task.
+        if let Some(p) = placing.take() {
+            self.place_abandoned(p);
+        }
+        why
+    }
+
+    async fn serve_pdus(
+        &mut self,
         mut rd: Reader,
         mut dec: PduDecoder,
         mut buf: BytesMut,
         events: &mut mpsc::UnboundedReceiver<ConnEvent>,
+        placing: &mut Option<transfer::Placing>,
     ) -> anyhow::Result<String> {
         let nop_interval = self.shared.config.session.nop_interval;
         let nop_every = (nop_interval > 0).then(|| Duration::from_secs(nop_interval));
         let mut last_heard = Instant::now();
+        // After a segment was read into its command's buffer, the next read takes only the
+        // next header, so that the segment after it (the write's next Data-Out, typically)
+        // can go straight to its place too rather than into `buf`.
+        let header_only = BHS_LEN + if dec.digests().header { 4 } else { 0 };
+        let mut read_limit = usize::MAX;
         loop {
             // Whatever is already buffered is handled before reading more.
             loop {
+                if let Some(p) = placing.as_ref() {
+                    if !p.is_full() {
+                        break;
+                    }
+                    let p = placing.take().expect("just seen");
+                    last_heard = Instant::now();
+                    self.place_done(p);
+                    read_limit = header_only;
+                    continue;
+                }
+                // A large Data-Out segment goes from the socket straight into its command's
+                // buffer (see `Conn::placeable`); a bad header is `decode`'s to report.
+                if let Ok(Some(h)) = dec.peek_header(&buf) {
+                    if let Some(d) = self.placeable(&h) {
+                        let Ok(Pdu::DataOut(_)) = dec.take_header(&mut buf, &h) else {
+                            bail!("Data-Out header decoded once, not twice");
+                        };
+                        *placing = Some(self.place_start(d, h.data_len, &mut buf));
+                        continue;
+                    }
+                }
                 match dec.decode(&mut buf) {
                     Ok(Some(pdu)) => {
                         last_heard = Instant::now();
@@ -302,6 +345,7 @@ impl Conn {
                 buf.reserve(512 * 1024);
             }
             let nop_at = nop_every.map(|d| last_heard + d);
+            let limit = read_limit;
             tokio::select! {
                 biased;
                 ev = events.recv() => match ev {
@@ -329,9 +373,19 @@ impl Conn {
                     }),
                     None => return Ok("session gone".into()),
                 },
-                n = rd.fill(&mut buf) => {
-                    if n? == 0 {
+                n = async {
+                    match placing.as_mut() {
+                        Some(p) => rd.read_into(p.rest()).await,
+                        None => rd.fill(&mut (&mut buf).limit(limit)).await,
+                    }
+                } => {
+                    let n = n?;
+                    if n == 0 {
                         return Ok("closed by the initiator".into());
+                    }
+                    match placing.as_mut() {
+                        Some(p) => p.filled(n),
+                        None => read_limit = usize::MAX,
                     }
                 }
                 _ = sleep_until_opt(nop_at) => {

@@ -181,8 +181,14 @@ impl Reader {
 
     /// Reads what has arrived into `buf`'s spare capacity; 0 when the peer closed.
     /// Cancel-safe: nothing is lost when another branch of a `select!` wins.
-    pub(crate) async fn fill(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+    pub(crate) async fn fill(&mut self, buf: &mut impl bytes::BufMut) -> std::io::Result<usize> {
         self.0.read_buf(buf).await
+    }
+
+    /// Reads what has arrived, up to `dst.len()` bytes, into `dst`; 0 when the peer closed.
+    /// Cancel-safe as [`Reader::fill`].
+    pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(dst).await
     }
 }
 

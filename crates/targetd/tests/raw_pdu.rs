@@ -564,6 +564,163 @@ fn task_reassign_at_erl2_resends_lost_data_in_and_status_from_expdatasn() {
     drop(a);
 }
 
+/// Data-Out segments of 32 KiB and more are read from the socket straight into their
+/// command's buffer: whether they arrive whole, in pieces of any size, behind one another
+/// in one segment of TCP, or mixed with small ones (copied as before), the data lands where
+/// its buffer offset says; one whose DataSN is wrong is not taken that way but ends its
+/// command with CHECK CONDITION as before, and the connection goes on.
+#[test]
+fn large_data_out_segments_land_whole_however_they_arrive() {
+    let addr = start("");
+    let p = SessionParams {
+        max_burst_length: 256 << 10,
+        ..prefs()
+    };
+    let mut a = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x40], 0, 1, 1, p);
+    assert_eq!(a.params.max_burst_length, 256 << 10);
+    assert!(a.conn.max_send_data_segment_length >= 128 << 10);
+    clear_ua(&mut a, 1);
+    let data: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 31 % 253) as u8).collect();
+    let w = a.scsi(0x40, a.cmdsn, &write10(64, 2048), false, true, 1 << 20, &[]);
+    a.cmdsn += 1;
+    a.send(&w);
+    // Each burst of 256 KiB as Data-Out PDUs of 64, 4, 60 and 128 KiB, sent as one byte
+    // stream cut in uneven pieces with pauses between them.
+    let cuts = [64usize << 10, 4 << 10, 60 << 10, 128 << 10];
+    let mut bursts = 0;
+    loop {
+        match a.recv() {
+            Pdu::R2t(r) => {
+                let (off, len) = (
+                    r.buffer_offset as usize,
+                    r.desired_data_transfer_length as usize,
+                );
+                assert_eq!(len, 256 << 10);
+                let mut stream = Vec::new();
+                let mut at = off;
+                for (sn, n) in cuts.iter().enumerate() {
+                    Pdu::DataOut(DataOut {
+                        final_: at + n == off + len,
+                        lun: lun_to_wire(0),
+                        itt: 0x40,
+                        ttt: r.ttt,
+                        datasn: sn as u32,
+                        buffer_offset: at as u32,
+                        data: data[at..at + n].to_vec().into(),
+                        ..Default::default()
+                    })
+                    .encode(&mut stream, Digests::default());
+                    at += n;
+                }
+                let pieces = [1000usize, 47, 70_001, 3, 100_000];
+                let mut from = 0;
+                for (i, n) in pieces.iter().cycle().enumerate() {
+                    if from == stream.len() {
+                        break;
+                    }
+                    let to = (from + n).min(stream.len());
+                    a.send_bytes(&stream[from..to]);
+                    from = to;
+                    if i % 2 == bursts % 2 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                bursts += 1;
+            }
+            Pdu::ScsiResponse(r) => {
+                assert_eq!((r.itt, r.status), (0x40, 0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(bursts, 4);
+    let mut got = Vec::new();
+    for part in 0..4u32 {
+        got.extend(read_at(&mut a, 0x41 + part, 64 + part * 512, 512));
+    }
+    assert!(got == data, "read back differs");
+    // A large Data-Out out of sequence (DataSN 1 where 0 is due) ends its command.
+    let w = a.scsi(0x50, a.cmdsn, &write10(0, 128), false, true, 64 << 10, &[]);
+    a.cmdsn += 1;
+    a.send(&w);
+    let Pdu::R2t(r) = a.recv() else {
+        panic!("expected R2T")
+    };
+    a.data_out(0x50, r.ttt, 1, 0, &data[..64 << 10], true);
+    let Pdu::ScsiResponse(resp) = a.recv() else {
+        panic!("expected the write's status")
+    };
+    assert_eq!((resp.itt, resp.status), (0x50, 2), "CHECK CONDITION");
+    let sense = resp.sense().unwrap();
+    assert_eq!((sense[2] & 0x0f, sense[12]), (0x0b, 0x4b), "DATA PHASE ERROR");
+    // The connection goes on.
+    let again = read_at(&mut a, 0x51, 64, 128);
+    assert!(again[..] == data[..64 << 10]);
+}
+
+/// ERL 2: a connection that dies in the middle of a large Data-Out segment, which was
+/// being read straight into its command's buffer, leaves the command whole for
+/// reassignment: the new connection is asked for the segment again and the command
+/// completes with the right data.
+#[test]
+fn task_reassign_at_erl2_after_a_connection_dies_mid_segment() {
+    let addr = start("");
+    let isid = [0x80, 0, 0, 0, 0, 0x24];
+    let p = SessionParams {
+        max_burst_length: 256 << 10,
+        ..erl(2)
+    };
+    let mut a = Raw::login(addr, isid, 0, 1, 1, p.clone());
+    let mut b = Raw::login(addr, isid, a.tsih, 2, 1, p);
+    clear_ua(&mut a, 1);
+    b.cmdsn = a.cmdsn;
+    let data: Vec<u8> = (0..(128usize << 10)).map(|i| (i * 17 % 251) as u8).collect();
+    let cmdsn = a.cmdsn;
+    let w = a.scsi(0x600, cmdsn, &write10(300, 256), false, true, 128 << 10, &[]);
+    a.cmdsn += 1;
+    b.cmdsn = a.cmdsn;
+    a.send(&w);
+    let Pdu::R2t(r2t) = a.recv() else {
+        panic!("expected R2T")
+    };
+    assert_eq!(r2t.desired_data_transfer_length, 128 << 10);
+    // The first 64 KiB whole, then the header and 20 KiB of the second 64 KiB.
+    a.data_out(0x600, r2t.ttt, 0, 0, &data[..64 << 10], false);
+    let mut second = Vec::new();
+    Pdu::DataOut(DataOut {
+        final_: true,
+        lun: lun_to_wire(0),
+        itt: 0x600,
+        ttt: r2t.ttt,
+        datasn: 1,
+        buffer_offset: 64 << 10,
+        data: data[64 << 10..].to_vec().into(),
+        ..Default::default()
+    })
+    .encode(&mut second, Digests::default());
+    a.send_bytes(&second[..BHS_LEN + (20 << 10)]);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(a);
+    let logged_out = b.logout(0x601, 2, 1);
+    assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
+    assert_eq!(b.tmf(0x602, 8, 0x600, cmdsn, 0), 0, "function complete");
+    // What the dead connection had not brought whole is asked for again.
+    let Pdu::R2t(again) = b.recv() else {
+        panic!("expected an R2T on the new connection")
+    };
+    assert_eq!(
+        (again.itt, again.buffer_offset, again.desired_data_transfer_length),
+        (0x600, 64 << 10, 64 << 10)
+    );
+    b.data_out(0x600, again.ttt, 0, 64 << 10, &data[64 << 10..], true);
+    let Pdu::ScsiResponse(resp) = b.recv() else {
+        panic!("expected the write's status on the new connection")
+    };
+    assert_eq!((resp.itt, resp.status), (0x600, 0));
+    b.check_read(0x603, 300, &data);
+}
+
 /// Below ERL 2 there is no connection recovery: TASK REASSIGN is answered "task
 /// allegiance reassignment not supported" and Logout reason 2 "connection recovery not
 /// supported". At ERL 2, a task whose connection is alive is "still allegiant", and an

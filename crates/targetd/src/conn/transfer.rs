@@ -7,10 +7,12 @@
 use std::sync::Arc;
 
 use backstore::buffers::Buf;
-use bytes::Bytes;
+use bytes::{Buf as _, Bytes, BytesMut};
 use iscsi::ffp::{self, DataRules, DataSequence, SequenceFault, WritePlan};
+use iscsi::framing::PeekedHeader;
 use iscsi::pdu::{
-    lun_from_wire, reject_reason, DataOut, Pdu, R2t, ScsiCommand, ScsiResponse, RESERVED_TAG,
+    self, lun_from_wire, reject_reason, Opcode, DataOut, Pdu, R2t, ScsiCommand, ScsiResponse,
+    RESERVED_TAG,
 };
 use scsi::Sense;
 use tracing::debug;
@@ -21,6 +23,50 @@ use super::{header_of, Close, Conn};
 use crate::session::{ConnEvent, Ordered, Reassigned};
 use crate::task::{Task, TaskCtl, TaskRec};
 use crate::wire::Out;
+
+/// Smallest Data-Out segment read straight into its command's buffer (see
+/// `Conn::placeable`): below it the copy from the receive buffer costs less than the
+/// reads of its own that placing takes.
+pub(super) const PLACE_MIN: usize = 32 * 1024;
+
+/// A Data-Out's segment on its way from the socket into its command's buffer, which it
+/// holds meanwhile (see `Conn::place_start`).
+pub(super) struct Placing {
+    /// The Data-Out, its data left empty.
+    pdu: DataOut,
+    buf: Buf,
+    /// Next byte to fill, and the end of the segment, in `buf`.
+    at: usize,
+    end: usize,
+}
+
+impl Placing {
+    /// Where the next bytes of the segment go.
+    pub(super) fn rest(&mut self) -> &mut [u8] {
+        &mut self.buf[self.at..self.end]
+    }
+
+    pub(super) fn filled(&mut self, n: usize) {
+        self.at += n;
+    }
+
+    pub(super) fn is_full(&self) -> bool {
+        self.at == self.end
+    }
+}
+
+/// Whether Data-Out `d` with `len` bytes continues one of `task`'s open data sequences.
+fn check_data_out(task: &Task, d: &DataOut, len: u32) -> Result<(), SequenceFault> {
+    let seq = if d.ttt == RESERVED_TAG {
+        task.unsolicited.as_ref()
+    } else {
+        task.r2ts.iter().find(|s| s.ttt == d.ttt)
+    };
+    match seq {
+        None => Err(SequenceFault::unknown_ttt(d.ttt)),
+        Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
+    }
+}
 
 /// Largest write a single command may ask us to buffer. Bigger transfers are refused with
 /// CHECK CONDITION before any memory is committed; the Block Limits VPD page advertises
@@ -184,7 +230,8 @@ impl Conn {
     }
 
     pub(super) fn on_data_out(&mut self, d: DataOut) -> Result<(), Close> {
-        let Some(mut task) = self.tasks.remove(&d.itt) else {
+        let len = d.data.len() as u32;
+        let Some(task) = self.tasks.get_mut(&d.itt) else {
             // The task was aborted or refused; its remaining data is dropped.
             debug!(
                 "connection {}: Data-Out for unknown ITT {:#x}",
@@ -192,20 +239,12 @@ impl Conn {
             );
             return Ok(());
         };
-        let len = d.data.len() as u32;
-        let seq = if d.ttt == RESERVED_TAG {
-            task.unsolicited.as_mut()
-        } else {
-            task.r2ts.iter_mut().find(|s| s.ttt == d.ttt)
-        };
         // At ErrorRecoveryLevel 0 a broken data sequence cannot be repaired: the command
         // ends with CHECK CONDITION and the connection goes on (SPC-5 "DATA PHASE ERROR"
         // family), so one bad command does not cost the initiator its session.
-        let checked = match seq {
-            None => Err(SequenceFault::unknown_ttt(d.ttt)),
-            Some(seq) => seq.check(d.datasn, d.buffer_offset, len, d.final_),
-        };
-        if let Err(fault) = checked {
+        if let Err(fault) = check_data_out(task, &d, len) {
+            let r2tsn = task.next_r2tsn;
+            self.tasks.remove(&d.itt);
             peer_log!(
                 warn,
                 "connection {}: Data-Out ITT {:#x}: {fault}; command ended",
@@ -216,39 +255,125 @@ impl Conn {
             let sense = Sense::data_phase_error(fault.ascq);
             self.send(ScsiResponse {
                 itt: d.itt,
-                expdatasn: task.next_r2tsn,
+                expdatasn: r2tsn,
                 ..ScsiResponse::with_sense(&sense.fixed())
             });
             return Ok(());
         }
-        let seq = if d.ttt == RESERVED_TAG {
-            task.unsolicited.as_mut()
-        } else {
-            task.r2ts.iter_mut().find(|s| s.ttt == d.ttt)
-        }
-        .expect("checked above");
         if !task.buf.is_empty() {
             let off = d.buffer_offset as usize;
             task.buf[off..off + len as usize].copy_from_slice(&d.data);
         }
+        self.data_out_arrived(d.itt, d.ttt, len);
+        Ok(())
+    }
+
+    /// A Data-Out header (its data segment still on the stream) whose data may be read
+    /// straight into its command's buffer rather than through the connection's receive
+    /// buffer and a copy: a segment of [`PLACE_MIN`] bytes or more without padding, for a
+    /// task that keeps its data, and that [`Conn::on_data_out`] would accept. Anything
+    /// else (`None`) is decoded whole and handled as usual, refusals included.
+    pub(super) fn placeable(&self, h: &PeekedHeader) -> Option<DataOut> {
+        let len = h.data_len;
+        if h.bhs[0] & 0x3f != Opcode::DataOut as u8
+            || len < PLACE_MIN
+            || len % 4 != 0
+            || pdu::total_ahs_len(&h.bhs) != 0
+        {
+            return None;
+        }
+        let mut bhs = h.bhs;
+        bhs[5..8].fill(0);
+        let Ok(Pdu::DataOut(d)) = Pdu::decode(&bhs, &[], Bytes::new()) else {
+            return None;
+        };
+        let task = self.tasks.get(&d.itt)?;
+        let end = (d.buffer_offset as usize).checked_add(len)?;
+        let fits = task.sink.is_none() && !task.buf.is_empty() && end <= task.buf.len();
+        (fits && check_data_out(task, &d, len as u32).is_ok()).then_some(d)
+    }
+
+    /// Starts reading the segment of `d` (a [`Conn::placeable`] header, taken off the
+    /// decoder) into its task's buffer, beginning with whatever of it `buf` already holds.
+    /// The buffer leaves the task until [`Conn::place_done`] or [`Conn::place_abandoned`]
+    /// gives it back; the task cannot run meanwhile, its data being incomplete.
+    pub(super) fn place_start(&mut self, d: DataOut, len: usize, buf: &mut BytesMut) -> Placing {
+        let task = self.tasks.get_mut(&d.itt).expect("placeable checked the task");
+        let mut data = std::mem::take(&mut task.buf);
+        let at = d.buffer_offset as usize;
+        let have = buf.len().min(len);
+        data[at..at + have].copy_from_slice(&buf[..have]);
+        buf.advance(have);
+        Placing {
+            pdu: d,
+            buf: data,
+            at: at + have,
+            end: at + len,
+        }
+    }
+
+    /// A placed segment is whole: its buffer goes back to the task, and the Data-Out counts
+    /// as [`Conn::on_data_out`] counts one (the command runs if that was its last data).
+    pub(super) fn place_done(&mut self, p: Placing) {
+        let Placing { pdu: d, buf, end, .. } = p;
+        let len = (end - d.buffer_offset as usize) as u32;
+        if self.place_abandoned_buf(d.itt, buf) {
+            self.data_out_arrived(d.itt, d.ttt, len);
+        }
+    }
+
+    /// The connection ends while a segment is being placed: the buffer goes back to its
+    /// task (which may be reassigned and asked for the segment again), unfilled.
+    pub(super) fn place_abandoned(&mut self, p: Placing) {
+        self.place_abandoned_buf(p.pdu.itt, p.buf);
+    }
+
+    /// Gives `buf` back to task `itt`; false if the task is gone (aborted meanwhile).
+    fn place_abandoned_buf(&mut self, itt: u32, buf: Buf) -> bool {
+        match self.tasks.get_mut(&itt) {
+            Some(t) if t.buf.is_empty() => {
+                t.buf = buf;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Counts `len` bytes of a Data-Out that was checked and whose data is in place:
+    /// closes its sequence when whole (and sends the next R2Ts), runs the command once
+    /// all its data is here.
+    fn data_out_arrived(&mut self, itt: u32, ttt: u32, len: u32) {
+        let Some(mut task) = self.tasks.remove(&itt) else {
+            return;
+        };
+        let seq = if ttt == RESERVED_TAG {
+            task.unsolicited.as_mut()
+        } else {
+            task.r2ts.iter_mut().find(|s| s.ttt == ttt)
+        };
+        // Checked before its data was taken off the stream; nothing closes a sequence
+        // meanwhile, but a sequence gone is no reason to stop the connection.
+        let Some(seq) = seq else {
+            debug!("connection {}: ITT {itt:#x}: data for a closed sequence", self.cid);
+            self.tasks.insert(itt, task);
+            return;
+        };
         seq.advance(len);
         let seq_done = seq.is_done();
         task.received += len;
         if seq_done {
-            if d.ttt == RESERVED_TAG {
+            if ttt == RESERVED_TAG {
                 task.unsolicited = None;
             } else {
-                task.r2ts.retain(|s| s.ttt != d.ttt);
+                task.r2ts.retain(|s| s.ttt != ttt);
                 self.solicit(&mut task);
             }
         }
-        let itt = d.itt;
         let ready = task.delivered && task.data_complete();
         self.tasks.insert(itt, task);
         if ready {
             self.execute(itt);
         }
-        Ok(())
     }
 
     /// Carries on a task reassigned to this connection (RFC 7143 6.2.2).
