@@ -503,8 +503,7 @@ fn find_map(want: &str, kind: u32, value_size: usize) -> Option<OwnedFd> {
         let u = |o: usize| u32::from_ne_bytes(info[o..o + 4].try_into().unwrap());
         let name = &info[24..40];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(16)];
-        if u(0) == kind && u(8) == 4 && u(12) as usize == value_size && name == want.as_bytes()
-        {
+        if u(0) == kind && u(8) == 4 && u(12) as usize == value_size && name == want.as_bytes() {
             return Some(fd);
         }
     }

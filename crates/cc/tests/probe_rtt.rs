@@ -195,8 +195,7 @@ fn a_group_probes_one_at_a_time_and_an_ungrouped_connection_still_probes() {
         r.join().unwrap();
     }
     let gone = Instant::now();
-    while loaded.group_counts(group).unwrap().is_some() && gone.elapsed() < Duration::from_secs(5)
-    {
+    while loaded.group_counts(group).unwrap().is_some() && gone.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(

@@ -653,7 +653,11 @@ fn large_data_out_segments_land_whole_however_they_arrive() {
     };
     assert_eq!((resp.itt, resp.status), (0x50, 2), "CHECK CONDITION");
     let sense = resp.sense().unwrap();
-    assert_eq!((sense[2] & 0x0f, sense[12]), (0x0b, 0x4b), "DATA PHASE ERROR");
+    assert_eq!(
+        (sense[2] & 0x0f, sense[12]),
+        (0x0b, 0x4b),
+        "DATA PHASE ERROR"
+    );
     // The connection goes on.
     let again = read_at(&mut a, 0x51, 64, 128);
     assert!(again[..] == data[..64 << 10]);
@@ -675,9 +679,19 @@ fn task_reassign_at_erl2_after_a_connection_dies_mid_segment() {
     let mut b = Raw::login(addr, isid, a.tsih, 2, 1, p);
     clear_ua(&mut a, 1);
     b.cmdsn = a.cmdsn;
-    let data: Vec<u8> = (0..(128usize << 10)).map(|i| (i * 17 % 251) as u8).collect();
+    let data: Vec<u8> = (0..(128usize << 10))
+        .map(|i| (i * 17 % 251) as u8)
+        .collect();
     let cmdsn = a.cmdsn;
-    let w = a.scsi(0x600, cmdsn, &write10(300, 256), false, true, 128 << 10, &[]);
+    let w = a.scsi(
+        0x600,
+        cmdsn,
+        &write10(300, 256),
+        false,
+        true,
+        128 << 10,
+        &[],
+    );
     a.cmdsn += 1;
     b.cmdsn = a.cmdsn;
     a.send(&w);
@@ -710,7 +724,11 @@ fn task_reassign_at_erl2_after_a_connection_dies_mid_segment() {
         panic!("expected an R2T on the new connection")
     };
     assert_eq!(
-        (again.itt, again.buffer_offset, again.desired_data_transfer_length),
+        (
+            again.itt,
+            again.buffer_offset,
+            again.desired_data_transfer_length
+        ),
         (0x600, 64 << 10, 64 << 10)
     );
     b.data_out(0x600, again.ttt, 0, 64 << 10, &data[64 << 10..], true);

@@ -11,7 +11,7 @@ use bytes::{Buf as _, Bytes, BytesMut};
 use iscsi::ffp::{self, DataRules, DataSequence, SequenceFault, WritePlan};
 use iscsi::framing::PeekedHeader;
 use iscsi::pdu::{
-    self, lun_from_wire, reject_reason, Opcode, DataOut, Pdu, R2t, ScsiCommand, ScsiResponse,
+    self, lun_from_wire, reject_reason, DataOut, Opcode, Pdu, R2t, ScsiCommand, ScsiResponse,
     RESERVED_TAG,
 };
 use scsi::Sense;
@@ -277,7 +277,7 @@ impl Conn {
         let len = h.data_len;
         if h.bhs[0] & 0x3f != Opcode::DataOut as u8
             || len < PLACE_MIN
-            || len % 4 != 0
+            || !len.is_multiple_of(4)
             || pdu::total_ahs_len(&h.bhs) != 0
         {
             return None;
@@ -298,7 +298,10 @@ impl Conn {
     /// The buffer leaves the task until [`Conn::place_done`] or [`Conn::place_abandoned`]
     /// gives it back; the task cannot run meanwhile, its data being incomplete.
     pub(super) fn place_start(&mut self, d: DataOut, len: usize, buf: &mut BytesMut) -> Placing {
-        let task = self.tasks.get_mut(&d.itt).expect("placeable checked the task");
+        let task = self
+            .tasks
+            .get_mut(&d.itt)
+            .expect("placeable checked the task");
         let mut data = std::mem::take(&mut task.buf);
         let at = d.buffer_offset as usize;
         let have = buf.len().min(len);
@@ -315,7 +318,9 @@ impl Conn {
     /// A placed segment is whole: its buffer goes back to the task, and the Data-Out counts
     /// as [`Conn::on_data_out`] counts one (the command runs if that was its last data).
     pub(super) fn place_done(&mut self, p: Placing) {
-        let Placing { pdu: d, buf, end, .. } = p;
+        let Placing {
+            pdu: d, buf, end, ..
+        } = p;
         let len = (end - d.buffer_offset as usize) as u32;
         if self.place_abandoned_buf(d.itt, buf) {
             self.data_out_arrived(d.itt, d.ttt, len);
@@ -354,7 +359,10 @@ impl Conn {
         // Checked before its data was taken off the stream; nothing closes a sequence
         // meanwhile, but a sequence gone is no reason to stop the connection.
         let Some(seq) = seq else {
-            debug!("connection {}: ITT {itt:#x}: data for a closed sequence", self.cid);
+            debug!(
+                "connection {}: ITT {itt:#x}: data for a closed sequence",
+                self.cid
+            );
             self.tasks.insert(itt, task);
             return;
         };
