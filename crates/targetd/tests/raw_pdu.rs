@@ -405,6 +405,20 @@ impl Raw {
         t.response
     }
 
+    /// Connection 1 of this session died with write `task` (CmdSN `cmdsn`) waiting for
+    /// data: logs it out for recovery from here, reassigns the task here (TASK REASSIGN)
+    /// and returns the R2T the target then sends for the data it lacks.
+    fn reassign_write_of_cid1(&mut self, task: u32, cmdsn: u32) -> R2t {
+        // 0: closed now for recovery; 1: the target had seen it fail and handed it over.
+        let logged_out = self.logout(0x601, 2, 1);
+        assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
+        assert_eq!(self.tmf(0x602, 8, task, cmdsn, 0), 0, "function complete");
+        let Pdu::R2t(again) = self.recv() else {
+            panic!("expected an R2T on the new connection")
+        };
+        again
+    }
+
     fn logout(&mut self, itt: u32, reason: u8, cid: u16) -> u8 {
         let p = Pdu::LogoutRequest(LogoutRequest {
             immediate: true,
@@ -469,14 +483,8 @@ fn task_reassign_at_erl2_carries_a_half_written_command_on() {
     a.data_out(0x500, r2t.ttt, 0, 0, &data[..3072], false);
     std::thread::sleep(Duration::from_millis(100));
     drop(a);
-    // 0: closed now for recovery; 1: the target had seen it fail and handed it over.
-    let logged_out = b.logout(0x601, 2, 1);
-    assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
-    assert_eq!(b.tmf(0x602, 8, 0x500, cmdsn, 0), 0, "function complete");
     // The R2T of the dead connection is void: a new one asks for the rest only.
-    let Pdu::R2t(again) = b.recv() else {
-        panic!("expected an R2T on the new connection")
-    };
+    let again = b.reassign_write_of_cid1(0x500, cmdsn);
     assert_eq!(
         (
             again.itt,
@@ -716,13 +724,8 @@ fn task_reassign_at_erl2_after_a_connection_dies_mid_segment() {
     a.send_bytes(&second[..BHS_LEN + (20 << 10)]);
     std::thread::sleep(Duration::from_millis(100));
     drop(a);
-    let logged_out = b.logout(0x601, 2, 1);
-    assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
-    assert_eq!(b.tmf(0x602, 8, 0x600, cmdsn, 0), 0, "function complete");
     // What the dead connection had not brought whole is asked for again.
-    let Pdu::R2t(again) = b.recv() else {
-        panic!("expected an R2T on the new connection")
-    };
+    let again = b.reassign_write_of_cid1(0x600, cmdsn);
     assert_eq!(
         (
             again.itt,
