@@ -318,16 +318,6 @@ impl Conn {
                         *placing = Some(self.place_start(d, h.data_len, &mut buf));
                         continue;
                     }
-                    // So does a WRITE's large immediate data, into the buffer of the task
-                    // its command makes.
-                    if self.placeable_immediate(&h) {
-                        let Ok(Pdu::ScsiCommand(cmd)) = dec.take_header(&mut buf, &h) else {
-                            bail!("SCSI Command header decoded once, not twice");
-                        };
-                        last_heard = Instant::now();
-                        *placing = Some(self.place_immediate(cmd, h.data_len, &mut buf)?);
-                        continue;
-                    }
                 }
                 match dec.decode(&mut buf) {
                     Ok(Some(pdu)) => {

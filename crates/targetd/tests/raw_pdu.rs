@@ -671,11 +671,12 @@ fn large_data_out_segments_land_whole_however_they_arrive() {
     assert!(again[..] == data[..64 << 10]);
 }
 
-/// A WRITE's immediate data of 32 KiB and more is read from the socket straight into the
-/// buffer of the task its command makes: cut in pieces of any size, followed by Data-Out
-/// for an R2T, or the whole write in one PDU (which runs once the data is in), the data
-/// lands; the immediate data of a command the target ignores (CmdSN outside the window) is
-/// read off the stream and dropped, and the connection goes on.
+/// A WRITE's large immediate data (32 KiB and more) lands whole: cut in pieces of any size,
+/// followed by Data-Out for an R2T, or the whole write in one PDU (which runs once the data
+/// is in); the immediate data of a command the target ignores (CmdSN outside the window) is
+/// read off the stream and dropped, and the connection goes on. (The data is copied from
+/// the receive buffer into the task's; reading it straight into the task's buffer was
+/// tried and reverted: no gain measured.)
 #[test]
 fn large_immediate_data_lands_whole_however_it_arrives() {
     let addr = start("");

@@ -29,42 +29,18 @@ use crate::wire::Out;
 /// reads of its own that placing takes.
 pub(super) const PLACE_MIN: usize = 32 * 1024;
 
-/// A data segment on its way from the socket into its command's buffer, which it holds
-/// meanwhile (see `Conn::place_start` and `Conn::place_immediate`).
+/// A Data-Out's segment on its way from the socket into its command's buffer, which it
+/// holds meanwhile (see `Conn::place_start`).
 pub(super) struct Placing {
-    /// Whose segment it is.
-    pdu: Placed,
+    /// The Data-Out, its data left empty.
+    pdu: DataOut,
     buf: Buf,
     /// Next byte to fill, and the end of the segment, in `buf`.
     at: usize,
     end: usize,
 }
 
-/// What a [`Placing`] fills.
-enum Placed {
-    /// A Data-Out, its data left empty.
-    DataOut(DataOut),
-    /// The immediate data of command `itt`, from offset 0 of its buffer.
-    Immediate { itt: u32 },
-    /// Immediate data of a command that was refused or dropped on arrival: read off the
-    /// stream into a scratch buffer and forgotten.
-    Discard,
-}
-
 impl Placing {
-    /// Fills `data[at..at + len]`, first with whatever of the segment `buf` holds.
-    fn start(pdu: Placed, mut data: Buf, at: usize, len: usize, buf: &mut BytesMut) -> Placing {
-        let have = buf.len().min(len);
-        data[at..at + have].copy_from_slice(&buf[..have]);
-        buf.advance(have);
-        Placing {
-            pdu,
-            buf: data,
-            at: at + have,
-            end: at + len,
-        }
-    }
-
     /// Where the next bytes of the segment go.
     pub(super) fn rest(&mut self) -> &mut [u8] {
         &mut self.buf[self.at..self.end]
@@ -99,14 +75,6 @@ const MAX_TASK_BYTES: u32 = 64 << 20;
 
 impl Conn {
     pub(super) fn on_scsi(&mut self, cmd: ScsiCommand) -> Result<(), Close> {
-        self.take_scsi(cmd, 0).map(|_| ())
-    }
-
-    /// [`Conn::on_scsi`] for a command whose `placed` bytes of immediate data are still on
-    /// the stream (`cmd.data` empty; 0 for the usual case, the data in `cmd.data`): they
-    /// count as received once [`Conn::place_done`] has them in the task's buffer. True if
-    /// the command was taken as a new task (not refused).
-    fn take_scsi(&mut self, cmd: ScsiCommand, placed: u32) -> Result<bool, Close> {
         // Only a refusal needs the header back; building it is not free on the hot path.
         let reject = |conn: &Self, cmd: ScsiCommand, reason: u8| {
             conn.reject(reason, &header_of(&Pdu::ScsiCommand(cmd)));
@@ -114,16 +82,16 @@ impl Conn {
         if self.session.is_discovery() {
             // Discovery sessions carry no SCSI (RFC 7143 4.3).
             reject(self, cmd, reject_reason::PROTOCOL_ERROR);
-            return Ok(false);
+            return Ok(());
         }
-        let imm = cmd.data.len() as u32 + placed;
+        let imm = cmd.data.len() as u32;
         let rules = DataRules::from(&self.session.params);
         let plan = match WritePlan::target(cmd.write, cmd.edtl, imm, cmd.final_, &rules) {
             Ok(plan) => plan,
             Err(e) => {
                 peer_log!(warn, "connection {}: ITT {:#x}: {e}", self.cid, cmd.itt);
                 reject(self, cmd, reject_reason::PROTOCOL_ERROR);
-                return Ok(false);
+                return Ok(());
             }
         };
         if !cmd.immediate {
@@ -133,7 +101,7 @@ impl Conn {
                     "connection {}: CmdSN {} outside [{exp}, {max}]: ignored",
                     self.cid, cmd.cmdsn
                 );
-                return Ok(false);
+                return Ok(());
             }
         }
         let lun = lun_from_wire(cmd.lun);
@@ -153,7 +121,7 @@ impl Conn {
                 cmd.itt
             );
             reject(self, cmd, reject_reason::INVALID_PDU_FIELD);
-            return Ok(false);
+            return Ok(());
         }
         let sink = (cmd.write && cmd.edtl > MAX_TASK_BYTES)
             .then(|| scsi::Response::check_condition(&Sense::invalid_field_in_cdb(0, None)));
@@ -164,7 +132,7 @@ impl Conn {
         };
         let mut buf = Buf::take(keep);
         if keep > 0 {
-            buf[..cmd.data.len()].copy_from_slice(&cmd.data);
+            buf[..imm as usize].copy_from_slice(&cmd.data);
         }
         let unsolicited_end = plan.unsolicited_end;
         let unsolicited =
@@ -181,7 +149,7 @@ impl Conn {
             lun,
             ctl,
             buf,
-            received: imm - placed,
+            received: imm,
             unsolicited,
             r2ts: Vec::new(),
             next_solicit: unsolicited_end,
@@ -195,7 +163,7 @@ impl Conn {
         self.tasks.insert(itt, task);
         if immediate {
             self.deliver_now(itt);
-            return Ok(true);
+            return Ok(());
         }
         match self.session.order(self.cid, cmdsn, Ordered::Scsi(itt)) {
             Ok(ready) => {
@@ -220,7 +188,7 @@ impl Conn {
                 self.drop_task(itt);
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     pub(super) fn deliver_now(&mut self, itt: u32) {
@@ -334,95 +302,35 @@ impl Conn {
             .tasks
             .get_mut(&d.itt)
             .expect("placeable checked the task");
-        let data = std::mem::take(&mut task.buf);
+        let mut data = std::mem::take(&mut task.buf);
         let at = d.buffer_offset as usize;
-        Placing::start(Placed::DataOut(d), data, at, len, buf)
-    }
-
-    /// A SCSI Command header (its data segment still on the stream) whose immediate data
-    /// may be read straight into the buffer of the task it makes: a WRITE with a segment
-    /// of [`PLACE_MIN`] bytes or more without padding, in a normal session below ERL 2 (a
-    /// task reassigned after a connection lost mid-segment would not ask for that data
-    /// again). False: decode it whole as usual.
-    pub(super) fn placeable_immediate(&self, h: &PeekedHeader) -> bool {
-        let len = h.data_len;
-        if h.bhs[0] & 0x3f != Opcode::ScsiCommand as u8
-            || len < PLACE_MIN
-            || !len.is_multiple_of(4)
-            || pdu::total_ahs_len(&h.bhs) != 0
-            || self.session.is_discovery()
-            || self.session.erl2()
-        {
-            return false;
+        let have = buf.len().min(len);
+        data[at..at + have].copy_from_slice(&buf[..have]);
+        buf.advance(have);
+        Placing {
+            pdu: d,
+            buf: data,
+            at: at + have,
+            end: at + len,
         }
-        let mut bhs = h.bhs;
-        bhs[5..8].fill(0);
-        matches!(Pdu::decode(&bhs, &[], Bytes::new()),
-            Ok(Pdu::ScsiCommand(cmd)) if cmd.write && cmd.edtl <= MAX_TASK_BYTES && len as u32 <= cmd.edtl)
     }
 
-    /// Takes command `cmd` (a [`Conn::placeable_immediate`] header, taken off the decoder)
-    /// as [`Conn::on_scsi`] does, and starts reading its `len` bytes of immediate data into
-    /// the new task's buffer, beginning with whatever of them `buf` already holds. A command
-    /// refused or dropped meanwhile has its data read into a scratch buffer and forgotten.
-    pub(super) fn place_immediate(
-        &mut self,
-        cmd: ScsiCommand,
-        len: usize,
-        buf: &mut BytesMut,
-    ) -> Result<Placing, Close> {
-        let itt = cmd.itt;
-        let taken = self.take_scsi(cmd, len as u32)?;
-        let task = self
-            .tasks
-            .get_mut(&itt)
-            .filter(|t| taken && t.received == 0 && t.sink.is_none() && t.buf.len() >= len);
-        Ok(match task {
-            Some(task) => {
-                let data = std::mem::take(&mut task.buf);
-                Placing::start(Placed::Immediate { itt }, data, 0, len, buf)
-            }
-            None => Placing::start(Placed::Discard, Buf::take(len), 0, len, buf),
-        })
-    }
-
-    /// A placed segment is whole: its buffer goes back to the task, and the data counts
-    /// as [`Conn::on_data_out`] counts a Data-Out's (the command runs if that was its last
-    /// data).
+    /// A placed segment is whole: its buffer goes back to the task, and the Data-Out counts
+    /// as [`Conn::on_data_out`] counts one (the command runs if that was its last data).
     pub(super) fn place_done(&mut self, p: Placing) {
-        let Placing { pdu, buf, end, .. } = p;
-        match pdu {
-            Placed::DataOut(d) => {
-                let len = (end - d.buffer_offset as usize) as u32;
-                if self.place_abandoned_buf(d.itt, buf) {
-                    self.data_out_arrived(d.itt, d.ttt, len);
-                }
-            }
-            Placed::Immediate { itt } => {
-                if self.place_abandoned_buf(itt, buf) {
-                    let task = self.tasks.get_mut(&itt).expect("just given its buffer");
-                    task.received += end as u32;
-                    if task.delivered && task.data_complete() {
-                        self.execute(itt);
-                    }
-                }
-            }
-            Placed::Discard => {}
+        let Placing {
+            pdu: d, buf, end, ..
+        } = p;
+        let len = (end - d.buffer_offset as usize) as u32;
+        if self.place_abandoned_buf(d.itt, buf) {
+            self.data_out_arrived(d.itt, d.ttt, len);
         }
     }
 
     /// The connection ends while a segment is being placed: the buffer goes back to its
     /// task (which may be reassigned and asked for the segment again), unfilled.
     pub(super) fn place_abandoned(&mut self, p: Placing) {
-        match p.pdu {
-            Placed::DataOut(d) => {
-                self.place_abandoned_buf(d.itt, p.buf);
-            }
-            Placed::Immediate { itt } => {
-                self.place_abandoned_buf(itt, p.buf);
-            }
-            Placed::Discard => {}
-        }
+        self.place_abandoned_buf(p.pdu.itt, p.buf);
     }
 
     /// Gives `buf` back to task `itt`; false if the task is gone (aborted meanwhile).
