@@ -130,7 +130,8 @@ check_ceph() {
   quiet "$scratch/rbd-check" || return 1
   # The store's C++ shim (crates/rbd/shim) reads into a ceph::bufferlist through librbd's
   # C++ API: librbd.hpp (librbd-dev) and librados' C++ headers (libradospp-dev) must
-  # compile, and a program that makes a bufferlist and names Image::aio_read2 must link.
+  # compile (g++), and a program that makes a bufferlist and names Image::aio_read2 must
+  # link and run.
   cat >"$scratch/rbd.cc" <<'CC'
   #include <rados/buffer.h>
   #include <rbd/librbd.hpp>
@@ -352,7 +353,7 @@ TOOLS=(
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"
-  "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev libradospp-dev uuid-runtime|the rbd store links librbd (its C++ shim needs librados' C++ headers); its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
+  "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev libradospp-dev g++ uuid-runtime|the rbd store links librbd (its C++ shim needs librados' C++ headers and a C++ compiler); its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
   "fio with its rbd engine|fio|librbd's own speed beside Reservoir's in scripts/bench-rbd.sh and scripts/ab-rbd.sh|check_fio"
 )
 
