@@ -127,7 +127,24 @@ check_ceph() {
   printf '#include <rbd/librbd.h>\n#include <rados/librados.h>\nint main(void){int a,b,c,d,e,f;rbd_version(&a,&b,&c);rados_version(&d,&e,&f);return a>=1 && d>=1?0:1;}\n' \
     >"$scratch/rbd.c"
   quiet cc -o "$scratch/rbd-check" "$scratch/rbd.c" -lrbd -lrados || return 1
-  quiet "$scratch/rbd-check"
+  quiet "$scratch/rbd-check" || return 1
+  # The store's C++ shim (crates/rbd/shim) reads into a ceph::bufferlist through librbd's
+  # C++ API: librbd.hpp (librbd-dev) and librados' C++ headers (libradospp-dev) must
+  # compile (g++), and a program that makes a bufferlist and names Image::aio_read2 must
+  # link and run.
+  cat >"$scratch/rbd.cc" <<'CC'
+  #include <rados/buffer.h>
+  #include <rbd/librbd.hpp>
+  int main() {
+    ceph::bufferlist bl;
+    bl.append("rsv", 3);
+    int (librbd::Image::*read)(uint64_t, size_t, ceph::bufferlist &, librbd::RBD::AioCompletion *, int) =
+        &librbd::Image::aio_read2;
+    return bl.length() == 3 && read != nullptr ? 0 : 1;
+  }
+CC
+  quiet c++ -std=c++17 -o "$scratch/rbd-check-cc" "$scratch/rbd.cc" -lrbd -lrados || return 1
+  quiet "$scratch/rbd-check-cc"
 }
 
 check_fio() {
@@ -336,7 +353,7 @@ TOOLS=(
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"
-  "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev uuid-runtime|the rbd store links librbd; its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
+  "Ceph and librbd|ceph-mon ceph-osd ceph-common librbd-dev libradospp-dev g++ uuid-runtime|the rbd store links librbd (its C++ shim needs librados' C++ headers and a C++ compiler); its tests start a throw-away cluster (scripts/ceph-cluster.sh)|check_ceph"
   "fio with its rbd engine|fio|librbd's own speed beside Reservoir's in scripts/bench-rbd.sh and scripts/ab-rbd.sh|check_fio"
 )
 

@@ -806,6 +806,42 @@ fn store_zeroes_errors_and_reconnection() {
     let (_, _, r) = rx.recv_timeout(Duration::from_secs(1)).unwrap();
     assert!(r.is_err(), "a read past the end succeeded");
 
+    // Lent reads (librbd's own buffers through the C++ shim): 64 KiB and more, none below;
+    // within one object (one segment, lent as it is) and across the 4 MiB objects (several,
+    // copied into one buffer), many at once: the bytes are the image's.
+    assert!(store.reads_lent_async(64 << 10) && !store.reads_lent_async(4096));
+    let (ltx, lrx) = std::sync::mpsc::channel();
+    let lent: Vec<(u64, usize)> = (0..32u64)
+        .map(|i| match i % 4 {
+            3 => ((4 << 20) * (1 + i % 3) - (64 << 10), 256 << 10),
+            _ => ((i * 7919 % 3000) * 4096, (64 << 10) << (i % 5)),
+        })
+        .collect();
+    for (i, &(off, len)) in lent.iter().enumerate() {
+        let ltx = ltx.clone();
+        store.read_lent_async(off, len, Box::new(move |r| ltx.send((i, r)).unwrap()));
+    }
+    for _ in 0..lent.len() {
+        let (i, r) = lrx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a lent read's completion");
+        let got = r.unwrap_or_else(|e| panic!("lent read {i}: {e}"));
+        let (off, len) = lent[i];
+        assert_eq!(got.len(), len, "lent read {i}");
+        assert!(got.readable_in_user_space());
+        assert!(
+            got.as_ref() == &want[off as usize..off as usize + len],
+            "lent read {i} at {off}+{len} differs"
+        );
+    }
+    store.read_lent_async(
+        (16 << 20) - (64 << 10),
+        128 << 10,
+        Box::new(move |r| ltx.send((0, r)).unwrap()),
+    );
+    let (_, r) = lrx.recv_timeout(Duration::from_secs(1)).unwrap();
+    assert!(r.is_err(), "a lent read past the end succeeded");
+
     // Asynchronous writes (completed by librbd's callback; half of them durable: flushed
     // before their completion), many at once, then an asynchronous flush: read back as
     // written. A write past the end fails at once.
@@ -874,6 +910,10 @@ fn store_zeroes_errors_and_reconnection() {
         8 << 20,
         Box::new(move |b, r| tx.send((b, r)).unwrap()),
     );
+    // A lent read (into librbd's bufferlist) fails within the timeout too: its completion
+    // comes, and the bufferlist is freed with the error.
+    let (ltx, lrx) = std::sync::mpsc::channel();
+    uncached.read_lent_async(4 << 20, 1 << 20, Box::new(move |r| ltx.send(r).unwrap()));
     // A durable asynchronous write queued beside it fails too (not acknowledged).
     let (wtx, wrx) = std::sync::mpsc::channel();
     uncached.write_async(
@@ -888,6 +928,14 @@ fn store_zeroes_errors_and_reconnection() {
     let w = wrx
         .recv_timeout(Duration::from_secs(20))
         .expect("no completion for an asynchronous write with the OSD down");
+    let l = lrx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("no completion for a lent read with the OSD down");
+    println!(
+        "lent read with the OSD down: {:?}",
+        l.as_ref().map(|b| b.len())
+    );
+    assert!(l.is_err(), "a lent read with the OSD down succeeded");
     println!("async write with the OSD down: {w:?}");
     assert!(
         w.is_err(),
@@ -937,6 +985,10 @@ fn store_zeroes_errors_and_reconnection() {
     let (b, r) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
     r.unwrap();
     assert!(b[..] == data[..], "asynchronous read after the outage");
+    let (ltx, lrx) = std::sync::mpsc::channel();
+    store.read_lent_async(8 << 20, 1 << 20, Box::new(move |r| ltx.send(r).unwrap()));
+    let l = lrx.recv_timeout(Duration::from_secs(20)).unwrap().unwrap();
+    assert!(l.as_ref() == &data[..], "lent read after the outage");
     store.read_at(&mut back, 0).unwrap();
     assert!(
         back[..4096].iter().all(|&b| b == 0xa5),

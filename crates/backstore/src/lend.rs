@@ -129,6 +129,12 @@ fn page_size() -> usize {
 /// last window).
 pub(crate) trait LentMemory: Send + Sync + std::fmt::Debug {}
 
+/// Any owner of bytes, as [`Lent::owned`] keeps it.
+#[derive(Debug)]
+struct Held<T>(T);
+
+impl<T: Send + Sync + std::fmt::Debug> LentMemory for Held<T> {}
+
 /// What keeps a window's bytes where they are.
 #[derive(Debug)]
 enum Owner {
@@ -181,6 +187,27 @@ impl Lent {
     /// `[ptr, ptr + len)` must lie within memory that `owner` keeps allocated, and the
     /// lender must keep writers off it while the window lives.
     pub(crate) unsafe fn memory(owner: Arc<dyn LentMemory>, ptr: *const u8, len: usize) -> Lent {
+        Lent {
+            ptr,
+            len,
+            owner: Owner::Memory(owner),
+        }
+    }
+
+    /// The whole of `owner`'s bytes, lent for as long as the window lives: a store's read
+    /// handed over in its own memory (librbd's buffers: see
+    /// [`Backstore::read_lent_async`](crate::Backstore::read_lent_async)). `owner` must
+    /// keep its bytes where they are and unchanged while it lives (as `Bytes::from_owner`
+    /// asks): they are looked up once, here.
+    pub fn owned<T>(owner: T) -> Lent
+    where
+        T: AsRef<[u8]> + Send + Sync + std::fmt::Debug + 'static,
+    {
+        let owner = Arc::new(Held(owner));
+        let (ptr, len) = {
+            let b = owner.0.as_ref();
+            (b.as_ptr(), b.len())
+        };
         Lent {
             ptr,
             len,

@@ -62,6 +62,24 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
         let r = self.read_at(&mut buf, offset);
         done(buf, r)
     }
+    /// Whether [`Backstore::read_lent_async`] hands over memory of the store's own (no
+    /// copy into a buffer of the caller's) for a read of `len` bytes, completing it as
+    /// [`Backstore::reads_async`] says: ask before each read. No by default.
+    fn reads_lent_async(&self, _len: usize) -> bool {
+        false
+    }
+    /// Starts reading `len` bytes at `offset` into memory the store lends to `done` (plain
+    /// memory, which anyone may read: [`Lent::readable_in_user_space`]), under the rules of
+    /// [`Backstore::read_async`]: `done` runs exactly once, with the bytes or the error.
+    /// The lent bytes are the caller's to keep until it drops them; the store neither
+    /// changes nor frees them meanwhile. The default reads into a buffer and lends that.
+    fn read_lent_async(&self, offset: u64, len: usize, done: LentDone) {
+        self.read_async(
+            buffers::Buf::take(len),
+            offset,
+            Box::new(move |buf, r| done(r.map(|()| Lent::owned(buf)))),
+        )
+    }
     /// Whether [`Backstore::write_async`] and [`Backstore::flush_async`] return before the
     /// write or flush is done, the store completing them on a thread of its own (librbd's),
     /// as [`Backstore::reads_async`] says of reads. Asked before each command.
@@ -147,6 +165,10 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the
 /// buffer, and whether it was filled.
 pub type ReadDone = Box<dyn FnOnce(buffers::Buf, io::Result<()>) + Send>;
+
+/// What a store calls when a read started with [`Backstore::read_lent_async`] is over:
+/// the bytes it lends, or the error.
+pub type LentDone = Box<dyn FnOnce(io::Result<Lent>) + Send>;
 
 /// What a store calls when a write started with [`Backstore::write_async`] is over: the
 /// buffer it wrote, and whether it was written (and made durable, when asked).

@@ -38,7 +38,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use backstore::buffers::Buf;
-use backstore::{FlushDone, ReadDone, WriteDone};
+use backstore::{FlushDone, Lent, LentDone, ReadDone, WriteDone};
 
 use crate::{errno, ffi, Conn};
 
@@ -48,6 +48,13 @@ enum Kind {
         buf: Buf,
         offset: u64,
         done: ReadDone,
+    },
+    /// A read into a bufferlist of librbd's (the C++ shim), lent to `done` as it is.
+    ReadLent {
+        bl: BufferList,
+        len: usize,
+        offset: u64,
+        done: LentDone,
     },
     Write {
         buf: Buf,
@@ -66,6 +73,7 @@ enum Kind {
 #[derive(Clone, Copy)]
 enum Call {
     Read,
+    ReadLent,
     Write,
     Flush,
 }
@@ -91,6 +99,20 @@ pub(crate) struct On {
 /// librbd's thread, or on this one if the submission fails.
 pub(crate) fn read(on: On, buf: Buf, offset: u64, done: ReadDone) {
     submit(on.op(Kind::Read { buf, offset, done }));
+}
+
+/// Starts reading `len` bytes at `offset` of the image into a bufferlist of librbd's, whose
+/// buffers (the messenger's, no copy) `done` gets lent; `done` as [`read`]'s.
+pub(crate) fn read_lent(on: On, len: usize, offset: u64, done: LentDone) {
+    let Some(bl) = BufferList::new() else {
+        return done(Err(io::Error::from(io::ErrorKind::OutOfMemory)));
+    };
+    submit(on.op(Kind::ReadLent {
+        bl,
+        len,
+        offset,
+        done,
+    }));
 }
 
 /// Starts writing `buf` at `offset`, flushed afterwards if `durable`; `done` as [`read`]'s.
@@ -126,6 +148,9 @@ fn submit(mut op: Box<Op>) {
     // The buffer's heap block does not move when the box does.
     let (call, data, len, offset) = match &mut op.kind {
         Kind::Read { buf, offset, .. } => (Call::Read, buf.as_mut_ptr(), buf.len(), *offset),
+        Kind::ReadLent {
+            bl, len, offset, ..
+        } => (Call::ReadLent, bl.0.cast(), *len, *offset),
         Kind::Write { buf, offset, .. } => (Call::Write, buf.as_mut_ptr(), buf.len(), *offset),
         Kind::Flush { .. } | Kind::WriteFlush { .. } => (Call::Flush, ptr::null_mut(), 0, 0),
     };
@@ -145,6 +170,8 @@ fn submit(mut op: Box<Op>) {
     let r = unsafe {
         match call {
             Call::Read => ffi::rbd_aio_read2(image, offset, len, data.cast(), comp, 0),
+            // `data` is the bufferlist, librbd's from here until the callback.
+            Call::ReadLent => ffi::rsv_rbd_aio_read_bl(image, offset, len, data.cast(), comp, 0),
             Call::Write => {
                 ffi::rbd_aio_write2(image, offset, len, data.cast_const().cast(), comp, 0)
             }
@@ -166,6 +193,7 @@ impl Op {
     fn what(&self) -> String {
         match &self.kind {
             Kind::Read { buf, offset, .. } => format!("read of {} at {offset}", buf.len()),
+            Kind::ReadLent { len, offset, .. } => format!("read of {len} at {offset}"),
             Kind::Write { buf, offset, .. } => format!("write of {} at {offset}", buf.len()),
             Kind::Flush { .. } => "flush".into(),
             Kind::WriteFlush { buf, .. } => format!("flush after a write of {}", buf.len()),
@@ -203,6 +231,29 @@ extern "C" fn op_done(comp: ffi::rbd_completion_t, arg: *mut c_void) {
             );
             let op = Op {
                 kind: Kind::Read { buf, offset, done },
+                conn,
+                slot,
+                shown,
+            };
+            return finish(op, Err(e));
+        }
+        Kind::ReadLent {
+            bl,
+            len,
+            offset,
+            done,
+        } if r as usize != len => {
+            let e = io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read of {len} at {offset}: only {r} bytes"),
+            );
+            let op = Op {
+                kind: Kind::ReadLent {
+                    bl,
+                    len,
+                    offset,
+                    done,
+                },
                 conn,
                 slot,
                 shown,
@@ -250,6 +301,7 @@ fn finish(op: Op, result: io::Result<()>) {
     // further (the command is then never answered, as a panicking worker's was not).
     let ran = catch_unwind(AssertUnwindSafe(move || match kind {
         Kind::Read { buf, done, .. } => done(buf, result),
+        Kind::ReadLent { bl, len, done, .. } => done(result.and_then(|()| bl.lend(len))),
         Kind::Write { buf, done, .. } | Kind::WriteFlush { buf, done } => done(buf, result),
         Kind::Flush { done } => done(result),
     }));
@@ -272,5 +324,106 @@ fn close_elsewhere(conn: Conn) {
     if let Err(e) = spawned {
         // The connection is leaked rather than closed where it would wait for itself.
         tracing::warn!("no thread to close an RBD connection on ({e}); it stays open");
+    }
+}
+
+/// A `ceph::bufferlist` the shim made, freed when dropped (on whichever thread drops the
+/// last of it: the buffers' counts are atomic).
+pub(crate) struct BufferList(*mut c_void);
+
+// SAFETY: the list is used by one thread at a time: the submitter until librbd has it,
+// librbd until the callback, then whoever holds the `BufferList` (read-only once lent).
+unsafe impl Send for BufferList {}
+unsafe impl Sync for BufferList {}
+
+impl std::fmt::Debug for BufferList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferList({:p})", self.0)
+    }
+}
+
+/// Segments of a bufferlist read at once; a list with more is copied.
+const SEGMENTS_MAX: usize = 16;
+
+impl BufferList {
+    fn new() -> Option<BufferList> {
+        // SAFETY: no arguments; null when out of memory.
+        let bl = unsafe { ffi::rsv_bl_new() };
+        (!bl.is_null()).then_some(BufferList(bl))
+    }
+
+    /// The list's `len` bytes, lent: its one segment as it is, or several copied into one
+    /// buffer (a read over two objects, say).
+    fn lend(self, len: usize) -> io::Result<Lent> {
+        let mut ptrs = [ptr::null::<std::os::raw::c_char>(); SEGMENTS_MAX];
+        let mut lens = [0usize; SEGMENTS_MAX];
+        // SAFETY: the list is ours (librbd is done with it); room for SEGMENTS_MAX of each.
+        let (total, n) = unsafe {
+            (
+                ffi::rsv_bl_length(self.0),
+                ffi::rsv_bl_segments(self.0, ptrs.as_mut_ptr(), lens.as_mut_ptr(), SEGMENTS_MAX),
+            )
+        };
+        if total != len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read of {len}: {total} bytes in librbd's buffers"),
+            ));
+        }
+        if n == 1 {
+            return Ok(Lent::owned(Segment {
+                ptr: ptrs[0].cast(),
+                len,
+                _bl: self,
+            }));
+        }
+        let mut buf = Buf::take(len);
+        let mut at = 0;
+        if n <= SEGMENTS_MAX {
+            for (&p, &l) in ptrs.iter().zip(&lens).take(n) {
+                // SAFETY: a segment of the list, `l` bytes at `p`, alive with `self`.
+                let seg = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), l) };
+                buf[at..at + l].copy_from_slice(seg);
+                at += l;
+            }
+        } else {
+            let mut ptrs = vec![ptr::null::<std::os::raw::c_char>(); n];
+            let mut lens = vec![0usize; n];
+            // SAFETY: as above, with room for all `n`.
+            unsafe { ffi::rsv_bl_segments(self.0, ptrs.as_mut_ptr(), lens.as_mut_ptr(), n) };
+            for (&p, &l) in ptrs.iter().zip(&lens) {
+                // SAFETY: as above.
+                let seg = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), l) };
+                buf[at..at + l].copy_from_slice(seg);
+                at += l;
+            }
+        }
+        Ok(Lent::owned(buf))
+    }
+}
+
+impl Drop for BufferList {
+    fn drop(&mut self) {
+        // SAFETY: made by rsv_bl_new, freed once, librbd done with it (see `BufferList`).
+        unsafe { ffi::rsv_bl_free(self.0) }
+    }
+}
+
+/// The one segment of a bufferlist: `len` bytes at `ptr`, which the list keeps.
+#[derive(Debug)]
+struct Segment {
+    ptr: *const u8,
+    len: usize,
+    _bl: BufferList,
+}
+
+// SAFETY: read-only bytes kept alive by the list it owns (see `BufferList`).
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl AsRef<[u8]> for Segment {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the segment's bytes, alive and unchanged while the list is.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

@@ -167,3 +167,28 @@ extern "C" {
         arg: *mut c_void,
     ) -> c_int;
 }
+
+// The C++ shim (shim/read_bl.cc, compiled by build.rs): reads into a `ceph::bufferlist`.
+extern "C" {
+    /// A new empty bufferlist, or null.
+    pub fn rsv_bl_new() -> *mut c_void;
+    pub fn rsv_bl_free(bl: *mut c_void);
+    /// As `rbd_aio_read2`, into `bl` (empty), which belongs to librbd from a successful
+    /// call (0) until the completion's callback.
+    pub fn rsv_rbd_aio_read_bl(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        bl: *mut c_void,
+        c: rbd_completion_t,
+        op_flags: c_int,
+    ) -> c_int;
+    pub fn rsv_bl_length(bl: *const c_void) -> usize;
+    /// The number of non-empty segments of `bl`; the first `max` go to `ptrs` and `lens`.
+    pub fn rsv_bl_segments(
+        bl: *const c_void,
+        ptrs: *mut *const c_char,
+        lens: *mut usize,
+        max: usize,
+    ) -> usize;
+}

@@ -45,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use backstore::buffers::Buf;
 use backstore::{
-    Backstore, FlushDone, OpenContext, OpenError, Param, ReadDone, Registry, StoreFactory,
-    StoreSpec, WriteDone,
+    Backstore, FlushDone, LentDone, OpenContext, OpenError, Param, ReadDone, Registry,
+    StoreFactory, StoreSpec, WriteDone,
 };
 
 mod aio;
@@ -80,6 +80,9 @@ pub struct RbdConfig {
     /// Other targets export the image too: resets are announced to them and theirs taken
     /// (see [`PeerEvents`]).
     pub shared: bool,
+    /// Large reads lend librbd's own buffers (through the C++ shim, `aio::read_lent`)
+    /// rather than have librbd copy them into ours; only with the cache off.
+    pub lend: bool,
 }
 
 impl RbdConfig {
@@ -110,6 +113,7 @@ impl RbdConfig {
             cache: None,
             threads: None,
             shared: false,
+            lend: true,
         })
     }
 
@@ -899,6 +903,10 @@ fn watch_size(sizes: &SizeWatch, conn: &Weak<Mutex<Option<Arc<Conn>>>>, shown: &
     }
 }
 
+/// Smallest read that lends librbd's buffers (see [`RbdConfig::lend`]): below it librbd's
+/// copy costs less than the bufferlist and the calls through the shim.
+const LEND_MIN: usize = 64 * 1024;
+
 impl Backstore for RbdImage {
     fn size(&self) -> u64 {
         self.size_now()
@@ -926,6 +934,22 @@ impl Backstore for RbdImage {
             Err(e) => return done(buf, Err(e)),
         };
         aio::read(self.on(conn), buf, offset, done);
+    }
+
+    /// Reads of [`LEND_MIN`] or more, while the store has a connection and lends
+    /// (`lend=yes`, the default): librbd's own buffers, through the C++ shim.
+    fn reads_lent_async(&self, len: usize) -> bool {
+        self.cfg.lend && self.cfg.cache != Some(true) && len >= LEND_MIN && self.reads_async()
+    }
+
+    fn read_lent_async(&self, offset: u64, len: usize, done: LentDone) {
+        if let Err(e) = self.check(offset, len as u64) {
+            return done(Err(e));
+        }
+        match self.connected() {
+            Ok(conn) => aio::read_lent(self.on(conn), len, offset, done),
+            Err(e) => done(Err(e)),
+        }
     }
 
     /// Yes while the store has a connection and takes writes.
@@ -1076,6 +1100,11 @@ const PARAMS: &[Param] = &[
         help: "librbd's cache: yes/no (default: no; with it, librbd acknowledged a durable write and its flush that failed: tests/rbd.rs)",
     },
     Param {
+        name: "lend",
+        required: false,
+        help: "reads of 64 KiB or more sent from librbd's own buffers, without its copy: yes/no (default yes; only with cache=no)",
+    },
+    Param {
         name: "threads",
         required: false,
         help: "librados' completion threads (librados_thread_count; default 1, or the ceph.conf's; 2 or more when shared)",
@@ -1121,6 +1150,13 @@ impl RbdFactory {
             }
             cfg.cache = Some(false);
             cfg.shared = true;
+        }
+        if let Some(l) = spec.param("lend") {
+            cfg.lend = match l {
+                "yes" | "true" | "on" => true,
+                "no" | "false" | "off" => false,
+                _ => return Err(OpenError::invalid(spec, format!("lend={l:?}: yes or no"))),
+            };
         }
         if let Some(t) = spec.param("threads") {
             let n = t

@@ -671,6 +671,109 @@ fn large_data_out_segments_land_whole_however_they_arrive() {
     assert!(again[..] == data[..64 << 10]);
 }
 
+/// A WRITE's large immediate data (32 KiB and more) lands whole: cut in pieces of any size,
+/// followed by Data-Out for an R2T, or the whole write in one PDU (which runs once the data
+/// is in); the immediate data of a command the target ignores (CmdSN outside the window) is
+/// read off the stream and dropped, and the connection goes on. (The data is copied from
+/// the receive buffer into the task's; reading it straight into the task's buffer was
+/// tried and reverted: no gain measured.)
+#[test]
+fn large_immediate_data_lands_whole_however_it_arrives() {
+    let addr = start("");
+    let p = SessionParams {
+        immediate_data: true,
+        first_burst_length: 128 << 10,
+        max_burst_length: 256 << 10,
+        ..prefs()
+    };
+    let mut a = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x41], 0, 1, 1, p);
+    assert!(a.params.immediate_data);
+    assert_eq!(a.params.first_burst_length, 128 << 10);
+    assert!(a.conn.max_send_data_segment_length >= 128 << 10);
+    clear_ua(&mut a, 1);
+    let data: Vec<u8> = (0..(640usize << 10))
+        .map(|i| (i * 37 % 251) as u8)
+        .collect();
+    // 512 KiB at LBA 0: 128 KiB immediate, cut unevenly with pauses, the rest by R2T.
+    let mut stream = Vec::new();
+    a.scsi(
+        0x60,
+        a.cmdsn,
+        &write10(0, 1024),
+        false,
+        true,
+        512 << 10,
+        &data[..128 << 10],
+    )
+    .encode(&mut stream, Digests::default());
+    a.cmdsn += 1;
+    let pieces = [1000usize, 47, 70_001, 3, 100_000];
+    let mut from = 0;
+    for (i, n) in pieces.iter().cycle().enumerate() {
+        if from == stream.len() {
+            break;
+        }
+        let to = (from + n).min(stream.len());
+        a.send_bytes(&stream[from..to]);
+        from = to;
+        if i % 2 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    loop {
+        match a.recv() {
+            Pdu::R2t(r) => {
+                let (off, len) = (
+                    r.buffer_offset as usize,
+                    r.desired_data_transfer_length as usize,
+                );
+                for (sn, at) in (off..off + len).step_by(64 << 10).enumerate() {
+                    let end = (at + (64 << 10)).min(off + len);
+                    a.data_out(0x60, r.ttt, sn as u32, at, &data[at..end], end == off + len);
+                }
+            }
+            Pdu::ScsiResponse(r) => {
+                assert_eq!((r.itt, r.status), (0x60, 0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // A command the target ignores (CmdSN far outside the window): its 64 KiB of immediate
+    // data are skipped, not taken for a header.
+    let ignored = a.scsi(
+        0x61,
+        a.cmdsn + 1000,
+        &write10(0, 128),
+        false,
+        true,
+        64 << 10,
+        &[0xee; 64 << 10],
+    );
+    a.send(&ignored);
+    // 128 KiB at LBA 1024, all of it immediate: it runs once the data is in.
+    let w = a.scsi(
+        0x62,
+        a.cmdsn,
+        &write10(1024, 256),
+        false,
+        true,
+        128 << 10,
+        &data[512 << 10..],
+    );
+    a.cmdsn += 1;
+    a.send(&w);
+    let Pdu::ScsiResponse(r) = a.recv() else {
+        panic!("expected the write's status")
+    };
+    assert_eq!((r.itt, r.status), (0x62, 0));
+    let mut got = Vec::new();
+    for part in 0..5u32 {
+        got.extend(read_at(&mut a, 0x70 + part, part * 256, 256));
+    }
+    assert!(got == data, "read back differs");
+}
+
 /// ERL 2: a connection that dies in the middle of a large Data-Out segment, which was
 /// being read straight into its command's buffer, leaves the command whole for
 /// reassignment: the new connection is asked for the segment again and the command

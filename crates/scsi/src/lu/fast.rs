@@ -72,6 +72,38 @@ impl AsyncRead {
     }
 }
 
+impl AsyncRead {
+    /// Whether the store lends its own memory for this read
+    /// ([`Backstore::reads_lent_async`]): then [`AsyncRead::start_lent`] saves a copy.
+    pub fn lends(&self) -> bool {
+        self.store.reads_lent_async(self.len)
+    }
+
+    /// [`AsyncRead::start`], with the data in the store's own memory, lent (its blocks are
+    /// let go before `done` runs: the lent bytes are the reader's, not the store's
+    /// blocks'): `Ok` with the data for GOOD, `Err` with the CHECK CONDITION otherwise.
+    pub fn start_lent(self, done: impl FnOnce(Result<Lent, Response>) + Send + 'static) {
+        let AsyncRead {
+            store,
+            guard,
+            lba,
+            offset,
+            len,
+        } = self;
+        store.read_lent_async(
+            offset,
+            len,
+            Box::new(move |result| {
+                drop(guard);
+                done(result.map_err(|e| {
+                    tracing::warn!(error = %e, "backstore I/O error");
+                    Response::check_condition(&sense::UNRECOVERED_READ_ERROR.with_information(lba))
+                }))
+            }),
+        );
+    }
+}
+
 /// A plain WRITE ready to start on a store that completes writes on a thread of its own
 /// (see [`LogicalUnit::try_write_async`]); it holds its blocks against other commands.
 #[derive(Debug)]
