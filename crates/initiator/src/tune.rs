@@ -296,25 +296,14 @@ pub fn plan(
     if opts.is_pinned("pacing_rate") {
         reasons.push("pacing: set by hand".into());
     } else if let Some(r) = opts.rate {
-        let each = per_connection_pacing(r, n, runs_rsv(o.congestion.as_deref()));
+        // 5 % above the share: the kernel paces whole packets, headers included, and a flow
+        // recovering from a loss leaves room the others may take.
+        let each = (r / n + r / n / 20).max(1);
         o.pacing_rate = Some(each);
         reasons.push(format!(
-            "pacing: {} per connection, {}: the senders never overrun the bottleneck's \
-             queue{}",
+            "pacing: {} per connection, the given rate shared by {n} plus 5 %: the senders \
+             never overrun the bottleneck's queue{}",
             mbit(each),
-            if runs_rsv(o.congestion.as_deref()) {
-                format!(
-                    "the given rate's payload (1448 of every 1500 bytes) shared by {n}: rsv \
-                     paces exactly to it and the kernel paces payload, so the shares add up \
-                     to what the bottleneck carries"
-                )
-            } else {
-                format!(
-                    "the given rate shared by {n} plus 5 % (a cap the congestion control \
-                     stays under; a flow recovering from a loss leaves room the others may \
-                     take)"
-                )
-            },
             if opts.pacing_hint {
                 "; the target is asked to pace its Data-In the same way"
             } else {
@@ -596,37 +585,6 @@ impl PathLearner {
         let mut v: Vec<u64> = self.busy.iter().copied().collect();
         v.sort_unstable();
         Some((v[v.len() * 3 / 4], self.min_rtt_us))
-    }
-}
-
-/// Payload bytes in every 1500 on the wire: a full-sized segment with TCP timestamps
-/// (20 bytes of IP, 32 of TCP). The kernel paces the payload of its segments, not the
-/// packets: a pacing rate of R moves R x 1500/1448 on the wire.
-pub const PAYLOAD_PER_1500: u64 = 1448;
-
-/// Whether a congestion option (a list, the first the socket takes wins) runs `rsv`: it
-/// comes first.
-pub fn runs_rsv(congestion: Option<&str>) -> bool {
-    congestion
-        .and_then(|c| c.split(',').map(str::trim).find(|c| !c.is_empty()))
-        .is_some_and(|c| c == net::cc::NAME)
-}
-
-/// Each of `n` connections' pacing rate for a given bottleneck rate `rate` (bytes per
-/// second on the wire, as `tc` and `--rate` count).
-///
-/// On `rsv` the rate is an exact pace (its `share_rate`), so the shares must add up to
-/// what the bottleneck carries, in the unit the kernel paces: its payload, 1448 of every
-/// 1500 bytes. The rate shared by `n` plus 5 % (what the kernel's congestion controls get,
-/// as a cap they stay under) paced exactly is a standing overflow of 8.7 % on the wire:
-/// at 1 ms and 500 Mbit/s, one connection and a 62-KB queue, ~100 k retransmissions in
-/// 30 s and 90.7 % of the link.
-pub fn per_connection_pacing(rate: u64, n: u64, rsv: bool) -> u64 {
-    let n = n.max(1);
-    if rsv {
-        ((u128::from(rate) * u128::from(PAYLOAD_PER_1500) / 1500) as u64 / n).max(1)
-    } else {
-        (rate / n + rate / n / 20).max(1)
     }
 }
 
@@ -987,49 +945,6 @@ mod tests {
                 .iter()
                 .any(|r| r.starts_with("start: the kernel's")));
         }
-    }
-
-    #[test]
-    fn rsv_shares_of_a_given_rate_add_up_to_the_bottleneck_on_the_wire() {
-        // The RTT sweep's 1-ms point: 500 Mbit/s, one connection, a queue of one BDP
-        // (62 KB). rsv paces exactly and the kernel paces payload; the wire carries 1500
-        // for every 1448 paced.
-        let rate = 500_000_000 / 8;
-        for (rtt, cc) in [(1, "rsv"), (1, "rsv,bbr"), (100, "rsv,cubic"), (300, "rsv")] {
-            let opts = SessionOptions {
-                rate: Some(rate),
-                congestion: Some(cc.into()),
-                ..SessionOptions::default()
-            };
-            let (o, p) = plan(&opts, &probe_ms(rtt), &kernel());
-            let n = u64::from(o.connections);
-            let wire = o.pacing_rate.unwrap() * n * 1500 / PAYLOAD_PER_1500;
-            assert!(
-                wire <= rate,
-                "{rtt} ms {cc}: {wire} on the wire over {rate}"
-            );
-            assert!(
-                wire * 1000 >= rate * 999,
-                "{rtt} ms {cc}: {wire} leaves the link idle"
-            );
-            assert!(
-                p.reasons.iter().any(|r| r.contains("payload")),
-                "{:?}",
-                p.reasons
-            );
-        }
-        // The kernel's congestion controls take the pacing as a cap: 5 % of room above.
-        for cc in ["bbr", "cubic,rsv"] {
-            let opts = SessionOptions {
-                rate: Some(rate),
-                congestion: Some(cc.into()),
-                ..SessionOptions::default()
-            };
-            let (o, _) = plan(&opts, &probe_ms(1), &kernel());
-            assert_eq!(o.pacing_rate, Some(rate * 105 / 100), "{cc}");
-        }
-        assert!(runs_rsv(Some(" rsv , cubic")));
-        assert!(!runs_rsv(Some("bbr")) && !runs_rsv(None) && !runs_rsv(Some("")));
     }
 
     #[test]
