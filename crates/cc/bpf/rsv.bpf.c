@@ -10,11 +10,10 @@
  *    first. A rate too high for today's path stops counting when BBR leaves STARTUP (its
  *    delivery rate stops growing for three rounds), so it costs a few round trips, not the
  *    transfer.
- *  - share_rate: pacing exactly at share_rate, cwnd never below twice share x min RTT,
- *    so the window never holds the share back and the pacing alone sets the rate, while
- *    the ACKs show no queue (RTT within 5/4 of the minimum); with a queue, BBR's own rate
- *    capped at the share and cwnd at most 3/2 of share x min RTT, until the queue drains:
- *    a share too high stands in half its BDP of queue instead of overflowing it.
+ *  - share_rate: pacing exactly at share_rate, cwnd never below twice share x min RTT, so
+ *    the window never holds the share back and the pacing alone sets the rate, while the
+ *    ACKs show no queue (RTT within 5/4 of the minimum); with a queue, BBR's own rate
+ *    capped at the share, until the queue drains.
  *  - RSV_NO_PROBE_RTT: the min-RTT sample is kept fresh, so this connection never enters
  *    PROBE_RTT (user space says another connection, or a known path, keeps the minimum).
  *  - group: the connections of one session share a group id, and their PROBE_RTT is
@@ -486,29 +485,17 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 		     TCP_CA_RECOVERY))
 		raise_cwnd(tp, window_for(tp, sk->sk_pacing_rate, rtt, mode == BBR_PROBE_BW ? 2 : 1));
 
-	/* The share is exact while the path holds it: pacing at the share, cwnd at least
-	 * twice share x min RTT, so that the window never holds the share back. A share above
-	 * what the path carries (user space's estimate too high, another flow arrived, the 5 %
-	 * the initiator adds to a declared rate) builds a queue: then BBR's own rate, at most
-	 * the share, drains it, the share returns with the minimum RTT, and while the queue
-	 * shows cwnd is at most 3/2 of share x min RTT, so that the queue the share stands in
-	 * is at most half its BDP: within a bottleneck buffer of one BDP. Twice the share's
-	 * BDP (BBR's cwnd gain) fills such a buffer to the brim and past it, for good: at 1 ms
-	 * and 500 Mbit/s with a share 5 % over the link, ~92 k retransmissions in 30 s. */
+	/* The share is exact while the path holds it. A share above what the path carries
+	 * (user space's estimate too high, another flow arrived) builds a queue: then BBR's
+	 * own rate, at most the share, drains it, and the share returns with the minimum
+	 * RTT, instead of a standing overflow. */
 	if (s && s->share_rate) {
 		if (!queue) {
 			sk->sk_pacing_rate = s->share_rate;
 			if (rtt)
 				raise_cwnd(tp, window_for(tp, s->share_rate, rtt, 2));
-		} else {
-			u32 w = window_for(tp, s->share_rate, rtt, 3) / 2;
-
-			if (sk->sk_pacing_rate > s->share_rate)
-				sk->sk_pacing_rate = s->share_rate;
-			if (w < 4)
-				w = 4;
-			if (mode != BBR_PROBE_RTT && tp->snd_cwnd > w)
-				tp->snd_cwnd = w;
+		} else if (sk->sk_pacing_rate > s->share_rate) {
+			sk->sk_pacing_rate = s->share_rate;
 		}
 	}
 }
