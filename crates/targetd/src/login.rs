@@ -103,7 +103,7 @@ impl LoginPolicy for Policy<'_> {
         }
     }
     fn discovery_auth(&self) -> AuthRequirement {
-        chap_requirement(&self.shared.config.discovery.chap)
+        chap_requirement(&self.shared.live().discovery_chap)
     }
     fn target_portal_group_tag(&self) -> u16 {
         self.shared.config.portal_group

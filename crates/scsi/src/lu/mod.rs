@@ -175,6 +175,20 @@ impl LogicalUnit {
         self.store.flush()
     }
 
+    /// The target's inventory of LUs as `nexus` sees it has changed (a LUN added or
+    /// removed): a REPORTED LUNS DATA HAS CHANGED unit attention for it (SPC-5 6.37),
+    /// unless one is pending already. A nexus that has not used this LU yet gets its
+    /// power-on unit attention first anyway.
+    pub fn luns_changed(&self, nexus: Nexus) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.contains(&sense::REPORTED_LUNS_DATA_HAS_CHANGED) {
+                q.push_back(sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+            }
+        }
+    }
+
     /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
     /// defaults and every nexus gets a unit attention; a store that other targets export
     /// too tells them, so that their nexuses get it as well (this blocks until they have,
@@ -310,6 +324,11 @@ impl LogicalUnit {
 
         self.register(cmd.nexus);
         self.refresh_capacity();
+        if opcode == REPORT_LUNS {
+            // REPORT LUNS tells the initiator what the unit attention would have: the
+            // device server clears it (SPC-5 6.37).
+            self.clear_unit_attention(cmd.nexus, &sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+        }
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some(ua) = self.take_unit_attention(cmd.nexus) {
                 return Err(ua.into());
@@ -446,6 +465,14 @@ impl LogicalUnit {
             .unwrap_or_else(|e| e.into_inner())
             .entry(nexus)
             .or_insert_with(|| Mutex::new(VecDeque::from([sense::POWER_ON_RESET])));
+    }
+
+    fn clear_unit_attention(&self, nexus: Nexus, which: &Sense) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain(|s| s != which);
+        }
     }
 
     fn take_unit_attention(&self, nexus: Nexus) -> Option<Sense> {

@@ -32,7 +32,7 @@ impl Conn {
             self.session.unregister_task(itt);
             return;
         }
-        let target = self.session.target.clone().expect("normal session");
+        let target = self.session.target().expect("normal session");
         task.ctl.executing.store(true, Ordering::Release);
         self.shared.task_started();
         self.executing.count.fetch_add(1, Ordering::AcqRel);
