@@ -175,6 +175,17 @@ impl LogicalUnit {
         self.store.flush()
     }
 
+    /// REPORT LUNS told `nexus` the inventory: a pending REPORTED LUNS DATA HAS CHANGED
+    /// has said what it had to and is cleared (SPC-5 6.37). A REPORT LUNS to this LU does
+    /// it; the transport calls it for the target's other LUs.
+    pub fn luns_reported(&self, nexus: Nexus) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain(|s| *s != sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+        }
+    }
+
     /// The target's inventory of LUs as `nexus` sees it has changed (a LUN added or
     /// removed): a REPORTED LUNS DATA HAS CHANGED unit attention for it (SPC-5 6.37),
     /// unless one is pending already. A nexus that has not used this LU yet gets its
@@ -325,9 +336,7 @@ impl LogicalUnit {
         self.register(cmd.nexus);
         self.refresh_capacity();
         if opcode == REPORT_LUNS {
-            // REPORT LUNS tells the initiator what the unit attention would have: the
-            // device server clears it (SPC-5 6.37).
-            self.clear_unit_attention(cmd.nexus, &sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+            self.luns_reported(cmd.nexus);
         }
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some(ua) = self.take_unit_attention(cmd.nexus) {
@@ -465,14 +474,6 @@ impl LogicalUnit {
             .unwrap_or_else(|e| e.into_inner())
             .entry(nexus)
             .or_insert_with(|| Mutex::new(VecDeque::from([sense::POWER_ON_RESET])));
-    }
-
-    fn clear_unit_attention(&self, nexus: Nexus, which: &Sense) {
-        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(pending) = nexuses.get(&nexus) {
-            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
-            q.retain(|s| s != which);
-        }
     }
 
     fn take_unit_attention(&self, nexus: Nexus) -> Option<Sense> {

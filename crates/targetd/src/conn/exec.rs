@@ -335,6 +335,12 @@ impl Job {
             }
             _ => resp,
         };
+        if cdb.first() == Some(&REPORT_LUNS) && resp.status == scsi::status::GOOD {
+            // The inventory is the target's: reported, it has changed for none of its LUs.
+            for lu in self.target.luns.values() {
+                lu.luns_reported(self.nexus);
+            }
+        }
         self.respond(resp, spdtl_out)
     }
 
