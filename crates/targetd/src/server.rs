@@ -576,6 +576,44 @@ store = "ram:?size=1MiB"
         );
     }
 
+    #[tokio::test]
+    async fn a_reload_keeps_unchanged_luns_and_applies_whole_or_not_at_all() {
+        let config = |luns: &str| {
+            Config::parse(
+                &format!(
+                    "portals = [\"127.0.0.1:0\"]\n[[target]]\niqn = \"iqn.2026-11.org.reservoir:r\"\n\
+                     [[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n{luns}"
+                ),
+                "r.toml",
+            )
+            .unwrap()
+        };
+        let stores = Registry::with_builtins();
+        let server = Server::bind(config(""), &stores).await.unwrap();
+        let reloader = server.reloader();
+        let lu0 = server.targets()[0].luns[&0].clone();
+        let added = config("[[target.lun]]\nid = 1\nstore = \"ram:?size=2MiB\"\n");
+        let said = reloader.reload(&added, &stores).unwrap();
+        assert_eq!(said, "target iqn.2026-11.org.reservoir:r: LUN +1");
+        let t = server.targets()[0].clone();
+        assert!(Arc::ptr_eq(&t.luns[&0], &lu0), "LUN 0 was reopened");
+        assert_eq!(t.luns[&1].capacity_blocks(), 4096);
+        // A store that does not open: nothing changes, not even the LUN that would.
+        let bad = config(
+            "[[target.lun]]\nid = 1\nstore = \"ram:?size=2MiB\"\n\
+             [[target.lun]]\nid = 2\nstore = \"nosuch:?size=1MiB\"\n\
+             [[target]]\niqn = \"iqn.2026-11.org.reservoir:s\"\n",
+        );
+        let e = format!("{:#}", reloader.reload(&bad, &stores).unwrap_err());
+        assert!(e.contains("LUN 2") && e.contains("nosuch"), "{e}");
+        let now = server.targets();
+        assert_eq!((now.len(), now[0].lun_ids()), (1, vec![0, 1]));
+        assert!(Arc::ptr_eq(&now[0], &t));
+        let removed = config("");
+        reloader.reload(&removed, &stores).unwrap();
+        assert_eq!(server.targets()[0].lun_ids(), vec![0]);
+    }
+
     fn tracked_config(dir: &std::path::Path, luns: &str) -> Config {
         Config::parse(
             &format!(
