@@ -624,3 +624,182 @@ fn rsv_isns_serves_isnsadm_target_and_initiator() {
     );
     assert!(q.contains("Portal TCP/UDP port = 3271/tcp"), "{q}");
 }
+
+/// Which iSNS server a test runs in its namespace.
+#[derive(Clone, Copy, Debug)]
+enum IsnsServer {
+    /// open-isns `isnsd`.
+    OpenIsns,
+    /// `rsv isns`.
+    Reservoir,
+}
+
+/// A configuration reload (SIGHUP) updates the target's registration at once: a target
+/// removed is deregistered, one added registered, a changed alias replaced; `isnsadm
+/// --query` and `rsv ls isns://` see it long before the registration's period is up.
+fn reload_updates_the_registration(server: IsnsServer) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("needs root for a network namespace");
+    }
+    if !have("isnsadm") || (matches!(server, IsnsServer::OpenIsns) && !have("isnsd")) {
+        return skip("open-isns (isnsd, isnsadm) not installed; scripts/setup.sh installs it");
+    }
+    let tag = match server {
+        IsnsServer::OpenIsns => "rd",
+        IsnsServer::Reservoir => "rs",
+    };
+    let Some(mut ns) = Netns::create(tag) else {
+        return skip("ip netns add failed");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("isnsadm.conf"),
+        "SourceName = iqn.2026-11.org.reservoir:isnsadm\nServerAddress = 127.0.0.1\nSecurity = 0\n",
+    )
+    .unwrap();
+    // A long period: what changes comes from the reload, not from a refresh.
+    let server_process = match server {
+        IsnsServer::OpenIsns => {
+            std::fs::write(
+                d.join("isnsd.conf"),
+                format!(
+                    "SourceName = isns.reservoir.test\nRegistrationPeriod = 120s\n\
+                     DefaultDiscoveryDomain = 1\nSLPRegister = 0\nSecurity = 0\n\
+                     ESIRetries = 0\nPIDFile = {0}/isnsd.pid\nControlSocket = {0}/isnsctl\n",
+                    d.display()
+                ),
+            )
+            .unwrap();
+            ns.cmd("isnsd")
+                .arg("-f")
+                .arg("-c")
+                .arg(d.join("isnsd.conf"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(
+                    std::fs::File::create(d.join("isnsd.log")).unwrap(),
+                ))
+                .spawn()
+                .unwrap()
+        }
+        IsnsServer::Reservoir => {
+            let mut c = ns.cmd(rsv());
+            c.args(["isns", "--listen", "127.0.0.1:3205", "--period", "120"]);
+            spawn_ready(&mut c, &d.join("isns.log"))
+        }
+    };
+    ns.children.push(server_process);
+    let query = |ns: &Netns| {
+        let o = ns
+            .cmd("isnsadm")
+            .arg("-c")
+            .arg(d.join("isnsadm.conf"))
+            .args(["--query", "iscsi-name"])
+            .output()
+            .unwrap();
+        o.status.success().then(|| text(&o))
+    };
+    wait_until(10, "the iSNS server to answer", || query(&ns).is_some());
+
+    let config = |targets: &str| {
+        format!(
+            "portals = [\"127.0.0.1:3260\"]\ndata_dir = \"{}\"\n{targets}\
+             [isns]\nserver = \"127.0.0.1\"\n",
+            d.display()
+        )
+    };
+    let target = |iqn: &str, alias: &str| {
+        format!(
+            "[[target]]\niqn = \"iqn.2026-11.org.reservoir:{iqn}\"\nalias = \"{alias}\"\n\
+             [[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n"
+        )
+    };
+    std::fs::write(
+        d.join("target.toml"),
+        config(&(target("home", "home-media") + &target("spare", "spare-disk"))),
+    )
+    .unwrap();
+    let mut tc = ns.cmd(rsv());
+    tc.arg("target").arg("-c").arg(d.join("target.toml"));
+    let t = spawn_ready(&mut tc, &d.join("target.log"));
+    let target_pid = t.id() as i32;
+    ns.children.push(t);
+    let log = || std::fs::read_to_string(d.join("target.log")).unwrap_or_default();
+    wait_until(10, "the target's registration", || {
+        query(&ns).is_some_and(|q| q.contains("iqn.2026-11.org.reservoir:spare"))
+    });
+    let q = query(&ns).unwrap();
+    assert!(q.contains("iSCSI alias = \"home-media\""), "{q}");
+
+    // spare removed, home realiased, extra added.
+    std::fs::write(
+        d.join("target.toml"),
+        config(&(target("home", "renamed") + &target("extra", "extra-disk"))),
+    )
+    .unwrap();
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(target_pid, libc::SIGHUP);
+    }
+    wait_until(15, "the registration to follow the reload", || {
+        query(&ns).is_some_and(|q| {
+            q.contains("iqn.2026-11.org.reservoir:extra")
+                && q.contains("iSCSI alias = \"renamed\"")
+                && !q.contains("iqn.2026-11.org.reservoir:spare")
+                && !q.contains("home-media")
+        })
+    });
+    let q = query(&ns).unwrap();
+    for want in [
+        "iSCSI alias = \"extra-disk\"",
+        "Portal group name = \"iqn.2026-11.org.reservoir:extra\"",
+        "Portal TCP/UDP port = 3260/tcp",
+    ] {
+        assert!(q.contains(want), "isnsadm does not show {want:?}:\n{q}");
+    }
+    assert!(log().contains("iSNS: registration of entity"), "{}", log());
+    // An initiator finds the new target through the server, and reaches its LUN.
+    let ls = ok(ns.cmd(rsv()).args(["ls", "--json", "isns://127.0.0.1/"]));
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let mut found: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["target"].as_str())
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "iqn.2026-11.org.reservoir:extra",
+            "iqn.2026-11.org.reservoir:home"
+        ],
+        "{ls}"
+    );
+    let inq = ok(ns.cmd(rsv()).args(["inq", "isns://127.0.0.1/extra-disk/0"]));
+    assert!(inq.contains("iqn.2026-11.org.reservoir:extra"), "{inq}");
+
+    // SIGTERM: all of it deregistered.
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(target_pid, libc::SIGTERM);
+    }
+    let status = ns.children.pop().unwrap().wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", log());
+    let q = query(&ns).unwrap();
+    assert!(
+        !q.contains("reservoir:home") && !q.contains("reservoir:extra"),
+        "{q}"
+    );
+}
+
+#[test]
+fn reload_updates_the_registration_with_isnsd() {
+    reload_updates_the_registration(IsnsServer::OpenIsns);
+}
+
+#[test]
+fn reload_updates_the_registration_with_rsv_isns() {
+    reload_updates_the_registration(IsnsServer::Reservoir);
+}

@@ -100,6 +100,20 @@ impl Target {
         std::fs::read_to_string(self.dir.path().join("target.log")).unwrap_or_default()
     }
 
+    /// Sends `signal` (SIGHUP: reload the configuration) to the running target.
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().expect("running").id();
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    }
+
+    /// Whether the target process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
     /// SIGTERM, then the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");

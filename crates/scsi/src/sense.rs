@@ -49,6 +49,7 @@ pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 
 pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x04);
 pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x05);
 pub const CAPACITY_DATA_HAS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+pub const REPORTED_LUNS_DATA_HAS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3f, 0x0e);
 pub const INVALID_RELEASE_OF_PERSISTENT_RESERVATION: Sense =
     Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x04);
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);

@@ -416,6 +416,29 @@ fn unit_attention_once_per_nexus() {
 }
 
 #[test]
+fn reported_luns_data_has_changed() {
+    let lu = lu();
+    let tur = [0u8; 6];
+    let report_luns = [0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0];
+    // Only for the nexus named, once however often it is raised.
+    lu.luns_changed(N);
+    lu.luns_changed(N);
+    assert_sense(&exec(&lu, &tur, &[]), 0x06, 0x3f, 0x0e);
+    good(&exec(&lu, &tur, &[]));
+    // A nexus that never used the LU gets its power-on attention, not this one.
+    let other = Nexus(2);
+    lu.luns_changed(other);
+    assert_sense(&exec_on(&lu, other, &tur, &[]), 0x06, 0x29, 0x00);
+    good(&exec_on(&lu, other, &tur, &[]));
+    // REPORT LUNS answers what the attention would have said, and clears it.
+    lu.luns_changed(N);
+    good(&exec(&lu, &report_luns, &[]));
+    good(&exec(&lu, &tur, &[]));
+    let s = good(&exec(&lu, &[0x03, 0, 0, 0, 252, 0], &[])).to_vec();
+    assert_eq!((s[2], s[12], s[13]), (0, 0, 0));
+}
+
+#[test]
 fn request_sense_descriptor_format() {
     let lu = lu();
     let s = good(&exec_on(&lu, Nexus(9), &[0x03, 1, 0, 0, 252, 0], &[])).to_vec();

@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use backstore::Registry;
 use clap::Args;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{Config, Portal, PortalTls};
-use crate::server::Server;
+use crate::server::{Reloader, Server};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -36,7 +36,15 @@ every target, then `ready`. With --isns (or [isns] in the configuration) it regi
 portals and targets with that iSNS server and keeps the registration fresh. SIGTERM or
 SIGINT: stop accepting, deregister from iSNS, ask initiators to log out, let in-flight
 commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if a LUN could
-not be flushed in time (a remote member whose disk server is gone).")]
+not be flushed in time (a remote member whose disk server is gone).
+
+SIGHUP: read the --config file again (with the flags applied over it as at start). Targets
+added or removed, their LUNs, aliases and access rules, and discovery CHAP take effect at
+once (sessions that see a changed LUN list get a REPORTED LUNS DATA HAS CHANGED unit
+attention; sessions of a removed target are closed); portals, [session], [isns],
+[threads], [control], data_dir and the portal groups keep their values until a restart,
+which the log line says. A file that does not parse, validate or open leaves the
+configuration in force as it was, with one log line naming the error.")]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -246,6 +254,10 @@ pub fn run_with(
     let result = rt.block_on(async move {
         let server = Server::bind(config.clone(), stores).await?;
         extra(&server, &config)?;
+        // Before `ready`: SIGHUP's default action would end the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        let reloads = follow_reloads(hangup, &args, stores, server.reloader());
         for p in server.portals() {
             println!("portal {p}");
         }
@@ -255,13 +267,44 @@ pub fn run_with(
         println!("ready");
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        server
-            .run(shutdown_signal(), Duration::from_secs(args.grace))
-            .await
+        let grace = Duration::from_secs(args.grace);
+        tokio::select! {
+            r = server.run(shutdown_signal(), grace) => r,
+            never = reloads => match never {},
+        }
     });
     // A flush given up on after the grace period may still hold a blocking worker.
     rt.shutdown_timeout(Duration::from_millis(100));
     result
+}
+
+/// Reloads the configuration on every SIGHUP, for as long as the target runs.
+async fn follow_reloads(
+    mut hangup: tokio::signal::unix::Signal,
+    args: &TargetArgs,
+    stores: &Registry,
+    reloader: Reloader,
+) -> std::convert::Infallible {
+    loop {
+        hangup.recv().await;
+        let Some(path) = &args.config else {
+            info!("SIGHUP: no --config file, nothing to reload");
+            continue;
+        };
+        let path = path.display();
+        info!("SIGHUP: reloading {path}");
+        // Opening a store may block (files, another target's login).
+        let done = tokio::task::block_in_place(|| {
+            let config = load(args)?;
+            reloader.reload(&config, stores)
+        });
+        match done {
+            Ok(summary) => info!("reloaded {path}: {summary}"),
+            Err(e) => {
+                warn!("reload of {path} refused, the configuration in force is unchanged: {e:#}")
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -111,7 +111,7 @@ fn default_portal_group() -> u16 {
 
 /// `[control]`: where the agent of `rsv sync` listens, and the key every request must be
 /// signed with (a file readable by its owner only).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     pub listen: SocketAddr,
@@ -215,7 +215,7 @@ fn default_data_dir() -> PathBuf {
 
 /// What the target offers in negotiation; the result is per the RFC's rule for each key.
 /// Lengths and buffers are bytes: a number, or a string such as "256KiB" or "1MB".
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionDefaults {
     pub max_connections: u16,
@@ -327,7 +327,7 @@ pub struct Chap {
     pub mutual_secret: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
     pub iqn: String,
@@ -367,7 +367,7 @@ pub struct InitiatorAccess {
     pub luns: Option<Vec<u16>>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
     pub id: u16,

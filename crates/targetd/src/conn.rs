@@ -91,7 +91,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     peer_log!(info,
         "{peer}: {} logged in to {} (session {}, cid {cid}, {} connection(s); digests h={} d={}, MRDSL {}/{}; {})",
         outcome.initiator_name,
-        session.target.as_ref().map_or("discovery", |t| t.iqn.as_str()),
+        session.target_name().as_deref().unwrap_or("discovery"),
         session.tsih,
         session.connection_count() + 1,
         outcome.connection.header_digest,

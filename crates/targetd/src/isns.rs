@@ -1,8 +1,10 @@
 //! Registration with an iSNS server (RFC 4171), the target's only iSNS socket code: at
 //! start a DevAttrReg of the network entity, its portals, every target node with its
 //! alias and the portal groups (all portals in group 1); again within each period the
-//! server grants; a DevDereg of the entity at shutdown. The messages are built and read
-//! by the sans-IO `isns` crate.
+//! server grants; after a configuration reload, at once, a DevAttrReg that replaces the
+//! entity's registration with the targets now configured (targets added, removed or
+//! realiased follow); a DevDereg of the entity at shutdown. The messages are built and
+//! read by the sans-IO `isns` crate.
 
 use std::io;
 use std::net::SocketAddr;
@@ -32,6 +34,20 @@ pub(crate) struct Registrar {
     source: String,
 }
 
+/// The target nodes to register: each target's IQN and alias.
+pub(crate) type Targets = Vec<(String, Option<String>)>;
+
+fn nodes(targets: &[(String, Option<String>)]) -> Vec<Node> {
+    targets
+        .iter()
+        .map(|(name, alias)| Node {
+            name: name.clone(),
+            alias: alias.clone(),
+            node_type: isns::attr::node_type::TARGET,
+        })
+        .collect()
+}
+
 impl Registrar {
     pub(crate) fn new(
         cfg: &config::Isns,
@@ -47,28 +63,34 @@ impl Registrar {
                 eid: cfg.entity.clone().unwrap_or_else(|| format!("rsv:{first}")),
                 period: cfg.registration_period,
                 portals: portals.to_vec(),
-                nodes: targets
-                    .iter()
-                    .map(|(name, alias)| Node {
-                        name: name.clone(),
-                        alias: alias.clone(),
-                        node_type: isns::attr::node_type::TARGET,
-                    })
-                    .collect(),
+                nodes: nodes(targets),
                 portal_group_tag: Some(u32::from(portal_group)),
             },
         })
     }
 
-    /// Registers, refreshes until `stop` turns true, then deregisters.
-    pub(crate) async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Registers, refreshes until `stop` turns true, then deregisters. When `targets`
+    /// changes (a reload), registers at once what it holds in place of what was.
+    pub(crate) async fn run(
+        mut self,
+        mut stop: watch::Receiver<bool>,
+        mut targets: watch::Receiver<Targets>,
+    ) {
         let mut xid: u16 = 0;
         let mut registered = false;
+        // The registration replaces the server's: at the first, and after a change.
+        let mut replace = true;
         loop {
             xid = xid.wrapping_add(1);
-            let wait = match self.register(xid, !registered).await {
+            let wait = match self.register(xid, replace).await {
                 Ok(period) => {
-                    if !registered {
+                    if registered && replace {
+                        info!(
+                            "iSNS: registration of entity {:?} updated ({} targets)",
+                            self.entity.eid,
+                            self.entity.nodes.len()
+                        );
+                    } else if !registered {
                         info!(
                             "iSNS: registered entity {:?} ({} targets, {} portals) with {}; period {period}s",
                             self.entity.eid,
@@ -78,6 +100,7 @@ impl Registrar {
                         );
                     }
                     registered = true;
+                    replace = false;
                     Duration::from_secs(u64::from(period.max(2)) / 2)
                 }
                 Err(e) => {
@@ -92,6 +115,15 @@ impl Registrar {
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.wait_for(|s| *s) => break,
+                Ok(()) = targets.changed() => {
+                    let now = targets.borrow_and_update().clone();
+                    // A reload keeps at least one target (the configuration needs one).
+                    if let Some((first, _)) = now.first() {
+                        self.source = first.clone();
+                        self.entity.nodes = nodes(&now);
+                        replace = true;
+                    }
+                }
             }
         }
         if !registered {
@@ -227,7 +259,8 @@ mod tests {
         let r = Registrar::new(&cfg, &targets, &portals, 1).unwrap();
         assert_eq!(r.entity.eid, "rsv:iqn.2026-11.org.reservoir:a");
         let (stop_tx, stop) = watch::channel(false);
-        let task = tokio::spawn(r.run(stop));
+        let (targets_tx, targets_rx) = watch::channel(targets.clone());
+        let task = tokio::spawn(r.run(stop, targets_rx));
         let names = || {
             reg.lock()
                 .unwrap()
@@ -255,6 +288,37 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "never refreshed");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // A reload: b removed, a realiased, c added; at once, not at the next refresh.
+        let alias = |name: &str| {
+            let q = objects::query_targets(10, name);
+            let (rsp, _) = reg.lock().unwrap().handle(&q, 0);
+            objects::parse_targets(&rsp)
+                .into_iter()
+                .find(|t| t.name == name)
+                .map(|t| t.alias)
+        };
+        targets_tx
+            .send(vec![
+                (
+                    "iqn.2026-11.org.reservoir:a".to_owned(),
+                    Some("away".to_owned()),
+                ),
+                ("iqn.2026-11.org.reservoir:c".to_owned(), None),
+            ])
+            .unwrap();
+        let want = ["iqn.2026-11.org.reservoir:a", "iqn.2026-11.org.reservoir:c"];
+        while {
+            let mut n = names();
+            n.sort();
+            n != want
+        } {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", names());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            alias("iqn.2026-11.org.reservoir:a"),
+            Some(Some("away".to_owned()))
+        );
         stop_tx.send(true).unwrap();
         task.await.unwrap();
         assert!(names().is_empty(), "still registered: {:?}", names());

@@ -3,7 +3,8 @@
 //! Protocol rules live in the sans-IO `iscsi` and `scsi` crates; this crate is the I/O.
 //!
 //! Modules depend on each other one way only, each on those listed before it:
-//! `config`, `tags`, `loglimit`, `cores` → `node` → `task` → `session` (with `session::recovery`) → `shared`
+//! `config` (with `reload`, the sans-IO plan of a configuration reload), `tags`,
+//! `loglimit`, `cores` → `node` → `open` → `task` → `session` (with `session::recovery`) → `shared`
 //! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `isns` →
 //! `server` → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
 //! imports nothing from them. A module that needs something from one after it in this
@@ -17,6 +18,8 @@ mod isns;
 mod login;
 mod loglimit;
 mod node;
+mod open;
+pub mod reload;
 pub mod server;
 mod session;
 mod shared;

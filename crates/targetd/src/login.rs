@@ -19,6 +19,7 @@ use net::transport::Stream;
 use rand::RngCore;
 
 use crate::config::Chap;
+use crate::node::TargetNode;
 use crate::session::{ConnEvent, Session};
 use crate::shared::Shared;
 use crate::wire;
@@ -103,7 +104,7 @@ impl LoginPolicy for Policy<'_> {
         }
     }
     fn discovery_auth(&self) -> AuthRequirement {
-        chap_requirement(&self.shared.config.discovery.chap)
+        chap_requirement(&self.shared.live().discovery_chap)
     }
     fn target_portal_group_tag(&self) -> u16 {
         self.shared.config.portal_group
@@ -374,20 +375,23 @@ fn bind_session(
             format!("{max} sessions already (max_sessions)"),
         ));
     }
-    let target = match outcome.session_type {
+    // LUN masking: the session holds the target as this initiator sees it.
+    let view_of = |t: Arc<TargetNode>| match t.view_for(&outcome.initiator_name) {
+        Some(view) => Arc::new(view),
+        None => t,
+    };
+    let node = match outcome.session_type {
         SessionType::Discovery => None,
         SessionType::Normal => {
             let name = outcome.target_name.as_deref().unwrap_or("");
-            let t = shared
-                .find_target(name)
-                .ok_or_else(|| (status::NOT_FOUND, format!("no target {name}")))?;
-            // LUN masking: the session holds the target as this initiator sees it.
-            Some(match t.view_for(&outcome.initiator_name) {
-                Some(view) => Arc::new(view),
-                None => t,
-            })
+            Some(
+                shared
+                    .find_target(name)
+                    .ok_or_else(|| (status::NOT_FOUND, format!("no target {name}")))?,
+            )
         }
     };
+    let target = node.clone().map(view_of);
     // Session reinstatement: a leading login from the same initiator port replaces the
     // old session (RFC 7143 6.3.5).
     for old in shared.sessions_of(
@@ -411,7 +415,7 @@ fn bind_session(
         params.max_connections = 1;
     }
     let queue_depth = shared.config.session.queue_depth;
-    Ok(shared.add_session(|tsih| {
+    let session = shared.add_session(|tsih| {
         Session::new(
             tsih,
             outcome.isid,
@@ -422,5 +426,23 @@ fn bind_session(
             queue_depth,
             cmdsn,
         )
-    }))
+    });
+    // A configuration reload between the lookup above and the session's registration
+    // did not see the session: it takes the targets as they are now.
+    if let Some(node) = node {
+        match shared.find_target(&node.iqn) {
+            Some(now) if Arc::ptr_eq(&now, &node) => {}
+            Some(now) => {
+                session.set_target(view_of(now));
+            }
+            None => {
+                shared.remove_session(session.tsih);
+                return Err((
+                    status::NOT_FOUND,
+                    format!("target {} removed by a configuration reload", node.iqn),
+                ));
+            }
+        }
+    }
+    Ok(session)
 }

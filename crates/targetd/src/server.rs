@@ -1,23 +1,23 @@
 //! The daemon: opens the LUNs, listens on the portals and starts a connection for each
-//! accepted socket, and shuts down gracefully.
+//! accepted socket, puts a reloaded configuration in force, and shuts down gracefully.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
-use backstore::{Backstore, ChangeMap, NewMap, Registry, Tracked};
-use scsi::{CopyTargets, LogicalUnit, LuConfig};
+use anyhow::{bail, Context};
+use backstore::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::config::{Config, LunConfig};
+use crate::config::Config;
 pub use crate::node::{LunStore, TargetNode};
+use crate::open::{open_target, wire_copy_targets, Kept};
 use crate::session::ConnEvent;
-use crate::shared::Shared;
+use crate::shared::{Live, Shared};
 use crate::wire::PortalTls;
 
 /// Hands a running target connections that did not come through its listeners: an
@@ -80,8 +80,107 @@ pub struct Server {
     /// Each with its portal's TLS, if it has any.
     listeners: Vec<(TcpListener, Option<Arc<PortalTls>>)>,
     shutdown_tx: watch::Sender<bool>,
+    /// The targets iSNS registers, which a reload changes.
+    isns_targets: Arc<watch::Sender<crate::isns::Targets>>,
     /// Stops the connection threads when the server is done.
     cores_stop: Option<crate::cores::Stop>,
+}
+
+/// The targets as iSNS registers them: IQN and alias.
+fn isns_targets(targets: &[Arc<TargetNode>]) -> crate::isns::Targets {
+    targets
+        .iter()
+        .map(|t| (t.iqn.clone(), t.alias.clone()))
+        .collect()
+}
+
+/// Puts a new configuration in force in a running target ([`Server::reloader`]); see
+/// [`Reloader::reload`].
+pub struct Reloader {
+    shared: Arc<Shared>,
+    isns_targets: Arc<watch::Sender<crate::isns::Targets>>,
+    /// The configuration in force: the last one applied.
+    config: Mutex<Config>,
+}
+
+impl Reloader {
+    /// Puts `new` (read and validated) in force as far as a running target can
+    /// (`crate::reload`), opening the stores of LUNs added or changed with `stores`'
+    /// kinds; nothing changes unless all of it can. Ok: one line saying what was done.
+    pub fn reload(&self, new: &Config, stores: &Registry) -> anyhow::Result<String> {
+        let mut config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = crate::reload::plan(&config, new).map_err(anyhow::Error::msg)?;
+        let live = self.shared.live();
+        let running = |iqn: &str| {
+            live.targets
+                .iter()
+                .find(|t| t.iqn.eq_ignore_ascii_case(iqn))
+        };
+        // The LUNs that run on, each with its unit and store.
+        let mut keep: BTreeMap<String, Kept> = BTreeMap::new();
+        let mut taken = HashSet::new();
+        for t in &plan.config.targets {
+            let Some(node) = running(&t.iqn) else {
+                continue;
+            };
+            let change = plan
+                .changed
+                .iter()
+                .find(|c| c.iqn.eq_ignore_ascii_case(&t.iqn));
+            let kept: Kept = node
+                .luns
+                .iter()
+                .filter(|(id, _)| change.is_none_or(|c| c.keeps(**id)))
+                .filter_map(|(id, lu)| Some((*id, (lu.clone(), node.stores.get(id)?.clone()))))
+                .collect();
+            for (_, store) in kept.values() {
+                if let Some(map) = &store.changes {
+                    taken.insert(map.path().to_path_buf());
+                }
+            }
+            keep.insert(t.iqn.to_ascii_lowercase(), kept);
+        }
+        let mut targets = Vec::new();
+        let none = Kept::new();
+        for t in &plan.config.targets {
+            let kept = keep.get(&t.iqn.to_ascii_lowercase()).unwrap_or(&none);
+            targets.push(Arc::new(open_target(
+                t,
+                &plan.config,
+                stores,
+                &mut taken,
+                kept,
+            )?));
+        }
+        // Everything opened: from here on nothing fails.
+        for node in &targets {
+            wire_copy_targets(node);
+        }
+        let registered = isns_targets(&targets);
+        let dropped = self.shared.replace_live(Live {
+            targets,
+            discovery_chap: plan.config.discovery.chap.clone(),
+        });
+        self.isns_targets.send_if_modified(|t| {
+            let changed = *t != registered;
+            *t = registered;
+            changed
+        });
+        if !dropped.is_empty() {
+            // What initiators wrote there reaches the medium before it is closed.
+            tokio::task::spawn_blocking(move || {
+                for d in dropped {
+                    match d.lu.flush() {
+                        Ok(()) => info!("target {} LUN {}: flushed and closed", d.target, d.lun),
+                        Err(e) => warn!("target {} LUN {}: flushing: {e}", d.target, d.lun),
+                    }
+                }
+            });
+        }
+        let summary = plan.summary();
+        *config = plan.config;
+        Ok(summary)
+    }
 }
 
 /// A listening socket on `addr` (address reuse and backlog as tokio's `bind`), whose
@@ -103,159 +202,22 @@ fn listen(addr: SocketAddr, recv_buffer: Option<usize>) -> std::io::Result<TcpLi
     sock.listen(1024)
 }
 
-/// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
-fn stable_id(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain(std::iter::once(0)) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
-/// Opens LUN `l`'s change map: `track_file`, or the store's `.changes` file beside its
-/// data; `taken` holds the other LUNs' maps. A map that is new, or that cannot be trusted as found, counts every unit as
-/// changed: the store's history is unknown to it.
-fn open_changes(
-    at: &str,
-    l: &LunConfig,
-    data_dir: &std::path::Path,
-    store: &Arc<dyn Backstore>,
-    taken: &mut std::collections::HashSet<std::path::PathBuf>,
-) -> anyhow::Result<Arc<ChangeMap>> {
-    let path = match &l.track_file {
-        Some(f) => data_dir.join(f),
-        None => store.sidecar(".changes").ok_or_else(|| {
-            anyhow!(
-                "{at}: track = true, but its store ({}) has no place for the change map \
-                 beside its data: give one with track_file = \"PATH\"",
-                store.description()
-            )
-        })?,
-    };
-    // Two maps in one file would each rename the other's away.
-    if !taken.insert(path.clone()) {
-        bail!(
-            "{at}: its change map {} is another LUN's too",
-            path.display()
-        );
-    }
-    let map = ChangeMap::open(&path, store.size(), l.track_unit(), NewMap::AllDirty)
-        .with_context(|| format!("{at}: opening its change map"))?;
-    info!(
-        "{at}: changes tracked in {} ({} dirty{})",
-        path.display(),
-        units::Size(map.dirty_bytes()),
-        map.frozen_id()
-            .map(|id| format!(", frozen set {id} not released"))
-            .unwrap_or_default()
-    );
-    Ok(Arc::new(map))
-}
-
 impl Server {
     /// Opens every LUN, each store with the factory `stores` has for its kind, and binds
     /// every portal.
     pub async fn bind(config: Config, stores: &Registry) -> anyhow::Result<Server> {
         config.validate().map_err(anyhow::Error::msg)?;
-        let opener = stores.context(&config.data_dir);
         let mut targets = Vec::new();
         let mut change_maps = std::collections::HashSet::new();
         for t in &config.targets {
-            let mut luns = BTreeMap::new();
-            let mut lun_stores = BTreeMap::new();
-            for l in &t.luns {
-                let at = format!("target {} LUN {}", t.iqn, l.id);
-                let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
-                let store = opener
-                    .read_only(l.read_only)
-                    .shared(config.multipath())
-                    .open(&spec)
-                    .with_context(|| format!("opening {at}"))?;
-                if store.size() % l.block_size as u64 != 0 || store.size() == 0 {
-                    bail!(
-                        "{at}: {}: size {} is not a positive multiple of the block size {}",
-                        store.description(),
-                        store.size(),
-                        l.block_size
-                    );
-                }
-                let raw = store.clone();
-                let changes = l
-                    .track
-                    .then(|| open_changes(&at, l, &config.data_dir, &store, &mut change_maps))
-                    .transpose()?;
-                let store: Arc<dyn Backstore> = match &changes {
-                    Some(map) => Arc::new(Tracked::new(store, map.clone())?),
-                    None => store,
-                };
-                lun_stores.insert(
-                    l.id,
-                    LunStore {
-                        store: raw,
-                        changes,
-                    },
-                );
-                let description = store.description();
-                // Reservations made with APTPL live where the store keeps state beside its
-                // data; a store without such a place cannot keep them.
-                let pr_file = store.sidecar(".pr");
-                let id = stable_id(&[&t.iqn.to_ascii_lowercase(), &l.id.to_string()]);
-                // NAA 6 with an IEEE company id of zero and our hash as the vendor part.
-                let naa_id = 0x6000_0000_0000_0000 | (id >> 4);
-                let serial = l.serial.clone().unwrap_or_else(|| format!("{:016x}", id));
-                let lu = LogicalUnit::new(
-                    LuConfig {
-                        block_size: l.block_size,
-                        physical_block_exponent: l.physical_block_exponent,
-                        read_only: l.read_only,
-                        removable: l.removable,
-                        thin: l.thin && store.supports_discard(),
-                        serial: serial.clone(),
-                        naa_id,
-                        device_id: format!("{}-lun{}", t.iqn, l.id),
-                        pr_file,
-                        target_name: t.iqn.clone(),
-                        // Every portal is in the one portal group (`portal_group`), so
-                        // the target has one target port, reachable by all portals; its
-                        // relative id is the group's, as for the peers' ports.
-                        target_port_group: config.portal_group,
-                        relative_port: config.portal_group,
-                        peer_port_groups: config.peer_portal_groups.clone(),
-                        sanitize_rate: l.sanitize_rate,
-                        ..LuConfig::default()
-                    },
-                    store,
-                );
-                info!(
-                    "{at}: {} blocks of {} bytes{} on {description}",
-                    lu.capacity_blocks(),
-                    l.block_size,
-                    if l.read_only { ", read-only" } else { "" }
-                );
-                let lu = Arc::new(lu);
-                lu.listen_to_peers();
-                luns.insert(l.id, lu);
-            }
-            let node = Arc::new(TargetNode {
-                iqn: t.iqn.clone(),
-                alias: t.alias.clone(),
-                allowed_initiators: t.allowed_initiators.clone(),
-                require_tls: t.require_tls,
-                portals: t.portals.clone(),
-                require_chap: t.require_chap,
-                initiators: t.initiators.clone(),
-                chap: t.chap.clone(),
-                luns,
-                stores: lun_stores,
-            });
-            // The logical units hold the node weakly: it owns them.
-            let peers = Arc::downgrade(&node) as std::sync::Weak<dyn CopyTargets>;
-            for lu in node.luns.values() {
-                lu.set_copy_targets(peers.clone());
-            }
+            let node = Arc::new(open_target(
+                t,
+                &config,
+                stores,
+                &mut change_maps,
+                &BTreeMap::new(),
+            )?);
+            wire_copy_targets(&node);
             targets.push(node);
         }
         let mut listeners = Vec::new();
@@ -303,10 +265,12 @@ impl Server {
                 (Some(cores), Some(stop))
             }
         };
+        let (isns_targets, _) = watch::channel(isns_targets(&targets));
         Ok(Server {
             shared: Arc::new(Shared::new(config, targets, portals, shutdown, cores)),
             listeners,
             shutdown_tx,
+            isns_targets: Arc::new(isns_targets),
             cores_stop,
         })
     }
@@ -320,8 +284,18 @@ impl Server {
         &self.shared.portals
     }
 
-    pub fn targets(&self) -> impl Iterator<Item = &TargetNode> {
-        self.shared.targets.iter().map(|t| &**t)
+    /// The targets in force.
+    pub fn targets(&self) -> Vec<Arc<TargetNode>> {
+        self.shared.live().targets.clone()
+    }
+
+    /// What puts a reloaded configuration in force while [`Server::run`] serves.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            shared: self.shared.clone(),
+            isns_targets: self.isns_targets.clone(),
+            config: Mutex::new(self.shared.config.clone()),
+        }
     }
 
     /// The store and change map of LUN `lun` of target `iqn` (case-insensitive); see
@@ -362,17 +336,15 @@ impl Server {
             shared,
             listeners,
             shutdown_tx,
+            isns_targets,
             cores_stop,
         } = self;
         let registrar = shared.config.isns.as_ref().and_then(|cfg| {
-            let targets: Vec<(String, Option<String>)> = shared
-                .targets
-                .iter()
-                .map(|t| (t.iqn.clone(), t.alias.clone()))
-                .collect();
+            let targets = isns_targets.borrow().clone();
             crate::isns::Registrar::new(cfg, &targets, &shared.portals, shared.config.portal_group)
         });
-        let registration = registrar.map(|r| tokio::spawn(r.run(shutdown_tx.subscribe())));
+        let registration = registrar
+            .map(|r| tokio::spawn(r.run(shutdown_tx.subscribe(), isns_targets.subscribe())));
         let mut accept_tasks = Vec::new();
         for (l, tls) in listeners {
             let shared = shared.clone();
@@ -473,7 +445,7 @@ impl Server {
         let flushing = shared.clone();
         let flush = tokio::task::spawn_blocking(move || {
             let mut failed = false;
-            for t in &flushing.targets {
+            for t in &flushing.live().targets {
                 for (id, lu) in &t.luns {
                     if let Err(e) = lu.flush() {
                         warn!("flushing {} LUN {id}: {e}", t.iqn);
@@ -515,7 +487,7 @@ async fn serve_accepted(
 mod tests {
     use super::*;
     use backstore::{Backstore, OpenContext, OpenError, Param, StoreFactory, StoreSpec};
-    use scsi::{Command, Nexus, Response};
+    use scsi::{Command, LogicalUnit, Nexus, Response};
 
     /// `alias:?members=[SPEC]`: its one member, under a kind the target has never heard of.
     struct Alias;
@@ -585,7 +557,8 @@ store = "ram:?size=1MiB"
         let mut stores = Registry::with_builtins();
         stores.register(Alias);
         let server = Server::bind(config, &stores).await.unwrap();
-        let t = server.targets().next().unwrap();
+        let targets = server.targets();
+        let t = &targets[0];
         assert_eq!(t.luns[&0].capacity_blocks(), 2048);
         // The file under the alias keeps APTPL reservations beside its image; ram nowhere.
         assert_eq!(
@@ -601,6 +574,44 @@ store = "ram:?size=1MiB"
             e.contains("LUN 0") && e.contains("not a positive multiple of the block size 512"),
             "{e}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_reload_keeps_unchanged_luns_and_applies_whole_or_not_at_all() {
+        let config = |luns: &str| {
+            Config::parse(
+                &format!(
+                    "portals = [\"127.0.0.1:0\"]\n[[target]]\niqn = \"iqn.2026-11.org.reservoir:r\"\n\
+                     [[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n{luns}"
+                ),
+                "r.toml",
+            )
+            .unwrap()
+        };
+        let stores = Registry::with_builtins();
+        let server = Server::bind(config(""), &stores).await.unwrap();
+        let reloader = server.reloader();
+        let lu0 = server.targets()[0].luns[&0].clone();
+        let added = config("[[target.lun]]\nid = 1\nstore = \"ram:?size=2MiB\"\n");
+        let said = reloader.reload(&added, &stores).unwrap();
+        assert_eq!(said, "target iqn.2026-11.org.reservoir:r: LUN +1");
+        let t = server.targets()[0].clone();
+        assert!(Arc::ptr_eq(&t.luns[&0], &lu0), "LUN 0 was reopened");
+        assert_eq!(t.luns[&1].capacity_blocks(), 4096);
+        // A store that does not open: nothing changes, not even the LUN that would.
+        let bad = config(
+            "[[target.lun]]\nid = 1\nstore = \"ram:?size=2MiB\"\n\
+             [[target.lun]]\nid = 2\nstore = \"nosuch:?size=1MiB\"\n\
+             [[target]]\niqn = \"iqn.2026-11.org.reservoir:s\"\n",
+        );
+        let e = format!("{:#}", reloader.reload(&bad, &stores).unwrap_err());
+        assert!(e.contains("LUN 2") && e.contains("nosuch"), "{e}");
+        let now = server.targets();
+        assert_eq!((now.len(), now[0].lun_ids()), (1, vec![0, 1]));
+        assert!(Arc::ptr_eq(&now[0], &t));
+        let removed = config("");
+        reloader.reload(&removed, &stores).unwrap();
+        assert_eq!(server.targets()[0].lun_ids(), vec![0]);
     }
 
     fn tracked_config(dir: &std::path::Path, luns: &str) -> Config {
@@ -645,7 +656,8 @@ store = "ram:?size=1MiB"
         // The store handed out is the one under the tracking: its description says so.
         assert!(!file.store.description().contains("tracked"));
 
-        let t = server.targets().next().unwrap();
+        let targets = server.targets();
+        let t = &targets[0];
         let lu = &t.luns[&0];
         exec(lu, &[0, 0, 0, 0, 0, 0], &[]); // power-on unit attention
                                             // WRITE(10) of 2 blocks at LBA 4096 (2 MiB), WRITE SAME(16) with UNMAP of 8
@@ -741,7 +753,7 @@ size = "1MiB"
         let server = Server::bind(config, &Registry::with_builtins())
             .await
             .unwrap();
-        let targets: Vec<&TargetNode> = server.targets().collect();
+        let targets = server.targets();
         let (a, b) = (&targets[0].luns[&0], &targets[0].luns[&3]);
         let other = &targets[1].luns[&0];
         for lu in [a, b, other] {

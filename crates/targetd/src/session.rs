@@ -1,8 +1,8 @@
 //! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
 //! connections, and the registry of its tasks (for task management across connections).
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use iscsi::ffp::CmdOrder;
 use iscsi::negotiate::SessionParams;
@@ -56,7 +56,11 @@ pub struct Session {
     pub tsih: u16,
     pub isid: [u8; 6],
     pub initiator: String,
-    pub target: Option<Arc<TargetNode>>,
+    /// The target as this session's initiator sees it (LUN masking applied); a
+    /// configuration reload replaces it when the target's LUNs change. `None`: discovery.
+    target: Option<RwLock<Arc<TargetNode>>>,
+    /// Whether a LUN of `target` lends memory (`LogicalUnit::lends_memory`), kept with it.
+    lends: AtomicBool,
     pub params: SessionParams,
     pub nexus: Nexus,
     queue_depth: u32,
@@ -93,7 +97,8 @@ impl Session {
             tsih,
             isid,
             initiator,
-            target,
+            lends: AtomicBool::new(lends_memory(target.as_deref())),
+            target: target.map(RwLock::new),
             params,
             nexus,
             queue_depth,
@@ -110,12 +115,33 @@ impl Session {
         }
     }
 
+    /// The target as the session sees it now; `None` in a discovery session.
+    pub fn target(&self) -> Option<Arc<TargetNode>> {
+        let t = self.target.as_ref()?;
+        Some(t.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// The target's IQN; `None` in a discovery session.
+    pub fn target_name(&self) -> Option<String> {
+        self.target().map(|t| t.iqn.clone())
+    }
+
+    /// Puts `view` in place of the session's target (a configuration reload); the old
+    /// one. Commands already running keep the view they started with.
+    pub fn set_target(&self, view: Arc<TargetNode>) -> Option<Arc<TargetNode>> {
+        let t = self.target.as_ref()?;
+        self.lends
+            .store(lends_memory(Some(&view)), Ordering::Release);
+        Some(std::mem::replace(
+            &mut *t.write().unwrap_or_else(|e| e.into_inner()),
+            view,
+        ))
+    }
+
     /// Whether a LUN of the session's target lends memory (see `LogicalUnit::lends_memory`):
     /// its Data-In may then hold lent bytes on any carrier.
     pub fn lends_memory(&self) -> bool {
-        self.target
-            .as_ref()
-            .is_some_and(|t| t.luns.values().any(|lu| lu.lends_memory()))
+        self.lends.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -240,6 +266,10 @@ impl Session {
             .map(|(itt, r)| (*itt, r.cid, r.ctl.clone()))
             .collect()
     }
+}
+
+fn lends_memory(target: Option<&TargetNode>) -> bool {
+    target.is_some_and(|t| t.luns.values().any(|lu| lu.lends_memory()))
 }
 
 #[cfg(test)]

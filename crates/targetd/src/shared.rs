@@ -1,19 +1,27 @@
 //! What every connection of a running target sees: the configuration, the target nodes
-//! and bound portals, the session table, and the count of commands in flight that a
-//! shutdown waits for.
+//! (replaced whole by a configuration reload) and bound portals, the session table, and
+//! the count of commands in flight that a shutdown waits for.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
-use scsi::Nexus;
+use scsi::{LogicalUnit, Nexus};
 use tokio::sync::{watch, Notify};
+use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Chap, Config};
 use crate::cores::Cores;
 use crate::node::{LunStore, TargetNode};
-use crate::session::Session;
+use crate::session::{ConnEvent, Session};
+
+/// Whether a target of `live` has `lu`.
+fn holds(live: &Live, lu: &Arc<LogicalUnit>) -> bool {
+    live.targets
+        .iter()
+        .any(|t| t.luns.values().any(|x| Arc::ptr_eq(x, lu)))
+}
 
 /// One of the connections `Shared::open_connection` counts, until dropped.
 pub(crate) struct OpenConnection(Arc<Shared>);
@@ -24,15 +32,36 @@ impl Drop for OpenConnection {
     }
 }
 
+/// What a configuration reload replaces while the target runs: the target nodes (with
+/// their LUNs and access rules) and discovery's CHAP. Everything else in
+/// [`Shared::config`] stays as the target started.
+pub(crate) struct Live {
+    pub(crate) targets: Vec<Arc<TargetNode>>,
+    pub(crate) discovery_chap: Option<Chap>,
+}
+
+/// A logical unit that a reload took out of the configuration.
+pub(crate) struct Dropped {
+    pub(crate) target: String,
+    pub(crate) lun: u16,
+    pub(crate) lu: Arc<LogicalUnit>,
+}
+
+/// An initiator port: its name (lower case) and ISID. Each has a nexus id, and a port
+/// name as reservations know it.
+type InitiatorPort = (String, [u8; 6]);
+
 /// State every connection sees.
 pub(crate) struct Shared {
+    /// The configuration the target started with; its targets and discovery CHAP are
+    /// [`Shared::live`]'s.
     pub(crate) config: Config,
-    pub(crate) targets: Vec<Arc<TargetNode>>,
+    live: RwLock<Arc<Live>>,
     /// Addresses actually bound (port 0 resolved).
     pub(crate) portals: Vec<SocketAddr>,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: Mutex<u16>,
-    nexus_ids: Mutex<HashMap<(String, [u8; 6]), u64>>,
+    nexus_ids: Mutex<HashMap<InitiatorPort, (Nexus, String)>>,
     shutdown: watch::Receiver<bool>,
     /// Commands executing anywhere; shutdown waits for them.
     inflight: AtomicUsize,
@@ -51,9 +80,13 @@ impl Shared {
         shutdown: watch::Receiver<bool>,
         cores: Option<Cores>,
     ) -> Shared {
+        let live = Live {
+            targets,
+            discovery_chap: config.discovery.chap.clone(),
+        };
         Shared {
             config,
-            targets,
+            live: RwLock::new(Arc::new(live)),
             portals,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: Mutex::new(1),
@@ -78,8 +111,14 @@ impl Shared {
             .map(|(_, p)| p.listen)
     }
 
+    /// The targets and discovery CHAP in force now.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub(crate) fn find_target(&self, name: &str) -> Option<Arc<TargetNode>> {
-        self.targets
+        self.live()
+            .targets
             .iter()
             .find(|t| t.iqn.eq_ignore_ascii_case(name))
             .cloned()
@@ -108,8 +147,8 @@ impl Shared {
             .filter(|s| {
                 s.isid == isid
                     && s.initiator.eq_ignore_ascii_case(initiator)
-                    && match (&s.target, target) {
-                        (Some(t), Some(n)) => t.iqn.eq_ignore_ascii_case(n),
+                    && match (s.target_name(), target) {
+                        (Some(t), Some(n)) => t.eq_ignore_ascii_case(n),
                         (None, None) => true,
                         _ => false,
                     }
@@ -137,10 +176,9 @@ impl Shared {
     /// Ends a session: for its logical units that is the loss of its I_T nexus.
     pub(crate) fn remove_session(&self, tsih: u16) {
         let gone = self.sessions.lock().unwrap().remove(&tsih);
-        if let Some(target) = gone.as_ref().and_then(|s| s.target.as_ref()) {
-            let nexus = gone.as_ref().expect("checked").nexus;
-            for lu in target.luns.values() {
-                lu.nexus_lost(nexus);
+        if let Some(s) = gone {
+            for lu in s.target().iter().flat_map(|t| t.luns.values()) {
+                lu.nexus_lost(s.nexus);
             }
         }
     }
@@ -169,23 +207,101 @@ impl Shared {
     /// and (later) reservations follow the initiator port, not the TCP connection.
     pub(crate) fn nexus(&self, initiator: &str, isid: [u8; 6]) -> Nexus {
         let mut ids = self.nexus_ids.lock().unwrap();
-        let n = ids.len() as u64 + 1;
-        let nexus = Nexus(
-            *ids.entry((initiator.to_ascii_lowercase(), isid))
-                .or_insert(n),
-        );
-        if nexus.0 == n {
-            // Persistent reservations know initiator ports by their iSCSI initiator port
-            // name, "<name>,i,0x<ISID>" (SPC-5 7.6.4.6).
-            let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
-            let port = format!("{initiator},i,0x{isid_hex}");
-            for t in &self.targets {
-                for lu in t.luns.values() {
-                    lu.name_nexus(nexus, &port);
+        let key = (initiator.to_ascii_lowercase(), isid);
+        if let Some((nexus, _)) = ids.get(&key) {
+            return *nexus;
+        }
+        let nexus = Nexus(ids.len() as u64 + 1);
+        // Persistent reservations know initiator ports by their iSCSI initiator port
+        // name, "<name>,i,0x<ISID>" (SPC-5 7.6.4.6).
+        let isid_hex: String = isid.iter().map(|b| format!("{b:02x}")).collect();
+        let port = format!("{initiator},i,0x{isid_hex}");
+        // Under the lock: a reload names the known nexuses on the LUs it adds under it.
+        for t in &self.live().targets {
+            for lu in t.luns.values() {
+                lu.name_nexus(nexus, &port);
+            }
+        }
+        ids.insert(key, (nexus, port));
+        nexus
+    }
+
+    /// Puts `live` in force (a configuration reload): new logins and discovery see it at
+    /// once. Each session's view of its target follows, and where the LUNs it sees
+    /// changed its LUs get a REPORTED LUNS DATA HAS CHANGED unit attention (SPC-5
+    /// 6.37); the sessions of a target no longer configured are closed, as a target
+    /// cold reset closes them. Returns the LUs no target holds any more, to flush.
+    pub(crate) fn replace_live(&self, live: Live) -> Vec<Dropped> {
+        let old = {
+            let ids = self.nexus_ids.lock().unwrap();
+            let was = self.live();
+            for lu in live.targets.iter().flat_map(|t| t.luns.values()) {
+                if !holds(&was, lu) {
+                    for (nexus, port) in ids.values() {
+                        lu.name_nexus(*nexus, port);
+                    }
+                }
+            }
+            std::mem::replace(
+                &mut *self.live.write().unwrap_or_else(|e| e.into_inner()),
+                Arc::new(live),
+            )
+        };
+        let now = self.live();
+        for s in self.all_sessions() {
+            let Some(seen) = s.target() else { continue };
+            let Some(node) = now
+                .targets
+                .iter()
+                .find(|t| t.iqn.eq_ignore_ascii_case(&seen.iqn))
+            else {
+                info!(
+                    "session {} of {}: target {} removed from the configuration; closing it",
+                    s.tsih, s.initiator, seen.iqn
+                );
+                s.close();
+                s.broadcast(|| ConnEvent::Close("target removed from the configuration"));
+                self.remove_session(s.tsih);
+                continue;
+            };
+            let view = match node.view_for(&s.initiator) {
+                Some(v) => Arc::new(v),
+                None => node.clone(),
+            };
+            let same = view.luns.len() == seen.luns.len()
+                && view
+                    .luns
+                    .iter()
+                    .zip(&seen.luns)
+                    .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y));
+            s.set_target(view.clone());
+            if !same {
+                info!(
+                    "session {} of {}: target {} now has LUNs {:?}; unit attention \
+                     REPORTED LUNS DATA HAS CHANGED",
+                    s.tsih,
+                    s.initiator,
+                    view.iqn,
+                    view.lun_ids()
+                );
+                for lu in view.luns.values() {
+                    lu.luns_changed(s.nexus);
                 }
             }
         }
-        nexus
+        let mut dropped = Vec::new();
+        for t in &old.targets {
+            for (&lun, lu) in &t.luns {
+                if !holds(&now, lu) {
+                    dropped.push(Dropped {
+                        target: t.iqn.clone(),
+                        lun,
+                        lu: lu.clone(),
+                    });
+                }
+            }
+        }
+        dropped
     }
 
     pub(crate) fn task_started(&self) {

@@ -386,8 +386,9 @@ pub(crate) async fn writer(
     let erl2 = session.erl2();
     // As `Job::may_lend`: Data-In may hold a file's mapped bytes without data digests and
     // TLS (where the kernel alone reads it), and a memory store's bytes on any carrier.
-    // Only a writer with neither can be sure it holds nothing lent.
-    let lends = (!digests.data && !wr.copies_in_user_space()) || session.lends_memory();
+    // Only a writer with neither can be sure it holds nothing lent; asked per batch, as
+    // a configuration reload may add a memory store's LUN to the session.
+    let lends_mapping = !digests.data && !wr.copies_in_user_space();
     let mut batch: Vec<Pdu> = Vec::with_capacity(BATCH_PDUS);
     // Headers (with their digests) of the whole batch, back to back, and per PDU the
     // header's range and the trailer (padding + data digest) that follows its payload.
@@ -458,6 +459,7 @@ pub(crate) async fn writer(
         // TLS: the batch as owned pieces, whose records the carrier may seal on other
         // threads while the socket takes the ones before (`net::sealing`).
         let shared = wr.seals_elsewhere();
+        let lends = lends_mapping || session.lends_memory();
         let sent = if shared {
             let pieces = batch_pieces(&batch, &headers, &layout);
             let taken = try_write_shared_now(&mut wr, &pieces, &mut written)?;

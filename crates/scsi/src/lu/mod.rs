@@ -175,6 +175,31 @@ impl LogicalUnit {
         self.store.flush()
     }
 
+    /// REPORT LUNS told `nexus` the inventory: a pending REPORTED LUNS DATA HAS CHANGED
+    /// has said what it had to and is cleared (SPC-5 6.37). A REPORT LUNS to this LU does
+    /// it; the transport calls it for the target's other LUs.
+    pub fn luns_reported(&self, nexus: Nexus) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain(|s| *s != sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+        }
+    }
+
+    /// The target's inventory of LUs as `nexus` sees it has changed (a LUN added or
+    /// removed): a REPORTED LUNS DATA HAS CHANGED unit attention for it (SPC-5 6.37),
+    /// unless one is pending already. A nexus that has not used this LU yet gets its
+    /// power-on unit attention first anyway.
+    pub fn luns_changed(&self, nexus: Nexus) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.contains(&sense::REPORTED_LUNS_DATA_HAS_CHANGED) {
+                q.push_back(sense::REPORTED_LUNS_DATA_HAS_CHANGED);
+            }
+        }
+    }
+
     /// LOGICAL UNIT RESET: mode parameters and medium removal prevention return to their
     /// defaults and every nexus gets a unit attention; a store that other targets export
     /// too tells them, so that their nexuses get it as well (this blocks until they have,
@@ -310,6 +335,9 @@ impl LogicalUnit {
 
         self.register(cmd.nexus);
         self.refresh_capacity();
+        if opcode == REPORT_LUNS {
+            self.luns_reported(cmd.nexus);
+        }
         if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
             if let Some(ua) = self.take_unit_attention(cmd.nexus) {
                 return Err(ua.into());

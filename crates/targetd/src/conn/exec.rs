@@ -32,7 +32,7 @@ impl Conn {
             self.session.unregister_task(itt);
             return;
         }
-        let target = self.session.target.clone().expect("normal session");
+        let target = self.session.target().expect("normal session");
         task.ctl.executing.store(true, Ordering::Release);
         self.shared.task_started();
         self.executing.count.fetch_add(1, Ordering::AcqRel);
@@ -354,6 +354,12 @@ impl Job {
             }
             _ => resp,
         };
+        if cdb.first() == Some(&REPORT_LUNS) && resp.status == scsi::status::GOOD {
+            // The inventory is the target's: reported, it has changed for none of its LUs.
+            for lu in self.target.luns.values() {
+                lu.luns_reported(self.nexus);
+            }
+        }
         self.respond(resp, spdtl_out)
     }
 

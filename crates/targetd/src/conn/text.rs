@@ -164,11 +164,13 @@ impl Conn {
     }
 
     fn send_targets(&self, which: &str, answer: &mut TextKeys) {
-        let visible: Vec<&Arc<TargetNode>> = match &self.session.target {
+        let own = self.session.target();
+        // The targets as the configuration has them now (a reload may have changed them).
+        let live = self.shared.live();
+        let visible: Vec<&Arc<TargetNode>> = match &own {
             // A normal session sees only its own target.
             Some(t) => vec![t],
-            None => self
-                .shared
+            None => live
                 .targets
                 .iter()
                 .filter(|t| {
@@ -179,7 +181,7 @@ impl Conn {
         };
         let wanted: Vec<&Arc<TargetNode>> = match which {
             "All" => visible,
-            "" => match &self.session.target {
+            "" => match &own {
                 Some(t) => vec![t],
                 None => Vec::new(),
             },

@@ -112,7 +112,7 @@ impl Conn {
     pub(super) async fn on_tmf(&mut self, t: TaskMgmtRequest) {
         let function = t.function;
         let lun = lun_from_wire(t.lun);
-        let target = self.session.target.clone();
+        let target = self.session.target();
         let lu: Option<Arc<LogicalUnit>> = match (&target, lun) {
             (Some(tg), Some(l)) => tg.luns.get(&l).cloned(),
             _ => None,
@@ -189,10 +189,13 @@ impl Conn {
             self.adopt(t.referenced_task_tag, how);
         }
         if function == tmf::TARGET_COLD_RESET && response == tmf::COMPLETE {
-            // A cold reset ends every session of the target (RFC 7143 11.5.1).
+            // A cold reset ends every session of the target (RFC 7143 11.5.1), whatever
+            // LUNs each sees.
             if let Some(tg) = target {
                 for s in self.shared.all_sessions() {
-                    if s.target.as_ref().is_some_and(|x| Arc::ptr_eq(x, &tg)) {
+                    if s.target_name()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(&tg.iqn))
+                    {
                         s.broadcast(|| ConnEvent::Close("target cold reset"));
                     }
                 }

@@ -1,0 +1,188 @@
+//! Opening a target node from its configuration: each LUN's store (by the registry's
+//! kinds), its change map, and its logical unit; at start, and for what a configuration
+//! reload adds or changes (the LUs it keeps are handed in and reused as they are).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context};
+use backstore::{Backstore, ChangeMap, NewMap, Registry, Tracked};
+use scsi::{CopyTargets, LogicalUnit, LuConfig};
+use tracing::info;
+
+use crate::config::{Config, LunConfig, TargetConfig};
+use crate::node::{LunStore, TargetNode};
+
+/// A LUN a reload keeps as it runs: its unit and its store.
+pub(crate) type Kept = BTreeMap<u16, (Arc<LogicalUnit>, LunStore)>;
+
+/// A stable 64-bit id for names (FNV-1a): LU designators must not change across restarts.
+fn stable_id(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Opens LUN `l`'s change map: `track_file`, or the store's `.changes` file beside its
+/// data; `taken` holds the other LUNs' maps. A map that is new, or that cannot be trusted as found, counts every unit as
+/// changed: the store's history is unknown to it.
+fn open_changes(
+    at: &str,
+    l: &LunConfig,
+    data_dir: &std::path::Path,
+    store: &Arc<dyn Backstore>,
+    taken: &mut std::collections::HashSet<std::path::PathBuf>,
+) -> anyhow::Result<Arc<ChangeMap>> {
+    let path = match &l.track_file {
+        Some(f) => data_dir.join(f),
+        None => store.sidecar(".changes").ok_or_else(|| {
+            anyhow!(
+                "{at}: track = true, but its store ({}) has no place for the change map \
+                 beside its data: give one with track_file = \"PATH\"",
+                store.description()
+            )
+        })?,
+    };
+    // Two maps in one file would each rename the other's away.
+    if !taken.insert(path.clone()) {
+        bail!(
+            "{at}: its change map {} is another LUN's too",
+            path.display()
+        );
+    }
+    let map = ChangeMap::open(&path, store.size(), l.track_unit(), NewMap::AllDirty)
+        .with_context(|| format!("{at}: opening its change map"))?;
+    info!(
+        "{at}: changes tracked in {} ({} dirty{})",
+        path.display(),
+        units::Size(map.dirty_bytes()),
+        map.frozen_id()
+            .map(|id| format!(", frozen set {id} not released"))
+            .unwrap_or_default()
+    );
+    Ok(Arc::new(map))
+}
+
+/// The node of target `t`: LUNs in `keep` reused, every other one opened; `taken` holds
+/// the change maps of the LUNs opened or kept so far. The node's LUs do not reach each
+/// other for EXTENDED COPY until [`wire_copy_targets`]: a reload that fails later must
+/// leave the running LUs as they are.
+pub(crate) fn open_target(
+    t: &TargetConfig,
+    config: &Config,
+    stores: &Registry,
+    taken: &mut HashSet<PathBuf>,
+    keep: &Kept,
+) -> anyhow::Result<TargetNode> {
+    let opener = stores.context(&config.data_dir);
+    let mut luns = BTreeMap::new();
+    let mut lun_stores = BTreeMap::new();
+    for l in &t.luns {
+        if let Some((lu, store)) = keep.get(&l.id) {
+            if let Some(map) = &store.changes {
+                taken.insert(map.path().to_path_buf());
+            }
+            luns.insert(l.id, lu.clone());
+            lun_stores.insert(l.id, store.clone());
+            continue;
+        }
+        let at = format!("target {} LUN {}", t.iqn, l.id);
+        let spec = l.store_spec(stores).map_err(|e| anyhow!("{at}: {e}"))?;
+        let store = opener
+            .read_only(l.read_only)
+            .shared(config.multipath())
+            .open(&spec)
+            .with_context(|| format!("opening {at}"))?;
+        if store.size() % l.block_size as u64 != 0 || store.size() == 0 {
+            bail!(
+                "{at}: {}: size {} is not a positive multiple of the block size {}",
+                store.description(),
+                store.size(),
+                l.block_size
+            );
+        }
+        let raw = store.clone();
+        let changes = l
+            .track
+            .then(|| open_changes(&at, l, &config.data_dir, &store, taken))
+            .transpose()?;
+        let store: Arc<dyn Backstore> = match &changes {
+            Some(map) => Arc::new(Tracked::new(store, map.clone())?),
+            None => store,
+        };
+        lun_stores.insert(
+            l.id,
+            LunStore {
+                store: raw,
+                changes,
+            },
+        );
+        let description = store.description();
+        // Reservations made with APTPL live where the store keeps state beside its
+        // data; a store without such a place cannot keep them.
+        let pr_file = store.sidecar(".pr");
+        let id = stable_id(&[&t.iqn.to_ascii_lowercase(), &l.id.to_string()]);
+        // NAA 6 with an IEEE company id of zero and our hash as the vendor part.
+        let naa_id = 0x6000_0000_0000_0000 | (id >> 4);
+        let serial = l.serial.clone().unwrap_or_else(|| format!("{:016x}", id));
+        let lu = LogicalUnit::new(
+            LuConfig {
+                block_size: l.block_size,
+                physical_block_exponent: l.physical_block_exponent,
+                read_only: l.read_only,
+                removable: l.removable,
+                thin: l.thin && store.supports_discard(),
+                serial: serial.clone(),
+                naa_id,
+                device_id: format!("{}-lun{}", t.iqn, l.id),
+                pr_file,
+                target_name: t.iqn.clone(),
+                // Every portal is in the one portal group (`portal_group`), so
+                // the target has one target port, reachable by all portals; its
+                // relative id is the group's, as for the peers' ports.
+                target_port_group: config.portal_group,
+                relative_port: config.portal_group,
+                peer_port_groups: config.peer_portal_groups.clone(),
+                sanitize_rate: l.sanitize_rate,
+                ..LuConfig::default()
+            },
+            store,
+        );
+        info!(
+            "{at}: {} blocks of {} bytes{} on {description}",
+            lu.capacity_blocks(),
+            l.block_size,
+            if l.read_only { ", read-only" } else { "" }
+        );
+        let lu = Arc::new(lu);
+        lu.listen_to_peers();
+        luns.insert(l.id, lu);
+    }
+    Ok(TargetNode {
+        iqn: t.iqn.clone(),
+        alias: t.alias.clone(),
+        allowed_initiators: t.allowed_initiators.clone(),
+        require_tls: t.require_tls,
+        portals: t.portals.clone(),
+        require_chap: t.require_chap,
+        initiators: t.initiators.clone(),
+        chap: t.chap.clone(),
+        luns,
+        stores: lun_stores,
+    })
+}
+
+/// EXTENDED COPY sent to one of `node`'s LUs reaches the node's others. The LUs hold the
+/// node weakly: it owns them.
+pub(crate) fn wire_copy_targets(node: &Arc<TargetNode>) {
+    let peers = Arc::downgrade(node) as std::sync::Weak<dyn CopyTargets>;
+    for lu in node.luns.values() {
+        lu.set_copy_targets(peers.clone());
+    }
+}
