@@ -98,6 +98,34 @@ fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 
 const PERIOD: u64 = 4;
 
+/// open-isns `isnsd` in the foreground in `ns`, on `dir`'s isnsd.conf, its log in
+/// isnsd.log there.
+fn spawn_isnsd(ns: &Netns, dir: &Path) -> Child {
+    ns.cmd("isnsd")
+        .arg("-f")
+        .arg("-c")
+        .arg(dir.join("isnsd.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.join("isnsd.log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap()
+}
+
+/// What `isnsadm --query iscsi-name` (on `dir`'s isnsadm.conf) prints in `ns`; `None`
+/// while the server does not answer.
+fn isnsadm_query(ns: &Netns, dir: &Path) -> Option<String> {
+    let o = ns
+        .cmd("isnsadm")
+        .arg("-c")
+        .arg(dir.join("isnsadm.conf"))
+        .args(["--query", "iscsi-name"])
+        .output()
+        .unwrap();
+    o.status.success().then(|| text(&o))
+}
+
 #[test]
 fn target_registers_and_rsv_finds_it_through_isnsd() {
     // SAFETY: geteuid has no preconditions.
@@ -128,28 +156,9 @@ fn target_registers_and_rsv_finds_it_through_isnsd() {
         "SourceName = iqn.2026-11.org.reservoir:isnsadm\nServerAddress = 127.0.0.1\nSecurity = 0\n",
     )
     .unwrap();
-    let isnsd = ns
-        .cmd("isnsd")
-        .arg("-f")
-        .arg("-c")
-        .arg(d.join("isnsd.conf"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(d.join("isnsd.log")).unwrap(),
-        ))
-        .spawn()
-        .unwrap();
+    let isnsd = spawn_isnsd(&ns, d);
     ns.children.push(isnsd);
-    let query = |ns: &Netns| {
-        let o = ns
-            .cmd("isnsadm")
-            .arg("-c")
-            .arg(d.join("isnsadm.conf"))
-            .args(["--query", "iscsi-name"])
-            .output()
-            .unwrap();
-        o.status.success().then(|| text(&o))
-    };
+    let query = |ns: &Netns| isnsadm_query(ns, d);
     wait_until(10, "isnsd to answer", || query(&ns).is_some());
     assert!(query(&ns).unwrap().contains("empty"));
 
@@ -672,16 +681,7 @@ fn reload_updates_the_registration(server: IsnsServer) {
                 ),
             )
             .unwrap();
-            ns.cmd("isnsd")
-                .arg("-f")
-                .arg("-c")
-                .arg(d.join("isnsd.conf"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(
-                    std::fs::File::create(d.join("isnsd.log")).unwrap(),
-                ))
-                .spawn()
-                .unwrap()
+            spawn_isnsd(&ns, d)
         }
         IsnsServer::Reservoir => {
             let mut c = ns.cmd(rsv());
@@ -690,16 +690,7 @@ fn reload_updates_the_registration(server: IsnsServer) {
         }
     };
     ns.children.push(server_process);
-    let query = |ns: &Netns| {
-        let o = ns
-            .cmd("isnsadm")
-            .arg("-c")
-            .arg(d.join("isnsadm.conf"))
-            .args(["--query", "iscsi-name"])
-            .output()
-            .unwrap();
-        o.status.success().then(|| text(&o))
-    };
+    let query = |ns: &Netns| isnsadm_query(ns, d);
     wait_until(10, "the iSNS server to answer", || query(&ns).is_some());
 
     let config = |targets: &str| {

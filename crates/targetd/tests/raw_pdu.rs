@@ -572,6 +572,24 @@ fn task_reassign_at_erl2_resends_lost_data_in_and_status_from_expdatasn() {
     drop(a);
 }
 
+/// Sends `stream` cut in pieces of 1000, 47, 70,001, 3 and 100,000 bytes (again and again),
+/// pausing 5 ms after every other piece (those whose index has the parity `pause`).
+fn send_in_uneven_pieces(a: &mut Raw, stream: &[u8], pause: usize) {
+    let pieces = [1000usize, 47, 70_001, 3, 100_000];
+    let mut from = 0;
+    for (i, n) in pieces.iter().cycle().enumerate() {
+        if from == stream.len() {
+            break;
+        }
+        let to = (from + n).min(stream.len());
+        a.send_bytes(&stream[from..to]);
+        from = to;
+        if i % 2 == pause {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// Data-Out segments of 32 KiB and more are read from the socket straight into their
 /// command's buffer: whether they arrive whole, in pieces of any size, behind one another
 /// in one segment of TCP, or mixed with small ones (copied as before), the data lands where
@@ -620,19 +638,7 @@ fn large_data_out_segments_land_whole_however_they_arrive() {
                     .encode(&mut stream, Digests::default());
                     at += n;
                 }
-                let pieces = [1000usize, 47, 70_001, 3, 100_000];
-                let mut from = 0;
-                for (i, n) in pieces.iter().cycle().enumerate() {
-                    if from == stream.len() {
-                        break;
-                    }
-                    let to = (from + n).min(stream.len());
-                    a.send_bytes(&stream[from..to]);
-                    from = to;
-                    if i % 2 == bursts % 2 {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
+                send_in_uneven_pieces(&mut a, &stream, bursts % 2);
                 bursts += 1;
             }
             Pdu::ScsiResponse(r) => {
@@ -707,19 +713,7 @@ fn large_immediate_data_lands_whole_however_it_arrives() {
     )
     .encode(&mut stream, Digests::default());
     a.cmdsn += 1;
-    let pieces = [1000usize, 47, 70_001, 3, 100_000];
-    let mut from = 0;
-    for (i, n) in pieces.iter().cycle().enumerate() {
-        if from == stream.len() {
-            break;
-        }
-        let to = (from + n).min(stream.len());
-        a.send_bytes(&stream[from..to]);
-        from = to;
-        if i % 2 == 0 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
+    send_in_uneven_pieces(&mut a, &stream, 0);
     loop {
         match a.recv() {
             Pdu::R2t(r) => {

@@ -60,12 +60,7 @@ impl AsyncRead {
                 drop(guard);
                 done(match result {
                     Ok(()) => Response::good(buf.into_vec()),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "backstore I/O error");
-                        Response::check_condition(
-                            &sense::UNRECOVERED_READ_ERROR.with_information(lba),
-                        )
-                    }
+                    Err(e) => read_failed(lba, &e),
                 })
             }),
         );
@@ -95,13 +90,16 @@ impl AsyncRead {
             len,
             Box::new(move |result| {
                 drop(guard);
-                done(result.map_err(|e| {
-                    tracing::warn!(error = %e, "backstore I/O error");
-                    Response::check_condition(&sense::UNRECOVERED_READ_ERROR.with_information(lba))
-                }))
+                done(result.map_err(|e| read_failed(lba, &e)))
             }),
         );
     }
+}
+
+/// The answer to a read the store failed, as [`LogicalUnit::execute`] gives it.
+fn read_failed(lba: u64, e: &dyn std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "backstore I/O error");
+    Response::check_condition(&sense::UNRECOVERED_READ_ERROR.with_information(lba))
 }
 
 /// A plain WRITE ready to start on a store that completes writes on a thread of its own
