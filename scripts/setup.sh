@@ -27,6 +27,25 @@ check_libiscsi() {
   done
 }
 
+check_libiscsi_dev() {
+  # The LUN-masking walk (tests/masking.rs) builds a libiscsi client of its own: a program
+  # that makes a context and a task must compile, link and run.
+  cat >"$scratch/li.c" <<'C'
+#include <iscsi/iscsi.h>
+#include <iscsi/scsi-lowlevel.h>
+int main(void) {
+  struct iscsi_context *c = iscsi_create_context("iqn.2026-11.org.reservoir:setup");
+  unsigned char cdb[6] = {0};
+  struct scsi_task *t = scsi_create_task(6, cdb, SCSI_XFER_NONE, 0);
+  if (!c || !t) return 1;
+  scsi_free_scsi_task(t);
+  iscsi_destroy_context(c);
+  return 0;
+}
+C
+  quiet cc -o "$scratch/li" "$scratch/li.c" -liscsi && quiet "$scratch/li"
+}
+
 check_qemu() {
   # qemu-img opens iscsi:// only through the block-iscsi module of qemu-block-extra, which
   # must be the same build as qemu-utils. Asked for a port where nothing listens, a working
@@ -335,6 +354,7 @@ check_cargo() { quiet cargo --version; }
 # name | Debian packages | what Reservoir needs it for | check
 TOOLS=(
   "libiscsi's tools|libiscsi-bin|iscsi-test-cu (conformance suite) and iscsi-ls/-inq/-perf, standard clients of the target|check_libiscsi"
+  "libiscsi's library|libiscsi-dev|tests/masking.rs builds a libiscsi client that sends the LUN-masking walk's CDBs|check_libiscsi_dev"
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"

@@ -2,6 +2,8 @@
 //! port, find the real peers, run them.
 #![allow(dead_code)]
 
+pub mod walk;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 pub use crate::node::{LunStore, TargetNode};
-use crate::open::{open_target, wire_copy_targets, Kept};
+use crate::open::{open_target, Kept};
 use crate::session::ConnEvent;
 use crate::shared::{Live, Shared};
 use crate::wire::PortalTls;
@@ -153,9 +153,6 @@ impl Reloader {
             )?));
         }
         // Everything opened: from here on nothing fails.
-        for node in &targets {
-            wire_copy_targets(node);
-        }
         let registered = isns_targets(&targets);
         let dropped = self.shared.replace_live(Live {
             targets,
@@ -217,7 +214,6 @@ impl Server {
                 &mut change_maps,
                 &BTreeMap::new(),
             )?);
-            wire_copy_targets(&node);
             targets.push(node);
         }
         let mut listeners = Vec::new();
@@ -778,11 +774,18 @@ size = "1MiB"
             p.extend(seg);
             p
         };
+        // Sent by a session that sees the whole target (a masked one's view is tested in
+        // tests/masking.rs).
         let xcopy = |lu: &LogicalUnit, p: &[u8]| {
             let mut c = vec![0u8; 16];
             c[0] = 0x83;
             c[13] = p.len() as u8;
-            exec(lu, &c, p)
+            let cmd = Command {
+                cdb: &c,
+                data_out: p,
+                nexus: Nexus(1),
+            };
+            lu.execute_abortable(&cmd, &*targets[0], &|| false)
         };
         // Sent to either LU of the target, the copy goes from LU 0 to LU 3.
         for to in [a, b] {

@@ -264,10 +264,19 @@ impl Shared {
                 self.remove_session(s.tsih);
                 continue;
             };
-            let view = match node.view_for(&s.initiator) {
-                Some(v) => Arc::new(v),
-                None => node.clone(),
-            };
+            // An initiator the new rules do not admit would otherwise see the whole
+            // target, as one without a LUN list does.
+            if !node.allows(&s.initiator) {
+                info!(
+                    "session {} of {}: initiator no longer admitted to target {}; closing it",
+                    s.tsih, s.initiator, node.iqn
+                );
+                s.close();
+                s.broadcast(|| ConnEvent::Close("initiator no longer admitted to the target"));
+                self.remove_session(s.tsih);
+                continue;
+            }
+            let view = node.view_of(&s.initiator);
             let same = view.luns.len() == seen.luns.len()
                 && view
                     .luns

@@ -1,0 +1,121 @@
+//! Access rules that hold on every path.
+//!
+//! LUN masking: an initiator masked to LUN 1 walks the whole command
+//! set (every opcode and service action REPORT SUPPORTED OPERATION CODES lists, with no
+//! data, reading and writing) against LUN 1, against the hidden LUN 0 and against a LUN
+//! that does not exist, then EXTENDED COPY and persistent reservations crafted to reach
+//! LUN 0 (`common::walk`). It reads none of LUN 0's bytes, changes neither them nor its
+//! reservations, and learns nothing of it that a LUN that does not exist would not
+//! answer. On a file LUN and a stripe LUN, through Reservoir's initiator and through
+//! libiscsi; tests/rbd.rs runs the same walk on an RBD LUN. A reload that stops admitting
+//! an initiator closes its session rather than widening its view.
+mod common;
+
+use common::walk::{walk, Layout, Libiscsi, Ours, ADMIN, MASKED};
+use common::{have, Target};
+
+const IQN: &str = "iqn.2026-11.org.reservoir:masked";
+
+fn config(hidden_store: &str) -> String {
+    format!(
+        r#"
+[[target]]
+iqn = "{IQN}"
+[[target.initiator]]
+name = "{ADMIN}"
+[[target.initiator]]
+name = "{MASKED}"
+luns = [1]
+[[target.lun]]
+id = 0
+store = "{hidden_store}"
+[[target.lun]]
+id = 1
+store = "file:visible.img?size=8MiB"
+"#
+    )
+}
+
+const LAYOUT: Layout = Layout {
+    visible: 1,
+    hidden: 0,
+    absent: 9,
+    block_size: 512,
+};
+
+fn walk_both_clients(hidden_store: &str) {
+    let target = Target::start(Some(&config(hidden_store)));
+    let mut admin = Ours::login(&target.portal, IQN, ADMIN);
+    let mut masked = Ours::login(&target.portal, IQN, MASKED);
+    let r = walk(&mut masked, &mut admin, &LAYOUT);
+    eprintln!(
+        "{hidden_store}: Reservoir's initiator walked {} commands ({} opcodes and service \
+         actions): 0 cross-LU reads or writes",
+        r.commands, r.opcodes
+    );
+    if !have("cc") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Libiscsi::build(dir.path());
+    let mut masked = Libiscsi::login(&bin, &target.portal, IQN, MASKED, 1);
+    let r = walk(&mut masked, &mut admin, &LAYOUT);
+    eprintln!(
+        "{hidden_store}: libiscsi walked {} commands ({} opcodes and service actions): 0 \
+         cross-LU reads or writes",
+        r.commands, r.opcodes
+    );
+}
+
+#[test]
+fn masked_initiator_cannot_reach_a_hidden_file_lun() {
+    walk_both_clients("file:hidden.img?size=8MiB");
+}
+
+#[test]
+fn masked_initiator_cannot_reach_a_hidden_stripe_lun() {
+    walk_both_clients("stripe:?unit=64KiB&members=[file:m0.img?size=4MiB,ram:?size=4MiB]");
+}
+
+/// Masked to LUN 1, then the reload names the initiator no more (only the admin may log
+/// in): its session is closed, not left seeing every LUN as an unlisted initiator of an
+/// open target would.
+#[test]
+fn a_reload_that_stops_admitting_an_initiator_closes_its_session() {
+    let target = Target::start(Some(&config("file:hidden.img?size=8MiB")));
+    // Recovery gives up soon: the target refuses its logins from now on.
+    let opts = initiator::SessionOptions {
+        recovery_timeout: std::time::Duration::from_secs(2),
+        command_timeout: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    let mut masked = Ours::login_with(&target.portal, IQN, MASKED, opts);
+    let tur = [0u8; 6];
+    let a = common::walk::Client::cmd(&mut masked, 1, &tur, &common::walk::Dir::None).unwrap();
+    assert_eq!(a.status, 0);
+    let path = target.dir.path().join("target.toml");
+    let without = config("file:hidden.img?size=8MiB").replace(
+        &format!("[[target.initiator]]\nname = \"{MASKED}\"\nluns = [1]\n"),
+        "",
+    );
+    assert!(!without.contains(MASKED));
+    std::fs::write(&path, without).unwrap();
+    target.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !target.log().contains("no longer admitted") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload closed the session:\n{}",
+            target.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Whatever it sends now, LUN 0's data does not come back to it.
+    let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let r = common::walk::Client::cmd(&mut masked, 0, &read, &common::walk::Dir::Read(512));
+    assert!(
+        r.as_ref().is_err() || r.as_ref().is_ok_and(|a| a.status != 0),
+        "a session no longer admitted read LUN 0: {r:?}"
+    );
+}
+
