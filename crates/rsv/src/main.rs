@@ -94,7 +94,7 @@ fn start_agent(
             let spec = tc
                 .and_then(|c| c.luns.iter().find(|l| l.id == id))
                 .and_then(|l| l.store_spec(stores).ok())
-                .map_or_else(|| store.description(), |s| s.to_string());
+                .map_or_else(|| store.description(), |s| s.shown());
             luns.push(replicate::agent::LocalLun {
                 iqn: t.iqn.clone(),
                 lun: id,

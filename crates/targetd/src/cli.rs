@@ -225,7 +225,8 @@ pub fn run_with(
                 };
                 let description = description.replace('\n', "\n    ");
                 luns.push(format!(
-                    "{at}: store {spec}\n    {description}\n    {tracking}"
+                    "{at}: store {}\n    {description}\n    {tracking}",
+                    spec.shown()
                 ));
             }
         }

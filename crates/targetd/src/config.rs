@@ -317,7 +317,7 @@ pub struct Discovery {
     pub chap: Option<Chap>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
@@ -325,6 +325,19 @@ pub struct Chap {
     /// Mutual CHAP: the name and secret the target answers the initiator's challenge with.
     pub mutual_user: Option<String>,
     pub mutual_secret: Option<String>,
+}
+
+/// Names, never secrets: a configuration is printed whole by `--check`.
+impl std::fmt::Debug for Chap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
+        f.debug_struct("Chap")
+            .field("user", &self.user)
+            .field("secret", &"***")
+            .field("mutual_user", &self.mutual_user)
+            .field("mutual_secret", &hidden(&self.mutual_secret))
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
