@@ -8,11 +8,12 @@
 //! reservations, and learns nothing of it that a LUN that does not exist would not
 //! answer. On a file LUN and a stripe LUN, through Reservoir's initiator and through
 //! libiscsi; tests/rbd.rs runs the same walk on an RBD LUN. A reload that stops admitting
-//! an initiator closes its session rather than widening its view. Credentials in store
+//! an initiator closes its session rather than widening its view, and takes a LUN it
+//! removes from the sync agent too. Credentials in store
 //! specs and CHAP secrets are neither printed by `--check` nor logged.
 mod common;
 
-use common::walk::{walk, Layout, Libiscsi, Ours, ADMIN, MASKED};
+use common::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, ADMIN, MASKED};
 use common::{have, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:masked";
@@ -83,7 +84,7 @@ fn masked_initiator_cannot_reach_a_hidden_stripe_lun() {
 /// open target would.
 #[test]
 fn a_reload_that_stops_admitting_an_initiator_closes_its_session() {
-    let target = Target::start(Some(&config("file:hidden.img?size=8MiB")));
+    let mut target = Target::start(Some(&config("file:hidden.img?size=8MiB")));
     // Recovery gives up soon: the target refuses its logins from now on.
     let opts = initiator::SessionOptions {
         recovery_timeout: std::time::Duration::from_secs(2),
@@ -92,32 +93,76 @@ fn a_reload_that_stops_admitting_an_initiator_closes_its_session() {
     };
     let mut masked = Ours::login_with(&target.portal, IQN, MASKED, opts);
     let tur = [0u8; 6];
-    let a = common::walk::Client::cmd(&mut masked, 1, &tur, &common::walk::Dir::None).unwrap();
+    let a = Client::cmd(&mut masked, 1, &tur, &Dir::None).unwrap();
     assert_eq!(a.status, 0);
-    let path = target.dir.path().join("target.toml");
     let without = config("file:hidden.img?size=8MiB").replace(
         &format!("[[target.initiator]]\nname = \"{MASKED}\"\nluns = [1]\n"),
         "",
     );
     assert!(!without.contains(MASKED));
-    std::fs::write(&path, without).unwrap();
-    target.signal(libc::SIGHUP);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !target.log().contains("no longer admitted") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no reload closed the session:\n{}",
-            target.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    target.reload(&without);
+    assert!(
+        target.log().contains("no longer admitted"),
+        "no session closed:\n{}",
+        target.log()
+    );
     // Whatever it sends now, LUN 0's data does not come back to it.
     let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-    let r = common::walk::Client::cmd(&mut masked, 0, &read, &common::walk::Dir::Read(512));
+    let r = Client::cmd(&mut masked, 0, &read, &Dir::Read(512));
     assert!(
         r.as_ref().is_err() || r.as_ref().is_ok_and(|a| a.status != 0),
         "a session no longer admitted read LUN 0: {r:?}"
     );
+}
+
+/// The sync agent (`[control]`) reaches the LUNs the target has now: one a reload
+/// removed is neither listed by /v1/luns nor sent by /v1/send, as one never configured.
+#[test]
+fn the_sync_agent_serves_the_luns_the_target_has_now() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("control.key");
+    std::fs::write(&key_path, "a shared key of more than 16 bytes").unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let control = format!(
+        "[control]\nlisten = \"127.0.0.1:0\"\nkey_file = \"{}\"\n",
+        key_path.display()
+    );
+    let two = format!("{control}{}", config("file:hidden.img?size=8MiB"));
+    let mut target = Target::start(Some(&two));
+    let agent = replicate::wire::Client::new(
+        target.control.clone().expect("the agent's address"),
+        replicate::auth::Key::from_file(&key_path).unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listed = |rt: &tokio::runtime::Runtime| -> Vec<u16> {
+        let luns: replicate::api::Luns = rt.block_on(agent.call("GET", "/v1/luns", &())).unwrap();
+        luns.luns.iter().map(|l| l.lun).collect()
+    };
+    assert_eq!(listed(&rt), [0, 1]);
+    let dest = format!("iscsi://{}/{IQN}/1", target.portal);
+    let send = |rt: &tokio::runtime::Runtime, lun: u16| {
+        let req = replicate::api::SendRequest {
+            iqn: IQN.into(),
+            lun,
+            dest: dest.clone(),
+            unit: 1 << 20,
+            what: replicate::api::What::Units(vec![(0, 0)]),
+            skip_units: 0,
+            pacing: None,
+            session: Vec::new(),
+        };
+        rt.block_on(agent.call::<replicate::api::SendStarted>("POST", "/v1/send", &req))
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+    };
+    send(&rt, 0).expect("a send of no units from LUN 0");
+    let one = two.replace("[[target.lun]]\nid = 0\nstore = \"file:hidden.img?size=8MiB\"\n", "");
+    assert!(!one.contains("hidden.img"));
+    target.reload(&one);
+    assert_eq!(listed(&rt), [1]);
+    let e = send(&rt, 0).unwrap_err();
+    assert!(e.contains("no LUN 0 of target"), "{e}");
 }
 
 /// Passwords in store specs (an `iscsi://user%password@` member, `target_secret`) and

@@ -35,6 +35,8 @@ pub struct TargetNode {
 pub struct LunStore {
     pub store: Arc<dyn Backstore>,
     pub changes: Option<Arc<ChangeMap>>,
+    /// The spec it was opened from, as shown to people (`StoreSpec::shown`: no secrets).
+    pub spec: String,
 }
 
 impl TargetNode {

@@ -119,6 +119,7 @@ pub(crate) fn open_target(
             LunStore {
                 store: raw,
                 changes,
+                spec: spec.shown(),
             },
         );
         let description = store.description();

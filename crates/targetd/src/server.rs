@@ -94,6 +94,16 @@ fn isns_targets(targets: &[Arc<TargetNode>]) -> crate::isns::Targets {
         .collect()
 }
 
+/// The targets in force, as the last configuration reload left them ([`Server::live`]).
+#[derive(Clone)]
+pub struct LiveTargets(Arc<Shared>);
+
+impl LiveTargets {
+    pub fn targets(&self) -> Vec<Arc<TargetNode>> {
+        self.0.live().targets.clone()
+    }
+}
+
 /// Puts a new configuration in force in a running target ([`Server::reloader`]); see
 /// [`Reloader::reload`].
 pub struct Reloader {
@@ -283,6 +293,12 @@ impl Server {
     /// The targets in force.
     pub fn targets(&self) -> Vec<Arc<TargetNode>> {
         self.shared.live().targets.clone()
+    }
+
+    /// The targets in force at each call, for code beside the server that must follow
+    /// configuration reloads (the sync agent).
+    pub fn live(&self) -> LiveTargets {
+        LiveTargets(self.shared.clone())
     }
 
     /// What puts a reloaded configuration in force while [`Server::run`] serves.
