@@ -157,7 +157,10 @@ fn the_sync_agent_serves_the_luns_the_target_has_now() {
             .map_err(|e| format!("{e:#}"))
     };
     send(&rt, 0).expect("a send of no units from LUN 0");
-    let one = two.replace("[[target.lun]]\nid = 0\nstore = \"file:hidden.img?size=8MiB\"\n", "");
+    let one = two.replace(
+        "[[target.lun]]\nid = 0\nstore = \"file:hidden.img?size=8MiB\"\n",
+        "",
+    );
     assert!(!one.contains("hidden.img"));
     target.reload(&one);
     assert_eq!(listed(&rt), [1]);
@@ -171,7 +174,12 @@ fn the_sync_agent_serves_the_luns_the_target_has_now() {
 #[test]
 fn credentials_are_neither_shown_by_check_nor_logged() {
     let dir = tempfile::tempdir().unwrap();
-    let secrets = ["pw-secret-one", "pw-secret-two", "pw-secret-three", "pw-secret-four"];
+    let secrets = [
+        "pw-secret-one",
+        "pw-secret-two",
+        "pw-secret-three",
+        "pw-secret-four",
+    ];
     let config = format!(
         r#"
 data_dir = "{data}"
@@ -209,9 +217,15 @@ store = "stripe:?unit=64KiB&members=[file:a.img?size=4MiB,iscsi://walker%25{s1}@
     // The run that opens the store: the remote member cannot be reached, so the target
     // stops with an error naming the store.
     let (status, start) = run(&[]);
-    assert!(!status.success(), "the target started without its remote member:\n{start}");
+    assert!(
+        !status.success(),
+        "the target started without its remote member:\n{start}"
+    );
     for (what, text) in [("--check", &check), ("a failed start", &start)] {
-        assert!(text.contains("walker"), "{what} says nothing of the store:\n{text}");
+        assert!(
+            text.contains("walker"),
+            "{what} says nothing of the store:\n{text}"
+        );
         for s in secrets {
             assert!(!text.contains(s), "{what} shows {s}:\n{text}");
         }

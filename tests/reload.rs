@@ -29,7 +29,6 @@ fn target(iqn: &str, extra: &str, luns: &[u16]) -> String {
     t
 }
 
-
 fn url(t: &Target, iqn: &str) -> IscsiUrl {
     IscsiUrl::parse(&format!("iscsi://{}/{iqn}/0", t.portal)).unwrap()
 }
@@ -101,9 +100,11 @@ fn reload_adds_and_removes_targets() {
         .unwrap();
     rt.block_on(to_b.test_unit_ready(0)).ok();
 
-    let line = t.reload(
-        &format!("{}{}", target(A, "", &[0]), target(C, "", &[0, 1])),
-    );
+    let line = t.reload(&format!(
+        "{}{}",
+        target(A, "", &[0]),
+        target(C, "", &[0, 1])
+    ));
     assert!(
         line.contains(&format!("target {C} added"))
             && line.contains(&format!("target {B} removed")),
@@ -210,9 +211,10 @@ fn a_bad_configuration_leaves_the_one_in_force() {
     let rt = runtime();
 
     // A file that does not parse: the line names file, line and key.
-    let line = t.reload(
-        &format!("{}[session]\nmax_connectionz = 3\n", target(C, "", &[0])),
-    );
+    let line = t.reload(&format!(
+        "{}[session]\nmax_connectionz = 3\n",
+        target(C, "", &[0])
+    ));
     assert!(
         line.contains("refused, the configuration in force is unchanged")
             && line.contains("target.toml:7:")
@@ -221,13 +223,11 @@ fn a_bad_configuration_leaves_the_one_in_force() {
     );
     // One that validates but whose new LUN cannot be opened: nothing of it applies, not
     // even the target that could have been.
-    let line = t.reload(
-        &format!(
-            "{}{}[[target]]\niqn = \"{B}\"\n[[target.lun]]\nid = 0\nstore = \"nosuch:?size=1MiB\"\n",
-            target(A, "alias = \"renamed\"\n", &[0, 1]),
-            target(C, "", &[0])
-        ),
-    );
+    let line = t.reload(&format!(
+        "{}{}[[target]]\niqn = \"{B}\"\n[[target.lun]]\nid = 0\nstore = \"nosuch:?size=1MiB\"\n",
+        target(A, "alias = \"renamed\"\n", &[0, 1]),
+        target(C, "", &[0])
+    ));
     assert!(
         line.contains("refused") && line.contains(&format!("target {B} LUN 0")),
         "{line}"

@@ -125,7 +125,11 @@ impl Target {
             if let Some(line) = done(&self.log()).get(before) {
                 return line.clone();
             }
-            assert!(self.running(), "rsv target ended on SIGHUP:\n{}", self.log());
+            assert!(
+                self.running(),
+                "rsv target ended on SIGHUP:\n{}",
+                self.log()
+            );
             assert!(Instant::now() < end, "no reload in 20 s:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -138,7 +138,11 @@ impl Libiscsi {
         let mut from = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         from.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "libiscsi client as {initiator_name}: {line}");
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "libiscsi client as {initiator_name}: {line}"
+        );
         Libiscsi { child, to, from }
     }
 }
@@ -210,7 +214,12 @@ pub struct Report {
 /// The bytes the admin writes at the start of the hidden LUN; none of them may reach the
 /// masked initiator.
 fn marker(len: usize) -> Vec<u8> {
-    b"HIDDEN-LUN-SECRET-".iter().copied().cycle().take(len).collect()
+    b"HIDDEN-LUN-SECRET-"
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
 }
 
 const MARKER_BLOCKS: usize = 64;
@@ -332,8 +341,18 @@ fn pr_register_params(key: u64, sa_key: u64, flags: u8) -> Vec<u8> {
 
 /// PR IN READ KEYS and READ RESERVATION of `lun` as `c` sees them.
 fn pr_state(c: &mut dyn Client, lun: u16) -> (Answer, Answer) {
-    let keys = send(c, lun, &[0x5e, 0x00, 0, 0, 0, 0, 0, 0x10, 0, 0], &Dir::Read(0x1000));
-    let res = send(c, lun, &[0x5e, 0x01, 0, 0, 0, 0, 0, 0x10, 0, 0], &Dir::Read(0x1000));
+    let keys = send(
+        c,
+        lun,
+        &[0x5e, 0x00, 0, 0, 0, 0, 0, 0x10, 0, 0],
+        &Dir::Read(0x1000),
+    );
+    let res = send(
+        c,
+        lun,
+        &[0x5e, 0x01, 0, 0, 0, 0, 0, 0x10, 0, 0],
+        &Dir::Read(0x1000),
+    );
     (keys, res)
 }
 
@@ -351,13 +370,22 @@ pub fn walk(masked: &mut dyn Client, admin: &mut dyn Client, l: &Layout) -> Repo
     let visible_naa = naa_of(admin, l.visible);
     let hidden_pr = pr_state(admin, l.hidden);
 
-    let luns = send(masked, l.visible, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &Dir::Read(4096));
+    let luns = send(
+        masked,
+        l.visible,
+        &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &Dir::Read(4096),
+    );
     assert_eq!(luns.status, 0);
     let listed: Vec<u16> = luns.data[8..]
         .chunks(8)
         .map(|e| u16::from_be_bytes([e[0] & 0x3f, e[1]]))
         .collect();
-    assert_eq!(listed, vec![l.visible], "REPORT LUNS of the masked initiator");
+    assert_eq!(
+        listed,
+        vec![l.visible],
+        "REPORT LUNS of the masked initiator"
+    );
 
     let mut report = Report::default();
     let mut seen: Vec<u8> = Vec::new();
@@ -392,7 +420,10 @@ pub fn walk(masked: &mut dyn Client, admin: &mut dyn Client, l: &Layout) -> Repo
         let p = xcopy_list(&[&made_up, &visible_naa], bs, 8);
         send(masked, l.visible, &xcopy_cdb(p.len()), &Dir::Write(p))
     };
-    assert_eq!(expect.status, 0x02, "a copy from a LUN that does not exist: {expect:?}");
+    assert_eq!(
+        expect.status, 0x02,
+        "a copy from a LUN that does not exist: {expect:?}"
+    );
     for pair in [
         [&hidden_naa, &visible_naa],
         [&visible_naa, &hidden_naa],
@@ -403,15 +434,30 @@ pub fn walk(masked: &mut dyn Client, admin: &mut dyn Client, l: &Layout) -> Repo
         assert_eq!(a, expect, "EXTENDED COPY reaching the hidden LUN");
         report.commands += 1;
     }
-    let v = send(masked, l.visible, &read_hidden, &Dir::Read((MARKER_BLOCKS * bs) as u32));
+    let v = send(
+        masked,
+        l.visible,
+        &read_hidden,
+        &Dir::Read((MARKER_BLOCKS * bs) as u32),
+    );
     seen.extend_from_slice(&v.data);
 
     // Reservations: registered for all target ports, reserved, moved; they stay on the
     // LU they were made on.
     let reg = pr_register_params(0, 0xb0b, 0x04);
-    send(masked, l.visible, &pr_out(0x00, 0, &reg), &Dir::Write(reg.clone()));
+    send(
+        masked,
+        l.visible,
+        &pr_out(0x00, 0, &reg),
+        &Dir::Write(reg.clone()),
+    );
     let res = pr_register_params(0xb0b, 0, 0);
-    send(masked, l.visible, &pr_out(0x01, 0x01, &res), &Dir::Write(res.clone()));
+    send(
+        masked,
+        l.visible,
+        &pr_out(0x01, 0x01, &res),
+        &Dir::Write(res.clone()),
+    );
     let move_to = |name: &str| {
         let mut mv = vec![0u8; 24];
         mv[0..8].copy_from_slice(&0xb0bu64.to_be_bytes());
@@ -427,36 +473,76 @@ pub fn walk(masked: &mut dyn Client, admin: &mut dyn Client, l: &Layout) -> Repo
     };
     // Not to an initiator the target does not admit: it could never use or release it.
     let mv = move_to(STRANGER);
-    let refused = send(masked, l.visible, &pr_out(0x07, 0x01, &mv), &Dir::Write(mv.clone()));
+    let refused = send(
+        masked,
+        l.visible,
+        &pr_out(0x07, 0x01, &mv),
+        &Dir::Write(mv.clone()),
+    );
     assert_eq!(
         (refused.status, refused.sense),
         (0x02, (0x05, 0x26, 0x00)),
         "REGISTER AND MOVE to an initiator the target does not admit"
     );
     let mv = move_to(ADMIN);
-    let moved = send(masked, l.visible, &pr_out(0x07, 0x01, &mv), &Dir::Write(mv.clone()));
+    let moved = send(
+        masked,
+        l.visible,
+        &pr_out(0x07, 0x01, &mv),
+        &Dir::Write(mv.clone()),
+    );
     assert_eq!(moved.status, 0, "REGISTER AND MOVE to the admin: {moved:?}");
     report.commands += 4;
     // The admin registers its own nexus and clears every registration and the
     // reservation for whatever runs next.
     let reg = pr_register_params(0, 0xa0a, 0);
-    let a = send(admin, l.visible, &pr_out(0x06, 0, &reg), &Dir::Write(reg.clone()));
-    assert_eq!(a.status, 0, "the admin registers on LUN {}: {a:?}", l.visible);
+    let a = send(
+        admin,
+        l.visible,
+        &pr_out(0x06, 0, &reg),
+        &Dir::Write(reg.clone()),
+    );
+    assert_eq!(
+        a.status, 0,
+        "the admin registers on LUN {}: {a:?}",
+        l.visible
+    );
     let clear = pr_register_params(0xa0a, 0, 0);
-    let a = send(admin, l.visible, &pr_out(0x03, 0, &clear), &Dir::Write(clear.clone()));
-    assert_eq!(a.status, 0, "the admin clears LUN {}'s reservations: {a:?}", l.visible);
+    let a = send(
+        admin,
+        l.visible,
+        &pr_out(0x03, 0, &clear),
+        &Dir::Write(clear.clone()),
+    );
+    assert_eq!(
+        a.status, 0,
+        "the admin clears LUN {}'s reservations: {a:?}",
+        l.visible
+    );
 
     // The hidden LUN as the admin finds it afterwards: its blocks and its reservations
     // as they were, and writable by the admin (no reservation reached it).
-    let back = send(admin, l.hidden, &read_hidden, &Dir::Read((MARKER_BLOCKS * bs) as u32));
+    let back = send(
+        admin,
+        l.hidden,
+        &read_hidden,
+        &Dir::Read((MARKER_BLOCKS * bs) as u32),
+    );
     assert_eq!(back.status, 0);
     assert!(back.data == secret, "the hidden LUN's blocks changed");
-    assert_eq!(pr_state(admin, l.hidden), hidden_pr, "the hidden LUN's reservations changed");
+    assert_eq!(
+        pr_state(admin, l.hidden),
+        hidden_pr,
+        "the hidden LUN's reservations changed"
+    );
     let mut w = write.clone();
     w[0] = 0x2a;
     w[8] = 1;
     let a = send(admin, l.hidden, &w, &Dir::Write(secret[..bs].to_vec()));
-    assert_eq!(a.status, 0, "the admin writes the hidden LUN after the walk: {a:?}");
+    assert_eq!(
+        a.status, 0,
+        "the admin writes the hidden LUN after the walk: {a:?}"
+    );
 
     let needle = &secret[..32];
     assert!(
