@@ -119,6 +119,7 @@ fn main() -> anyhow::Result<ExitCode> {
     // Store kinds beyond the built-in ones are registered here.
     let mut stores = backstore::Registry::with_builtins();
     remote::register(&mut stores);
+    #[cfg(feature = "rbd")]
     rbd::register(&mut stores);
     let matches = Cli::command()
         .mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores))

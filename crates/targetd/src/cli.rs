@@ -183,7 +183,17 @@ pub fn document_stores(cmd: clap::Command, stores: &Registry) -> clap::Command {
         .get_after_help()
         .map(ToString::to_string)
         .unwrap_or_default();
-    cmd.after_long_help(format!("{after}\n\n{}", stores.help()))
+    let congestion = match net::cc::built() {
+        Ok(()) => "rsv (Reservoir's BPF congestion control; it loads where the process may \
+                   load BPF, as root) and the kernel's"
+            .to_string(),
+        Err(why) => format!("the kernel's only (rsv not in this build: {why})"),
+    };
+    cmd.after_long_help(format!(
+        "{after}\n\n{}\n\nCongestion controls in this build: {congestion}: {}.",
+        stores.help(),
+        net::available_congestion().join(", ")
+    ))
 }
 
 /// Runs the target, opening stores of the kinds `stores` knows.
