@@ -15,6 +15,14 @@ export PATH="$PATH:/usr/sbin:/sbin"
 quiet() { "$@" >"$scratch/out" 2>&1; }
 # The last lines of the last check's output, indented, for a report.
 why() { tail -n 3 "$scratch/out" 2>/dev/null | sed 's/^/      /'; }
+# N ports on 127.0.0.1 that the kernel says are free now (bound to port 0, then let go):
+# a check must not collide with what another run or a lab left listening.
+free_ports() {
+  python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
 
 # --- the checks: each proves a tool does its job here ------------------------------------
 
@@ -251,11 +259,11 @@ check_gridftp() {
   chmod 777 "$dir"
   head -c 1048576 /dev/urandom >"$dir/src"
   chmod 644 "$dir/src"
-  port=$((20000 + $$ % 20000))
+  port=$(free_ports 1) || return 1
   GLOBUS_HOSTNAME=127.0.0.1 globus-gridftp-server -aa -anonymous-user nobody -p "$port" \
     -control-interface 127.0.0.1 -data-interface 127.0.0.1 >"$dir/server.log" 2>&1 &
   pid=$!
-  for i in $(seq 50); do
+  for i in $(seq 150); do
     if GLOBUS_HOSTNAME=127.0.0.1 quiet globus-url-copy -p 2 "file://$dir/src" \
       "ftp://127.0.0.1:$port$dir/dst" && cmp -s "$dir/src" "$dir/dst"; then
       rc=0
@@ -274,23 +282,25 @@ check_stunnel() {
   # stunnel must carry bytes: a client tunnel into a server tunnel (certificate made here,
   # TLS 1.3) in front of a tiny HTTP server, all on loopback, and a file fetched through.
   quiet openssl version || return 1
-  local dir="$scratch/stunnel" base=$((30000 + $$ % 20000)) rc=1 i pids=()
+  local dir="$scratch/stunnel" rc=1 i pids=() http server client
+  read -r http server client <<<"$(free_ports 3)" || return 1
   mkdir -p "$dir"
   quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -subj /CN=127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" || return 1
   echo "tunnelled $$" >"$dir/probe"
   printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\ncert = %s\nkey = %s\nsslVersionMin = TLSv1.3\n' \
-    $((base + 1)) "$base" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
+    "$server" "$http" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
   printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\n' \
-    $((base + 2)) $((base + 1)) >"$dir/client.conf"
-  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$base" >"$dir/http.log" 2>&1 &
+    "$client" "$server" >"$dir/client.conf"
+  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$http" >"$dir/http.log" 2>&1 &
   pids+=($!)
   stunnel "$dir/server.conf" >"$dir/server.log" 2>&1 &
   pids+=($!)
   stunnel "$dir/client.conf" >"$dir/client.log" 2>&1 &
   pids+=($!)
-  for i in $(seq 50); do
-    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$((base + 2))/probe', timeout=2).read().decode())" \
+  # Until the tunnel answers, for 30 s at most (a loaded machine starts stunnel slowly).
+  for i in $(seq 300); do
+    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$client/probe', timeout=2).read().decode())" \
       >"$scratch/out" 2>&1 && grep -q "tunnelled $$" "$scratch/out"; then
       rc=0
       break
