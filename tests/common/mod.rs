@@ -49,7 +49,17 @@ impl Target {
     }
 
     pub fn start_in(dir: tempfile::TempDir, config: Option<&str>) -> Target {
+        Self::start_in_env(dir, config, &[])
+    }
+
+    /// [`Target::start_in`] with these environment variables set for the target.
+    pub fn start_in_env(
+        dir: tempfile::TempDir,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Target {
         let mut cmd = Command::new(rsv());
+        cmd.envs(env.iter().copied());
         cmd.arg("target")
             .arg("--listen")
             .arg("127.0.0.1:0")

@@ -278,10 +278,16 @@ pub fn run_with(
         println!("ready");
         use std::io::Write;
         let _ = std::io::stdout().flush();
+        crate::notify::ready(&server.shared().status());
+        if let Some(every) = crate::notify::watchdog_interval() {
+            info!("systemd watchdog: {every:?}; pinged at half of it");
+        }
+        let watchdog = crate::notify::watchdog(server.shared());
         let grace = Duration::from_secs(args.grace);
         tokio::select! {
             r = server.run(shutdown_signal(), grace) => r,
             never = reloads => match never {},
+            never = watchdog => match never {},
         }
     });
     // A flush given up on after the grace period may still hold a blocking worker.
@@ -304,6 +310,7 @@ async fn follow_reloads(
         };
         let path = path.display();
         info!("SIGHUP: reloading {path}");
+        crate::notify::reloading();
         // Opening a store may block (files, another target's login).
         let done = tokio::task::block_in_place(|| {
             let config = load(args)?;
@@ -315,6 +322,7 @@ async fn follow_reloads(
                 warn!("reload of {path} refused, the configuration in force is unchanged: {e:#}")
             }
         }
+        crate::notify::ready(&reloader.status());
     }
 }
 
@@ -325,4 +333,5 @@ async fn shutdown_signal() {
         _ = term.recv() => info!("SIGTERM"),
         _ = tokio::signal::ctrl_c() => info!("SIGINT"),
     }
+    crate::notify::stopping();
 }

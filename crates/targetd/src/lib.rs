@@ -6,7 +6,7 @@
 //! `config` (with `reload`, the sans-IO plan of a configuration reload), `tags`,
 //! `loglimit`, `cores` → `node` → `open` → `task` → `session` (with `session::recovery`) → `shared`
 //! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `isns` →
-//! `server` → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
+//! `server` → `notify` (systemd's notify protocol) → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
 //! imports nothing from them. A module that needs something from one after it in this
 //! order gets it handed down (an `Arc`, a channel, a closure) instead of importing it.
 
@@ -18,6 +18,7 @@ mod isns;
 mod login;
 mod loglimit;
 mod node;
+mod notify;
 mod open;
 pub mod reload;
 pub mod server;

@@ -114,6 +114,11 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// One line saying what is served, for the service manager.
+    pub(crate) fn status(&self) -> String {
+        self.shared.status()
+    }
+
     /// Puts `new` (read and validated) in force as far as a running target can
     /// (`crate::reload`), opening the stores of LUNs added or changed with `stores`'
     /// kinds; nothing changes unless all of it can. Ok: one line saying what was done.
@@ -293,6 +298,10 @@ impl Server {
     /// The targets in force.
     pub fn targets(&self) -> Vec<Arc<TargetNode>> {
         self.shared.live().targets.clone()
+    }
+
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
     }
 
     /// The targets in force at each call, for code beside the server that must follow

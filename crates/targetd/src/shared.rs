@@ -333,6 +333,26 @@ impl Shared {
         }
     }
 
+    /// One line for the service manager's status: what is served.
+    pub(crate) fn status(&self) -> String {
+        let live = self.live();
+        let luns: usize = live.targets.iter().map(|t| t.luns.len()).sum();
+        format!(
+            "serving {} target(s), {luns} LUN(s); {} session(s)",
+            live.targets.len(),
+            self.session_count()
+        )
+    }
+
+    /// Whether the threads that serve connections each run a task within `within`
+    /// (without connection threads of its own, the runtime that asks serves them).
+    pub(crate) async fn serving(&self, within: std::time::Duration) -> bool {
+        match &self.cores {
+            Some(cores) => cores.alive(within).await,
+            None => true,
+        }
+    }
+
     pub(crate) fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
