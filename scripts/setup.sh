@@ -54,6 +54,11 @@ C
   quiet cc -o "$scratch/li" "$scratch/li.c" -liscsi && quiet "$scratch/li"
 }
 
+check_systemd_analyze() {
+  # The packaged units (packaging/systemd) are verified and scored with it (tests/service.rs).
+  quiet systemd-analyze --version && grep -q '^systemd [0-9]' "$scratch/out"
+}
+
 check_qemu() {
   # qemu-img opens iscsi:// only through the block-iscsi module of qemu-block-extra, which
   # must be the same build as qemu-utils. Asked for a port where nothing listens, a working
@@ -365,6 +370,7 @@ check_cargo() { quiet cargo --version; }
 TOOLS=(
   "libiscsi's tools|libiscsi-bin|iscsi-test-cu (conformance suite) and iscsi-ls/-inq/-perf, standard clients of the target|check_libiscsi"
   "libiscsi's library|libiscsi-dev|tests/masking.rs builds a libiscsi client that sends the LUN-masking walk's CDBs|check_libiscsi_dev"
+  "systemd-analyze|systemd|tests/service.rs verifies the packaged units and scores their hardening (systemd-analyze verify, security)|check_systemd_analyze"
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"

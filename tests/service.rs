@@ -44,7 +44,7 @@ fn notify_protocol_ready_reloading_watchdog_stopping() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&path).unwrap();
-    let mut target = Target::start_in_env(
+    let target = Target::start_in_env(
         dir,
         Some(&config()),
         &[
@@ -86,4 +86,72 @@ fn notify_protocol_ready_reloading_watchdog_stopping() {
     }
     target.signal(libc::SIGTERM);
     until(&sock, "STOPPING=1", &mut pings);
+}
+
+fn packaging() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging")
+}
+
+/// Every unit passes `systemd-analyze verify` (with ExecStart pointing at this build's
+/// rsv: the packaged path is not installed here) and its exposure by `systemd-analyze
+/// security` is at most 4.0 (the goal for the target; the others are lower).
+#[test]
+fn units_verify_and_are_hardened() {
+    if !common::have("systemd-analyze") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rsv = common::rsv();
+    let mut units: Vec<_> = std::fs::read_dir(packaging().join("systemd"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    units.sort();
+    assert!(units.len() >= 3, "{units:?}");
+    for unit in units {
+        let name = unit.file_name().unwrap().to_str().unwrap().to_owned();
+        let text = std::fs::read_to_string(&unit).unwrap();
+        assert!(text.contains("ExecStart=/usr/bin/rsv "), "{name}");
+        let here = dir.path().join(&name);
+        std::fs::write(&here, text.replace("/usr/bin/rsv", rsv.to_str().unwrap())).unwrap();
+        let out = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&here)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && said.trim().is_empty(), "{name}: {said}");
+        let out = std::process::Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(&unit)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let exposure: f64 = text
+            .lines()
+            .find_map(|l| l.split("exposure level for ").nth(1))
+            .and_then(|l| l.split(": ").nth(1))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no exposure level in\n{text}"));
+        eprintln!("{name}: exposure {exposure}");
+        assert!(exposure <= 4.0, "{name}: exposure {exposure}");
+    }
+}
+
+/// The packaged configuration is the embedded default written out, with its data in
+/// /var/lib/reservoir.
+#[test]
+fn the_packaged_configuration_is_the_embedded_default() {
+    let mut packaged =
+        targetd::config::Config::load(&packaging().join("target.toml")).unwrap();
+    assert_eq!(packaged.data_dir, std::path::Path::new("/var/lib/reservoir"));
+    let default = targetd::config::Config::embedded_default();
+    packaged.data_dir = default.data_dir.clone();
+    // Config has no PartialEq: its Debug form shows every field.
+    assert_eq!(format!("{packaged:#?}"), format!("{default:#?}"));
 }
