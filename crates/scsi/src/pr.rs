@@ -549,7 +549,6 @@ impl Reservations {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     fn register_and_move(
         &mut self,
         port: &str,
