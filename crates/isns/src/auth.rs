@@ -18,7 +18,8 @@ use pkcs8::{DecodePrivateKey, DecodePublicKey};
 use dsa::signature::{DigestSigner, DigestVerifier, SignatureEncoding};
 use sha1::{Digest, Sha1};
 
-use crate::pdu::{Flags, Header, HEADER_LEN};
+use crate::message::{Message, Received};
+use crate::pdu::{Flags, Header, HEADER_LEN, MAX_PAYLOAD};
 
 /// Block Structure Descriptor of DSA with SHA-1, the one open-isns implements.
 pub const BSD_DSA_SHA1: u32 = 2;
@@ -266,6 +267,16 @@ impl Verifier {
         }
     }
 
+    /// Enrolls (or replaces) the key of `spi`.
+    pub fn enroll(&mut self, spi: &str, key: VerifyingKey) {
+        self.keys.insert(spi.to_owned(), key);
+    }
+
+    /// The SPI the first seal names (whose key a server may want to look up first).
+    pub fn spi_of(seals: &[Seal]) -> Option<&str> {
+        seals.first().map(|s| s.block.spi.as_str())
+    }
+
     /// Whether a key is enrolled for `spi`.
     pub fn knows(&self, spi: &str) -> bool {
         self.any_spi.is_some() || self.keys.contains_key(spi)
@@ -306,11 +317,72 @@ impl Verifier {
     }
 }
 
+/// A client's half (open-isns with `Security = 1`): it signs every message with its own
+/// key (`AuthName`/`AuthKeyFile`) and takes only answers signed by its server's key
+/// (`ServerKeyFile`).
+#[derive(Debug)]
+pub struct ClientAuth {
+    me: Identity,
+    server: Verifier,
+}
+
+impl ClientAuth {
+    pub fn new(me: Identity, server_key: VerifyingKey, window: u64) -> ClientAuth {
+        ClientAuth {
+            me,
+            server: Verifier::server(server_key, window),
+        }
+    }
+
+    /// From the PEM texts of the client's private key and the server's public key.
+    pub fn from_pem(spi: &str, key_pem: &str, server_pem: &str) -> Result<ClientAuth, KeyError> {
+        Ok(ClientAuth::new(
+            Identity::from_pem(spi, key_pem)?,
+            public_key_from_pem(server_pem)?,
+            DEFAULT_WINDOW,
+        ))
+    }
+
+    pub fn spi(&self) -> &str {
+        self.me.spi()
+    }
+
+    /// `m` as sent: its PDUs, each signed at `now`.
+    pub fn seal(&self, m: &Message, now: u64) -> Vec<u8> {
+        self.me.seal(&m.encode(MAX_PAYLOAD), now)
+    }
+
+    /// The message in `r` when the server signed all of it; an error otherwise.
+    pub fn open(&mut self, r: Received, now: u64) -> Result<Message, AuthError> {
+        self.server.check(r.pdus, &r.seals, now)?;
+        Ok(r.message)
+    }
+}
+
+/// `m` as sent: signed when `auth` is given.
+pub fn wire(auth: Option<&ClientAuth>, m: &Message, now: u64) -> Vec<u8> {
+    match auth {
+        Some(a) => a.seal(m, now),
+        None => m.encode(MAX_PAYLOAD),
+    }
+}
+
+/// The message in `r`: checked when `auth` is given, taken as it is otherwise.
+pub fn open(auth: Option<&mut ClientAuth>, r: Received, now: u64) -> Result<Message, AuthError> {
+    match auth {
+        Some(a) => a.open(r, now),
+        None => Ok(r.message),
+    }
+}
+
+/// open-isns's default replay window (`Auth.ReplayWindow`), in seconds.
+pub const DEFAULT_WINDOW: u64 = 300;
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::attr::{Attr, Tag};
-    use crate::message::{Message, Reassembler};
+    use crate::message::Reassembler;
     use crate::pdu::FunctionId;
 
     // A 1024-bit test key made once with `openssl genpkey` (the size open-isns's own
@@ -418,6 +490,27 @@ pub(crate) mod tests {
         // A client knows its server's key whatever the SPI.
         let mut client = Verifier::server(public, 300);
         assert_eq!(client.check(pdus, &seals, 1000), Ok("client-a".into()));
+    }
+
+    #[test]
+    fn client_signs_and_takes_only_its_servers_answers() {
+        let mut c = ClientAuth::from_pem("client-a", OTHER_KEY, TEST_PUB).unwrap();
+        let server = Identity::from_pem("srv", TEST_KEY).unwrap();
+        let m = msg();
+        let rsp = Message::response_to(&m, crate::Status::SUCCESS, Vec::new());
+        let mut r = Reassembler::new();
+        r.push(&server.seal(&rsp.encode(MAX_PAYLOAD), 50));
+        assert_eq!(c.open(r.next_received().unwrap().unwrap(), 60), Ok(rsp.clone()));
+        // Unsigned, or signed by someone else: refused.
+        r.push(&rsp.encode(MAX_PAYLOAD));
+        assert!(c.open(r.next_received().unwrap().unwrap(), 60).is_err());
+        let other = Identity::from_pem("srv", OTHER_KEY).unwrap();
+        r.push(&other.seal(&rsp.encode(MAX_PAYLOAD), 60));
+        assert!(c.open(r.next_received().unwrap().unwrap(), 60).is_err());
+        // What the client sends carries its SPI.
+        r.push(&c.seal(&m, 70));
+        let got = r.next_received().unwrap().unwrap();
+        assert_eq!(got.seals[0].block.spi, "client-a");
     }
 
     #[test]
