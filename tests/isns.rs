@@ -1254,8 +1254,15 @@ fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
         ],
     );
     assert!(own.status.success(), "{}", text(&own));
+    // isnsadm registers with the node it registers as the source, but deregisters as its
+    // SourceName: another source, refused; as the node, its own entity goes.
     let gone = isnsadm(&ns, &evil, &["--deregister", "eid=evil-ent"]);
+    assert!(!gone.status.success(), "{}", text(&gone));
+    let as_node = isnsadm_conf(d, "own.conf", "iqn.2026-11.org.reservoir.evil:own", None);
+    let gone = isnsadm(&ns, &as_node, &["--deregister", "eid=evil-ent"]);
     assert!(gone.status.success(), "{}", text(&gone));
+    let q = text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"]));
+    assert!(!q.contains("evil:own"), "{q}");
     let ls = ls_with(&ns, None);
     assert!(ls.status.success(), "{}", text(&ls));
     assert!(text(&ls).contains(iqn), "{}", text(&ls));
