@@ -500,7 +500,9 @@ pub(crate) mod tests {
         let rsp = Message::response_to(&m, crate::Status::SUCCESS, Vec::new());
         let mut r = Reassembler::new();
         r.push(&server.seal(&rsp.encode(MAX_PAYLOAD), 50));
-        assert_eq!(c.open(r.next_received().unwrap().unwrap(), 60), Ok(rsp.clone()));
+        let mut signed = rsp.clone();
+        signed.flags.0 |= Flags::AUTH;
+        assert_eq!(c.open(r.next_received().unwrap().unwrap(), 60), Ok(signed));
         // Unsigned, or signed by someone else: refused.
         r.push(&rsp.encode(MAX_PAYLOAD));
         assert!(c.open(r.next_received().unwrap().unwrap(), 60).is_err());
