@@ -931,6 +931,23 @@ mod tests {
             assert!(e.to_string().contains(": isns."), "{bad}: {e}");
         }
         assert!(Config::parse(&format!("{base}[isns]\nsrv = \"h\"\n"), "i.toml").is_err());
+
+        // [isns.auth]: the keys are read and checked with the configuration.
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k.pem");
+        let auth = |key: &std::path::Path, server: &std::path::Path| {
+            format!(
+                "{base}[isns]\nserver = \"h\"\n[isns.auth]\nname = \"t.example.org\"\n\
+                 key = \"{}\"\nserver_key = \"{}\"\n",
+                key.display(),
+                server.display()
+            )
+        };
+        let e = Config::parse(&auth(&key, &key), "i.toml").unwrap_err();
+        assert!(e.to_string().contains("isns.auth: "), "{e}");
+        std::fs::write(&key, "not a key").unwrap();
+        let e = Config::parse(&auth(&key, &key), "i.toml").unwrap_err();
+        assert!(e.to_string().contains("PKCS #8"), "{e}");
     }
 
     #[test]
