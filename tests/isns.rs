@@ -798,7 +798,10 @@ fn reload_updates_the_registration_with_rsv_isns() {
 /// A DSA key pair by `openssl` on the 1024-bit parameters open-isns makes: `NAME.key`
 /// (PKCS #8) and `NAME.pub` in `dir`.
 fn dsa_key(dir: &Path, params: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let (key, public) = (dir.join(format!("{name}.key")), dir.join(format!("{name}.pub")));
+    let (key, public) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
     ok(Command::new("openssl")
         .args(["genpkey", "-paramfile"])
         .arg(params)
@@ -831,11 +834,13 @@ fn isnsadm_conf(
 ) -> PathBuf {
     let mut c = format!("SourceName = {source}\nServerAddress = 127.0.0.1\n");
     match auth {
-        Some((spi, key, server_pub)) => c += &format!(
-            "Security = 1\nAuthName = {spi}\nAuthKeyFile = {}\nServerKeyFile = {}\n",
-            key.display(),
-            server_pub.display()
-        ),
+        Some((spi, key, server_pub)) => {
+            c += &format!(
+                "Security = 1\nAuthName = {spi}\nAuthKeyFile = {}\nServerKeyFile = {}\n",
+                key.display(),
+                server_pub.display()
+            )
+        }
         None => c += "Security = 0\n",
     }
     let p = dir.join(file);
@@ -850,7 +855,10 @@ fn enroll(ns: &Netns, dir: &Path, spi: &str, policy: &[&str]) -> (PathBuf, PathB
     let local = dir.join("local.conf");
     std::fs::write(
         &local,
-        format!("SourceName = isns.control\nControlSocket = {}/isnsctl\n", dir.display()),
+        format!(
+            "SourceName = isns.control\nControlSocket = {}/isnsctl\n",
+            dir.display()
+        ),
     )
     .unwrap();
     let key = dir.join(format!("{spi}.key"));
@@ -885,7 +893,12 @@ fn enroll(ns: &Netns, dir: &Path, spi: &str, policy: &[&str]) -> (PathBuf, PathB
 }
 
 fn isnsadm(ns: &Netns, conf: &Path, args: &[&str]) -> Output {
-    ns.cmd("isnsadm").arg("-c").arg(conf).args(args).output().unwrap()
+    ns.cmd("isnsadm")
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// A target whose `[isns]` section has `auth` (SPI, key, server key) in `dir`, started in
@@ -931,9 +944,17 @@ fn intruder_refused(ns: &Netns, conf: &Path, victim_entity: &str) {
             "target=iqn.2026-11.org.reservoir.evil:evil",
         ],
     );
-    assert!(!reg.status.success(), "the intruder registered: {}", text(&reg));
+    assert!(
+        !reg.status.success(),
+        "the intruder registered: {}",
+        text(&reg)
+    );
     let dereg = isnsadm(ns, conf, &["--deregister", &format!("eid={victim_entity}")]);
-    assert!(!dereg.status.success(), "the intruder deregistered: {}", text(&dereg));
+    assert!(
+        !dereg.status.success(),
+        "the intruder deregistered: {}",
+        text(&dereg)
+    );
 }
 
 /// The victim's registration as `conf` sees it: its node and portal there, nothing of
@@ -944,7 +965,10 @@ fn victim_intact(ns: &Netns, conf: &Path, iqn: &str) {
     let q = text(&q);
     assert!(q.contains(iqn), "the victim is gone:\n{q}");
     assert!(q.contains("Portal IP address = 127.0.0.1"), "{q}");
-    assert!(!q.contains("127.0.0.9") && !q.contains(":evil"), "the intruder got in:\n{q}");
+    assert!(
+        !q.contains("127.0.0.9") && !q.contains(":evil"),
+        "the intruder got in:\n{q}"
+    );
 }
 
 /// `rsv ls --json isns://127.0.0.1/` in `ns` with the client's keys in the environment.
@@ -1016,10 +1040,16 @@ fn isnsd_with_security_takes_our_signed_clients() {
         d,
         "admin.conf",
         "iqn.2026-11.org.reservoir.admin:q",
-        Some(("admin.reservoir.org", &client["admin.reservoir.org"], &server_pub)),
+        Some((
+            "admin.reservoir.org",
+            &client["admin.reservoir.org"],
+            &server_pub,
+        )),
     );
     wait_until(10, "isnsd to answer", || {
-        isnsadm(&ns, &admin, &["--query", "iscsi-name"]).status.success()
+        isnsadm(&ns, &admin, &["--query", "iscsi-name"])
+            .status
+            .success()
     });
 
     let iqn = "iqn.2026-11.org.reservoir.target:home";
@@ -1030,7 +1060,11 @@ fn isnsd_with_security_takes_our_signed_clients() {
         &tdir,
         iqn,
         "target.reservoir.org",
-        Some(("target.reservoir.org", &client["target.reservoir.org"], &server_pub)),
+        Some((
+            "target.reservoir.org",
+            &client["target.reservoir.org"],
+            &server_pub,
+        )),
     );
     ns.children.push(t);
     wait_until(15, "the signed registration", || {
@@ -1047,7 +1081,12 @@ fn isnsd_with_security_takes_our_signed_clients() {
     );
     let ls = ns
         .cmd(rsv())
-        .args(["ls", "--json", "--initiator-name", "iqn.2026-11.org.reservoir.ls:x"])
+        .args([
+            "ls",
+            "--json",
+            "--initiator-name",
+            "iqn.2026-11.org.reservoir.ls:x",
+        ])
         .arg("isns://127.0.0.1/")
         .env("RSV_ISNS_AUTH_NAME", ls_auth.0)
         .env("RSV_ISNS_AUTH_KEY", ls_auth.1)
@@ -1150,10 +1189,19 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
         d,
         "admin.conf",
         "iqn.2026-11.org.reservoir.admin:q",
-        Some(("admin.reservoir.org", &client["admin.reservoir.org"], &server_pub)),
+        Some((
+            "admin.reservoir.org",
+            &client["admin.reservoir.org"],
+            &server_pub,
+        )),
     );
     let q = isnsadm(&ns, &admin, &["--query", "iscsi-name"]);
-    assert!(q.status.success(), "a signed isnsadm query: {}\n{}", text(&q), log());
+    assert!(
+        q.status.success(),
+        "a signed isnsadm query: {}\n{}",
+        text(&q),
+        log()
+    );
 
     let iqn = "iqn.2026-11.org.reservoir.target:home";
     let tdir = d.join("t");
@@ -1163,7 +1211,11 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
         &tdir,
         iqn,
         "victim-ent",
-        Some(("target.reservoir.org", &client["target.reservoir.org"], &server_pub)),
+        Some((
+            "target.reservoir.org",
+            &client["target.reservoir.org"],
+            &server_pub,
+        )),
     );
     ns.children.push(t);
     wait_until(15, "the signed registration", || {
@@ -1176,17 +1228,30 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
         d,
         "evil.conf",
         "iqn.2026-11.org.reservoir.evil:x",
-        Some(("evil.reservoir.org", &client["evil.reservoir.org"], &server_pub)),
+        Some((
+            "evil.reservoir.org",
+            &client["evil.reservoir.org"],
+            &server_pub,
+        )),
     );
     intruder_refused(&ns, &evil_signed, "victim-ent");
-    let evil_plain = isnsadm_conf(d, "evil-plain.conf", "iqn.2026-11.org.reservoir.evil:x", None);
+    let evil_plain = isnsadm_conf(
+        d,
+        "evil-plain.conf",
+        "iqn.2026-11.org.reservoir.evil:x",
+        None,
+    );
     intruder_refused(&ns, &evil_plain, "victim-ent");
     // Claiming the target's own node name as source changes nothing either.
     let forged = isnsadm_conf(
         d,
         "forged.conf",
         iqn,
-        Some(("evil.reservoir.org", &client["evil.reservoir.org"], &server_pub)),
+        Some((
+            "evil.reservoir.org",
+            &client["evil.reservoir.org"],
+            &server_pub,
+        )),
     );
     intruder_refused(&ns, &forged, "victim-ent");
     victim_intact(&ns, &admin, iqn);
@@ -1218,7 +1283,11 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
     assert!(text(&ls).contains(iqn), "{}", text(&ls));
     let anon = ls_with(&ns, None);
     assert!(!anon.status.success(), "{}", text(&anon));
-    assert!(text(&anon).contains("Source Unauthorized"), "{}", text(&anon));
+    assert!(
+        text(&anon).contains("Source Unauthorized"),
+        "{}",
+        text(&anon)
+    );
 }
 
 /// `rsv isns` without authentication: the intruder may change only what it registered;

@@ -99,13 +99,20 @@ fuzz_target!(|input: &[u8]| {
             let owner = owners.get(eid).copied();
             let may = owner.is_some() && owner == SPIS.get(spi).map(|_| spi);
             if !may {
-                assert_eq!(after.get(eid), Some(was), "entity {eid} changed by {caller:?}");
+                assert_eq!(
+                    after.get(eid),
+                    Some(was),
+                    "entity {eid} changed by {caller:?}"
+                );
             }
         }
         owners.retain(|eid, _| after.contains_key(eid));
         for eid in after.keys() {
             if !before.contains_key(eid) {
-                assert!(spi < SPIS.len(), "entity {eid} made by an anonymous request");
+                assert!(
+                    spi < SPIS.len(),
+                    "entity {eid} made by an anonymous request"
+                );
                 owners.insert(eid.clone(), spi);
             }
         }

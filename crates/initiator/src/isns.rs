@@ -9,8 +9,8 @@ use std::io;
 use std::time::Duration;
 
 use isns::attr::node_type;
-use isns::objects::{self, Entity, Node};
 use isns::auth::ClientAuth;
+use isns::objects::{self, Entity, Node};
 use isns::{Message, Reassembler};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -68,7 +68,11 @@ impl IsnsUrl {
 /// process (`rsv ls`, `inq`, `cp`, `mount`, `media` with `isns://`): the SPI to sign as,
 /// its DSA private key, the server's public key (open-isns's `AuthName`, `AuthKeyFile`,
 /// `ServerKeyFile`). All three, or none.
-pub const AUTH_ENV: [&str; 3] = ["RSV_ISNS_AUTH_NAME", "RSV_ISNS_AUTH_KEY", "RSV_ISNS_SERVER_KEY"];
+pub const AUTH_ENV: [&str; 3] = [
+    "RSV_ISNS_AUTH_NAME",
+    "RSV_ISNS_AUTH_KEY",
+    "RSV_ISNS_SERVER_KEY",
+];
 
 /// The client's authentication from [`AUTH_ENV`], `None` when none of it is set.
 pub fn auth_from_env() -> std::result::Result<Option<ClientAuth>, String> {
@@ -80,9 +84,8 @@ pub fn auth_from_env() -> std::result::Result<Option<ClientAuth>, String> {
     match (&vals[0], &vals[1], &vals[2]) {
         (None, None, None) => Ok(None),
         (Some(spi), Some(key), Some(server)) => {
-            let read = |p: &str| {
-                std::fs::read_to_string(p).map_err(|e| bad(format!("reading {p}: {e}")))
-            };
+            let read =
+                |p: &str| std::fs::read_to_string(p).map_err(|e| bad(format!("reading {p}: {e}")));
             ClientAuth::from_pem(spi, &read(key)?, &read(server)?)
                 .map(Some)
                 .map_err(|e| bad(format!("iSNS authentication: {e}")))

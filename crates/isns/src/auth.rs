@@ -13,9 +13,9 @@
 
 use std::collections::HashMap;
 
+use dsa::signature::{DigestSigner, DigestVerifier, SignatureEncoding};
 use dsa::{SigningKey, VerifyingKey};
 use pkcs8::{DecodePrivateKey, DecodePublicKey};
-use dsa::signature::{DigestSigner, DigestVerifier, SignatureEncoding};
 use sha1::{Digest, Sha1};
 
 use crate::message::{Message, Received};
@@ -157,7 +157,9 @@ pub struct Identity {
 
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Identity").field("spi", &self.spi).finish_non_exhaustive()
+        f.debug_struct("Identity")
+            .field("spi", &self.spi)
+            .finish_non_exhaustive()
     }
 }
 
@@ -189,7 +191,9 @@ impl Identity {
         let mut out = Vec::with_capacity(pdus.len() + 128);
         let mut rest = pdus;
         while let Some(head) = rest.first_chunk::<HEADER_LEN>() {
-            let Ok(mut h) = Header::decode(head) else { break };
+            let Ok(mut h) = Header::decode(head) else {
+                break;
+            };
             let end = (HEADER_LEN + usize::from(h.length)).min(rest.len());
             h.flags = Flags(h.flags.0 | Flags::AUTH);
             let start = out.len();
@@ -452,20 +456,28 @@ pub(crate) mod tests {
         assert_eq!(got.attrs, m.attrs);
 
         let public = public_key_from_pem(TEST_PUB).unwrap();
-        let mut server = Verifier::enrolled(HashMap::from([("client-a".into(), public.clone())]), 300);
+        let mut server =
+            Verifier::enrolled(HashMap::from([("client-a".into(), public.clone())]), 300);
         assert_eq!(server.check(pdus, &seals, 1010), Ok("client-a".into()));
         // The same message again, earlier than one already seen: a replay.
         let old = me.seal(&m.encode(64), 990);
         let (_, pdus2, seals2) = receive(&old);
-        assert!(matches!(server.check(pdus2, &seals2, 1010), Err(AuthError::Stale { .. })));
+        assert!(matches!(
+            server.check(pdus2, &seals2, 1010),
+            Err(AuthError::Stale { .. })
+        ));
         // Too far from the server's clock.
-        assert!(matches!(server.check(pdus, &seals, 2000), Err(AuthError::Stale { .. })));
+        assert!(matches!(
+            server.check(pdus, &seals, 2000),
+            Err(AuthError::Stale { .. })
+        ));
 
         // One byte of the payload changed: the signature no longer holds.
         let mut bent = seals.clone();
         let n = bent[1].signed.len() - 1;
         bent[1].signed[n] ^= 1;
-        let mut fresh = Verifier::enrolled(HashMap::from([("client-a".into(), public.clone())]), 300);
+        let mut fresh =
+            Verifier::enrolled(HashMap::from([("client-a".into(), public.clone())]), 300);
         assert_eq!(
             fresh.check(pdus, &bent, 1000),
             Err(AuthError::BadSignature("client-a".into()))
@@ -486,7 +498,10 @@ pub(crate) mod tests {
         );
         // Unsigned, or one PDU of several unsigned.
         let (_, p5, s5) = receive(&m.encode(64));
-        assert_eq!(fresh.check(p5, &s5, 1000), Err(AuthError::Unsigned { pdu: 0 }));
+        assert_eq!(
+            fresh.check(p5, &s5, 1000),
+            Err(AuthError::Unsigned { pdu: 0 })
+        );
         // A client knows its server's key whatever the SPI.
         let mut client = Verifier::server(public, 300);
         assert_eq!(client.check(pdus, &seals, 1000), Ok("client-a".into()));

@@ -156,7 +156,12 @@ pub fn split_pdu(buf: &[u8]) -> Result<Option<Split<'_>>, Error> {
     if buf.len() < total {
         return Ok(None);
     }
-    Ok(Some((h, &buf[HEADER_LEN..end], Some(&buf[end..total]), total)))
+    Ok(Some((
+        h,
+        &buf[HEADER_LEN..end],
+        Some(&buf[end..total]),
+        total,
+    )))
 }
 
 #[cfg(test)]

@@ -961,10 +961,16 @@ mod tests {
             if !replace {
                 m.flags.0 &= !Flags::REPLACE;
             }
-            m.attrs.retain(|a| a.tag != Tag::PORTAL_IP && a.tag != Tag::PORTAL_PORT);
-            m.attrs.push(Attr::ip(Tag::PORTAL_IP, "127.0.0.9".parse().unwrap()));
+            m.attrs
+                .retain(|a| a.tag != Tag::PORTAL_IP && a.tag != Tag::PORTAL_PORT);
+            m.attrs
+                .push(Attr::ip(Tag::PORTAL_IP, "127.0.0.9".parse().unwrap()));
             m.attrs.push(Attr::u32(Tag::PORTAL_PORT, 3260));
-            assert_eq!(status(r, &m), Some(Status::SOURCE_UNAUTHORIZED), "replace {replace}");
+            assert_eq!(
+                status(r, &m),
+                Some(Status::SOURCE_UNAUTHORIZED),
+                "replace {replace}"
+            );
         }
         let dereg = objects::dev_dereg(2, evil_source, "victim-ent");
         assert_eq!(status(r, &dereg), Some(Status::SOURCE_UNAUTHORIZED));
@@ -973,7 +979,9 @@ mod tests {
         assert_eq!(status(r, &by_node), Some(Status::SOURCE_UNAUTHORIZED));
         let mut by_portal = dereg.clone();
         by_portal.attrs.truncate(2);
-        by_portal.attrs.push(Attr::ip(Tag::PORTAL_IP, "10.0.0.1".parse().unwrap()));
+        by_portal
+            .attrs
+            .push(Attr::ip(Tag::PORTAL_IP, "10.0.0.1".parse().unwrap()));
         by_portal.attrs.push(Attr::u32(Tag::PORTAL_PORT, 3260));
         assert_eq!(status(r, &by_portal), Some(Status::SOURCE_UNAUTHORIZED));
         let mut scn = objects::scn_reg(3, "iqn.victim", scn::OBJECT_ADDED);
@@ -984,7 +992,10 @@ mod tests {
         let found = objects::parse_targets(&rsp);
         let victim: Vec<_> = found.iter().filter(|t| t.name == "iqn.victim").collect();
         assert_eq!(victim.len(), 1);
-        assert_eq!(victim[0].portals, vec![("10.0.0.1:3260".parse().unwrap(), 1)]);
+        assert_eq!(
+            victim[0].portals,
+            vec![("10.0.0.1:3260".parse().unwrap(), 1)]
+        );
         assert!(found.iter().all(|t| t.name != "iqn.evil"));
     }
 
@@ -1035,12 +1046,18 @@ mod tests {
         let (rsp, _) = r.handle_from(&target("victim-ent", "iqn.victim", None), 2, victim);
         assert_eq!(rsp.status, Some(Status::SUCCESS));
         let scn = objects::scn_reg(7, "iqn.victim", scn::OBJECT_ADDED);
-        assert_eq!(r.handle_from(&scn, 2, victim).0.status, Some(Status::SUCCESS));
+        assert_eq!(
+            r.handle_from(&scn, 2, victim).0.status,
+            Some(Status::SUCCESS)
+        );
         let mut again = Registry::load(30, &r.save());
         assert_eq!(again.entities, r.entities);
         intrusions(&mut again, Caller::Authenticated("evil"), "iqn.victim");
         let dereg = objects::dev_dereg(8, "iqn.victim", "victim-ent");
-        assert_eq!(again.handle_from(&dereg, 3, victim).0.status, Some(Status::SUCCESS));
+        assert_eq!(
+            again.handle_from(&dereg, 3, victim).0.status,
+            Some(Status::SUCCESS)
+        );
         assert_eq!(again.nodes().count(), 0);
     }
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Args;
-use isns::pdu::MAX_PAYLOAD;
 use isns::auth::{self, AuthError, Identity, Verifier};
+use isns::pdu::MAX_PAYLOAD;
 use isns::server::{Caller, Notification, Registry};
 use isns::{FunctionId, Reassembler, Received};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -81,8 +81,8 @@ impl Auth {
             .key_store
             .clone()
             .context("--auth-key needs --key-store")?;
-        let pem = std::fs::read_to_string(key)
-            .with_context(|| format!("reading {}", key.display()))?;
+        let pem =
+            std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
         let me = Identity::from_pem(&args.auth_name, &pem)
             .with_context(|| format!("the server key {}", key.display()))?;
         anyhow::ensure!(
@@ -310,7 +310,8 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
                 "{peer}: {} from {}{} -> {}",
                 msg.function.name(),
                 msg.source().and_then(|a| a.as_str()).unwrap_or("?"),
-                spi.as_deref().map_or(String::new(), |s| format!(" (SPI {s})")),
+                spi.as_deref()
+                    .map_or(String::new(), |s| format!(" (SPI {s})")),
                 rsp.status.map_or(String::new(), |s| s.to_string())
             );
             if ok && msg.function == FunctionId::SCN_REG {

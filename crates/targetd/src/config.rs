@@ -149,9 +149,8 @@ pub struct IsnsAuth {
 impl IsnsAuth {
     /// The keys read and checked.
     pub fn load(&self) -> Result<isns::auth::ClientAuth, String> {
-        let read = |p: &PathBuf| {
-            std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
-        };
+        let read =
+            |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
         isns::auth::ClientAuth::from_pem(&self.name, &read(&self.key)?, &read(&self.server_key)?)
             .map_err(|e| e.to_string())
     }
