@@ -794,3 +794,545 @@ fn reload_updates_the_registration_with_isnsd() {
 fn reload_updates_the_registration_with_rsv_isns() {
     reload_updates_the_registration(IsnsServer::Reservoir);
 }
+
+/// A DSA key pair by `openssl` on the 1024-bit parameters open-isns makes: `NAME.key`
+/// (PKCS #8) and `NAME.pub` in `dir`.
+fn dsa_key(dir: &Path, params: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (key, public) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
+    ok(Command::new("openssl")
+        .args(["genpkey", "-paramfile"])
+        .arg(params)
+        .arg("-out")
+        .arg(&key));
+    ok(Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&public));
+    (key, public)
+}
+
+fn dsa_params(dir: &Path) -> PathBuf {
+    let params = dir.join("dsa.params");
+    ok(Command::new("openssl")
+        .args(["genpkey", "-genparam", "-algorithm", "DSA"])
+        .args(["-pkeyopt", "dsa_paramgen_bits:1024", "-out"])
+        .arg(&params));
+    params
+}
+
+/// An `isnsadm` configuration in `dir`: source `source`, signing as `spi` with `key` and
+/// checking the server's `server_pub` (security off when `spi` is `None`).
+fn isnsadm_conf(
+    dir: &Path,
+    file: &str,
+    source: &str,
+    auth: Option<(&str, &Path, &Path)>,
+) -> PathBuf {
+    let mut c = format!("SourceName = {source}\nServerAddress = 127.0.0.1\n");
+    match auth {
+        Some((spi, key, server_pub)) => {
+            c += &format!(
+                "Security = 1\nAuthName = {spi}\nAuthKeyFile = {}\nServerKeyFile = {}\n",
+                key.display(),
+                server_pub.display()
+            )
+        }
+        None => c += "Security = 0\n",
+    }
+    let p = dir.join(file);
+    std::fs::write(&p, c).unwrap();
+    p
+}
+
+/// `isnsadm --local --enroll SPI POLICY…` against the `isnsd` whose control socket is in
+/// `dir`: the client's private key, made by isnsadm, in `dir/SPI.key`; its public half
+/// in `dir/SPI.pub`. The server keeps the policy (what the SPI may register).
+fn enroll(ns: &Netns, dir: &Path, spi: &str, policy: &[&str]) -> (PathBuf, PathBuf) {
+    let local = dir.join("local.conf");
+    std::fs::write(
+        &local,
+        format!(
+            "SourceName = isns.control\nControlSocket = {}/isnsctl\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let key = dir.join(format!("{spi}.key"));
+    let public = dir.join(format!("{spi}.pub"));
+    let mut said = String::new();
+    let end = Instant::now() + Duration::from_secs(15);
+    while !key.exists() {
+        assert!(Instant::now() < end, "isnsadm --enroll {spi}: {said}");
+        let o = ns
+            .cmd("isnsadm")
+            .arg("-c")
+            .arg(&local)
+            .arg("--local")
+            .arg("--keyfile")
+            .arg(&key)
+            .args(["--enroll", spi])
+            .args(policy)
+            .output()
+            .unwrap();
+        said = text(&o);
+        if !o.status.success() {
+            let _ = std::fs::remove_file(&key);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    ok(Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&public));
+    (key, public)
+}
+
+fn isnsadm(ns: &Netns, conf: &Path, args: &[&str]) -> Output {
+    ns.cmd("isnsadm")
+        .arg("-c")
+        .arg(conf)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A target whose `[isns]` section has `auth` (SPI, key, server key) in `dir`, started in
+/// `ns` and ready.
+fn target_with_isns(
+    ns: &Netns,
+    dir: &Path,
+    iqn: &str,
+    entity: &str,
+    auth: Option<(&str, &Path, &Path)>,
+) -> Child {
+    let mut toml = format!(
+        "portals = [\"127.0.0.1:3260\"]\ndata_dir = \"{}\"\n[[target]]\niqn = \"{iqn}\"\n\
+         [[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n[isns]\nserver = \"127.0.0.1\"\n\
+         entity = \"{entity}\"\nregistration_period = 30\n",
+        dir.display()
+    );
+    if let Some((spi, key, server_pub)) = auth {
+        toml += &format!(
+            "[isns.auth]\nname = \"{spi}\"\nkey = \"{}\"\nserver_key = \"{}\"\n",
+            key.display(),
+            server_pub.display()
+        );
+    }
+    std::fs::write(dir.join("target.toml"), toml).unwrap();
+    let mut c = ns.cmd(rsv());
+    c.arg("target").arg("-c").arg(dir.join("target.toml"));
+    spawn_ready(&mut c, &dir.join("target.log"))
+}
+
+/// The issue's intruder: `isnsadm --replace --register` of the victim's entity with its
+/// own portal and target, then a deregistration of it; each must fail.
+fn intruder_refused(ns: &Netns, conf: &Path, victim_entity: &str) {
+    let entity = format!("entity={victim_entity}");
+    let reg = isnsadm(
+        ns,
+        conf,
+        &[
+            "--replace",
+            "--register",
+            &entity,
+            "portal=127.0.0.9:3260",
+            "target=iqn.2026-11.org.reservoir.evil:evil",
+        ],
+    );
+    assert!(
+        !reg.status.success(),
+        "the intruder registered: {}",
+        text(&reg)
+    );
+    let dereg = isnsadm(ns, conf, &["--deregister", &format!("eid={victim_entity}")]);
+    assert!(
+        !dereg.status.success(),
+        "the intruder deregistered: {}",
+        text(&dereg)
+    );
+}
+
+/// The victim's registration as `conf` sees it: its node and portal there, nothing of
+/// the intruder's.
+fn victim_intact(ns: &Netns, conf: &Path, iqn: &str) {
+    let q = isnsadm(ns, conf, &["--query", "iscsi-name"]);
+    assert!(q.status.success(), "{}", text(&q));
+    let q = text(&q);
+    assert!(q.contains(iqn), "the victim is gone:\n{q}");
+    assert!(q.contains("Portal IP address = 127.0.0.1"), "{q}");
+    assert!(
+        !q.contains("127.0.0.9") && !q.contains(":evil"),
+        "the intruder got in:\n{q}"
+    );
+}
+
+/// `rsv ls --json isns://127.0.0.1/` in `ns` with the client's keys in the environment.
+fn ls_with(ns: &Netns, auth: Option<(&str, &Path, &Path)>) -> Output {
+    let mut c = ns.cmd(rsv());
+    c.args(["ls", "--json", "isns://127.0.0.1/"]);
+    if let Some((spi, key, server_pub)) = auth {
+        c.env("RSV_ISNS_AUTH_NAME", spi)
+            .env("RSV_ISNS_AUTH_KEY", key)
+            .env("RSV_ISNS_SERVER_KEY", server_pub);
+    }
+    c.output().unwrap()
+}
+
+fn auth_test_setup(tag: &str) -> Option<(Netns, tempfile::TempDir)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("needs root for a network namespace");
+        return None;
+    }
+    if !have("isnsd") || !have("isnsadm") || !have("openssl") {
+        skip("open-isns (isnsd, isnsadm) or openssl not installed; scripts/setup.sh installs them");
+        return None;
+    }
+    let Some(ns) = Netns::create(tag) else {
+        skip("ip netns add failed");
+        return None;
+    };
+    Some((ns, tempfile::tempdir().unwrap()))
+}
+
+/// open-isns `isnsd` with `Security = 1`: the target's signed registration is taken, the
+/// server's signed answers are checked, and `rsv ls isns://` with the initiator's keys
+/// lists the target; a target whose key the server does not know registers nothing.
+#[test]
+fn isnsd_with_security_takes_our_signed_clients() {
+    let Some((mut ns, dir)) = auth_test_setup("da") else {
+        return;
+    };
+    let d = dir.path();
+    let params = dsa_params(d);
+    let (server_key, server_pub) = dsa_key(d, &params, "server");
+    // Clients are enrolled in isnsd's database (ClientKeyStore = DB:, its default), with
+    // the policy open-isns derives from the SPI: source names iqn.YYYY-MM.<SPI
+    // reversed>…; a target's SPI must be let register target nodes.
+    std::fs::write(
+        d.join("isnsd.conf"),
+        format!(
+            "SourceName = isns.reservoir.test\nRegistrationPeriod = 60s\n\
+             DefaultDiscoveryDomain = 1\nSLPRegister = 0\nESIRetries = 0\n\
+             Security = 1\nAuthName = isns.reservoir.org\nAuthKeyFile = {}\n\
+             PIDFile = {1}/isnsd.pid\nControlSocket = {1}/isnsctl\nDatabase = {1}/db\n",
+            server_key.display(),
+            d.display()
+        ),
+    )
+    .unwrap();
+    let isnsd = spawn_isnsd(&ns, d);
+    ns.children.push(isnsd);
+    let mut client = std::collections::HashMap::new();
+    for (spi, policy) in [
+        ("target.reservoir.org", "node-type=target"),
+        ("admin.reservoir.org", "node-type=initiator"),
+        ("ls.reservoir.org", "node-type=initiator"),
+    ] {
+        client.insert(spi, enroll(&ns, d, spi, &[policy]).0);
+    }
+    let admin = isnsadm_conf(
+        d,
+        "admin.conf",
+        "iqn.2026-11.org.reservoir.admin:q",
+        Some((
+            "admin.reservoir.org",
+            &client["admin.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    wait_until(10, "isnsd to answer", || {
+        isnsadm(&ns, &admin, &["--query", "iscsi-name"])
+            .status
+            .success()
+    });
+
+    let iqn = "iqn.2026-11.org.reservoir.target:home";
+    let tdir = d.join("t");
+    std::fs::create_dir(&tdir).unwrap();
+    let t = target_with_isns(
+        &ns,
+        &tdir,
+        iqn,
+        "target.reservoir.org",
+        Some((
+            "target.reservoir.org",
+            &client["target.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    ns.children.push(t);
+    wait_until(15, "the signed registration", || {
+        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
+    });
+    victim_intact(&ns, &admin, iqn);
+
+    // The initiator signs as an enrolled SPI (its node name derived from it) and lists
+    // the target; unsigned, it may not register its node and says why.
+    let ls_auth = (
+        "ls.reservoir.org",
+        client["ls.reservoir.org"].as_path(),
+        server_pub.as_path(),
+    );
+    let ls = ns
+        .cmd(rsv())
+        .args([
+            "ls",
+            "--json",
+            "--initiator-name",
+            "iqn.2026-11.org.reservoir.ls:x",
+        ])
+        .arg("isns://127.0.0.1/")
+        .env("RSV_ISNS_AUTH_NAME", ls_auth.0)
+        .env("RSV_ISNS_AUTH_KEY", ls_auth.1)
+        .env("RSV_ISNS_SERVER_KEY", ls_auth.2)
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{}", text(&ls));
+    assert!(text(&ls).contains(iqn), "{}", text(&ls));
+    // With the wrong server key the answers do not check out.
+    let (_, not_server) = dsa_key(d, &params, "not-server");
+    let wrong = ls_with(&ns, Some((ls_auth.0, ls_auth.1, &not_server)));
+    assert!(!wrong.status.success(), "{}", text(&wrong));
+    assert!(text(&wrong).contains("bad signature"), "{}", text(&wrong));
+
+    // A target signing with a key isnsd does not have for its SPI registers nothing.
+    let (rogue_key, _) = dsa_key(d, &params, "rogue");
+    let rdir = d.join("r");
+    std::fs::create_dir(&rdir).unwrap();
+    // The same portal is taken by the first target: this one listens elsewhere.
+    let rogue_iqn = "iqn.2026-11.org.reservoir.target:rogue";
+    let mut toml = format!(
+        "portals = [\"127.0.0.1:3261\"]\ndata_dir = \"{}\"\n[[target]]\niqn = \"{rogue_iqn}\"\n\
+         [[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n[isns]\nserver = \"127.0.0.1\"\n\
+         entity = \"target.reservoir.org\"\n",
+        rdir.display()
+    );
+    toml += &format!(
+        "[isns.auth]\nname = \"target.reservoir.org\"\nkey = \"{}\"\nserver_key = \"{}\"\n",
+        rogue_key.display(),
+        server_pub.display()
+    );
+    std::fs::write(rdir.join("target.toml"), toml).unwrap();
+    let mut c = ns.cmd(rsv());
+    c.arg("target").arg("-c").arg(rdir.join("target.toml"));
+    let rogue = spawn_ready(&mut c, &rdir.join("target.log"));
+    ns.children.push(rogue);
+    wait_until(20, "the rogue target's failed registration", || {
+        std::fs::read_to_string(rdir.join("target.log"))
+            .unwrap_or_default()
+            .contains("iSNS: registering with")
+    });
+    let q = text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"]));
+    assert!(!q.contains(rogue_iqn), "{q}");
+    victim_intact(&ns, &admin, iqn);
+}
+
+/// `rsv isns --auth-key`: keys made by `isnsadm --enroll` (against an `isnsd` that
+/// enrolls them), `isnsadm` signed and checking our signatures registers and queries; the
+/// issue's intruder, signed by its own enrolled key or not signed at all, changes nothing
+/// of the target's, and unsigned `rsv ls` is refused.
+#[test]
+fn rsv_isns_with_authentication_refuses_the_intruder() {
+    let Some((mut ns, dir)) = auth_test_setup("ra") else {
+        return;
+    };
+    let d = dir.path();
+    let params = dsa_params(d);
+    let (server_key, server_pub) = dsa_key(d, &params, "server");
+    let keys = d.join("keys");
+    std::fs::create_dir(&keys).unwrap();
+
+    // isnsadm --enroll makes each client's key (and tells an isnsd of it, the only way
+    // to run it); the public half goes into rsv isns's key store under the SPI.
+    std::fs::write(
+        d.join("isnsd.conf"),
+        format!(
+            "SourceName = isns.reservoir.test\nSLPRegister = 0\nESIRetries = 0\nSecurity = 1\n\
+             AuthKeyFile = {}\nPIDFile = {1}/isnsd.pid\nControlSocket = {1}/isnsctl\n\
+             Database = {1}/db\n",
+            server_key.display(),
+            d.display()
+        ),
+    )
+    .unwrap();
+    let mut enroller = spawn_isnsd(&ns, d);
+    let mut client = std::collections::HashMap::new();
+    for spi in [
+        "target.reservoir.org",
+        "admin.reservoir.org",
+        "evil.reservoir.org",
+        "ls.reservoir.org",
+    ] {
+        let (key, public) = enroll(&ns, d, spi, &[]);
+        std::fs::copy(&public, keys.join(spi)).unwrap();
+        client.insert(spi, key);
+    }
+    let _ = enroller.kill();
+    let _ = enroller.wait();
+
+    let mut c = ns.cmd(rsv());
+    c.args(["isns", "--listen", "127.0.0.1:3205", "--auth-key"])
+        .arg(&server_key)
+        .arg("--key-store")
+        .arg(&keys);
+    let s = spawn_ready(&mut c, &d.join("isns.log"));
+    ns.children.push(s);
+    let log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
+
+    let admin = isnsadm_conf(
+        d,
+        "admin.conf",
+        "iqn.2026-11.org.reservoir.admin:q",
+        Some((
+            "admin.reservoir.org",
+            &client["admin.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    let q = isnsadm(&ns, &admin, &["--query", "iscsi-name"]);
+    assert!(
+        q.status.success(),
+        "a signed isnsadm query: {}\n{}",
+        text(&q),
+        log()
+    );
+
+    let iqn = "iqn.2026-11.org.reservoir.target:home";
+    let tdir = d.join("t");
+    std::fs::create_dir(&tdir).unwrap();
+    let t = target_with_isns(
+        &ns,
+        &tdir,
+        iqn,
+        "victim-ent",
+        Some((
+            "target.reservoir.org",
+            &client["target.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    ns.children.push(t);
+    wait_until(15, "the signed registration", || {
+        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
+    });
+    assert!(log().contains("(SPI target.reservoir.org)"), "{}", log());
+
+    // The intruder, with its own enrolled key, and without any.
+    let evil_signed = isnsadm_conf(
+        d,
+        "evil.conf",
+        "iqn.2026-11.org.reservoir.evil:x",
+        Some((
+            "evil.reservoir.org",
+            &client["evil.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    intruder_refused(&ns, &evil_signed, "victim-ent");
+    let evil_plain = isnsadm_conf(
+        d,
+        "evil-plain.conf",
+        "iqn.2026-11.org.reservoir.evil:x",
+        None,
+    );
+    intruder_refused(&ns, &evil_plain, "victim-ent");
+    // Claiming the target's own node name as source changes nothing either.
+    let forged = isnsadm_conf(
+        d,
+        "forged.conf",
+        iqn,
+        Some((
+            "evil.reservoir.org",
+            &client["evil.reservoir.org"],
+            &server_pub,
+        )),
+    );
+    intruder_refused(&ns, &forged, "victim-ent");
+    victim_intact(&ns, &admin, iqn);
+    assert!(log().contains("Source Unauthorized (8)"), "{}", log());
+
+    // The intruder's own entity is its to register (an open-isns client registers in
+    // this mode as it would anywhere).
+    let own = isnsadm(
+        &ns,
+        &evil_signed,
+        &[
+            "--register",
+            "entity=evil-ent",
+            "portal=127.0.0.9:3260",
+            "target=iqn.2026-11.org.reservoir.evil:own",
+        ],
+    );
+    assert!(own.status.success(), "{}\n{}", text(&own), log());
+
+    // rsv ls signed lists the target; unsigned it may only look, so it cannot register
+    // its initiator node and says so.
+    let ls_auth = (
+        "ls.reservoir.org",
+        client["ls.reservoir.org"].as_path(),
+        server_pub.as_path(),
+    );
+    let ls = ls_with(&ns, Some(ls_auth));
+    assert!(ls.status.success(), "{}\n{}", text(&ls), log());
+    assert!(text(&ls).contains(iqn), "{}", text(&ls));
+    let anon = ls_with(&ns, None);
+    assert!(!anon.status.success(), "{}", text(&anon));
+    assert!(
+        text(&anon).contains("Source Unauthorized"),
+        "{}",
+        text(&anon)
+    );
+}
+
+/// `rsv isns` without authentication: the intruder may change only what it registered;
+/// open-isns's client still registers and queries.
+#[test]
+fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
+    let Some((mut ns, dir)) = auth_test_setup("rn") else {
+        return;
+    };
+    let d = dir.path();
+    let mut c = ns.cmd(rsv());
+    c.args(["isns", "--listen", "127.0.0.1:3205"]);
+    let s = spawn_ready(&mut c, &d.join("isns.log"));
+    ns.children.push(s);
+    let admin = isnsadm_conf(d, "admin.conf", "iqn.2026-11.org.reservoir.admin:q", None);
+    let iqn = "iqn.2026-11.org.reservoir.target:home";
+    let t = target_with_isns(&ns, d, iqn, "victim-ent", None);
+    ns.children.push(t);
+    wait_until(15, "the registration", || {
+        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
+    });
+    let evil = isnsadm_conf(d, "evil.conf", "iqn.2026-11.org.reservoir.evil:x", None);
+    intruder_refused(&ns, &evil, "victim-ent");
+    victim_intact(&ns, &admin, iqn);
+    let own = isnsadm(
+        &ns,
+        &evil,
+        &[
+            "--register",
+            "entity=evil-ent",
+            "portal=127.0.0.9:3260",
+            "target=iqn.2026-11.org.reservoir.evil:own",
+        ],
+    );
+    assert!(own.status.success(), "{}", text(&own));
+    // isnsadm registers with the node it registers as the source, but deregisters as its
+    // SourceName: another source, refused; as the node, its own entity goes.
+    let gone = isnsadm(&ns, &evil, &["--deregister", "eid=evil-ent"]);
+    assert!(!gone.status.success(), "{}", text(&gone));
+    let as_node = isnsadm_conf(d, "own.conf", "iqn.2026-11.org.reservoir.evil:own", None);
+    let gone = isnsadm(&ns, &as_node, &["--deregister", "eid=evil-ent"]);
+    assert!(gone.status.success(), "{}", text(&gone));
+    let q = text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"]));
+    assert!(!q.contains("evil:own"), "{q}");
+    let ls = ls_with(&ns, None);
+    assert!(ls.status.success(), "{}", text(&ls));
+    assert!(text(&ls).contains(iqn), "{}", text(&ls));
+}

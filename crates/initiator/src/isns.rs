@@ -9,8 +9,8 @@ use std::io;
 use std::time::Duration;
 
 use isns::attr::node_type;
+use isns::auth::ClientAuth;
 use isns::objects::{self, Entity, Node};
-use isns::pdu::MAX_PAYLOAD;
 use isns::{Message, Reassembler};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -64,16 +64,82 @@ impl IsnsUrl {
     }
 }
 
+/// The environment variables that turn iSNS authentication on for every client of this
+/// process (`rsv ls`, `inq`, `cp`, `mount`, `media` with `isns://`): the SPI to sign as,
+/// its DSA private key, the server's public key (open-isns's `AuthName`, `AuthKeyFile`,
+/// `ServerKeyFile`). All three, or none.
+pub const AUTH_ENV: [&str; 3] = [
+    "RSV_ISNS_AUTH_NAME",
+    "RSV_ISNS_AUTH_KEY",
+    "RSV_ISNS_SERVER_KEY",
+];
+
+/// The client's authentication from [`AUTH_ENV`], `None` when none of it is set.
+pub fn auth_from_env() -> std::result::Result<Option<ClientAuth>, String> {
+    let vals: Vec<Option<String>> = AUTH_ENV
+        .iter()
+        .map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .collect();
+    let bad = |m: String| m;
+    match (&vals[0], &vals[1], &vals[2]) {
+        (None, None, None) => Ok(None),
+        (Some(spi), Some(key), Some(server)) => {
+            let read =
+                |p: &str| std::fs::read_to_string(p).map_err(|e| bad(format!("reading {p}: {e}")));
+            ClientAuth::from_pem(spi, &read(key)?, &read(server)?)
+                .map(Some)
+                .map_err(|e| bad(format!("iSNS authentication: {e}")))
+        }
+        _ => Err(bad(format!(
+            "iSNS authentication needs all of {} or none",
+            AUTH_ENV.join(", ")
+        ))),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A connection to the server and what signs and checks its messages.
+struct Conn {
+    s: TcpStream,
+    auth: Option<ClientAuth>,
+}
+
+impl Conn {
+    fn wire(&self, m: &Message) -> Vec<u8> {
+        isns::auth::wire(self.auth.as_ref(), m, unix_now())
+    }
+
+    /// The next whole message in `r`, checked when authentication is on.
+    fn next(&mut self, r: &mut Reassembler) -> io::Result<Option<Message>> {
+        match r.next_received().map_err(io::Error::other)? {
+            None => Ok(None),
+            Some(got) => isns::auth::open(self.auth.as_mut(), got, unix_now())
+                .map(Some)
+                .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e)),
+        }
+    }
+}
+
 /// Connects to the iSNS server within [`TIMEOUT`].
-async fn connect(url: &IsnsUrl) -> Result<TcpStream> {
+async fn connect(url: &IsnsUrl) -> Result<Conn> {
+    let auth = auth_from_env().map_err(|message| Error::Isns {
+        server: url.server_address(),
+        message,
+    })?;
     let fail = |e: io::Error| Error::Isns {
         server: url.server_address(),
         message: e.to_string(),
     };
-    tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
+    let s = tokio::time::timeout(TIMEOUT, TcpStream::connect((url.server.as_str(), url.port)))
         .await
         .map_err(|_| fail(io::ErrorKind::TimedOut.into()))?
-        .map_err(fail)
+        .map_err(fail)?;
+    Ok(Conn { s, auth })
 }
 
 /// Every target the server lets `initiator_name` see, with its portals as SendTargets
@@ -296,11 +362,10 @@ pub async fn watch(
     let mut r = Reassembler::new();
     let mut buf = vec![0u8; 16 << 10];
     loop {
-        while let Some(m) = r.next_message().map_err(|e| fail(io::Error::other(e)))? {
+        while let Some(m) = s.next(&mut r).map_err(fail)? {
             if m.function == isns::FunctionId::SCN {
-                s.write_all(&objects::scn_response(&m).encode(MAX_PAYLOAD))
-                    .await
-                    .map_err(fail)?;
+                let answer = s.wire(&objects::scn_response(&m));
+                s.s.write_all(&answer).await.map_err(fail)?;
                 let about = objects::scn_changes(&m);
                 tracing::debug!("iSNS server {at}: SCN {about:?}");
                 if about.iter().any(|(n, _)| {
@@ -321,7 +386,7 @@ pub async fn watch(
             }
         }
         let n = tokio::select! {
-            n = s.read(&mut buf) => n.map_err(fail)?,
+            n = s.s.read(&mut buf) => n.map_err(fail)?,
             _ = tokio::time::sleep_until(next_refresh) => {
                 if waiting.is_some() {
                     // A whole half period without an answer.
@@ -331,9 +396,8 @@ pub async fn watch(
                     )));
                 }
                 xid = xid.wrapping_add(1).max(4);
-                s.write_all(&objects::dev_attr_reg(xid, &node, &me, false).encode(MAX_PAYLOAD))
-                    .await
-                    .map_err(fail)?;
+                let again = s.wire(&objects::dev_attr_reg(xid, &node, &me, false));
+                s.s.write_all(&again).await.map_err(fail)?;
                 waiting = Some(xid);
                 next_refresh += refresh;
                 continue;
@@ -368,18 +432,18 @@ pub async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 }
 
 /// Sends `msgs` at once and reads their answers (by transaction id), in the same order.
-async fn exchange_all(s: &mut TcpStream, msgs: &[Message]) -> io::Result<Vec<Message>> {
+async fn exchange_all(s: &mut Conn, msgs: &[Message]) -> io::Result<Vec<Message>> {
     tokio::time::timeout(TIMEOUT, async {
         let mut out = Vec::new();
         for m in msgs {
-            out.extend_from_slice(&m.encode(MAX_PAYLOAD));
+            out.extend_from_slice(&s.wire(m));
         }
-        s.write_all(&out).await?;
+        s.s.write_all(&out).await?;
         let mut r = Reassembler::new();
         let mut got: Vec<Option<Message>> = msgs.iter().map(|_| None).collect();
         let mut buf = vec![0u8; 16 << 10];
         loop {
-            while let Some(m) = r.next_message().map_err(io::Error::other)? {
+            while let Some(m) = s.next(&mut r)? {
                 if let Some(i) = msgs
                     .iter()
                     .position(|q| m.xid == q.xid && m.function == q.function.response())
@@ -390,7 +454,7 @@ async fn exchange_all(s: &mut TcpStream, msgs: &[Message]) -> io::Result<Vec<Mes
             if got.iter().all(Option::is_some) {
                 return Ok(got.into_iter().flatten().collect());
             }
-            let n = s.read(&mut buf).await?;
+            let n = s.s.read(&mut buf).await?;
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -401,18 +465,19 @@ async fn exchange_all(s: &mut TcpStream, msgs: &[Message]) -> io::Result<Vec<Mes
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
 }
 
-async fn exchange(s: &mut TcpStream, msg: &Message) -> io::Result<Message> {
+async fn exchange(s: &mut Conn, msg: &Message) -> io::Result<Message> {
     tokio::time::timeout(TIMEOUT, async {
-        s.write_all(&msg.encode(MAX_PAYLOAD)).await?;
+        let w = s.wire(msg);
+        s.s.write_all(&w).await?;
         let mut r = Reassembler::new();
         let mut buf = vec![0u8; 16 << 10];
         loop {
-            while let Some(m) = r.next_message().map_err(io::Error::other)? {
+            while let Some(m) = s.next(&mut r)? {
                 if m.xid == msg.xid && m.function == msg.function.response() {
                     return Ok(m);
                 }
             }
-            let n = s.read(&mut buf).await?;
+            let n = s.s.read(&mut buf).await?;
             if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -426,6 +491,7 @@ async fn exchange(s: &mut TcpStream, msg: &Message) -> io::Result<Message> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use isns::pdu::MAX_PAYLOAD;
 
     #[test]
     fn urls() {

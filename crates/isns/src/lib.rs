@@ -3,13 +3,14 @@
 //! with a server (`objects`), and the registry of a server (`server`). No sockets, no runtime, no clock: the caller moves the bytes.
 
 pub mod attr;
+pub mod auth;
 pub mod message;
 pub mod objects;
 pub mod pdu;
 pub mod server;
 
 pub use attr::{Attr, Tag};
-pub use message::{Message, Reassembler, Status};
+pub use message::{Message, Reassembler, Received, Status};
 pub use pdu::{Flags, FunctionId, Header, HEADER_LEN};
 
 /// The IANA port of iSNS, TCP and UDP.
@@ -73,6 +74,8 @@ pub enum Error {
     },
     #[error("a later PDU of transaction {0} claims to be first")]
     FirstAgain(u16),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! byte stream by [`Reassembler`].
 
 use crate::attr::{Attr, Tag};
+use crate::auth::{AuthBlock, Seal};
 use crate::pdu::{split_pdu, Flags, FunctionId, Header, HEADER_LEN, MAX_PAYLOAD, VERSION};
 use crate::Error;
 
@@ -256,6 +257,17 @@ struct Partial {
     first: Header,
     next_seq: u16,
     payload: Vec<u8>,
+    pdus: usize,
+    seals: Vec<Seal>,
+}
+
+/// A whole message as received: how many PDUs carried it and the authentication blocks
+/// of those that had one (in order), for [`crate::auth::Verifier::check`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub message: Message,
+    pub pdus: usize,
+    pub seals: Vec<Seal>,
 }
 
 impl Reassembler {
@@ -272,10 +284,17 @@ impl Reassembler {
         self.buf.len() + self.partial.as_ref().map_or(0, |p| p.payload.len())
     }
 
-    /// The next whole message, `Ok(None)` when more bytes are needed.
+    /// The next whole message, `Ok(None)` when more bytes are needed; authentication
+    /// blocks are dropped unread (see [`Reassembler::next_received`]).
     pub fn next_message(&mut self) -> Result<Option<Message>, Error> {
+        Ok(self.next_received()?.map(|r| r.message))
+    }
+
+    /// The next whole message with its authentication blocks, `Ok(None)` when more bytes
+    /// are needed.
+    pub fn next_received(&mut self) -> Result<Option<Received>, Error> {
         loop {
-            let Some((h, payload, used)) = split_pdu(&self.buf)? else {
+            let Some((h, payload, auth, used)) = split_pdu(&self.buf)? else {
                 if self.buf.len() > MAX_MESSAGE {
                     return Err(Error::TooLong(self.buf.len()));
                 }
@@ -295,6 +314,8 @@ impl Reassembler {
                         first: h,
                         next_seq: 0,
                         payload: Vec::new(),
+                        pdus: 0,
+                        seals: Vec::new(),
                     }
                 }
                 Some(p) => {
@@ -316,12 +337,25 @@ impl Reassembler {
             let mut part = part;
             part.payload.extend_from_slice(payload);
             part.next_seq = part.next_seq.wrapping_add(1);
+            part.pdus += 1;
+            if let Some(block) = auth {
+                let signed_len = HEADER_LEN + payload.len();
+                part.seals.push(Seal {
+                    signed: self.buf[..signed_len].to_vec(),
+                    block: AuthBlock::decode(block)?,
+                });
+            }
             self.buf.drain(..used);
             if part.payload.len() > MAX_MESSAGE {
                 return Err(Error::TooLong(part.payload.len()));
             }
             if h.flags.has(Flags::LAST_PDU) {
-                return Message::decode(&part.first, &part.payload).map(Some);
+                let message = Message::decode(&part.first, &part.payload)?;
+                return Ok(Some(Received {
+                    message,
+                    pdus: part.pdus,
+                    seals: part.seals,
+                }));
             }
             self.partial = Some(part);
         }
@@ -381,7 +415,7 @@ mod tests {
         let mut got = None;
         let mut pdus = 0;
         let mut rest = &wire[..];
-        while let Some((h, p, used)) = split_pdu(rest).unwrap() {
+        while let Some((h, p, _, used)) = split_pdu(rest).unwrap() {
             assert!(p.len() <= 64);
             assert_eq!(h.seq, pdus);
             assert_eq!(h.flags.has(Flags::FIRST_PDU), pdus == 0);
@@ -412,8 +446,8 @@ mod tests {
                 .push(Attr::string(Tag::ISCSI_ALIAS, "0123456789abcdef"));
         }
         let wire = m.encode(32);
-        let (_, _, first) = split_pdu(&wire).unwrap().unwrap();
-        let (_, _, second) = split_pdu(&wire[first..]).unwrap().unwrap();
+        let (_, _, _, first) = split_pdu(&wire).unwrap().unwrap();
+        let (_, _, _, second) = split_pdu(&wire[first..]).unwrap().unwrap();
         // Drop the second PDU: the third arrives with sequence 2 where 1 was due.
         let mut r = Reassembler::new();
         r.push(&wire[..first]);

@@ -131,8 +131,10 @@ impl Header {
     }
 }
 
-/// A PDU's header, its payload, and how many bytes of the stream it took.
-pub type Split<'a> = (Header, &'a [u8], usize);
+/// A PDU's header, its payload, its authentication block (when the AUTH flag announces
+/// one: the bytes after the payload, RFC 4171 5.5), and how many bytes of the stream it
+/// took.
+pub type Split<'a> = (Header, &'a [u8], Option<&'a [u8]>, usize);
 
 /// One PDU taken off the front of a byte stream: `Ok(None)` until it is all there.
 pub fn split_pdu(buf: &[u8]) -> Result<Option<Split<'_>>, Error> {
@@ -144,7 +146,22 @@ pub fn split_pdu(buf: &[u8]) -> Result<Option<Split<'_>>, Error> {
     if buf.len() < end {
         return Ok(None);
     }
-    Ok(Some((h, &buf[HEADER_LEN..end], end)))
+    if !h.flags.has(Flags::AUTH) {
+        return Ok(Some((h, &buf[HEADER_LEN..end], None, end)));
+    }
+    let Some(lead) = buf[end..].first_chunk::<8>() else {
+        return Ok(None);
+    };
+    let total = end + crate::auth::AuthBlock::peek_len(lead)?;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    Ok(Some((
+        h,
+        &buf[HEADER_LEN..end],
+        Some(&buf[end..total]),
+        total,
+    )))
 }
 
 #[cfg(test)]
@@ -196,7 +213,7 @@ mod tests {
         assert_eq!(split_pdu(&b), Ok(None));
         b.push(0);
         b.push(9);
-        let (got, payload, used) = split_pdu(&b).unwrap().unwrap();
-        assert_eq!((got, payload.len(), used), (h, 8, 20));
+        let (got, payload, auth, used) = split_pdu(&b).unwrap().unwrap();
+        assert_eq!((got, payload.len(), auth, used), (h, 8, None, 20));
     }
 }

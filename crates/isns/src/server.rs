@@ -27,8 +27,31 @@ struct PgRec {
     tag: u32,
 }
 
+/// Who sent a request, as far as the server can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller<'a> {
+    /// Authentication is off: the Source attribute is all there is to go by.
+    Unauthenticated,
+    /// Authentication is on and the request was signed by this enrolled SPI.
+    Authenticated(&'a str),
+    /// Authentication is on and the request was unsigned (or by an SPI nobody enrolled):
+    /// it may look, not change anything.
+    Anonymous,
+}
+
+/// Who may change an entity: the SPI that registered it, or, without authentication, the
+/// source that did (and the nodes registered in it). What a server without authentication
+/// records can be forged by whoever forges a source name; it stops mistakes and the
+/// casual intruder, not a determined one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Owner {
+    Spi(String),
+    Source(String),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct EntityRec {
+    owner: Owner,
     protocol: u32,
     period: u32,
     seen: u64,
@@ -73,6 +96,11 @@ pub struct Registry {
     next_eid: u32,
 }
 
+/// The first bytes of [`Registry::save`]'s output (the format with owners).
+const SAVE_MAGIC: &[u8; 8] = b"rsvisns2";
+const OWNER_SPI: u8 = 1;
+const OWNER_SOURCE: u8 = 2;
+
 /// What a query naming no attributes gets.
 const ALL: [Tag; 11] = [
     Tag::ENTITY_ID,
@@ -105,6 +133,26 @@ impl Registry {
         self.entities
             .iter()
             .flat_map(|(eid, e)| e.nodes.iter().map(move |n| (eid.as_str(), n.name.as_str())))
+    }
+
+    /// The owner a registration by `caller` with source `source` records.
+    fn owner_for(caller: Caller<'_>, source: &str) -> Owner {
+        match caller {
+            Caller::Authenticated(spi) => Owner::Spi(spi.to_owned()),
+            _ => Owner::Source(source.to_ascii_lowercase()),
+        }
+    }
+
+    /// Whether `caller`, sending as `source`, may change or remove entity `e`: its
+    /// owner's SPI; without authentication, its owning source or one of its nodes.
+    fn may_change(e: &EntityRec, caller: Caller<'_>, source: &str) -> bool {
+        match (caller, &e.owner) {
+            (Caller::Authenticated(spi), Owner::Spi(o)) => spi == o,
+            (Caller::Unauthenticated, Owner::Source(o)) => {
+                same(o, source) || e.nodes.iter().any(|n| same(&n.name, source))
+            }
+            _ => false,
+        }
     }
 
     fn entity_of(&self, node: &str) -> Option<&str> {
@@ -142,9 +190,33 @@ impl Registry {
         }
     }
 
-    /// The answer to `req` at time `now`, and the notifications it causes.
+    /// The answer to `req` at time `now` from a server without authentication, and the
+    /// notifications it causes.
     pub fn handle(&mut self, req: &Message, now: u64) -> (Message, Vec<Notification>) {
+        self.handle_from(req, now, Caller::Unauthenticated)
+    }
+
+    /// The answer to `req` from `caller` at time `now`, and the notifications it causes.
+    /// A change to an entity that `caller` does not own is refused with Source
+    /// Unauthorized (RFC 4171 5.4 status 8), and so is any change from an anonymous
+    /// caller.
+    pub fn handle_from(
+        &mut self,
+        req: &Message,
+        now: u64,
+        caller: Caller<'_>,
+    ) -> (Message, Vec<Notification>) {
         let mut out = Vec::new();
+        let looks = matches!(
+            req.function,
+            FunctionId::DEV_ATTR_QRY | FunctionId::DEV_GET_NEXT
+        );
+        if caller == Caller::Anonymous && !looks {
+            return (
+                Message::response_to(req, Status::SOURCE_UNAUTHORIZED, Vec::new()),
+                out,
+            );
+        }
         // Any request from a registered node counts as a sign of life of its entity.
         if let Some(src) = req.source().and_then(Attr::as_str) {
             if let Some(eid) = self.entity_of(src).map(str::to_owned) {
@@ -154,12 +226,12 @@ impl Registry {
             }
         }
         let (status, attrs) = match req.function {
-            FunctionId::DEV_ATTR_REG => self.register(req, now, &mut out),
+            FunctionId::DEV_ATTR_REG => self.register(req, now, caller, &mut out),
             FunctionId::DEV_ATTR_QRY => (Status::SUCCESS, self.query(req)),
             FunctionId::DEV_GET_NEXT => self.get_next(req),
-            FunctionId::DEV_DEREG => self.deregister(req, &mut out),
-            FunctionId::SCN_REG => self.scn_reg(req, true),
-            FunctionId::SCN_DEREG => self.scn_reg(req, false),
+            FunctionId::DEV_DEREG => self.deregister(req, caller, &mut out),
+            FunctionId::SCN_REG => self.scn_reg(req, caller, true),
+            FunctionId::SCN_DEREG => self.scn_reg(req, caller, false),
             _ => (Status::MESSAGE_NOT_SUPPORTED, Vec::new()),
         };
         (Message::response_to(req, status, attrs), out)
@@ -169,8 +241,10 @@ impl Registry {
         &mut self,
         req: &Message,
         now: u64,
+        caller: Caller<'_>,
         out: &mut Vec<Notification>,
     ) -> (Status, Vec<Attr>) {
+        let source = req.source().and_then(Attr::as_str).unwrap_or("");
         let mut eid: Option<String> = None;
         let mut protocol = None;
         let mut period = None;
@@ -265,6 +339,11 @@ impl Registry {
             // A node belongs to one entity.
             return (Status::INVALID_REGISTRATION, Vec::new());
         }
+        if let Some(e) = self.entities.get(&eid) {
+            if !Self::may_change(e, caller, source) {
+                return (Status::SOURCE_UNAUTHORIZED, Vec::new());
+            }
+        }
         let granted = match period {
             Some(p) if p > 0 => p.min(self.period),
             _ => self.period,
@@ -275,7 +354,12 @@ impl Registry {
         } else {
             None
         };
+        let owner = old
+            .as_ref()
+            .map(|o| o.owner.clone())
+            .unwrap_or_else(|| Self::owner_for(caller, source));
         let e = self.entities.entry(eid.clone()).or_insert(EntityRec {
+            owner,
             protocol: protocol.unwrap_or(crate::attr::protocol::ISCSI),
             period: granted,
             seen: now,
@@ -505,7 +589,54 @@ impl Registry {
         (Status::SUCCESS, out)
     }
 
-    fn deregister(&mut self, req: &Message, out: &mut Vec<Notification>) -> (Status, Vec<Attr>) {
+    /// The entities a DevDereg's operating attributes touch.
+    fn dereg_targets(&self, req: &Message) -> Vec<String> {
+        let mut hit = Vec::new();
+        let mut pending_ip = None;
+        for a in req.operating() {
+            match a.tag {
+                Tag::ENTITY_ID => {
+                    if let Some(id) = a.as_str().filter(|id| self.entities.contains_key(*id)) {
+                        hit.push(id.to_owned());
+                    }
+                }
+                Tag::ISCSI_NAME => {
+                    if let Some(eid) = a.as_str().and_then(|n| self.entity_of(n)) {
+                        hit.push(eid.to_owned());
+                    }
+                }
+                Tag::PORTAL_IP => pending_ip = a.as_ip(),
+                Tag::PORTAL_PORT => {
+                    if let (Some(ip), Some(port)) = (pending_ip.take(), a.as_u32()) {
+                        hit.extend(
+                            self.entities
+                                .iter()
+                                .filter(|(_, e)| e.portals.contains(&(ip, port)))
+                                .map(|(id, _)| id.clone()),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        hit
+    }
+
+    fn deregister(
+        &mut self,
+        req: &Message,
+        caller: Caller<'_>,
+        out: &mut Vec<Notification>,
+    ) -> (Status, Vec<Attr>) {
+        // All or nothing: one entity of another owner refuses the whole request.
+        let source = req.source().and_then(Attr::as_str).unwrap_or("");
+        if self
+            .dereg_targets(req)
+            .iter()
+            .any(|id| !Self::may_change(&self.entities[id], caller, source))
+        {
+            return (Status::SOURCE_UNAUTHORIZED, Vec::new());
+        }
         let mut removed: Vec<(String, u32)> = Vec::new();
         let mut found = false;
         let mut pending_ip = None;
@@ -552,7 +683,8 @@ impl Registry {
         }
     }
 
-    fn scn_reg(&mut self, req: &Message, on: bool) -> (Status, Vec<Attr>) {
+    fn scn_reg(&mut self, req: &Message, caller: Caller<'_>, on: bool) -> (Status, Vec<Attr>) {
+        let source = req.source().and_then(Attr::as_str).unwrap_or("");
         let Some(name) = req
             .keys()
             .iter()
@@ -567,6 +699,12 @@ impl Registry {
             .find(|a| a.tag == Tag::ISCSI_SCN_BITMAP)
             .and_then(Attr::as_u32);
         for e in self.entities.values_mut() {
+            if !e.nodes.iter().any(|n| same(&n.name, name)) {
+                continue;
+            }
+            if !Self::may_change(e, caller, source) {
+                return (Status::SOURCE_UNAUTHORIZED, Vec::new());
+            }
             if let Some(n) = e.nodes.iter_mut().find(|n| same(&n.name, name)) {
                 n.scn = if on { bits.or(n.scn) } else { None };
                 return (Status::SUCCESS, Vec::new());
@@ -595,10 +733,10 @@ impl Registry {
         out
     }
 
-    /// The registry as bytes: per entity its last sign of life and a DevAttrReg that
-    /// registers it again (SCN bitmaps included).
+    /// The registry as bytes: a magic, then per entity its last sign of life, its
+    /// owner, and a DevAttrReg that registers it again (SCN bitmaps included).
     pub fn save(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        let mut out = SAVE_MAGIC.to_vec();
         for (eid, e) in &self.entities {
             let mut op = vec![
                 Attr::string(Tag::ENTITY_ID, eid),
@@ -625,15 +763,21 @@ impl Registry {
                 op.push(Attr::u32(Tag::PG_PORTAL_PORT, p.port));
                 op.push(Attr::u32(Tag::PG_TAG, p.tag));
             }
+            // The owner goes in the source attribute, where `load` finds it again.
+            let (kind, who) = match &e.owner {
+                Owner::Spi(s) => (OWNER_SPI, s),
+                Owner::Source(s) => (OWNER_SOURCE, s),
+            };
             let mut m = Message::request(
                 FunctionId::DEV_ATTR_REG,
                 0,
-                Attr::string(Tag::ENTITY_ID, eid),
+                Attr::string(Tag::ISCSI_NAME, who),
                 vec![Attr::string(Tag::ENTITY_ID, eid)],
                 op,
             );
             m.flags.0 |= Flags::REPLACE;
             out.extend_from_slice(&e.seen.to_be_bytes());
+            out.push(kind);
             let wire = m.encode(MAX_PAYLOAD);
             out.extend_from_slice(&(wire.len() as u32).to_be_bytes());
             out.extend_from_slice(&wire);
@@ -642,20 +786,33 @@ impl Registry {
     }
 
     /// A registry from [`Registry::save`]'s bytes; what does not decode is left out.
-    pub fn load(period: u32, mut b: &[u8]) -> Registry {
+    /// A file from before owners were kept (no magic) loads each entity as owned by
+    /// its own nodes.
+    pub fn load(period: u32, b: &[u8]) -> Registry {
         let mut r = Registry::new(period);
-        while let (Some(seen), Some(len)) = (b.first_chunk::<8>(), b.get(8..12)) {
+        let (mut b, with_owner) = match b.strip_prefix(SAVE_MAGIC) {
+            Some(rest) => (rest, true),
+            None => (b, false),
+        };
+        let head = if with_owner { 13 } else { 12 };
+        while let (Some(seen), Some(len)) = (b.first_chunk::<8>(), b.get(head - 4..head)) {
             let seen = u64::from_be_bytes(*seen);
+            let kind = if with_owner { b[8] } else { OWNER_SOURCE };
             let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
-            let Some(wire) = b.get(12..12 + len) else {
+            let Some(wire) = b.get(head..head + len) else {
                 break;
             };
-            b = &b[12 + len..];
+            b = &b[head + len..];
             let mut dec = Reassembler::new();
             dec.push(wire);
             if let Ok(Some(m)) = dec.next_message() {
+                let who = m.source().and_then(Attr::as_str).unwrap_or("").to_owned();
+                let caller = match kind {
+                    OWNER_SPI => Caller::Authenticated(&who),
+                    _ => Caller::Unauthenticated,
+                };
                 let mut sink = Vec::new();
-                r.register(&m, seen, &mut sink);
+                r.register(&m, seen, caller, &mut sink);
             }
         }
         r
@@ -791,5 +948,116 @@ mod tests {
             r.handle(&odd, 0).0.status,
             Some(Status::MESSAGE_NOT_SUPPORTED)
         );
+    }
+
+    /// The intruder of issue 35: `isnsadm --replace --register entity=victim-ent
+    /// portal=127.0.0.9:3260 target=…:evil` under its own source name, and its kin.
+    fn intrusions(r: &mut Registry, evil: Caller<'_>, evil_source: &str) {
+        let status = |r: &mut Registry, m: &Message| r.handle_from(m, 1, evil).0.status;
+        let mut hijack = target("victim-ent", "iqn.evil", None);
+        hijack.attrs[0] = Attr::string(Tag::ISCSI_NAME, evil_source);
+        for replace in [true, false] {
+            let mut m = hijack.clone();
+            if !replace {
+                m.flags.0 &= !Flags::REPLACE;
+            }
+            m.attrs
+                .retain(|a| a.tag != Tag::PORTAL_IP && a.tag != Tag::PORTAL_PORT);
+            m.attrs
+                .push(Attr::ip(Tag::PORTAL_IP, "127.0.0.9".parse().unwrap()));
+            m.attrs.push(Attr::u32(Tag::PORTAL_PORT, 3260));
+            assert_eq!(
+                status(r, &m),
+                Some(Status::SOURCE_UNAUTHORIZED),
+                "replace {replace}"
+            );
+        }
+        let dereg = objects::dev_dereg(2, evil_source, "victim-ent");
+        assert_eq!(status(r, &dereg), Some(Status::SOURCE_UNAUTHORIZED));
+        let mut by_node = dereg.clone();
+        by_node.attrs[2] = Attr::string(Tag::ISCSI_NAME, "iqn.victim");
+        assert_eq!(status(r, &by_node), Some(Status::SOURCE_UNAUTHORIZED));
+        let mut by_portal = dereg.clone();
+        by_portal.attrs.truncate(2);
+        by_portal
+            .attrs
+            .push(Attr::ip(Tag::PORTAL_IP, "10.0.0.1".parse().unwrap()));
+        by_portal.attrs.push(Attr::u32(Tag::PORTAL_PORT, 3260));
+        assert_eq!(status(r, &by_portal), Some(Status::SOURCE_UNAUTHORIZED));
+        let mut scn = objects::scn_reg(3, "iqn.victim", scn::OBJECT_ADDED);
+        scn.attrs[0] = Attr::string(Tag::ISCSI_NAME, evil_source);
+        assert_eq!(status(r, &scn), Some(Status::SOURCE_UNAUTHORIZED));
+        // Nothing of the victim's changed.
+        let (rsp, _) = r.handle_from(&objects::query_targets(4, "iqn.x"), 1, evil);
+        let found = objects::parse_targets(&rsp);
+        let victim: Vec<_> = found.iter().filter(|t| t.name == "iqn.victim").collect();
+        assert_eq!(victim.len(), 1);
+        assert_eq!(
+            victim[0].portals,
+            vec![("10.0.0.1:3260".parse().unwrap(), 1)]
+        );
+        assert!(found.iter().all(|t| t.name != "iqn.evil"));
+    }
+
+    #[test]
+    fn without_authentication_a_source_changes_only_its_own() {
+        let mut r = Registry::new(30);
+        let (rsp, _) = r.handle(&target("victim-ent", "iqn.victim", None), 0);
+        assert_eq!(rsp.status, Some(Status::SUCCESS));
+        intrusions(&mut r, Caller::Unauthenticated, "iqn.evil");
+        // The intruder's own entity is its to register and remove.
+        let mut own = target("evil-ent", "iqn.evil", None);
+        own.attrs[0] = Attr::string(Tag::ISCSI_NAME, "iqn.evil");
+        assert_eq!(r.handle(&own, 1).0.status, Some(Status::SUCCESS));
+        let dereg = objects::dev_dereg(5, "iqn.evil", "evil-ent");
+        assert_eq!(r.handle(&dereg, 1).0.status, Some(Status::SUCCESS));
+        // The owner, and a node registered in the entity, still can.
+        let mut two = target("victim-ent", "iqn.victim2", None);
+        two.flags.0 &= !Flags::REPLACE;
+        two.attrs[0] = Attr::string(Tag::ISCSI_NAME, "iqn.victim");
+        assert_eq!(r.handle(&two, 2).0.status, Some(Status::SUCCESS));
+        let dereg = objects::dev_dereg(6, "iqn.victim2", "victim-ent");
+        assert_eq!(r.handle(&dereg, 2).0.status, Some(Status::SUCCESS));
+        // Owners survive a save and load.
+        r.handle(&target("victim-ent", "iqn.victim", None), 3);
+        let mut again = Registry::load(30, &r.save());
+        assert_eq!(again.entities, r.entities);
+        intrusions(&mut again, Caller::Unauthenticated, "iqn.evil");
+    }
+
+    #[test]
+    fn with_authentication_only_the_owning_spi_changes_an_entity() {
+        let mut r = Registry::new(30);
+        let victim = Caller::Authenticated("victim");
+        let (rsp, _) = r.handle_from(&target("victim-ent", "iqn.victim", None), 0, victim);
+        assert_eq!(rsp.status, Some(Status::SUCCESS));
+        // Another SPI, even sending as the victim's own node name; an unsigned request;
+        // and an unauthenticated owner record do not match an SPI.
+        intrusions(&mut r, Caller::Authenticated("evil"), "iqn.victim");
+        intrusions(&mut r, Caller::Anonymous, "iqn.victim");
+        let mut own = target("evil-ent", "iqn.evil", None);
+        own.attrs[0] = Attr::string(Tag::ISCSI_NAME, "iqn.evil");
+        assert_eq!(
+            r.handle_from(&own, 1, Caller::Anonymous).0.status,
+            Some(Status::SOURCE_UNAUTHORIZED),
+            "unsigned requests may only look"
+        );
+        // The owner refreshes, registers SCNs, deregisters.
+        let (rsp, _) = r.handle_from(&target("victim-ent", "iqn.victim", None), 2, victim);
+        assert_eq!(rsp.status, Some(Status::SUCCESS));
+        let scn = objects::scn_reg(7, "iqn.victim", scn::OBJECT_ADDED);
+        assert_eq!(
+            r.handle_from(&scn, 2, victim).0.status,
+            Some(Status::SUCCESS)
+        );
+        let mut again = Registry::load(30, &r.save());
+        assert_eq!(again.entities, r.entities);
+        intrusions(&mut again, Caller::Authenticated("evil"), "iqn.victim");
+        let dereg = objects::dev_dereg(8, "iqn.victim", "victim-ent");
+        assert_eq!(
+            again.handle_from(&dereg, 3, victim).0.status,
+            Some(Status::SUCCESS)
+        );
+        assert_eq!(again.nodes().count(), 0);
     }
 }

@@ -12,9 +12,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Args;
+use isns::auth::{self, AuthError, Identity, Verifier};
 use isns::pdu::MAX_PAYLOAD;
-use isns::server::{Notification, Registry};
-use isns::{FunctionId, Reassembler};
+use isns::server::{Caller, Notification, Registry};
+use isns::{FunctionId, Reassembler, Received};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -29,7 +30,16 @@ domain). An entity that neither registers again nor sends any request within its
 registration period is dropped. With --db the registrations are written to that file
 after every change and read back at start. A node that registered for SCNs gets them over
 the connection it registered on. Prints `listening ADDR` for each address, then `ready`.
-SIGTERM or SIGINT: save and exit 0.")]
+SIGTERM or SIGINT: save and exit 0.
+
+Authentication (RFC 4171 5.5, as open-isns with Security = 1): with --auth-key, every
+answer and SCN is signed with that DSA key, and a request counts as its sender's only
+when signed by a key enrolled in --key-store (a file per client named by its SPI holding
+its public key in PEM, open-isns's ClientKeyStore layout). Only the SPI that registered
+an entity may change or deregister it; unsigned requests, and those of SPIs nobody
+enrolled, may only query; a bad signature or an old timestamp closes the connection.
+Without --auth-key, a source may change only the entity it registered (or one its node
+is in), and the answers are advisory: see docs/security.md.")]
 pub struct IsnsArgs {
     /// Address to listen on (repeatable). Default 0.0.0.0:3205.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -40,6 +50,76 @@ pub struct IsnsArgs {
     /// Longest registration period granted, in seconds (a client may ask for less).
     #[arg(long, default_value_t = 900)]
     pub period: u32,
+    /// The server's DSA private key (PKCS #8 PEM): turns authentication on.
+    #[arg(long, value_name = "FILE", requires = "key_store")]
+    pub auth_key: Option<PathBuf>,
+    /// The SPI the server signs as (clients check the key, not the name).
+    #[arg(long, value_name = "SPI", default_value = "rsv-isns")]
+    pub auth_name: String,
+    /// Directory of the clients' public keys, one PEM file per SPI named by it.
+    #[arg(long, value_name = "DIR")]
+    pub key_store: Option<PathBuf>,
+    /// Largest difference in seconds between a signature's timestamp and our clock.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub replay_window: u64,
+}
+
+/// What authentication needs at run time: our key, the clients' keys as they are
+/// enrolled (read from the key store when an SPI is first seen), their last timestamps.
+struct Auth {
+    me: Identity,
+    store: PathBuf,
+    verifier: Verifier,
+}
+
+impl Auth {
+    fn load(args: &IsnsArgs) -> anyhow::Result<Option<Auth>> {
+        let Some(key) = &args.auth_key else {
+            return Ok(None);
+        };
+        let store = args
+            .key_store
+            .clone()
+            .context("--auth-key needs --key-store")?;
+        let pem =
+            std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
+        let me = Identity::from_pem(&args.auth_name, &pem)
+            .with_context(|| format!("the server key {}", key.display()))?;
+        anyhow::ensure!(
+            store.is_dir(),
+            "--key-store {}: not a directory",
+            store.display()
+        );
+        Ok(Some(Auth {
+            me,
+            store,
+            verifier: Verifier::enrolled(HashMap::new(), args.replay_window),
+        }))
+    }
+
+    /// Who sent `r`: its SPI when signed by the key enrolled for it, anonymous when
+    /// unsigned or signed by an SPI without a key; an error for a signature that fails.
+    fn caller(&mut self, r: &Received, now: u64) -> Result<Option<String>, AuthError> {
+        let Some(spi) = Verifier::spi_of(&r.seals) else {
+            return Ok(None);
+        };
+        // Keys are read when an SPI is first seen, as open-isns's key store does, so that
+        // a client enrolled while the server runs is known without a restart.
+        if !self.verifier.knows(spi) && auth::check_spi(spi).is_ok() {
+            let path = self.store.join(spi);
+            if let Ok(pem) = std::fs::read_to_string(&path) {
+                match auth::public_key_from_pem(&pem) {
+                    Ok(k) => self.verifier.enroll(spi, k),
+                    Err(e) => warn!("{}: {e}", path.display()),
+                }
+            }
+        }
+        match self.verifier.check(r.pdus, &r.seals, now) {
+            Ok(spi) => Ok(Some(spi)),
+            Err(AuthError::UnknownSpi(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 fn now() -> u64 {
@@ -54,6 +134,7 @@ struct State {
     listeners: HashMap<String, mpsc::UnboundedSender<Vec<u8>>>,
     xid: u16,
     db: Option<PathBuf>,
+    auth: Option<Auth>,
 }
 
 impl State {
@@ -65,11 +146,21 @@ impl State {
                 continue;
             };
             self.xid = self.xid.wrapping_add(1);
-            if tx.send(n.message(self.xid, t).encode(MAX_PAYLOAD)).is_err() {
+            let wire = self.wire(&n.message(self.xid, t));
+            if tx.send(wire).is_err() {
                 self.listeners.remove(&key);
             } else {
                 info!("SCN to {}: {} (bitmap 0x{:x})", n.to, n.changed, n.bitmap);
             }
+        }
+    }
+
+    /// A message as sent: signed when authentication is on.
+    fn wire(&self, m: &isns::Message) -> Vec<u8> {
+        let w = m.encode(MAX_PAYLOAD);
+        match &self.auth {
+            Some(a) => a.me.seal(&w, now()),
+            None => w,
         }
     }
 
@@ -102,7 +193,15 @@ pub fn run(args: IsnsArgs) -> anyhow::Result<()> {
         listeners: HashMap::new(),
         xid: 0,
         db: args.db.clone(),
+        auth: Auth::load(&args)?,
     }));
+    if let Some(a) = &state.lock().expect("registry lock").auth {
+        info!(
+            "authentication on: signing as {:?}, client keys in {}",
+            a.me.spi(),
+            a.store.display()
+        );
+    }
     let listen = if args.listen.is_empty() {
         vec![SocketAddr::from(([0, 0, 0, 0], isns::DEFAULT_PORT))]
     } else {
@@ -173,7 +272,7 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
     let mut buf = vec![0u8; 16 << 10];
     'conn: loop {
         loop {
-            let msg = match dec.next_message() {
+            let got = match dec.next_received() {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => {
@@ -181,19 +280,38 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
                     break 'conn;
                 }
             };
+            let msg = &got.message;
             // Answers to our SCNs need nothing further.
             if msg.function.is_response() {
                 continue;
             }
             tracing::debug!("{peer}: {msg:?}");
             let mut st = state.lock().expect("registry lock");
-            let (rsp, notes) = st.registry.handle(&msg, now());
+            let t = now();
+            let spi = match st.auth.as_mut().map(|a| a.caller(&got, t)) {
+                None => None,
+                Some(Ok(spi)) => spi,
+                Some(Err(e)) => {
+                    // As open-isns: no answer to a message that fails its check (there is
+                    // no status for it); closing tells the client at once.
+                    warn!("{peer}: {} refused: {e}; closing", msg.function.name());
+                    break 'conn;
+                }
+            };
+            let caller = match (&st.auth, &spi) {
+                (None, _) => Caller::Unauthenticated,
+                (Some(_), Some(spi)) => Caller::Authenticated(spi),
+                (Some(_), None) => Caller::Anonymous,
+            };
+            let (rsp, notes) = st.registry.handle_from(msg, t, caller);
             tracing::debug!("{peer}: answer {rsp:?}");
             let ok = rsp.status.is_some_and(|s| s.is_success());
             info!(
-                "{peer}: {} from {} -> {}",
+                "{peer}: {} from {}{} -> {}",
                 msg.function.name(),
                 msg.source().and_then(|a| a.as_str()).unwrap_or("?"),
+                spi.as_deref()
+                    .map_or(String::new(), |s| format!(" (SPI {s})")),
                 rsp.status.map_or(String::new(), |s| s.to_string())
             );
             if ok && msg.function == FunctionId::SCN_REG {
@@ -212,7 +330,7 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
             {
                 st.save();
             }
-            let _ = tx.send(rsp.encode(MAX_PAYLOAD));
+            let _ = tx.send(st.wire(&rsp));
             st.deliver(notes);
         }
         match rd.read(&mut buf).await {

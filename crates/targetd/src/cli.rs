@@ -169,6 +169,7 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
                     server: server.clone(),
                     entity: None,
                     registration_period: None,
+                    auth: None,
                 })
             }
         }

@@ -130,6 +130,30 @@ pub struct Isns {
     pub entity: Option<String>,
     /// Seconds the registration should last; the server may grant another period.
     pub registration_period: Option<u32>,
+    /// `[isns.auth]`: sign every message and take only answers the server signed
+    /// (RFC 4171 5.5, open-isns's `Security = 1`).
+    pub auth: Option<IsnsAuth>,
+}
+
+/// The target's iSNS identity: the SPI the server enrolled its key under, that DSA
+/// private key (PKCS #8 PEM), and the server's public key (PEM): open-isns's `AuthName`,
+/// `AuthKeyFile`, `ServerKeyFile`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct IsnsAuth {
+    pub name: String,
+    pub key: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl IsnsAuth {
+    /// The keys read and checked.
+    pub fn load(&self) -> Result<isns::auth::ClientAuth, String> {
+        let read =
+            |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+        isns::auth::ClientAuth::from_pem(&self.name, &read(&self.key)?, &read(&self.server_key)?)
+            .map_err(|e| e.to_string())
+    }
 }
 
 fn default_portals() -> Vec<Portal> {
@@ -695,6 +719,9 @@ impl Config {
             if i.entity.as_deref() == Some("") {
                 return Err("isns.entity must not be empty".into());
             }
+            if let Some(a) = &i.auth {
+                a.load().map_err(|e| format!("isns.auth: {e}"))?;
+            }
         }
         let mut iqns = HashSet::new();
         for t in &self.targets {
@@ -903,6 +930,23 @@ mod tests {
             assert!(e.to_string().contains(": isns."), "{bad}: {e}");
         }
         assert!(Config::parse(&format!("{base}[isns]\nsrv = \"h\"\n"), "i.toml").is_err());
+
+        // [isns.auth]: the keys are read and checked with the configuration.
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k.pem");
+        let auth = |key: &std::path::Path, server: &std::path::Path| {
+            format!(
+                "{base}[isns]\nserver = \"h\"\n[isns.auth]\nname = \"t.example.org\"\n\
+                 key = \"{}\"\nserver_key = \"{}\"\n",
+                key.display(),
+                server.display()
+            )
+        };
+        let e = Config::parse(&auth(&key, &key), "i.toml").unwrap_err();
+        assert!(e.to_string().contains("isns.auth: "), "{e}");
+        std::fs::write(&key, "not a key").unwrap();
+        let e = Config::parse(&auth(&key, &key), "i.toml").unwrap_err();
+        assert!(e.to_string().contains("PKCS #8"), "{e}");
     }
 
     #[test]

@@ -26,9 +26,17 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// period, if that is sooner).
 const RETRY: Duration = Duration::from_secs(5);
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// What the target registers.
 pub(crate) struct Registrar {
     server: String,
+    /// With `[isns.auth]`: what signs our messages and checks the server's.
+    auth: Option<std::sync::Mutex<isns::auth::ClientAuth>>,
     entity: Entity,
     /// The name the messages come from: the first target's.
     source: String,
@@ -56,7 +64,17 @@ impl Registrar {
         portal_group: u16,
     ) -> Option<Registrar> {
         let (first, _) = targets.first()?;
+        // The configuration's check read these keys already; failing now (a file changed
+        // since) registers nothing rather than registering unsigned.
+        let auth = match cfg.auth.as_ref().map(config::IsnsAuth::load).transpose() {
+            Ok(a) => a.map(std::sync::Mutex::new),
+            Err(e) => {
+                warn!("iSNS: not registering: isns.auth: {e}");
+                return None;
+            }
+        };
         Some(Registrar {
+            auth,
             server: cfg.server.clone(),
             source: first.clone(),
             entity: Entity {
@@ -176,11 +194,23 @@ impl Registrar {
         tokio::time::timeout(EXCHANGE_TIMEOUT, async {
             let mut s = TcpStream::connect((host.as_str(), port)).await?;
             let msg = build(s.local_addr()?.ip());
-            s.write_all(&msg.encode(MAX_PAYLOAD)).await?;
+            let wire = match &self.auth {
+                Some(a) => a.lock().expect("auth lock").seal(&msg, unix_now()),
+                None => msg.encode(MAX_PAYLOAD),
+            };
+            s.write_all(&wire).await?;
             let mut r = Reassembler::new();
             let mut buf = vec![0u8; 16 << 10];
             loop {
-                while let Some(m) = r.next_message().map_err(io::Error::other)? {
+                while let Some(got) = r.next_received().map_err(io::Error::other)? {
+                    let m = match &self.auth {
+                        Some(a) => a
+                            .lock()
+                            .expect("auth lock")
+                            .open(got, unix_now())
+                            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?,
+                        None => got.message,
+                    };
                     if m.xid == msg.xid && m.function == msg.function.response() {
                         return Ok(m);
                     }
@@ -247,6 +277,7 @@ mod tests {
             server: addr,
             entity: None,
             registration_period: None,
+            auth: None,
         };
         let targets = vec![
             (
@@ -330,6 +361,7 @@ mod tests {
             server: "127.0.0.1".into(),
             entity: Some("e".into()),
             registration_period: Some(60),
+            auth: None,
         };
         assert!(Registrar::new(&cfg, &[], &[], 1).is_none());
     }
