@@ -11,9 +11,10 @@
 #
 # Built optimized with debug assertions and overflow checks (-a, cargo-fuzz's default:
 # arithmetic overflow, which a release build wraps silently, is a crash here) but without
-# AddressSanitizer (-s none): the code fuzzed (iscsi, isns, scsi and backstore's RAM
-# store) has no unsafe block, so ASan would find nothing Rust does not, at a cost of
-# executions a second.
+# AddressSanitizer (-s none): the code fuzzed (iscsi, isns, scsi, backstore's RAM store,
+# media's and replicate's HTTP parsing and the control channel's authentication, timing's
+# capture reading and analysis) has no unsafe block, so ASan would find nothing Rust
+# does not, at a cost of executions a second.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 RUNS=${RUNS:-10000000}

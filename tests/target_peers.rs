@@ -254,6 +254,121 @@ fn chap_one_way_and_mutual_through_libiscsi_urls() {
     );
 }
 
+/// Targets that take only some CHAP algorithms; the mutual one takes each alone.
+const CHAP_ALGORITHMS: &str = r#"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:shaonly"
+chap = { user = "carol", secret = "carolsecret1", algorithms = ["SHA3-256", "SHA-256"] }
+[[target.lun]]
+id = 0
+store = "ram:?size=8MiB"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:md5too"
+chap = { user = "carol", secret = "carolsecret1", algorithms = ["SHA-256", "MD5"] }
+[[target.lun]]
+id = 0
+store = "ram:?size=8MiB"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:mutual-sha3"
+chap = { user = "dave", secret = "davesecret12", mutual_user = "tgt", mutual_secret = "targetsecret", algorithms = ["SHA3-256"] }
+[[target.lun]]
+id = 0
+store = "ram:?size=8MiB"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:mutual-sha256"
+chap = { user = "dave", secret = "davesecret12", mutual_user = "tgt", mutual_secret = "targetsecret", algorithms = ["SHA-256"] }
+[[target.lun]]
+id = 0
+store = "ram:?size=8MiB"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:mutual-md5"
+chap = { user = "dave", secret = "davesecret12", mutual_user = "tgt", mutual_secret = "targetsecret", algorithms = ["MD5"] }
+[[target.lun]]
+id = 0
+store = "ram:?size=8MiB"
+"#;
+
+/// libiscsi offers CHAP_A=5 alone: it logs in where MD5 is accepted and gets 0x0201
+/// where it is not, and the target's log says why. `rsv inq` logs in with each algorithm,
+/// one-way and mutual, and with `chap_algorithms=MD5` is refused where MD5 is not taken.
+#[test]
+fn chap_algorithms_libiscsi_md5_and_rsv_each_algorithm() {
+    if !have("iscsi-inq") {
+        return;
+    }
+    let t = Target::start(Some(CHAP_ALGORITHMS));
+    let p = &t.portal;
+    let url = |creds: &str, iqn: &str, query: &str| {
+        format!("iscsi://{creds}@{p}/iqn.2026-11.org.reservoir:{iqn}/0{query}")
+    };
+    let ok = run("iscsi-inq", &[&url("carol%carolsecret1", "md5too", "")]);
+    assert!(ok.status.success(), "{ok:?}\n{}", t.log());
+    let refused = run("iscsi-inq", &[&url("carol%carolsecret1", "shaonly", "")]);
+    assert!(
+        !refused.status.success(),
+        "MD5 logged in where only SHA is accepted: {refused:?}"
+    );
+    let line = "login refused: authentication failed: initiator offered CHAP_A=5; accepted \
+                here: SHA3-256, SHA-256 (0x0201)";
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !t.log().contains(line) {
+        assert!(
+            std::time::Instant::now() < until,
+            "no {line:?} in:\n{}",
+            t.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let rsv_inq = |url: &str| {
+        std::process::Command::new(rsv())
+            .args(["inq", url])
+            .env("RSV_PATH_CACHE", "off")
+            .output()
+            .unwrap()
+    };
+    // Our initiator offers SHA3-256, SHA-256, MD5: in everywhere.
+    for iqn in ["shaonly", "md5too"] {
+        let out = rsv_inq(&url("carol%carolsecret1", iqn, ""));
+        assert!(out.status.success(), "{iqn}: {out:?}\n{}", t.log());
+    }
+    // Each algorithm alone, mutual: the target proves the mutual secret with it.
+    for (iqn, alg) in [
+        ("mutual-sha3", "SHA3-256"),
+        ("mutual-sha256", "SHA-256"),
+        ("mutual-md5", "MD5"),
+    ] {
+        let good = url(
+            "dave%davesecret12",
+            iqn,
+            &format!("?target_secret=targetsecret&chap_algorithms={alg}"),
+        );
+        let out = rsv_inq(&good);
+        assert!(out.status.success(), "{iqn}: {out:?}\n{}", t.log());
+        // A target that cannot prove the mutual secret is refused by the initiator.
+        let out =
+            rsv_inq(&good.replace("target_secret=targetsecret", "target_secret=notthesecret"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{iqn}: {out:?}");
+        assert!(
+            err.contains(&format!("target's CHAP ({alg}) response is wrong")),
+            "{err}"
+        );
+    }
+    // An initiator offering MD5 alone where only SHA is taken: 0x0201, saying why.
+    let out = rsv_inq(&url(
+        "carol%carolsecret1",
+        "shaonly",
+        "?chap_algorithms=MD5",
+    ));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("authentication failed (0x0201)") && err.contains("chap_algorithms="),
+        "{err}"
+    );
+}
+
 #[test]
 fn libiscsi_iscsi_test_family_has_zero_failures() {
     if !have("iscsi-test-cu") {

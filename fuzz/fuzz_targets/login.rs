@@ -2,6 +2,7 @@
 //! the login PDU bound, and the target must never transit without the initiator's T bit.
 #![no_main]
 
+use iscsi::chap::ChapAlgorithm;
 use iscsi::login::*;
 use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams};
 use libfuzzer_sys::fuzz_target;
@@ -70,6 +71,11 @@ fn fuzz_target_side(mode: u8, input: &[u8]) {
             user: "u".into(),
             secret: b"0123456789ab".to_vec(),
             mutual: (mode & 4 != 0).then(|| ("tn".into(), b"ba9876543210".to_vec())),
+            algorithms: if mode & 16 == 0 {
+                ChapAlgorithm::ALL.to_vec()
+            } else {
+                vec![ChapAlgorithm::Sha3_256, ChapAlgorithm::Sha256]
+            },
         }
     };
     let mut policy = Policy {
@@ -127,6 +133,11 @@ fn fuzz_initiator_side(mode: u8, input: &[u8]) {
             user: "u".into(),
             secret: b"0123456789ab".to_vec(),
             mutual: (mode & 4 != 0).then(|| b"ba9876543210".to_vec()),
+            algorithms: if mode & 32 == 0 {
+                ChapAlgorithm::ALL.to_vec()
+            } else {
+                vec![ChapAlgorithm::Md5]
+            },
         }),
         session: SessionParams::default(),
         connection: ConnectionParams::default(),

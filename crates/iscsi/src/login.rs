@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::chap::{self, ChapError, CHALLENGE_LEN, CHAP_MD5};
+use crate::chap::{self, ChapAlgorithm};
 pub use crate::negotiate::SessionType;
 use crate::negotiate::{
     ConnectionParams, KeyLedger, NegotiationContext, Originator, PacingPolicy, Phase, Responder,
@@ -197,6 +197,9 @@ pub enum AuthRequirement {
         /// The target's CHAP name and secret, used when the initiator asks the target to
         /// authenticate itself.
         mutual: Option<(String, Vec<u8>)>,
+        /// The algorithms the target accepts (CHAP_A); it takes the first of the
+        /// initiator's offer that is here (see [`chap::select_algorithm`]).
+        algorithms: Vec<ChapAlgorithm>,
     },
 }
 
@@ -217,6 +220,7 @@ enum TargetAuth {
     Start,
     AwaitAlgorithm,
     AwaitResponse {
+        alg: ChapAlgorithm,
         id: u8,
         challenge: Vec<u8>,
     },
@@ -264,6 +268,8 @@ pub struct TargetLogin {
     /// The TargetPortalGroupTag we declared, once we have.
     sent_tpgt: Option<u16>,
     sent_declarations: bool,
+    /// Why authentication failed, for the target's log (never a secret).
+    auth_failure: Option<String>,
 }
 
 impl TargetLogin {
@@ -283,7 +289,21 @@ impl TargetLogin {
             responder: None,
             sent_tpgt: None,
             sent_declarations: false,
+            auth_failure: None,
         }
+    }
+
+    /// Why authentication failed, when it did: which step of CHAP went wrong (the
+    /// algorithms offered and accepted, a wrong name or response), for the log line of a
+    /// 0x0201 refusal. It never holds a secret.
+    pub fn auth_failure(&self) -> Option<&str> {
+        self.auth_failure.as_deref()
+    }
+
+    /// Records why authentication failed and gives the status that says so.
+    fn auth_failed(&mut self, why: impl Into<String>) -> Status {
+        self.auth_failure = Some(why.into());
+        status::AUTHENTICATION_FAILURE
     }
 
     fn fail(&mut self, (class, detail): Status) -> LoginStep {
@@ -544,7 +564,9 @@ impl TargetLogin {
         };
         // Starting in the operational stage skips authentication altogether.
         if self.stage == STAGE_OPERATIONAL && auth != AuthRequirement::None {
-            return Err(status::AUTHENTICATION_FAILURE);
+            return Err(
+                self.auth_failed("the login skipped the security stage, and CHAP is required")
+            );
         }
         if auth == AuthRequirement::None && self.stage == STAGE_OPERATIONAL {
             self.auth = TargetAuth::Done;
@@ -609,22 +631,39 @@ impl TargetLogin {
                     out.push("AuthMethod", "CHAP");
                     self.auth = TargetAuth::AwaitAlgorithm;
                 }
-                _ => return Err(AUTH_FAILED),
+                AuthRequirement::None => {
+                    return Err(self.auth_failed(format!(
+                        "AuthMethod={methods} offered, and this target takes None"
+                    )))
+                }
+                AuthRequirement::Chap { .. } => {
+                    return Err(self.auth_failed(format!(
+                        "AuthMethod={methods} offered, and this target requires CHAP"
+                    )))
+                }
             }
         }
         if let Some(algs) = keys.get("CHAP_A") {
             if !matches!(self.auth, TargetAuth::AwaitAlgorithm) {
-                return Err(AUTH_FAILED);
+                return Err(self.auth_failed("CHAP_A out of turn"));
             }
-            chap::select_algorithm(algs).map_err(|_| AUTH_FAILED)?;
+            let AuthRequirement::Chap { algorithms, .. } = &auth else {
+                return Err(AUTH_FAILED);
+            };
+            let alg = match chap::select_algorithm(algs, algorithms) {
+                Ok(alg) => alg,
+                Err(e) => return Err(self.auth_failed(e.to_string())),
+            };
             let mut id = [0u8; 1];
             policy.random_bytes(&mut id);
-            let mut challenge = vec![0u8; CHALLENGE_LEN];
+            // As long as the digest, as LIO and open-iscsi size theirs.
+            let mut challenge = vec![0u8; alg.digest_len()];
             policy.random_bytes(&mut challenge);
-            out.push("CHAP_A", CHAP_MD5.to_string());
+            out.push("CHAP_A", alg.code().to_string());
             out.push("CHAP_I", id[0].to_string());
             out.push("CHAP_C", encode_hex(&challenge));
             self.auth = TargetAuth::AwaitResponse {
+                alg,
                 id: id[0],
                 challenge,
             };
@@ -632,44 +671,54 @@ impl TargetLogin {
         let has_response = keys.get("CHAP_N").is_some() || keys.get("CHAP_R").is_some();
         let has_mutual = keys.get("CHAP_I").is_some() || keys.get("CHAP_C").is_some();
         if has_response || has_mutual {
-            let TargetAuth::AwaitResponse { id, challenge } = &self.auth else {
-                return Err(AUTH_FAILED);
+            let TargetAuth::AwaitResponse { alg, id, challenge } = self.auth.clone() else {
+                return Err(self.auth_failed("CHAP response before a challenge"));
             };
             let AuthRequirement::Chap {
                 user,
                 secret,
                 mutual,
+                ..
             } = &auth
             else {
                 return Err(AUTH_FAILED);
             };
             let (Some(name), Some(resp)) = (keys.get("CHAP_N"), keys.get("CHAP_R")) else {
-                return Err(AUTH_FAILED);
+                return Err(self.auth_failed("CHAP_N or CHAP_R missing"));
             };
             if name != user {
-                return Err(AUTH_FAILED);
+                return Err(
+                    self.auth_failed(format!("CHAP user {name:?} is not the one configured"))
+                );
             }
-            chap::verify_response(*id, secret, challenge, resp).map_err(|_| AUTH_FAILED)?;
+            if let Err(e) = chap::verify_response(alg, id, secret, &challenge, resp) {
+                return Err(
+                    self.auth_failed(format!("CHAP ({alg}) response of user {name:?}: {e}"))
+                );
+            }
             if has_mutual {
                 let (Some(peer_id), Some(peer_challenge)) =
                     (keys.get("CHAP_I"), keys.get("CHAP_C"))
                 else {
-                    return Err(AUTH_FAILED);
+                    return Err(self.auth_failed("mutual CHAP: CHAP_I or CHAP_C missing"));
                 };
                 let Some((target_user, target_secret)) = mutual else {
-                    return Err(AUTH_FAILED);
+                    return Err(self.auth_failed(
+                        "the initiator asks the target to authenticate itself, and this \
+                         target has no mutual_user/mutual_secret",
+                    ));
                 };
-                let peer_id = chap::parse_identifier(peer_id).map_err(|_| AUTH_FAILED)?;
-                let peer_challenge = chap::parse_challenge(peer_challenge, Some(challenge))
-                    .map_err(|_: ChapError| AUTH_FAILED)?;
+                let peer = chap::parse_identifier(peer_id).and_then(|i| {
+                    chap::parse_challenge(peer_challenge, Some(&challenge)).map(|c| (i, c))
+                });
+                let (peer_id, peer_challenge) = match peer {
+                    Ok(p) => p,
+                    Err(e) => return Err(self.auth_failed(format!("mutual CHAP: {e}"))),
+                };
                 out.push("CHAP_N", target_user.clone());
                 out.push(
                     "CHAP_R",
-                    encode_hex(&chap::chap_response(
-                        peer_id,
-                        target_secret,
-                        &peer_challenge,
-                    )),
+                    encode_hex(&alg.response(peer_id, target_secret, &peer_challenge)),
                 );
             }
             self.auth = TargetAuth::Done;
@@ -682,7 +731,7 @@ impl TargetLogin {
                     && out.get("AuthMethod").is_none()
                     && out.get("CHAP_C").is_none();
             if waiting_for_initiator {
-                return Err(AUTH_FAILED);
+                return Err(self.auth_failed("left the security stage before authenticating"));
             }
         }
         if transit && matches!(self.auth, TargetAuth::Start) && auth == AuthRequirement::None {
@@ -724,6 +773,9 @@ pub struct ChapCredentials {
     pub secret: Vec<u8>,
     /// The target's secret: when set, the target must authenticate itself too.
     pub mutual: Option<Vec<u8>>,
+    /// The algorithms to offer in CHAP_A, in order of preference; the target takes the
+    /// first it accepts.
+    pub algorithms: Vec<ChapAlgorithm>,
 }
 
 #[derive(Debug, Clone)]
@@ -903,9 +955,9 @@ enum InitiatorAuth {
     OfferedMethod,
     /// CHAP chosen, CHAP_A sent.
     SentAlgorithm,
-    /// CHAP_N/CHAP_R sent; with mutual CHAP our identifier and challenge.
+    /// CHAP_N/CHAP_R sent; with mutual CHAP the algorithm, our identifier and challenge.
     SentResponse {
-        mutual: Option<(u8, Vec<u8>)>,
+        mutual: Option<(ChapAlgorithm, u8, Vec<u8>)>,
     },
     Done,
 }
@@ -1199,9 +1251,12 @@ impl InitiatorLogin {
         };
         match self.auth.clone() {
             InitiatorAuth::OfferedMethod => match keys.get("AuthMethod") {
-                Some("CHAP") if self.config.auth.is_some() => {
+                Some("CHAP") => {
+                    let Some(cred) = &self.config.auth else {
+                        return Err(auth_failed("target chose CHAP and we have no credentials"));
+                    };
+                    self.replies.push("CHAP_A", chap::offer(&cred.algorithms));
                     self.auth = InitiatorAuth::SentAlgorithm;
-                    self.replies.push("CHAP_A", CHAP_MD5.to_string());
                 }
                 Some("None") | None => {
                     if self
@@ -1231,21 +1286,22 @@ impl InitiatorLogin {
                 else {
                     return Err(auth_failed("target sent no CHAP challenge"));
                 };
-                if chap::select_algorithm(a).is_err() || a.contains(',') {
-                    return Err(auth_failed(&format!("target chose CHAP_A={a}")));
-                }
+                let alg = chap::parse_choice(a, &cred.algorithms).map_err(|e| {
+                    auth_failed(&format!("{e} (offered {})", chap::names(&cred.algorithms)))
+                })?;
                 let id = chap::parse_identifier(i).map_err(|e| auth_failed(&e.to_string()))?;
                 let challenge =
                     chap::parse_challenge(c, None).map_err(|e| auth_failed(&e.to_string()))?;
                 self.replies.push("CHAP_N", cred.user.clone());
                 self.replies.push(
                     "CHAP_R",
-                    encode_hex(&chap::chap_response(id, &cred.secret, &challenge)),
+                    encode_hex(&alg.response(id, &cred.secret, &challenge)),
                 );
                 let mutual = if cred.mutual.is_some() {
                     let mut our_id = [0u8; 1];
                     rng(&mut our_id);
-                    let mut ours = vec![0u8; CHALLENGE_LEN];
+                    // As long as the digest, as open-iscsi sizes its challenge.
+                    let mut ours = vec![0u8; alg.digest_len()];
                     rng(&mut ours);
                     // Never hand the target its own challenge back (RFC 7143 9.2.1).
                     if ours == challenge {
@@ -1253,14 +1309,14 @@ impl InitiatorLogin {
                     }
                     self.replies.push("CHAP_I", our_id[0].to_string());
                     self.replies.push("CHAP_C", encode_hex(&ours));
-                    Some((our_id[0], ours))
+                    Some((alg, our_id[0], ours))
                 } else {
                     None
                 };
                 self.auth = InitiatorAuth::SentResponse { mutual };
             }
             InitiatorAuth::SentResponse { mutual } => {
-                if let Some((id, challenge)) = mutual {
+                if let Some((alg, id, challenge)) = mutual {
                     let target_secret = self
                         .config
                         .auth
@@ -1270,8 +1326,9 @@ impl InitiatorLogin {
                     let (Some(_name), Some(r)) = (keys.get("CHAP_N"), keys.get("CHAP_R")) else {
                         return Err(auth_failed("target did not authenticate itself"));
                     };
-                    chap::verify_response(id, &target_secret, &challenge, r)
-                        .map_err(|_| auth_failed("target's CHAP response is wrong"))?;
+                    chap::verify_response(alg, id, &target_secret, &challenge, r).map_err(
+                        |_| auth_failed(&format!("target's CHAP ({alg}) response is wrong")),
+                    )?;
                 }
                 self.auth = InitiatorAuth::Done;
             }

@@ -1,6 +1,6 @@
 //! Target-side login state machine driven by hand-written requests.
 
-use iscsi::chap::chap_response;
+use iscsi::chap::ChapAlgorithm;
 use iscsi::login::*;
 use iscsi::negotiate::{ConnectionParams, SessionParams};
 use iscsi::text::{decode_binary, encode_hex, parse_number, TextKeys};
@@ -75,7 +75,13 @@ fn chap_req() -> AuthRequirement {
         user: "alice".into(),
         secret: b"initiator-secret".to_vec(),
         mutual: Some(("target-user".into(), b"target-secret!".to_vec())),
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     }
+}
+
+/// The response the exchanges below expect: CHAP_A=7,5,6 gets SHA-256.
+fn chap_response(id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
+    ChapAlgorithm::Sha256.response(id, secret, challenge)
 }
 
 fn text(pairs: &[(&str, &str)]) -> Vec<u8> {
@@ -243,6 +249,13 @@ fn target_never_transits_without_the_initiator() {
 
 /// Runs the CHAP exchange up to the challenge; returns (login, id, challenge).
 fn chap_until_challenge(policy: &mut Policy) -> (TargetLogin, u8, Vec<u8>) {
+    let (login, id, challenge) = chap_offer(policy, "7,5,6", ChapAlgorithm::Sha256);
+    (login, id, challenge)
+}
+
+/// The exchange up to the target's challenge, the initiator offering CHAP_A=`offer`;
+/// the target must choose `alg` and send a challenge as long as its digest.
+fn chap_offer(policy: &mut Policy, offer: &str, alg: ChapAlgorithm) -> (TargetLogin, u8, Vec<u8>) {
     let mut login = TargetLogin::new(true, None);
     let first = text(&[
         ("InitiatorName", INITIATOR),
@@ -254,15 +267,13 @@ fn chap_until_challenge(policy: &mut Policy) -> (TargetLogin, u8, Vec<u8>) {
     let r = expect_continue(login.step(&req(0, 1, true, &first), &mut *policy));
     assert!(!r.transit);
     assert_eq!(keys_of(&r).get("AuthMethod"), Some("CHAP"));
-    let r = expect_continue(login.step(
-        &req(0, 1, false, &text(&[("CHAP_A", "7,5,6")])),
-        &mut *policy,
-    ));
+    let r =
+        expect_continue(login.step(&req(0, 1, false, &text(&[("CHAP_A", offer)])), &mut *policy));
     let keys = keys_of(&r);
-    assert_eq!(keys.get("CHAP_A"), Some("5"));
+    assert_eq!(keys.get("CHAP_A"), Some(alg.code().to_string().as_str()));
     let id = parse_number(keys.get("CHAP_I").unwrap()).unwrap() as u8;
     let challenge = decode_binary(keys.get("CHAP_C").unwrap()).unwrap();
-    assert_eq!(challenge.len(), 16);
+    assert_eq!(challenge.len(), alg.digest_len());
     (login, id, challenge)
 }
 
@@ -361,6 +372,7 @@ fn chap_mutual_request_without_target_secret_fails() {
         user: "alice".into(),
         secret: b"initiator-secret".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let (mut login, id, challenge) = chap_until_challenge(&mut policy);
     let resp = encode_hex(&chap_response(id, b"initiator-secret", &challenge));
@@ -776,4 +788,87 @@ mod arbitrary_sequences {
             }
         }
     }
+}
+
+#[test]
+fn chap_each_algorithm_one_way_and_mutual() {
+    use ChapAlgorithm::*;
+    for alg in ChapAlgorithm::ALL {
+        let mut policy = Policy::new(chap_req());
+        let (mut login, id, challenge) = chap_offer(&mut policy, &alg.code().to_string(), alg);
+        let resp = encode_hex(&alg.response(id, b"initiator-secret", &challenge));
+        let mine = vec![0x5au8; alg.digest_len()];
+        let r = expect_continue(login.step(
+            &req(
+                0,
+                1,
+                true,
+                &text(&[
+                    ("CHAP_N", "alice"),
+                    ("CHAP_R", &resp),
+                    ("CHAP_I", "9"),
+                    ("CHAP_C", &encode_hex(&mine)),
+                ]),
+            ),
+            &mut policy,
+        ));
+        assert!(r.transit, "{alg}");
+        let got = decode_binary(keys_of(&r).get("CHAP_R").unwrap()).unwrap();
+        assert_eq!(got, alg.response(9, b"target-secret!", &mine), "{alg}");
+        // The same exchange answered with another algorithm's response fails.
+        let other = if alg == Md5 { Sha256 } else { Md5 };
+        let mut policy = Policy::new(chap_req());
+        let (mut login, id, challenge) = chap_offer(&mut policy, &alg.code().to_string(), alg);
+        let resp = encode_hex(&other.response(id, b"initiator-secret", &challenge));
+        expect_failed(
+            login.step(
+                &req(0, 1, true, &text(&[("CHAP_N", "alice"), ("CHAP_R", &resp)])),
+                &mut policy,
+            ),
+            status::AUTHENTICATION_FAILURE,
+        );
+    }
+}
+
+#[test]
+fn chap_takes_the_initiators_first_accepted_algorithm() {
+    use ChapAlgorithm::*;
+    let mut policy = Policy::new(chap_req());
+    chap_offer(&mut policy, "5,8,7", Md5);
+    let mut policy = Policy::new(chap_req());
+    chap_offer(&mut policy, "6,8,5", Sha3_256);
+    // A target that refuses MD5 passes over it in the offer.
+    let sha_only = AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"initiator-secret".to_vec(),
+        mutual: None,
+        algorithms: vec![Sha3_256, Sha256],
+    };
+    let mut policy = Policy::new(sha_only);
+    chap_offer(&mut policy, "5,7", Sha256);
+}
+
+#[test]
+fn chap_md5_refused_where_only_sha_is_accepted() {
+    let mut policy = Policy::new(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"initiator-secret".to_vec(),
+        mutual: None,
+        algorithms: vec![ChapAlgorithm::Sha3_256, ChapAlgorithm::Sha256],
+    });
+    let mut login = TargetLogin::new(true, None);
+    let first = text(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", TARGET),
+        ("AuthMethod", "CHAP"),
+    ]);
+    expect_continue(login.step(&req(0, 1, false, &first), &mut policy));
+    expect_failed(
+        login.step(&req(0, 1, false, &text(&[("CHAP_A", "5")])), &mut policy),
+        status::AUTHENTICATION_FAILURE,
+    );
+    assert_eq!(
+        login.auth_failure(),
+        Some("initiator offered CHAP_A=5; accepted here: SHA3-256, SHA-256")
+    );
 }

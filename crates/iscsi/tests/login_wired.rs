@@ -1,5 +1,6 @@
 //! InitiatorLogin and TargetLogin talking to each other through PDU fields.
 
+use iscsi::chap::ChapAlgorithm;
 use iscsi::login::*;
 use iscsi::negotiate::{ConnectionParams, PacingPolicy, SessionParams, TargetPacing};
 
@@ -264,6 +265,7 @@ fn skipping_the_security_stage_is_refused_where_chap_is_required() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let r = run(
         InitiatorLogin::new(config(None)).skip_security(true),
@@ -280,11 +282,13 @@ fn with_credentials_skip_security_still_authenticates() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let creds = ChapCredentials {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let (i, t, exchanges) = run(
         InitiatorLogin::new(config(Some(creds))).skip_security(true),
@@ -303,11 +307,13 @@ fn chap_one_way() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let creds = ChapCredentials {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let (i, t, exchanges) = run(
         InitiatorLogin::new(config(Some(creds))),
@@ -326,11 +332,13 @@ fn chap_wrong_secret_is_reported_as_0201() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let creds = ChapCredentials {
         user: "alice".into(),
         secret: b"not-the-secret".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let err = run(
         InitiatorLogin::new(config(Some(creds))),
@@ -348,11 +356,13 @@ fn chap_mutual_both_directions() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: Some(("iqn.target-chap".into(), b"target-secret-34".to_vec())),
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let creds = |target_secret: &[u8]| ChapCredentials {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: Some(target_secret.to_vec()),
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let mut p = policy(target_auth.clone());
     let (i, t, _) = run(
@@ -369,6 +379,7 @@ fn chap_mutual_both_directions() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: Some(("iqn.target-chap".into(), b"guessed-secret".to_vec())),
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     });
     let err = run(
         InitiatorLogin::new(config(Some(creds(b"target-secret-34")))),
@@ -406,6 +417,7 @@ fn chap_credentials_against_a_target_without_auth() {
         user: "alice".into(),
         secret: b"alice-secret-12".to_vec(),
         mutual: None,
+        algorithms: ChapAlgorithm::ALL.to_vec(),
     };
     let (i, t, _) = run(
         InitiatorLogin::new(config(Some(creds))),
@@ -567,12 +579,14 @@ fn pacing_hint_on_leading_and_non_leading_logins() {
             user: "alice".into(),
             secret: b"alice-secret-12".to_vec(),
             mutual: None,
+            algorithms: ChapAlgorithm::ALL.to_vec(),
         });
         if auth {
             p.auth = AuthRequirement::Chap {
                 user: "alice".into(),
                 secret: b"alice-secret-12".to_vec(),
                 mutual: None,
+                algorithms: ChapAlgorithm::ALL.to_vec(),
             };
         }
         let mut c = config(creds);
@@ -677,4 +691,151 @@ fn pacing_hint_is_not_sent_in_discovery() {
         (i.pacing, t.pacing),
         (TargetPacing::NotAsked, TargetPacing::NotAsked)
     );
+}
+
+/// Our initiator and our target, for each algorithm alone and for the default lists,
+/// one-way and mutual; the algorithm they agree on is the initiator's first that the
+/// target accepts.
+#[test]
+fn chap_every_algorithm_both_ways() {
+    use ChapAlgorithm::*;
+    let target = |algorithms: Vec<ChapAlgorithm>, mutual: bool| AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: mutual.then(|| ("iqn.target-chap".into(), b"target-secret-34".to_vec())),
+        algorithms,
+    };
+    let creds = |algorithms: Vec<ChapAlgorithm>, mutual: bool| ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: mutual.then(|| b"target-secret-34".to_vec()),
+        algorithms,
+    };
+    let cases: Vec<(Vec<ChapAlgorithm>, Vec<ChapAlgorithm>)> = vec![
+        (vec![Md5], ChapAlgorithm::ALL.to_vec()),
+        (vec![Sha256], ChapAlgorithm::ALL.to_vec()),
+        (vec![Sha3_256], ChapAlgorithm::ALL.to_vec()),
+        (ChapAlgorithm::ALL.to_vec(), vec![Md5]),
+        (ChapAlgorithm::ALL.to_vec(), vec![Sha256]),
+        (ChapAlgorithm::ALL.to_vec(), vec![Sha3_256]),
+        (vec![Md5, Sha256], vec![Sha3_256, Sha256]),
+    ];
+    for mutual in [false, true] {
+        for (offered, accepted) in &cases {
+            let mut p = policy(target(accepted.clone(), mutual));
+            let (i, t, _) = run(
+                InitiatorLogin::new(config(Some(creds(offered.clone(), mutual)))),
+                TargetLogin::new(true, None),
+                &mut p,
+                1,
+            )
+            .unwrap_or_else(|e| panic!("{offered:?} to {accepted:?}: {e:?}"));
+            assert_agree(&i, &t);
+            // The wrong secret fails with each of them.
+            let mut wrong = creds(offered.clone(), mutual);
+            wrong.secret = b"not-the-secret".to_vec();
+            let mut p = policy(target(accepted.clone(), mutual));
+            let err = run(
+                InitiatorLogin::new(config(Some(wrong))),
+                TargetLogin::new(true, None),
+                &mut p,
+                1,
+            )
+            .unwrap_err();
+            assert_eq!(err, Err(status::AUTHENTICATION_FAILURE), "{offered:?}");
+            if mutual {
+                // And an impostor target is caught by the initiator, with each of them.
+                let mut impostor = target(accepted.clone(), true);
+                if let AuthRequirement::Chap { mutual, .. } = &mut impostor {
+                    *mutual = Some(("iqn.target-chap".into(), b"guessed-secret".to_vec()));
+                }
+                let mut p = policy(impostor);
+                let err = run(
+                    InitiatorLogin::new(config(Some(creds(offered.clone(), true)))),
+                    TargetLogin::new(true, None),
+                    &mut p,
+                    1,
+                )
+                .unwrap_err()
+                .unwrap();
+                assert_eq!((err.status_class, err.status_detail), (2, 1));
+                assert!(err.message.contains("response is wrong"), "{}", err.message);
+            }
+        }
+    }
+}
+
+#[test]
+fn chap_md5_only_initiator_refused_by_a_target_without_md5() {
+    use ChapAlgorithm::*;
+    let mut p = policy(AuthRequirement::Chap {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+        algorithms: vec![Sha3_256, Sha256],
+    });
+    let mut login = TargetLogin::new(true, None);
+    let creds = ChapCredentials {
+        user: "alice".into(),
+        secret: b"alice-secret-12".to_vec(),
+        mutual: None,
+        algorithms: vec![Md5],
+    };
+    let mut initiator = InitiatorLogin::new(config(Some(creds)));
+    let mut rng = |b: &mut [u8]| b.fill(3);
+    let mut out = initiator.start(&mut rng);
+    // AuthMethod, then CHAP_A=5: the second exchange ends in the target's 0x0201.
+    for _ in 0..2 {
+        let view = LoginRequestView {
+            transit: out.transit,
+            cont: out.cont,
+            csg: out.csg,
+            nsg: out.nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: ISID,
+            tsih: 0,
+            itt: 42,
+            cid: 0,
+            cmdsn: 1,
+            expstatsn: 0,
+            data: &out.data,
+        };
+        match login.step(&view, &mut p) {
+            LoginStep::Continue(r) => {
+                let resp = LoginResponseView {
+                    transit: r.transit,
+                    cont: r.cont,
+                    csg: r.csg,
+                    nsg: r.nsg,
+                    version_max: 0,
+                    version_active: 0,
+                    isid: ISID,
+                    tsih: 0,
+                    itt: 42,
+                    statsn: 0,
+                    status_class: 0,
+                    status_detail: 0,
+                    data: &r.data,
+                };
+                match initiator.on_response(&resp, &mut rng) {
+                    InitiatorStep::Send(next) => out = next,
+                    other => panic!("{other:?}"),
+                }
+            }
+            LoginStep::Failed(r) => {
+                assert_eq!(
+                    (r.status_class, r.status_detail),
+                    status::AUTHENTICATION_FAILURE
+                );
+                assert_eq!(
+                    login.auth_failure(),
+                    Some("initiator offered CHAP_A=5; accepted here: SHA3-256, SHA-256")
+                );
+                return;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("the target did not refuse");
 }

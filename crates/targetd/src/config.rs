@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use backstore::{Registry, StoreSpec};
+use iscsi::chap::{self, ChapAlgorithm};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
@@ -349,6 +350,23 @@ pub struct Chap {
     /// Mutual CHAP: the name and secret the target answers the initiator's challenge with.
     pub mutual_user: Option<String>,
     pub mutual_secret: Option<String>,
+    /// The CHAP algorithms these credentials may be used with ("SHA3-256", "SHA-256",
+    /// "MD5"); absent: all three. The initiator's order of preference decides among them
+    /// (RFC 7143 6.2.1), so leaving one out is how a site refuses it.
+    pub algorithms: Option<Vec<String>>,
+}
+
+impl Chap {
+    /// The algorithms accepted. The list is checked when the configuration is validated;
+    /// one that does not parse accepts nothing rather than everything.
+    pub fn accepted_algorithms(&self) -> Vec<ChapAlgorithm> {
+        match &self.algorithms {
+            None => ChapAlgorithm::ALL.to_vec(),
+            Some(names) => {
+                chap::parse_algorithms(names.iter().map(String::as_str)).unwrap_or_default()
+            }
+        }
+    }
 }
 
 /// Names, never secrets: a configuration is printed whole by `--check`.
@@ -830,13 +848,18 @@ fn validate_chap(c: &Chap) -> Result<(), String> {
     }
     match (&c.mutual_user, &c.mutual_secret) {
         (Some(_), None) | (None, Some(_)) => {
-            Err("mutual_user and mutual_secret go together".into())
+            return Err("mutual_user and mutual_secret go together".into());
         }
         (Some(_), Some(ms)) if ms == &c.secret => {
-            Err("mutual_secret must differ from secret (RFC 7143 12.1.3)".into())
+            return Err("mutual_secret must differ from secret (RFC 7143 12.1.3)".into());
         }
-        _ => Ok(()),
+        _ => {}
     }
+    if let Some(names) = &c.algorithms {
+        chap::parse_algorithms(names.iter().map(String::as_str))
+            .map_err(|e| format!("algorithms: {e}"))?;
+    }
+    Ok(())
 }
 
 /// iqn., eui. or naa. names as RFC 3720 3.2.6 has them (lower-case is not enforced:
@@ -1049,6 +1072,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("anywhere") && e.contains("session"), "{e}");
+    }
+
+    #[test]
+    fn chap_algorithms_are_validated() {
+        let with = |algs: &str| {
+            Config::parse(
+                &format!(
+                    "[discovery]\nchap = {{ user = \"d\", secret = \"discsecret12\"{algs} }}\n\
+                     [[target]]\niqn = \"iqn.2026-11.org.example:a\"\n\
+                     [[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n"
+                ),
+                "t.toml",
+            )
+        };
+        let c = with("").unwrap();
+        let chap = c.discovery.chap.unwrap();
+        assert_eq!(chap.accepted_algorithms(), ChapAlgorithm::ALL.to_vec());
+        let c = with(", algorithms = [\"SHA3-256\", \"SHA-256\"]").unwrap();
+        assert_eq!(
+            c.discovery.chap.unwrap().accepted_algorithms(),
+            vec![ChapAlgorithm::Sha3_256, ChapAlgorithm::Sha256]
+        );
+        let err = |algs: &str| with(algs).unwrap_err().to_string();
+        let e = err(", algorithms = [\"SHA1\"]");
+        assert!(
+            e.contains("discovery chap: algorithms: unknown CHAP algorithm \"SHA1\""),
+            "{e}"
+        );
+        assert!(err(", algorithms = []").contains("no CHAP algorithm listed"));
+        assert!(err(", algorithms = [\"MD5\", \"md5\"]").contains("MD5 listed twice"));
     }
 
     #[test]

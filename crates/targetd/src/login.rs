@@ -54,6 +54,7 @@ fn chap_requirement(chap: &Option<Chap>) -> AuthRequirement {
                 .mutual_user
                 .clone()
                 .zip(c.mutual_secret.as_ref().map(|s| s.as_bytes().to_vec())),
+            algorithms: c.accepted_algorithms(),
         },
     }
 }
@@ -275,10 +276,13 @@ pub(crate) async fn login(
                     // Said in the response too, for an initiator that can tell its user.
                     reply.data = format!("{}\0", wire::TLS_REQUIRED_KEY).into_bytes();
                 }
-                let why = match policy.refusal.borrow_mut().take() {
-                    Some(why) => why,
-                    None => iscsi::login::status::describe(reply.status_class, reply.status_detail)
-                        .to_string(),
+                let why = match (policy.refusal.borrow_mut().take(), m.auth_failure()) {
+                    (Some(why), _) => why,
+                    (None, Some(auth)) => format!("authentication failed: {auth}"),
+                    (None, None) => {
+                        iscsi::login::status::describe(reply.status_class, reply.status_detail)
+                            .to_string()
+                    }
                 };
                 peer_log!(
                     info,

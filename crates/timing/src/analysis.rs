@@ -783,7 +783,9 @@ fn bursts(d: &mut Direction, rule: BurstRule) {
 /// Analyses the frames of a capture. `keep_packets` keeps every data packet and ACK in the
 /// report (for plots and `--packets`).
 pub fn analyse(frames: &[Frame<'_>], opts: &Options, keep_packets: bool) -> Report {
-    let origin = frames.first().map_or(0, |f| f.ts_ns);
+    // The earliest frame, not the first: a capture's frames need not be in time order
+    // (merged files, several interfaces), and every time is reported from here.
+    let origin = frames.iter().map(|f| f.ts_ns).min().unwrap_or(0);
     let mut conns: Vec<Conn> = Vec::new();
     let mut index: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
     let mut tcp_packets = 0;
@@ -889,6 +891,32 @@ mod tests {
             let file = pcap::write_classic(101, &refs);
             analyse(&pcap::frames(&file).unwrap(), opts, true)
         }
+    }
+
+    /// Found by the timing_capture fuzz target: a frame earlier than the capture's first
+    /// made the report's times underflow (a panic in a debug build, times near 2^64 ns
+    /// in a release one).
+    #[test]
+    fn frames_out_of_time_order() {
+        let mut cap = Cap::handshake(10_000);
+        let ack = SISN.wrapping_add(1);
+        cap.0.insert(
+            0,
+            (
+                2_000_000,
+                build_ipv4_tcp(C, S, CISN + 1, ack, ACK, None, &[1u8; 100]),
+            ),
+        );
+        cap.push(1_000_000, true, CISN + 101, ack, &[2u8; 100]);
+        let r = cap.report(&Options::default());
+        assert_eq!(r.start_unix_s, 0.0);
+        let times: Vec<u64> = r.connections[0]
+            .to_server
+            .points
+            .iter()
+            .map(|p| p.t_ns)
+            .collect();
+        assert_eq!(times, [2_000_000, 1_000_000]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub(crate) fn chap(url: &IscsiUrl, opts: &SessionOptions) -> Option<ChapCredenti
         user,
         secret: url.password.clone().unwrap_or_default().into_bytes(),
         mutual: opts.target_secret.clone().map(String::into_bytes),
+        algorithms: opts.chap_algorithms.clone(),
     })
 }
 
