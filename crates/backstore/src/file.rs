@@ -166,7 +166,8 @@ impl FileBackstore {
     /// blocks mapped after an UNMAP or a SANITIZE erase, and the memory stays used), where
     /// `pread` reads zeros and allocates nothing. So only a range without holes is lent
     /// from the mapping, one that is all hole is lent as zeros, and a mix is left to the
-    /// copy.
+    /// copy. The caller's lock keeps UNMAP off the range from before this look until the
+    /// window is dropped.
     fn lend_from_memory(&self, map: &Arc<Mapping>, offset: u64, len: u64) -> Option<Lent> {
         let end = offset + len;
         // An error (there should be none on tmpfs) leaves the read to the copy, which
