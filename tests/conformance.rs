@@ -639,6 +639,50 @@ fn a_stripe_over_four_disk_servers_and_tgt_passes_the_suite() {
     drop(disks);
 }
 
+/// The tests that read blocks and then ask whether they are mapped, on a LUN whose file is
+/// in /dev/shm: tmpfs allocates a hole's page when it is read through a mapping (the
+/// store's lent reads), where ext4, the other runs' file system, allocates nothing; so
+/// Sanitize.BlockErase once found its erased blocks MAPPED there after reading them.
+#[test]
+fn provisioning_tests_pass_on_a_lun_in_dev_shm() {
+    if !have("iscsi-test-cu") {
+        return;
+    }
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("SKIP: no /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lun = tempfile::tempdir_in(shm).unwrap();
+    let luns = format!(
+        "[[target.lun]]\nid = 0\nremovable = true\nbackstore = \"file\"\npath = \"{}\"\n\
+         size = \"64MiB\"\n",
+        lun.path().join("lun0.img").display()
+    );
+    let target = start_reservoir_with(dir.path(), "", &luns);
+    let url = format!("iscsi://{}/{IQN}/0", target.portals[0]);
+    let tally = run_each(
+        &["ALL.Sanitize.BlockErase", "ALL.GetLBAStatus", "ALL.Unmap"],
+        &url,
+        &dir.path().join("suite-shm.txt"),
+    );
+    println!("{}", tally.summary("Reservoir, file LUN in /dev/shm"));
+    assert_eq!(
+        tally.results.get("Sanitize.BlockErase"),
+        Some(&Outcome::Passed),
+        "{}",
+        tally.summary("/dev/shm")
+    );
+    assert_eq!(
+        tally.count(Outcome::Failed),
+        0,
+        "{}",
+        tally.summary("/dev/shm")
+    );
+    drop(target);
+}
+
 #[test]
 fn tally_reads_suite_output() {
     let out = "Suite: Read10\n  Test: Simple ...passed\n  Test: Odd ...    [SKIPPED] no\npassed\n\

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::lend::{Lent, Mapping};
+use crate::lend::{Lent, Mapping, ZEROS_LEN};
 use crate::registry::human_size;
 use crate::{
     check_range, push_extent, Backstore, OpenContext, OpenError, Param, StoreError, StoreFactory,
@@ -160,6 +160,26 @@ impl FileBackstore {
         Ok(())
     }
 
+    /// [`Backstore::lend`] on tmpfs, where the data is in memory but a hole is no page at
+    /// all: reading a hole through the shared mapping makes tmpfs allocate a page for it,
+    /// which the file then holds as data (SEEK_DATA finds it, GET LBA STATUS reports the
+    /// blocks mapped after an UNMAP or a SANITIZE erase, and the memory stays used), where
+    /// `pread` reads zeros and allocates nothing. So only a range without holes is lent
+    /// from the mapping, one that is all hole is lent as zeros, and a mix is left to the
+    /// copy. The caller's lock keeps UNMAP off the range from before this look until the
+    /// window is dropped.
+    fn lend_from_memory(&self, map: &Arc<Mapping>, offset: u64, len: u64) -> Option<Lent> {
+        let end = offset + len;
+        // An error (there should be none on tmpfs) leaves the read to the copy, which
+        // reports a real one.
+        let hole = self.seek(offset, libc::SEEK_HOLE).ok()?.unwrap_or(end);
+        if hole >= end {
+            return Some(map.lend(offset as usize, len as usize));
+        }
+        let data = self.seek(offset, libc::SEEK_DATA).ok()?.unwrap_or(end);
+        (data >= end && len <= ZEROS_LEN as u64).then(|| Lent::zeros(len as usize))
+    }
+
     fn seek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
         // SAFETY: lseek on our own open descriptor. SEEK_DATA/SEEK_HOLE move the shared file
         // offset, which nothing else uses: all I/O is positioned.
@@ -245,11 +265,12 @@ impl Backstore for FileBackstore {
         else {
             return Ok(None);
         };
+        if self.nowait.load(Ordering::Relaxed) == NOWAIT_MEMORY {
+            return Ok(self.lend_from_memory(map, offset, len));
+        }
         let (offset, len) = (offset as usize, len as usize);
-        // tmpfs holds its data in memory; elsewhere the pages must be in the page cache,
-        // or be read in now if the caller may wait.
-        let ready = self.nowait.load(Ordering::Relaxed) == NOWAIT_MEMORY
-            || map.resident(offset, len)
+        // The pages must be in the page cache, or be read in now if the caller may wait.
+        let ready = map.resident(offset, len)
             || (wait
                 && !self.no_populate.load(Ordering::Relaxed)
                 && match map.populate(offset, len) {

@@ -105,7 +105,9 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// Lends `[offset, offset + len)` without copying it (see [`Lent`]), when the store
     /// can: `Ok(None)` when it cannot, or when `wait` is false and the bytes are not in
     /// memory yet. With `wait`, the call may block until they are. The caller keeps
-    /// writers off the range for as long as the window lives.
+    /// writers (UNMAP too) off the range from before the call until the window is dropped:
+    /// what a store lends may depend on the range's state (a file on tmpfs lends no hole
+    /// from its mapping).
     fn lend(&self, _offset: u64, _len: u64, _wait: bool) -> io::Result<Option<Lent>> {
         Ok(None)
     }

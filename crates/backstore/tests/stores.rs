@@ -266,6 +266,56 @@ fn file_store_lends_exactly_what_it_reads() {
     assert!(lent.as_ref()[..512].iter().all(|&b| b == 0));
 }
 
+/// On tmpfs a page read through a shared mapping is a page allocated, data from then on:
+/// a file store there lends no hole from its mapping, so reading what it lends leaves
+/// holes holes (GET LBA STATUS after UNMAP or a SANITIZE erase, and the memory); it lends
+/// a range that is all hole as zeros, and what it lends reads as `read_at` would.
+#[test]
+fn a_file_on_tmpfs_lends_no_hole_from_its_mapping() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("no /dev/shm: not run");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let store =
+        FileBackstore::open(dir.path().join("lun.img"), Some(8 * MIB), true, false).unwrap();
+    let data = pattern(7, 256 * 1024);
+    store.write_at(&data, 0).unwrap();
+    store.write_at(&data, 2 * MIB).unwrap();
+    // Data written, then deallocated as SANITIZE BLOCK ERASE does: every byte of it.
+    store.discard(0, MIB).unwrap();
+    assert_eq!(store.is_allocated(0, MIB).unwrap(), vec![(0, MIB, false)]);
+    // All hole; across the end of the data into a hole; all data.
+    for (offset, len) in [
+        (0, 128 * 1024),
+        (2 * MIB + 128 * 1024, 256 * 1024),
+        (2 * MIB, 4096),
+    ] {
+        for wait in [false, true] {
+            let mut want = vec![0u8; len as usize];
+            store.read_at(&mut want, offset).unwrap();
+            if let Some(lent) = store.lend(offset, len, wait).unwrap() {
+                // A user-space read faults the pages in as the socket's copy would.
+                assert_eq!(lent.as_ref(), &want[..], "{offset}+{len}");
+            }
+        }
+    }
+    assert!(
+        store.lend(0, 128 * 1024, true).unwrap().is_some(),
+        "a hole is lent as zeros"
+    );
+    assert_eq!(
+        store.is_allocated(0, 8 * MIB).unwrap(),
+        vec![
+            (0, 2 * MIB, false),
+            (2 * MIB, 256 * 1024, true),
+            (2 * MIB + 256 * 1024, 6 * MIB - 256 * 1024, false)
+        ],
+        "reading lent windows allocated pages"
+    );
+}
+
 /// A lent window whose file is cut short behind the store's back: copying it through
 /// `copy_checked` is an error, not a SIGBUS that kills the process; before, it copies
 /// exactly.

@@ -370,18 +370,18 @@ impl LogicalUnit {
             return None;
         }
         let r = self.plain_read(cmd, max_bytes)?;
-        // The window is only a view: taking it before the lock reads nothing yet, and a store
-        // that cannot lend now leaves the lock table alone.
-        let data = self
-            .store
-            .lend(r.lba * self.block_size, r.blocks * self.block_size, wait)
-            .ok()??;
+        // The lock first: what the store lends may depend on the blocks' state (a file on
+        // tmpfs looks for holes), which an UNMAP between its look and the lock would change.
         let (start, end) = (r.lba, r.lba + r.blocks);
         let guard = if wait {
             self.locks.lock(start, end, false)
         } else {
             self.locks.try_lock(start, end, false)?
         };
+        let data = self
+            .store
+            .lend(r.lba * self.block_size, r.blocks * self.block_size, wait)
+            .ok()??;
         Some(LentRead {
             data,
             _guard: guard,
