@@ -35,7 +35,7 @@ if ! command -v fio >/dev/null || ! fio --enghelp 2>/dev/null | grep -qw rbd; th
   apt-get install -y -qq --no-install-recommends fio >/dev/null
 fi
 if [ -z "${RSV:-}" ]; then
-  cargo build --release --bin rsv >/dev/null
+  cargo build --release --bin rsv --features rbd >/dev/null
   RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
 fi
 

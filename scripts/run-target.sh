@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Runs Reservoir's target on its embedded default (one 1 GiB sparse LUN under ./data,
 # 127.0.0.1:3260); extra arguments go to `rsv target`.
+#
+# Serving a file LUN needs the Rust toolchain and a C compiler (the TLS library builds C),
+# nothing else: not the peers the tests use (scripts/setup.sh installs those). The build
+# leaves out the rbd store (`--features rbd` adds it; it needs Ceph's libraries) and
+# compiles Reservoir's BPF congestion control where clang and libbpf-dev are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+if ! command -v cargo >/dev/null; then
+  echo "run-target: no cargo; install Rust (rustup), then run this again" >&2
+  exit 1
+fi
+if ! command -v cc >/dev/null; then
+  echo "run-target: installing a C compiler (gcc, libc6-dev) for the TLS library's build" >&2
+  apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null
+  cc --version >/dev/null
+fi
 exec cargo run --release --bin rsv -- target "$@"

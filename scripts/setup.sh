@@ -15,6 +15,14 @@ export PATH="$PATH:/usr/sbin:/sbin"
 quiet() { "$@" >"$scratch/out" 2>&1; }
 # The last lines of the last check's output, indented, for a report.
 why() { tail -n 3 "$scratch/out" 2>/dev/null | sed 's/^/      /'; }
+# N ports on 127.0.0.1 that the kernel says are free now (bound to port 0, then let go):
+# a check must not collide with what another run or a lab left listening.
+free_ports() {
+  python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
 
 # --- the checks: each proves a tool does its job here ------------------------------------
 
@@ -25,6 +33,30 @@ check_libiscsi() {
   for tool in iscsi-ls iscsi-inq iscsi-perf; do
     command -v "$tool" >"$scratch/out" 2>&1 || return 1
   done
+}
+
+check_libiscsi_dev() {
+  # The LUN-masking walk (tests/masking.rs) builds a libiscsi client of its own: a program
+  # that makes a context and a task must compile, link and run.
+  cat >"$scratch/li.c" <<'C'
+#include <iscsi/iscsi.h>
+#include <iscsi/scsi-lowlevel.h>
+int main(void) {
+  struct iscsi_context *c = iscsi_create_context("iqn.2026-11.org.reservoir:setup");
+  unsigned char cdb[6] = {0};
+  struct scsi_task *t = scsi_create_task(6, cdb, SCSI_XFER_NONE, 0);
+  if (!c || !t) return 1;
+  scsi_free_scsi_task(t);
+  iscsi_destroy_context(c);
+  return 0;
+}
+C
+  quiet cc -o "$scratch/li" "$scratch/li.c" -liscsi && quiet "$scratch/li"
+}
+
+check_systemd_analyze() {
+  # The packaged units (packaging/systemd) are verified and scored with it (tests/service.rs).
+  quiet systemd-analyze --version && grep -q '^systemd [0-9]' "$scratch/out"
 }
 
 check_qemu() {
@@ -232,11 +264,11 @@ check_gridftp() {
   chmod 777 "$dir"
   head -c 1048576 /dev/urandom >"$dir/src"
   chmod 644 "$dir/src"
-  port=$((20000 + $$ % 20000))
+  port=$(free_ports 1) || return 1
   GLOBUS_HOSTNAME=127.0.0.1 globus-gridftp-server -aa -anonymous-user nobody -p "$port" \
     -control-interface 127.0.0.1 -data-interface 127.0.0.1 >"$dir/server.log" 2>&1 &
   pid=$!
-  for i in $(seq 50); do
+  for i in $(seq 150); do
     if GLOBUS_HOSTNAME=127.0.0.1 quiet globus-url-copy -p 2 "file://$dir/src" \
       "ftp://127.0.0.1:$port$dir/dst" && cmp -s "$dir/src" "$dir/dst"; then
       rc=0
@@ -255,23 +287,25 @@ check_stunnel() {
   # stunnel must carry bytes: a client tunnel into a server tunnel (certificate made here,
   # TLS 1.3) in front of a tiny HTTP server, all on loopback, and a file fetched through.
   quiet openssl version || return 1
-  local dir="$scratch/stunnel" base=$((30000 + $$ % 20000)) rc=1 i pids=()
+  local dir="$scratch/stunnel" rc=1 i pids=() http server client
+  read -r http server client <<<"$(free_ports 3)" || return 1
   mkdir -p "$dir"
   quiet openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -subj /CN=127.0.0.1 -keyout "$dir/key.pem" -out "$dir/cert.pem" || return 1
   echo "tunnelled $$" >"$dir/probe"
   printf 'foreground = yes\npid =\n[s]\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\ncert = %s\nkey = %s\nsslVersionMin = TLSv1.3\n' \
-    $((base + 1)) "$base" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
+    "$server" "$http" "$dir/cert.pem" "$dir/key.pem" >"$dir/server.conf"
   printf 'foreground = yes\npid =\n[c]\nclient = yes\naccept = 127.0.0.1:%d\nconnect = 127.0.0.1:%d\n' \
-    $((base + 2)) $((base + 1)) >"$dir/client.conf"
-  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$base" >"$dir/http.log" 2>&1 &
+    "$client" "$server" >"$dir/client.conf"
+  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$http" >"$dir/http.log" 2>&1 &
   pids+=($!)
   stunnel "$dir/server.conf" >"$dir/server.log" 2>&1 &
   pids+=($!)
   stunnel "$dir/client.conf" >"$dir/client.log" 2>&1 &
   pids+=($!)
-  for i in $(seq 50); do
-    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$((base + 2))/probe', timeout=2).read().decode())" \
+  # Until the tunnel answers, for 30 s at most (a loaded machine starts stunnel slowly).
+  for i in $(seq 300); do
+    if python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$client/probe', timeout=2).read().decode())" \
       >"$scratch/out" 2>&1 && grep -q "tunnelled $$" "$scratch/out"; then
       rc=0
       break
@@ -335,6 +369,8 @@ check_cargo() { quiet cargo --version; }
 # name | Debian packages | what Reservoir needs it for | check
 TOOLS=(
   "libiscsi's tools|libiscsi-bin|iscsi-test-cu (conformance suite) and iscsi-ls/-inq/-perf, standard clients of the target|check_libiscsi"
+  "libiscsi's library|libiscsi-dev|tests/masking.rs builds a libiscsi client that sends the LUN-masking walk's CDBs|check_libiscsi_dev"
+  "systemd-analyze|systemd|tests/service.rs verifies the packaged units and scores their hardening (systemd-analyze verify, security)|check_systemd_analyze"
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"

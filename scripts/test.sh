@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 # The set-up is idempotent and its checks are the gate: a second run must find every real
 # peer working and install nothing; if one is missing, stop here and say which.
 ./scripts/setup.sh --check
-cargo build --workspace --all-targets
+# Every feature: the rbd store (librbd) and the BPF congestion control are opt-in and
+# opt-out for a product build (crates/rsv/Cargo.toml), both tested here.
+cargo build --workspace --all-targets --all-features
 # The fuzz targets are built (not run) so they cannot rot.
 if [ -f fuzz/Cargo.toml ]; then
   cargo check --manifest-path fuzz/Cargo.toml --bins
@@ -17,4 +19,4 @@ export RESERVOIR_TEST_STRICT=1
 # No path cache (net::paths) carried from one test to the next: a remembered rate would
 # change another test's plan. tests/cc_wan.rs gives its copies a cache of their own.
 export RSV_PATH_CACHE=off
-cargo test --workspace --no-fail-fast -- --test-threads=2
+cargo test --workspace --all-features --no-fail-fast -- --test-threads=2

@@ -1296,3 +1296,47 @@ fn two_targets_one_image_alua_and_reservations() {
         "{e}"
     );
 }
+
+/// LUN masking on an RBD LUN: the walk of tests/access.rs (every listed opcode and
+/// service action, EXTENDED COPY and reservations crafted to reach it) by an initiator
+/// masked from the RBD LUN, through Reservoir's initiator and libiscsi: the hidden LUN
+/// answers as an absent one, and keeps its bytes and reservations.
+#[test]
+fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
+    use common::walk::{walk, Layout, Libiscsi, Ours, ADMIN, MASKED};
+    if !have_ceph() || !have("cc") {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    cluster.create("hidden", "16M");
+    let iqn = "iqn.2026-11.org.reservoir:rbd-masked";
+    let config = format!(
+        "[[target]]\niqn = \"{iqn}\"\n[[target.initiator]]\nname = \"{ADMIN}\"\n\
+         [[target.initiator]]\nname = \"{MASKED}\"\nluns = [1]\n\
+         [[target.lun]]\nid = 0\nstore = \"{}\"\n\
+         [[target.lun]]\nid = 1\nstore = \"file:visible.img?size=8MiB\"\n",
+        cluster.spec("hidden")
+    );
+    let target = common::Target::start(Some(&config));
+    let layout = Layout {
+        visible: 1,
+        hidden: 0,
+        absent: 9,
+        block_size: 512,
+    };
+    let mut admin = Ours::login(&target.portal, iqn, ADMIN);
+    let mut masked = Ours::login(&target.portal, iqn, MASKED);
+    let r = walk(&mut masked, &mut admin, &layout);
+    eprintln!(
+        "rbd: Reservoir's initiator walked {} commands: 0 cross-LU reads or writes",
+        r.commands
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Libiscsi::build(dir.path());
+    let mut masked = Libiscsi::login(&bin, &target.portal, iqn, MASKED, 1);
+    let r = walk(&mut masked, &mut admin, &layout);
+    eprintln!(
+        "rbd: libiscsi walked {} commands: 0 cross-LU reads or writes",
+        r.commands
+    );
+}

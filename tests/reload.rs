@@ -29,29 +29,6 @@ fn target(iqn: &str, extra: &str, luns: &[u16]) -> String {
     t
 }
 
-/// Writes `config` over the target's file, sends SIGHUP and waits for the reload's log
-/// line ("reloaded …" or "reload of … refused …"), which it returns.
-fn reload(t: &mut Target, config: &str) -> String {
-    let done = |log: &str| {
-        log.lines()
-            .filter(|l| l.contains("reloaded ") || l.contains("reload of "))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
-    let before = done(&t.log()).len();
-    std::fs::write(t.dir.path().join("target.toml"), config).unwrap();
-    t.signal(libc::SIGHUP);
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(line) = done(&t.log()).get(before) {
-            return line.clone();
-        }
-        assert!(t.running(), "rsv target ended on SIGHUP:\n{}", t.log());
-        assert!(Instant::now() < end, "no reload in 20 s:\n{}", t.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn url(t: &Target, iqn: &str) -> IscsiUrl {
     IscsiUrl::parse(&format!("iscsi://{}/{iqn}/0", t.portal)).unwrap()
 }
@@ -123,10 +100,11 @@ fn reload_adds_and_removes_targets() {
         .unwrap();
     rt.block_on(to_b.test_unit_ready(0)).ok();
 
-    let line = reload(
-        &mut t,
-        &format!("{}{}", target(A, "", &[0]), target(C, "", &[0, 1])),
-    );
+    let line = t.reload(&format!(
+        "{}{}",
+        target(A, "", &[0]),
+        target(C, "", &[0, 1])
+    ));
     assert!(
         line.contains(&format!("target {C} added"))
             && line.contains(&format!("target {B} removed")),
@@ -174,7 +152,7 @@ fn reload_adds_and_removes_luns_with_a_unit_attention() {
 
     // LUN 1 added: REPORTED LUNS DATA HAS CHANGED (6h/3Fh/0Eh) on LUN 0, once; then REPORT
     // LUNS lists it and it serves I/O.
-    let line = reload(&mut t, &target(A, "", &[0, 1]));
+    let line = t.reload(&target(A, "", &[0, 1]));
     assert!(line.contains("LUN +1"), "{line}");
     assert_eq!(rt.block_on(request_sense(&s, 0)), (6, 0x3f, 0x0e));
     assert_eq!(rt.block_on(request_sense(&s, 0)), (0, 0, 0));
@@ -187,7 +165,7 @@ fn reload_adds_and_removes_luns_with_a_unit_attention() {
 
     // LUN 0 removed: the attention on LUN 1 (LUN 0 is gone); REPORT LUNS clears it
     // where it is pending.
-    let line = reload(&mut t, &target(A, "", &[1]));
+    let line = t.reload(&target(A, "", &[1]));
     assert!(line.contains("LUN -0"), "{line}");
     assert_eq!(rt.block_on(s.report_luns()).unwrap(), [1]);
     assert_eq!(rt.block_on(request_sense(&s, 1)), (0, 0, 0));
@@ -209,7 +187,7 @@ fn reload_changes_who_may_log_in() {
     rt.block_on(other.logout()).unwrap();
 
     let only_host = format!("allowed_initiators = [\"{HOST}\"]\n");
-    let line = reload(&mut t, &target(A, &only_host, &[0]));
+    let line = t.reload(&target(A, &only_host, &[0]));
     assert!(line.contains("access rules"), "{line}");
     // Authorization failure (0x0202) for the initiator left out; the one named logs in.
     assert_eq!(rt.block_on(refusal(&t, A, &as_initiator(OTHER))), (2, 2));
@@ -218,7 +196,7 @@ fn reload_changes_who_may_log_in() {
         .unwrap();
     rt.block_on(host.logout()).unwrap();
     // And back.
-    reload(&mut t, &target(A, "", &[0]));
+    t.reload(&target(A, "", &[0]));
     let other = rt
         .block_on(Session::connect(&url(&t, A), &as_initiator(OTHER)))
         .unwrap();
@@ -233,10 +211,10 @@ fn a_bad_configuration_leaves_the_one_in_force() {
     let rt = runtime();
 
     // A file that does not parse: the line names file, line and key.
-    let line = reload(
-        &mut t,
-        &format!("{}[session]\nmax_connectionz = 3\n", target(C, "", &[0])),
-    );
+    let line = t.reload(&format!(
+        "{}[session]\nmax_connectionz = 3\n",
+        target(C, "", &[0])
+    ));
     assert!(
         line.contains("refused, the configuration in force is unchanged")
             && line.contains("target.toml:7:")
@@ -245,14 +223,11 @@ fn a_bad_configuration_leaves_the_one_in_force() {
     );
     // One that validates but whose new LUN cannot be opened: nothing of it applies, not
     // even the target that could have been.
-    let line = reload(
-        &mut t,
-        &format!(
-            "{}{}[[target]]\niqn = \"{B}\"\n[[target.lun]]\nid = 0\nstore = \"nosuch:?size=1MiB\"\n",
-            target(A, "alias = \"renamed\"\n", &[0, 1]),
-            target(C, "", &[0])
-        ),
-    );
+    let line = t.reload(&format!(
+        "{}{}[[target]]\niqn = \"{B}\"\n[[target.lun]]\nid = 0\nstore = \"nosuch:?size=1MiB\"\n",
+        target(A, "alias = \"renamed\"\n", &[0, 1]),
+        target(C, "", &[0])
+    ));
     assert!(
         line.contains("refused") && line.contains(&format!("target {B} LUN 0")),
         "{line}"
@@ -269,7 +244,7 @@ fn a_bad_configuration_leaves_the_one_in_force() {
         (2, 3)
     );
     // A good file after the bad ones applies as usual.
-    let line = reload(&mut t, &format!("{first}{}", target(C, "", &[0])));
+    let line = t.reload(&format!("{first}{}", target(C, "", &[0])));
     assert!(line.contains(&format!("target {C} added")), "{line}");
     assert_eq!(rt.block_on(discovered(&t)), [A, C]);
     assert!(t.stop().success(), "{}", t.log());

@@ -13,11 +13,20 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf/rsv.bpf.c");
     println!("cargo:rerun-if-changed=bpf/kernel.h");
     println!("cargo:rerun-if-env-changed=RSV_CLANG");
-    match build(&out) {
+    println!("cargo:rerun-if-env-changed=CARGO_FEATURE_BPF");
+    let wanted = env::var_os("CARGO_FEATURE_BPF").is_some();
+    let built = if wanted {
+        build(&out)
+    } else {
+        Err("built without the bpf feature".into())
+    };
+    match built {
         Ok(()) => println!("cargo:rustc-env=RSV_CC_NOT_BUILT="),
         Err(why) => {
             std::fs::write(&out, b"").unwrap();
-            println!("cargo:warning=rsv congestion control not built: {why}");
+            if wanted {
+                println!("cargo:warning=rsv congestion control not built: {why}");
+            }
             println!("cargo:rustc-env=RSV_CC_NOT_BUILT={why}");
             // Installing clang or libbpf-dev later (scripts/setup.sh) changes /usr/bin or
             // /usr/include: build again then.

@@ -2,6 +2,8 @@
 //! port, find the real peers, run them.
 #![allow(dead_code)]
 
+pub mod walk;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -49,6 +51,8 @@ pub fn have(tool: &str) -> bool {
 pub struct Target {
     child: Option<Child>,
     pub portal: String,
+    /// The sync agent's control endpoint, with `[control]`.
+    pub control: Option<String>,
     pub iqns: Vec<String>,
     pub dir: tempfile::TempDir,
 }
@@ -62,7 +66,17 @@ impl Target {
     }
 
     pub fn start_in(dir: tempfile::TempDir, config: Option<&str>) -> Target {
+        Self::start_in_env(dir, config, &[])
+    }
+
+    /// [`Target::start_in`] with these environment variables set for the target.
+    pub fn start_in_env(
+        dir: tempfile::TempDir,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Target {
         let mut cmd = Command::new(rsv());
+        cmd.envs(env.iter().copied());
         cmd.arg("target")
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -83,6 +97,7 @@ impl Target {
             .expect("starting rsv target");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut portal = String::new();
+        let mut control = None;
         let mut iqns = Vec::new();
         let mut line = String::new();
         loop {
@@ -95,6 +110,8 @@ impl Target {
             let l = line.trim();
             if let Some(p) = l.strip_prefix("portal ") {
                 portal = p.to_owned();
+            } else if let Some(c) = l.strip_prefix("control ") {
+                control = Some(c.to_owned());
             } else if let Some(t) = l.strip_prefix("target ") {
                 iqns.push(t.to_owned());
             } else if l == "ready" {
@@ -104,6 +121,7 @@ impl Target {
         Target {
             child: Some(child),
             portal,
+            control,
             iqns,
             dir,
         }
@@ -115,6 +133,33 @@ impl Target {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("target.log")).unwrap_or_default()
+    }
+
+    /// Writes `config` over the target's file, sends SIGHUP and waits for the reload's log
+    /// line ("reloaded …" or "reload of … refused …"), which it returns.
+    pub fn reload(&mut self, config: &str) -> String {
+        let done = |log: &str| {
+            log.lines()
+                .filter(|l| l.contains("reloaded ") || l.contains("reload of "))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let before = done(&self.log()).len();
+        std::fs::write(self.dir.path().join("target.toml"), config).unwrap();
+        self.signal(libc::SIGHUP);
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(line) = done(&self.log()).get(before) {
+                return line.clone();
+            }
+            assert!(
+                self.running(),
+                "rsv target ended on SIGHUP:\n{}",
+                self.log()
+            );
+            assert!(Instant::now() < end, "no reload in 20 s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Sends `signal` (SIGHUP: reload the configuration) to the running target.

@@ -68,14 +68,14 @@ pub enum OpenError {
 impl OpenError {
     pub fn io(spec: &StoreSpec, source: io::Error) -> Self {
         OpenError::Io {
-            spec: spec.to_string(),
+            spec: spec.shown(),
             source,
         }
     }
 
     pub fn invalid(spec: &StoreSpec, reason: impl Into<String>) -> Self {
         OpenError::Invalid {
-            spec: spec.to_string(),
+            spec: spec.shown(),
             reason: reason.into(),
         }
     }
@@ -212,7 +212,7 @@ impl<'a> OpenContext<'a> {
     fn factory(&self, spec: &StoreSpec) -> Result<&'a dyn StoreFactory, OpenError> {
         let Some(f) = self.registry.get(spec.kind()) else {
             return Err(OpenError::UnknownKind {
-                spec: spec.to_string(),
+                spec: spec.shown(),
                 kind: spec.kind().into(),
                 known: self.registry.kinds().collect::<Vec<_>>().join(", "),
             });
@@ -228,7 +228,7 @@ impl<'a> OpenContext<'a> {
         if let Some(key) = unknown {
             let known: Vec<&str> = params.iter().map(|p| p.name).collect();
             return Err(SpecError::UnknownParam {
-                spec: spec.to_string(),
+                spec: spec.shown(),
                 kind: spec.kind().into(),
                 key: key.into(),
                 known: if known.is_empty() {
@@ -244,7 +244,7 @@ impl<'a> OpenContext<'a> {
         };
         if let Some(p) = params.iter().find(|p| p.required && !present(p.name)) {
             return Err(SpecError::MissingParam {
-                spec: spec.to_string(),
+                spec: spec.shown(),
                 kind: spec.kind().into(),
                 key: p.name.into(),
                 help: format!(": {}", p.help),

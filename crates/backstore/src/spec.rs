@@ -24,11 +24,18 @@ use std::str::FromStr;
 /// `file:lun0.img?size=1G` and `{ kind = "file", path = "lun0.img", size = "1G" }` are the
 /// same spec. Parameters are text; the kind's factory gives them meaning (see
 /// [`StoreSpec::size`] and [`StoreSpec::parse`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreSpec {
     kind: String,
     params: BTreeMap<String, String>,
     members: Vec<StoreSpec>,
+}
+
+/// As shown to people: secrets hidden (a configuration printed whole, a log line).
+impl fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StoreSpec").field(&self.shown()).finish()
+    }
 }
 
 /// Why a spec is not well formed, or a parameter not what its kind needs.
@@ -105,20 +112,20 @@ impl StoreSpec {
         let key = key.into();
         if key == "kind" || key == "members" {
             return Err(SpecError::Reserved {
-                spec: self.to_string(),
+                spec: self.shown(),
                 key,
             });
         }
         if !valid_name(&key) {
             return Err(SpecError::BadName {
-                spec: self.to_string(),
+                spec: self.shown(),
                 name: key,
                 what: "parameter name",
             });
         }
         if self.params.contains_key(&key) {
             return Err(SpecError::Duplicate {
-                spec: self.to_string(),
+                spec: self.shown(),
                 key,
             });
         }
@@ -157,7 +164,7 @@ impl StoreSpec {
     /// The error for a parameter the kind needs and the spec lacks.
     pub fn missing(&self, key: &str) -> SpecError {
         SpecError::MissingParam {
-            spec: self.to_string(),
+            spec: self.shown(),
             kind: self.kind.clone(),
             key: key.into(),
             help: String::new(),
@@ -184,15 +191,116 @@ impl StoreSpec {
             .transpose()
     }
 
-    /// The error for a parameter whose value the kind cannot use, naming both.
+    /// The error for a parameter whose value the kind cannot use, naming both (a secret
+    /// one's value is not named).
     pub fn bad_value(&self, key: &str, value: &str, reason: impl Into<String>) -> SpecError {
         SpecError::BadValue {
-            spec: self.to_string(),
+            spec: self.shown(),
             key: key.into(),
-            value: value.into(),
+            value: if is_secret_param(key) {
+                HIDDEN.into()
+            } else {
+                value.into()
+            },
             reason: reason.into(),
         }
     }
+
+    /// The text form to show people and logs: every secret (a parameter named like
+    /// `secret` or `password`, the password of an `iscsi://user%password@` path) replaced
+    /// by `***`, in this spec and its members. It parses, but not back to this spec.
+    pub fn shown(&self) -> String {
+        self.hidden().to_string()
+    }
+
+    fn hidden(&self) -> StoreSpec {
+        StoreSpec {
+            kind: self.kind.clone(),
+            params: self
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let v = if is_secret_param(k) {
+                        HIDDEN.to_string()
+                    } else if k == "path" {
+                        hide_url_password(v)
+                    } else {
+                        v.clone()
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+            members: self.members.iter().map(StoreSpec::hidden).collect(),
+        }
+    }
+}
+
+/// What stands for a secret in text shown to people.
+const HIDDEN: &str = "***";
+
+/// Parameters that hold secrets (CHAP secrets and passwords of the kinds that log in).
+fn is_secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("secret") || k.contains("password")
+}
+
+/// `//user%password@host/...` (libiscsi's URL form, as the `iscsi` kind's path has it)
+/// with the password hidden; any other text as it is.
+fn hide_url_password(path: &str) -> String {
+    let (scheme, rest) = match path.find("//") {
+        Some(i) => path.split_at(i + 2),
+        None => return path.to_owned(),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return path.to_owned();
+    };
+    match rest[..at].find('%') {
+        Some(pct) => format!("{scheme}{}%{HIDDEN}{}", &rest[..pct], &rest[at..]),
+        None => path.to_owned(),
+    }
+}
+
+/// A spec's text as a person typed it, with what looks like a secret hidden (for errors
+/// about text that does not parse, where no spec exists to ask).
+fn hide_in_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(c) = text[at..].chars().next() {
+        out.push(c);
+        at += c.len_utf8();
+        if c != '=' {
+            continue;
+        }
+        // A `key=value` whose key names a secret: the value runs to `&`, `,` or `]`.
+        let key_start = text[..at - 1]
+            .rfind(|c: char| matches!(c, '?' | '&' | '[' | ','))
+            .map_or(0, |i| i + 1);
+        if is_secret_param(&text[key_start..at - 1]) {
+            out.push_str(HIDDEN);
+            at = text[at..]
+                .find(|c: char| matches!(c, '&' | ',' | ']'))
+                .map_or(text.len(), |i| at + i);
+        }
+    }
+    hide_url_passwords(&out)
+}
+
+/// Every `//user%password@` in `text` with the password hidden.
+fn hide_url_passwords(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("//") {
+        let (before, from) = rest.split_at(i);
+        out.push_str(before);
+        let end = from[2..]
+            .find(|c: char| matches!(c, '/' | ',' | ']' | '?'))
+            .map_or(from.len(), |j| j + 2);
+        out.push_str(&hide_url_password(&from[..end]));
+        rest = &from[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Sizes as every command line and the config write them (the units crate).
@@ -306,7 +414,7 @@ impl Parser<'_> {
             format!("{reason} at {near:?}")
         };
         SpecError::Syntax {
-            spec: self.text.into(),
+            spec: hide_in_text(self.text),
             reason,
         }
     }
@@ -351,7 +459,7 @@ impl Parser<'_> {
             if key == "members" {
                 if !spec.members.is_empty() {
                     return Err(SpecError::Duplicate {
-                        spec: self.text.into(),
+                        spec: hide_in_text(self.text),
                         key,
                     });
                 }
@@ -383,16 +491,16 @@ impl Parser<'_> {
     fn rename(&self, e: SpecError) -> SpecError {
         match e {
             SpecError::Duplicate { key, .. } => SpecError::Duplicate {
-                spec: self.text.into(),
+                spec: hide_in_text(self.text),
                 key,
             },
             SpecError::BadName { name, what, .. } => SpecError::BadName {
-                spec: self.text.into(),
+                spec: hide_in_text(self.text),
                 name,
                 what,
             },
             SpecError::Reserved { key, .. } => SpecError::Reserved {
-                spec: self.text.into(),
+                spec: hide_in_text(self.text),
                 key,
             },
             e => e,
@@ -440,7 +548,7 @@ impl Parser<'_> {
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 let Some(byte) = byte else {
                     return Err(SpecError::Syntax {
-                        spec: self.text.into(),
+                        spec: hide_in_text(self.text),
                         reason: "`%` must start an escape of two hex digits (%25 for `%` itself)"
                             .into(),
                     });
@@ -453,7 +561,7 @@ impl Parser<'_> {
             }
         }
         String::from_utf8(out).map_err(|_| SpecError::Syntax {
-            spec: self.text.into(),
+            spec: hide_in_text(self.text),
             reason: "an escape decodes to bytes that are not UTF-8".into(),
         })
     }
@@ -561,6 +669,33 @@ impl<'de> serde::Deserialize<'de> for Scalar {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn secrets_are_hidden_from_what_people_see() {
+        let text = "stripe:?unit=1M&members=[iscsi://ds1%25pw-one@10.0.0.1:3260/iqn.x/0?\
+                    target_secret=pw-two,file:a.img?size=1G]";
+        let s = spec(text);
+        let shown = s.shown();
+        for leak in ["pw-one", "pw-two"] {
+            assert!(!shown.contains(leak), "{shown}");
+            assert!(!format!("{s:?}").contains(leak));
+        }
+        assert!(shown.contains("iscsi://ds1%25***@10.0.0.1:3260/iqn.x/0"), "{shown}");
+        assert!(shown.contains("target_secret=***"), "{shown}");
+        assert!(shown.contains("file:a.img?size=1G"), "{shown}");
+        // The spec itself keeps them: it is what the store is opened with.
+        assert!(s.to_string().contains("pw-one") && s.to_string().contains("pw-two"));
+        // A bad secret's value is not named in the error.
+        let e = s.members()[0].bad_value("target_secret", "pw-two", "too short");
+        assert!(!e.to_string().contains("pw-two"), "{e}");
+        // Nor is text that does not parse.
+        let e = "stripe:?members=[iscsi://u%25pw-three@h/iqn/0?chap_secret=pw-four,]]"
+            .parse::<StoreSpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("pw-three") && !e.contains("pw-four"), "{e}");
+    }
+
     use super::*;
 
     fn spec(s: &str) -> StoreSpec {

@@ -443,7 +443,8 @@ impl StoreFactory for StripeFactory {
         let unused: u64 = sizes.iter().map(|s| s - stripe.per_member).sum();
         if unused > 0 {
             tracing::warn!(
-                "store `{spec}`: members of unequal size ({}); {} of them is left unused",
+                "store `{}`: members of unequal size ({}); {} of them is left unused",
+                spec.shown(),
                 sizes
                     .iter()
                     .map(|s| human_size(*s))

@@ -61,8 +61,12 @@ pub struct LocalLun {
     pub changes: Option<Arc<dyn ChangeLog>>,
 }
 
+/// The LUNs the agent serves, asked at every request: those the target has now, so a
+/// configuration reload that removes a LUN takes it from the agent too.
+pub type Luns = Box<dyn Fn() -> Vec<LocalLun> + Send + Sync>;
+
 pub struct Agent {
-    luns: Vec<LocalLun>,
+    luns: Luns,
     portals: Vec<String>,
     jobs: Mutex<HashMap<u64, Arc<Job>>>,
     next_job: AtomicU64,
@@ -117,7 +121,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Answer> {
 }
 
 impl Agent {
-    pub fn new(luns: Vec<LocalLun>, portals: Vec<String>, base: SessionOptions) -> Agent {
+    pub fn new(luns: Luns, portals: Vec<String>, base: SessionOptions) -> Agent {
         Agent {
             luns,
             portals,
@@ -127,9 +131,9 @@ impl Agent {
         }
     }
 
-    fn find(&self, iqn: &str, lun: u16) -> Result<&LocalLun, Answer> {
-        self.luns
-            .iter()
+    fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
+        (self.luns)()
+            .into_iter()
             .find(|l| l.iqn == iqn && l.lun == lun)
             .ok_or_else(|| err(404, format!("no LUN {lun} of target {iqn} here")))
     }
@@ -181,8 +185,7 @@ impl Agent {
     fn luns_info(&self) -> Answer {
         ok(&api::Luns {
             portals: self.portals.clone(),
-            luns: self
-                .luns
+            luns: (self.luns)()
                 .iter()
                 .map(|l| api::LunInfo {
                     iqn: l.iqn.clone(),
@@ -201,7 +204,7 @@ impl Agent {
 
     async fn start_send(self: Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::SendRequest = parse(body)?;
-        let local = self.find(&req.iqn, req.lun)?.clone();
+        let local = self.find(&req.iqn, req.lun)?;
         let size = local.store.size();
         let url = IscsiUrl::parse(&req.dest).map_err(|e| err(400, e))?;
         let mut opts = url.options(&self.base).map_err(|e| err(400, e))?;
@@ -343,7 +346,7 @@ impl Agent {
 
     async fn sums(&self, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::SumsRequest = parse(body)?;
-        let local = self.find(&req.iqn, req.lun)?.clone();
+        let local = self.find(&req.iqn, req.lun)?;
         if req.unit == 0 {
             return Err(err(400, "unit 0"));
         }
@@ -379,7 +382,7 @@ impl Agent {
 
     async fn release(&self, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::Release = parse(body)?;
-        let local = self.find(&req.iqn, req.lun)?.clone();
+        let local = self.find(&req.iqn, req.lun)?;
         let Some(changes) = local.changes else {
             return Err(err(409, "this LUN keeps no change tracking"));
         };

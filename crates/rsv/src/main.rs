@@ -66,42 +66,45 @@ fn init_logging(verbose: u8) {
 }
 
 /// Starts the agent of `rsv sync` beside the target when `[control]` (or `--control`)
-/// asks for it: it reaches every LUN's store directly.
+/// asks for it: it reaches the stores of the LUNs the target has at each request (a
+/// reload that removes a LUN takes it from the agent too).
 fn start_agent(
     server: &targetd::server::Server,
     config: &targetd::config::Config,
-    stores: &backstore::Registry,
 ) -> anyhow::Result<()> {
     let Some(control) = &config.control else {
         return Ok(());
     };
     let key = replicate::auth::Key::from_file(&control.key_file)?;
-    let mut luns = Vec::new();
-    for t in server.targets() {
-        let tc = config.targets.iter().find(|c| c.iqn == t.iqn);
-        for (&id, lu) in &t.luns {
-            // The store as opened (not the tracking wrapper: the agent only reads it)
-            // and its change map, where the LUN keeps one.
-            let Some(targetd::server::LunStore { store, changes }) = server.lun_store(&t.iqn, id)
-            else {
-                continue;
-            };
-            let spec = tc
-                .and_then(|c| c.luns.iter().find(|l| l.id == id))
-                .and_then(|l| l.store_spec(stores).ok())
-                .map_or_else(|| store.description(), |s| s.to_string());
-            luns.push(replicate::agent::LocalLun {
-                iqn: t.iqn.clone(),
-                lun: id,
-                store,
-                spec,
-                block_size: lu.config().block_size,
-                changes: changes.map(|c| c as std::sync::Arc<dyn replicate::agent::ChangeLog>),
-            });
+    let live = server.live();
+    let luns = move || {
+        let mut luns = Vec::new();
+        for t in live.targets() {
+            for (&id, lu) in &t.luns {
+                // The store as opened (not the tracking wrapper: the agent only reads
+                // it) and its change map, where the LUN keeps one.
+                let Some(s) = t.lun_store(id) else { continue };
+                luns.push(replicate::agent::LocalLun {
+                    iqn: t.iqn.clone(),
+                    lun: id,
+                    store: s.store.clone(),
+                    spec: s.spec.clone(),
+                    block_size: lu.config().block_size,
+                    changes: s
+                        .changes
+                        .clone()
+                        .map(|c| c as std::sync::Arc<dyn replicate::agent::ChangeLog>),
+                });
+            }
         }
-    }
+        luns
+    };
     let portals = server.portals().iter().map(ToString::to_string).collect();
-    let agent = replicate::agent::Agent::new(luns, portals, initiator::SessionOptions::default());
+    let agent = replicate::agent::Agent::new(
+        Box::new(luns),
+        portals,
+        initiator::SessionOptions::default(),
+    );
     let addr = replicate::agent::spawn(control.listen, key, agent)?;
     println!("control {addr}");
     Ok(())
@@ -111,6 +114,7 @@ fn main() -> anyhow::Result<ExitCode> {
     // Store kinds beyond the built-in ones are registered here.
     let mut stores = backstore::Registry::with_builtins();
     remote::register(&mut stores);
+    #[cfg(feature = "rbd")]
     rbd::register(&mut stores);
     let matches = Cli::command()
         .mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores))
@@ -120,7 +124,7 @@ fn main() -> anyhow::Result<ExitCode> {
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
         Command::Target(args) => ok(targetd::cli::run_with(args, &stores, |server, config| {
-            start_agent(server, config, &stores)
+            start_agent(server, config)
         })),
         Command::Ls(args) => ok(tools::cli::ls(args)),
         Command::Inq(args) => ok(tools::cli::inq(args)),

@@ -18,7 +18,7 @@ mod xcopy;
 
 pub use lu::{AsyncFlush, AsyncRead, AsyncWrite, LentRead, LogicalUnit};
 pub use sense::Sense;
-pub use xcopy::{CopyTargets, Designator};
+pub use xcopy::{Designator, OnlyItself, Reach};
 
 /// SCSI status codes (SAM-5).
 pub mod status {

@@ -320,13 +320,16 @@ impl Reservations {
         Ok(truncate(d, alloc))
     }
 
-    /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise.
+    /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise. `admits` says
+    /// whether an initiator (by iSCSI name) may reach this logical unit at all: a
+    /// reservation is moved only to one that may (REGISTER AND MOVE).
     pub fn persistent_out(
         &mut self,
         nexus: Nexus,
         cdb: &[u8],
         data: &[u8],
         ptpl_capable: bool,
+        admits: &dyn Fn(&str) -> bool,
     ) -> Result<Notices, Fail> {
         let sa = cdb[1] & 0x1f;
         let scope = cdb[2] >> 4;
@@ -343,7 +346,16 @@ impl Reservations {
         let sa_key = be64(&p[8..16]);
         let port = self.port(nexus);
         if sa == SA_REGISTER_AND_MOVE {
-            return self.register_and_move(&port, key, sa_key, kind, scope, p, ptpl_capable);
+            return self.register_and_move(
+                &port,
+                key,
+                sa_key,
+                kind,
+                scope,
+                p,
+                ptpl_capable,
+                admits,
+            );
         }
         let flags = p[20];
         let spec_i_pt = flags & 0x08 != 0;
@@ -546,6 +558,7 @@ impl Reservations {
         scope: u8,
         p: &[u8],
         ptpl_capable: bool,
+        admits: &dyn Fn(&str) -> bool,
     ) -> Result<Notices, Fail> {
         let Some((holder, held)) = self.reservation.clone() else {
             return Err(Fail::Conflict);
@@ -576,7 +589,10 @@ impl Reservations {
             .ok_or(sense::PARAMETER_LIST_LENGTH_ERROR)?;
         let dest = parse_transport_id(tid)
             .ok_or_else(|| Sense::invalid_field_in_parameter_list(24, None))?;
-        if dest.eq_ignore_ascii_case(port) {
+        // A destination that may not reach this LU (not admitted to the target, or masked
+        // from the LU) could never use or release what it is given; it is refused as LIO
+        // refuses a destination without an ACL mapping the LUN.
+        if dest.eq_ignore_ascii_case(port) || !admits(initiator_name(&dest)) {
             return Err(Sense::invalid_field_in_parameter_list(24, None).into());
         }
         match self
@@ -650,6 +666,11 @@ impl Reservations {
     }
 }
 
+/// The iSCSI name of an initiator port name ("name,i,0x<isid>", or the name alone).
+fn initiator_name(port: &str) -> &str {
+    port.split(",i,0x").next().unwrap_or(port)
+}
+
 /// iSCSI transport ID, format 01b: "name,i,0x<isid>" (SPC-5 7.6.4.6).
 fn transport_id(port: &str) -> Vec<u8> {
     let mut name = port.as_bytes().to_vec();
@@ -705,7 +726,7 @@ mod tests {
         sa_key: u64,
     ) -> Result<Notices, Fail> {
         let (cdb, p) = prout(sa, kind, key, sa_key, 0);
-        r.persistent_out(n, &cdb, &p, true)
+        r.persistent_out(n, &cdb, &p, true, &|_| true)
     }
 
     fn read10() -> [u8; 10] {
@@ -906,7 +927,15 @@ mod tests {
         p[20..24].copy_from_slice(&(tid.len() as u32).to_be_bytes());
         p.extend(tid);
         cdb[5..9].copy_from_slice(&(p.len() as u32).to_be_bytes());
-        r.persistent_out(A, &cdb, &p, true).unwrap();
+        // Not to an initiator the access rules keep from this LU: nothing changes.
+        let b_name = r.port(B).split(",i,0x").next().unwrap().to_owned();
+        let elsewhere = |name: &str| !name.eq_ignore_ascii_case(&b_name);
+        assert!(matches!(
+            r.persistent_out(A, &cdb, &p, true, &elsewhere),
+            Err(Fail::Check(s)) if s == Sense::invalid_field_in_parameter_list(24, None)
+        ));
+        assert!(r.is_holder(&r.port(A)));
+        r.persistent_out(A, &cdb, &p, true, &|_| true).unwrap();
         assert_eq!(keys(&r), vec![9]);
         assert!(r.is_holder(&r.port(B)));
         assert_eq!(r.check(A, &read10()), Err(Fail::Conflict));
@@ -916,7 +945,7 @@ mod tests {
     fn save_and_load() {
         let mut r = setup();
         let (cdb, p) = prout(SA_REGISTER, 0, 0, 0x1234, 0x01);
-        r.persistent_out(A, &cdb, &p, true).unwrap();
+        r.persistent_out(A, &cdb, &p, true, &|_| true).unwrap();
         out(&mut r, A, SA_RESERVE, kind::EXCLUSIVE_ACCESS, 0x1234, 0).unwrap();
         assert!(r.aptpl());
         let mut back = Reservations::load(&r.save()).unwrap();
@@ -931,7 +960,7 @@ mod tests {
         // APTPL is refused where nothing can be kept.
         let (cdb, p) = prout(SA_REGISTER_AND_IGNORE, 0, 0, 1, 0x01);
         assert!(matches!(
-            r.persistent_out(B, &cdb, &p, false),
+            r.persistent_out(B, &cdb, &p, false, &|_| true),
             Err(Fail::Check(_))
         ));
     }

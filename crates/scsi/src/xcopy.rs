@@ -41,11 +41,36 @@ pub struct Designator {
     pub value: Vec<u8>,
 }
 
-/// The logical units an EXTENDED COPY sent to one logical unit may name as copy sources
-/// and destinations, found by designator. The target implements it over the logical units
-/// it exposes together; without it a logical unit copies only within itself.
-pub trait CopyTargets: Send + Sync + std::fmt::Debug {
+/// What a command may reach beyond the logical unit it was sent to, as the transport's
+/// access rules have it at the moment of the call (the sending session's view of the
+/// target, LUN masking applied). Commands that name other logical units (EXTENDED COPY)
+/// or other initiators (REGISTER AND MOVE's TransportID) ask it where the data is
+/// reached, not only where the command came in.
+pub trait Reach: Send + Sync {
+    /// The logical unit with `designator` among those the sending I_T nexus may reach.
+    /// A copy asks again before each piece it moves, so one masked while the copy runs
+    /// stops it. A logical unit outside the view is indistinguishable from one that does
+    /// not exist.
     fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>>;
+
+    /// Whether the initiator named `initiator` (its iSCSI name, no ISID) may reach `lu`,
+    /// which the sending nexus reaches.
+    fn admits(&self, initiator: &str, lu: &LogicalUnit) -> bool;
+}
+
+/// No logical unit but the one the command was sent to, and no access rules on
+/// initiators: what a command reaches when the transport gives no view.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OnlyItself;
+
+impl Reach for OnlyItself {
+    fn find(&self, _: &Designator) -> Option<Arc<LogicalUnit>> {
+        None
+    }
+
+    fn admits(&self, _: &str, _: &LogicalUnit) -> bool {
+        true
+    }
 }
 
 /// One CSCD descriptor as the parameter list gives it.

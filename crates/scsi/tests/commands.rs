@@ -1,7 +1,7 @@
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use backstore::{Backstore, RamBackstore};
-use scsi::{sense, Command, CopyTargets, Designator, LogicalUnit, LuConfig, Nexus, Response};
+use scsi::{sense, Command, Designator, LogicalUnit, LuConfig, Nexus, Reach, Response};
 
 const BS: usize = 512;
 const BLOCKS: u64 = 4096;
@@ -1539,6 +1539,19 @@ fn xcopy(lu: &LogicalUnit, p: &[u8]) -> Response {
     exec(lu, &xcopy_cdb(p.len()), p)
 }
 
+/// EXTENDED COPY from a nexus that reaches the logical units `reach` finds.
+fn xcopy_via(lu: &LogicalUnit, reach: &dyn Reach, p: &[u8]) -> Response {
+    lu.execute_abortable(
+        &Command {
+            cdb: &xcopy_cdb(p.len()),
+            data_out: p,
+            nexus: N,
+        },
+        reach,
+        &|| false,
+    )
+}
+
 fn receive_copy_results(sa: u8, list_id: u8) -> Vec<u8> {
     let mut c = vec![0u8; 16];
     c[0] = 0x84;
@@ -1607,9 +1620,13 @@ fn extended_copy_within_one_logical_unit() {
 #[derive(Debug)]
 struct Peers(Vec<Arc<LogicalUnit>>);
 
-impl CopyTargets for Peers {
+impl Reach for Peers {
     fn find(&self, d: &Designator) -> Option<Arc<LogicalUnit>> {
         self.0.iter().find(|lu| lu.has_designator(d)).cloned()
+    }
+
+    fn admits(&self, _: &str, _: &LogicalUnit) -> bool {
+        true
     }
 }
 
@@ -1630,7 +1647,7 @@ fn extended_copy_between_logical_units() {
         ..peer_config(0x6000_0000_0000_00c3)
     }));
     let (da, db, dro) = (naa_of(&a), naa_of(&b), naa_of(&ro));
-    let peers: Arc<dyn CopyTargets> = Arc::new(Peers(vec![a.clone(), b.clone(), ro.clone()]));
+    let peers = Peers(vec![a.clone(), b.clone(), ro.clone()]);
     let list = copy_list(
         1,
         3,
@@ -1639,9 +1656,7 @@ fn extended_copy_between_logical_units() {
     );
     // Without a way to the other logical units, b cannot be reached.
     assert_sense(&xcopy(&a, &list), 0x0a, 0x08, 0x04);
-    for lu in [&a, &b, &ro] {
-        lu.set_copy_targets(Arc::downgrade(&peers) as Weak<dyn CopyTargets>);
-    }
+    let xcopy = |lu: &LogicalUnit, p: &[u8]| xcopy_via(lu, &peers, p);
     good(&exec(&a, &write10(0, 4), &fill(0x77, 4)));
     good(&xcopy(&a, &list));
     assert_eq!(good(&exec(&b, &read10(100, 4), &[])), &fill(0x77, 4)[..]);
@@ -1824,13 +1839,64 @@ fn gated_lu(
     (lu, started, go)
 }
 
+/// Copy targets as a nexus's view gives them, masked after `left` lookups: a
+/// configuration reload that hides a LU while a copy to or from it runs.
+#[derive(Debug)]
+struct MaskedAfter {
+    peers: Vec<Arc<LogicalUnit>>,
+    left: std::sync::atomic::AtomicUsize,
+}
+
+impl Reach for MaskedAfter {
+    fn find(&self, d: &Designator) -> Option<Arc<LogicalUnit>> {
+        use std::sync::atomic::Ordering;
+        self.left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()?;
+        self.peers.iter().find(|lu| lu.has_designator(d)).cloned()
+    }
+
+    fn admits(&self, _: &str, _: &LogicalUnit) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_copy_target_masked_while_copying_stops_the_copy() {
+    let a = Arc::new(lu_with(peer_config(0x6000_0000_0000_00a1)));
+    let b = Arc::new(lu_with(peer_config(0x6000_0000_0000_00b2)));
+    // The whole LU, 2 MiB: two pieces of 1 MiB, the view asked before each.
+    let blocks = BLOCKS as u16;
+    let list = copy_list(
+        1,
+        0,
+        &[cscd(&naa_of(&a), 512), cscd(&naa_of(&b), 512)],
+        &[segment(0, 1, blocks, 0, 0)],
+    );
+    let reach = MaskedAfter {
+        peers: vec![b.clone()],
+        left: 2.into(),
+    };
+    // Found once to start, reached for the first piece, masked before the second.
+    let r = xcopy_via(&a, &reach, &list);
+    assert_sense(&r, 0x0a, 0x0d, 0x02);
+    let st = good(&exec(&a, &receive_copy_results(0, 1), &[])).to_vec();
+    assert_eq!(st[4], 2, "the copy ended with errors");
+    // The same copy with the view unchanged completes.
+    let reach = MaskedAfter {
+        peers: vec![b.clone()],
+        left: usize::MAX.into(),
+    };
+    good(&xcopy_via(&a, &reach, &list));
+}
+
 #[test]
 fn a_copy_target_being_sanitized_is_not_reachable() {
     let a = Arc::new(lu_with(peer_config(0x6000_0000_0000_00a1)));
     let (b, started, go) = gated_lu(peer_config(0x6000_0000_0000_00b2));
     assert_sense(&exec(&b, &[0, 0, 0, 0, 0, 0], &[]), 0x06, 0x29, 0x00);
-    let peers: Arc<dyn CopyTargets> = Arc::new(Peers(vec![a.clone(), b.clone()]));
-    a.set_copy_targets(Arc::downgrade(&peers) as Weak<dyn CopyTargets>);
+    let peers = Peers(vec![a.clone(), b.clone()]);
+    let xcopy = |lu: &LogicalUnit, p: &[u8]| xcopy_via(lu, &peers, p);
     let list = copy_list(
         1,
         3,
@@ -2090,6 +2156,7 @@ fn sanitize_runs_on_after_immed_and_abort() {
             data_out: &p,
             nexus: N,
         },
+        &scsi::OnlyItself,
         &|| true,
     );
     assert_sense(&r, 0x02, 0x04, 0x1b);

@@ -183,7 +183,17 @@ pub fn document_stores(cmd: clap::Command, stores: &Registry) -> clap::Command {
         .get_after_help()
         .map(ToString::to_string)
         .unwrap_or_default();
-    cmd.after_long_help(format!("{after}\n\n{}", stores.help()))
+    let congestion = match net::cc::built() {
+        Ok(()) => "rsv (Reservoir's BPF congestion control; it loads where the process may \
+                   load BPF, as root) and the kernel's"
+            .to_string(),
+        Err(why) => format!("the kernel's only (rsv not in this build: {why})"),
+    };
+    cmd.after_long_help(format!(
+        "{after}\n\n{}\n\nCongestion controls in this build: {congestion}: {}.",
+        stores.help(),
+        net::available_congestion().join(", ")
+    ))
 }
 
 /// Runs the target, opening stores of the kinds `stores` knows.
@@ -225,7 +235,8 @@ pub fn run_with(
                 };
                 let description = description.replace('\n', "\n    ");
                 luns.push(format!(
-                    "{at}: store {spec}\n    {description}\n    {tracking}"
+                    "{at}: store {}\n    {description}\n    {tracking}",
+                    spec.shown()
                 ));
             }
         }
@@ -267,10 +278,16 @@ pub fn run_with(
         println!("ready");
         use std::io::Write;
         let _ = std::io::stdout().flush();
+        crate::notify::ready(&server.shared().status());
+        if let Some(every) = crate::notify::watchdog_interval() {
+            info!("systemd watchdog: {every:?}; pinged at half of it");
+        }
+        let watchdog = crate::notify::watchdog(server.shared());
         let grace = Duration::from_secs(args.grace);
         tokio::select! {
             r = server.run(shutdown_signal(), grace) => r,
             never = reloads => match never {},
+            never = watchdog => match never {},
         }
     });
     // A flush given up on after the grace period may still hold a blocking worker.
@@ -293,6 +310,7 @@ async fn follow_reloads(
         };
         let path = path.display();
         info!("SIGHUP: reloading {path}");
+        crate::notify::reloading();
         // Opening a store may block (files, another target's login).
         let done = tokio::task::block_in_place(|| {
             let config = load(args)?;
@@ -304,6 +322,7 @@ async fn follow_reloads(
                 warn!("reload of {path} refused, the configuration in force is unchanged: {e:#}")
             }
         }
+        crate::notify::ready(&reloader.status());
     }
 }
 
@@ -314,4 +333,5 @@ async fn shutdown_signal() {
         _ = term.recv() => info!("SIGTERM"),
         _ = tokio::signal::ctrl_c() => info!("SIGINT"),
     }
+    crate::notify::stopping();
 }

@@ -317,7 +317,7 @@ pub struct Discovery {
     pub chap: Option<Chap>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
@@ -325,6 +325,19 @@ pub struct Chap {
     /// Mutual CHAP: the name and secret the target answers the initiator's challenge with.
     pub mutual_user: Option<String>,
     pub mutual_secret: Option<String>,
+}
+
+/// Names, never secrets: a configuration is printed whole by `--check`.
+impl std::fmt::Debug for Chap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
+        f.debug_struct("Chap")
+            .field("user", &self.user)
+            .field("secret", &"***")
+            .field("mutual_user", &self.mutual_user)
+            .field("mutual_secret", &hidden(&self.mutual_secret))
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -571,12 +584,40 @@ impl Config {
         }
     }
 
+    /// Reads and validates `path`; a file that holds CHAP secrets and that every user may
+    /// read is said so in one warning (a group may read it: a packaged service's user).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let config = Self::parse(&text, &path.display().to_string())?;
+        if let Some(warning) = std::fs::metadata(path)
+            .ok()
+            .and_then(|m| config.exposed_secrets(path, m.permissions()))
+        {
+            tracing::warn!("{warning}");
+        }
+        Ok(config)
+    }
+
+    /// What to say when the file at `path`, with `permissions`, lets every user read the
+    /// CHAP secrets this configuration holds.
+    fn exposed_secrets(&self, path: &Path, permissions: std::fs::Permissions) -> Option<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let chaps = self.targets.iter().flat_map(|t| {
+            t.chap
+                .iter()
+                .chain(t.initiators.iter().filter_map(|i| i.chap.as_ref()))
+        });
+        let holds = self.discovery.chap.is_some() || chaps.count() > 0;
+        let mode = permissions.mode() & 0o777;
+        (holds && mode & 0o004 != 0).then(|| {
+            format!(
+                "{}: mode {mode:03o} lets every user read its CHAP secrets; chmod o-r it",
+                path.display()
+            )
+        })
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
@@ -819,6 +860,24 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_world_readable_file_with_chap_secrets_is_said_so() {
+        use std::os::unix::fs::PermissionsExt;
+        let with = Config::parse(
+            "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n\
+             chap = { user = \"u\", secret = \"a-secret-of-12\" }\n",
+            "t",
+        )
+        .unwrap();
+        let without = Config::embedded_default();
+        let p = Path::new("target.toml");
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        let said = with.exposed_secrets(p, mode(0o644)).unwrap();
+        assert!(said.contains("644") && !said.contains("a-secret"), "{said}");
+        assert_eq!(with.exposed_secrets(p, mode(0o640)), None);
+        assert_eq!(without.exposed_secrets(p, mode(0o644)), None);
+    }
 
     #[test]
     fn isns_section() {

@@ -99,6 +99,21 @@ impl Cores {
         Ok((Cores { cores }, Stop(stops)))
     }
 
+    /// Whether every core runs a task within `within`: none is stuck.
+    pub(crate) async fn alive(&self, within: Duration) -> bool {
+        let probes: Vec<_> = self.cores.iter().map(|c| c.handle.spawn(async {})).collect();
+        tokio::time::timeout(within, async {
+            for p in probes {
+                if p.await.is_err() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Runs a new connection's future on core `home` when given (and valid), else on the
     /// least busy core. `make` runs on the chosen core, inside its runtime (a socket
     /// registered there is served by its thread), and gets the connection's count.

@@ -4,11 +4,12 @@
 //!
 //! Modules depend on each other one way only, each on those listed before it:
 //! `config` (with `reload`, the sans-IO plan of a configuration reload), `tags`,
-//! `loglimit`, `cores` → `node` → `open` → `task` → `session` (with `session::recovery`) → `shared`
-//! → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) → `isns` →
-//! `server` → `cli`. The submodules of `conn` add `impl Conn` blocks and import from `conn`; `conn`
-//! imports nothing from them. A module that needs something from one after it in this
-//! order gets it handed down (an `Arc`, a channel, a closure) instead of importing it.
+//! `loglimit`, `cores` → `node` → `open` → `task` → `session` (with `session::recovery`)
+//! → `shared` → `wire` → `login` → `conn` (with `conn::{transfer, exec, text, tmf}`) →
+//! `isns` → `server` → `notify` (systemd's notify protocol) → `cli`. The submodules of
+//! `conn` add `impl Conn` blocks and import from `conn`; `conn` imports nothing from them.
+//! A module that needs something from one after it in this order gets it handed down (an
+//! `Arc`, a channel, a closure) instead of importing it.
 
 pub mod cli;
 pub mod config;
@@ -18,6 +19,7 @@ mod isns;
 mod login;
 mod loglimit;
 mod node;
+mod notify;
 mod open;
 pub mod reload;
 pub mod server;

@@ -376,10 +376,7 @@ fn bind_session(
         ));
     }
     // LUN masking: the session holds the target as this initiator sees it.
-    let view_of = |t: Arc<TargetNode>| match t.view_for(&outcome.initiator_name) {
-        Some(view) => Arc::new(view),
-        None => t,
-    };
+    let view_of = |t: Arc<TargetNode>| t.view_of(&outcome.initiator_name);
     let node = match outcome.session_type {
         SessionType::Discovery => None,
         SessionType::Normal => {
@@ -432,6 +429,16 @@ fn bind_session(
     if let Some(node) = node {
         match shared.find_target(&node.iqn) {
             Some(now) if Arc::ptr_eq(&now, &node) => {}
+            Some(now) if !now.allows(&outcome.initiator_name) => {
+                shared.remove_session(session.tsih);
+                return Err((
+                    status::AUTHORIZATION_FAILURE,
+                    format!(
+                        "initiator {} no longer admitted to target {} by a configuration reload",
+                        outcome.initiator_name, node.iqn
+                    ),
+                ));
+            }
             Some(now) => {
                 session.set_target(view_of(now));
             }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use backstore::{Backstore, ChangeMap};
-use scsi::{CopyTargets, Designator, LogicalUnit};
+use scsi::{Designator, LogicalUnit, Reach};
 
 use std::net::SocketAddr;
 
@@ -35,6 +35,8 @@ pub struct TargetNode {
 pub struct LunStore {
     pub store: Arc<dyn Backstore>,
     pub changes: Option<Arc<ChangeMap>>,
+    /// The spec it was opened from, as shown to people (`StoreSpec::shown`: no secrets).
+    pub spec: String,
 }
 
 impl TargetNode {
@@ -95,6 +97,15 @@ impl TargetNode {
         })
     }
 
+    /// The target as `initiator` sees it, LUN masking applied: the node itself when the
+    /// initiator sees every LUN. Whether it may log in at all is `allows`.
+    pub fn view_of(self: &Arc<Self>, initiator: &str) -> Arc<TargetNode> {
+        match self.view_for(initiator) {
+            Some(v) => Arc::new(v),
+            None => self.clone(),
+        }
+    }
+
     /// LUN `id`'s store and change map.
     pub fn lun_store(&self, id: u16) -> Option<&LunStore> {
         self.stores.get(&id)
@@ -105,13 +116,29 @@ impl TargetNode {
     }
 }
 
-/// EXTENDED COPY sent to one logical unit of a target reaches the target's others.
-impl CopyTargets for TargetNode {
+/// The LUs of a node, and who may reach them. A session's node is its view of the target
+/// (LUN masking applied), so an EXTENDED COPY it sends reaches what it may see and no
+/// more (see `Session`'s `Reach`).
+impl Reach for TargetNode {
     fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
         self.luns
             .values()
             .find(|lu| lu.has_designator(designator))
             .cloned()
+    }
+
+    /// Admitted to the target, and `lu` among its LUNs: a view keeps the whole node's
+    /// access rules, so masking `initiator`'s view of it keeps `lu` only where both see it.
+    fn admits(&self, initiator: &str, lu: &LogicalUnit) -> bool {
+        if !self.allows(initiator) {
+            return false;
+        }
+        let seen =
+            |luns: &BTreeMap<u16, Arc<LogicalUnit>>| luns.values().any(|l| std::ptr::eq(&**l, lu));
+        match self.view_for(initiator) {
+            Some(view) => seen(&view.luns),
+            None => seen(&self.luns),
+        }
     }
 }
 

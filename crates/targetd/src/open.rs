@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use backstore::{Backstore, ChangeMap, NewMap, Registry, Tracked};
-use scsi::{CopyTargets, LogicalUnit, LuConfig};
+use scsi::{LogicalUnit, LuConfig};
 use tracing::info;
 
 use crate::config::{Config, LunConfig, TargetConfig};
@@ -70,9 +70,7 @@ fn open_changes(
 }
 
 /// The node of target `t`: LUNs in `keep` reused, every other one opened; `taken` holds
-/// the change maps of the LUNs opened or kept so far. The node's LUs do not reach each
-/// other for EXTENDED COPY until [`wire_copy_targets`]: a reload that fails later must
-/// leave the running LUs as they are.
+/// the change maps of the LUNs opened or kept so far.
 pub(crate) fn open_target(
     t: &TargetConfig,
     config: &Config,
@@ -121,6 +119,7 @@ pub(crate) fn open_target(
             LunStore {
                 store: raw,
                 changes,
+                spec: spec.shown(),
             },
         );
         let description = store.description();
@@ -176,13 +175,4 @@ pub(crate) fn open_target(
         luns,
         stores: lun_stores,
     })
-}
-
-/// EXTENDED COPY sent to one of `node`'s LUs reaches the node's others. The LUs hold the
-/// node weakly: it owns them.
-pub(crate) fn wire_copy_targets(node: &Arc<TargetNode>) {
-    let peers = Arc::downgrade(node) as std::sync::Weak<dyn CopyTargets>;
-    for lu in node.luns.values() {
-        lu.set_copy_targets(peers.clone());
-    }
 }

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 pub use crate::node::{LunStore, TargetNode};
-use crate::open::{open_target, wire_copy_targets, Kept};
+use crate::open::{open_target, Kept};
 use crate::session::ConnEvent;
 use crate::shared::{Live, Shared};
 use crate::wire::PortalTls;
@@ -94,6 +94,16 @@ fn isns_targets(targets: &[Arc<TargetNode>]) -> crate::isns::Targets {
         .collect()
 }
 
+/// The targets in force, as the last configuration reload left them ([`Server::live`]).
+#[derive(Clone)]
+pub struct LiveTargets(Arc<Shared>);
+
+impl LiveTargets {
+    pub fn targets(&self) -> Vec<Arc<TargetNode>> {
+        self.0.live().targets.clone()
+    }
+}
+
 /// Puts a new configuration in force in a running target ([`Server::reloader`]); see
 /// [`Reloader::reload`].
 pub struct Reloader {
@@ -104,6 +114,11 @@ pub struct Reloader {
 }
 
 impl Reloader {
+    /// One line saying what is served, for the service manager.
+    pub(crate) fn status(&self) -> String {
+        self.shared.status()
+    }
+
     /// Puts `new` (read and validated) in force as far as a running target can
     /// (`crate::reload`), opening the stores of LUNs added or changed with `stores`'
     /// kinds; nothing changes unless all of it can. Ok: one line saying what was done.
@@ -153,9 +168,6 @@ impl Reloader {
             )?));
         }
         // Everything opened: from here on nothing fails.
-        for node in &targets {
-            wire_copy_targets(node);
-        }
         let registered = isns_targets(&targets);
         let dropped = self.shared.replace_live(Live {
             targets,
@@ -217,7 +229,6 @@ impl Server {
                 &mut change_maps,
                 &BTreeMap::new(),
             )?);
-            wire_copy_targets(&node);
             targets.push(node);
         }
         let mut listeners = Vec::new();
@@ -287,6 +298,16 @@ impl Server {
     /// The targets in force.
     pub fn targets(&self) -> Vec<Arc<TargetNode>> {
         self.shared.live().targets.clone()
+    }
+
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// The targets in force at each call, for code beside the server that must follow
+    /// configuration reloads (the sync agent).
+    pub fn live(&self) -> LiveTargets {
+        LiveTargets(self.shared.clone())
     }
 
     /// What puts a reloaded configuration in force while [`Server::run`] serves.
@@ -778,11 +799,18 @@ size = "1MiB"
             p.extend(seg);
             p
         };
+        // Sent by a session that sees the whole target (a masked one's view is tested in
+        // tests/masking.rs).
         let xcopy = |lu: &LogicalUnit, p: &[u8]| {
             let mut c = vec![0u8; 16];
             c[0] = 0x83;
             c[13] = p.len() as u8;
-            exec(lu, &c, p)
+            let cmd = Command {
+                cdb: &c,
+                data_out: p,
+                nexus: Nexus(1),
+            };
+            lu.execute_abortable(&cmd, &*targets[0], &|| false)
         };
         // Sent to either LU of the target, the copy goes from LU 0 to LU 3.
         for to in [a, b] {

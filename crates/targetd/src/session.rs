@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use iscsi::ffp::CmdOrder;
 use iscsi::negotiate::SessionParams;
 use iscsi::pdu::Pdu;
-use scsi::Nexus;
+use scsi::{Designator, LogicalUnit, Nexus, Reach};
 use tokio::sync::mpsc;
 
 use crate::node::TargetNode;
@@ -79,6 +79,19 @@ struct Inner {
     tasks: TagMap<u32, TaskRec>,
     closed: bool,
     retained: recovery::Retained,
+}
+
+/// What a command of this session may reach beyond its own LU (EXTENDED COPY's copy
+/// targets): the LUs of the session's view of its target as it is at each call, so a
+/// reload that masks a LUN stops a copy that was running to or from it.
+impl Reach for Session {
+    fn find(&self, designator: &Designator) -> Option<Arc<LogicalUnit>> {
+        self.target()?.find(designator)
+    }
+
+    fn admits(&self, initiator: &str, lu: &LogicalUnit) -> bool {
+        self.target().is_some_and(|t| t.admits(initiator, lu))
+    }
 }
 
 impl Session {

@@ -264,10 +264,19 @@ impl Shared {
                 self.remove_session(s.tsih);
                 continue;
             };
-            let view = match node.view_for(&s.initiator) {
-                Some(v) => Arc::new(v),
-                None => node.clone(),
-            };
+            // An initiator the new rules do not admit would otherwise see the whole
+            // target, as one without a LUN list does.
+            if !node.allows(&s.initiator) {
+                info!(
+                    "session {} of {}: initiator no longer admitted to target {}; closing it",
+                    s.tsih, s.initiator, node.iqn
+                );
+                s.close();
+                s.broadcast(|| ConnEvent::Close("initiator no longer admitted to the target"));
+                self.remove_session(s.tsih);
+                continue;
+            }
+            let view = node.view_of(&s.initiator);
             let same = view.luns.len() == seen.luns.len()
                 && view
                     .luns
@@ -321,6 +330,26 @@ impl Shared {
                 return;
             }
             notified.await;
+        }
+    }
+
+    /// One line for the service manager's status: what is served.
+    pub(crate) fn status(&self) -> String {
+        let live = self.live();
+        let luns: usize = live.targets.iter().map(|t| t.luns.len()).sum();
+        format!(
+            "serving {} target(s), {luns} LUN(s); {} session(s)",
+            live.targets.len(),
+            self.session_count()
+        )
+    }
+
+    /// Whether the threads that serve connections each run a task within `within`
+    /// (without connection threads of its own, the runtime that asks serves them).
+    pub(crate) async fn serving(&self, within: std::time::Duration) -> bool {
+        match &self.cores {
+            Some(cores) => cores.alive(within).await,
+            None => true,
         }
     }
 

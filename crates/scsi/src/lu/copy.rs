@@ -1,19 +1,31 @@
 //! EXTENDED COPY (LID1) and RECEIVE COPY RESULTS, within this logical unit or to another.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use crate::cdb::{be32, truncate};
 use crate::opcodes::*;
 use crate::sense::{self, Sense};
-use crate::xcopy::{self, CopyList, CopyState, CopyStatus, Segment};
+use crate::xcopy::{self, CopyList, CopyState, CopyStatus, Designator, Reach, Segment};
 use crate::{Command, Nexus};
 
 use super::{lcm, LogicalUnit, Outcome, COPY_CHUNK};
 
-/// A copy source or destination: this logical unit or another one.
+/// A copy source or destination: this logical unit or another one, found by the
+/// designator it is named by.
 enum CopyTarget<'a> {
     This(&'a LogicalUnit),
-    Other(Arc<LogicalUnit>),
+    Other(Arc<LogicalUnit>, &'a Designator),
+}
+
+impl CopyTarget<'_> {
+    /// Whether the nexus still reaches it: a reload may have masked it since the copy
+    /// began. The logical unit the command was sent to is reached for as long as it runs.
+    fn reachable(&self, reach: &dyn Reach) -> bool {
+        match self {
+            CopyTarget::This(_) => true,
+            CopyTarget::Other(lu, d) => reach.find(d).is_some_and(|now| Arc::ptr_eq(&now, lu)),
+        }
+    }
 }
 
 impl std::ops::Deref for CopyTarget<'_> {
@@ -22,7 +34,7 @@ impl std::ops::Deref for CopyTarget<'_> {
     fn deref(&self) -> &LogicalUnit {
         match self {
             CopyTarget::This(lu) => lu,
-            CopyTarget::Other(lu) => lu,
+            CopyTarget::Other(lu, _) => lu,
         }
     }
 }
@@ -30,7 +42,9 @@ impl std::ops::Deref for CopyTarget<'_> {
 impl LogicalUnit {
     /// EXTENDED COPY (LID1, SPC-4 6.4): the segments run in order, each read from its
     /// source logical unit and written to its destination as READ and WRITE would be.
-    pub(super) fn extended_copy(&self, cmd: &Command) -> Outcome {
+    /// Copy targets other than this logical unit are those `reach` finds: the ones the
+    /// command's I_T nexus may reach.
+    pub(super) fn extended_copy(&self, cmd: &Command, reach: &dyn Reach) -> Outcome {
         let len = xcopy::parameter_list_length(cmd.cdb);
         let p = self.data(cmd.data_out, len as u64)?;
         let Some(list) = xcopy::parse(p)? else {
@@ -53,7 +67,7 @@ impl LogicalUnit {
             }
             copies.insert(key, status);
         }
-        let result = self.run_segments(cmd.nexus, &list, &mut status);
+        let result = self.run_segments(cmd.nexus, reach, &list, &mut status);
         status.state = if result.is_ok() {
             CopyState::Done
         } else {
@@ -73,21 +87,31 @@ impl LogicalUnit {
     fn run_segments(
         &self,
         nexus: Nexus,
+        reach: &dyn Reach,
         list: &CopyList,
         status: &mut CopyStatus,
     ) -> Result<(), Sense> {
         for seg in &list.segments {
             let at = |s: Sense| s.at_parameter(seg.offset as u16);
-            let src = self.copy_target(list, seg.source).map_err(at)?;
-            let dst = self.copy_target(list, seg.destination).map_err(at)?;
-            status.bytes += self.copy_segment(nexus, &src, &dst, seg).map_err(at)?;
+            let src = self.copy_target(reach, list, seg.source).map_err(at)?;
+            let dst = self.copy_target(reach, list, seg.destination).map_err(at)?;
+            let reachable = || src.reachable(reach) && dst.reachable(reach);
+            status.bytes += self
+                .copy_segment(nexus, &src, &dst, seg, &reachable)
+                .map_err(at)?;
             status.segments_processed += 1;
         }
         Ok(())
     }
 
-    /// The logical unit a CSCD descriptor names.
-    fn copy_target(&self, list: &CopyList, index: u16) -> Result<CopyTarget<'_>, Sense> {
+    /// The logical unit a CSCD descriptor names. One the nexus may not reach is
+    /// answered as one that does not exist.
+    fn copy_target<'a>(
+        &'a self,
+        reach: &dyn Reach,
+        list: &'a CopyList,
+        index: u16,
+    ) -> Result<CopyTarget<'a>, Sense> {
         let cscd = list
             .cscds
             .get(index as usize)
@@ -102,12 +126,10 @@ impl LogicalUnit {
         let lu = if self.has_designator(&cscd.designator) {
             CopyTarget::This(self)
         } else {
-            self.copy_targets
-                .get()
-                .and_then(Weak::upgrade)
-                .and_then(|t| t.find(&cscd.designator))
-                .map(CopyTarget::Other)
-                .ok_or(sense::UNREACHABLE_COPY_TARGET)?
+            let lu = reach
+                .find(&cscd.designator)
+                .ok_or(sense::UNREACHABLE_COPY_TARGET)?;
+            CopyTarget::Other(lu, &cscd.designator)
         };
         // A block device CSCD states the block length it expects.
         if cscd.block_size as u64 != lu.block_size {
@@ -120,13 +142,16 @@ impl LogicalUnit {
     }
 
     /// Copies one block to block segment; returns the bytes copied. Whatever a copy
-    /// target refuses (range, write protection, reservations, I/O) aborts the copy.
+    /// target refuses (range, write protection, reservations, I/O) aborts the copy, and
+    /// so does a copy target the nexus no longer reaches (`reachable`, asked before each
+    /// piece).
     fn copy_segment(
         &self,
         nexus: Nexus,
         src: &LogicalUnit,
         dst: &LogicalUnit,
         seg: &Segment,
+        reachable: &dyn Fn() -> bool,
     ) -> Result<u64, Sense> {
         let unit = if seg.destination_count {
             dst.block_size
@@ -163,6 +188,9 @@ impl LogicalUnit {
             starts.reverse();
         }
         for start in starts {
+            if !reachable() {
+                return Err(sense::COPY_TARGET_DEVICE_NOT_REACHABLE);
+            }
             let n = chunk.min(bytes - start);
             let (s_lba, s_blocks) = (seg.source_lba + start / src.block_size, n / src.block_size);
             let (d_lba, d_blocks) = (

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use backstore::Backstore;
 
@@ -20,7 +20,7 @@ use crate::pr::{Fail, Notices, Reservations};
 use crate::range_lock::{RangeGuard, RangeLocks};
 use crate::sanitize::Sanitizer;
 use crate::sense::{self, Sense};
-use crate::xcopy::{self, CopyStatus, CopyTargets, Designator};
+use crate::xcopy::{self, CopyStatus, Designator, OnlyItself, Reach};
 use crate::{status, Command, LuConfig, Nexus, Response};
 
 mod copy;
@@ -64,8 +64,6 @@ pub struct LogicalUnit {
     reservations: Mutex<Reservations>,
     /// VPD page 83h designators of this logical unit (association: logical unit).
     designators: Vec<Designator>,
-    /// The other logical units EXTENDED COPY may reach, when the transport tells.
-    copy_targets: OnceLock<Weak<dyn CopyTargets>>,
     /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
     copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
 }
@@ -96,15 +94,8 @@ impl LogicalUnit {
             locks: Arc::default(),
             reservations: Mutex::new(reservations),
             designators,
-            copy_targets: OnceLock::new(),
             copies: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Lets EXTENDED COPY reach the logical units `targets` finds (the target's other
-    /// logical units). Set once; later calls change nothing.
-    pub fn set_copy_targets(&self, targets: Weak<dyn CopyTargets>) {
-        let _ = self.copy_targets.set(targets);
     }
 
     /// Whether `d` is one of this logical unit's designators (VPD page 83h).
@@ -291,16 +282,24 @@ impl LogicalUnit {
         }
     }
 
-    /// Runs one command. Safe to call from many threads at once.
+    /// Runs one command that reaches no other logical unit (an EXTENDED COPY copies only
+    /// within this one). Safe to call from many threads at once.
     pub fn execute(&self, cmd: &Command) -> Response {
-        self.execute_abortable(cmd, &|| false)
+        self.execute_abortable(cmd, &OnlyItself, &|| false)
     }
 
-    /// Runs one command that the transport may abort while it runs: `aborted` says when.
-    /// Only a SANITIZE waiting for its operation looks (and stops waiting); every other
-    /// command finishes as it would.
-    pub fn execute_abortable(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Response {
-        match self.run(cmd, aborted) {
+    /// Runs one command as the transport received it: `reach` finds the other logical
+    /// units the command's I_T nexus may reach (EXTENDED COPY's copy targets), and
+    /// `aborted` says when the transport has aborted it. Only a SANITIZE waiting for its
+    /// operation looks at `aborted` (and stops waiting); every other command finishes as
+    /// it would.
+    pub fn execute_abortable(
+        &self,
+        cmd: &Command,
+        reach: &dyn Reach,
+        aborted: &dyn Fn() -> bool,
+    ) -> Response {
+        match self.run(cmd, reach, aborted) {
             Ok(data) => Response::good(data),
             Err(Fail::Check(s)) => Response::check_condition(&s),
             Err(Fail::Conflict) => Response {
@@ -311,7 +310,12 @@ impl LogicalUnit {
         }
     }
 
-    fn run(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Result<Vec<u8>, Fail> {
+    fn run(
+        &self,
+        cmd: &Command,
+        reach: &dyn Reach,
+        aborted: &dyn Fn() -> bool,
+    ) -> Result<Vec<u8>, Fail> {
         let Some(&opcode) = cmd.cdb.first() else {
             return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
         };
@@ -353,15 +357,20 @@ impl LogicalUnit {
             RESERVE_6 | RESERVE_10 => self.pr().reserve(cmd.nexus, cdb).map(|_| Vec::new()),
             RELEASE_6 | RELEASE_10 => self.pr().release(cmd.nexus, cdb).map(|_| Vec::new()),
             PERSISTENT_RESERVE_IN => self.pr().persistent_in(cdb, ptpl),
-            PERSISTENT_RESERVE_OUT => self.persistent_out(cmd),
+            PERSISTENT_RESERVE_OUT => self.persistent_out(cmd, reach),
             MAINTENANCE_IN if sa == SA_REPORT_TARGET_PORT_GROUPS => {
                 Ok(inquiry::report_target_port_groups(cdb, &self.config)?)
             }
-            _ => Ok(self.run_unreserved(cmd, aborted)?),
+            _ => Ok(self.run_unreserved(cmd, reach, aborted)?),
         }
     }
 
-    fn run_unreserved(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
+    fn run_unreserved(
+        &self,
+        cmd: &Command,
+        reach: &dyn Reach,
+        aborted: &dyn Fn() -> bool,
+    ) -> Outcome {
         let cdb = cmd.cdb;
         match cdb[0] {
             INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
@@ -381,7 +390,7 @@ impl LogicalUnit {
             START_STOP_UNIT => self.start_stop(cdb, cmd.nexus),
             PREVENT_ALLOW => self.prevent_allow(cdb, cmd.nexus),
             // Each copy target's medium is checked when a segment reaches it.
-            EXTENDED_COPY => self.extended_copy(cmd),
+            EXTENDED_COPY => self.extended_copy(cmd, reach),
             RECEIVE_COPY_RESULTS => self.receive_copy_results(cdb, cmd.nexus),
             _ => {
                 self.medium_present()?;
@@ -390,10 +399,11 @@ impl LogicalUnit {
         }
     }
 
-    fn persistent_out(&self, cmd: &Command) -> Result<Vec<u8>, Fail> {
+    fn persistent_out(&self, cmd: &Command, reach: &dyn Reach) -> Result<Vec<u8>, Fail> {
         let ptpl = self.config.pr_file.is_some();
         let mut pr = self.pr();
-        let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl)?;
+        let admits = |initiator: &str| reach.admits(initiator, self);
+        let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl, &admits)?;
         if let Some(path) = &self.config.pr_file {
             let result = if pr.aptpl() {
                 let tmp = path.with_extension("tmp");

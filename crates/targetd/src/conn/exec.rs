@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::Conn;
 use crate::node::TargetNode;
+use crate::session::Session;
 use crate::task::Task;
 use crate::wire::{self, Out};
 
@@ -39,6 +40,7 @@ impl Conn {
         let job = Job {
             task,
             target,
+            session: self.session.clone(),
             nexus: self.session.nexus,
             out: self.out.clone(),
             max_seg: self.params.max_send_data_segment_length,
@@ -159,6 +161,9 @@ const LEND_MIN: u32 = 32 * 1024;
 struct Job {
     task: Task,
     target: Arc<TargetNode>,
+    /// Whose command it is: what else it may reach (EXTENDED COPY) is the session's
+    /// view of the target at the time, not `target` as it was when the command came.
+    session: Arc<Session>,
     nexus: scsi::Nexus,
     out: mpsc::UnboundedSender<Out>,
     max_seg: u32,
@@ -322,6 +327,7 @@ impl Job {
                         data_out,
                         nexus: self.nexus,
                     },
+                    &*self.session,
                     &|| t.ctl.is_aborted(),
                 )
             };

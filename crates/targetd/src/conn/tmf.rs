@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::loglimit::peer_log;
+use crate::node::TargetNode;
 use iscsi::ffp::{logout, tmf};
 use iscsi::pdu::{lun_from_wire, LogoutRequest, LogoutResponse, TaskMgmtRequest, TaskMgmtResponse};
 use scsi::LogicalUnit;
@@ -109,6 +110,14 @@ impl Conn {
         all
     }
 
+    /// Whether `view`, this session's view of its target, is the whole target as now
+    /// configured.
+    fn sees_whole(&self, view: &TargetNode) -> bool {
+        self.shared
+            .find_target(&view.iqn)
+            .is_some_and(|t| t.luns.keys().eq(view.luns.keys()))
+    }
+
     pub(super) async fn on_tmf(&mut self, t: TaskMgmtRequest) {
         let function = t.function;
         let lun = lun_from_wire(t.lun);
@@ -149,6 +158,10 @@ impl Conn {
             },
             tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => match &target {
                 None => tmf::NOT_SUPPORTED,
+                // A target reset reaches every LU and (cold) every session of the target:
+                // not for an initiator that LUN masking keeps from some of them (LIO too
+                // refuses target resets unless an initiator's ACL allows them).
+                Some(tg) if !self.sees_whole(tg) => tmf::AUTHORIZATION_FAILED,
                 Some(tg) => {
                     let tasks = self.session.tasks_on(None);
                     self.abort_tasks(tasks).await;

@@ -24,9 +24,8 @@ pub fn start(session_toml: &str) -> SocketAddr {
 
 /// A target whose LUN 0 is described by `lun_toml`.
 pub fn start_with(session_toml: &str, lun_toml: &str) -> SocketAddr {
-    let toml = format!(
+    start_toml(&format!(
         r#"
-portals = ["127.0.0.1:0"]
 [session]
 {session_toml}
 [[target]]
@@ -35,7 +34,12 @@ iqn = "{IQN}"
 id = 0
 {lun_toml}
 "#
-    );
+    ))
+}
+
+/// A target of this configuration (its portals: one on 127.0.0.1, port chosen).
+pub fn start_toml(toml: &str) -> SocketAddr {
+    let toml = format!("portals = [\"127.0.0.1:0\"]\n{toml}");
     let config = Config::parse(&toml, "test").unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -90,6 +94,30 @@ impl Raw {
         prefs: SessionParams,
         pacing_hint: Option<u64>,
     ) -> Raw {
+        Self::login_as(
+            addr,
+            "iqn.2026-11.org.reservoir:raw-initiator",
+            isid,
+            tsih,
+            cid,
+            cmdsn,
+            prefs,
+            pacing_hint,
+        )
+    }
+
+    /// Logs in as the initiator named `initiator`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn login_as(
+        addr: SocketAddr,
+        initiator: &str,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        cmdsn: u32,
+        prefs: SessionParams,
+        pacing_hint: Option<u64>,
+    ) -> Raw {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut raw = Raw {
@@ -104,7 +132,7 @@ impl Raw {
             pacing: TargetPacing::NotAsked,
         };
         let mut login = InitiatorLogin::new(InitiatorLoginConfig {
-            initiator_name: "iqn.2026-11.org.reservoir:raw-initiator".into(),
+            initiator_name: initiator.into(),
             initiator_alias: None,
             target_name: Some(IQN.into()),
             session_type: SessionType::Normal,
