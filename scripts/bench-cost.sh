@@ -30,14 +30,14 @@
 # Environment: RSV_A, RSV_B (paths to rsv binaries; B optional, and may be A's path),
 # RSV_A_ARGS, RSV_B_ARGS (extra `rsv bench` flags for each, e.g. "--opt recv_buffer=8MiB"),
 # RSV (target), ROUNDS, ROWS, STAT, QEMU=0 (no qemu-img rows), OUT (JSON, default
-# bench-cost.json).
+# lab/bench/cost.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-5}
 ROUNDS=${ROUNDS:-3}
 ROWS=${ROWS:-read:1m write:1m read:4k}
 STAT=${STAT:-0}
-OUT=${OUT:-bench-cost.json}
+OUT=${OUT:-lab/bench/cost.json}
 QD=32
 RSV_A=${RSV_A:?RSV_A: path to an rsv binary}
 RSV_B=${RSV_B:-}

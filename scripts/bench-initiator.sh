@@ -21,21 +21,21 @@
 #
 # Flame graphs: one more (unmeasured) 4-connection run of each workload on Reservoir under
 # `perf record`, for the initiator and the target: $FLAME_DIR/{4k,1m}-{initiator,target}.svg
-# (default bench/flame; FLAME=0: none).
+# (default lab/bench/flame; FLAME=0: none).
 #
 # Environment: RSV=path to a built rsv (else `cargo build --release` here, honouring
-# CARGO_TARGET_DIR); SIZE (default 1GiB); OUT (default bench-initiator.json); CONNS (default
+# CARGO_TARGET_DIR); SIZE (default 1GiB); OUT (default lab/bench/initiator.json); CONNS (default
 # "1 2 4 8"); RSV_TARGET_TOML (appended to the target's configuration, see bench-peers.sh).
 # Both tools share the machine with their target: on few cores the figures move with
 # whatever else runs; the load average is printed with the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
-OUT=${OUT:-bench-initiator.json}
+OUT=${OUT:-lab/bench/initiator.json}
 SIZE=${SIZE:-1GiB}
 CONNS=${CONNS:-1 2 4 8}
 FLAME=${FLAME:-1}
-FLAME_DIR=${FLAME_DIR:-bench/flame}
+FLAME_DIR=${FLAME_DIR:-lab/bench/flame}
 QD=32
 if [ -z "${RSV:-}" ]; then
   ./scripts/setup.sh

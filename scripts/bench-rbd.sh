@@ -16,7 +16,7 @@
 # queue depth 32, 4 KiB random and 1 MiB sequential: fio's rbd engine beside Reservoir's
 # own initiator (`rsv bench --rw write`; iscsi-perf only reads) through the target. Prints a
 # table with each Reservoir figure over librbd's (fio), the load average at the start and
-# end (the machine may be shared), and writes $OUT (default bench-rbd.json). Every row
+# end (the machine may be shared), and writes $OUT (default lab/bench/rbd.json). Every row
 # also gives CPU seconds per GiB moved: the client's (fio with librbd in it, iscsi-perf,
 # qemu-img: its user + system time), the target's and the OSD's (from /proc, over the
 # client's run); on two shared CPUs these say more than throughput ratios do. With
@@ -27,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
-OUT=${OUT:-bench-rbd.json}
+OUT=${OUT:-lab/bench/rbd.json}
 SIZE_MB=${SIZE_MB:-1024}
 ./scripts/setup.sh
 if ! command -v fio >/dev/null || ! fio --enghelp 2>/dev/null | grep -qw rbd; then

@@ -23,14 +23,14 @@
 # costs. The load average before and after is printed with the table.
 #
 # Environment: RSV=path to a built rsv (else `cargo build --release -p rsv` here, honouring
-# CARGO_TARGET_DIR); SPAN; QD (default 32); UNITS; OUT (default bench-stripe.json).
+# CARGO_TARGET_DIR); SPAN; QD (default 32); UNITS; OUT (default lab/bench/stripe.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 SPAN=${SPAN:-256MiB}
 QD=${QD:-32}
 UNITS=${UNITS:-1M 256K}
-OUT=${OUT:-bench-stripe.json}
+OUT=${OUT:-lab/bench/stripe.json}
 if [ -z "${RSV:-}" ]; then
   cargo build --release -p rsv >/dev/null
   RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv

@@ -12,19 +12,19 @@
 # the target from /proc/PID/stat), over the tool's whole run. Flame graphs of Reservoir's
 # target and of iscsi-perf on the 1 MiB and 4 KiB rows (one more, unmeasured run each,
 # under `perf record`): $FLAME_DIR/target-{4k,1m}-{initiator,target}.svg (default
-# bench/flame; FLAME=0: none).
+# lab/bench/flame; FLAME=0: none).
 #
-# Prints one table and the ratios; JSON to $OUT (default bench-target.json).
+# Prints one table and the ratios; JSON to $OUT (default lab/bench/target.json).
 # Environment: RSV=path to a built rsv (else `cargo build --release` here, honouring
 # CARGO_TARGET_DIR), e.g. to compare two builds of Reservoir in one sitting; CONNS (default
 # "1 2 4 8"); RSV_TARGET_TOML (appended to the target's configuration, see bench-peers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
-OUT=${OUT:-bench-target.json}
+OUT=${OUT:-lab/bench/target.json}
 CONNS=${CONNS:-1 2 4 8}
 FLAME=${FLAME:-1}
-FLAME_DIR=${FLAME_DIR:-bench/flame}
+FLAME_DIR=${FLAME_DIR:-lab/bench/flame}
 QD=32
 if [ -z "${RSV:-}" ]; then
   ./scripts/setup.sh

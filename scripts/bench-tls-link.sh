@@ -5,25 +5,26 @@
 #   scripts/bench-tls-link.sh RSV ROW...
 #
 # Each ROW is MODE:RW[:SECS]: MODE plain, aes128, aes256 or chacha20; RW read or write;
-# SECS (default 8). Brings up `rsv wan` (RATE, default 1gbit; RTT, default 1ms; LOSS),
+# SECS (default 8). Brings up `rsv-lab wan` (the one beside RSV; RATE, default 1gbit; RTT, default 1ms; LOSS),
 # the namespaces' TCP as the lab sets it, `rsv target` with a RAM LUN of 1 GiB and a
 # plaintext and a TLS portal in site b, writes the LUN for 4 s, then runs `rsv bench`
 # (1 MiB sequential, QD, default 16) from site a for each row in turn and prints MB/s and
 # CPU seconds per GB of the target, the initiator and the relay. CAP=1: after each row a
 # 1-s run captured by tcpdump in the sender's namespace, to OUTDIR/cap-MODE-RW.pcap
-# (`rsv timing --link-rate 1gbit` reads it). PERF=target|init: `perf record -g` of that
+# (`rsv-lab timing --link-rate 1gbit` reads it). PERF=target|init: `perf record -g` of that
 # side for 3 s in the middle of each row, to OUTDIR/perf-MODE-RW-SIDE.data. NAME: the
 # link's name (default ${RSV_LAB_PREFIX}tlslink). Run it under the exclusive bench lock.
 set -euo pipefail
 RSV=$(realpath "$1"); shift
+RSV_LAB=$(dirname "$RSV")/rsv-lab
 RATE=${RATE:-1gbit}; RTT=${RTT:-1ms}; NAME=${NAME:-${RSV_LAB_PREFIX:-}tlslink}; QD=${QD:-16}
 OUTDIR=${OUTDIR:-.}
 work=$(mktemp -d /tmp/rsv-tlslink.XXXXXX)
 pid=
-cleanup() { set +e; [ -n "$pid" ] && kill $pid 2>/dev/null && timeout 10 tail --pid=$pid -f /dev/null; $RSV wan down --name $NAME >/dev/null 2>&1; rm -rf "$work"; }
+cleanup() { set +e; [ -n "$pid" ] && kill $pid 2>/dev/null && timeout 10 tail --pid=$pid -f /dev/null; $RSV_LAB wan down --name $NAME >/dev/null 2>&1; rm -rf "$work"; }
 trap cleanup EXIT
-$RSV wan down --name $NAME >/dev/null 2>&1 || true
-up=$($RSV wan up --name $NAME --json --hosts-a 1 --rate $RATE --rtt $RTT ${LOSS:+--loss $LOSS})
+$RSV_LAB wan down --name $NAME >/dev/null 2>&1 || true
+up=$($RSV_LAB wan up --name $NAME --json --hosts-a 1 --rate $RATE --rtt $RTT ${LOSS:+--loss $LOSS})
 read nsa nsb addr relay < <(python3 -c "import json,sys; v=json.loads(sys.argv[1]); print(v['a']['hosts'][0]['netns'], v['b']['hosts'][0]['netns'], v['b']['hosts'][0]['addr'], v.get('pid',0))" "$up")
 for ns in $nsa $nsb; do
   ip netns exec $ns sysctl -q -w net.ipv4.tcp_congestion_control=cubic net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"

@@ -13,14 +13,14 @@
 # average before and after is printed with the table, and the rows go to OUT as JSON.
 #
 # Environment: RSV=path to a built rsv (else `cargo build --release -p rsv` here, honouring
-# CARGO_TARGET_DIR); SPAN; QD (default 32); OUT (default bench-tls.json); SUITE (aes128,
+# CARGO_TARGET_DIR); SPAN; QD (default 32); OUT (default lab/bench/tls.json); SUITE (aes128,
 # aes256 or chacha20: the one suite the initiator offers; default: rustls's preference).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 SPAN=${SPAN:-1GiB}
 QD=${QD:-32}
-OUT=${OUT:-bench-tls.json}
+OUT=${OUT:-lab/bench/tls.json}
 SUITE=${SUITE:-}
 if [ -z "${RSV:-}" ]; then
   cargo build --release -p rsv >/dev/null

@@ -7,15 +7,17 @@
 # bench.json, target.log; a summary line at the end.
 set -u
 RSV=${RSV:-target/release/rsv}
+# The emulator is the bench's: the rsv-lab built beside RSV.
+RSV_LAB=${RSV_LAB:-$(dirname "$RSV")/rsv-lab}
 RW=${1:-read}; CC=${2:-rsv}; RATE=${3:-100mbit}; LOSS=${4:-0%}
 N=${RSV_LAB_PREFIX:-}cc-start
 D=${OUT:-/tmp/cc-start-$RW-$CC}
 rm -rf "$D"; mkdir -p "$D"
-$RSV wan down --name "$N" >/dev/null 2>&1
-$RSV wan up --name "$N" --rtt 100ms --rate 100mbit --loss "$LOSS" --json > "$D/wan.json" || exit 1
+$RSV_LAB wan down --name "$N" >/dev/null 2>&1
+$RSV_LAB wan up --name "$N" --rtt 100ms --rate 100mbit --loss "$LOSS" --json > "$D/wan.json" || exit 1
 field() { python3 -c "import json,sys;v=json.load(open('$D/wan.json'));print(v$1)"; }
 A=$(field "['a']['netns']"); B=$(field "['b']['netns']"); BA=$(field "['b']['addr']")
-cleanup() { [ -n "${TP:-}" ] && kill "$TP" 2>/dev/null; wait 2>/dev/null; $RSV wan down --name "$N" >/dev/null 2>&1; }
+cleanup() { [ -n "${TP:-}" ] && kill "$TP" 2>/dev/null; wait 2>/dev/null; $RSV_LAB wan down --name "$N" >/dev/null 2>&1; }
 trap cleanup EXIT
 for ns in "$A" "$B"; do
   ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control=cubic \

@@ -5,14 +5,16 @@
 #   $CC         a Reservoir session writing (rsv bench, 2 connections, congestion=$CC, default rsv)
 #   bbr         the same session on the kernel's BBR
 # and prints what each got and the third party's share. Root; namespaces $NAME-a/-b
-# (NAME=fair). RSV=path/to/rsv (default target/debug/rsv). Runs one after another, not at once.
+# (NAME=fair). RSV=path/to/rsv (default target/debug/rsv; the link through the rsv-lab beside it,
+# or RSV_LAB). Runs one after another, not at once.
 set -u
 RSV=${RSV:-$(dirname "$0")/../target/debug/rsv}
+RSV_LAB=${RSV_LAB:-$(dirname "$RSV")/rsv-lab}
 N=${NAME:-fair}
 SECS=${SECS:-30}
-$RSV wan down --name $N >/dev/null 2>&1
+$RSV_LAB wan down --name $N >/dev/null 2>&1
 D=$(mktemp -d /dev/shm/fairness.XXXX)
-$RSV wan up --name $N --rtt 50ms --rate 100mbit --json > $D/link.json || exit 1
+$RSV_LAB wan up --name $N --rtt 50ms --rate 100mbit --json > $D/link.json || exit 1
 B=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["b"]["addr"])' $D/link.json)
 pids=()
 for p in 5301 5302 5303; do ip netns exec $N-b iperf3 -s -p $p -D -I $D/iperf-$p.pid --logfile $D/iperf-s-$p.log; done
@@ -52,5 +54,5 @@ for x in kernel-bbr ${CC:-rsv} bbr; do cat /proc/loadavg; run $x; done
 cat /proc/loadavg
 kill $TPID; wait $TPID 2>/dev/null
 for p in 5301 5302 5303; do kill $(cat $D/iperf-$p.pid) 2>/dev/null; done
-$RSV wan down --name $N >/dev/null 2>&1
+$RSV_LAB wan down --name $N >/dev/null 2>&1
 echo "scratch: $D"

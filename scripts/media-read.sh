@@ -1,7 +1,7 @@
 #!/bin/bash
 # One point of lab R4, several readers in one run: the 512 MiB file read start to end in
 # 32 KiB calls by `rsv media --read` (each VARIANT its own options) and by `smbclient get`,
-# over `rsv wan` at 100 Mbit/s with DELAY ms each way and the kernel's default windows
+# over `rsv-lab wan` at 100 Mbit/s with DELAY ms each way and the kernel's default windows
 # (CUBIC, as the lab sets). Prints one line per reader: Mbit/s, % of the link, the
 # bottleneck's queue drops over the read, the reader's CPU seconds, the load average.
 #
@@ -10,12 +10,14 @@
 #   'default=--rate 100mbit'  'c2=--rate 100mbit ?connections=2'  'smb' (smbclient get);
 #   a word bin=PATH in ARGS reads with that rsv binary instead (two builds alternated over
 #   one link and target: 'old=bin=/tmp/rsv-old --rate 100mbit' 'new=--rate 100mbit')
-# Env: RSV (./target/release/rsv), DELAY (16), LINK (m3-rd: namespaces LINK-a, LINK-b),
+# Env: RSV (./target/release/rsv), RSV_LAB (the emulator's rsv-lab, default beside RSV),
+#   DELAY (16), LINK (m3-rd: namespaces LINK-a, LINK-b),
 #   SCRATCH (/dev/shm/m3-read), TARGET_SESSION (lines of the target's [session], e.g.
 #   'congestion = "cubic"'), PCAP=1 (a capture of site a's side per reader, -s 120).
 # Root. Everything it starts is stopped and the link taken down at the end.
 set -u
 RSV=${RSV:-./target/release/rsv}
+RSV_LAB=${RSV_LAB:-$(dirname "$RSV")/rsv-lab}
 OUT=${1:?OUTDIR}
 shift
 D=${SCRATCH:-/dev/shm/m3-read}
@@ -27,8 +29,8 @@ if [ ! -f "$D/media.img" ]; then
   truncate -s $(((512 << 20) + (64 << 20) + (64 << 20))) "$D/media.img"
   mkfs.ext4 -q -F -d "$D/share" "$D/media.img"
 fi
-$RSV wan down --name $L > /dev/null 2>&1
-J=$($RSV wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms) || exit 1
+$RSV_LAB wan down --name $L > /dev/null 2>&1
+J=$($RSV_LAB wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms) || exit 1
 js() { echo "$J" | python3 -c "import json,sys;v=json.load(sys.stdin);print($1)"; }
 NSA=$(js 'v["a"]["netns"]')
 NSB=$(js 'v["b"]["netns"]')
@@ -84,7 +86,7 @@ ip netns exec $NSB smbd --foreground --debug-stdout --configfile="$D/smb.conf" >
 SP=$!
 for i in $(seq 50); do grep -q '^ready' "$OUT/target.log" && break; sleep 0.2; done
 sleep 1
-drops() { $RSV wan stats --name $L --json | python3 -c 'import json,sys;v=json.load(sys.stdin);d=v.get("ba") or v["stats"]["ba"];print(d.get("drop_queue",0))'; }
+drops() { $RSV_LAB wan stats --name $L --json | python3 -c 'import json,sys;v=json.load(sys.stdin);d=v.get("ba") or v["stats"]["ba"];print(d.get("drop_queue",0))'; }
 echo "delay $DELAY ms each way, 100 Mbit/s, default windows; load $(cat /proc/loadavg)" | tee "$OUT/info"
 for v in "$@"; do
   label=${v%%=*}
@@ -128,4 +130,4 @@ print(" ".join(f"{k} {v[k]}" for k in ("connections","pacing_rate","readahead_by
 done
 kill $TP $SP
 wait $TP $SP 2> /dev/null
-$RSV wan down --name $L
+$RSV_LAB wan down --name $L

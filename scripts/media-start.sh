@@ -1,9 +1,11 @@
 #!/bin/bash
 # Start-of-stream measurement at 24 ms each way, 100 Mbit/s, with a pcap in site a.
-# Usage: media-start.sh OUTDIR  (uses $RSV, default ./target/release/rsv; LINK= the
+# Usage: media-start.sh OUTDIR  (uses $RSV, default ./target/release/rsv, and the rsv-lab beside it
+# for the link, or $RSV_LAB; LINK= the
 # link's name, SCRATCH= the directory for the image, to keep runs of several people apart)
 set -u
 RSV=${RSV:-./target/release/rsv}
+RSV_LAB=${RSV_LAB:-$(dirname "$RSV")/rsv-lab}
 OUT=${1:-/tmp/med-start}
 D=${SCRATCH:-/dev/shm/med-start}
 L=${LINK:-med-s}
@@ -15,8 +17,8 @@ if [ ! -f $D/media.img ]; then
   mkfs.ext4 -q -F -d $D/share $D/media.img
   rm $D/share/movie.mp4
 fi
-$RSV wan down --name $L >/dev/null 2>&1
-J=$($RSV wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms)
+$RSV_LAB wan down --name $L >/dev/null 2>&1
+J=$($RSV_LAB wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms)
 NSA=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["a"]["netns"])')
 NSB=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["b"]["netns"])')
 B=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["b"]["addr"])')
@@ -48,7 +50,7 @@ if [ -n "${READ:-}" ]; then
   TCK=$(getconf CLK_TCK)
   echo "read $(python3 -c 'import json,sys;v=json.load(open(sys.argv[1]));print(v["mbit_per_s"], "Mbit/s first byte", v["first_byte_ms"], "ms open", v["open_ms"], "ms read-ahead", v["readahead_bytes"])' $OUT/read.json) reader cpu $(cat $OUT/read.cpu) target cpu $(( (T1 - T0) ))/$TCK s load $(cat /proc/loadavg)" | tee -a $OUT/info
   kill $CP; kill $TP; wait $CP $TP 2>/dev/null
-  $RSV wan down --name $L
+  $RSV_LAB wan down --name $L
   exit 0
 fi
 ip netns exec $NSA env RUST_LOG=${MLOG:-info} $RSV media --listen 127.0.0.1:18080 --idle 600s ${MRATE:-} "iscsi://$B:3260/$IQN/0" > $OUT/media.out 2> $OUT/media.log &
@@ -63,4 +65,4 @@ warm2=$(ip netns exec $NSA curl -s -o /dev/null -r $((100<<20))-$(( (100<<20) + 
 sleep 0.5
 echo "cold $cold warm $warm warm2 $warm2 load $(cat /proc/loadavg)" | tee -a $OUT/info
 kill $MP; kill $CP; kill $TP; wait $MP $CP $TP 2>/dev/null
-$RSV wan down --name $L
+$RSV_LAB wan down --name $L

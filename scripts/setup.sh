@@ -253,7 +253,7 @@ check_samba() {
 }
 
 check_gridftp() {
-  # GridFTP, a peer of rsv lab run r2: a server on loopback (anonymous, as the lab runs it;
+  # GridFTP, a peer of rsv-lab run r2: a server on loopback (anonymous, as the lab runs it;
   # told its host name, since a test namespace has no resolver) receives a file from
   # globus-url-copy in two parallel streams, and the copy is compared.
   # -version exits 1 after printing it.
@@ -379,9 +379,9 @@ TOOLS=(
   "open-isns|open-isns-server open-isns-utils|an iSNS server (isnsd) and client (isnsadm) for the target's registration and rsv ls isns://|check_open_isns"
   "FUSE|fuse3|rsv mount puts a LUN behind a FUSE file|check_fuse"
   "mkfs.ext4 and losetup|e2fsprogs mount|a file system on a mounted LUN|check_ext4_loop"
-  "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv lab run r2|check_gridftp"
+  "GridFTP|globus-gass-copy-progs globus-gridftp-server-progs|globus-url-copy -p N against globus-gridftp-server, a peer in rsv-lab run r2|check_gridftp"
   "stunnel|stunnel4 openssl python3|TLS tunnels for peers that speak no TLS: libiscsi and qemu-img to a TLS portal, rsv to tgt behind one|check_stunnel"
-  "tshark and tcpdump|tshark tcpdump python3|captures and Wireshark's iSCSI dissector: rsv timing's PDU decoding is checked against it (tests/timing.rs)|check_tshark"
+  "tshark and tcpdump|tshark tcpdump python3|captures and Wireshark's iSCSI dissector: rsv-lab timing's PDU decoding is checked against it (tests/timing.rs)|check_tshark"
   "DejaVu fonts|fonts-dejavu-core|the lab draws its plots with them|check_fonts"
   "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
   "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"

@@ -3,7 +3,7 @@
 # run (CUBIC, 20 ms RTT, MTU 1500) through a fresh link, reporting the rate on the wire
 # (goodput * 1500/1448) as a fraction of the setting. Needs root, iperf3 and iproute2.
 #   usage: scripts/wan-bench.sh [RSV_WAN_BINARY] [RATES...]
-# RSV_WAN_BINARY is `rsv` or the wan crate's `rsv-wan` (both take `wan up ...`);
+# RSV_WAN_BINARY is `rsv-lab` or the wan crate's `rsv-wan` (both take `wan up ...`);
 # default: build rsv-wan in release mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."

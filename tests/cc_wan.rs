@@ -1,9 +1,11 @@
-//! `rsv`, Reservoir's congestion control, over an emulated long path (`rsv wan`, 100 ms,
+//! `rsv`, Reservoir's congestion control, over an emulated long path (`rsv-lab wan`, 100 ms,
 //! 100 Mbit/s): a connection told a start rate has its window at once instead of ten
 //! packets (from the first data it sends, not its first ACK), `rsv cp` with
 //! `congestion=rsv` to `rsv target --congestion rsv` arrives whole, both ends running it,
 //! and the path's rate it remembers (`net::paths`) sizes and starts the next copy. Needs
 //! root; elsewhere it prints SKIP. Never asserts a speed.
+
+mod common;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -13,14 +15,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn rsv() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
-}
+use common::{rsv, rsv_lab};
 
 const LINK: &str = "cc-t";
 
 /// The link and the target in it, taken down however the test ends.
 struct Lab {
+    /// `rsv-lab`, whose `wan` brings the link up and down.
+    bench: PathBuf,
     target: Option<Child>,
 }
 
@@ -30,7 +32,7 @@ impl Drop for Lab {
             let _ = t.kill();
             let _ = t.wait();
         }
-        let _ = Command::new(rsv())
+        let _ = Command::new(&self.bench)
             .args(["wan", "down", "--name", LINK])
             .output();
     }
@@ -103,11 +105,15 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
         eprintln!("SKIP cc_wan: needs root");
         return;
     }
-    let mut lab = Lab { target: None };
-    let _ = Command::new(rsv())
+    let Some(bench) = rsv_lab() else { return };
+    let mut lab = Lab {
+        bench,
+        target: None,
+    };
+    let _ = Command::new(&lab.bench)
         .args(["wan", "down", "--name", LINK])
         .output();
-    let link = run_json(Command::new(rsv()).args([
+    let link = run_json(Command::new(&lab.bench).args([
         "wan", "up", "--name", LINK, "--rtt", "100ms", "--rate", "100mbit", "--json",
     ]));
     let addr: std::net::IpAddr = link["b"]["addr"].as_str().unwrap().parse().unwrap();

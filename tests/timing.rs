@@ -1,6 +1,6 @@
-//! `rsv timing` against Wireshark's iSCSI dissector: a real Reservoir session on loopback
+//! `rsv-lab timing` against Wireshark's iSCSI dissector: a real Reservoir session on loopback
 //! (a write and a read-back through `rsv cp`) captured by tcpdump on the test's own port,
-//! then the same capture through `tshark -Y iscsi` and through `rsv timing --json`; both
+//! then the same capture through `tshark -Y iscsi` and through `rsv-lab timing --json`; both
 //! must find the same PDUs (direction, opcode, ITT, buffer offset, data segment length) in
 //! the same order. Needs root (tcpdump on `lo`), tcpdump and tshark; elsewhere SKIP.
 
@@ -31,7 +31,7 @@ fn tshark_pdus(cap: &std::path::Path, port: u16) -> Vec<Pdu> {
             &cap.display().to_string(),
             // Loopback captures can list a connection's segments out of order (two CPUs
             // sending at the same instant); tshark reassembles across such a gap only with
-            // this preference, as `rsv timing` always does.
+            // this preference, as `rsv-lab timing` always does.
             "-o",
             "tcp.reassemble_out_of_order:TRUE",
             "-o",
@@ -84,7 +84,7 @@ fn tshark_pdus(cap: &std::path::Path, port: u16) -> Vec<Pdu> {
 }
 
 #[test]
-fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
+fn timing_finds_the_pdus_wiresharks_dissector_finds() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIP: capturing on lo needs root");
@@ -93,6 +93,7 @@ fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
     if !have("tcpdump") || !have("tshark") {
         return;
     }
+    let Some(bench) = rsv_lab() else { return };
     let mut t = Target::start(Some(
         "[[target]]\niqn = \"iqn.2026-11.org.reservoir:timing\"\n[[target.lun]]\nid = 0\nstore = \"ram:?size=4MiB\"\n",
     ));
@@ -169,7 +170,7 @@ fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
 
     let theirs = tshark_pdus(&cap, port);
     let json = run_ok(
-        &rsv().display().to_string(),
+        &bench.display().to_string(),
         &[
             "timing",
             &cap.display().to_string(),
@@ -228,7 +229,7 @@ fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
     }
     // The summary names what it found.
     let text = run_ok(
-        &rsv().display().to_string(),
+        &bench.display().to_string(),
         &[
             "timing",
             &cap.display().to_string(),
@@ -243,19 +244,20 @@ fn rsv_timing_finds_the_pdus_wiresharks_dissector_finds() {
 }
 
 #[test]
-fn rsv_timing_refuses_what_is_not_a_capture_with_one_line() {
+fn timing_refuses_what_is_not_a_capture_with_one_line() {
+    let Some(bench) = rsv_lab() else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("not.pcap");
     std::fs::write(&f, b"hello, not a capture").unwrap();
     let o = run(
-        &rsv().display().to_string(),
+        &bench.display().to_string(),
         &["timing", &f.display().to_string()],
     );
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("not a pcap or pcapng file"), "{err}");
     let o = run(
-        &rsv().display().to_string(),
+        &bench.display().to_string(),
         &["timing", "/nonexistent.pcap"],
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent.pcap"));

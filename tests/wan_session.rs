@@ -1,19 +1,21 @@
-//! A copy across an emulated long path (`rsv wan`): auto-tuning sizes the session for an
+//! A copy across an emulated long path (`rsv-lab wan`): auto-tuning sizes the session for an
 //! assumed 1 Gbit/s, measures the real rate, cuts the queue back while commands are in
 //! flight, and the copy still arrives whole (`rsv cp --verify`). Needs root; elsewhere it
 //! prints SKIP. Never asserts a speed.
+
+mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn rsv() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
-}
+use common::{rsv, rsv_lab};
 
 /// The link and the target in it, taken down however the test ends.
 struct Lab {
     name: &'static str,
+    /// `rsv-lab`, whose `wan` brings the link up and down.
+    bench: PathBuf,
     target: Option<Child>,
 }
 
@@ -23,7 +25,7 @@ impl Drop for Lab {
             let _ = t.kill();
             let _ = t.wait();
         }
-        let _ = Command::new(rsv())
+        let _ = Command::new(&self.bench)
             .args(["wan", "down", "--name", self.name])
             .output();
     }
@@ -55,16 +57,18 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
         eprintln!("SKIP wan_session: needs root");
         return;
     }
+    let Some(bench) = rsv_lab() else { return };
     let mut lab = Lab {
         name: "tqs",
+        bench,
         target: None,
     };
-    let _ = Command::new(rsv())
+    let _ = Command::new(&lab.bench)
         .args(["wan", "down", "--name", lab.name])
         .output();
     // 20 ms and 60 Mbit/s: a long path (auto-tuning's two connections, bursts, queue
     // sized for 1 Gbit/s, that is 32 commands of 1 MiB) whose rate needs about six.
-    let link = run_json(Command::new(rsv()).args([
+    let link = run_json(Command::new(&lab.bench).args([
         "wan", "up", "--name", lab.name, "--rtt", "20ms", "--rate", "60mbit", "--json",
     ]));
     let addr = link["b"]["addr"].as_str().unwrap().to_owned();

@@ -1,4 +1,4 @@
-//! `rsv timing`'s reading of a capture, from anyone: the bytes of a pcap or pcapng file
+//! `rsv-lab timing`'s reading of a capture, from anyone: the bytes of a pcap or pcapng file
 //! through `timing::pcap::frames`, each frame to its TCP segment (`timing::packet`), and
 //! the whole analysis (connections, bursts, ACKs, iSCSI PDUs reassembled from the streams
 //! and the commands' latencies) into the JSON report `--json` prints. Property: no panic,

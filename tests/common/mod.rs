@@ -13,6 +13,23 @@ pub fn rsv() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
 }
 
+/// The bench's binary (`rsv-lab wan`, `rsv-lab timing`) beside the `rsv` under test, where
+/// a workspace build puts it; this package does not build it, so `cargo test -p rsv -p
+/// rsv-lab --test NAME` builds both. Missing, the test is skipped with a note (under CI or
+/// RESERVOIR_TEST_STRICT it fails instead).
+pub fn rsv_lab() -> Option<PathBuf> {
+    let lab = rsv().with_file_name("rsv-lab");
+    if lab.exists() {
+        return Some(lab);
+    }
+    let why = format!("no {} (cargo build -p rsv-lab)", lab.display());
+    if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+        panic!("cannot run: {why}");
+    }
+    eprintln!("SKIP: {why}");
+    None
+}
+
 /// Whether a peer tool is installed. Under CI a missing tool is a failure (the test
 /// command installs them), elsewhere the test is skipped with a note.
 pub fn have(tool: &str) -> bool {

@@ -612,7 +612,7 @@ impl PathLearner {
 /// Off by default (`rate_control=yes`): in the lab it helped nowhere beyond noise and
 /// cost four independent backups sharing one bottleneck (R1) 12 points of the link and
 /// their fairness, each pacing itself to its own measurement
-/// (`lab/results-rate-control/`).
+/// (`lab/results/rate-control/`).
 #[derive(Clone, Debug, Default)]
 pub struct RateControl {
     last: Option<Duration>,

@@ -1,4 +1,5 @@
-//! `rsv`: the one Reservoir binary. Thin: parses arguments and calls the libraries.
+//! `rsv`: Reservoir's binary, the product. Thin: parses arguments and calls the libraries.
+//! The bench (the lab, the WAN emulator, capture timing) is `rsv-lab`, under `lab/`.
 
 use std::process::ExitCode;
 
@@ -23,8 +24,6 @@ struct Cli {
 enum Command {
     /// Run the iSCSI target (with no flags: one 1 GiB sparse LUN under ./data on 127.0.0.1:3260).
     Target(targetd::cli::TargetArgs),
-    /// User-space WAN emulator between two network namespaces.
-    Wan(wan::cli::WanArgs),
     /// List targets, portals and LUNs (with sizes) of a portal or target.
     Ls(tools::cli::LsArgs),
     /// INQUIRY (standard, VPD 0x80/0x83/0xB0) and capacity of a LUN.
@@ -49,10 +48,6 @@ enum Command {
     Isns(isnsd::IsnsArgs),
     /// A media server: finds storage in iSNS, reads its file systems, streams over HTTP.
     Media(media::MediaArgs),
-    /// Reproduce the reference studies (R0, R1) over the WAN emulator, with peers.
-    Lab(lab::cli::LabArgs),
-    /// Packet timing of a capture: bursts, gaps, ACKs, iSCSI PDUs, command latency (R3).
-    Timing(timing::cli::TimingArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -131,7 +126,6 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Target(args) => ok(targetd::cli::run_with(args, &stores, |server, config| {
             start_agent(server, config)
         })),
-        Command::Wan(args) => ok(wan::cli::run(args)),
         Command::Ls(args) => ok(tools::cli::ls(args)),
         Command::Inq(args) => ok(tools::cli::inq(args)),
         // 3 when --max-time stopped the copy early (1 is a failure).
@@ -158,8 +152,6 @@ fn main() -> anyhow::Result<ExitCode> {
             }
         }),
         Command::Media(args) => ok(media::run(args)),
-        Command::Lab(args) => ok(lab::cli::run(args)),
-        Command::Timing(args) => ok(timing::cli::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
     }
 }

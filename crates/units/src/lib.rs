@@ -1,5 +1,5 @@
 //! The one way Reservoir reads and writes sizes, rates, durations and probabilities, on every
-//! command line (`rsv wan`, `rsv cp`/`bench`/`tune`/`mount` and their URL options, `rsv lab`)
+//! command line (`rsv cp`/`bench`/`tune`/`mount` and their URL options, the bench's `rsv-lab`)
 //! and in the target's config, so that the same words mean the same thing everywhere.
 //!
 //! **Sizes** are read as `qemu-img`, `dd` and `truncate` read them: a bare number is bytes

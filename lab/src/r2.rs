@@ -1,0 +1,1182 @@
+//! R2: Data Reservoir. Two sites of N disk servers each (plus a file server striping over
+//! them) across one long bottleneck; a volume copied disk server to disk server in N
+//! parallel iSCSI streams (`rsv sync`), against one stream, N unpaced streams, N streams
+//! statically paced to 1/N, and the peers: `iperf3 -P N` (the network's ceiling), GridFTP
+//! `globus-url-copy -p N`, and `qemu-img convert` from iSCSI to iSCSI. Every stream's
+//! throughput over time is plotted with the total, as R2's Fig. 6 does.
+//!
+//! Figures of each row, from the bottleneck's byte counters (read every 0.2 s) and the
+//! transfer's own progress:
+//! - payload share from first full: payload bytes delivered from the moment the link
+//!   first ran at 90 % of its rate to the end, over what the link's payload capacity
+//!   (rate x 1448/1500) carries in that time;
+//! - payload share of the whole transfer: all its payload bytes over the capacity from the
+//!   command's start (connection set-up and start-up included) to its end;
+//! - time until full; finish spread ((last - first) / last finish time) and Jain's index of
+//!   the streams' rates (bytes / own finish time).
+//!
+//! The bottleneck's rate is measured at the start of the run: the highest of a few
+//! candidates at which `iperf3 -P N` through the emulator keeps 95 % of the rate on the
+//! wire at 20 ms, with every disk server of both sites running.
+
+use crate::busy::{self, Sample};
+use crate::env::Environment;
+use crate::peers::{rsv_target, ISCSI_PORT};
+use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
+use anyhow::{anyhow, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const IQN: &str = "iqn.2026-11.org.reservoir:dr";
+const CONTROL_PORT: u16 = 3262;
+const GRIDFTP_PORT: u16 = 2811;
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Params {
+    /// Disk servers per site.
+    pub disk_servers: usize,
+    pub rtt_ms: Vec<u64>,
+    /// Candidate bottleneck rates, highest first (bits per second).
+    pub candidate_rates: Vec<u64>,
+    /// Link time one transfer should take at the full rate, seconds.
+    pub link_seconds: u64,
+    /// The one-stream row moves this share of the volume.
+    pub one_stream_share: f64,
+    /// How long a peer that cannot finish (qemu-img) may run, as a multiple of link_seconds.
+    pub overtime: f64,
+    /// Only the rows with these keys (all when empty).
+    pub rows: Vec<String>,
+    /// The bottleneck's rate, bits per second, instead of calibrating it.
+    pub link_rate: Option<u64>,
+}
+
+impl Params {
+    pub fn new(quick: bool) -> Params {
+        if quick {
+            Params {
+                disk_servers: 2,
+                rtt_ms: vec![50],
+                candidate_rates: vec![100_000_000],
+                link_seconds: 6,
+                one_stream_share: 0.5,
+                overtime: 3.0,
+                rows: Vec::new(),
+                link_rate: None,
+            }
+        } else {
+            Params {
+                disk_servers: 8,
+                rtt_ms: vec![350, 200],
+                candidate_rates: vec![
+                    1_000_000_000,
+                    800_000_000,
+                    600_000_000,
+                    500_000_000,
+                    400_000_000,
+                    300_000_000,
+                ],
+                link_seconds: 60,
+                one_stream_share: 0.25,
+                overtime: 2.0,
+                rows: Vec::new(),
+                link_rate: None,
+            }
+        }
+    }
+}
+
+/// One row: a way of moving the data, at one RTT.
+#[derive(Serialize, Clone, Debug, Default)]
+pub struct Row {
+    pub key: String,
+    pub label: String,
+    pub rtt_ms: u64,
+    pub streams: usize,
+    pub payload_bytes: u64,
+    pub seconds: f64,
+    pub payload_mbit_s: f64,
+    /// Payload share of the bottleneck from first full to the end (%).
+    pub from_full_pct: Option<f64>,
+    /// Payload share over the whole transfer, start-up included (%).
+    pub whole_pct: f64,
+    /// Seconds from the command's start until the link first ran full.
+    pub time_to_full_s: Option<f64>,
+    /// Bytes on the wire over the transfer as a share of the rate (%).
+    pub wire_pct: f64,
+    pub finish_spread_pct: Option<f64>,
+    pub jain: Option<f64>,
+    /// Each stream's finish time (s from the start) and rate (Mbit/s).
+    pub stream_finish_s: Vec<f64>,
+    pub stream_mbit_s: Vec<f64>,
+    /// Per-stream throughput over time: (seconds, Mbit/s) per stream.
+    pub series: Vec<Vec<(f64, f64)>>,
+    /// The whole link's payload-equivalent throughput over time (Mbit/s on the wire).
+    pub link_series: Vec<(f64, f64)>,
+    pub verified_units: Option<u64>,
+    /// TCP retransmissions per stream, as the streams last reported them.
+    pub retransmits: Vec<u64>,
+    /// What the row cost the machine: CPU, the relay, drops at the bottleneck.
+    pub cost: proc::Cost,
+    pub note: String,
+    pub error: String,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub scenario: &'static str,
+    pub quick: bool,
+    pub command: String,
+    pub params: Params,
+    /// The bottleneck the rows ran at, bits per second, and how it was chosen.
+    pub rate_bps: u64,
+    pub calibration: Vec<(u64, f64)>,
+    pub volume_bytes: u64,
+    pub environment: Environment,
+    pub rows: Vec<Row>,
+}
+
+fn payload_capacity(rate_bps: u64) -> f64 {
+    rate_bps as f64 * 1448.0 / 1500.0 / 8.0
+}
+
+/// What a site runs: N disk servers (hosts 2..N+1 of the site) and a file server (host 1).
+/// Its processes, stopped when it goes.
+struct Site {
+    _file_server: Proc,
+    _disks: Vec<Proc>,
+}
+
+fn disk_toml(addr: std::net::Ipv4Addr, key: &Path, members: &[String]) -> String {
+    let mut t = format!(
+        "portals = [\"{addr}:{ISCSI_PORT}\"]\n[control]\nlisten = \"{addr}:{CONTROL_PORT}\"\n\
+         key_file = \"{}\"\n[session]\nmax_connections = 16\n[[target]]\niqn = \"{IQN}\"\n",
+        key.display()
+    );
+    for (i, m) in members.iter().enumerate() {
+        t += &format!("[[target.lun]]\nid = {i}\nstore = \"{m}\"\n");
+    }
+    t
+}
+
+fn start_site(
+    link_hosts: &[proc::Host],
+    tag: &str,
+    key: &Path,
+    dir: &Path,
+    member: u64,
+    one: u64,
+    fill: bool,
+) -> Result<Site> {
+    let n = link_hosts.len() - 1;
+    let mut disks = Vec::new();
+    for (i, h) in link_hosts[1..].iter().enumerate() {
+        let data = dir.join(format!("{tag}-disk{i}"));
+        std::fs::create_dir_all(&data)?;
+        let img = data.join("member.img");
+        let one_img = data.join("one.img");
+        if fill {
+            proc::random_file(&img, member)?;
+        } else {
+            std::fs::File::create(&img)?.set_len(member)?;
+        }
+        let mut luns = vec![format!("file:{}", img.display())];
+        if i == 0 {
+            if fill {
+                proc::random_file(&one_img, one)?;
+            } else {
+                std::fs::File::create(&one_img)?.set_len(one)?;
+            }
+            luns.push(format!("file:{}", one_img.display()));
+        }
+        let cfg = disk_toml(h.addr, key, &luns);
+        disks.push(rsv_target(
+            &h.ns,
+            h.addr,
+            &cfg,
+            dir,
+            &format!("{tag}-disk{i}"),
+        )?);
+    }
+    let members: Vec<String> = link_hosts[1..]
+        .iter()
+        .map(|h| format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", h.addr))
+        .collect();
+    let fs = &link_hosts[0];
+    let cfg = disk_toml(
+        fs.addr,
+        key,
+        &[format!("stripe:?unit=1M&members=[{}]", members.join(","))],
+    );
+    let file_server = rsv_target(&fs.ns, fs.addr, &cfg, dir, &format!("{tag}-fs"))?;
+    eprintln!(
+        "r2: site {tag}: file server {} over {n} disk servers",
+        fs.addr
+    );
+    Ok(Site {
+        _file_server: file_server,
+        _disks: disks,
+    })
+}
+
+/// The bottleneck's samples between two Unix times, as Mbit/s over 1-s steps.
+fn link_series(ab: &[Sample], from: f64, to: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut t = from;
+    while t + 1.0 <= to + 1e-9 {
+        if let (Some(a), Some(b)) = (bytes_at(ab, t), bytes_at(ab, t + 1.0)) {
+            out.push((t + 0.5 - from, (b - a) * 8.0 / 1e6));
+        }
+        t += 1.0;
+    }
+    out
+}
+
+fn bytes_at(samples: &[Sample], at: f64) -> Option<f64> {
+    // Interpolated, as busy.rs does; None outside the samples.
+    let i = samples.partition_point(|s| s.at < at);
+    let after = samples.get(i)?;
+    if i == 0 {
+        return (after.at == at).then_some(after.bytes as f64);
+    }
+    let before = samples[i - 1];
+    let span = after.at - before.at;
+    let share = if span > 0.0 {
+        (at - before.at) / span
+    } else {
+        1.0
+    };
+    Some(before.bytes as f64 + share * (after.bytes as f64 - before.bytes as f64))
+}
+
+/// Fills a row's link figures from the bottleneck's samples over `[start, end]` (Unix).
+/// `payload_at(t)`: payload delivered by Unix time `t`, where the transfer knows it.
+fn link_figures(
+    row: &mut Row,
+    ab: &[Sample],
+    start: f64,
+    end: f64,
+    rate_bps: u64,
+    payload_at: Option<&dyn Fn(f64) -> f64>,
+) {
+    let cap = payload_capacity(rate_bps);
+    row.seconds = end - start;
+    row.payload_mbit_s = row.payload_bytes as f64 * 8.0 / row.seconds.max(1e-9) / 1e6;
+    row.whole_pct = 100.0 * row.payload_bytes as f64 / (cap * row.seconds.max(1e-9));
+    row.link_series = link_series(ab, start, end);
+    if let Some(u) = busy::link_use(ab, start, end, None, rate_bps) {
+        row.wire_pct = u.busy_pct;
+        if u.start_s < row.seconds {
+            row.time_to_full_s = Some(u.start_s);
+            let full = start + u.start_s;
+            let payload_after = match payload_at {
+                Some(f) => row.payload_bytes as f64 - f(full),
+                // Without the transfer's own progress: the wire bytes after the point,
+                // scaled by the transfer's payload share of all its wire bytes.
+                None => {
+                    let wire_after =
+                        bytes_at(ab, end).unwrap_or(0.0) - bytes_at(ab, full).unwrap_or(0.0);
+                    wire_after * row.payload_bytes as f64 / (u.wire_bytes as f64).max(1.0)
+                }
+            };
+            let span = end - full;
+            if span > 0.0 {
+                row.from_full_pct = Some(100.0 * payload_after / (cap * span));
+            }
+        }
+    }
+}
+
+/// A progress tick: Unix time, bytes acknowledged in all, and per stream.
+type Point = (f64, f64, Vec<f64>);
+
+/// A row of `rsv sync`: key, label, (source, destination), flags.
+type SyncPlan<'a> = (&'a str, String, (&'a str, &'a str), Vec<String>);
+
+/// Runs `rsv sync --json` in the source site's file-server namespace and reads its ticks.
+#[allow(clippy::too_many_arguments)]
+fn sync_row(
+    link: &Link,
+    key_file: &Path,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    rowkey: &str,
+    label: &str,
+    volume: (&str, &str),
+    args: &[String],
+    timeout: Duration,
+) -> Result<Row> {
+    let a = &link.a[0];
+    let mut cmd = in_ns(&a.ns, rsv_bin());
+    cmd.arg("sync")
+        .arg("--json")
+        .arg("--key-file")
+        .arg(key_file)
+        .args(args)
+        .arg(volume.0)
+        .arg(volume.1);
+    // RSV_LAB_KEEP=DIR keeps each sync's --json lines and its log (run with -v) there,
+    // for a look at a row's timeline; the run's results do not depend on it.
+    let keep = std::env::var_os("RSV_LAB_KEEP").map(PathBuf::from);
+    if keep.is_some() {
+        cmd.arg("-v");
+    }
+    let watch = watch(link)?;
+    let start = unix_now();
+    let out = proc::run(cmd, timeout, dir)?;
+    let end_wall = unix_now();
+    if let Some(k) = &keep {
+        std::fs::create_dir_all(k)?;
+        let stem = k.join(format!("r2-{rtt}ms-{rowkey}"));
+        std::fs::write(stem.with_extension("jsonl"), &out.stdout)?;
+        std::fs::write(
+            stem.with_extension("log"),
+            format!("started {start:.3}\n{}", out.stderr),
+        )?;
+    }
+    let (ab, _) = watch.finish();
+    let mut row = Row {
+        key: rowkey.into(),
+        label: label.into(),
+        rtt_ms: rtt,
+        ..Row::default()
+    };
+    let lines: Vec<Value> = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let done = lines.iter().find(|l| l["event"] == "done");
+    let ticks: Vec<&Value> = lines.iter().filter(|l| l["event"] == "progress").collect();
+    let Some(done) = done else {
+        row.error = format!("rsv sync did not finish: {}", out.describe());
+        link_figures(&mut row, &ab, start, end_wall, rate_bps, None);
+        return Ok(row);
+    };
+    let n = done["streams"].as_u64().unwrap_or(0) as usize;
+    row.streams = n;
+    row.payload_bytes = done["bytes"].as_u64().unwrap_or(0);
+    row.verified_units = done["verified_units"].as_u64();
+    // The most each stream reported: a finished stream's session is gone and says 0.
+    for t in &ticks {
+        for (i, x) in t["streams"].as_array().into_iter().flatten().enumerate() {
+            let r = x["retransmits"].as_u64().unwrap_or(0);
+            match row.retransmits.get_mut(i) {
+                Some(m) => *m = (*m).max(r),
+                None => row.retransmits.push(r),
+            }
+        }
+    }
+    let started = done["started_unix"].as_f64().unwrap_or(start);
+    let fin: Vec<f64> = done["finished_at"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    let sb: Vec<u64> = done["stream_bytes"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    // The transfer ends when its last stream finishes (verification comes after).
+    let end = started + fin.iter().copied().fold(0.0, f64::max);
+    // Times count from the command's start: login and planning are part of the transfer.
+    let offset = started - start;
+    row.stream_finish_s = fin.iter().map(|f| f + offset).collect();
+    row.stream_mbit_s = fin
+        .iter()
+        .zip(&sb)
+        .map(|(f, b)| *b as f64 * 8.0 / (f + offset).max(1e-9) / 1e6)
+        .collect();
+    if n > 1 {
+        let hi = row.stream_finish_s.iter().copied().fold(0.0, f64::max);
+        let lo = row
+            .stream_finish_s
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        row.finish_spread_pct = Some(100.0 * (hi - lo) / hi.max(1e-9));
+        row.jain = Some(crate::r1::jain(&row.stream_mbit_s));
+    }
+    // Per-stream series from the ticks' acknowledged bytes, over 1-s steps.
+    let points: Vec<Point> = ticks
+        .iter()
+        .map(|t| {
+            let per = t["streams"]
+                .as_array()
+                .map(|s| {
+                    s.iter()
+                        .map(|x| x["done_bytes"].as_f64().unwrap_or(0.0))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                t["unix"].as_f64().unwrap_or(0.0),
+                t["done_bytes"].as_f64().unwrap_or(0.0),
+                per,
+            )
+        })
+        .collect();
+    let at = |t: f64, f: &dyn Fn(&Point) -> f64| -> f64 {
+        let i = points.partition_point(|p| p.0 < t);
+        match (i.checked_sub(1).and_then(|j| points.get(j)), points.get(i)) {
+            (Some(b), Some(a)) if a.0 > b.0 => f(b) + (t - b.0) / (a.0 - b.0) * (f(a) - f(b)),
+            (Some(b), _) => f(b),
+            (None, Some(_)) | (None, None) => 0.0,
+        }
+    };
+    row.series = (0..n)
+        .map(|i| {
+            let mut s = Vec::new();
+            let mut t = start;
+            while t + 1.0 <= end + 1e-9 {
+                let a = at(t, &|p| p.2.get(i).copied().unwrap_or(0.0));
+                let b = at(t + 1.0, &|p| p.2.get(i).copied().unwrap_or(0.0));
+                s.push((t + 0.5 - start, (b - a) * 8.0 / 1e6));
+                t += 1.0;
+            }
+            s
+        })
+        .collect();
+    let payload_at = |t: f64| at(t, &|p| p.1);
+    link_figures(&mut row, &ab, start, end, rate_bps, Some(&payload_at));
+    if !out.ok() {
+        row.error = out.describe();
+    }
+    Ok(row)
+}
+
+/// Starts reading the bottleneck's counters and returns once a first reading is in, so
+/// that the samples cover the measurement from its start.
+fn watch(link: &Link) -> Result<proc::Watch> {
+    let w = link.watch(Duration::from_millis(200));
+    proc::sleep(Duration::from_millis(400))?;
+    Ok(w)
+}
+
+/// MemAvailable from /proc/meminfo, bytes (0 when unreadable).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `iperf3 -P N` from site A's file-server host to site B's for `seconds`.
+fn iperf3_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    n: usize,
+    seconds: u64,
+) -> Result<Row> {
+    let (a, b) = (&link.a[0], &link.b[0]);
+    let mut s = in_ns(&b.ns, "iperf3");
+    s.args(["-s", "-1", "-p", "5201"]);
+    let mut server = Proc::spawn(s, "iperf3 -s", &dir.join("iperf3-s.log"))?;
+    proc::wait_listen(&b.ns, 5201, &mut server)?;
+    let mut c = in_ns(&a.ns, "iperf3");
+    c.args([
+        "-c",
+        &b.addr.to_string(),
+        "-p",
+        "5201",
+        "-J",
+        "-i",
+        "1",
+        "-P",
+        &n.to_string(),
+        "-t",
+        &seconds.to_string(),
+    ]);
+    let watch = watch(link)?;
+    let start = unix_now();
+    let out = proc::run(c, Duration::from_secs(seconds + 60), dir)?;
+    let end = unix_now();
+    let (ab, _) = watch.finish();
+    drop(server);
+    let mut row = Row {
+        key: "iperf3".into(),
+        label: format!("iperf3 -P {n} (network ceiling)"),
+        rtt_ms: rtt,
+        streams: n,
+        ..Row::default()
+    };
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+    let received = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    row.payload_bytes = received;
+    if received == 0 {
+        row.error = out.describe();
+    }
+    // Per-stream series from the intervals.
+    let mut series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); n];
+    if let Some(iv) = v["intervals"].as_array() {
+        for i in iv {
+            if let Some(ss) = i["streams"].as_array() {
+                for (k, s) in ss.iter().enumerate().take(n) {
+                    let t = (s["start"].as_f64().unwrap_or(0.0) + s["end"].as_f64().unwrap_or(0.0))
+                        / 2.0;
+                    series[k].push((t, s["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6));
+                }
+            }
+        }
+    }
+    if let Some(ss) = v["end"]["streams"].as_array() {
+        row.stream_mbit_s = ss
+            .iter()
+            .map(|s| s["receiver"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
+            .collect();
+        row.jain = Some(crate::r1::jain(&row.stream_mbit_s));
+    }
+    row.series = series;
+    row.note = format!("{seconds} s of sending; the sender's bytes (the receiver's count is the same up to the last window)");
+    // iperf3 sends for a fixed time: the transfer is the client's run, start-up included.
+    link_figures(&mut row, &ab, start, end, rate_bps, None);
+    Ok(row)
+}
+
+/// GridFTP: `globus-url-copy -p N` of a file of the volume's size from site A to site B's
+/// /dev/null (a sparse file on tmpfs: reading it costs nothing).
+fn gridftp_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    n: usize,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Row> {
+    let (a, b) = (&link.a[0], &link.b[0]);
+    let src = dir.join("gridftp-src");
+    std::fs::File::create(&src)?.set_len(bytes)?;
+    let mut s = in_ns(&b.ns, "globus-gridftp-server");
+    s.args([
+        "-aa",
+        "-anonymous-user",
+        "nobody",
+        "-p",
+        &GRIDFTP_PORT.to_string(),
+        "-debug",
+        "-d",
+        "error",
+    ])
+    .args([
+        "-control-interface",
+        &b.addr.to_string(),
+        "-data-interface",
+        &b.addr.to_string(),
+    ]);
+    // Globus looks its own host name up unless told; the namespaces have no resolver.
+    s.env("GLOBUS_HOSTNAME", b.addr.to_string());
+    let mut server = Proc::spawn(s, "globus-gridftp-server", &dir.join("gridftp-server.log"))?;
+    proc::wait_listen(&b.ns, GRIDFTP_PORT, &mut server)?;
+    // Each stream's TCP buffer: twice its share of the path's BDP.
+    let bdp = rate_bps as f64 / 8.0 * rtt as f64 / 1e3;
+    let tcp_bs = ((2.0 * bdp / n as f64) as u64).max(1 << 20);
+    let mut c = in_ns(&a.ns, "globus-url-copy");
+    c.env("GLOBUS_HOSTNAME", a.addr.to_string());
+    c.args(["-p", &n.to_string(), "-tcp-bs", &tcp_bs.to_string()])
+        .arg(format!("file://{}", src.display()))
+        .arg(format!("ftp://{}:{GRIDFTP_PORT}/dev/null", b.addr));
+    let watch = watch(link)?;
+    let start = unix_now();
+    let out = proc::run(c, timeout, dir)?;
+    let end = unix_now();
+    let (ab, _) = watch.finish();
+    drop(server);
+    let _ = std::fs::remove_file(&src);
+    let mut row = Row {
+        key: "gridftp".into(),
+        label: format!("GridFTP globus-url-copy -p {n}"),
+        rtt_ms: rtt,
+        streams: n,
+        payload_bytes: if out.ok() { bytes } else { 0 },
+        note: format!("-tcp-bs {tcp_bs} (twice each stream's share of the BDP), mode E"),
+        ..Row::default()
+    };
+    if !out.ok() {
+        row.error = out.describe();
+    }
+    link_figures(&mut row, &ab, start, end, rate_bps, None);
+    Ok(row)
+}
+
+/// `qemu-img convert` from site A's file server to site B's, iSCSI to iSCSI, stopped after
+/// `timeout` if it has not finished (then its payload is estimated from the wire).
+fn qemu_row(
+    link: &Link,
+    dir: &Path,
+    rate_bps: u64,
+    rtt: u64,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Row> {
+    let (a, b) = (&link.a[0], &link.b[0]);
+    let mut c = in_ns(&a.ns, "qemu-img");
+    c.args(["convert", "-n", "-m", "16", "-W", "-O", "raw"])
+        .arg(format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", a.addr))
+        .arg(format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr));
+    let watch = watch(link)?;
+    let start = unix_now();
+    let out = proc::run(c, timeout, dir)?;
+    let end = unix_now();
+    let (ab, _) = watch.finish();
+    let mut row = Row {
+        key: "qemu-img".into(),
+        label: "qemu-img convert iSCSI to iSCSI (file server to file server)".into(),
+        rtt_ms: rtt,
+        streams: 1,
+        ..Row::default()
+    };
+    let wire = bytes_at(&ab, end).unwrap_or(0.0) - bytes_at(&ab, start).unwrap_or(0.0);
+    if out.ok() {
+        row.payload_bytes = bytes;
+    } else if out.timed_out {
+        row.payload_bytes = (wire * 1448.0 / 1500.0) as u64;
+        row.note = format!(
+            "stopped after {:.0} s, unfinished: payload estimated from the wire bytes (x 1448/1500)",
+            timeout.as_secs_f64()
+        );
+    } else {
+        row.error = out.describe();
+    }
+    link_figures(&mut row, &ab, start, end, rate_bps, None);
+    Ok(row)
+}
+
+/// The highest candidate rate at which `iperf3 -P N` keeps 95 % on the wire at 20 ms.
+fn calibrate(link: &Link, p: &Params, dir: &Path, n: usize) -> Result<(u64, Vec<(u64, f64)>)> {
+    let mut seen = Vec::new();
+    let secs = if p.link_seconds < 30 { 3 } else { 8 };
+    for &rate in &p.candidate_rates {
+        check_interrupt()?;
+        link.set(&[
+            "--rtt".into(),
+            "20ms".into(),
+            "--rate".into(),
+            format!("{rate}bit"),
+        ])?;
+        let row = iperf3_row(link, dir, rate, 20, n, secs)?;
+        let held = row.wire_pct / 100.0;
+        eprintln!(
+            "r2: calibration: {} Mbit/s -> {:.1} % on the wire",
+            rate / 1_000_000,
+            row.wire_pct
+        );
+        seen.push((rate, held));
+        if held >= 0.95 {
+            return Ok((rate, seen));
+        }
+    }
+    let last = *p
+        .candidate_rates
+        .last()
+        .ok_or_else(|| anyhow!("no candidate rates"))?;
+    Ok((last, seen))
+}
+
+pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
+    let environment = crate::env::collect();
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
+    let n = p.disk_servers;
+    let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r2")?;
+    let dir = &scratch.0;
+    let key = dir.join("control.key");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mut secret = [0u8; 16];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut secret)?;
+        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&key, hex)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let link = Link::up(
+        "lr2",
+        &[
+            "--rtt".into(),
+            "20ms".into(),
+            "--rate".into(),
+            format!("{}bit", p.candidate_rates[0]),
+            "--hosts-b".into(),
+            (n + 1).to_string(),
+        ],
+        (n + 1) as u32,
+    )?;
+    if link.a.len() < n + 1 || link.b.len() < n + 1 {
+        return Err(anyhow!(
+            "rsv-lab wan up gave {} + {} hosts, not {} each",
+            link.a.len(),
+            link.b.len(),
+            n + 1
+        ));
+    }
+    // Large enough TCP buffers for every tool: the network's ceiling must not be a host's.
+    let mut tcp = crate::r0::linux_default_tcp();
+    for (k, v) in &mut tcp {
+        if k.ends_with("tcp_rmem") {
+            *v = "4096 131072 268435456".into();
+        } else if k.ends_with("tcp_wmem") {
+            *v = "4096 16384 268435456".into();
+        }
+    }
+    for ns in link.all_ns() {
+        sysctl(ns, &tcp).with_context(|| format!("sysctls in {ns}"))?;
+    }
+    // SO_SNDBUF/SO_RCVBUF (GridFTP's -tcp-bs) are capped by the host-wide maxima.
+    let _buffers = HostSysctl::raise(&[
+        ("net.core.rmem_max", 268_435_456),
+        ("net.core.wmem_max", 268_435_456),
+    ])?;
+    let _hosts = NetnsHosts::write(&link)?;
+    // The volume's size from the largest candidate: sized again below once the rate is known.
+    let (rate_bps, calibration) = match p.link_rate {
+        Some(r) => (r, Vec::new()),
+        None => calibrate(&link, &p, dir, n)?,
+    };
+    let mut volume = (payload_capacity(rate_bps) * p.link_seconds as f64) as u64;
+    // Both sites' stores (and the one-stream LUNs) live in memory: leave room for the rest.
+    let room = mem_available().saturating_sub(6 << 30);
+    // Each site holds the volume and the one-stream row's LUN.
+    let per_volume = 2.0 * (1.0 + p.one_stream_share);
+    let fits = (room as f64 / per_volume) as u64;
+    if volume > fits {
+        let capped = fits;
+        eprintln!(
+            "r2: the volume would be {} MiB, more than memory holds for both sites; {} MiB: {:.0} s of link time instead of {}",
+            volume >> 20,
+            capped >> 20,
+            capped as f64 / payload_capacity(rate_bps),
+            p.link_seconds
+        );
+        volume = capped;
+    }
+    let member = (volume / n as u64 / (1 << 20)).max(1) << 20;
+    let volume = member * n as u64;
+    let one = ((volume as f64 * p.one_stream_share) as u64 / (1 << 20)).max(1) << 20;
+    eprintln!(
+        "r2: bottleneck {} Mbit/s; volume {} MiB over {n} disk servers per site; one-stream LUN {} MiB",
+        rate_bps / 1_000_000,
+        volume >> 20,
+        one >> 20
+    );
+    let site_a = start_site(&link.a, "a", &key, dir, member, one, true)?;
+    let site_b = start_site(&link.b, "b", &key, dir, member, one, false)?;
+    let src = format!("{}:{CONTROL_PORT}/{IQN}/0", link.a[0].addr);
+    let dst = format!("{}:{CONTROL_PORT}/{IQN}/0", link.b[0].addr);
+    let src_one = format!("{}:{CONTROL_PORT}/{IQN}/1", link.a[1].addr);
+    let dst_one = format!("{}:{CONTROL_PORT}/{IQN}/1", link.b[1].addr);
+    let rate_arg = format!("{rate_bps}bit");
+    let mut rows = Vec::new();
+    for &rtt in &p.rtt_ms {
+        link.set(&[
+            "--rtt".into(),
+            format!("{rtt}ms"),
+            "--rate".into(),
+            rate_arg.clone(),
+        ])?;
+        let timeout = Duration::from_secs_f64(p.link_seconds as f64 * (p.overtime + 1.0) + 60.0);
+        let one_stream: Vec<String> = vec![
+            "--pacing".into(),
+            "unpaced".into(),
+            "--session".into(),
+            "connections=1".into(),
+        ];
+        let plans: Vec<SyncPlan> = vec![
+            (
+                "one",
+                "one stream (1 TCP connection, unpaced)".into(),
+                (&src_one, &dst_one),
+                one_stream,
+            ),
+            (
+                "unpaced",
+                format!("{n} streams, unpaced (1 connection each)"),
+                (&src, &dst),
+                vec![
+                    "--pacing".into(),
+                    "unpaced".into(),
+                    "--session".into(),
+                    "connections=1".into(),
+                ],
+            ),
+            (
+                "static",
+                format!("{n} streams paced to 1/{n} (1 connection each)"),
+                (&src, &dst),
+                vec![
+                    "--pacing".into(),
+                    "static".into(),
+                    "--rate".into(),
+                    rate_arg.clone(),
+                    "--session".into(),
+                    "connections=1".into(),
+                ],
+            ),
+            (
+                "reservoir",
+                "Reservoir default (cooperative, rate found)".into(),
+                (&src, &dst),
+                vec![],
+            ),
+            (
+                "reservoir-rate",
+                "Reservoir cooperative, --rate given".into(),
+                (&src, &dst),
+                vec!["--rate".into(), rate_arg.clone()],
+            ),
+        ];
+        let wanted = |k: &str| p.rows.is_empty() || p.rows.iter().any(|r| r == k);
+        let mut measure = |f: &mut dyn FnMut() -> Result<Row>| -> Result<()> {
+            check_interrupt()?;
+            let mark = proc::CostMark::take(&link);
+            let mut row = f()?;
+            row.cost = mark.cost(&link);
+            report(&row);
+            rows.push(row);
+            Ok(())
+        };
+        for (key_, label, vol, args) in plans {
+            if wanted(key_) {
+                measure(&mut || {
+                    sync_row(
+                        &link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout,
+                    )
+                })?;
+            }
+        }
+        if wanted("iperf3") {
+            measure(&mut || iperf3_row(&link, dir, rate_bps, rtt, n, p.link_seconds))?;
+        }
+        if wanted("gridftp") {
+            measure(&mut || gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout))?;
+        }
+        if wanted("qemu-img") {
+            let cap = Duration::from_secs_f64(p.link_seconds as f64 * p.overtime);
+            measure(&mut || qemu_row(&link, dir, rate_bps, rtt, volume, cap))?;
+        }
+    }
+    drop(site_a);
+    drop(site_b);
+    drop(link);
+    let results = Results {
+        scenario: "r2",
+        quick,
+        command,
+        params: p,
+        rate_bps,
+        calibration,
+        volume_bytes: volume,
+        environment,
+        rows,
+    };
+    write_outputs(&results, out)?;
+    Ok(results)
+}
+
+/// `/etc/netns/NS/hosts` for the namespaces GridFTP runs in, naming every host of the
+/// link: Globus looks its own address up, and the namespaces reach no DNS server
+/// (`ip netns exec` mounts the file over /etc/hosts). Removed when dropped.
+struct NetnsHosts(Vec<PathBuf>);
+
+impl NetnsHosts {
+    fn write(link: &Link) -> Result<NetnsHosts> {
+        let mut text = String::from("127.0.0.1 localhost\n");
+        for h in link.a.iter().chain(&link.b) {
+            text += &format!("{} {}\n", h.addr, h.ns);
+        }
+        let mut dirs = Vec::new();
+        for h in [&link.a[0], &link.b[0]] {
+            let dir = PathBuf::from("/etc/netns").join(&h.ns);
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("hosts"), &text)?;
+            dirs.push(dir);
+        }
+        Ok(NetnsHosts(dirs))
+    }
+}
+
+impl Drop for NetnsHosts {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Host-wide sysctls raised for the run and put back as they were when it ends.
+struct HostSysctl(Vec<(String, String)>);
+
+impl HostSysctl {
+    fn raise(settings: &[(&str, u64)]) -> Result<HostSysctl> {
+        let mut old = Vec::new();
+        for (k, want) in settings {
+            let path = format!("/proc/sys/{}", k.replace('.', "/"));
+            let was = std::fs::read_to_string(&path)?.trim().to_owned();
+            if was.parse::<u64>().map_or(true, |w| w < *want) {
+                std::fs::write(&path, want.to_string()).with_context(|| format!("raising {k}"))?;
+                old.push((path, was));
+            }
+        }
+        Ok(HostSysctl(old))
+    }
+}
+
+impl Drop for HostSysctl {
+    fn drop(&mut self) {
+        for (path, was) in &self.0 {
+            let _ = std::fs::write(path, was);
+        }
+    }
+}
+
+fn report(r: &Row) {
+    let f = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    eprintln!(
+        "r2: {:>3} ms {:<48} {:>7.1} Mbit/s  whole {:>5.1} %  from full {:>5} %  full after {:>5} s  spread {:>5} %  Jain {}{}{}",
+        r.rtt_ms,
+        r.label,
+        r.payload_mbit_s,
+        r.whole_pct,
+        f(r.from_full_pct),
+        f(r.time_to_full_s),
+        f(r.finish_spread_pct),
+        r.jain.map_or("-".into(), |j| format!("{j:.3}")),
+        cost_text(r),
+        if r.error.is_empty() { String::new() } else { format!("  ERROR {}", proc::tail(&r.error, 300)) }
+    );
+}
+
+/// CPU, relay, drops and retransmissions of a row, for the log line.
+fn cost_text(r: &Row) -> String {
+    let f = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
+    let mut t = format!(
+        "  cpu {} %  relay {} %  drops {} (host {})",
+        f(r.cost.cpu_busy_pct),
+        f(r.cost.relay_cpu_pct),
+        r.cost.queue_drops,
+        r.cost.host_drops.map_or("-".into(), |d| d.to_string())
+    );
+    if !r.retransmits.is_empty() {
+        t += &format!("  retrans {:?}", r.retransmits);
+    }
+    t
+}
+
+pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("r2.json"), serde_json::to_string_pretty(r)?)?;
+    let mut csv = String::from(
+        "scenario,rtt_ms,row,label,streams,payload_bytes,seconds,payload_mbit_s,whole_pct,from_full_pct,\
+         time_to_full_s,wire_pct,finish_spread_pct,jain,error\n",
+    );
+    let o = |x: Option<f64>| x.map_or(String::new(), |v| format!("{v:.3}"));
+    for row in &r.rows {
+        csv += &format!(
+            "r2,{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{:.3},{},{},{}\n",
+            row.rtt_ms,
+            row.key,
+            row.label.replace(',', ";"),
+            row.streams,
+            row.payload_bytes,
+            row.seconds,
+            row.payload_mbit_s,
+            row.whole_pct,
+            o(row.from_full_pct),
+            o(row.time_to_full_s),
+            row.wire_pct,
+            o(row.finish_spread_pct),
+            o(row.jain),
+            row.error.replace(['\n', ','], " ")
+        );
+    }
+    std::fs::write(out.join("r2.csv"), csv)?;
+    for row in &r.rows {
+        if row.series.is_empty() {
+            continue;
+        }
+        let path = figure(out, row);
+        let title = format!(
+            "R2 at {} ms: {} ({} Mbit/s bottleneck)",
+            row.rtt_ms,
+            row.label,
+            r.rate_bps / 1_000_000
+        );
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = row
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("stream {}", i + 1), s.clone()))
+            .collect();
+        series.push(("link (wire)".into(), row.link_series.clone()));
+        crate::plot::time_chart(&path, &title, &series, r.rate_bps as f64 / 1e6)
+            .with_context(|| format!("plotting {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The figure of a row: `r2-RTT-KEY.png`.
+pub fn figure(out: &Path, row: &Row) -> PathBuf {
+    out.join(format!("r2-{}ms-{}.png", row.rtt_ms, row.key))
+}
+
+pub fn load(out: &Path) -> Result<Value> {
+    let p = out.join("r2.json");
+    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+}
+
+/// Writes `docs/lab-r2.md` from `r2.json` under `results` (figures linked relative to the
+/// document).
+pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
+    let v = load(results)?;
+    let rel = |p: &Path| -> String {
+        let base = doc.parent().unwrap_or(Path::new("."));
+        pathdiff(p, base)
+    };
+    let rate = v["rate_bps"].as_u64().unwrap_or(0);
+    let p = &v["params"];
+    let n = p["disk_servers"].as_u64().unwrap_or(0);
+    let mut d = String::new();
+    d += "# Lab R2: Data Reservoir — striped volumes copied disk server to disk server\n\n";
+    d += "Generated by `rsv-lab run r2` (do not edit; `rsv-lab doc` rewrites the R0/R1 document, this one is rewritten by the run).\n\n";
+    d += &format!("- Command: `{}`\n", v["command"].as_str().unwrap_or(""));
+    d += &format!(
+        "- Two sites of {n} disk servers each, plus a file server per site striping over them (1 MiB units); every disk server is its own network namespace host behind the site's bridge; one emulated bottleneck between the sites.\n"
+    );
+    let calibration = v["calibration"].as_array().filter(|c| !c.is_empty());
+    d += &match calibration {
+        Some(c) => format!(
+            "- Bottleneck: **{} Mbit/s**, the highest candidate at which `iperf3 -P {n}` kept ≥ 95 % on the wire at 20 ms with every disk server running (calibration: {}).\n",
+            rate / 1_000_000,
+            c.iter()
+                .map(|x| format!(
+                    "{} Mbit/s → {:.1} %",
+                    x[0].as_u64().unwrap_or(0) / 1_000_000,
+                    x[1].as_f64().unwrap_or(0.0) * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => format!(
+            "- Bottleneck: **{} Mbit/s**, given (`--link-rate`), not calibrated in this run.\n",
+            rate / 1_000_000
+        ),
+    };
+    d += &format!(
+        "- Volume: {} MiB of random data ({} s of the link's payload capacity), RAM-backed files on both sides; the one-stream row copies a LUN of {:.0} % of that size.\n",
+        v["volume_bytes"].as_u64().unwrap_or(0) >> 20,
+        p["link_seconds"].as_u64().unwrap_or(0),
+        p["one_stream_share"].as_f64().unwrap_or(0.0) * 100.0
+    );
+    let env = &v["environment"];
+    d += &format!(
+        "- Machine: {}\n\n",
+        env.to_string().chars().take(400).collect::<String>()
+    );
+    d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates; what the row cost the machine: both cores' busy share, the link relay's CPU (% of one core), and packets dropped by the emulated bottleneck's queue and, before the relay read them, by the TUN device (host drops: the machine's losses, not the path's). A row near 100 % CPU, or with host drops, measured the machine as much as the method.\n\n";
+    let rtts: Vec<u64> = {
+        let mut r: Vec<u64> = v["rows"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect())
+            .unwrap_or_default();
+        r.dedup();
+        r
+    };
+    let f = |x: &Value, digits: usize| {
+        x.as_f64()
+            .map_or("–".to_owned(), |v| format!("{v:.digits$}"))
+    };
+    for rtt in rtts {
+        d += &format!("## RTT {rtt} ms\n\n");
+        d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | CPU busy % | relay CPU % | drops: queue / host | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        for row in v["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
+        {
+            let note = match row["error"].as_str() {
+                Some(e) if !e.is_empty() => format!(
+                    "error: {}",
+                    e.lines().next().unwrap_or("").replace('|', "/")
+                ),
+                _ => row["note"].as_str().unwrap_or("").replace('|', "/"),
+            };
+            let cost = &row["cost"];
+            let drops = format!(
+                "{} / {}",
+                cost["queue_drops"]
+                    .as_u64()
+                    .map_or("–".into(), |d| d.to_string()),
+                cost["host_drops"]
+                    .as_u64()
+                    .map_or("–".into(), |d| d.to_string())
+            );
+            d += &format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                row["label"].as_str().unwrap_or(""),
+                row["streams"],
+                f(&row["payload_mbit_s"], 1),
+                f(&row["whole_pct"], 1),
+                f(&row["from_full_pct"], 1),
+                f(&row["time_to_full_s"], 1),
+                f(&row["finish_spread_pct"], 1),
+                f(&row["jain"], 3),
+                f(&cost["cpu_busy_pct"], 0),
+                f(&cost["relay_cpu_pct"], 0),
+                drops,
+                note
+            );
+        }
+        d += "\n";
+        for row in v["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
+        {
+            let key = row["key"].as_str().unwrap_or("");
+            let fig = results.join(format!("r2-{rtt}ms-{key}.png"));
+            if fig.exists() {
+                d += &format!(
+                    "![{}]({})\n",
+                    row["label"].as_str().unwrap_or(key),
+                    rel(&fig)
+                );
+            }
+        }
+        d += "\n";
+    }
+    std::fs::write(doc, d)?;
+    Ok(())
+}
+
+/// `path` relative to `base` when both are relative or both absolute (the lab's own
+/// layout: docs/ and lab/ side by side), otherwise as given.
+fn pathdiff(path: &Path, base: &Path) -> String {
+    let p: Vec<_> = path.components().collect();
+    let b: Vec<_> = base.components().collect();
+    if path.is_absolute() != base.is_absolute() {
+        return path.display().to_string();
+    }
+    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &p[common..] {
+        out.push(c);
+    }
+    out.display().to_string()
+}

@@ -1,0 +1,430 @@
+//! `rsv-lab run r0 --quick`, `r1 --quick`, `r2 --quick`, `r3 --quick` and `r4 --quick` through real
+//! emulated links: the outputs exist and are sane. Needs root and the peers; elsewhere it prints SKIP. Never asserts a speed.
+//! The lab runs the `rsv` beside it, which this package does not build:
+//! `cargo test -p rsv -p rsv-lab --test lab_quick` builds both.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn rsv_lab() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rsv-lab"))
+}
+
+fn tool_missing(tools: &[&str]) -> Option<String> {
+    tools
+        .iter()
+        .find(|t| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
+        .map(|t| t.to_string())
+}
+
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP lab_quick: needs root");
+        return false;
+    }
+    if let Some(t) = tool_missing(&["ip", "iperf3", "qemu-img", "tgtd", "tgtadm"]) {
+        if std::env::var_os("CI").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick: {t} not installed");
+        return false;
+    }
+    true
+}
+
+fn lab(scenario: &str, out: &Path) {
+    lab_with(scenario, out, &[]);
+}
+
+fn lab_with(scenario: &str, out: &Path, extra: &[&str]) {
+    let o = Command::new(rsv_lab())
+        .args(["run", scenario, "--quick", "--no-doc", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("running rsv-lab");
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{err}");
+    assert!(
+        o.status.success(),
+        "rsv-lab run {scenario} --quick failed:\n{err}"
+    );
+}
+
+/// The CSV's rows as maps from its header's column names.
+fn csv(path: &Path) -> Vec<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let head: Vec<String> = lines
+        .next()
+        .expect("header")
+        .split(',')
+        .map(String::from)
+        .collect();
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert_eq!(cells.len(), head.len(), "row {l:?} against header {head:?}");
+            head.iter()
+                .cloned()
+                .zip(cells.iter().map(|c| c.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(row: &std::collections::HashMap<String, String>, col: &str) -> f64 {
+    row[col]
+        .parse()
+        .unwrap_or_else(|_| panic!("{col} = {:?} in {row:?}", row[col]))
+}
+
+/// The string value of the first `"key": "..."` in pretty-printed JSON.
+fn json_str<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let at = json.find(&format!("\"{key}\": \""))? + key.len() + 5;
+    json[at..].split('"').next()
+}
+
+fn links_left(prefix: &str) -> bool {
+    let o = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.starts_with(prefix))
+}
+
+#[test]
+fn lab_quick_r0_and_r1() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+
+    lab("r0", out);
+    for f in ["r0.csv", "r0.json", "r0-write.png", "r0-read.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r0.csv"));
+    for col in [
+        "loss_pct",
+        "direction",
+        "config",
+        "tool",
+        "bytes",
+        "seconds",
+        "mbit_per_s",
+        "error",
+    ] {
+        assert!(rows[0].contains_key(col), "r0.csv has no {col} column");
+    }
+    let iperf: Vec<_> = rows
+        .iter()
+        .filter(|r| r["config"].starts_with("iperf3"))
+        .collect();
+    assert_eq!(iperf.len(), 2, "iperf3 CUBIC and BBR references");
+    for r in &rows {
+        if r["config"].starts_with("iperf3")
+            || r["config"].starts_with("R0")
+            || r["config"].starts_with("Reservoir")
+        {
+            assert!(r["error"].is_empty(), "{r:?}");
+        }
+        if r["error"].is_empty() {
+            assert!(num(r, "mbit_per_s") > 0.0 && num(r, "bytes") > 0.0, "{r:?}");
+            assert!(num(r, "mbit_per_s") < 1000.0, "faster than the link: {r:?}");
+        }
+    }
+    for cfg in [
+        "R0 before",
+        "R0 tuned (2b)",
+        "Reservoir default",
+        "qemu-img → tgt",
+        "qemu-img → Reservoir",
+    ] {
+        assert!(rows.iter().any(|r| r["config"] == cfg), "no {cfg} row");
+    }
+    let json = std::fs::read_to_string(out.join("r0.json")).unwrap();
+    for k in [
+        "rsv", "tgtd", "qemu_img", "iperf3", "kernel", "nproc", "memory",
+    ] {
+        let v = json_str(&json, k);
+        assert!(
+            v.is_some_and(|s| !s.is_empty()),
+            "environment.{k} in r0.json"
+        );
+    }
+
+    lab("r1", out);
+    for f in ["r1.csv", "r1.json", "r1.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r1.csv"));
+    let totals: Vec<_> = rows.iter().filter(|r| r["stream"] == "total").collect();
+    assert_eq!(
+        totals.len(),
+        5,
+        "iperf3 reference plus four backup modes (Reservoir default among them)"
+    );
+    for t in &totals {
+        let jain = num(t, "jain");
+        assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{t:?}");
+        assert!(num(t, "total_mb_per_s") > 0.0, "{t:?}");
+        assert!(num(t, "link_use_pct") > 0.0, "{t:?}");
+    }
+    let streams = rows.iter().filter(|r| r["stream"] != "total");
+    for s in streams {
+        assert!(s["error"].is_empty(), "{s:?}");
+        assert!(num(s, "mb_per_s") > 0.0, "{s:?}");
+    }
+    assert!(
+        !links_left("lr0-") && !links_left("lr1-"),
+        "the lab left namespaces behind"
+    );
+}
+
+/// `--repeat 2`: each of Reservoir's rows twice with its repetition number, the peers once,
+/// and the JSON's and the document's medians over both.
+#[test]
+fn lab_quick_repeat() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab_with("r0", out, &["--repeat", "2", "--rows", "reservoir"]);
+    let rows = csv(&out.join("r0.csv"));
+    let mine: Vec<_> = rows
+        .iter()
+        .filter(|r| r["config"] == "Reservoir default")
+        .collect();
+    let reps: Vec<&str> = mine.iter().map(|r| r["repeat"].as_str()).collect();
+    assert_eq!(reps, ["1", "2"], "{rows:?}");
+    for r in &mine {
+        assert!(r["error"].is_empty() && num(r, "mbit_per_s") > 0.0, "{r:?}");
+    }
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r["config"].starts_with("iperf3"))
+            .count(),
+        2,
+        "iperf3 CUBIC and BBR once: {rows:?}"
+    );
+    assert!(
+        !rows.iter().any(|r| r["config"].starts_with("R0")),
+        "--rows reservoir ran other configurations: {rows:?}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("r0.json")).unwrap()).unwrap();
+    let sum = v["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["config"] == "Reservoir default" && s["direction"] == "write")
+        .unwrap_or_else(|| panic!("no summary of Reservoir's writes: {}", v["summary"]));
+    let figures: Vec<f64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["config"] == "Reservoir default" && r["direction"] == "write")
+        .map(|r| r["mbit_per_s"].as_f64().unwrap())
+        .collect();
+    assert_eq!(figures.len(), 2, "{}", v["rows"]);
+    let m = &sum["mbit_per_s"];
+    assert_eq!(m["n"], 2, "{sum}");
+    let (lo, hi) = (figures[0].min(figures[1]), figures[0].max(figures[1]));
+    let near = |a: &serde_json::Value, b: f64| (a.as_f64().unwrap() - b).abs() < 1e-9;
+    assert!(
+        near(&m["min"], lo) && near(&m["max"], hi),
+        "{sum} against {figures:?}"
+    );
+    assert!(
+        near(&m["median"], (lo + hi) / 2.0),
+        "{sum} against {figures:?}"
+    );
+    let doc = out.join("doc.md");
+    let o = Command::new(rsv_lab())
+        .args(["doc", "--results"])
+        .arg(out)
+        .arg("--out")
+        .arg(&doc)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc = std::fs::read_to_string(&doc).unwrap();
+    assert!(doc.contains("the median of the 2"), "{doc}");
+    let cell = format!("{:.2} ({lo:.2}–{hi:.2})", (lo + hi) / 2.0);
+    assert!(doc.contains(&cell), "no {cell:?} in\n{doc}");
+}
+
+#[test]
+fn lab_quick_r2() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["globus-url-copy", "globus-gridftp-server"]) {
+        if std::env::var_os("CI").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r2: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r2", out);
+    for f in [
+        "r2.csv",
+        "r2.json",
+        "r2-50ms-reservoir.png",
+        "r2-50ms-iperf3.png",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r2.csv"));
+    let keys: Vec<&str> = rows.iter().map(|r| r["row"].as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "one",
+            "unpaced",
+            "static",
+            "reservoir",
+            "reservoir-rate",
+            "iperf3",
+            "gridftp",
+            "qemu-img"
+        ],
+        "every row of the scenario, in order"
+    );
+    for r in &rows {
+        // Every row, peers included, ran to its end.
+        assert!(r["error"].is_empty(), "{r:?}");
+        let whole = num(r, "whole_pct");
+        assert!(whole > 0.0 && whole <= 101.0, "share of the link: {r:?}");
+        assert!(num(r, "payload_bytes") > 0.0, "{r:?}");
+        if r["row"] != "one" && !r["row"].starts_with("iperf3") && !r["jain"].is_empty() {
+            let jain = num(r, "jain");
+            assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{r:?}");
+        }
+    }
+    // The streams of a sync row moved the whole volume between them.
+    let volume = num(&rows[1], "payload_bytes");
+    for r in &rows[1..5] {
+        assert_eq!(num(r, "streams"), 2.0, "{r:?}");
+        assert_eq!(num(r, "payload_bytes"), volume, "{r:?}");
+    }
+    assert!(!links_left("lr2-"), "the lab left namespaces behind");
+    let netns_files = std::fs::read_dir("/etc/netns")
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("lr2-"))
+        })
+        .unwrap_or(false);
+    assert!(!netns_files, "the lab left /etc/netns files behind");
+}
+
+#[test]
+fn lab_quick_r4() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["smbd", "smbclient", "mkfs.ext4", "curl"]) {
+        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r4: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r4", out);
+    for f in ["r4.csv", "r4.json", "r4-start.csv", "r4.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r4.csv"));
+    // One delay, two windows, three readers; each read the whole file.
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for client in ["reservoir", "smb-32k", "smb-get"] {
+        for window in ["64K", "default"] {
+            let r = rows
+                .iter()
+                .find(|r| r["client"] == client && r["window"] == window)
+                .unwrap_or_else(|| panic!("no {client} row at {window}"));
+            assert_eq!(r["complete"], "true", "{r:?}");
+            assert!(r["error"].is_empty(), "{r:?}");
+            assert_eq!(num(r, "bytes"), (16u64 << 20) as f64, "{r:?}");
+            let m = num(r, "mbit_per_s");
+            assert!(
+                m > 0.0 && m < 101.0,
+                "not within the 100 Mbit/s link: {r:?}"
+            );
+        }
+    }
+    let starts = csv(&out.join("r4-start.csv"));
+    assert_eq!(starts.len(), 1, "{starts:?}");
+    let (cold, warm) = (num(&starts[0], "cold_ms"), num(&starts[0], "warm_ms"));
+    // The RTT is 8 ms: a first byte cannot come sooner than one.
+    assert!(
+        warm >= 8.0 && cold >= warm,
+        "cold {cold} ms, warm {warm} ms"
+    );
+    assert!(!links_left("lr4-"), "the lab left namespaces behind");
+}
+
+#[test]
+fn lab_quick_r3() {
+    if !can_run() {
+        return;
+    }
+    if let Some(t) = tool_missing(&["tcpdump", "stunnel", "openssl"]) {
+        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+            panic!("{t} is not installed; scripts/setup.sh should have installed it");
+        }
+        eprintln!("SKIP lab_quick_r3: {t} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("r3", out);
+    for f in ["r3.csv", "r3.json", "r3-timeline.png"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("r3.csv"));
+    // Two paths, reads, four configurations (one TLS suite).
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for path in ["loopback", "1gbit-1ms"] {
+        for config in [
+            "reservoir-plain",
+            "reservoir-tls",
+            "tgt-plain",
+            "tgt-stunnel",
+        ] {
+            let r = rows
+                .iter()
+                .find(|r| r["path"] == path && r["config"] == config)
+                .unwrap_or_else(|| panic!("no {config} row on {path}"));
+            assert!(r["error"].is_empty(), "{r:?}");
+            assert!(num(r, "bytes") > 0.0 && num(r, "mb_per_s") > 0.0, "{r:?}");
+            assert!(num(r, "target_cpu_s_per_gb") > 0.0, "{r:?}");
+            assert!(num(r, "initiator_cpu_s_per_gb") > 0.0, "{r:?}");
+            // The sender's bursts were captured and measured.
+            assert!(num(r, "burst_median_segments") >= 1.0, "{r:?}");
+            if config.ends_with("tls") || config.ends_with("stunnel") {
+                assert_eq!(r["suite"], "TLS13_AES_128_GCM_SHA256", "{r:?}");
+            }
+            if config == "tgt-stunnel" {
+                assert!(num(r, "tunnel_cpu_s_per_gb") > 0.0, "{r:?}");
+            }
+            if path == "1gbit-1ms" {
+                assert!(num(r, "mb_per_s") < 126.0, "faster than the link: {r:?}");
+            }
+        }
+    }
+    assert!(!links_left("r3-"), "the lab left namespaces behind");
+}
