@@ -6,14 +6,14 @@
 //! that does not exist, then EXTENDED COPY and persistent reservations crafted to reach
 //! LUN 0 (`common::walk`). It reads none of LUN 0's bytes, changes neither them nor its
 //! reservations, and learns nothing of it that a LUN that does not exist would not
-//! answer. On a file LUN and a stripe LUN, through Reservoir's initiator and through
+//! answer. On a file LUN and a stripe LUN, through raw PDUs, Reservoir's initiator and
 //! libiscsi; tests/rbd.rs runs the same walk on an RBD LUN. A reload that stops admitting
 //! an initiator closes its session rather than widening its view, and takes a LUN it
 //! removes from the sync agent too. Credentials in store
 //! specs and CHAP secrets are neither printed by `--check` nor logged.
 mod common;
 
-use common::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, ADMIN, MASKED};
+use common::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
 use common::{have, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:masked";
@@ -45,9 +45,16 @@ const LAYOUT: Layout = Layout {
     block_size: 512,
 };
 
-fn walk_both_clients(hidden_store: &str) {
+fn walk_every_client(hidden_store: &str) {
     let target = Target::start(Some(&config(hidden_store)));
     let mut admin = Ours::login(&target.portal, IQN, ADMIN);
+    let mut masked = RawPdus::login(&target.portal, IQN, MASKED);
+    let r = walk(&mut masked, &mut admin, &LAYOUT);
+    eprintln!(
+        "{hidden_store}: raw PDUs walked {} commands ({} opcodes and service actions, LUNs \
+         named by every address method): 0 cross-LU reads or writes",
+        r.commands, r.opcodes
+    );
     let mut masked = Ours::login(&target.portal, IQN, MASKED);
     let r = walk(&mut masked, &mut admin, &LAYOUT);
     eprintln!(
@@ -71,12 +78,12 @@ fn walk_both_clients(hidden_store: &str) {
 
 #[test]
 fn masked_initiator_cannot_reach_a_hidden_file_lun() {
-    walk_both_clients("file:hidden.img?size=8MiB");
+    walk_every_client("file:hidden.img?size=8MiB");
 }
 
 #[test]
 fn masked_initiator_cannot_reach_a_hidden_stripe_lun() {
-    walk_both_clients("stripe:?unit=64KiB&members=[file:m0.img?size=4MiB,ram:?size=4MiB]");
+    walk_every_client("stripe:?unit=64KiB&members=[file:m0.img?size=4MiB,ram:?size=4MiB]");
 }
 
 /// Masked to LUN 1, then the reload names the initiator no more (only the admin may log

@@ -1299,11 +1299,11 @@ fn two_targets_one_image_alua_and_reservations() {
 
 /// LUN masking on an RBD LUN: the walk of tests/access.rs (every listed opcode and
 /// service action, EXTENDED COPY and reservations crafted to reach it) by an initiator
-/// masked from the RBD LUN, through Reservoir's initiator and libiscsi: the hidden LUN
+/// masked from the RBD LUN, through raw PDUs, Reservoir's initiator and libiscsi: the hidden LUN
 /// answers as an absent one, and keeps its bytes and reservations.
 #[test]
 fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
-    use common::walk::{walk, Layout, Libiscsi, Ours, ADMIN, MASKED};
+    use common::walk::{walk, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
     if !have_ceph() || !have("cc") {
         return;
     }
@@ -1325,6 +1325,9 @@ fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
         block_size: 512,
     };
     let mut admin = Ours::login(&target.portal, iqn, ADMIN);
+    let mut masked = RawPdus::login(&target.portal, iqn, MASKED);
+    let r = walk(&mut masked, &mut admin, &layout);
+    eprintln!("rbd: raw PDUs walked {} commands: 0 cross-LU reads or writes", r.commands);
     let mut masked = Ours::login(&target.portal, iqn, MASKED);
     let r = walk(&mut masked, &mut admin, &layout);
     eprintln!(

@@ -5,8 +5,8 @@
 //! persistent reservations with ALL_TG_PT and REGISTER AND MOVE). It must not read a
 //! hidden LUN's bytes, change them or its reservations, and every answer about a hidden
 //! LUN must be the answer about a LUN that does not exist: nothing beyond what SPC
-//! requires. Run through two clients: Reservoir's initiator, and libiscsi through
-//! `libiscsi_cdb.c`.
+//! requires. Run through three clients: raw PDUs (each LUN named by every address
+//! method), Reservoir's initiator, and libiscsi through `libiscsi_cdb.c`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -96,6 +96,171 @@ impl Client for Ours {
             sense: r.sense.map(|s| (s.key, s.asc, s.ascq)).unwrap_or_default(),
             data: r.data.to_vec(),
         })
+    }
+}
+
+/// Raw PDUs: logs in with the sans-IO login machine, then sends each command as one SCSI
+/// Command PDU (its data as immediate data, or as R2Ts ask) and reads the PDUs back as
+/// they are. Each command's LUN field takes the next of the three LUN address methods the
+/// target decodes (peripheral, flat, extended flat), so a hidden LUN is named every way.
+pub struct RawPdus {
+    s: std::net::TcpStream,
+    dec: iscsi::framing::PduDecoder,
+    buf: bytes::BytesMut,
+    cmdsn: u32,
+    statsn: u32,
+    itt: u32,
+}
+
+impl RawPdus {
+    pub fn login(portal: &str, iqn: &str, initiator_name: &str) -> RawPdus {
+        use iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView};
+        use iscsi::negotiate::ConnectionParams;
+        let s = std::net::TcpStream::connect(portal).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let mut raw = RawPdus {
+            s,
+            dec: iscsi::framing::PduDecoder::new(iscsi::framing::FrameLimits::default()),
+            buf: bytes::BytesMut::new(),
+            cmdsn: 1,
+            statsn: 0,
+            itt: 0,
+        };
+        let mut login = InitiatorLogin::new(InitiatorLoginConfig {
+            initiator_name: initiator_name.into(),
+            initiator_alias: None,
+            target_name: Some(iqn.into()),
+            session_type: iscsi::login::SessionType::Normal,
+            isid: [0x80, 0, 0, 0, 0x3a, 0x11],
+            tsih: 0,
+            cid: 1,
+            auth: None,
+            session: Default::default(),
+            connection: ConnectionParams {
+                max_recv_data_segment_length: 65536,
+                ..ConnectionParams::default()
+            },
+            leading: true,
+            pacing_hint: None,
+            start_hint: None,
+        });
+        let mut rng = |b: &mut [u8]| b.fill(9);
+        let mut out = login.start(&mut rng);
+        loop {
+            let pdu = out.clone().into_pdu(1, raw.cmdsn, raw.statsn);
+            raw.send(&iscsi::pdu::Pdu::LoginRequest(pdu)).unwrap();
+            let Ok(iscsi::pdu::Pdu::LoginResponse(r)) = raw.recv() else {
+                panic!("{initiator_name}: expected a login response")
+            };
+            raw.statsn = r.statsn.wrapping_add(1);
+            match login.on_response(&LoginResponseView::from(&r), &mut rng) {
+                InitiatorStep::Send(next) => out = next,
+                InitiatorStep::Done(done) => {
+                    raw.dec
+                        .set_max_recv_data_segment(done.connection.max_recv_data_segment_length);
+                    return raw;
+                }
+                InitiatorStep::Failed(e) => panic!("{initiator_name} logs in: {}", e.message),
+            }
+        }
+    }
+
+    fn send(&mut self, p: &iscsi::pdu::Pdu) -> Result<(), String> {
+        use std::io::Write;
+        let mut v = Vec::new();
+        p.encode(&mut v, iscsi::pdu::Digests::default());
+        self.s.write_all(&v).map_err(|e| e.to_string())
+    }
+
+    fn recv(&mut self) -> Result<iscsi::pdu::Pdu, String> {
+        use std::io::Read;
+        loop {
+            if let Some(p) = self.dec.decode(&mut self.buf).map_err(|e| format!("{e:?}"))? {
+                return Ok(p);
+            }
+            let mut tmp = [0u8; 65536];
+            let n = self.s.read(&mut tmp).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed".into());
+            }
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+    }
+}
+
+impl Client for RawPdus {
+    fn cmd(&mut self, lun: u16, cdb: &[u8], dir: &Dir) -> Result<Answer, String> {
+        use iscsi::pdu::{DataOut, Pdu, ScsiCommand};
+        if cdb.len() > 16 {
+            return Err(format!("a {}-byte CDB needs an AHS", cdb.len()));
+        }
+        self.itt = self.itt.wrapping_add(1);
+        let lun = match self.itt % 3 {
+            0 => iscsi::pdu::lun_to_wire(lun),
+            1 => (0x4000 | u64::from(lun)) << 48,
+            _ => (0xd2 << 56) | (u64::from(lun) << 32),
+        };
+        let (read, write, edtl, out) = match dir {
+            Dir::None => (false, false, 0, &[][..]),
+            Dir::Read(n) => (true, false, *n, &[][..]),
+            Dir::Write(d) => (false, true, d.len() as u32, &d[..]),
+        };
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.send(&Pdu::ScsiCommand(ScsiCommand {
+            read,
+            write,
+            final_: true,
+            lun,
+            itt: self.itt,
+            edtl,
+            cmdsn: self.cmdsn,
+            expstatsn: self.statsn,
+            cdb: c.to_vec(),
+            data: bytes::Bytes::copy_from_slice(&out[..out.len().min(65536)]),
+            ..Default::default()
+        }))?;
+        self.cmdsn = self.cmdsn.wrapping_add(1);
+        let mut data = Vec::new();
+        loop {
+            match self.recv()? {
+                Pdu::DataIn(d) => {
+                    data.extend_from_slice(&d.data);
+                    if d.status_present {
+                        self.statsn = d.statsn.wrapping_add(1);
+                        return Ok(Answer { status: d.status, sense: (0, 0, 0), data });
+                    }
+                }
+                Pdu::R2t(r) => {
+                    let at = r.buffer_offset as usize;
+                    let end = (at + r.desired_data_transfer_length as usize).min(out.len());
+                    self.send(&Pdu::DataOut(DataOut {
+                        final_: true,
+                        lun,
+                        itt: self.itt,
+                        ttt: r.ttt,
+                        expstatsn: self.statsn,
+                        datasn: 0,
+                        buffer_offset: r.buffer_offset,
+                        data: bytes::Bytes::copy_from_slice(&out[at.min(end)..end]),
+                    }))?;
+                }
+                Pdu::ScsiResponse(r) => {
+                    self.statsn = r.statsn.wrapping_add(1);
+                    // Sense data: a 2-byte length, then fixed (70h) or descriptor (72h).
+                    let sense = match &r.data[..] {
+                        [_, _, s @ ..] if s.len() >= 14 && s[0] & 0x7f == 0x70 => {
+                            (s[2] & 0x0f, s[12], s[13])
+                        }
+                        [_, _, s @ ..] if s.len() >= 4 && s[0] & 0x7f == 0x72 => (s[1] & 0x0f, s[2], s[3]),
+                        _ => (0, 0, 0),
+                    };
+                    return Ok(Answer { status: r.status, sense, data });
+                }
+                Pdu::NopIn(_) => {}
+                other => return Err(format!("unexpected {other:?}")),
+            }
+        }
     }
 }
 
