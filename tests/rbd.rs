@@ -1327,7 +1327,10 @@ fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
     let mut admin = Ours::login(&target.portal, iqn, ADMIN);
     let mut masked = RawPdus::login(&target.portal, iqn, MASKED);
     let r = walk(&mut masked, &mut admin, &layout);
-    eprintln!("rbd: raw PDUs walked {} commands: 0 cross-LU reads or writes", r.commands);
+    eprintln!(
+        "rbd: raw PDUs walked {} commands: 0 cross-LU reads or writes",
+        r.commands
+    );
     let mut masked = Ours::login(&target.portal, iqn, MASKED);
     let r = walk(&mut masked, &mut admin, &layout);
     eprintln!(

@@ -54,14 +54,20 @@ fn notify_protocol_ready_reloading_watchdog_stopping() {
     );
     let mut pings = 0;
     let ready = until(&sock, "READY=1", &mut pings);
-    assert!(ready.contains("STATUS=serving 1 target(s), 1 LUN(s)"), "{ready}");
+    assert!(
+        ready.contains("STATUS=serving 1 target(s), 1 LUN(s)"),
+        "{ready}"
+    );
     // Ready means ready: a login succeeds at once.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let url = initiator::IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", target.portal)).unwrap();
     let opts = initiator::SessionOptions::default();
     let mut sessions = Vec::new();
     for _ in 0..64 {
-        sessions.push(rt.block_on(initiator::Session::connect(&url, &opts)).unwrap());
+        sessions.push(
+            rt.block_on(initiator::Session::connect(&url, &opts))
+                .unwrap(),
+        );
     }
     // Pinged every 200 ms while 64 sessions are served: at least 5 in 2 s.
     pings = 0;
@@ -71,7 +77,10 @@ fn notify_protocol_ready_reloading_watchdog_stopping() {
             pings += 1;
         }
     }
-    assert!(pings >= 5, "{pings} watchdog pings in 2 s at a 400 ms interval");
+    assert!(
+        pings >= 5,
+        "{pings} watchdog pings in 2 s at a 400 ms interval"
+    );
     for s in &sessions {
         rt.block_on(s.test_unit_ready(0)).ok();
     }
@@ -124,7 +133,10 @@ fn units_verify_and_are_hardened() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(out.status.success() && said.trim().is_empty(), "{name}: {said}");
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{name}: {said}"
+        );
         let out = std::process::Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--no-pager"])
             .arg(&unit)
@@ -147,11 +159,35 @@ fn units_verify_and_are_hardened() {
 /// /var/lib/reservoir.
 #[test]
 fn the_packaged_configuration_is_the_embedded_default() {
-    let mut packaged =
-        targetd::config::Config::load(&packaging().join("target.toml")).unwrap();
-    assert_eq!(packaged.data_dir, std::path::Path::new("/var/lib/reservoir"));
+    let mut packaged = targetd::config::Config::load(&packaging().join("target.toml")).unwrap();
+    assert_eq!(
+        packaged.data_dir,
+        std::path::Path::new("/var/lib/reservoir")
+    );
     let default = targetd::config::Config::embedded_default();
     packaged.data_dir = default.data_dir.clone();
     // Config has no PartialEq: its Debug form shows every field.
     assert_eq!(format!("{packaged:#?}"), format!("{default:#?}"));
+}
+
+/// Under systemd, standard error is the journal (JOURNAL_STREAM names its device and
+/// inode): one line per event without our own timestamp, which the journal adds.
+#[test]
+fn log_lines_fit_the_journal() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The harness writes standard error to target.log: made here first, it keeps its inode.
+    let log = dir.path().join("target.log");
+    std::fs::write(&log, "").unwrap();
+    let m = std::fs::metadata(&log).unwrap();
+    let stream = format!("{}:{}", m.dev(), m.ino());
+    let journal = Target::start_in_env(dir, Some(&config()), &[("JOURNAL_STREAM", &stream)]);
+    let plain = Target::start(Some(&config()));
+    let first = |t: &Target| t.log().lines().next().unwrap_or_default().to_owned();
+    let (j, p) = (first(&journal), first(&plain));
+    assert!(j.starts_with(" INFO") || j.starts_with("INFO"), "{j}");
+    assert!(
+        p.starts_with("20"),
+        "a timestamp first when not the journal: {p}"
+    );
 }

@@ -114,10 +114,13 @@ pub struct RawPdus {
 
 impl RawPdus {
     pub fn login(portal: &str, iqn: &str, initiator_name: &str) -> RawPdus {
-        use iscsi::login::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView};
+        use iscsi::login::{
+            InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView,
+        };
         use iscsi::negotiate::ConnectionParams;
         let s = std::net::TcpStream::connect(portal).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
         let mut raw = RawPdus {
             s,
             dec: iscsi::framing::PduDecoder::new(iscsi::framing::FrameLimits::default()),
@@ -175,7 +178,11 @@ impl RawPdus {
     fn recv(&mut self) -> Result<iscsi::pdu::Pdu, String> {
         use std::io::Read;
         loop {
-            if let Some(p) = self.dec.decode(&mut self.buf).map_err(|e| format!("{e:?}"))? {
+            if let Some(p) = self
+                .dec
+                .decode(&mut self.buf)
+                .map_err(|e| format!("{e:?}"))?
+            {
                 return Ok(p);
             }
             let mut tmp = [0u8; 65536];
@@ -228,7 +235,11 @@ impl Client for RawPdus {
                     data.extend_from_slice(&d.data);
                     if d.status_present {
                         self.statsn = d.statsn.wrapping_add(1);
-                        return Ok(Answer { status: d.status, sense: (0, 0, 0), data });
+                        return Ok(Answer {
+                            status: d.status,
+                            sense: (0, 0, 0),
+                            data,
+                        });
                     }
                 }
                 Pdu::R2t(r) => {
@@ -252,10 +263,16 @@ impl Client for RawPdus {
                         [_, _, s @ ..] if s.len() >= 14 && s[0] & 0x7f == 0x70 => {
                             (s[2] & 0x0f, s[12], s[13])
                         }
-                        [_, _, s @ ..] if s.len() >= 4 && s[0] & 0x7f == 0x72 => (s[1] & 0x0f, s[2], s[3]),
+                        [_, _, s @ ..] if s.len() >= 4 && s[0] & 0x7f == 0x72 => {
+                            (s[1] & 0x0f, s[2], s[3])
+                        }
                         _ => (0, 0, 0),
                     };
-                    return Ok(Answer { status: r.status, sense, data });
+                    return Ok(Answer {
+                        status: r.status,
+                        sense,
+                        data,
+                    });
                 }
                 Pdu::NopIn(_) => {}
                 other => return Err(format!("unexpected {other:?}")),

@@ -58,11 +58,30 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    // The journal stamps every line itself and shows no colours.
+    if stderr_is_the_journal() {
+        fmt.without_time().with_ansi(false).init();
+    } else {
+        fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
+}
+
+/// Whether standard error goes to systemd's journal: JOURNAL_STREAM names its device and
+/// inode (systemd.exec(5)), and they are standard error's.
+fn stderr_is_the_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    std::fs::metadata("/proc/self/fd/2")
+        .is_ok_and(|m| dev.parse() == Ok(m.dev()) && ino.parse() == Ok(m.ino()))
 }
 
 /// Starts the agent of `rsv sync` beside the target when `[control]` (or `--control`)
