@@ -680,7 +680,10 @@ mod tests {
             assert!(!shown.contains(leak), "{shown}");
             assert!(!format!("{s:?}").contains(leak));
         }
-        assert!(shown.contains("iscsi://ds1%25***@10.0.0.1:3260/iqn.x/0"), "{shown}");
+        assert!(
+            shown.contains("iscsi://ds1%25***@10.0.0.1:3260/iqn.x/0"),
+            "{shown}"
+        );
         assert!(shown.contains("target_secret=***"), "{shown}");
         assert!(shown.contains("file:a.img?size=1G"), "{shown}");
         // The spec itself keeps them: it is what the store is opened with.

@@ -101,7 +101,11 @@ impl Cores {
 
     /// Whether every core runs a task within `within`: none is stuck.
     pub(crate) async fn alive(&self, within: Duration) -> bool {
-        let probes: Vec<_> = self.cores.iter().map(|c| c.handle.spawn(async {})).collect();
+        let probes: Vec<_> = self
+            .cores
+            .iter()
+            .map(|c| c.handle.spawn(async {}))
+            .collect();
         tokio::time::timeout(within, async {
             for p in probes {
                 if p.await.is_err() {
