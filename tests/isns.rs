@@ -959,6 +959,24 @@ fn intruder_refused(ns: &Netns, conf: &Path, victim_entity: &str) {
 
 /// The victim's registration as `conf` sees it: its node and portal there, nothing of
 /// the intruder's.
+/// Starts `rsv target` registering `iqn` under `entity` (signed with `auth`) and waits
+/// until `admin`'s isnsadm finds it (`what` names the wait).
+fn registered_target(
+    ns: &mut Netns,
+    dir: &Path,
+    iqn: &str,
+    entity: &str,
+    auth: Option<(&str, &Path, &Path)>,
+    admin: &Path,
+    what: &str,
+) {
+    let t = target_with_isns(ns, dir, iqn, entity, auth);
+    ns.children.push(t);
+    wait_until(15, what, || {
+        text(&isnsadm(ns, admin, &["--query", "iscsi-name"])).contains(iqn)
+    });
+}
+
 fn victim_intact(ns: &Netns, conf: &Path, iqn: &str) {
     let q = isnsadm(ns, conf, &["--query", "iscsi-name"]);
     assert!(q.status.success(), "{}", text(&q));
@@ -1055,8 +1073,8 @@ fn isnsd_with_security_takes_our_signed_clients() {
     let iqn = "iqn.2026-11.org.reservoir.target:home";
     let tdir = d.join("t");
     std::fs::create_dir(&tdir).unwrap();
-    let t = target_with_isns(
-        &ns,
+    registered_target(
+        &mut ns,
         &tdir,
         iqn,
         "target.reservoir.org",
@@ -1065,11 +1083,9 @@ fn isnsd_with_security_takes_our_signed_clients() {
             &client["target.reservoir.org"],
             &server_pub,
         )),
+        &admin,
+        "the signed registration",
     );
-    ns.children.push(t);
-    wait_until(15, "the signed registration", || {
-        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
-    });
     victim_intact(&ns, &admin, iqn);
 
     // The initiator signs as an enrolled SPI (its node name derived from it) and lists
@@ -1206,8 +1222,8 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
     let iqn = "iqn.2026-11.org.reservoir.target:home";
     let tdir = d.join("t");
     std::fs::create_dir(&tdir).unwrap();
-    let t = target_with_isns(
-        &ns,
+    registered_target(
+        &mut ns,
         &tdir,
         iqn,
         "victim-ent",
@@ -1216,11 +1232,9 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
             &client["target.reservoir.org"],
             &server_pub,
         )),
+        &admin,
+        "the signed registration",
     );
-    ns.children.push(t);
-    wait_until(15, "the signed registration", || {
-        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
-    });
     assert!(log().contains("(SPI target.reservoir.org)"), "{}", log());
 
     // The intruder, with its own enrolled key, and without any.
@@ -1304,11 +1318,15 @@ fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
     ns.children.push(s);
     let admin = isnsadm_conf(d, "admin.conf", "iqn.2026-11.org.reservoir.admin:q", None);
     let iqn = "iqn.2026-11.org.reservoir.target:home";
-    let t = target_with_isns(&ns, d, iqn, "victim-ent", None);
-    ns.children.push(t);
-    wait_until(15, "the registration", || {
-        text(&isnsadm(&ns, &admin, &["--query", "iscsi-name"])).contains(iqn)
-    });
+    registered_target(
+        &mut ns,
+        d,
+        iqn,
+        "victim-ent",
+        None,
+        &admin,
+        "the registration",
+    );
     let evil = isnsadm_conf(d, "evil.conf", "iqn.2026-11.org.reservoir.evil:x", None);
     intruder_refused(&ns, &evil, "victim-ent");
     victim_intact(&ns, &admin, iqn);
