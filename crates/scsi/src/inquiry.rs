@@ -211,7 +211,7 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
 ///
 /// No group is marked preferred (PREF, byte 0 bit 7, stays zero, as LIO and SCST leave
 /// it unless told): with every group active/optimized there is nothing to prefer, and
-/// libiscsi from its RTPG support (2025) until its fix of the descriptor's bit fields
+/// libiscsi from its RTPG support (release 1.20.3) until its fix of the bit fields
 /// reads byte 0's high nibble as the access state, so a set PREF reached its users (and
 /// its test suite's ReportTargetPortGroups.Simple) as the invalid state 8.
 pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result<Vec<u8>, Sense> {

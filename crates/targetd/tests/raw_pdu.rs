@@ -1349,7 +1349,11 @@ fn send_targets_with_a_malformed_value_is_rejected_and_the_connection_goes_on() 
             panic!("{bad}: expected a Reject, got {answer:?}")
         };
         assert_eq!(r.reason, reject_reason::PROTOCOL_ERROR, "{bad}");
-        assert_eq!(r.data[0] & 0x3f, 0x04, "{bad}: the rejected header is the request's");
+        assert_eq!(
+            r.data[0] & 0x3f,
+            0x04,
+            "{bad}: the rejected header is the request's"
+        );
         assert_eq!(
             u32::from_be_bytes(r.data[16..20].try_into().unwrap()),
             itt,
