@@ -84,27 +84,24 @@ impl Conn {
                 return;
             }
         };
-        if let Some((_, v)) = keys
-            .iter()
-            .find(|&(k, v)| k == "SendTargets" && SendTargetsScope::of(v).is_none())
-        {
-            // As LIO does: there is no answer to give in the text (no target is named
-            // and "All" is not what was asked), and an empty list would say "no such
-            // target" to a request that names none.
-            peer_log!(
-                warn,
-                "connection {}: SendTargets={v:?}: neither All, empty nor an iSCSI name",
-                self.cid
-            );
-            self.reject(
-                reject_reason::PROTOCOL_ERROR,
-                &header_of(&Pdu::TextRequest(t)),
-            );
-            return;
-        }
         let mut answer = TextKeys::new();
         for (k, v) in keys.iter() {
-            if let (true, Some(scope)) = (k == "SendTargets", SendTargetsScope::of(v)) {
+            if k == "SendTargets" {
+                let Some(scope) = SendTargetsScope::of(v) else {
+                    // As LIO does: there is no answer to give in the text (no target is
+                    // named and "All" is not what was asked), and an empty list would say
+                    // "no such target" to a request that names none.
+                    peer_log!(
+                        warn,
+                        "connection {}: SendTargets={v:?}: neither All, empty nor an iSCSI name",
+                        self.cid
+                    );
+                    self.reject(
+                        reject_reason::PROTOCOL_ERROR,
+                        &header_of(&Pdu::TextRequest(t)),
+                    );
+                    return;
+                };
                 self.send_targets(scope, &mut answer);
             } else if k == iscsi::negotiate::PACING_RATE_KEY {
                 self.pacing_hint(v, &mut answer);
