@@ -1264,7 +1264,9 @@ fn target_port_groups_and_identifiers() {
     assert_eq!(std_inq[5] & 0x30, 0x10, "TPGS: implicit ALUA");
     let d = good(&exec(&lu, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[])).to_vec();
     assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), 12);
-    assert_eq!(d[4] & 0x0f, 0, "active/optimized");
+    // The whole byte: active/optimized and PREF clear. libiscsi before its fix of the
+    // descriptor's bit fields took the high nibble for the state (a PREF gave state 8).
+    assert_eq!(d[4], 0x00, "active/optimized, not marked preferred");
     assert_eq!(u16::from_be_bytes([d[6], d[7]]), 3);
     assert_eq!(d[11], 1);
     assert_eq!(u16::from_be_bytes([d[14], d[15]]), 2);
