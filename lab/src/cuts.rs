@@ -53,6 +53,62 @@ pub const FLOWS: &[&str] = &[
 ];
 pub const EVENTS: &[&str] = &["cut", "restart", "down"];
 
+/// `rsv-lab run cuts`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    /// How long each break lasts, in seconds (default 5,30,120; --quick 4).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub cut: Vec<u64>,
+    /// Only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
+    /// cp-get-erl0, sync; cut, restart, and for cp down: the link cut until the copy gives
+    /// up), e.g. cp-put-erl0:cut,sync:restart,cp-get-erl2:down.
+    #[arg(long, value_delimiter = ',')]
+    pub case: Vec<String>,
+    /// Bytes each transfer moves, whole MiB (default 64M; --quick 32M).
+    #[arg(long, value_parser = units::parse_size)]
+    pub size: Option<u64>,
+    /// The emulated link's name (default rel-cuts, --quick rel-cq), so that two runs can go
+    /// side by side.
+    #[arg(long)]
+    pub link_name: Option<String>,
+    /// URL options of the copies a `down` case breaks, e.g.
+    /// recovery_timeout=10&command_timeout=10 (default: none, i.e. the defaults; --quick:
+    /// recovery_timeout=5&command_timeout=5&nop_interval=2).
+    #[arg(long)]
+    pub down_opts: Option<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        if !self.cut.is_empty() {
+            p.durations = self.cut.clone();
+        }
+        if let Some(n) = &self.link_name {
+            p.link_name = n.clone();
+        }
+        if let Some(o) = &self.down_opts {
+            p.down_opts = o.clone();
+        }
+        if let Some(s) = self.size {
+            p.size = s.max(1 << 20) & !((1 << 20) - 1);
+        }
+        if !self.case.is_empty() {
+            p.cases = self
+                .case
+                .iter()
+                .map(|c| match c.split_once(':') {
+                    Some((f, e)) => Ok((f.to_owned(), e.to_owned())),
+                    None => bail!("--case {c}: expected TRANSFER:BREAK"),
+                })
+                .collect::<Result<_>>()?;
+        }
+        Ok(p)
+    }
+}
+
 pub struct Params {
     pub link_name: String,
     pub rate: String,

@@ -1,11 +1,68 @@
-//! docs/lab-r0-r1.md, regenerated from the results' JSON: tables, figures and the studies'
-//! numbers side by side.
+//! The result documents: which there are and where they come from, and docs/lab-r0-r1.md,
+//! regenerated from the results' JSON: tables, figures and the studies' numbers side by
+//! side.
 
 use crate::stats::Spread;
 use anyhow::Result;
 use serde_json::Value;
 use std::fmt::Write;
 use std::path::{Component, Path, PathBuf};
+
+/// A generated document, by the scenarios it reports.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Document {
+    /// R0, R1 and the RTT sweep (r0.json, r1.json, rtt.json).
+    #[value(name = "r0-r1")]
+    R0R1,
+    R2,
+    R3,
+    R4,
+}
+
+impl Document {
+    /// Its name in docs/.
+    pub fn file(self) -> &'static str {
+        match self {
+            Document::R0R1 => "lab-r0-r1.md",
+            Document::R2 => "lab-r2.md",
+            Document::R3 => "lab-r3.md",
+            Document::R4 => "lab-r4.md",
+        }
+    }
+
+    /// Writes it to `out` from the results under `results`.
+    pub fn write(self, results: &Path, out: &Path) -> Result<()> {
+        match self {
+            Document::R0R1 => write(results, out),
+            Document::R2 => crate::r2::write_doc(results, out),
+            Document::R3 => crate::r3::write_doc(results, out),
+            Document::R4 => crate::r4::write_doc(results, out),
+        }
+    }
+}
+
+/// The committed documents and the results each is drawn from (`rsv-lab doc`).
+const COMMITTED: &[(Document, &str, &str)] = &[
+    (Document::R0R1, "lab/results", "docs/lab-r0-r1.md"),
+    (Document::R0R1, "lab/results/cc", "docs/lab-cc.md"),
+    (Document::R2, "lab/results", "docs/lab-r2.md"),
+    (Document::R3, "lab/results", "docs/lab-r3.md"),
+    (Document::R4, "lab/results", "docs/lab-r4.md"),
+    (Document::R4, "lab/results/r4-default", "docs/lab-r4-default.md"),
+    (Document::R4, "lab/results/r4-windows", "docs/lab-r4-windows.md"),
+];
+
+/// Rewrites every committed document from its results (run from the repository's top).
+pub fn write_committed() -> Result<()> {
+    if !Path::new("docs").is_dir() || !Path::new("lab/results").is_dir() {
+        anyhow::bail!("no docs/ and lab/results/ here: run `rsv-lab doc` from the repository's top");
+    }
+    for (document, results, out) in COMMITTED {
+        document.write(Path::new(results), Path::new(out))?;
+        eprintln!("lab: wrote {out} from {results}");
+    }
+    Ok(())
+}
 
 /// `to` as seen from directory `from` (both made absolute first).
 pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {

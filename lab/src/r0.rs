@@ -63,6 +63,52 @@ impl Params {
     }
 }
 
+/// `rsv-lab run r0`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Only these loss rates, in percent (e.g. 1,5).
+    #[arg(long, value_delimiter = ',')]
+    pub loss: Vec<f64>,
+    /// Seconds per measurement instead of 30 (--quick 3).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Also run Reservoir's rows with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiator).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only the iperf3 references and Reservoir's rows (no study configurations, qemu-img
+    /// or tgt).
+    #[arg(long)]
+    pub reservoir_only: bool,
+    /// Only these configurations (before, tuned, reservoir, reservoir-rate, with
+    /// --congestion CC reservoir-CC, reservoir-rate-CC).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        if !self.loss.is_empty() {
+            p.loss_pct = self.loss.clone();
+        }
+        if let Some(s) = self.seconds {
+            p.seconds = s;
+        }
+        p.congestion = self.congestion.clone();
+        p.reservoir_only = self.reservoir_only;
+        p.repeat = self.repeat.repeat;
+        p.rows = self.rows.clone();
+        p
+    }
+}
+
 /// One iSCSI configuration: TCP settings of both sites, the target's session offer and the
 /// initiator's flags.
 #[derive(Serialize, Clone, Debug)]

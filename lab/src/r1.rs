@@ -36,6 +36,35 @@ pub struct Params {
     pub modes: Vec<String>,
 }
 
+/// `rsv-lab run r1`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Also run Reservoir's default with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiators).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only these modes (iperf3, cubic, bbr, paced, reservoir, with --congestion CC
+    /// reservoir-CC).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        p.congestion = self.congestion.clone();
+        p.repeat = self.repeat.repeat;
+        p.modes = self.rows.clone();
+        p
+    }
+}
+
 impl Params {
     pub fn new(quick: bool) -> Params {
         let (rate, bps) = if quick {

@@ -52,6 +52,60 @@ pub struct Params {
     pub link_rate: Option<u64>,
 }
 
+/// `rsv-lab run r2`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    /// Disk servers per site (default 8; --quick 2).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub disk_servers: Option<u64>,
+    /// Only these round-trip times, in milliseconds (e.g. 200).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub rtt: Vec<u64>,
+    /// Seconds of link time per transfer at the full rate (default 60; --quick 6).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Only these rows.
+    #[arg(long, value_delimiter = ',', value_parser = ROWS)]
+    pub rows: Vec<String>,
+    /// The bottleneck's rate as tc writes it (800mbit) instead of calibrating it.
+    #[arg(long, value_parser = units::parse_rate)]
+    pub link_rate: Option<units::Rate>,
+}
+
+/// R2's rows, by key.
+const ROWS: [&str; 8] = [
+    "one",
+    "unpaced",
+    "static",
+    "reservoir",
+    "reservoir-rate",
+    "iperf3",
+    "gridftp",
+    "qemu-img",
+];
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        if !self.rtt.is_empty() {
+            p.rtt_ms = self.rtt.clone();
+        }
+        if let Some(s) = self.seconds {
+            p.link_seconds = s;
+        }
+        if let Some(n) = self.disk_servers {
+            p.disk_servers = usize::try_from(n)?;
+        }
+        p.rows = self.rows.clone();
+        p.link_rate = self.link_rate.map(|r| r.bits_per_sec());
+        Ok(p)
+    }
+}
+
 impl Params {
     pub fn new(quick: bool) -> Params {
         if quick {

@@ -53,6 +53,31 @@ pub struct Params {
     pub lun_bytes: u64,
 }
 
+/// `rsv-lab run r3`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    /// Seconds per measurement on every path instead of each path's own (8, R0's link 20;
+    /// --quick 1).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        if let Some(s) = self.seconds {
+            for path in &mut p.paths {
+                path.seconds = s;
+            }
+        }
+        p
+    }
+}
+
 impl Params {
     pub fn new(quick: bool) -> Params {
         let gig = PathSpec {

@@ -40,6 +40,44 @@ pub struct Params {
     pub timeout_s: u64,
 }
 
+/// `rsv-lab run r4`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    /// Only these delays added each way, in milliseconds (e.g. 0,12,24).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub delay: Vec<u32>,
+    /// Only these receive windows (64K, 128K, default).
+    #[arg(long, value_delimiter = ',')]
+    pub window: Vec<String>,
+    /// The time limit of each reader, in seconds (default 90; --quick 20).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+}
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        if !self.delay.is_empty() {
+            p.delays_ms = self.delay.clone();
+        }
+        if !self.window.is_empty() {
+            p.windows = self
+                .window
+                .iter()
+                .map(|w| parse_window(w))
+                .collect::<Result<_>>()?;
+        }
+        if let Some(s) = self.seconds {
+            p.timeout_s = s;
+        }
+        Ok(p)
+    }
+}
+
 impl Params {
     pub fn new(quick: bool) -> Params {
         Params {

@@ -27,6 +27,48 @@ pub struct Params {
     pub rows: Vec<String>,
 }
 
+/// `rsv-lab run rtt`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Only these round-trip times, in milliseconds (e.g. 200,300).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub rtt: Vec<u32>,
+    /// Seconds per measurement instead of 30 (--quick 3).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Also run Reservoir's rows with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiator).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only these of Reservoir's rows (reservoir, reservoir-rate, with --congestion CC
+    /// reservoir-CC, reservoir-rate-CC and reservoir-remembered-CC: the rate from the path
+    /// cache after a 10-s learning run at each point).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        if !self.rtt.is_empty() {
+            p.rtt_ms = self.rtt.clone();
+        }
+        if let Some(s) = self.seconds {
+            p.seconds = s;
+        }
+        p.congestion = self.congestion.clone();
+        p.repeat = self.repeat.repeat;
+        p.rows = self.rows.clone();
+        p
+    }
+}
+
 impl Params {
     pub fn new(quick: bool) -> Params {
         // The emulator holds 1 Gbit/s on an idle machine; with the target, the initiator

@@ -250,7 +250,7 @@ fn lab_quick_repeat() {
     );
     let doc = out.join("doc.md");
     let o = Command::new(rsv_lab())
-        .args(["doc", "--results"])
+        .args(["doc", "r0-r1", "--results"])
         .arg(out)
         .arg("--out")
         .arg(&doc)
