@@ -171,9 +171,7 @@ pub fn run(command: LabCommand) -> Result<()> {
             results,
             out,
         }) => match (document, out) {
-            (Some(d), Some(out)) => {
-                d.write(&results.unwrap_or_else(|| "lab/results".into()), &out)
-            }
+            (Some(d), Some(out)) => d.write(&results.unwrap_or_else(|| "lab/results".into()), &out),
             _ => crate::doc::write_committed(),
         },
         LabCommand::Run { scenario } => {

@@ -28,7 +28,7 @@
 
 use crate::proc::{self, in_ns, lab_bin, rsv_bin, sysctl, Link, Proc};
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::File;
 use std::io::Read;
@@ -181,7 +181,7 @@ impl Params {
     }
 }
 
-#[derive(Serialize, Debug, Clone, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct CaseResult {
     pub flow: String,
     pub event: String,
@@ -209,7 +209,7 @@ pub struct CaseResult {
     pub reconnections: Option<u64>,
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Deserialize, Debug)]
 pub struct Results {
     pub command: String,
     pub link: String,
@@ -923,11 +923,7 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
         cases,
         environment,
     };
-    std::fs::create_dir_all(out)?;
-    std::fs::write(
-        out.join("cuts.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    crate::results::save(out, "cuts.json", &results)?;
     std::fs::write(out.join("cuts.txt"), table(&results))?;
     Ok(results)
 }

@@ -1,9 +1,9 @@
 //! What a result was measured with: tool versions and the machine.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::process::{Command, Stdio};
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Environment {
     pub date_utc: String,
     pub rsv: String,

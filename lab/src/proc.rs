@@ -3,7 +3,7 @@
 
 use crate::busy::Sample;
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -765,7 +765,7 @@ pub struct CostMark {
 }
 
 /// The cost between two marks.
-#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Cost {
     /// Busy share of all CPUs (100 % = every core busy).
     pub cpu_busy_pct: Option<f64>,
