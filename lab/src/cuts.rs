@@ -26,7 +26,7 @@
 //! after it, and the bytes that crossed the link in the data's direction beyond what the
 //! same transfer without a break carried (measured once per transfer in the same run).
 
-use crate::proc::{self, in_ns, lab_bin, rsv_bin, sysctl, Link, Proc};
+use crate::proc::{self, in_ns, rsv_bin, sysctl, Link, Proc};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -312,20 +312,6 @@ fn progress_of(path: &Path, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn tx_bytes(link: &Link, dir: &str) -> u64 {
-    let out = proc::run_ok(
-        Command::new(lab_bin()).args(["wan", "stats", "--name", &link.name, "--json"]),
-    )
-    .unwrap_or_default();
-    let v: Value = serde_json::from_str(&out).unwrap_or_default();
-    let d = if v[dir].is_object() {
-        &v[dir]
-    } else {
-        &v["stats"][dir]
-    };
-    d["tx_bytes"].as_u64().unwrap_or(0)
-}
-
 /// Compares two files byte for byte; the first offset where they differ, if any.
 fn first_difference(a: &Path, b: &Path, len: u64) -> Result<Option<u64>> {
     let (mut fa, mut fb) = (File::open(a)?, File::open(b)?);
@@ -542,7 +528,7 @@ impl Lab<'_> {
     /// The same transfer without a break: how many bytes it puts on the link.
     fn baseline(&self, flow: &str) -> Result<(u64, f64)> {
         let f = self.flow(flow)?;
-        let before = tx_bytes(&self.link, f.dir);
+        let before = self.link.tx_bytes(f.dir).unwrap_or(0);
         let start = Instant::now();
         let mut r = Running::spawn(self.command(&f, None, ""), &self.dir, self.next())?;
         let code = r.wait_until(start + self.p.grace, || {})?;
@@ -556,7 +542,7 @@ impl Lab<'_> {
             bail!("{flow} without a break: the copy differs at offset {at}");
         }
         Ok((
-            tx_bytes(&self.link, f.dir) - before,
+            self.link.tx_bytes(f.dir).unwrap_or(0) - before,
             start.elapsed().as_secs_f64(),
         ))
     }
@@ -585,7 +571,7 @@ impl Lab<'_> {
         } else {
             ""
         };
-        let before = tx_bytes(&self.link, f.dir);
+        let before = self.link.tx_bytes(f.dir).unwrap_or(0);
         let start = Instant::now();
         let mut run = Running::spawn(self.command(&f, None, opts), &self.dir, self.next())?;
         let pfile = progress_file(&run);
@@ -724,7 +710,7 @@ impl Lab<'_> {
         stop.store(true, Ordering::Relaxed);
         let _ = watcher.join();
         res.total_s = start.elapsed().as_secs_f64();
-        res.wire_bytes = tx_bytes(&self.link, f.dir) - before;
+        res.wire_bytes = self.link.tx_bytes(f.dir).unwrap_or(0) - before;
         res.extra_wire_bytes = res.wire_bytes as i64 - baseline as i64;
         let m = *mended.lock().unwrap();
         let r = *recovered.lock().unwrap();
@@ -756,13 +742,6 @@ impl Lab<'_> {
         };
         Ok(res)
     }
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
 }
 
 fn mib(b: i64) -> String {
@@ -830,7 +809,7 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
             );
         }
     }
-    let loadavg_before = loadavg();
+    let loadavg_before = crate::env::loadavg();
     let environment = crate::env::collect();
     // The namespaces run CUBIC as R0's (a host whose allowed list is "reno bbr" refuses
     // it otherwise), as every lab scenario does.
@@ -918,7 +897,7 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
         link: desc,
         size: p.size,
         loadavg_before,
-        loadavg_after: loadavg(),
+        loadavg_after: crate::env::loadavg(),
         baseline_wire_bytes: baselines,
         cases,
         environment,

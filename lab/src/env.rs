@@ -55,6 +55,15 @@ fn proc_field(file: &str, key: &str) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// /proc/loadavg as it reads (the three averages, running/all tasks, the last PID), for
+/// a run's before and after.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
 pub fn collect() -> Environment {
     let rsv = crate::proc::rsv_bin();
     let rsv = first_line(&rsv.to_string_lossy(), &["--version"]);

@@ -682,9 +682,7 @@ pub(crate) fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path)
     if let Some(e) = v["error"].as_str() {
         return Ok(row.failed(format!("iperf3: {e}")));
     }
-    let sum = &v["end"]["sum_received"];
-    let bytes = sum["bytes"].as_u64().unwrap_or(0);
-    let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+    let (bytes, secs) = crate::peers::iperf3_received(&v);
     Ok(row.measured(bytes, secs, o.ok()))
 }
 

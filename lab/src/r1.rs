@@ -402,9 +402,7 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
     let mut streams = Vec::new();
     for (i, o) in outs.iter().enumerate() {
         let v: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
-        let sum = &v["end"]["sum_received"];
-        let bytes = sum["bytes"].as_u64().unwrap_or(0);
-        let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+        let (bytes, secs) = crate::peers::iperf3_received(&v);
         streams.push(Stream {
             host: link.a[i].ns.clone(),
             bytes,

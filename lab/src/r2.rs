@@ -568,7 +568,7 @@ fn iperf3_row(
         ..Row::default()
     };
     let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
-    let received = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    let (received, _) = crate::peers::iperf3_received(&v);
     row.payload_bytes = received;
     if received == 0 {
         row.error = out.describe();

@@ -188,13 +188,6 @@ pub struct Results {
     pub rows: Vec<Row>,
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
-}
-
 /// utime + stime of a process, seconds.
 fn cpu_of(pid: Option<u32>) -> f64 {
     let Some(pid) = pid else { return 0.0 };
@@ -273,7 +266,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let environment = crate::env::collect();
-    let load_before = loadavg();
+    let load_before = crate::env::loadavg();
     // Each namespace defaults to cubic (`r0::linux_default_tcp`), which a namespace may
     // only choose when the host allows it: added for the run, the list put back after.
     let _cc = proc::AllowedCc::ensure(&["cubic"])?;
@@ -315,7 +308,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         rows.extend(run_path(&params, path, &site, &certs, dir, &mut timeline)?);
         drop(link);
     }
-    let load_after = loadavg();
+    let load_after = crate::env::loadavg();
     let results = Results {
         scenario: "r3".into(),
         quick,

@@ -12,7 +12,7 @@
 
 use crate::env::Environment;
 use crate::peers::{rsv_target, ISCSI_PORT};
-use crate::proc::{self, check_interrupt, in_ns, lab_bin, rsv_bin, run_ok, sysctl, Link, Proc};
+use crate::proc::{self, check_interrupt, in_ns, rsv_bin, run_ok, sysctl, Link, Proc};
 use crate::r0;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -175,23 +175,6 @@ fn smb_conf(dir: &Path, share: &Path) -> String {
     )
 }
 
-/// The bytes that crossed the link toward site a so far.
-fn ba_bytes(link: &Link) -> u64 {
-    let out =
-        run_ok(Command::new(lab_bin()).args(["wan", "stats", "--name", &link.name, "--json"]));
-    out.ok()
-        .and_then(|o| serde_json::from_str::<Value>(&o).ok())
-        .and_then(|v| {
-            let d = if v["ba"].is_object() {
-                &v["ba"]
-            } else {
-                &v["stats"]["ba"]
-            };
-            d["tx_bytes"].as_u64()
-        })
-        .unwrap_or(0)
-}
-
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
     for t in ["smbd", "smbclient", "mkfs.ext4", "curl"] {
         if Command::new("sh")
@@ -204,10 +187,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let environment = crate::env::collect();
-    let load_before = std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
+    let load_before = crate::env::loadavg();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r4")?;
     let dir = &scratch.0;
@@ -304,9 +284,9 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                         c
                     }
                 };
-                let before = ba_bytes(&link);
+                let before = link.tx_bytes("ba").unwrap_or(0);
                 let o = proc::run(cmd, timeout, dir)?;
-                let wire = ba_bytes(&link).saturating_sub(before);
+                let wire = link.tx_bytes("ba").unwrap_or(0).saturating_sub(before);
                 let row = read_row(&params, delay, w, client, &o, wire);
                 eprintln!(
                     "  {:>7} {:<9} {:>7.2} Mbit/s {:>5.1} %{}",
