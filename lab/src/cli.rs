@@ -119,6 +119,15 @@ pub struct Repeat {
     pub repeat: u32,
 }
 
+/// The values a list flag was given, or the scenario's own where it was not given.
+pub fn given_or<T: Clone>(given: &[T], own: Vec<T>) -> Vec<T> {
+    if given.is_empty() {
+        own
+    } else {
+        given.to_vec()
+    }
+}
+
 /// `rsv-lab run all`: only the flags every scenario shares.
 #[derive(Args, Debug, Clone)]
 pub struct AllArgs {
@@ -279,4 +288,58 @@ fn run_all(a: AllArgs, command: &str) -> Result<()> {
         eprintln!("lab: wrote {}", d.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: LabCommand,
+    }
+
+    fn scenario(args: &str) -> Result<Scenario, clap::Error> {
+        let args = std::iter::once("rsv-lab").chain(args.split_whitespace());
+        match Cli::try_parse_from(args)?.command {
+            LabCommand::Run { scenario } => Ok(scenario),
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_scenarios_flags_reach_its_parameters() {
+        let Scenario::R0(a) =
+            scenario("run r0 --loss 1,5 --seconds 10 --rows reservoir --repeat 2").unwrap()
+        else {
+            panic!("not r0");
+        };
+        let p = a.params();
+        assert_eq!(
+            (p.loss_pct, p.seconds, p.rows, p.repeat),
+            (vec![1.0, 5.0], 10, vec!["reservoir".to_owned()], 2)
+        );
+        // Flags not given leave the scenario's own (here the quick version's).
+        let Scenario::R4(a) = scenario("run r4 --quick --window default").unwrap() else {
+            panic!("not r4");
+        };
+        let p = a.params().unwrap();
+        assert_eq!((p.delays_ms, p.windows), (vec![4], vec![None]));
+    }
+
+    #[test]
+    fn another_scenarios_flags_are_refused() {
+        for wrong in [
+            "run r0 --window 64K",
+            "run r4 --loss 1",
+            "run r3 --repeat 2",
+            "run cuts --doc docs/x.md",
+            "run all --loss 1",
+            "run r2 --rows before",
+        ] {
+            assert!(scenario(wrong).is_err(), "{wrong} was taken");
+        }
+    }
 }

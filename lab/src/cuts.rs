@@ -83,15 +83,9 @@ pub struct Args {
 impl Args {
     pub fn params(&self) -> Result<Params> {
         let mut p = Params::new(self.common.quick);
-        if !self.cut.is_empty() {
-            p.durations = self.cut.clone();
-        }
-        if let Some(n) = &self.link_name {
-            p.link_name = n.clone();
-        }
-        if let Some(o) = &self.down_opts {
-            p.down_opts = o.clone();
-        }
+        p.durations = crate::cli::given_or(&self.cut, p.durations);
+        p.link_name = self.link_name.clone().unwrap_or(p.link_name);
+        p.down_opts = self.down_opts.clone().unwrap_or(p.down_opts);
         if let Some(s) = self.size {
             p.size = s.max(1 << 20) & !((1 << 20) - 1);
         }

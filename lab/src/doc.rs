@@ -588,12 +588,7 @@ fn link_use_table(doc: &mut String, rows: &[(String, &Row)]) {
             .map(|(_, x, u)| (*x, *u))
             .collect();
         let med = |g: &dyn Fn(&Row, &LinkUse) -> f64| {
-            Spread::of(runs.iter().map(|(x, u)| g(x, u))).unwrap_or(Spread {
-                n: 0,
-                median: 0.0,
-                min: 0.0,
-                max: 0.0,
-            })
+            Spread::of(runs.iter().map(|(x, u)| g(x, u))).unwrap_or_default()
         };
         let payload = med(&|x, _| x.mbit_per_s);
         let busy = med(&|_, u| u.busy_pct);

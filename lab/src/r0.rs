@@ -99,12 +99,8 @@ pub struct Args {
 impl Args {
     pub fn params(&self) -> Params {
         let mut p = Params::new(self.common.quick);
-        if !self.loss.is_empty() {
-            p.loss_pct = self.loss.clone();
-        }
-        if let Some(s) = self.seconds {
-            p.seconds = s;
-        }
+        p.loss_pct = crate::cli::given_or(&self.loss, p.loss_pct);
+        p.seconds = self.seconds.unwrap_or(p.seconds);
         p.congestion = self.congestion.clone();
         p.reservoir_only = self.reservoir_only;
         p.repeat = self.repeat.repeat;

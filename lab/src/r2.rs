@@ -91,12 +91,8 @@ const ROWS: [&str; 8] = [
 impl Args {
     pub fn params(&self) -> Result<Params> {
         let mut p = Params::new(self.common.quick);
-        if !self.rtt.is_empty() {
-            p.rtt_ms = self.rtt.clone();
-        }
-        if let Some(s) = self.seconds {
-            p.link_seconds = s;
-        }
+        p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
+        p.link_seconds = self.seconds.unwrap_or(p.link_seconds);
         if let Some(n) = self.disk_servers {
             p.disk_servers = usize::try_from(n)?;
         }

@@ -61,9 +61,7 @@ pub struct Args {
 impl Args {
     pub fn params(&self) -> Result<Params> {
         let mut p = Params::new(self.common.quick);
-        if !self.delay.is_empty() {
-            p.delays_ms = self.delay.clone();
-        }
+        p.delays_ms = crate::cli::given_or(&self.delay, p.delays_ms);
         if !self.window.is_empty() {
             p.windows = self
                 .window
@@ -71,9 +69,7 @@ impl Args {
                 .map(|w| parse_window(w))
                 .collect::<Result<_>>()?;
         }
-        if let Some(s) = self.seconds {
-            p.timeout_s = s;
-        }
+        p.timeout_s = self.seconds.unwrap_or(p.timeout_s);
         Ok(p)
     }
 }

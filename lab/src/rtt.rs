@@ -58,12 +58,8 @@ pub struct Args {
 impl Args {
     pub fn params(&self) -> Params {
         let mut p = Params::new(self.common.quick);
-        if !self.rtt.is_empty() {
-            p.rtt_ms = self.rtt.clone();
-        }
-        if let Some(s) = self.seconds {
-            p.seconds = s;
-        }
+        p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
+        p.seconds = self.seconds.unwrap_or(p.seconds);
         p.congestion = self.congestion.clone();
         p.repeat = self.repeat.repeat;
         p.rows = self.rows.clone();

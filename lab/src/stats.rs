@@ -6,7 +6,7 @@ use crate::r0::Row;
 use serde::{Deserialize, Serialize};
 
 /// The median of a row's repetitions and their range.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
 pub struct Spread {
     /// How many repetitions gave a figure.
     pub n: usize,
