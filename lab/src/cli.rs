@@ -13,7 +13,11 @@ use std::path::{Path, PathBuf};
 #[derive(Subcommand, Debug)]
 pub enum LabCommand {
     /// Name the scenarios.
-    List,
+    List {
+        /// One JSON array of {"name", "about"} instead of a line each.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a scenario (`rsv-lab run SCENARIO --help`: its flags).
     Run {
         #[command(subcommand)]
@@ -169,10 +173,18 @@ fn scenarios() -> Vec<(String, String)> {
 
 pub fn run(command: LabCommand) -> Result<()> {
     match command {
-        LabCommand::List => {
-            for (name, what) in scenarios() {
-                println!("{name}  {what}");
+        LabCommand::List { json: false } => {
+            for (name, about) in scenarios() {
+                println!("{name}  {about}");
             }
+            Ok(())
+        }
+        LabCommand::List { json: true } => {
+            let list: Vec<serde_json::Value> = scenarios()
+                .into_iter()
+                .map(|(name, about)| serde_json::json!({ "name": name, "about": about }))
+                .collect();
+            println!("{}", serde_json::Value::from(list));
             Ok(())
         }
         LabCommand::Doc(DocArgs {
