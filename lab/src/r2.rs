@@ -1126,7 +1126,6 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let mut rtts: Vec<u64> = v.rows.iter().map(|r| r.rtt_ms).collect();
     rtts.dedup();
     let f = |x: Option<f64>, digits: usize| x.map_or("–".to_owned(), |v| format!("{v:.digits$}"));
-    let count = |x: Option<u64>| x.map_or("–".to_owned(), |d| d.to_string());
     for rtt in rtts {
         let rows = || v.rows.iter().filter(move |r| r.rtt_ms == rtt);
         d += &format!("## RTT {rtt} ms\n\n");
@@ -1142,19 +1141,19 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             };
             let cost = &row.cost;
             d += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
                 row.label,
                 row.streams,
-                f(Some(row.payload_mbit_s), 1),
-                f(Some(row.whole_pct), 1),
+                row.payload_mbit_s,
+                row.whole_pct,
                 f(row.from_full_pct, 1),
                 f(row.time_to_full_s, 1),
                 f(row.finish_spread_pct, 1),
                 f(row.jain, 3),
                 f(cost.cpu_busy_pct, 0),
                 f(cost.relay_cpu_pct, 0),
-                count(Some(cost.queue_drops)),
-                count(cost.host_drops),
+                cost.queue_drops,
+                cost.host_drops.map_or("–".to_owned(), |d| d.to_string()),
                 note
             );
         }
