@@ -405,6 +405,7 @@ pub struct ScsiResponse {
     pub overflow: bool,
     pub underflow: bool,
     pub response: u8,
+    /// The SCSI status, one of `scsi_proto::status`.
     pub status: u8,
     pub itt: u32,
     pub snack_tag: u32,
@@ -417,15 +418,12 @@ pub struct ScsiResponse {
     pub data: Bytes,
 }
 
-/// SCSI status CHECK CONDITION.
-const STATUS_CHECK_CONDITION: u8 = 0x02;
-
 impl ScsiResponse {
     /// A "command completed at target" response with status CHECK CONDITION carrying
     /// `sense`; fill in the rest with `..ScsiResponse::with_sense(&sense)`.
     pub fn with_sense(sense: &[u8]) -> ScsiResponse {
         ScsiResponse {
-            status: STATUS_CHECK_CONDITION,
+            status: scsi_proto::status::CHECK_CONDITION,
             data: sense_segment(sense),
             ..Default::default()
         }
@@ -524,6 +522,7 @@ pub struct DataIn {
     pub overflow: bool,
     pub underflow: bool,
     pub status_present: bool,
+    /// The SCSI status (`scsi_proto::status`), with `status_present`.
     pub status: u8,
     pub lun: u64,
     pub itt: u32,

@@ -4,67 +4,25 @@
 use crate::cdb::{be16, be32, truncate};
 use crate::sense::Sense;
 
-pub const TEST_UNIT_READY: u8 = 0x00;
-pub const REQUEST_SENSE: u8 = 0x03;
-pub const READ_6: u8 = 0x08;
-pub const WRITE_6: u8 = 0x0a;
-pub const INQUIRY: u8 = 0x12;
-pub const MODE_SELECT_6: u8 = 0x15;
-pub const MODE_SENSE_6: u8 = 0x1a;
-pub const START_STOP_UNIT: u8 = 0x1b;
-pub const PREVENT_ALLOW: u8 = 0x1e;
-pub const READ_CAPACITY_10: u8 = 0x25;
-pub const READ_10: u8 = 0x28;
-pub const WRITE_10: u8 = 0x2a;
-pub const WRITE_VERIFY_10: u8 = 0x2e;
-pub const VERIFY_10: u8 = 0x2f;
-pub const PRE_FETCH_10: u8 = 0x34;
-pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
-pub const READ_DEFECT_DATA_10: u8 = 0x37;
-pub const WRITE_SAME_10: u8 = 0x41;
-pub const UNMAP: u8 = 0x42;
-pub const MODE_SELECT_10: u8 = 0x55;
-pub const MODE_SENSE_10: u8 = 0x5a;
-pub const READ_16: u8 = 0x88;
-pub const COMPARE_AND_WRITE: u8 = 0x89;
-pub const WRITE_16: u8 = 0x8a;
-pub const ORWRITE_16: u8 = 0x8b;
-pub const WRITE_VERIFY_16: u8 = 0x8e;
-pub const VERIFY_16: u8 = 0x8f;
-pub const PRE_FETCH_16: u8 = 0x90;
-pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
-pub const WRITE_SAME_16: u8 = 0x93;
-pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
-pub const REPORT_LUNS: u8 = 0xa0;
-pub const MAINTENANCE_IN: u8 = 0xa3;
-pub const READ_12: u8 = 0xa8;
-pub const WRITE_12: u8 = 0xaa;
-pub const WRITE_VERIFY_12: u8 = 0xae;
-pub const VERIFY_12: u8 = 0xaf;
-pub const READ_DEFECT_DATA_12: u8 = 0xb7;
-pub const RESERVE_6: u8 = 0x16;
-pub const RELEASE_6: u8 = 0x17;
-pub const RESERVE_10: u8 = 0x56;
-pub const RELEASE_10: u8 = 0x57;
-pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
-pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
-pub const EXTENDED_COPY: u8 = 0x83;
-pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
-pub const SANITIZE: u8 = 0x48;
-pub const WRITE_ATOMIC_16: u8 = 0x9c;
+pub use scsi_proto::opcodes::*;
 
-pub(crate) const SA_SANITIZE_OVERWRITE: u8 = 0x01;
-pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
-pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
-pub(crate) const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
+use scsi_proto::opcodes::service_action as sa;
 
-pub(crate) const SA_READ_CAPACITY_16: u16 = 0x10;
-pub(crate) const SA_GET_LBA_STATUS: u16 = 0x12;
-pub(crate) const SA_REPORT_SUPPORTED_OPCODES: u16 = 0x0c;
-pub(crate) const SA_REPORT_TARGET_PORT_GROUPS: u16 = 0x0a;
-pub(crate) const SA_EXTENDED_COPY_LID1: u16 = 0x00;
-pub(crate) const SA_COPY_STATUS: u16 = 0x00;
-pub(crate) const SA_OPERATING_PARAMETERS: u16 = 0x03;
+pub(crate) const SA_SANITIZE_OVERWRITE: u8 = sa::sanitize::OVERWRITE;
+pub(crate) const SA_SANITIZE_BLOCK_ERASE: u8 = sa::sanitize::BLOCK_ERASE;
+pub(crate) const SA_SANITIZE_CRYPTO_ERASE: u8 = sa::sanitize::CRYPTOGRAPHIC_ERASE;
+pub(crate) const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = sa::sanitize::EXIT_FAILURE_MODE;
+
+pub(crate) const SA_READ_CAPACITY_16: u16 = sa::service_action_in_16::READ_CAPACITY_16 as u16;
+pub(crate) const SA_GET_LBA_STATUS: u16 = sa::service_action_in_16::GET_LBA_STATUS as u16;
+pub(crate) const SA_REPORT_SUPPORTED_OPCODES: u16 =
+    sa::maintenance_in::REPORT_SUPPORTED_OPERATION_CODES as u16;
+pub(crate) const SA_REPORT_TARGET_PORT_GROUPS: u16 =
+    sa::maintenance_in::REPORT_TARGET_PORT_GROUPS as u16;
+pub(crate) const SA_EXTENDED_COPY_LID1: u16 = sa::extended_copy::LID1 as u16;
+pub(crate) const SA_COPY_STATUS: u16 = sa::receive_copy_results::COPY_STATUS as u16;
+pub(crate) const SA_OPERATING_PARAMETERS: u16 =
+    sa::receive_copy_results::OPERATING_PARAMETERS as u16;
 
 /// One supported command.
 pub(crate) struct OpInfo {
