@@ -15,7 +15,7 @@ mod range_lock;
 mod sanitize;
 mod xcopy;
 
-pub use lu::{AsyncFlush, AsyncRead, AsyncWrite, LentRead, LogicalUnit};
+pub use lu::{class_of, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit};
 // The vocabulary, where the logical unit and its users have always found it.
 pub use scsi_proto::{sense, status, Sense};
 pub use xcopy::{Designator, OnlyItself, Reach};
