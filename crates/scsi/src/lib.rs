@@ -1,5 +1,8 @@
-//! Sans-IO SCSI: CDB decode, sense data, INQUIRY/VPD, mode pages and SBC/SPC command
-//! emulation against the `backstore::Backstore` trait.
+//! The target's logical unit: SBC/SPC command emulation against the `backstore::Backstore`
+//! trait (INQUIRY/VPD, mode pages, reservations, EXTENDED COPY, SANITIZE...), sans-IO but
+//! for the store it is handed. The commands it runs are the rows of one table
+//! (`lu/commands.rs`); SCSI's words (opcodes, status, sense, CDB fields) are
+//! `scsi_proto`'s, re-exported here as `opcodes`, `status`, `sense` and `cdb`.
 //!
 //! The transport hands a [`LogicalUnit`] one [`Command`] at a time (from any number of
 //! threads) and gets back a [`Response`]; residuals against the expected data transfer
