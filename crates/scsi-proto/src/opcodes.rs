@@ -11,6 +11,7 @@ pub const RESERVE_6: u8 = 0x16;
 pub const RELEASE_6: u8 = 0x17;
 pub const MODE_SENSE_6: u8 = 0x1a;
 pub const START_STOP_UNIT: u8 = 0x1b;
+pub const SEND_DIAGNOSTIC: u8 = 0x1d;
 pub const PREVENT_ALLOW: u8 = 0x1e;
 pub const READ_CAPACITY_10: u8 = 0x25;
 pub const READ_10: u8 = 0x28;
