@@ -137,7 +137,7 @@ pub fn parse_report_luns(b: &[u8]) -> Vec<u16> {
     b[8..]
         .chunks_exact(8)
         .take(len / 8)
-        .filter_map(|c| iscsi::pdu::lun_from_wire(u64::from_be_bytes(c.try_into().ok()?)))
+        .filter_map(|c| scsi_proto::lun::from_wire(u64::from_be_bytes(c.try_into().ok()?)))
         .collect()
 }
 
@@ -269,8 +269,8 @@ mod tests {
         assert_eq!(c.blocks, 256);
         assert_eq!(c.block_size, 512);
         let mut r = vec![0, 0, 0, 16, 0, 0, 0, 0];
-        r.extend_from_slice(&iscsi::pdu::lun_to_wire(0).to_be_bytes());
-        r.extend_from_slice(&iscsi::pdu::lun_to_wire(300).to_be_bytes());
+        r.extend_from_slice(&scsi_proto::lun::to_wire(0).to_be_bytes());
+        r.extend_from_slice(&scsi_proto::lun::to_wire(300).to_be_bytes());
         assert_eq!(parse_report_luns(&r), vec![0, 300]);
     }
 }

@@ -627,18 +627,6 @@ fn read_defect_data(cdb: &[u8]) -> Outcome {
     Ok(truncate(data, alloc))
 }
 
-/// Single-level LUN structure (SAM-5 4.7): peripheral addressing below 256, flat above.
-fn encode_lun(lun: u16) -> [u8; 8] {
-    let mut l = [0u8; 8];
-    if lun < 256 {
-        l[1] = lun as u8;
-    } else {
-        l[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
-        l[1] = lun as u8;
-    }
-    l
-}
-
 pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
     if cdb.len() < 12 {
         return Err(Sense::invalid_field_in_cdb(0, None));
@@ -653,7 +641,7 @@ pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
     let mut data = ((list.len() * 8) as u32).to_be_bytes().to_vec();
     data.extend_from_slice(&[0; 4]);
     for l in list {
-        data.extend_from_slice(&encode_lun(l));
+        data.extend_from_slice(&scsi_proto::lun::to_wire(l).to_be_bytes());
     }
     Ok(truncate(data, alloc))
 }
