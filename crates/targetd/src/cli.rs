@@ -13,7 +13,7 @@ use crate::config::{Config, Portal, PortalTls};
 use crate::server::{Reloader, Server};
 
 #[derive(Args, Debug)]
-#[command(after_help = "\
+#[command(args_conflicts_with_subcommands = true, after_help = "\
 With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
 iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
 targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
@@ -87,6 +87,13 @@ pub struct TargetArgs {
     /// the coordinator).
     #[arg(long, value_name = "FILE")]
     pub control_key: Option<PathBuf>,
+    /// Serve the local control socket (`rsv target status`, `drop`) here (overrides
+    /// `[control] socket`); by default `$RUNTIME_DIRECTORY/control.sock` under systemd,
+    /// else none.
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub action: Option<TargetAction>,
     /// Make the default target's LUN 0 a stripe over these stores, in order: store specs
     /// (iscsi://HOST[:PORT]/IQN/LUN, file:PATH?size=.., ram:?size=..), comma-separated or
     /// the flag repeated. Instead of --config.
@@ -100,6 +107,168 @@ pub struct TargetArgs {
     /// first connection asks for it (root); without it, the kernel's BBR, said once in the log.
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
+}
+
+/// What `rsv target` does besides serving: ask a running target over its control socket.
+#[derive(clap::Subcommand, Debug)]
+pub enum TargetAction {
+    /// The sessions of a running target: initiator, address, target and LUNs, connections,
+    /// TLS, age, bytes, and the path's RTT and rate as TCP sees it now.
+    Status(StatusArgs),
+    /// End a session: ask its initiator to log out (Async Message, RFC 7143 11.9.1), and
+    /// drop its connections if it has not within --wait seconds (at once with --now).
+    /// An initiator that logs in again comes back as a new session; to keep it out,
+    /// change the target's access rules and reload.
+    Drop(DropArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The target's control socket ([control] socket); default
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/reservoir/control.sock.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Print the snapshot as JSON (`targetd::status::TargetStatus`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DropArgs {
+    /// The session: its TSIH as `status` shows it (decimal, or 0x-prefixed hex).
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// The target's control socket, as for `status`.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Seconds the initiator has to log out (the Async Message's Parameter3), 1..3600.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=3600))]
+    pub wait: u16,
+    /// Drop the connections at once, without asking for a logout.
+    #[arg(long)]
+    pub now: bool,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the client looks for the control socket when not told.
+fn client_socket(given: &Option<PathBuf>) -> PathBuf {
+    given
+        .clone()
+        .or_else(crate::control::default_path)
+        .unwrap_or_else(|| PathBuf::from("/run/reservoir").join(crate::control::DEFAULT_NAME))
+}
+
+/// A session as `drop` takes it: decimal or 0x-prefixed hex TSIH.
+fn parse_tsih(s: &str) -> anyhow::Result<u16> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u16::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    match parsed {
+        Ok(0) | Err(_) => Err(anyhow!(
+            "session {s}: not a TSIH (1..65535, decimal or 0x-prefixed hex, as status shows it)"
+        )),
+        Ok(t) => Ok(t),
+    }
+}
+
+/// Runs `rsv target status` or `drop`.
+pub fn act(action: TargetAction) -> anyhow::Result<()> {
+    use crate::control::proto::{Request, Response};
+    match action {
+        TargetAction::Status(a) => {
+            let path = client_socket(&a.control);
+            match crate::control::request(&path, &Request::Status, Duration::from_secs(10))? {
+                Response::Status(s) if a.json => {
+                    println!("{}", serde_json::to_string_pretty(&s)?);
+                }
+                Response::Status(s) => print!("{}", status_table(&s)),
+                Response::Error(e) => return Err(anyhow!("{}: {e}", path.display())),
+                other => return Err(anyhow!("{}: unexpected answer {other:?}", path.display())),
+            }
+        }
+        TargetAction::Drop(a) => {
+            let path = client_socket(&a.control);
+            let session = parse_tsih(&a.session)?;
+            let wait_s = if a.now { 0 } else { a.wait };
+            let r = Request::Drop { session, wait_s };
+            let within = Duration::from_secs(u64::from(wait_s) + 10);
+            match crate::control::request(&path, &r, within)? {
+                Response::Dropped(d) if a.json => println!("{}", serde_json::to_string(&d)?),
+                Response::Dropped(d) => println!("session {}: {}", d.tsih, d.outcome),
+                Response::Error(e) => return Err(anyhow!("{}: {e}", path.display())),
+                other => return Err(anyhow!("{}: unexpected answer {other:?}", path.display())),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `status` for people: one row per session, its connections summed (bytes, delivery
+/// rate) or at their worst (RTT).
+pub fn status_table(s: &crate::status::TargetStatus) -> String {
+    if s.sessions.is_empty() {
+        return "no sessions\n".into();
+    }
+    let header = [
+        "TSIH", "INITIATOR", "ADDRESS", "TARGET", "LUNS", "CONNS", "TLS", "AGE", "IN", "OUT",
+        "RTT", "RATE",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for x in &s.sessions {
+        let paths: Vec<_> = x.connections.iter().filter_map(|c| c.path.as_ref()).collect();
+        let rtt = paths.iter().map(|p| p.srtt_us).max();
+        let rate: u64 = paths.iter().map(|p| p.delivery_rate).sum();
+        let tls = x.connections.iter().filter(|c| c.tls.is_some()).count();
+        rows.push(vec![
+            x.tsih.to_string(),
+            x.initiator.clone(),
+            x.connections
+                .first()
+                .map_or_else(|| "-".into(), |c| c.remote.to_string()),
+            x.target.clone().unwrap_or_else(|| "(discovery)".into()),
+            if x.luns.is_empty() {
+                "-".into()
+            } else {
+                x.luns
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+            x.connections.len().to_string(),
+            match tls {
+                0 => "no".into(),
+                n if n == x.connections.len() => "yes".into(),
+                n => format!("{n}/{}", x.connections.len()),
+            },
+            units::format_age(Duration::from_secs_f64(x.age_s)),
+            units::Size(x.bytes_received).approx(),
+            units::Size(x.bytes_sent).approx(),
+            rtt.map_or_else(|| "-".into(), |us| format!("{:.1}ms", f64::from(us) / 1e3)),
+            if paths.is_empty() {
+                "-".into()
+            } else {
+                units::Rate::from_bytes_per_sec(rate).approx()
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// The spec `--stripe` and `--stripe-unit` stand for.
@@ -143,18 +312,24 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     if let Some(cc) = &args.congestion {
         config.session.congestion = Some(cc.clone());
     }
-    match (args.control, &args.control_key, &mut config.control) {
-        (None, None, _) => {}
-        (Some(listen), Some(key), c) => {
-            *c = Some(crate::config::ControlConfig {
-                listen,
-                key_file: key.clone(),
-            })
+    let has_agent = config.control.as_ref().and_then(|c| c.agent()).is_some();
+    match (args.control, &args.control_key) {
+        (Some(_), None) if !has_agent => {
+            return Err(anyhow!("--control needs --control-key FILE"))
         }
-        (Some(listen), None, Some(c)) => c.listen = listen,
-        (None, Some(key), Some(c)) => c.key_file = key.clone(),
-        (Some(_), None, None) => return Err(anyhow!("--control needs --control-key FILE")),
-        (None, Some(_), None) => return Err(anyhow!("--control-key needs --control ADDR:PORT")),
+        (None, Some(_)) if !has_agent => {
+            return Err(anyhow!("--control-key needs --control ADDR:PORT"))
+        }
+        (listen, key) => {
+            if listen.is_some() || key.is_some() {
+                let c = config.control.get_or_insert_with(Default::default);
+                c.listen = listen.or(c.listen);
+                c.key_file = key.clone().or(c.key_file.take());
+            }
+        }
+    }
+    if let Some(path) = &args.control_socket {
+        config.control.get_or_insert_with(Default::default).socket = Some(path.clone());
     }
     if !args.stripe.is_empty() {
         let lun = &mut config.targets[0].luns[0];
@@ -206,10 +381,13 @@ pub fn run(args: TargetArgs, stores: &Registry) -> anyhow::Result<()> {
 /// says `ready`: services that live beside the target (the agent of `rsv sync`) start
 /// there, with the server and the configuration in hand.
 pub fn run_with(
-    args: TargetArgs,
+    mut args: TargetArgs,
     stores: &Registry,
     extra: impl FnOnce(&Server, &Config) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    if let Some(action) = args.action.take() {
+        return act(action);
+    }
     let config = load(&args)?;
     if args.check {
         let opener = stores.context(&config.data_dir);
@@ -266,6 +444,15 @@ pub fn run_with(
     let result = rt.block_on(async move {
         let server = Server::bind(config.clone(), stores).await?;
         extra(&server, &config)?;
+        let control = config.control.clone().unwrap_or_default();
+        let _control = match control.socket.or_else(crate::control::default_path) {
+            Some(path) => {
+                let socket = crate::control::ControlSocket::bind(&path, control.group.as_deref())?;
+                println!("control-socket {}", socket.path().display());
+                Some(tokio::spawn(socket.serve(server.status_source())))
+            }
+            None => None,
+        };
         // Before `ready`: SIGHUP's default action would end the process.
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("installing the SIGHUP handler")?;
