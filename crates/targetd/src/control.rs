@@ -321,8 +321,19 @@ pub fn request(path: &Path, r: &Request, timeout: Duration) -> anyhow::Result<Re
         )
     })?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(&proto::encode(r))?;
-    s.shutdown(std::net::Shutdown::Write)?;
+    // A target that refuses this user answers (and closes) before it reads the request:
+    // its answer says why, which a failed write must not hide.
+    let sent = s
+        .write_all(&proto::encode(r))
+        .and_then(|()| s.shutdown(std::net::Shutdown::Write));
+    if let Err(e) = sent {
+        if !matches!(
+            e.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        ) {
+            return Err(e).with_context(|| format!("writing to {}", path.display()));
+        }
+    }
     let mut out = Vec::new();
     s.take(proto::MAX_RESPONSE as u64 + 1)
         .read_to_end(&mut out)
