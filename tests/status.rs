@@ -46,12 +46,20 @@ fn socket(t: &Target) -> &Path {
 }
 
 fn rsv_target(args: &[&str]) -> Output {
-    Command::new(rsv()).arg("target").args(args).output().unwrap()
+    Command::new(rsv())
+        .arg("target")
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn status(t: &Target) -> TargetStatus {
     let out = rsv_target(&["status", "--json", "--control", socket(t).to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("status --json is a TargetStatus")
 }
 
@@ -93,11 +101,7 @@ fn read(rt: &tokio::runtime::Runtime, s: &initiator::Session, lun: u16, blocks: 
     let [hi, lo] = blocks.to_be_bytes();
     let cdb = [0x28, 0, 0, 0, 0, 0, 0, hi, lo, 0];
     let r = rt
-        .block_on(s.command(
-            lun,
-            &cdb,
-            initiator::DataDir::Read(u32::from(blocks) * 512),
-        ))
+        .block_on(s.command(lun, &cdb, initiator::DataDir::Read(u32::from(blocks) * 512)))
         .unwrap();
     assert_eq!(r.status, 0);
 }
@@ -242,12 +246,23 @@ fn libiscsi_logs_out_when_asked() {
     let control = socket(&t).to_owned();
     let dropping = std::thread::spawn(move || {
         let out = Command::new(rsv())
-            .args(["target", "drop", &tsih.to_string(), "--json", "--wait", "30"])
+            .args([
+                "target",
+                "drop",
+                &tsih.to_string(),
+                "--json",
+                "--wait",
+                "30",
+            ])
             .arg("--control")
             .arg(&control)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     });
     // libiscsi reads the Async Message while it waits for an answer: a TEST UNIT READY

@@ -13,7 +13,9 @@ use crate::config::{Config, Portal, PortalTls};
 use crate::server::{Reloader, Server};
 
 #[derive(Args, Debug)]
-#[command(args_conflicts_with_subcommands = true, after_help = "\
+#[command(
+    args_conflicts_with_subcommands = true,
+    after_help = "\
 With no flags the target serves one 1 GiB sparse file LUN (./data/lun0.img) as
 iqn.2026-11.org.reservoir:target0 on 127.0.0.1:3260. A --config file describes portals,
 targets, LUNs (a store each, 512 or 4096-byte blocks, read-only), allowed initiators, CHAP
@@ -44,7 +46,8 @@ once (sessions that see a changed LUN list get a REPORTED LUNS DATA HAS CHANGED 
 attention; sessions of a removed target are closed); portals, [session], [isns],
 [threads], [control], data_dir and the portal groups keep their values until a restart,
 which the log line says. A file that does not parse, validate or open leaves the
-configuration in force as it was, with one log line naming the error.")]
+configuration in force as it was, with one log line naming the error."
+)]
 pub struct TargetArgs {
     /// Address to listen on (repeatable; port 0 picks a free port). Default 127.0.0.1:3260.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
@@ -213,12 +216,26 @@ pub fn status_table(s: &crate::status::TargetStatus) -> String {
         return "no sessions\n".into();
     }
     let header = [
-        "TSIH", "INITIATOR", "ADDRESS", "TARGET", "LUNS", "CONNS", "TLS", "AGE", "IN", "OUT",
-        "RTT", "RATE",
+        "TSIH",
+        "INITIATOR",
+        "ADDRESS",
+        "TARGET",
+        "LUNS",
+        "CONNS",
+        "TLS",
+        "AGE",
+        "IN",
+        "OUT",
+        "RTT",
+        "RATE",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for x in &s.sessions {
-        let paths: Vec<_> = x.connections.iter().filter_map(|c| c.path.as_ref()).collect();
+        let paths: Vec<_> = x
+            .connections
+            .iter()
+            .filter_map(|c| c.path.as_ref())
+            .collect();
         let rtt = paths.iter().map(|p| p.srtt_us).max();
         let rate: u64 = paths.iter().map(|p| p.delivery_rate).sum();
         let tls = x.connections.iter().filter(|c| c.tls.is_some()).count();
@@ -314,9 +331,7 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     }
     let has_agent = config.control.as_ref().and_then(|c| c.agent()).is_some();
     match (args.control, &args.control_key) {
-        (Some(_), None) if !has_agent => {
-            return Err(anyhow!("--control needs --control-key FILE"))
-        }
+        (Some(_), None) if !has_agent => return Err(anyhow!("--control needs --control-key FILE")),
         (None, Some(_)) if !has_agent => {
             return Err(anyhow!("--control-key needs --control ADDR:PORT"))
         }

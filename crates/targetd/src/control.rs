@@ -188,7 +188,10 @@ fn admitted(cred: &tokio::net::unix::UCred, owner: u32, group: Option<u32>) -> b
     uid == 0
         || uid == owner
         || group.is_some_and(|g| {
-            cred.gid() == g || cred.pid().is_some_and(|pid| has_supplementary_group(pid, g))
+            cred.gid() == g
+                || cred
+                    .pid()
+                    .is_some_and(|pid| has_supplementary_group(pid, g))
         })
 }
 

@@ -122,7 +122,9 @@ impl ConnInfo {
     /// Counts `n` bytes written to the transport.
     pub fn sent(&self, n: usize) {
         self.bytes.sent.fetch_add(n as u64, Ordering::Relaxed);
-        self.session_bytes.sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.session_bytes
+            .sent
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 

@@ -221,7 +221,11 @@ impl Size {
     /// The size for people, to three significant digits in the largest power-of-1024 unit
     /// under it (`1.21GiB`, `512KiB`, `117B`): status tables, not configuration.
     pub fn approx(self) -> String {
-        approx(self.0 as f64, 1024.0, &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"])
+        approx(
+            self.0 as f64,
+            1024.0,
+            &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"],
+        )
     }
 }
 

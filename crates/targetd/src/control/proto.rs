@@ -191,7 +191,11 @@ mod tests {
             br#"{"op":"drop","session":1,"wait_s":"10"}"#,
             b"\xff\xfe",
         ] {
-            assert!(parse_request(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(
+                parse_request(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -221,7 +225,10 @@ mod tests {
         let mut line = br#"{"op":"status"}"#.to_vec();
         line.resize(MAX_REQUEST - 1, b' ');
         line.push(b'\n');
-        assert_eq!(RequestReader::default().feed(&line), Ok(Some(Request::Status)));
+        assert_eq!(
+            RequestReader::default().feed(&line),
+            Ok(Some(Request::Status))
+        );
     }
 
     #[test]

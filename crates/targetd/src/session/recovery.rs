@@ -479,7 +479,10 @@ mod tests {
         let info = super::ConnInfo::new(
             s,
             cid,
-            (([127, 0, 0, 1], 3260).into(), ([127, 0, 0, 1], 40000).into()),
+            (
+                ([127, 0, 0, 1], 3260).into(),
+                ([127, 0, 0, 1], 40000).into(),
+            ),
             None,
             Default::default(),
         );
