@@ -538,3 +538,107 @@ async fn shutdown_signal() {
     }
     crate::notify::stopping();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{ConnStatus, PathStatus, SessionKeys, SessionStatus, TargetStatus};
+
+    #[test]
+    fn a_session_is_named_by_its_tsih() {
+        assert_eq!(parse_tsih("7").unwrap(), 7);
+        assert_eq!(parse_tsih("0x1f").unwrap(), 31);
+        assert_eq!(parse_tsih("65535").unwrap(), 65535);
+        for bad in ["0", "65536", "-1", "x", "", "0x", "1.5"] {
+            assert!(parse_tsih(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_session_with_its_path() {
+        assert_eq!(
+            status_table(&TargetStatus {
+                taken_at_ms: 0,
+                sessions: vec![]
+            }),
+            "no sessions\n"
+        );
+        let conn = |cid, tls: Option<&str>, srtt_us, rate| ConnStatus {
+            cid,
+            local: "127.0.0.1:3260".parse().unwrap(),
+            remote: "10.0.0.7:51544".parse().unwrap(),
+            tls: tls.map(str::to_owned),
+            header_digest: false,
+            data_digest: false,
+            target_max_recv_data_segment_length: 262144,
+            initiator_max_recv_data_segment_length: 262144,
+            age_s: 1.0,
+            bytes_received: 0,
+            bytes_sent: 0,
+            path: Some(PathStatus {
+                srtt_us,
+                rttvar_us: 0,
+                min_rtt_us: 0,
+                cwnd: 10,
+                mss: 1448,
+                delivery_rate: rate,
+                pacing_rate: 0,
+                retransmits: 0,
+                packets_in_flight: 0,
+                bytes_in_flight: 0,
+            }),
+        };
+        let s = TargetStatus {
+            taken_at_ms: 0,
+            sessions: vec![SessionStatus {
+                tsih: 3,
+                isid: "800000000001".into(),
+                initiator: "iqn.2026-11.org.example:host1".into(),
+                target: Some("iqn.2026-11.org.example:db".into()),
+                luns: vec![0, 1],
+                started_at_ms: 0,
+                age_s: 7500.0,
+                bytes_received: 1_300_000_000,
+                bytes_sent: 117,
+                keys: SessionKeys {
+                    max_connections: 2,
+                    initial_r2t: false,
+                    immediate_data: true,
+                    max_burst_length: 1 << 20,
+                    first_burst_length: 1 << 18,
+                    default_time2wait: 2,
+                    default_time2retain: 20,
+                    max_outstanding_r2t: 1,
+                    data_pdu_in_order: true,
+                    data_sequence_in_order: true,
+                    error_recovery_level: 0,
+                },
+                connections: vec![
+                    conn(0, Some("TLSv1.3"), 41_200, 60_000_000),
+                    conn(1, None, 12_000, 57_650_000),
+                ],
+            }],
+        };
+        let t = status_table(&s);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 2, "{t}");
+        let cells: Vec<&str> = rows[1].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "3",
+                "iqn.2026-11.org.example:host1",
+                "10.0.0.7:51544",
+                "iqn.2026-11.org.example:db",
+                "0,1",
+                "2",
+                "1/2",
+                "2h05m",
+                "1.21GiB",
+                "117B",
+                "41.2ms",
+                "941mbit"
+            ]
+        );
+    }
+}

@@ -953,6 +953,34 @@ mod tests {
     }
 
     #[test]
+    fn control_section_socket_group_and_agent() {
+        let base = "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n";
+        let c = Config::parse(
+            &format!("[control]\nsocket = \"/run/r/c.sock\"\ngroup = \"admins\"\n{base}"),
+            "c.toml",
+        )
+        .unwrap();
+        let control = c.control.unwrap();
+        assert_eq!(control.socket, Some(PathBuf::from("/run/r/c.sock")));
+        assert_eq!(control.group.as_deref(), Some("admins"));
+        assert_eq!(control.agent(), None);
+        let agent = Config::parse(
+            &format!("[control]\nlisten = \"127.0.0.1:3262\"\nkey_file = \"k\"\n{base}"),
+            "c.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            agent.control.unwrap().agent(),
+            Some(("127.0.0.1:3262".parse().unwrap(), Path::new("k")))
+        );
+        // The agent needs both.
+        let half = format!("[control]\nlisten = \"127.0.0.1:3262\"\n{base}");
+        let e = Config::parse(&half, "c.toml").unwrap_err().to_string();
+        assert!(e.contains("listen and key_file go together"), "{e}");
+        assert!(Config::parse(&format!("[control]\nsockets = \"x\"\n{base}"), "c").is_err());
+    }
+
+    #[test]
     fn isns_section() {
         let base = "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n";
         let c = Config::parse(

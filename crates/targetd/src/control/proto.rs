@@ -16,17 +16,47 @@ pub const MAX_REQUEST: usize = 4096;
 pub const MAX_RESPONSE: usize = 64 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "op", rename_all = "snake_case", try_from = "WireRequest")]
 pub enum Request {
     /// A snapshot of every session ([`TargetStatus`]).
     Status,
     /// End session `session` (its TSIH): ask its initiator to log out within `wait_s`
     /// seconds (Async Message event 1), then close its connections; 0: close them at once.
-    Drop {
-        session: u16,
-        #[serde(default)]
-        wait_s: u16,
-    },
+    Drop { session: u16, wait_s: u16 },
+}
+
+/// A request as read: every field any request has, none other. serde's
+/// `deny_unknown_fields` does not reach the unit variants of a tagged enum, so each
+/// request's fields are checked here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireRequest {
+    op: Op,
+    session: Option<u16>,
+    wait_s: Option<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Status,
+    Drop,
+}
+
+impl TryFrom<WireRequest> for Request {
+    type Error = &'static str;
+
+    fn try_from(w: WireRequest) -> Result<Request, &'static str> {
+        match (w.op, w.session, w.wait_s) {
+            (Op::Status, None, None) => Ok(Request::Status),
+            (Op::Status, ..) => Err("status takes no session or wait_s"),
+            (Op::Drop, Some(session), wait_s) => Ok(Request::Drop {
+                session,
+                wait_s: wait_s.unwrap_or(0),
+            }),
+            (Op::Drop, None, _) => Err("drop needs a session"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -185,6 +215,7 @@ mod tests {
             b"{}",
             br#"{"op":"reboot"}"#,
             br#"{"op":"status","x":1}"#,
+            br#"{"op":"status","session":1}"#,
             br#"{"op":"drop"}"#,
             br#"{"op":"drop","session":65536}"#,
             br#"{"op":"drop","session":-1}"#,
