@@ -460,18 +460,28 @@ pub fn run_with(
         let server = Server::bind(config.clone(), stores).await?;
         extra(&server, &config)?;
         let control = config.control.clone().unwrap_or_default();
-        let _control = match control.socket.or_else(crate::control::default_path) {
+        // Owned here, so that its file goes when the target stops, whatever the runtime's
+        // shutdown leaves undone.
+        let control_socket = match control.socket.or_else(crate::control::default_path) {
             Some(path) => {
                 let socket = crate::control::ControlSocket::bind(&path, control.group.as_deref())?;
                 println!("control-socket {}", socket.path().display());
-                Some(tokio::spawn(socket.serve(server.status_source())))
+                Some(socket)
             }
             None => None,
+        };
+        let status = server.status_source();
+        let control = async {
+            match &control_socket {
+                Some(s) => s.serve(status).await,
+                None => std::future::pending().await,
+            }
         };
         // Before `ready`: SIGHUP's default action would end the process.
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("installing the SIGHUP handler")?;
         let reloads = follow_reloads(hangup, &args, stores, server.reloader());
+        let stop = shutdown_signal()?;
         for p in server.portals() {
             println!("portal {p}");
         }
@@ -487,11 +497,14 @@ pub fn run_with(
         }
         let watchdog = crate::notify::watchdog(server.shared());
         let grace = Duration::from_secs(args.grace);
-        tokio::select! {
-            r = server.run(shutdown_signal(), grace) => r,
+        let stopped = tokio::select! {
+            r = server.run(stop, grace) => r,
             never = reloads => match never {},
             never = watchdog => match never {},
-        }
+            never = control => match never {},
+        };
+        drop(control_socket);
+        stopped
     });
     // A flush given up on after the grace period may still hold a blocking worker.
     rt.shutdown_timeout(Duration::from_millis(100));
@@ -529,14 +542,20 @@ async fn follow_reloads(
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM and SIGINT, caught from now on: installed before the target says `ready`, so
+/// that a stop asked for at once still stops it cleanly (the default action would end the
+/// process without flushing, and leave its control socket behind).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
-    }
-    crate::notify::stopping();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM"),
+            _ = int.recv() => info!("SIGINT"),
+        }
+        crate::notify::stopping();
+    })
 }
 
 #[cfg(test)]

@@ -110,8 +110,8 @@ impl ControlSocket {
         &self.path
     }
 
-    /// Answers requests until dropped, each client on a task of its own.
-    pub async fn serve(self, source: Source) -> std::convert::Infallible {
+    /// Answers requests for as long as it is polled, each client on a task of its own.
+    pub async fn serve(&self, source: Source) -> std::convert::Infallible {
         let owner = nix_euid();
         loop {
             let (stream, _) = match self.listener.accept().await {
@@ -259,9 +259,25 @@ async fn read_request(stream: &mut UnixStream) -> Result<Request, proto::ProtoEr
     }
 }
 
+/// Answers, then reads what the client still sends (at most 64 KiB, for at most a
+/// second) before the socket closes: a Unix socket closed with unread data resets its
+/// peer, whose read could then lose the answer (a refusal comes before the request is
+/// read; an oversized request is left unread).
 async fn send(stream: &mut UnixStream, r: &Response) -> io::Result<()> {
     stream.write_all(&proto::encode(r)).await?;
-    stream.shutdown().await
+    stream.shutdown().await?;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    Ok(())
 }
 
 fn still_there(shared: &Shared, s: &Arc<Session>) -> bool {
