@@ -115,13 +115,18 @@ pub struct TargetArgs {
 /// What `rsv target` does besides serving: ask a running target over its control socket.
 #[derive(clap::Subcommand, Debug)]
 pub enum TargetAction {
-    /// The sessions of a running target: initiator, address, target and LUNs, connections,
-    /// TLS, age, bytes, and the path's RTT and rate as TCP sees it now.
+    /// The sessions of a running target, over its control socket.
+    ///
+    /// One row per session: initiator, address, target and LUNs, connections, TLS, age,
+    /// bytes in and out, and the path's RTT and delivery rate as TCP sees it now; --json
+    /// adds the negotiated keys and each connection's details.
     Status(StatusArgs),
-    /// End a session: ask its initiator to log out (Async Message, RFC 7143 11.9.1), and
-    /// drop its connections if it has not within --wait seconds (at once with --now).
-    /// An initiator that logs in again comes back as a new session; to keep it out,
-    /// change the target's access rules and reload.
+    /// End a session: ask its initiator to log out, then drop its connections.
+    ///
+    /// The target sends an Async Message asking for a logout within --wait seconds
+    /// (AsyncEvent 1, RFC 7143 11.9.1) and closes the session's connections if it has
+    /// not gone by then (at once with --now). An initiator that logs in again comes back
+    /// as a new session; to keep it out, change the target's access rules and reload.
     Drop(DropArgs),
 }
 
