@@ -392,3 +392,39 @@ fn a_stale_socket_is_replaced_and_anything_else_left_alone() {
     assert!(err.contains("another process serves it"), "{err}");
     assert!(status(&t).sessions.is_empty());
 }
+
+/// `[control] group`: mode 0660 and the group's; a member by a supplementary group gets
+/// in (the kernel's group list at connect, SO_PEERGROUPS), a non-member does not.
+#[test]
+fn a_member_of_the_configured_group_may_use_the_socket() {
+    use std::os::unix::fs::MetadataExt;
+    if !have("setpriv") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test switches to nobody with setpriv: run it as root");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path()).replace("[control]\n", "[control]\ngroup = \"4242\"\n");
+    let t = Target::start_in(dir, Some(&c));
+    std::fs::set_permissions(t.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = socket(&t).to_str().unwrap().to_owned();
+    let m = std::fs::metadata(&sock).unwrap();
+    assert_eq!((m.permissions().mode() & 0o777, m.gid()), (0o660, 4242));
+    let member = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--groups=4242"])
+        .arg(rsv())
+        .args(["target", "status", "--json", "--control", &sock])
+        .output()
+        .unwrap();
+    assert!(
+        member.status.success(),
+        "{}",
+        String::from_utf8_lossy(&member.stderr)
+    );
+    let s: TargetStatus = serde_json::from_slice(&member.stdout).unwrap();
+    assert!(s.sessions.is_empty());
+    let out = as_nobody(&["status", "--control", &sock]);
+    assert!(!out.status.success());
+}

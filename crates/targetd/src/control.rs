@@ -152,6 +152,8 @@ fn resolve_group(name: &str) -> Result<u32, ControlError> {
         return Ok(gid);
     }
     let c = std::ffi::CString::new(name).map_err(|_| ControlError::NoGroup(name.into()))?;
+    // SAFETY: `group` is plain old data (integers and pointers); all zeroes is a valid
+    // value, which getgrnam_r overwrites.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     let mut found: *mut libc::group = std::ptr::null_mut();
@@ -171,28 +173,48 @@ fn resolve_group(name: &str) -> Result<u32, ControlError> {
     Ok(grp.gr_gid)
 }
 
-/// Whether process `pid` has `gid` among its supplementary groups (`/proc/PID/status`).
-fn has_supplementary_group(pid: i32, gid: u32) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    text.lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+/// The peer's supplementary groups as they were when it connected (SO_PEERGROUPS):
+/// the kernel's record, not `/proc` (which `ProtectProc=invisible` hides, and whose PID
+/// could be another process's by the time it is read).
+fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is writable for `len` bytes; the kernel writes at most that and
+        // says how much in `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return groups;
+        }
+        // ERANGE: too small, and `len` says what it needs (NGROUPS_MAX is 65536).
+        if io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) || n <= groups.len() {
+            return Vec::new();
+        }
+        groups.resize(n, 0);
+    }
 }
 
 /// Whether a peer with these credentials may use the socket: root, the target's own
-/// user, or a member of the configured group.
-fn admitted(cred: &tokio::net::unix::UCred, owner: u32, group: Option<u32>) -> bool {
+/// user, or a member of the configured group by its primary or supplementary groups.
+fn admitted(
+    cred: &tokio::net::unix::UCred,
+    groups: impl FnOnce() -> Vec<u32>,
+    owner: u32,
+    group: Option<u32>,
+) -> bool {
     let uid = cred.uid();
-    uid == 0
-        || uid == owner
-        || group.is_some_and(|g| {
-            cred.gid() == g
-                || cred
-                    .pid()
-                    .is_some_and(|pid| has_supplementary_group(pid, g))
-        })
+    uid == 0 || uid == owner || group.is_some_and(|g| cred.gid() == g || groups().contains(&g))
 }
 
 async fn answer(
@@ -202,7 +224,11 @@ async fn answer(
     group: Option<u32>,
 ) -> io::Result<()> {
     let cred = stream.peer_cred()?;
-    if !admitted(&cred, owner, group) {
+    let groups = || {
+        use std::os::fd::AsFd;
+        peer_groups(stream.as_fd())
+    };
+    if !admitted(&cred, groups, owner, group) {
         warn!(
             "control socket: refused uid {} gid {} (pid {:?}): only root, the target's user \
              or the configured group",
