@@ -20,6 +20,9 @@ use crate::session::ConnEvent;
 use crate::shared::{Live, Shared};
 use crate::wire::PortalTls;
 
+/// How long a shutting-down target gives the initiator to log out when it asks it to.
+const LOGOUT_WITHIN_SECS: u16 = 5;
+
 /// Hands a running target connections that did not come through its listeners: an
 /// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
 #[derive(Clone)]
@@ -64,6 +67,11 @@ impl Running {
     /// [`LunStore`].
     pub fn lun_store(&self, iqn: &str, lun: u16) -> Option<LunStore> {
         self.connector.0.lun_store(iqn, lun)
+    }
+
+    /// Takes snapshots of the target's sessions ([`crate::status`]).
+    pub fn status_source(&self) -> crate::status::Source {
+        crate::status::Source(self.connector.0.clone())
     }
 
     /// Stops as SIGTERM does (running commands finish, LUNs are flushed) and waits.
@@ -311,6 +319,12 @@ impl Server {
     }
 
     /// What puts a reloaded configuration in force while [`Server::run`] serves.
+    /// Takes snapshots of the target's sessions ([`crate::status`]); it outlives `run`'s
+    /// start, for services beside the target (the control socket, a metrics endpoint).
+    pub fn status_source(&self) -> crate::status::Source {
+        crate::status::Source(self.shared.clone())
+    }
+
     pub fn reloader(&self) -> Reloader {
         Reloader {
             shared: self.shared.clone(),
@@ -448,7 +462,7 @@ impl Server {
             }
         }
         for s in shared.all_sessions() {
-            s.broadcast(|| ConnEvent::RequestLogout);
+            s.broadcast(|| ConnEvent::RequestLogout(LOGOUT_WITHIN_SECS));
         }
         if tokio::time::timeout(grace, shared.wait_idle())
             .await

@@ -185,6 +185,12 @@ impl Reader {
         self.0.read_buf(buf).await
     }
 
+    /// The connection's path as its TCP socket sees it now; `None` without one (an
+    /// in-memory carrier) or when the kernel refuses.
+    pub(crate) fn tcp_info(&self) -> Option<net::TcpInfo> {
+        net::tcp_info(self.0.socket()?).ok()
+    }
+
     /// Reads what has arrived, up to `dst.len()` bytes, into `dst`; 0 when the peer closed.
     /// Cancel-safe as [`Reader::fill`].
     pub(crate) async fn read_into(&mut self, dst: &mut [u8]) -> std::io::Result<usize> {
@@ -381,8 +387,9 @@ pub(crate) async fn writer(
     session: Arc<Session>,
     digests: Digests,
     mut statsn: u32,
-    cid: u16,
+    info: Arc<session::ConnInfo>,
 ) -> std::io::Result<()> {
+    let cid = info.cid;
     let erl2 = session.erl2();
     // As `Job::may_lend`: Data-In may hold a file's mapped bytes without data digests and
     // TLS (where the kernel alone reads it), and a memory store's bytes on any carrier.
@@ -519,6 +526,7 @@ pub(crate) async fn writer(
         }
         // TLS may hold the batch's last records until flushed; TCP's flush is free.
         wr.flush().await?;
+        info.sent(written);
         batch.clear();
         if close {
             let _ = wr.shutdown().await;

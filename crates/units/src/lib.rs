@@ -217,6 +217,37 @@ impl fmt::Display for Size {
     }
 }
 
+impl Size {
+    /// The size for people, to three significant digits in the largest power-of-1024 unit
+    /// under it (`1.21GiB`, `512KiB`, `117B`): status tables, not configuration.
+    pub fn approx(self) -> String {
+        approx(
+            self.0 as f64,
+            1024.0,
+            &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"],
+        )
+    }
+}
+
+/// `x` to three significant digits in the largest unit (each `step` times the one before)
+/// it reaches.
+fn approx(x: f64, step: f64, names: &[&str]) -> String {
+    let mut v = x;
+    let mut i = 0;
+    while v >= step && i + 1 < names.len() {
+        v /= step;
+        i += 1;
+    }
+    let digits = if i == 0 || v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$}{}", names[i])
+}
+
 /// A data rate, kept in bits per second (as `tc` and link speeds count); never zero when read
 /// from text, since zero is how "no limit" is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -354,6 +385,18 @@ impl FromStr for Rate {
     }
 }
 
+impl Rate {
+    /// The rate for people, to three significant digits in the largest power-of-1000 unit
+    /// under it (`941mbit`, `1.25gbit`): status tables, not configuration.
+    pub fn approx(self) -> String {
+        approx(
+            self.bits_per_sec as f64,
+            1000.0,
+            &["bit", "kbit", "mbit", "gbit", "tbit"],
+        )
+    }
+}
+
 /// As `tc` writes rates: the largest of `tbit`, `gbit`, `mbit`, `kbit` that holds it exactly,
 /// else `bit`.
 impl fmt::Display for Rate {
@@ -413,6 +456,17 @@ pub fn format_duration(d: Duration) -> String {
     .find(|(per, _)| ns % per == 0)
     .unwrap_or((1, "ns"));
     format!("{}{unit}", ns / per)
+}
+
+/// An age for people, in its two largest units: `42s`, `3m07s`, `2h05m`, `3d04h`.
+pub fn format_age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
 }
 
 /// A probability: `0.1%` or the fraction `0.001`; within [0, 1].

@@ -332,3 +332,39 @@ fn printing_reads_back() {
     assert_eq!(format_probability(0.001), "0.1%");
     assert_eq!(parse_probability(&format_probability(0.001)), Ok(0.001));
 }
+
+#[test]
+fn sizes_rates_and_ages_print_for_people() {
+    let sizes = [
+        (0, "0B"),
+        (117, "117B"),
+        (1023, "1023B"),
+        (1024, "1.00KiB"),
+        (512 << 10, "512KiB"),
+        (1_300_000_000, "1.21GiB"),
+        (15 << 20, "15.0MiB"),
+        (u64::MAX, "16.0EiB"),
+    ];
+    for (n, want) in sizes {
+        assert_eq!(Size(n).approx(), want, "{n}");
+    }
+    let rates = [
+        (0, "0bit"),
+        (999, "999bit"),
+        (941_234_000, "941mbit"),
+        (1_250_000_000, "1.25gbit"),
+    ];
+    for (bits, want) in rates {
+        assert_eq!(Rate::from_bits_per_sec(bits).approx(), want, "{bits}");
+    }
+    let ages = [
+        (0, "0s"),
+        (59, "59s"),
+        (187, "3m07s"),
+        (7500, "2h05m"),
+        (273_600, "3d04h"),
+    ];
+    for (s, want) in ages {
+        assert_eq!(units::format_age(Duration::from_secs(s)), want, "{s}");
+    }
+}
