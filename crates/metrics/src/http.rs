@@ -40,11 +40,15 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 /// method there, 404 for any other path.
 pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
-        return plain(StatusCode::NOT_FOUND, "not found; metrics are at /metrics\n");
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found; metrics are at /metrics\n",
+        );
     }
     if req.method() != Method::GET {
         let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
-        r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
         return r;
     }
     let mut text = String::with_capacity(64 * 1024);
