@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE as CONTENT_TYPE_HEADER};
+use hyper::header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE as CONTENT_TYPE_HEADER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -17,6 +17,22 @@ use tracing::{debug, warn};
 
 /// The OpenMetrics text format, as Prometheus asks for it.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Whether the client asked for OpenMetrics (Prometheus does, first); anyone else
+/// (curl, `promtool check metrics`, older scrapers) gets the Prometheus text format
+/// 0.0.4, as Prometheus's own client libraries negotiate.
+fn wants_openmetrics<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| {
+            let mut parts = v.split(';').map(str::trim);
+            let zero = |p: &str| p.strip_prefix("q=").is_some_and(|q| q.parse() == Ok(0.0));
+            parts.next() == Some("application/openmetrics-text") && !parts.any(zero)
+        })
+}
 
 /// Connections served at once; more are closed at accept. A scraper needs one; the
 /// bound keeps whoever else reaches the address from holding the process's descriptors.
@@ -36,8 +52,9 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// The answer to `req`: the registry's exposition for `GET /metrics` (a query string is
-/// ignored, as Prometheus's own endpoints ignore unknown parameters), 405 for another
-/// method there, 404 for any other path.
+/// ignored, as Prometheus's own endpoints ignore unknown parameters), in OpenMetrics
+/// text when asked for, else the Prometheus text format; 405 for another method there,
+/// 404 for any other path.
 pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
         return plain(
@@ -51,15 +68,24 @@ pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>
             .insert(ALLOW, HeaderValue::from_static("GET"));
         return r;
     }
-    let mut text = String::with_capacity(64 * 1024);
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, registry) {
+    use prometheus_client::encoding::{prometheus_text, text};
+    let mut body = String::with_capacity(64 * 1024);
+    let (encoded, content_type) = if wants_openmetrics(req) {
+        (text::encode(&mut body, registry), CONTENT_TYPE)
+    } else {
+        (
+            prometheus_text::encode(&mut body, registry),
+            prometheus_text::CONTENT_TYPE,
+        )
+    };
+    if let Err(e) = encoded {
         // Writing to a String does not fail; a collector may.
         warn!("metrics: encoding failed: {e}");
         return plain(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
     }
-    let mut r = Response::new(Full::new(Bytes::from(text)));
+    let mut r = Response::new(Full::new(Bytes::from(body)));
     r.headers_mut()
-        .insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(CONTENT_TYPE));
+        .insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(content_type));
     r
 }
 
@@ -117,19 +143,59 @@ mod tests {
         Request::builder().method(method).uri(uri).body(()).unwrap()
     }
 
+    /// What Prometheus 2.42 sends.
+    const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
+        application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,\
+        */*;q=0.1";
+
+    fn accepting(accept: &str) -> Request<()> {
+        Request::builder()
+            .uri("/metrics")
+            .header(ACCEPT, accept)
+            .body(())
+            .unwrap()
+    }
+
     async fn body(r: Response<Full<Bytes>>) -> String {
         let b = r.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(b.to_vec()).unwrap()
     }
 
     #[tokio::test]
-    async fn get_metrics_is_the_exposition() {
-        let r = respond(&registry(), &request(Method::GET, "/metrics?x=1"));
+    async fn get_metrics_is_openmetrics_to_whoever_asks_for_it() {
+        let mut req = accepting(PROMETHEUS_ACCEPT);
+        *req.uri_mut() = "/metrics?x=1".parse().unwrap();
+        let r = respond(&registry(), &req);
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()[CONTENT_TYPE_HEADER], CONTENT_TYPE);
         let text = body(r).await;
+        assert!(text.contains("# TYPE demo_things counter\n"), "{text}");
         assert!(text.contains("\ndemo_things_total 7\n"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn get_metrics_is_the_prometheus_text_format_otherwise() {
+        for req in [
+            request(Method::GET, "/metrics"),
+            accepting("*/*"),
+            accepting("text/plain;version=0.0.4"),
+            accepting("application/openmetrics-text;q=0, text/plain"),
+        ] {
+            let r = respond(&registry(), &req);
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(
+                r.headers()[CONTENT_TYPE_HEADER],
+                "text/plain; version=0.0.4; charset=utf-8"
+            );
+            let text = body(r).await;
+            assert!(
+                text.contains("# TYPE demo_things_total counter\n"),
+                "{text}"
+            );
+            assert!(text.contains("\ndemo_things_total 7\n"), "{text}");
+            assert!(!text.contains("# EOF"), "{text}");
+        }
     }
 
     #[tokio::test]

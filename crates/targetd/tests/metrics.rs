@@ -72,12 +72,16 @@ fn start(
     rx.recv().unwrap()
 }
 
-/// GET /metrics: the exposition as a map from series (name and labels) to value.
+/// GET /metrics in OpenMetrics: the exposition as a map from series (name and labels) to
+/// value.
 fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+          Accept: application/openmetrics-text; version=1.0.0\r\n\r\n",
+    )
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
