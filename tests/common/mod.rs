@@ -53,6 +53,8 @@ pub struct Target {
     pub portal: String,
     /// The sync agent's control endpoint, with `[control]`.
     pub control: Option<String>,
+    /// Where `/metrics` is served, with `[metrics]`.
+    pub metrics: Option<String>,
     pub iqns: Vec<String>,
     pub dir: tempfile::TempDir,
 }
@@ -98,6 +100,7 @@ impl Target {
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut portal = String::new();
         let mut control = None;
+        let mut metrics = None;
         let mut iqns = Vec::new();
         let mut line = String::new();
         loop {
@@ -112,6 +115,8 @@ impl Target {
                 portal = p.to_owned();
             } else if let Some(c) = l.strip_prefix("control ") {
                 control = Some(c.to_owned());
+            } else if let Some(m) = l.strip_prefix("metrics ") {
+                metrics = Some(m.to_owned());
             } else if let Some(t) = l.strip_prefix("target ") {
                 iqns.push(t.to_owned());
             } else if l == "ready" {
@@ -122,6 +127,7 @@ impl Target {
             child: Some(child),
             portal,
             control,
+            metrics,
             iqns,
             dir,
         }
