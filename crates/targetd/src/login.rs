@@ -363,7 +363,7 @@ fn bind_session(
             ));
         }
         if !s.has_connection(cid) && s.connection_count() >= s.params.max_connections as usize {
-            shared.events.limit(Limit::MaxConnections);
+            shared.events.limit(Limit::Connections);
             return Err((
                 status::TOO_MANY_CONNECTIONS,
                 format!(
@@ -384,7 +384,7 @@ fn bind_session(
         )
         .len();
     if shared.session_count().saturating_sub(replaced) >= max {
-        shared.events.limit(Limit::MaxSessions);
+        shared.events.limit(Limit::Sessions);
         return Err((
             status::OUT_OF_RESOURCES,
             format!("{max} sessions already (max_sessions)"),

@@ -401,7 +401,7 @@ impl Server {
                             let open = match shared.open_connection() {
                                 Ok(open) => open,
                                 Err(n) => {
-                                    shared.events.limit(crate::stats::Limit::MaxOpenConnections);
+                                    shared.events.limit(crate::stats::Limit::OpenConnections);
                                     crate::loglimit::peer_log!(
                                         warn,
                                         "{peer}: connection closed at once: {n} open, \

@@ -234,25 +234,21 @@ impl Refusal {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Limit {
     /// `[session] max_sessions`: a login for a new session refused.
-    MaxSessions,
+    Sessions,
     /// The session's MaxConnections: a login for another connection refused.
-    MaxConnections,
+    Connections,
     /// `[session] max_open_connections`: a TCP connection closed at accept.
-    MaxOpenConnections,
+    OpenConnections,
 }
 
 impl Limit {
-    const ALL: [Limit; 3] = [
-        Limit::MaxSessions,
-        Limit::MaxConnections,
-        Limit::MaxOpenConnections,
-    ];
+    const ALL: [Limit; 3] = [Limit::Sessions, Limit::Connections, Limit::OpenConnections];
 
     fn label(self) -> &'static str {
         match self {
-            Limit::MaxSessions => "max_sessions",
-            Limit::MaxConnections => "max_connections",
-            Limit::MaxOpenConnections => "max_open_connections",
+            Limit::Sessions => "max_sessions",
+            Limit::Connections => "max_connections",
+            Limit::OpenConnections => "max_open_connections",
         }
     }
 }

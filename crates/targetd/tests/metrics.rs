@@ -20,6 +20,11 @@ use targetd::config::Config;
 const ADMITTED: &str = "iqn.2026-11.org.reservoir:metrics-admitted";
 
 fn config(luns: &[u16]) -> Config {
+    config_with(luns, "")
+}
+
+/// With `session` as the `[session]` table.
+fn config_with(luns: &[u16], session: &str) -> Config {
     let luns: String = luns
         .iter()
         .map(|id| format!("[[target.lun]]\nid = {id}\nbackstore = \"ram\"\nsize = \"16MiB\"\n"))
@@ -27,6 +32,8 @@ fn config(luns: &[u16]) -> Config {
     let toml = format!(
         r#"
 portals = ["127.0.0.1:0"]
+[session]
+{session}
 [metrics]
 listen = "127.0.0.1:0"
 [[target]]
@@ -314,4 +321,29 @@ fn the_series_cap_leaves_luns_out() {
     assert!(!m
         .keys()
         .any(|k| k.contains("lun=\"1\"") || k.contains("lun=\"2\"")));
+}
+
+/// `max_sessions` reached: the login is refused for a limit, and the limit counted.
+#[test]
+fn a_limit_reached_is_counted_with_the_refusal() {
+    let (portal, metrics, _, _) = start(config_with(&[0], "max_sessions = 1"));
+    let _first = Raw::login_as(
+        portal,
+        ADMITTED,
+        [0x80, 0, 0, 0, 0, 1],
+        0,
+        1,
+        1,
+        prefs(),
+        None,
+    );
+    // Another initiator port: a new session, one too many (0302h, out of resources).
+    assert_eq!(refused_login(portal, ADMITTED), (3, 2));
+    let m = scrape(metrics);
+    assert_eq!(
+        m["rsv_target_limits_reached_total{limit=\"max_sessions\"}"],
+        1.0
+    );
+    assert_eq!(m["rsv_target_logins_refused_total{reason=\"limit\"}"], 1.0);
+    assert_eq!(m["rsv_target_sessions"], 1.0);
 }
