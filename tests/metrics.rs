@@ -57,6 +57,29 @@ fn sum(text: &str, parts: &[&str]) -> f64 {
         .sum()
 }
 
+/// `promtool check metrics` must pass `text` (it lints the Prometheus text format).
+fn promtool_check(text: &str) {
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn promtool_accepts_the_exposition_of_a_busy_target() {
     if !have("promtool") || !have("curl") {
@@ -91,25 +114,7 @@ fn promtool_accepts_the_exposition_of_a_busy_target() {
         "{text}"
     );
 
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&text);
 }
 
 /// A Prometheus server in a directory of its own, killed when dropped.
@@ -244,4 +249,84 @@ fn prometheus_rate_agrees_with_the_bench() {
         (0.95..=1.05).contains(&ratio),
         "PromQL {prom_mb_s:.1} MB/s against the bench's {bench_mb_s:.1} MB/s: {ratio:.3}"
     );
+}
+
+/// `rsv isns --metrics`: a target's registration and an initiator's query show as
+/// requests by function, the target as a registered node; promtool accepts it.
+#[test]
+fn isns_counts_registrations_and_queries() {
+    if !have("promtool") || !have("curl") {
+        return;
+    }
+    let mut isns = Command::new(rsv())
+        .args([
+            "isns",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting rsv isns");
+    let (mut server, mut metrics) = (None, None);
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(isns.stdout.take().unwrap());
+        for line in out.lines() {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("listening ") {
+                server = Some(a.to_owned());
+            } else if let Some(a) = line.strip_prefix("metrics ") {
+                metrics = Some(a.to_owned());
+            } else if line == "ready" {
+                break;
+            }
+        }
+    }
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _isns = Kill(isns);
+    let (server, metrics) = (server.expect("listening"), metrics.expect("metrics"));
+    let scrape = || run_ok("curl", &["-sf", &format!("http://{metrics}/metrics")]);
+    let before = scrape();
+    assert_eq!(sum(&before, &["rsv_isns_nodes"]), 0.0, "{before}");
+
+    let _t = Target::start(Some(&format!(
+        "{}[isns]\nserver = \"{server}\"\n",
+        config()
+    )));
+    let registered = "rsv_isns_requests_total{function=\"dev_attr_reg\",result=\"success\"}";
+    let end = Instant::now() + Duration::from_secs(20);
+    while sum(&scrape(), &[registered]) < 1.0 {
+        assert!(
+            Instant::now() < end,
+            "no registration in 20 s:\n{}",
+            scrape()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = rsv_cmd(&["ls", &format!("isns://{server}/")]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(IQN),
+        "rsv ls isns://: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let text = scrape();
+    assert!(sum(&text, &["rsv_isns_nodes"]) >= 1.0, "{text}");
+    assert!(
+        sum(
+            &text,
+            &["rsv_isns_requests_total{function=\"dev_attr_qry\",result=\"success\"}"]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(sum(&text, &["rsv_isns_auth_refused_total"]), 0.0);
+    promtool_check(&text);
 }
