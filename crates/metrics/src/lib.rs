@@ -43,10 +43,6 @@ impl SeriesCap {
         }
     }
 
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
     /// Of `wanted` items of `each` series apiece, how many one scrape may carry.
     pub fn admit(&self, wanted: usize, each: usize) -> usize {
         let fits = self.max / each.max(1);
