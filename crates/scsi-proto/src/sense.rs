@@ -55,6 +55,7 @@ pub const INVALID_RELEASE_OF_PERSISTENT_RESERVATION: Sense =
 pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);
 pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
 pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+pub const LOGICAL_UNIT_FAILED_SELF_TEST: Sense = Sense::new(key::HARDWARE_ERROR, 0x3e, 0x03);
 pub const OPERATION_IN_PROGRESS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x00, 0x16);
 pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
 pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE_CODE: Sense =
