@@ -188,8 +188,9 @@ impl Prometheus {
         std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
     }
 
-    /// The value of an instant query's one series at `time` (Unix seconds).
-    fn query(&self, promql: &str, time: f64) -> f64 {
+    /// An instant query's one series at `time` (Unix seconds): its `value` (an instant
+    /// vector) or `values` (a range vector) as JSON.
+    fn query(&self, promql: &str, time: f64) -> serde_json::Value {
         let out = run_ok(
             "curl",
             &[
@@ -209,8 +210,22 @@ impl Prometheus {
             "{promql} at {time}: {out}\n{}",
             self.log()
         );
-        result[0]["value"][1].as_str().unwrap().parse().unwrap()
+        result[0].clone()
     }
+
+    /// The value of an instant query's one series at `time`.
+    fn value(&self, promql: &str, time: f64) -> f64 {
+        let v = &self.query(promql, time)["value"][1];
+        v.as_str().unwrap().parse().unwrap()
+    }
+}
+
+/// The bench's bytes (MB) completed by `t` seconds into its run, from its per-second
+/// figures, linear within a second.
+fn bench_mb_by(per_second: &[f64], t: f64) -> f64 {
+    let whole = (t.floor() as usize).min(per_second.len());
+    let done: f64 = per_second[..whole].iter().sum();
+    done + per_second.get(whole).map_or(0.0, |mb| mb * (t - t.floor()))
 }
 
 #[test]
@@ -231,18 +246,29 @@ fn prometheus_rate_agrees_with_the_bench() {
     assert!(per_second.len() >= 20, "{report}");
     // The ten seconds to 15 s into the run: past the start, before the end.
     let at = started + 15.0;
-    let bench_mb_s = per_second[5..15].iter().sum::<f64>() / 10.0;
     // The scrapes after `at` are in by now (every second).
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(prometheus.query("up{job=\"rsv\"}", at), 1.0);
-    let prom_mb_s = prometheus.query(
-        "sum(rate(rsv_target_lun_bytes_total{op=\"read\"}[10s]))",
-        at,
-    ) / 1e6;
+    assert_eq!(prometheus.value("up{job=\"rsv\"}", at), 1.0);
+    // One LUN: one series.
+    let metric = "rsv_target_lun_bytes_total{op=\"read\"}";
+    let prom_mb_s = prometheus.value(&format!("rate({metric}[10s])"), at) / 1e6;
+    // rate() is the increase between the window's first and last samples, over their
+    // span: the bench's figure is taken over that same span.
+    let samples = prometheus.query(&format!("{metric}[10s]"), at)["values"].clone();
+    let times: Vec<f64> = samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[0].as_f64().unwrap() - started)
+        .collect();
+    let (first, last) = (times[0], times[times.len() - 1]);
+    assert!(times.len() >= 8, "{samples}");
+    let bench_mb_s =
+        (bench_mb_by(&per_second, last) - bench_mb_by(&per_second, first)) / (last - first);
     let whole_run = report["MB_per_s"].as_f64().unwrap();
     eprintln!(
-        "PromQL rate over 5..15 s: {prom_mb_s:.1} MB/s; rsv bench over the same seconds: \
-         {bench_mb_s:.1} MB/s (whole run {whole_run:.1} MB/s)"
+        "PromQL rate over {first:.2}..{last:.2} s: {prom_mb_s:.1} MB/s; rsv bench over the \
+         same span: {bench_mb_s:.1} MB/s (whole run {whole_run:.1} MB/s)"
     );
     let ratio = prom_mb_s / bench_mb_s;
     assert!(
