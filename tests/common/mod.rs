@@ -55,6 +55,8 @@ pub struct Target {
     pub control: Option<String>,
     /// The local control socket (`rsv target status`), with `[control] socket`.
     pub control_socket: Option<PathBuf>,
+    /// Where `/metrics` is served, with `[metrics]`.
+    pub metrics: Option<String>,
     pub iqns: Vec<String>,
     pub dir: tempfile::TempDir,
 }
@@ -101,6 +103,7 @@ impl Target {
         let mut portal = String::new();
         let mut control = None;
         let mut control_socket = None;
+        let mut metrics = None;
         let mut iqns = Vec::new();
         let mut line = String::new();
         loop {
@@ -117,6 +120,8 @@ impl Target {
                 control = Some(c.to_owned());
             } else if let Some(c) = l.strip_prefix("control-socket ") {
                 control_socket = Some(PathBuf::from(c));
+            } else if let Some(m) = l.strip_prefix("metrics ") {
+                metrics = Some(m.to_owned());
             } else if let Some(t) = l.strip_prefix("target ") {
                 iqns.push(t.to_owned());
             } else if l == "ready" {
@@ -128,6 +133,7 @@ impl Target {
             portal,
             control,
             control_socket,
+            metrics,
             iqns,
             dir,
         }

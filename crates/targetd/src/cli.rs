@@ -33,8 +33,12 @@ TLS 1.3 portals: --tls-listen with --tls-cert and --tls-key (and --tls-client-ca
 mutual TLS), or `tls` on a portal in the configuration (docs/target.md); the log names each
 TLS portal's certificate fingerprint, which initiators without a CA pin (`?pin=`).
 
-On start it prints `portal ADDR` for every address it listens on and `target IQN` for
-every target, then `ready`. With --isns (or [isns] in the configuration) it registers its
+On start it prints `portal ADDR` for every address it listens on, `target IQN` for
+every target and, with --metrics (or [metrics] listen), `metrics ADDR`, then `ready`.
+The metrics (docs/target.md, \"Metrics\"): per target and LUN, commands, bytes and a
+latency histogram for reads, writes, flushes and other commands, CHECK CONDITIONs by
+sense key, commands in flight; logins refused by reason, task management, ERL 2
+recoveries, limits reached; sessions and connections. With --isns (or [isns] in the configuration) it registers its
 portals and targets with that iSNS server and keeps the registration fresh. SIGTERM or
 SIGINT: stop accepting, deregister from iSNS, ask initiators to log out, let in-flight
 commands finish, flush LUNs (each step up to --grace seconds), exit 0; 1 if a LUN could
@@ -44,7 +48,7 @@ SIGHUP: read the --config file again (with the flags applied over it as at start
 added or removed, their LUNs, aliases and access rules, and discovery CHAP take effect at
 once (sessions that see a changed LUN list get a REPORTED LUNS DATA HAS CHANGED unit
 attention; sessions of a removed target are closed); portals, [session], [isns],
-[threads], [control], data_dir and the portal groups keep their values until a restart,
+[threads], [control], [metrics], data_dir and the portal groups keep their values until a restart,
 which the log line says. A file that does not parse, validate or open leaves the
 configuration in force as it was, with one log line naming the error."
 )]
@@ -110,6 +114,10 @@ pub struct TargetArgs {
     /// first connection asks for it (root); without it, the kernel's BBR, said once in the log.
     #[arg(long, value_name = "NAME")]
     pub congestion: Option<String>,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics (overrides
+    /// `[metrics] listen`; port 0 picks a free port). Off unless asked.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// What `rsv target` does besides serving: ask a running target over its control socket.
@@ -351,6 +359,12 @@ pub fn load(args: &TargetArgs) -> anyhow::Result<Config> {
     if let Some(path) = &args.control_socket {
         config.control.get_or_insert_with(Default::default).socket = Some(path.clone());
     }
+    if let Some(listen) = args.metrics {
+        match &mut config.metrics {
+            Some(m) => m.listen = listen,
+            None => config.metrics = Some(crate::config::MetricsConfig::at(listen)),
+        }
+    }
     if !args.stripe.is_empty() {
         let lun = &mut config.targets[0].luns[0];
         lun.store = Some(stripe_spec(&args.stripe, &args.stripe_unit)?);
@@ -492,6 +506,9 @@ pub fn run_with(
         }
         for t in server.targets() {
             println!("target {}", t.iqn);
+        }
+        if let Some(m) = server.metrics_addr() {
+            println!("metrics {m}");
         }
         println!("ready");
         use std::io::Write;

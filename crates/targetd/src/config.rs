@@ -68,6 +68,33 @@ pub struct Config {
     /// `[threads]`: the threads connections run on.
     #[serde(default)]
     pub threads: Threads,
+    /// `[metrics]`: the OpenMetrics endpoint; absent: none, and no per-LUN counting.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// `[metrics]`: serve Prometheus/OpenMetrics text at `http://LISTEN/metrics`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
+    /// The most series of LUNs one scrape carries (each LUN has about a hundred); the
+    /// LUNs past it are left out, and the log says so once.
+    #[serde(default = "default_max_series")]
+    pub max_series: usize,
+}
+
+impl MetricsConfig {
+    pub fn at(listen: SocketAddr) -> MetricsConfig {
+        MetricsConfig {
+            listen,
+            max_series: default_max_series(),
+        }
+    }
+}
+
+fn default_max_series() -> usize {
+    100_000
 }
 
 /// `[threads]`: connections run on single-threaded runtimes, `connections` of them, each
@@ -639,6 +666,7 @@ impl Config {
                 }],
             }],
             control: None,
+            metrics: None,
         }
     }
 
@@ -706,6 +734,9 @@ impl Config {
                             `rsv sync` needs both)"
                     .into());
             }
+        }
+        if self.metrics.as_ref().is_some_and(|m| m.max_series == 0) {
+            return Err("metrics.max_series must be at least 1".into());
         }
         if self.targets.iter().any(|t| t.require_tls)
             && self.portals.iter().all(|p| p.tls.is_none())

@@ -42,6 +42,7 @@ use crate::loglimit::peer_log;
 use crate::login;
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Session};
 use crate::shared::Shared;
+use crate::stats::Recovery;
 use crate::tags::TagMap;
 use crate::task::Task;
 use crate::wire::{self, Out, Reader};
@@ -130,6 +131,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     if session.erl2() && session.close_for_recovery(cid).await {
         // Connection reinstatement at ERL 2 is an implicit logout for recovery: the old
         // connection's tasks are handed over before this one may reassign them.
+        shared.events.recovery(Recovery::ConnectionReinstated);
         debug!(
             "session {}: cid {cid} reinstated for recovery",
             session.tsih
@@ -161,6 +163,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     let why = conn.serve(Reader::new(rd), dec, buf, &mut ev_rx).await;
     let recovering = session.erl2() && conn.keep_tasks && !session.is_closed();
     let last = if recovering {
+        shared.events.recovery(Recovery::ConnectionRetired);
         let tasks = std::mem::take(&mut conn.tasks);
         let last = session.retire_connection(cid, &handle, tasks, &mut ev_rx);
         tokio::spawn(expire_retained(shared.clone(), session.clone(), last));
@@ -192,6 +195,7 @@ async fn expire_retained(shared: Arc<Shared>, session: Arc<Session>, was_last: b
             ctl.abort();
         }
         shared.remove_session(session.tsih);
+        shared.events.recovery(Recovery::SessionExpired);
         debug!("session {} ended: no connection came back", session.tsih);
     }
 }

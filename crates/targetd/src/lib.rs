@@ -4,8 +4,9 @@
 //!
 //! Modules depend on each other one way only, each on those listed before it:
 //! `config` (with `reload`, the sans-IO plan of a configuration reload), `tags`,
-//! `loglimit`, `cores` → `node` → `open` → `task` → `session` (with `session::recovery`)
-//! → `shared` → `status` (snapshots of the sessions) → `wire` → `login` → `conn` (with
+//! `loglimit`, `cores`, `stats` (what `/metrics` counts) → `node` → `open` → `task` →
+//! `session` (with `session::recovery`) → `shared` → `status` (snapshots of the sessions)
+//! → `metrics` (the registry over the targets in force) → `wire` → `login` → `conn` (with
 //! `conn::{transfer, exec, text, tmf}`) → `isns` → `server` → `control` (the local control
 //! socket, with its sans-IO `control::proto`) → `notify` (systemd's notify protocol) →
 //! `cli`. The submodules of
@@ -21,6 +22,7 @@ mod cores;
 mod isns;
 mod login;
 mod loglimit;
+mod metrics;
 mod node;
 mod notify;
 mod open;
@@ -29,6 +31,7 @@ pub mod server;
 mod session;
 mod shared;
 pub mod status;
+mod stats;
 mod tags;
 mod task;
 mod wire;

@@ -123,7 +123,7 @@ pub(crate) async fn accept(
             }
         },
         (Some(p), false) if p.require => {
-            refuse_plaintext(tcp, peer, &local, limit).await;
+            refuse_plaintext(shared, tcp, peer, &local, limit).await;
             None
         }
         (None, true) => {
@@ -139,7 +139,13 @@ pub(crate) async fn accept(
 
 /// Answers a plaintext login on a portal that requires TLS: Login Response status 0x0201
 /// (authentication failure) with [`TLS_REQUIRED_KEY`], then closes.
-async fn refuse_plaintext(tcp: TcpStream, peer: SocketAddr, local: &str, limit: Duration) {
+async fn refuse_plaintext(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    local: &str,
+    limit: Duration,
+) {
     let mut stream = Stream::from(tcp);
     let mut dec = PduDecoder::new(iscsi::framing::FrameLimits::default());
     let mut buf = BytesMut::with_capacity(1024);
@@ -165,6 +171,7 @@ async fn refuse_plaintext(tcp: TcpStream, peer: SocketAddr, local: &str, limit: 
     });
     let _ = send_now(&mut stream, &resp).await;
     let _ = stream.shutdown().await;
+    shared.events.login_refused(crate::stats::Refusal::Tls);
     warn!(
         "{peer}: plaintext login on portal {local} refused (status 0x{class:02x}{detail:02x}): \
          this portal requires TLS"

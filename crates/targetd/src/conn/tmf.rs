@@ -190,6 +190,7 @@ impl Conn {
             }
             _ => tmf::NOT_SUPPORTED,
         };
+        self.shared.events.task_management(function, response);
         peer_log!(
             info,
             "connection {}: task management function {function} on LUN {:?}: response {response}",
