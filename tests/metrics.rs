@@ -1,7 +1,8 @@
 //! `rsv target --metrics` against the real consumers of the exposition: `promtool check
 //! metrics` lints what a target that served reads, writes, a CHECK CONDITION and a
 //! refused login exposes, and Debian's Prometheus server, scraping every second while
-//! `rsv bench` runs, computes a byte rate that agrees with the bench's own.
+//! `rsv bench` runs, computes a byte rate that agrees with the bench's own; each
+//! connection's series last as long as its session.
 mod common;
 
 use std::io::Write;
@@ -115,6 +116,87 @@ fn promtool_accepts_the_exposition_of_a_busy_target() {
     );
 
     promtool_check(&text);
+}
+
+/// Each logged-in connection has series of its own while its session lasts: an info
+/// series naming the initiator, the portal, TLS, ERL and digests, its bytes, and the path
+/// from TCP_INFO; they go when the session logs out.
+#[test]
+fn a_sessions_connections_have_series_until_it_logs_out() {
+    if !have("promtool") || !have("curl") {
+        return;
+    }
+    let t = Target::start(Some(&config()));
+    let metrics = format!("http://{}/metrics", t.metrics.as_ref().expect("metrics"));
+    let url = format!("{}?connections=2", t.url(0));
+    let mut held = Command::new(rsv())
+        .args([
+            "bench",
+            &url,
+            "--rw",
+            "read",
+            "--block-size",
+            "64k",
+            "--duration",
+            "6",
+        ])
+        .env("RSV_PATH_CACHE", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rsv bench");
+    let info = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("rsv_target_connection_info{"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = run_ok("curl", &["-sf", &metrics]);
+        if info(&text).len() == 2 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let lines = info(&text);
+    assert_eq!(
+        lines.len(),
+        2,
+        "two connections, one info series each:\n{text}"
+    );
+    for l in &lines {
+        for label in [
+            format!("target=\"{IQN}\""),
+            "initiator=\"iqn.".to_owned(),
+            format!("portal=\"{}\"", t.portal),
+            "tls=\"no\"".to_owned(),
+            "header_digest=\"none\"".to_owned(),
+        ] {
+            assert!(l.contains(&label), "{label} missing from {l}");
+        }
+    }
+    assert!(
+        sum(&text, &["rsv_target_connection_srtt_seconds{"]) > 0.0,
+        "{text}"
+    );
+    assert!(
+        sum(&text, &["rsv_target_connection_cwnd_segments{"]) > 0.0,
+        "{text}"
+    );
+    assert!(
+        sum(&text, &["rsv_target_connection_sent_bytes_total{"]) > 0.0,
+        "{text}"
+    );
+    promtool_check(&text);
+
+    assert!(held.wait().unwrap().success());
+    let text = run_ok("curl", &["-sf", &metrics]);
+    assert!(
+        info(&text).is_empty(),
+        "series outlived the session:\n{text}"
+    );
+    assert_eq!(sum(&text, &["rsv_target_connection_srtt_seconds{"]), 0.0);
 }
 
 /// A Prometheus server in a directory of its own, killed when dropped.

@@ -2,6 +2,8 @@
 //! (no socket), [`serve`] accepts connections and hands each request to it.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,9 +91,23 @@ pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>
     r
 }
 
+/// Work to await before each scrape is encoded: gathering what a collector cannot read
+/// synchronously (the target's per-connection TCP_INFO is sampled by each connection on
+/// its own thread), so that the collectors then encode a fresh copy.
+pub type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Serves `registry` at `/metrics` on `listener` until the future is dropped (the
 /// connections it started end with the runtime, or when their peers close them).
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>) -> Infallible {
+    serve_refreshed(listener, registry, None).await
+}
+
+/// [`serve`], awaiting `refresh` before each `GET /metrics` is encoded.
+pub async fn serve_refreshed(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    refresh: Option<Refresh>,
+) -> Infallible {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -108,10 +124,19 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) -> Infallible
             continue;
         };
         let registry = registry.clone();
+        let refresh = refresh.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let answer = respond(&registry, &req);
-                async move { Ok::<_, Infallible>(answer) }
+            let service = hyper::service::service_fn(move |req: Request<_>| {
+                let registry = registry.clone();
+                let refresh = refresh
+                    .clone()
+                    .filter(|_| req.uri().path() == "/metrics" && req.method() == Method::GET);
+                async move {
+                    if let Some(refresh) = refresh {
+                        refresh().await;
+                    }
+                    Ok::<_, Infallible>(respond(&registry, &req))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

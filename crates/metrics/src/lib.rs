@@ -16,7 +16,7 @@ mod histogram;
 mod http;
 
 pub use histogram::Histogram;
-pub use http::{respond, serve, CONTENT_TYPE};
+pub use http::{respond, serve, serve_refreshed, Refresh, CONTENT_TYPE};
 pub use prometheus_client;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -78,8 +78,9 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     pub listen: SocketAddr,
-    /// The most series of LUNs one scrape carries (each LUN has about a hundred); the
-    /// LUNs past it are left out, and the log says so once.
+    /// The most series of LUNs one scrape carries (each LUN has about a hundred), and
+    /// apart the most of connections (ten each); those past it are left out, and the log
+    /// says so once.
     #[serde(default = "default_max_series")]
     pub max_series: usize,
 }

@@ -4,10 +4,13 @@
 //! with its LU and no series outlives what it counts. Served by `rsv_metrics::serve` on
 //! the target's runtime (`Server::run`).
 //!
-//! More collectors over the running target (per-session series) register beside
-//! [`LunCollector`] in [`registry`].
+//! Per-connection series (an info series naming the session's initiator and the
+//! connection's portal, TLS, ERL and digests, and the path as TCP sees it) come from a
+//! `status::Source` snapshot taken before each scrape is encoded ([`Metrics::refresh`]):
+//! TCP_INFO is read by each connection on its own thread, which a synchronous collector
+//! cannot wait for. A session's series go when it does.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -16,14 +19,46 @@ use rsv_metrics::SeriesCap;
 
 use crate::shared::Shared;
 use crate::stats::{LunStats, Op, LATENCY_BUCKETS, SENSE_KEYS};
+use crate::status::{SessionStatus, Source};
 
 /// Series one LUN may carry: commands and latency per kind, bytes per kind that moves
 /// data, commands in flight, and a CHECK CONDITION series per sense key seen.
 const SERIES_PER_LUN: usize =
     Op::ALL.len() * (1 + LATENCY_BUCKETS.len() + 3) + (Op::ALL.len() - 1) + 1 + SENSE_KEYS.len();
 
-/// The registry a target serves: its events, and its LUNs and sessions as they are at
-/// each scrape.
+/// Series one connection carries: its info series, bytes both ways, and seven figures
+/// of its path.
+const SERIES_PER_CONNECTION: usize = 10;
+
+/// What a target serves at `/metrics`: the registry, and the snapshot of its sessions
+/// that the per-connection collector encodes, taken anew before each scrape.
+pub(crate) struct Metrics {
+    pub registry: Registry,
+    pub refresh: rsv_metrics::Refresh,
+}
+
+/// The registry a target serves: its events, and its LUNs and connections as they are at
+/// each scrape. LUN and connection series are capped by `max_series` each.
+pub(crate) fn metrics(shared: &Arc<Shared>, max_series: usize) -> Metrics {
+    let sessions: Arc<Mutex<Vec<SessionStatus>>> = Arc::default();
+    let mut registry = registry(shared, max_series);
+    registry.register_collector(Box::new(ConnCollector {
+        sessions: sessions.clone(),
+        cap: SeriesCap::new("connection", max_series),
+    }));
+    let source = Source(shared.clone());
+    let refresh: rsv_metrics::Refresh = Arc::new(move || {
+        let source = source.clone();
+        let sessions = sessions.clone();
+        Box::pin(async move {
+            let now = source.snapshot().await.sessions;
+            *sessions.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        })
+    });
+    Metrics { registry, refresh }
+}
+
+/// The registry without the per-connection series (they need [`Metrics::refresh`]).
 pub(crate) fn registry(shared: &Arc<Shared>, max_series: usize) -> Registry {
     let mut reg = Registry::default();
     let e = &shared.events;
@@ -182,6 +217,158 @@ impl prometheus_client::collector::Collector for LunCollector {
                 if c.get() > 0 {
                     c.encode(m.encode_family(&l.labels(("sense_key", key)))?)?;
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each logged-in connection of the last snapshot: an info series, bytes, and the path.
+struct ConnCollector {
+    sessions: Arc<Mutex<Vec<SessionStatus>>>,
+    cap: SeriesCap,
+}
+
+impl std::fmt::Debug for ConnCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnCollector")
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl prometheus_client::collector::Collector for ConnCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        // Discovery sessions name no target: they move no data worth a series.
+        let mut conns = Vec::new();
+        for s in sessions.iter() {
+            let Some(target) = s.target.as_deref() else {
+                continue;
+            };
+            for c in &s.connections {
+                conns.push((s, target, c, s.tsih.to_string(), c.cid.to_string()));
+            }
+        }
+        conns.truncate(self.cap.admit(conns.len(), SERIES_PER_CONNECTION));
+        let ids: Vec<[(&str, &str); 3]> = conns
+            .iter()
+            .map(|(_, target, _, tsih, cid)| {
+                [
+                    ("target", *target),
+                    ("tsih", tsih.as_str()),
+                    ("cid", cid.as_str()),
+                ]
+            })
+            .collect();
+
+        let mut m = enc.encode_descriptor(
+            "rsv_target_connection_info",
+            "One series per logged-in connection, 1, naming its session's initiator, the \
+             portal it reached, TLS (the version, or no), ErrorRecoveryLevel and digests",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((s, _, c, _, _), id) in conns.iter().zip(&ids) {
+            let portal = c.local.to_string();
+            let erl = s.keys.error_recovery_level.to_string();
+            let yes_no = |b: bool| if b { "crc32c" } else { "none" };
+            let labels = [
+                id[0],
+                id[1],
+                id[2],
+                ("initiator", s.initiator.as_str()),
+                ("portal", portal.as_str()),
+                ("tls", c.tls.as_deref().unwrap_or("no")),
+                ("erl", erl.as_str()),
+                ("header_digest", yes_no(c.header_digest)),
+                ("data_digest", yes_no(c.data_digest)),
+            ];
+            ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
+        }
+        for (name, help, received) in [
+            (
+                "rsv_target_connection_received",
+                "Bytes of PDUs received on the connection since login",
+                true,
+            ),
+            (
+                "rsv_target_connection_sent",
+                "Bytes of PDUs sent on the connection since login",
+                false,
+            ),
+        ] {
+            let mut m =
+                enc.encode_descriptor(name, help, Some(&Unit::Bytes), MetricType::Counter)?;
+            for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
+                let v = if received {
+                    c.bytes_received
+                } else {
+                    c.bytes_sent
+                };
+                ConstCounter::new(v).encode(m.encode_family(id)?)?;
+            }
+        }
+        // The path as TCP sees it (TCP_INFO, sampled for this scrape); a connection whose
+        // sample did not come in time has none of these series this time.
+        type Figure = fn(&crate::status::PathStatus) -> f64;
+        let gauges: [(&str, &str, Option<Unit>, Figure); 6] = [
+            (
+                "rsv_target_connection_srtt",
+                "Smoothed round-trip time",
+                Some(Unit::Seconds),
+                |p| p.srtt_us as f64 / 1e6,
+            ),
+            (
+                "rsv_target_connection_min_rtt",
+                "Lowest round-trip time TCP has seen",
+                Some(Unit::Seconds),
+                |p| p.min_rtt_us as f64 / 1e6,
+            ),
+            (
+                "rsv_target_connection_cwnd_segments",
+                "Congestion window, in segments",
+                None,
+                |p| p.cwnd as f64,
+            ),
+            (
+                "rsv_target_connection_delivery_rate_bytes_per_second",
+                "TCP's latest delivery rate estimate",
+                None,
+                |p| p.delivery_rate as f64,
+            ),
+            (
+                "rsv_target_connection_pacing_rate_bytes_per_second",
+                "The rate TCP paces the connection's sends at",
+                None,
+                |p| p.pacing_rate as f64,
+            ),
+            (
+                "rsv_target_connection_in_flight",
+                "Bytes sent and not yet acknowledged (segments in flight times the MSS)",
+                Some(Unit::Bytes),
+                |p| p.bytes_in_flight as f64,
+            ),
+        ];
+        for (name, help, unit, figure) in gauges {
+            let mut m = enc.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+            for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
+                if let Some(p) = &c.path {
+                    ConstGauge::new(figure(p)).encode(m.encode_family(id)?)?;
+                }
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "rsv_target_connection_retransmits",
+            "Segments TCP sent again on the connection",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
+            if let Some(p) = &c.path {
+                ConstCounter::new(p.retransmits as u64).encode(m.encode_family(id)?)?;
             }
         }
         Ok(())

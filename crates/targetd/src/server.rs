@@ -391,13 +391,18 @@ impl Server {
             cores_stop,
             metrics,
         } = self;
-        // On this runtime, beside the accept loops: a scrape's encoding reads atomics
-        // and the session table, never waiting on a connection. Served through the
+        // On this runtime, beside the accept loops: a scrape first takes a status
+        // snapshot (each connection samples its TCP_INFO on its own thread; at most
+        // half a second), then encodes atomics and that snapshot. Served through the
         // drain, until this returns.
         let _metrics = metrics.map(|l| {
             let max_series = shared.config.metrics.as_ref().map_or(0, |m| m.max_series);
-            let registry = Arc::new(crate::metrics::registry(&shared, max_series));
-            AbortOnDrop(tokio::spawn(rsv_metrics::serve(l, registry)))
+            let m = crate::metrics::metrics(&shared, max_series);
+            AbortOnDrop(tokio::spawn(rsv_metrics::serve_refreshed(
+                l,
+                Arc::new(m.registry),
+                Some(m.refresh),
+            )))
         });
         let registrar = shared.config.isns.as_ref().and_then(|cfg| {
             let targets = isns_targets.borrow().clone();
