@@ -15,7 +15,9 @@ pub fn write(mut cmd: clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>>
     cmd.build();
     let mut written = vec![page(&cmd, "rsv", dir)?];
     // Not clap's own `help` subcommand: `rsv help X` is `rsv X --help`, in rsv-X(1).
-    let subs = cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help");
+    let subs = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help");
     for sub in subs {
         written.push(page(sub, &format!("rsv-{}", sub.get_name()), dir)?);
     }
