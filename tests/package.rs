@@ -191,6 +191,9 @@ fn build(binary: &Path, version: &str, out: &Path) -> PathBuf {
         .args(["-b", "-us", "-uc"])
         .current_dir(&src)
         .env("RSV_BINARY", binary)
+        // dpkg-deb's default xz took 145 of a build's 170 s here under load; gzip packs
+        // the same files (what is installed does not change) at a fraction of the CPU.
+        .env("DPKG_DEB_COMPRESSOR_TYPE", "gzip")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
