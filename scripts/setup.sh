@@ -59,6 +59,23 @@ check_systemd_analyze() {
   quiet systemd-analyze --version && grep -q '^systemd [0-9]' "$scratch/out"
 }
 
+check_debhelper() {
+  # tests/package.rs builds the Debian package (debian/) with dpkg-buildpackage and dh:
+  # a package of one file, built the same way, must come out and list that file.
+  local src="$scratch/deb/check"
+  mkdir -p "$src/debian" && printf 'check\n' >"$src/check.txt"
+  printf '%s\n' 'check (1.0) unstable; urgency=medium' '' '  * Check.' '' \
+    ' -- Setup <setup@localhost>  Sun, 29 Nov 2026 12:00:00 +0000' >"$src/debian/changelog"
+  printf '%s\n' 'Source: check' 'Maintainer: Setup <setup@localhost>' \
+    'Build-Depends: debhelper-compat (= 13)' 'Rules-Requires-Root: no' '' 'Package: check' \
+    'Architecture: all' 'Description: setup check' ' A package of one file.' >"$src/debian/control"
+  printf '%s\n' '#!/usr/bin/make -f' '%:' '	dh $@' 'override_dh_auto_install:' \
+    '	install -D -m 0644 check.txt debian/check/usr/share/check/check.txt' >"$src/debian/rules"
+  chmod +x "$src/debian/rules"
+  (cd "$src" && quiet dpkg-buildpackage -b -us -uc) || return 1
+  quiet dpkg-deb -c "$scratch/deb/check_1.0_all.deb" && grep -q 'usr/share/check/check.txt' "$scratch/out"
+}
+
 check_qemu() {
   # qemu-img opens iscsi:// only through the block-iscsi module of qemu-block-extra, which
   # must be the same build as qemu-utils. Asked for a port where nothing listens, a working
@@ -402,6 +419,7 @@ TOOLS=(
   "libiscsi's tools|libiscsi-bin|iscsi-test-cu (conformance suite) and iscsi-ls/-inq/-perf, standard clients of the target|check_libiscsi"
   "libiscsi's library|libiscsi-dev|tests/masking.rs builds a libiscsi client that sends the LUN-masking walk's CDBs|check_libiscsi_dev"
   "systemd-analyze|systemd|tests/service.rs verifies the packaged units and scores their hardening (systemd-analyze verify, security)|check_systemd_analyze"
+  "dpkg-buildpackage and debhelper|dpkg-dev debhelper|tests/package.rs builds the Debian package (debian/) and installs, upgrades, removes and purges it|check_debhelper"
   "qemu-img with iscsi://|qemu-utils qemu-block-extra|qemu-img/qemu-io against iscsi:// URLs: image round trips and pattern-verified I/O|check_qemu"
   "tgt|tgt|a standard target: interop for the initiator and the peer in benchmarks|check_tgt"
   "iperf3|iperf3|the network's own ceiling through the same emulated link|check_iperf3"

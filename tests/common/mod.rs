@@ -2,6 +2,7 @@
 //! port, find the real peers, run them.
 #![allow(dead_code)]
 
+pub mod notify;
 pub mod walk;
 
 use std::io::{BufRead, BufReader, Write};

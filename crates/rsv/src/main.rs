@@ -1,6 +1,9 @@
 //! `rsv`: Reservoir's binary, the product. Thin: parses arguments and calls the libraries.
 //! The bench (the lab, the WAN emulator, capture timing) is `rsv-lab`, under `lab/`.
 
+mod man;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -48,6 +51,12 @@ enum Command {
     Isns(isnsd::IsnsArgs),
     /// A media server: finds storage in iSNS, reads its file systems, streams over HTTP.
     Media(media::MediaArgs),
+    /// Write the manual pages (rsv.1 and rsv-SUBCOMMAND.1) into DIR.
+    #[command(hide = true)]
+    Man {
+        /// Where the pages go (made if missing).
+        dir: PathBuf,
+    },
 }
 
 fn init_logging(verbose: u8) {
@@ -135,9 +144,9 @@ fn main() -> anyhow::Result<ExitCode> {
     remote::register(&mut stores);
     #[cfg(feature = "rbd")]
     rbd::register(&mut stores);
-    let matches = Cli::command()
-        .mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores))
-        .get_matches();
+    let command =
+        Cli::command().mut_subcommand("target", |c| targetd::cli::document_stores(c, &stores));
+    let matches = command.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging(cli.verbose);
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
@@ -172,5 +181,11 @@ fn main() -> anyhow::Result<ExitCode> {
         }),
         Command::Media(args) => ok(media::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
+        Command::Man { dir } => {
+            for page in man::write(command, &dir)? {
+                println!("{}", page.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
