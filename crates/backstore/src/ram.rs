@@ -2,7 +2,7 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 use crate::lend::{LentMemory, ZEROS_LEN};
-use crate::registry::human_size;
+use units::Size;
 use crate::{
     check_range, push_extent, Backstore, Lent, OpenContext, OpenError, Param, StoreFactory,
     StoreSpec,
@@ -218,7 +218,7 @@ impl Backstore for RamBackstore {
     }
 
     fn description(&self) -> String {
-        format!("ram, {}", human_size(self.size))
+        format!("ram, {}", Size(self.size))
     }
 }
 
@@ -247,7 +247,7 @@ impl StoreFactory for RamFactory {
         let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
         Ok(format!(
             "ram, {} (lost when the target stops)",
-            human_size(size)
+            Size(size)
         ))
     }
 

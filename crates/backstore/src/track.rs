@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::registry::human_size;
+use units::Size;
 use crate::{check_range, Backstore, Lent};
 
 /// The unit when none is given: a 1 MiB command marks one unit, and a map of a 1 TiB
@@ -475,9 +475,9 @@ impl ChangeMap {
                 format!(
                     "the map is of {} bytes in units of {}, the store {} bytes in units of {}",
                     h.size,
-                    human_size(h.unit),
+                    Size(h.unit),
                     size,
-                    human_size(unit)
+                    Size(unit)
                 ),
                 h.epoch,
             );
@@ -1056,7 +1056,7 @@ impl Backstore for Tracked {
             "{}, changes tracked in {} (units of {})",
             self.inner.description(),
             self.map.path().display(),
-            human_size(self.map.unit())
+            Size(self.map.unit())
         )
     }
 

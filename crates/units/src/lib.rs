@@ -22,7 +22,10 @@
 //! **Probabilities** are a percentage (`0.1%`) or a fraction (`0.001`).
 //!
 //! Everything printed uses these spellings ([`Size`], [`Rate`], [`format_duration`],
-//! [`format_probability`]), exactly, so that output can be pasted back as input.
+//! [`format_probability`]), exactly, so that output can be pasted back as input. Where a
+//! person reads a measured or arbitrary amount at a glance (a file's size, a copy's rate),
+//! [`Size::approx`] and [`Rate::approx`] round it to three significant digits in the same
+//! spellings (`1.46GiB`, `95.3mbit`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -185,6 +188,57 @@ impl FromStr for Size {
     }
 }
 
+impl Size {
+    /// The size for people, rounded: three significant digits in the largest
+    /// power-of-1024 unit it reaches (`1.46GiB`, `12.3MiB`, `512KiB`, `999B`), trailing
+    /// zeros dropped, so that a whole number of a unit prints as [`Size`] prints it.
+    pub fn approx(self) -> Approx {
+        const BINARY: &[(u64, &str)] = &[
+            (1 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        Approx(rounded(self.0, 1024, BINARY, "B"))
+    }
+}
+
+/// An amount rounded for people by [`Size::approx`] or [`Rate::approx`]; it pads as the
+/// exact forms do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Approx(String);
+
+impl fmt::Display for Approx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
+/// `n` to three significant digits in the largest of `units` (largest first, each
+/// `(per, name)`, each `base` times the next) that it reaches, else whole `base_unit`s.
+fn rounded(n: u64, base: u64, units: &[(u64, &'static str)], base_unit: &str) -> String {
+    let Some(i) = units.iter().position(|&(per, _)| n >= per) else {
+        return format!("{n}{base_unit}");
+    };
+    let (per, name) = units[i];
+    let v = n as f64 / per as f64;
+    let text = match v {
+        v if v < 10.0 => format!("{v:.2}"),
+        v if v < 100.0 => format!("{v:.1}"),
+        v => format!("{v:.0}"),
+    };
+    // Rounding up may reach the next unit (1023.7KiB is 1MiB, not 1024KiB).
+    if i > 0 && text.parse::<f64>().is_ok_and(|r| r >= base as f64) {
+        return rounded(units[i - 1].0, base, units, base_unit);
+    }
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text}{name}")
+}
+
 /// The largest of `units` (largest first, each `(per, name)`) that divides `n`.
 fn exact_unit(n: u64, units: &[(u64, &'static str)]) -> Option<(u64, &'static str)> {
     units
@@ -243,6 +297,29 @@ impl Rate {
     /// Rounded down: a limit in whole bytes never exceeds the rate asked for.
     pub const fn bytes_per_sec(self) -> u64 {
         self.bits_per_sec / 8
+    }
+
+    /// A measured rate: `bytes` over `seconds` (none over no time).
+    pub fn measured(bytes: u64, seconds: f64) -> Rate {
+        if seconds > 0.0 {
+            // `as` saturates: a rate past u64's bits per second prints as the largest.
+            Rate::from_bits_per_sec((bytes as f64 * 8.0 / seconds) as u64)
+        } else {
+            Rate::from_bits_per_sec(0)
+        }
+    }
+
+    /// The rate for people, rounded: three significant digits in the largest of `tbit`,
+    /// `gbit`, `mbit`, `kbit` it reaches (`95.3mbit`, `1.25gbit`, `100mbit`, `900bit`),
+    /// trailing zeros dropped, so that a whole number of a unit prints as [`Rate`] prints it.
+    pub fn approx(self) -> Approx {
+        const UNITS: &[(u64, &str)] = &[
+            (1_000_000_000_000, "tbit"),
+            (1_000_000_000, "gbit"),
+            (1_000_000, "mbit"),
+            (1_000, "kbit"),
+        ];
+        Approx(rounded(self.bits_per_sec, 1000, UNITS, "bit"))
     }
 }
 
