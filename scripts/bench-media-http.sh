@@ -3,7 +3,9 @@
 # LUN of `rsv target` (file store on tmpfs), its rate and the media server's CPU seconds
 # per GiB (utime + stime from /proc). Prints one line per round and the median.
 # Usage: bench-media-http.sh [ROUNDS]   ($RSV, default ./target/release/rsv; SIZE= the
-# file in MiB, default 1024; SCRATCH= the tmpfs directory, to keep people's runs apart).
+# file in MiB, default 1024; READAHEAD= the media server's --readahead, default 16M: on
+# loopback RTT × rate is a single unit, and each unit's round trip would set the pace;
+# SCRATCH= the tmpfs directory, to keep people's runs apart).
 # Run under `flock -x /tmp/bench.lock` so that nothing builds meanwhile.
 set -eu
 RSV=${RSV:-./target/release/rsv}
@@ -45,9 +47,11 @@ stop() { kill "$(cat "$D/target.pid")" "$(cat "$D/media.pid")" 2>/dev/null || tr
 trap stop EXIT
 PORTAL=$(start target env RUST_LOG=warn "$RSV" target --config "$D/t.toml")
 MEDIA=$(start media env RUST_LOG=warn "$RSV" media --listen 127.0.0.1:0 --idle 600s \
+  --readahead "${READAHEAD:-16M}" \
   "iscsi://$PORTAL/$IQN/0")
 MP=$(cat "$D/media.pid")
-URL=http://$MEDIA/media/home/0/movie.mp4
+# Storage given by URL is named by its IQN.
+URL=http://$MEDIA/media/$IQN/0/movie.mp4
 TCK=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # A first GET logs in and warms the page cache of the image; not counted.

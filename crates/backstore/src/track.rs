@@ -473,10 +473,10 @@ impl ChangeMap {
         if h.size != size || h.unit != unit {
             return everything(
                 format!(
-                    "the map is of {} bytes in units of {}, the store {} bytes in units of {}",
-                    h.size,
+                    "the map is of {} in units of {}, the store {} in units of {}",
+                    Size(h.size),
                     Size(h.unit),
-                    size,
+                    Size(size),
                     Size(unit)
                 ),
                 h.epoch,
@@ -1210,10 +1210,10 @@ mod tests {
         drop(map);
         assert_eq!(reopen(4 * MIB, MIB).recovery(), None);
 
-        for (size, unit, what) in [(8 * MIB, MIB, "8388608 bytes"), (4 * MIB, 2 * MIB, "2 MiB")] {
+        for (size, unit, what) in [(8 * MIB, MIB, "the store 8MiB"), (4 * MIB, 2 * MIB, "2MiB")] {
             let map = reopen(size, unit);
             let why = map.recovery().unwrap();
-            assert!(why.contains("4194304 bytes") && why.contains(what), "{why}");
+            assert!(why.contains("the map is of 4MiB") && why.contains(what), "{why}");
             assert_eq!(map.dirty_bytes(), size);
             map.freeze().and_then(|f| map.release(f.id())).unwrap();
             drop(map);

@@ -63,7 +63,7 @@ pub async fn serve(listener: TcpListener, catalog: Arc<Catalog>) -> io::Result<(
 }
 
 /// An answer's body: small and whole, or a file streaming from its reader task.
-pub enum Body {
+enum Body {
     Whole(Option<Bytes>),
     File(FileStream),
 }
@@ -71,7 +71,7 @@ pub enum Body {
 /// A file's bytes as its reader task sends them; ends with an error when the task stops
 /// before the length the head promised (hyper then closes the connection: the only
 /// honest end of an answer cut short).
-pub struct FileStream {
+struct FileStream {
     /// Read before the head was answered.
     first: Option<Bytes>,
     rx: mpsc::Receiver<io::Result<Bytes>>,

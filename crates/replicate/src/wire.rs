@@ -170,32 +170,36 @@ impl Client {
 
     /// One request on a connection of its own.
     async fn exchange(&self, request: Request<Full<Bytes>>) -> anyhow::Result<Answer> {
-        let stream = TcpStream::connect(&self.addr)
-            .await
-            .with_context(|| format!("control endpoint {}", self.addr))?;
+        let stream = TcpStream::connect(&self.addr).await?;
         let _ = stream.set_nodelay(true);
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        // The connection's I/O; it ends when the agent closes it after the answer.
-        let addr = self.addr.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("control endpoint {addr}: {e}");
+        let answer = async {
+            let answer = sender.send_request(request).await?;
+            let status = answer.status().as_u16();
+            let mac = answer
+                .headers()
+                .get(MAC)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = Limited::new(answer.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| anyhow!("answer body: {e}"))?
+                .to_bytes();
+            anyhow::Ok(Answer { status, mac, body })
+        };
+        // The connection's I/O runs here, not in a task of its own, so that the caller's
+        // timeout ends it too. The agent closes it after the answer, which may be before
+        // the body is taken from it: then the answer is finished from what it delivered.
+        tokio::pin!(conn, answer);
+        tokio::select! {
+            a = &mut answer => a,
+            c = &mut conn => {
+                c?;
+                answer.await
             }
-        });
-        let answer = sender.send_request(request).await?;
-        let status = answer.status().as_u16();
-        let mac = answer
-            .headers()
-            .get(MAC)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let body = Limited::new(answer.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| anyhow!("answer body: {e}"))?
-            .to_bytes();
-        Ok(Answer { status, mac, body })
+        }
     }
 
     /// Sends a request and returns the answer's JSON, checked to come from a holder of

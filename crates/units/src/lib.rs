@@ -176,6 +176,22 @@ pub fn parse_size(s: &str) -> Result<u64, ParseError> {
     })
 }
 
+/// The power-of-1024 size units, largest first.
+const BINARY: &[(u64, &str)] = &[
+    (1 << 40, "TiB"),
+    (1 << 30, "GiB"),
+    (1 << 20, "MiB"),
+    (1 << 10, "KiB"),
+];
+
+/// The rate units above `bit`, as `tc` writes them, largest first.
+const BITS: &[(u64, &str)] = &[
+    (1_000_000_000_000, "tbit"),
+    (1_000_000_000, "gbit"),
+    (1_000_000, "mbit"),
+    (1_000, "kbit"),
+];
+
 /// A size in bytes that prints as it would be written: the largest power-of-1024 unit that
 /// holds it exactly (`1GiB`, `1536MiB`), else powers of 1000 (`1250KB`), else `B`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -193,12 +209,6 @@ impl Size {
     /// power-of-1024 unit it reaches (`1.46GiB`, `12.3MiB`, `512KiB`, `999B`), trailing
     /// zeros dropped, so that a whole number of a unit prints as [`Size`] prints it.
     pub fn approx(self) -> Approx {
-        const BINARY: &[(u64, &str)] = &[
-            (1 << 40, "TiB"),
-            (1 << 30, "GiB"),
-            (1 << 20, "MiB"),
-            (1 << 10, "KiB"),
-        ];
         Approx(rounded(self.0, 1024, BINARY, "B"))
     }
 }
@@ -249,12 +259,6 @@ fn exact_unit(n: u64, units: &[(u64, &'static str)]) -> Option<(u64, &'static st
 
 impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const BINARY: &[(u64, &str)] = &[
-            (1 << 40, "TiB"),
-            (1 << 30, "GiB"),
-            (1 << 20, "MiB"),
-            (1 << 10, "KiB"),
-        ];
         const DECIMAL: &[(u64, &str)] = &[
             (1_000_000_000_000, "TB"),
             (1_000_000_000, "GB"),
@@ -313,13 +317,7 @@ impl Rate {
     /// `gbit`, `mbit`, `kbit` it reaches (`95.3mbit`, `1.25gbit`, `100mbit`, `900bit`),
     /// trailing zeros dropped, so that a whole number of a unit prints as [`Rate`] prints it.
     pub fn approx(self) -> Approx {
-        const UNITS: &[(u64, &str)] = &[
-            (1_000_000_000_000, "tbit"),
-            (1_000_000_000, "gbit"),
-            (1_000_000, "mbit"),
-            (1_000, "kbit"),
-        ];
-        Approx(rounded(self.bits_per_sec, 1000, UNITS, "bit"))
+        Approx(rounded(self.bits_per_sec, 1000, BITS, "bit"))
     }
 }
 
@@ -435,15 +433,9 @@ impl FromStr for Rate {
 /// else `bit`.
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: &[(u64, &str)] = &[
-            (1_000_000_000_000, "tbit"),
-            (1_000_000_000, "gbit"),
-            (1_000_000, "mbit"),
-            (1_000, "kbit"),
-        ];
         let (n, unit) = match self.bits_per_sec {
             0 => (0, "bit"),
-            b => exact_unit(b, UNITS).unwrap_or((b, "bit")),
+            b => exact_unit(b, BITS).unwrap_or((b, "bit")),
         };
         f.pad(&format!("{n}{unit}"))
     }
