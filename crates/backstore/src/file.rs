@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::lend::{Lent, Mapping, ZEROS_LEN};
-use units::Size;
 use crate::{
     check_range, push_extent, Backstore, OpenContext, OpenError, Param, StoreError, StoreFactory,
     StoreSpec,
 };
+use units::Size;
 
 /// A sparse file accessed with positioned reads and writes, so many threads share one
 /// descriptor without seeking.

@@ -70,8 +70,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use units::Size;
 use crate::{check_range, Backstore, Lent};
+use units::Size;
 
 /// The unit when none is given: a 1 MiB command marks one unit, and a map of a 1 TiB
 /// store is two bitmaps of 128 KiB.
@@ -1213,7 +1213,10 @@ mod tests {
         for (size, unit, what) in [(8 * MIB, MIB, "the store 8MiB"), (4 * MIB, 2 * MIB, "2MiB")] {
             let map = reopen(size, unit);
             let why = map.recovery().unwrap();
-            assert!(why.contains("the map is of 4MiB") && why.contains(what), "{why}");
+            assert!(
+                why.contains("the map is of 4MiB") && why.contains(what),
+                "{why}"
+            );
             assert_eq!(map.dirty_bytes(), size);
             map.freeze().and_then(|f| map.release(f.id())).unwrap();
             drop(map);

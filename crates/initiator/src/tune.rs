@@ -153,7 +153,10 @@ pub fn plan(
             Rate::from_bytes_per_sec(m.rate_bytes_per_s).approx(),
             age(m.age_s),
             if rate > m.rate_bytes_per_s {
-                format!(", sized for the assumed {}", Rate::from_bytes_per_sec(rate).approx())
+                format!(
+                    ", sized for the assumed {}",
+                    Rate::from_bytes_per_sec(rate).approx()
+                )
             } else {
                 String::new()
             }
@@ -436,7 +439,11 @@ impl TargetPacingReport {
         match rates.as_slice() {
             [] => {}
             [one] => line.push_str(&format!(" at {}", Rate::from_bytes_per_sec(*one).approx())),
-            [lo, .., hi] => line.push_str(&format!(" at {} to {}", Rate::from_bytes_per_sec(*lo).approx(), Rate::from_bytes_per_sec(*hi).approx())),
+            [lo, .., hi] => line.push_str(&format!(
+                " at {} to {}",
+                Rate::from_bytes_per_sec(*lo).approx(),
+                Rate::from_bytes_per_sec(*hi).approx()
+            )),
         }
         for answer in ["not paced", "not understood", "refused", "not asked"] {
             let k = self
@@ -906,9 +913,8 @@ mod tests {
         });
         let (got_slow, p_slow) = plan(&o, &slow, &kernel());
         assert_eq!(p_slow.rate_bytes_per_s, ASSUMED_RATE);
-        assert!(p_slow.reasons[0].contains(
-            "100mbit remembered from a session 2 h ago, sized for the assumed 1gbit"
-        ));
+        assert!(p_slow.reasons[0]
+            .contains("100mbit remembered from a session 2 h ago, sized for the assumed 1gbit"));
         assert_eq!(got_slow.queue_depth, assumed.queue_depth);
         let n = u64::from(got_slow.connections);
         assert_eq!(got_slow.start_rate, Some(12_500_000 / n));

@@ -188,7 +188,10 @@ mod tests {
         let u = IscsiUrl::parse("iscsi://a%25b@h/iqn.x:y/0?alias=%41%20b%zz%a\u{e9}%").unwrap();
         assert_eq!(u.user.as_deref(), Some("a"));
         assert_eq!(u.password.as_deref(), Some("25b"));
-        assert_eq!(u.query, [("alias".to_owned(), "A b%zz%a\u{e9}%".to_owned())]);
+        assert_eq!(
+            u.query,
+            [("alias".to_owned(), "A b%zz%a\u{e9}%".to_owned())]
+        );
         let u = IscsiUrl::parse("iscsi://h/iqn.x:y/0?x=%FF").unwrap();
         assert_eq!(u.query[0].1, "\u{fffd}");
     }

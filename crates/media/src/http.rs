@@ -155,8 +155,10 @@ pub fn file_head(range: Ranged, len: u64, content_type: &'static str) -> Respons
         }
         Ranged::Unsatisfiable => {
             let mut r = head(StatusCode::RANGE_NOT_SATISFIABLE);
-            r.headers_mut()
-                .insert(header::CONTENT_RANGE, content_range(format!("bytes */{len}")));
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                content_range(format!("bytes */{len}")),
+            );
             (r, 0)
         }
     };
@@ -269,7 +271,10 @@ mod tests {
         assert_eq!(get(&h, "content-range"), "bytes */10");
         assert_eq!(get(&h, "content-length"), "0");
         let h = file_head(Ranged::Full, 10, "video/mp4");
-        assert_eq!((h.status().as_u16(), get(&h, "content-length")), (200, "10".into()));
+        assert_eq!(
+            (h.status().as_u16(), get(&h, "content-length")),
+            (200, "10".into())
+        );
         assert!(h.headers().get("content-range").is_none());
     }
 

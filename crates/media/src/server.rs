@@ -143,7 +143,12 @@ async fn answer(req: Request<Incoming>, catalog: &Arc<Catalog>) -> Response<Body
     match listing::route(req.uri().path()) {
         Route::Page => {
             let l = listing(catalog, refresh).await;
-            small(StatusCode::OK, "text/html; charset=utf-8", l.html(), head_only)
+            small(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                l.html(),
+                head_only,
+            )
         }
         Route::Json => {
             let l = listing(catalog, refresh).await;

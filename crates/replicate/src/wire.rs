@@ -108,7 +108,12 @@ where
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = match tokio::time::timeout(IO_TIMEOUT, Limited::new(req.into_body(), MAX_BODY).collect()).await {
+    let body = match tokio::time::timeout(
+        IO_TIMEOUT,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    {
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(e)) => {
             tracing::debug!("control request {method} {path} from {peer}: {e}");
@@ -120,10 +125,11 @@ where
             return (StatusCode::REQUEST_TIMEOUT, e, None);
         }
     };
-    let checked = verifier
-        .lock()
-        .unwrap()
-        .check(&method, &path, auth.as_deref(), &body, now_unix());
+    let checked =
+        verifier
+            .lock()
+            .unwrap()
+            .check(&method, &path, auth.as_deref(), &body, now_unix());
     match checked {
         Err(e) => {
             // Logged without anything secret: who, what and why.
@@ -172,7 +178,8 @@ impl Client {
     async fn exchange(&self, request: Request<Full<Bytes>>) -> anyhow::Result<Answer> {
         let stream = TcpStream::connect(&self.addr).await?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         let answer = async {
             let answer = sender.send_request(request).await?;
             let status = answer.status().as_u16();
@@ -242,7 +249,10 @@ impl Client {
                 self.addr
             );
         }
-        if !self.key.check_answer(&nonce, status, &answer.body, &answer.mac) {
+        if !self
+            .key
+            .check_answer(&nonce, status, &answer.body, &answer.mac)
+        {
             bail!(
                 "control endpoint {}: the answer is not signed with our key (wrong key file, or not a Reservoir agent)",
                 self.addr

@@ -371,7 +371,10 @@ fn rounded_for_people() {
         // Bits are whole at any three digits: the rounded rate reads back.
         assert!(parse_rate_limit(text).is_ok(), "{text} reads back");
     }
-    assert_eq!(Rate::measured(12_500_000, 1.0), Rate::from_bits_per_sec(100_000_000));
+    assert_eq!(
+        Rate::measured(12_500_000, 1.0),
+        Rate::from_bits_per_sec(100_000_000)
+    );
     assert_eq!(Rate::measured(1, 0.0), Rate::from_bits_per_sec(0));
     assert_eq!(format!("{:>9}|", Size(3 << 29).approx()), "   1.5GiB|");
 }
