@@ -274,12 +274,12 @@ fn hide_in_text(text: &str) -> String {
         }
         // A `key=value` whose key names a secret: the value runs to `&`, `,` or `]`.
         let key_start = text[..at - 1]
-            .rfind(|c: char| matches!(c, '?' | '&' | '[' | ','))
+            .rfind(['?', '&', '[', ','])
             .map_or(0, |i| i + 1);
         if is_secret_param(&text[key_start..at - 1]) {
             out.push_str(HIDDEN);
             at = text[at..]
-                .find(|c: char| matches!(c, '&' | ',' | ']'))
+                .find(['&', ',', ']'])
                 .map_or(text.len(), |i| at + i);
         }
     }
@@ -294,7 +294,7 @@ fn hide_url_passwords(text: &str) -> String {
         let (before, from) = rest.split_at(i);
         out.push_str(before);
         let end = from[2..]
-            .find(|c: char| matches!(c, '/' | ',' | ']' | '?'))
+            .find(['/', ',', ']', '?'])
             .map_or(from.len(), |j| j + 2);
         out.push_str(&hide_url_password(&from[..end]));
         rest = &from[end..];
