@@ -512,7 +512,7 @@ fn luns_given_as_store_specs_serve_io_and_show_in_check() {
     assert!(
         text.contains(
             "target iqn.2026-11.org.reservoir:specs LUN 0: store file:spec.img?size=16MiB\n"
-        ) && text.contains("spec.img, 16 MiB\n")
+        ) && text.contains("spec.img, 16MiB\n")
             && text.contains(
                 "LUN 1: store ram:?size=8MiB\n    ram, 8MiB (lost when the target stops)"
             ),
