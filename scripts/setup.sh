@@ -342,6 +342,37 @@ PY
   grep -q "^0x00[[:space:]]0x12345678" "$scratch/out"
 }
 
+check_prometheus() {
+  # promtool must lint an exposition, and the server must scrape and answer PromQL: a
+  # Prometheus on a free loopback port scrapes its own /metrics every second, and the
+  # query up{job="self"} must come back 1 (tests/metrics.rs runs both against the target).
+  printf '# HELP probe_things_total Things.\n# TYPE probe_things_total counter\nprobe_things_total 1\n' |
+    quiet promtool check metrics || return 1
+  local dir="$scratch/prometheus" port pid i rc=1
+  mkdir -p "$dir"
+  port=$(free_ports 1) || return 1
+  printf 'global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    static_configs:\n      - targets: [\x27127.0.0.1:%d\x27]\n' \
+    "$port" >"$dir/prometheus.yml"
+  prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/db" \
+    --web.listen-address="127.0.0.1:$port" >"$dir/server.log" 2>&1 &
+  pid=$!
+  # Until a scrape is in, for 30 s at most.
+  for i in $(seq 300); do
+    if python3 -c "import json, urllib.request, sys
+r = json.load(urllib.request.urlopen('http://127.0.0.1:$port/api/v1/query?query=up%7Bjob%3D%22self%22%7D', timeout=2))
+sys.exit(0 if [x['value'][1] for x in r['data']['result']] == ['1'] else 1)" >"$scratch/out" 2>&1; then
+      rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >"$scratch/out"; break; }
+    sleep 0.1
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+  return $rc
+}
+
 check_fonts() { [ -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; }
 
 check_bpf() {
@@ -386,6 +417,7 @@ TOOLS=(
   "ffmpeg and ffprobe|ffmpeg|rsv media's tests make a clip from test sources and probe it over HTTP|check_ffmpeg"
   "headless Chromium|chromium|rsv media's tests play a clip in the player page and take a screenshot|check_chromium"
   "curl|curl|rsv media's tests ask for byte ranges|check_curl"
+  "Prometheus and promtool|prometheus python3|tests/metrics.rs: promtool check metrics lints the target's exposition; a Prometheus server scrapes it during rsv bench and its PromQL rate is compared with the bench's|check_prometheus"
   "FAT tools|dosfstools mtools|rsv media's tests read a FAT image made without a mount|check_fat_tools"
   "Samba|samba smbclient|the lab's R4 compares Reservoir with smbd read by smbclient|check_samba"
   "clang-14, libbpf and bpftool|clang-14 libbpf-dev libbpf1 bpftool|the build compiles rsv, Reservoir's BPF congestion control (crates/cc), and its loader opens libbpf.so.1|check_bpf"

@@ -406,6 +406,35 @@ header_digest = ["CRC32C"]
     }
 }
 
+/// SEND DIAGNOSTIC's default self-test, as libiscsi sends it (smartctl and `sg_senddiag -t`
+/// send the same CDB through a kernel SCSI device, which a test machine may lack); a
+/// self-test with a log page to report in is refused at SELF-TEST CODE.
+#[test]
+fn send_diagnostic_self_test_through_libiscsi() {
+    use common::walk::{Client, Dir, Libiscsi};
+    if !have("cc") {
+        return;
+    }
+    let t = Target::start(Some(RAM_LUNS));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Libiscsi::build(dir.path());
+    let mut c = Libiscsi::login(
+        &bin,
+        &t.portal,
+        "iqn.2026-11.org.reservoir:e2e",
+        "iqn.2026-11.org.reservoir:diag",
+        0,
+    );
+    for lun in [0, 1] {
+        // The power-on unit attention first.
+        c.cmd(lun, &[0; 6], &Dir::None).unwrap();
+        let a = c.cmd(lun, &[0x1d, 0x04, 0, 0, 0, 0], &Dir::None).unwrap();
+        assert_eq!((a.status, a.sense), (0, (0, 0, 0)), "LUN {lun}: {a:?}");
+        let a = c.cmd(lun, &[0x1d, 0x20, 0, 0, 0, 0], &Dir::None).unwrap();
+        assert_eq!((a.status, a.sense), (2, (5, 0x24, 0)), "LUN {lun}: {a:?}");
+    }
+}
+
 #[test]
 fn sigterm_flushes_and_keeps_acknowledged_writes() {
     if !have("qemu-io") {

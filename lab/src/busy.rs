@@ -3,7 +3,7 @@
 //! link idle (start-up, a congestion control's probing, the end of the run) or spent it
 //! on bytes that are not payload (headers); the two are told apart here.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A reading of the bytes that had left the bottleneck in one direction by `at` (seconds
 /// since the Unix epoch).
@@ -16,7 +16,7 @@ pub struct Sample {
 /// Share of a link's rate at which it counts as full.
 pub const FULL: f64 = 0.9;
 
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct LinkUse {
     /// Bytes that left the bottleneck in the measured window, as a share of what the link
     /// could carry in it (%). Headers count: payload is at most about 96.5 % of this.
@@ -34,14 +34,17 @@ pub struct LinkUse {
     pub lost_later_s: f64,
     /// Link time lost after the issuing ended while the commands still in flight finished
     /// (the window's tail); 0 when no issuing end was given or it is not inside the window.
-    pub lost_end_s: f64,
+    /// `None` in results measured before it was counted (their other losses were counted
+    /// otherwise, from single intervals, and are not comparable).
+    pub lost_end_s: Option<f64>,
     /// The link's use over each sampling interval of the window, in order (%, headers
     /// included): when the time was lost.
+    #[serde(default)]
     pub intervals: Vec<Interval>,
 }
 
 /// One sampling interval of a [`LinkUse`].
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Interval {
     /// Seconds from the window's start to the interval's end.
     pub to_s: f64,
@@ -136,7 +139,7 @@ pub fn link_use(
         start_s,
         lost_start_s: lost_start,
         lost_later_s: lost_later,
-        lost_end_s: lost_end,
+        lost_end_s: Some(lost_end),
         intervals,
     })
 }
@@ -239,13 +242,13 @@ mod tests {
         let s = samples(&[(10.0, 1e6), (1.0, 5e5)], 0.25);
         let u = link_use(&s, 0.0, 11.0, Some(10.0), 8_000_000).unwrap();
         assert!(u.lost_later_s.abs() < 1e-6, "{u:?}");
-        assert!((u.lost_end_s - 0.5).abs() < 1e-6, "{u:?}");
+        assert!((u.lost_end_s.unwrap() - 0.5).abs() < 1e-6, "{u:?}");
         assert_eq!(u.intervals.len(), 44);
         assert!((u.intervals[43].busy_pct - 50.0).abs() < 1e-6, "{u:?}");
         // Without the issuing's end, the same time is lost later.
         let u = link_use(&s, 0.0, 11.0, None, 8_000_000).unwrap();
         assert!(
-            (u.lost_later_s - 0.5).abs() < 1e-6 && u.lost_end_s == 0.0,
+            (u.lost_later_s - 0.5).abs() < 1e-6 && u.lost_end_s == Some(0.0),
             "{u:?}"
         );
     }
@@ -255,10 +258,10 @@ mod tests {
         let s = samples(&[(1.0, 2e5), (5.0, 1e6), (2.0, 0.0), (4.0, 9.5e5)], 0.25);
         let u = link_use(&s, 0.0, 12.0, Some(11.0), 8_000_000).unwrap();
         let idle = 12.0 * (1.0 - u.busy_pct / 100.0);
-        let lost = u.lost_start_s + u.lost_later_s + u.lost_end_s;
+        let lost = u.lost_start_s + u.lost_later_s + u.lost_end_s.unwrap();
         assert!((lost - idle).abs() < 1e-6, "{lost} {idle} {u:?}");
         assert!((u.lost_start_s - 0.8).abs() < 1e-6, "{u:?}");
         assert!((u.lost_later_s - 2.15).abs() < 1e-6, "{u:?}");
-        assert!((u.lost_end_s - 0.05).abs() < 1e-6, "{u:?}");
+        assert!((u.lost_end_s.unwrap() - 0.05).abs() < 1e-6, "{u:?}");
     }
 }

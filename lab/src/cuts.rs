@@ -26,9 +26,9 @@
 //! after it, and the bytes that crossed the link in the data's direction beyond what the
 //! same transfer without a break carried (measured once per transfer in the same run).
 
-use crate::proc::{self, in_ns, lab_bin, rsv_bin, sysctl, Link, Proc};
+use crate::proc::{self, in_ns, rsv_bin, sysctl, Link, Proc};
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::File;
 use std::io::Read;
@@ -52,6 +52,56 @@ pub const FLOWS: &[&str] = &[
     "sync",
 ];
 pub const EVENTS: &[&str] = &["cut", "restart", "down"];
+
+/// `rsv-lab run cuts`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    /// How long each break lasts, in seconds (default 5,30,120; --quick 4).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub cut: Vec<u64>,
+    /// Only these cases, TRANSFER:BREAK (cp-put-erl2, cp-get-erl2, cp-put-erl0,
+    /// cp-get-erl0, sync; cut, restart, and for cp down: the link cut until the copy gives
+    /// up), e.g. cp-put-erl0:cut,sync:restart,cp-get-erl2:down.
+    #[arg(long, value_delimiter = ',')]
+    pub case: Vec<String>,
+    /// Bytes each transfer moves, whole MiB (default 64M; --quick 32M).
+    #[arg(long, value_parser = units::parse_size)]
+    pub size: Option<u64>,
+    /// The emulated link's name (default rel-cuts, --quick rel-cq), so that two runs can go
+    /// side by side.
+    #[arg(long)]
+    pub link_name: Option<String>,
+    /// URL options of the copies a `down` case breaks, e.g.
+    /// recovery_timeout=10&command_timeout=10 (default: none, i.e. the defaults; --quick:
+    /// recovery_timeout=5&command_timeout=5&nop_interval=2).
+    #[arg(long)]
+    pub down_opts: Option<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        p.durations = crate::cli::given_or(&self.cut, p.durations);
+        p.link_name = self.link_name.clone().unwrap_or(p.link_name);
+        p.down_opts = self.down_opts.clone().unwrap_or(p.down_opts);
+        if let Some(s) = self.size {
+            p.size = s.max(1 << 20) & !((1 << 20) - 1);
+        }
+        if !self.case.is_empty() {
+            p.cases = self
+                .case
+                .iter()
+                .map(|c| match c.split_once(':') {
+                    Some((f, e)) => Ok((f.to_owned(), e.to_owned())),
+                    None => bail!("--case {c}: expected TRANSFER:BREAK"),
+                })
+                .collect::<Result<_>>()?;
+        }
+        Ok(p)
+    }
+}
 
 pub struct Params {
     pub link_name: String,
@@ -125,7 +175,7 @@ impl Params {
     }
 }
 
-#[derive(Serialize, Debug, Clone, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct CaseResult {
     pub flow: String,
     pub event: String,
@@ -153,7 +203,7 @@ pub struct CaseResult {
     pub reconnections: Option<u64>,
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Deserialize, Debug)]
 pub struct Results {
     pub command: String,
     pub link: String,
@@ -254,20 +304,6 @@ fn progress_of(path: &Path, key: &str) -> u64 {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find_map(|v| v[key].as_u64())
         .unwrap_or(0)
-}
-
-fn tx_bytes(link: &Link, dir: &str) -> u64 {
-    let out = proc::run_ok(
-        Command::new(lab_bin()).args(["wan", "stats", "--name", &link.name, "--json"]),
-    )
-    .unwrap_or_default();
-    let v: Value = serde_json::from_str(&out).unwrap_or_default();
-    let d = if v[dir].is_object() {
-        &v[dir]
-    } else {
-        &v["stats"][dir]
-    };
-    d["tx_bytes"].as_u64().unwrap_or(0)
 }
 
 /// Compares two files byte for byte; the first offset where they differ, if any.
@@ -486,7 +522,7 @@ impl Lab<'_> {
     /// The same transfer without a break: how many bytes it puts on the link.
     fn baseline(&self, flow: &str) -> Result<(u64, f64)> {
         let f = self.flow(flow)?;
-        let before = tx_bytes(&self.link, f.dir);
+        let before = self.link.tx_bytes(f.dir).unwrap_or(0);
         let start = Instant::now();
         let mut r = Running::spawn(self.command(&f, None, ""), &self.dir, self.next())?;
         let code = r.wait_until(start + self.p.grace, || {})?;
@@ -500,7 +536,7 @@ impl Lab<'_> {
             bail!("{flow} without a break: the copy differs at offset {at}");
         }
         Ok((
-            tx_bytes(&self.link, f.dir) - before,
+            self.link.tx_bytes(f.dir).unwrap_or(0) - before,
             start.elapsed().as_secs_f64(),
         ))
     }
@@ -529,7 +565,7 @@ impl Lab<'_> {
         } else {
             ""
         };
-        let before = tx_bytes(&self.link, f.dir);
+        let before = self.link.tx_bytes(f.dir).unwrap_or(0);
         let start = Instant::now();
         let mut run = Running::spawn(self.command(&f, None, opts), &self.dir, self.next())?;
         let pfile = progress_file(&run);
@@ -668,7 +704,7 @@ impl Lab<'_> {
         stop.store(true, Ordering::Relaxed);
         let _ = watcher.join();
         res.total_s = start.elapsed().as_secs_f64();
-        res.wire_bytes = tx_bytes(&self.link, f.dir) - before;
+        res.wire_bytes = self.link.tx_bytes(f.dir).unwrap_or(0) - before;
         res.extra_wire_bytes = res.wire_bytes as i64 - baseline as i64;
         let m = *mended.lock().unwrap();
         let r = *recovered.lock().unwrap();
@@ -700,13 +736,6 @@ impl Lab<'_> {
         };
         Ok(res)
     }
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
 }
 
 fn mib(b: i64) -> String {
@@ -774,7 +803,7 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
             );
         }
     }
-    let loadavg_before = loadavg();
+    let loadavg_before = crate::env::loadavg();
     let environment = crate::env::collect();
     // The namespaces run CUBIC as R0's (a host whose allowed list is "reno bbr" refuses
     // it otherwise), as every lab scenario does.
@@ -862,16 +891,12 @@ pub fn run(p: Params, out: &Path, command: String) -> Result<Results> {
         link: desc,
         size: p.size,
         loadavg_before,
-        loadavg_after: loadavg(),
+        loadavg_after: crate::env::loadavg(),
         baseline_wire_bytes: baselines,
         cases,
         environment,
     };
-    std::fs::create_dir_all(out)?;
-    std::fs::write(
-        out.join("cuts.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    crate::results::save(out, "cuts.json", &results)?;
     std::fs::write(out.join("cuts.txt"), table(&results))?;
     Ok(results)
 }

@@ -1,9 +1,9 @@
 //! What a result was measured with: tool versions and the machine.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::process::{Command, Stdio};
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Environment {
     pub date_utc: String,
     pub rsv: String,
@@ -53,6 +53,15 @@ fn proc_field(file: &str, key: &str) -> String {
                 .map(|(_, v)| v.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// /proc/loadavg as it reads (the three averages, running/all tasks, the last PID), for
+/// a run's before and after.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
 
 pub fn collect() -> Environment {

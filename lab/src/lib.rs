@@ -19,5 +19,6 @@ mod r1;
 mod r2;
 mod r3;
 mod r4;
+mod results;
 mod rtt;
 mod stats;

@@ -11,7 +11,9 @@ use tracing_subscriber::EnvFilter;
     about = "Reservoir's bench: the reference studies (R0-R4), the RTT sweep and cut links over \
              the WAN emulator, with Reservoir and standard peers side by side",
     after_help = "Results: SCENARIO.csv, SCENARIO.json (configuration, versions, machine, every \
-measurement) and PNG figures under --out. A full run also rewrites docs/lab-r0-r1.md.\n\n\
+measurement) and PNG figures under --out. A full run also rewrites its document in docs/ \
+(lab-r0-r1.md for r0, r1 and rtt; lab-r2.md, lab-r3.md, lab-r4.md); `rsv-lab doc` redraws them \
+all from lab/results.\n\n\
 `run` needs root (network namespaces), iproute2, iperf3, qemu-img with iscsi:// \
 (qemu-block-extra), tgt and the rsv built beside rsv-lab. Ctrl-C stops the run and removes its \
 links and processes."

@@ -9,6 +9,16 @@ use std::time::Duration;
 
 pub const ISCSI_PORT: u16 = 3260;
 
+/// What an iperf3 client's JSON report (`-J`) says the receiver got: bytes and seconds, 0
+/// where the report has none.
+pub fn iperf3_received(report: &serde_json::Value) -> (u64, f64) {
+    let sum = &report["end"]["sum_received"];
+    (
+        sum["bytes"].as_u64().unwrap_or(0),
+        sum["seconds"].as_f64().unwrap_or(0.0),
+    )
+}
+
 /// `rsv target` in `ns` listening on `addr`, with the TOML `config` (written to `dir`).
 pub fn rsv_target(ns: &str, addr: Ipv4Addr, config: &str, dir: &Path, tag: &str) -> Result<Proc> {
     rsv_target_on(ns, addr, ISCSI_PORT, config, dir, tag)

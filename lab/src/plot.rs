@@ -2,32 +2,25 @@
 //! per-stream plus total bars (R1). Text goes through ab_glyph with a DejaVu font from the
 //! system; without one the figures are skipped (CSV and JSON still carry every number).
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::Once;
+use timing::plot::{err, legend};
 
-const FONT_DIRS: &[&str] = &[
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-];
-
-/// Registers DejaVu Sans as "sans-serif" once; false when no font file is found.
-pub fn fonts_ready() -> bool {
-    static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| {
-        let Some(bytes) = FONT_DIRS.iter().find_map(|p| std::fs::read(p).ok()) else {
+/// The font from `timing::plot` (it draws R3's timeline); said once when there is none.
+fn fonts_ready() -> bool {
+    static SAID: Once = Once::new();
+    let ready = timing::plot::fonts_ready();
+    if !ready {
+        SAID.call_once(|| {
             eprintln!(
                 "lab: no DejaVu font (apt-get install fonts-dejavu-core); PNG figures skipped"
-            );
-            return false;
-        };
-        // The registry wants 'static bytes; one font for the life of the process.
-        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
-    })
+            )
+        });
+    }
+    ready
 }
 
 const COLORS: &[RGBColor] = &[
@@ -41,8 +34,49 @@ const COLORS: &[RGBColor] = &[
     RGBColor(140, 86, 75),
 ];
 
-fn err(e: impl std::fmt::Debug) -> anyhow::Error {
-    anyhow!("{e:?}")
+type Chart<'a, CT> = ChartContext<'a, BitMapBackend<'a>, CT>;
+
+/// The link's rate as a dashed line from `x.0` to `x.1`, labelled in the legend.
+fn ceiling<CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut Chart<'_, CT>,
+    x: (f64, f64),
+    link: f64,
+    label: String,
+) -> Result<()> {
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(x.0, link), (x.1, link)],
+            6,
+            4,
+            BLACK.mix(0.5).stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(label)
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    Ok(())
+}
+
+/// One line per series through its points (sorted by x), each point a dot; `width` of a
+/// series by its name.
+fn lines_with_points<CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut Chart<'_, CT>,
+    series: &[(String, Vec<(f64, f64)>)],
+    width: fn(&str) -> u32,
+) -> Result<()> {
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let mut pts = pts.clone();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(width(name))))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Throughput (Mbit/s) against loss (%) with a log x axis; one line per series. `link` is
@@ -81,38 +115,21 @@ pub fn loss_chart(
         .axis_desc_style(("sans-serif", 18))
         .draw()
         .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(lo, link), (hi, link)],
-            6,
-            4,
-            BLACK.mix(0.5).stroke_width(1),
-        ))
-        .map_err(err)?
-        .label(format!("link rate {link} Mbit/s"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let mut pts = pts.clone();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let c = COLORS[i % COLORS.len()];
-        let style = c.stroke_width(if name.starts_with("iperf3") { 1 } else { 3 });
-        chart
-            .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(err)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    ceiling(
+        &mut chart,
+        (lo, hi),
+        link,
+        format!("link rate {link} Mbit/s"),
+    )?;
+    // The iperf3 references thin: the network's ceiling, not a contender.
+    lines_with_points(&mut chart, series, |name| {
+        if name.starts_with("iperf3") {
+            1
+        } else {
+            3
+        }
+    })?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight, 16)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -185,32 +202,25 @@ pub fn bars(path: &Path, title: &str, groups: &[BarGroup]) -> Result<()> {
             ])
             .map_err(err)?;
     }
-    chart
-        .draw_series([Rectangle::new(
-            [(0.2, top * 0.80), (0.5, top * 0.83)],
-            stream_color.filled(),
-        )])
-        .map_err(err)?;
-    chart
-        .draw_series([Text::new(
-            "each stream",
-            (0.6, top * 0.835),
-            ("sans-serif", 14),
-        )])
-        .map_err(err)?;
-    chart
-        .draw_series([Rectangle::new(
-            [(0.2, top * 0.75), (0.5, top * 0.78)],
-            total_color.filled(),
-        )])
-        .map_err(err)?;
-    chart
-        .draw_series([Text::new(
-            "total (link use)",
-            (0.6, top * 0.785),
-            ("sans-serif", 14),
-        )])
-        .map_err(err)?;
+    // The key: a swatch and its words for each colour.
+    for (words, color, y) in [
+        ("each stream", stream_color, 0.80),
+        ("total (link use)", total_color, 0.75),
+    ] {
+        chart
+            .draw_series([Rectangle::new(
+                [(0.2, top * y), (0.5, top * (y + 0.03))],
+                color.filled(),
+            )])
+            .map_err(err)?;
+        chart
+            .draw_series([Text::new(
+                words,
+                (0.6, top * (y + 0.035)),
+                ("sans-serif", 14),
+            )])
+            .map_err(err)?;
+    }
     root.present().map_err(err)?;
     Ok(())
 }
@@ -252,16 +262,12 @@ pub fn time_chart(
         .axis_desc_style(("sans-serif", 17))
         .draw()
         .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(0.0, link), (t_max + 1.0, link)],
-            6,
-            4,
-            BLACK.mix(0.5).stroke_width(1),
-        ))
-        .map_err(err)?
-        .label(format!("bottleneck {link:.0} Mbit/s"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
+    ceiling(
+        &mut chart,
+        (0.0, t_max + 1.0),
+        link,
+        format!("bottleneck {link:.0} Mbit/s"),
+    )?;
     let last = series.len().saturating_sub(1);
     for (i, (name, pts)) in series.iter().enumerate() {
         let (c, w) = if i == last {
@@ -278,14 +284,7 @@ pub fn time_chart(
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight, 14)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -322,38 +321,20 @@ pub fn delay_chart(
         .axis_desc_style(("sans-serif", 18))
         .draw()
         .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(-0.5, link), (x_max + 0.5, link)],
-            6,
-            4,
-            BLACK.mix(0.5).stroke_width(1),
-        ))
-        .map_err(err)?
-        .label(format!("link rate {link} Mbit/s"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.mix(0.5)));
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let mut pts = pts.clone();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let c = COLORS[i % COLORS.len()];
-        let w = if name.starts_with("Reservoir") { 3 } else { 1 };
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(w)))
-            .map_err(err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(3)));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(err)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    ceiling(
+        &mut chart,
+        (-0.5, x_max + 0.5),
+        link,
+        format!("link rate {link} Mbit/s"),
+    )?;
+    lines_with_points(&mut chart, series, |name| {
+        if name.starts_with("Reservoir") {
+            3
+        } else {
+            1
+        }
+    })?;
+    legend(&mut chart, SeriesLabelPosition::LowerLeft, 14)?;
     root.present().map_err(err)?;
     Ok(())
 }

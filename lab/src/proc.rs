@@ -3,7 +3,7 @@
 
 use crate::busy::Sample;
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -492,6 +492,12 @@ impl Link {
         ))
     }
 
+    /// Bytes that left the emulator in direction `dir` ("ab": toward site b, or "ba") so far.
+    pub fn tx_bytes(&self, dir: &str) -> Result<u64> {
+        let v = wan_stats(&self.name)?;
+        Ok(direction(&v, dir)["tx_bytes"].as_u64().unwrap_or(0))
+    }
+
     /// Reads the bottleneck's byte counters every `every` until the watch is finished,
     /// each reading timed by the relay's clock ([`timed_samples`]). Returns once the first
     /// reading is in (or failed), so that a measurement started next is covered from its
@@ -765,7 +771,7 @@ pub struct CostMark {
 }
 
 /// The cost between two marks.
-#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Cost {
     /// Busy share of all CPUs (100 % = every core busy).
     pub cpu_busy_pct: Option<f64>,

@@ -6,8 +6,8 @@ use crate::busy;
 use crate::env::Environment;
 use crate::peers::{rsv_target, Tgt, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
-use anyhow::{anyhow, Context, Result};
-use serde::Serialize;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use std::time::Duration;
 pub const IQN: &str = "iqn.2026-11.org.reservoir:lab";
 const LUN_SIZE: &str = "1GiB";
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Params {
     pub rate: String,
     pub rtt: String,
@@ -31,12 +31,16 @@ pub struct Params {
     pub congestion: Option<String>,
     /// Only the iperf3 references and the Reservoir rows (no study configurations, no
     /// qemu-img, no tgt).
+    #[serde(default)]
     pub reservoir_only: bool,
     /// Each iSCSI configuration's rows run this many times at each point, interleaved
     /// (all configurations once, then again); the peers (iperf3, qemu-img, tgt) once.
+    /// Results from before it had none: 0, read as 1.
+    #[serde(default)]
     pub repeat: u32,
     /// Only these configurations (by key: before, tuned, reservoir, reservoir-rate, and
     /// with a congestion control CC reservoir-CC, reservoir-rate-CC); empty: all.
+    #[serde(default)]
     pub rows: Vec<String>,
 }
 
@@ -63,17 +67,59 @@ impl Params {
     }
 }
 
+/// `rsv-lab run r0`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Only these loss rates, in percent (e.g. 1,5).
+    #[arg(long, value_delimiter = ',')]
+    pub loss: Vec<f64>,
+    /// Seconds per measurement instead of 30 (--quick 3).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Also run Reservoir's rows with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiator).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only the iperf3 references and Reservoir's rows (no study configurations, qemu-img
+    /// or tgt).
+    #[arg(long)]
+    pub reservoir_only: bool,
+    /// Only these configurations (before, tuned, reservoir, reservoir-rate, with
+    /// --congestion CC reservoir-CC, reservoir-rate-CC).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        p.loss_pct = crate::cli::given_or(&self.loss, p.loss_pct);
+        p.seconds = self.seconds.unwrap_or(p.seconds);
+        p.congestion = self.congestion.clone();
+        p.reservoir_only = self.reservoir_only;
+        p.repeat = self.repeat.repeat;
+        p.rows = self.rows.clone();
+        p
+    }
+}
+
 /// One iSCSI configuration: TCP settings of both sites, the target's session offer and the
 /// initiator's flags.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct IscsiConfig {
-    pub key: &'static str,
-    pub label: &'static str,
+    pub key: String,
+    pub label: String,
     pub sysctl: Vec<(String, String)>,
     pub target_session: String,
     pub connections: Option<u16>,
     pub queue_depth: Option<usize>,
-    pub io_size: &'static str,
+    pub io_size: String,
     pub initiator_opts: Vec<String>,
     /// The initiator's path cache (`RSV_PATH_CACHE`); `None`: none, as every row but the
     /// RTT sweep's remembered-rate row.
@@ -109,14 +155,13 @@ pub fn linux_default_tcp() -> Vec<(String, String)> {
 pub fn configs(cc: Option<&str>) -> Vec<IscsiConfig> {
     let mut v = base_configs();
     if let Some(cc) = cc {
-        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
         for base in ["reservoir", "reservoir-rate"] {
             let Some(c) = v.iter().find(|c| c.key == base).cloned() else {
                 continue;
             };
             let mut c = c;
-            c.key = leak(format!("{base}-{cc}"));
-            c.label = leak(format!("{} congestion={cc}", c.label));
+            c.key = format!("{base}-{cc}");
+            c.label = format!("{} congestion={cc}", c.label);
             c.target_session = format!("{}congestion = \"{cc}\"\n", c.target_session);
             c.initiator_opts.push(format!("congestion={cc}"));
             v.push(c);
@@ -128,8 +173,8 @@ pub fn configs(cc: Option<&str>) -> Vec<IscsiConfig> {
 fn base_configs() -> Vec<IscsiConfig> {
     vec![
         IscsiConfig {
-            key: "before",
-            label: "R0 before",
+            key: "before".into(),
+            label: "R0 before".into(),
             // No window scaling: a 64 KB window whatever the buffers say, as in the study.
             sysctl: tcp(false, false, false, "4096 131072 131072", "4096 174080 174080"),
             target_session: "max_connections = 1\ninitial_r2t = true\nfirst_burst_length = 65536\n\
@@ -138,7 +183,7 @@ fn base_configs() -> Vec<IscsiConfig> {
                 .into(),
             connections: Some(1),
             queue_depth: Some(1),
-            io_size: "256k",
+            io_size: "256k".into(),
             initiator_opts: vec![
                 "initial_r2t=1".into(),
                 "first_burst=65536".into(),
@@ -150,8 +195,8 @@ fn base_configs() -> Vec<IscsiConfig> {
             path_cache: None,
         },
         IscsiConfig {
-            key: "tuned",
-            label: "R0 tuned (2b)",
+            key: "tuned".into(),
+            label: "R0 tuned (2b)".into(),
             // 5 MB / 20 MB as the autotuning ceiling: setsockopt is capped by the host's
             // net.core.[rw]mem_max, the per-namespace tcp_[rw]mem are not.
             sysctl: tcp(true, true, true, "4096 1048576 5242880", "4096 1048576 20971520"),
@@ -160,7 +205,7 @@ fn base_configs() -> Vec<IscsiConfig> {
                 .into(),
             connections: Some(16),
             queue_depth: Some(16),
-            io_size: "256k",
+            io_size: "256k".into(),
             initiator_opts: vec![
                 "initial_r2t=0".into(),
                 "first_burst=262144".into(),
@@ -170,24 +215,24 @@ fn base_configs() -> Vec<IscsiConfig> {
             path_cache: None,
         },
         IscsiConfig {
-            key: "reservoir",
-            label: "Reservoir default",
+            key: "reservoir".into(),
+            label: "Reservoir default".into(),
             sysctl: linux_default_tcp(),
             target_session: String::new(),
             connections: None,
             queue_depth: None,
-            io_size: "1m",
+            io_size: "1m".into(),
             initiator_opts: Vec::new(),
             path_cache: None,
         },
         IscsiConfig {
-            key: "reservoir-rate",
-            label: "Reservoir --rate 100mbit",
+            key: "reservoir-rate".into(),
+            label: "Reservoir --rate 100mbit".into(),
             sysctl: linux_default_tcp(),
             target_session: String::new(),
             connections: None,
             queue_depth: None,
-            io_size: "1m",
+            io_size: "1m".into(),
             initiator_opts: vec!["rate=100mbit".into()],
             path_cache: None,
         },
@@ -201,7 +246,7 @@ pub(crate) fn target_toml(session: &str) -> String {
     )
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Row {
     pub loss_pct: f64,
     /// "write", "read" or "network".
@@ -215,6 +260,7 @@ pub struct Row {
     pub complete: bool,
     pub error: String,
     /// Which repetition of the row this is (1 to `--repeat`).
+    #[serde(default)]
     pub repeat: u32,
     /// For `rsv bench` rows: what the session used and what its sockets saw (JSON only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -225,11 +271,12 @@ pub struct Row {
 }
 
 /// What `rsv bench` reported about its session, so that a figure can be explained.
-#[derive(Serialize, Clone, Debug, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct SessionSummary {
     pub connections: u64,
     pub queue_depth: u64,
     /// The queue depth at the end, after auto-tuning grew or cut it.
+    #[serde(default)]
     pub queue_depth_end: u64,
     pub congestion: String,
     /// Per-connection pacing, bytes/s; none when the congestion control paces alone.
@@ -338,7 +385,7 @@ impl Row {
                         u.lost_start_s,
                         u.start_s,
                         u.lost_later_s,
-                        u.lost_end_s
+                        u.lost_end_s.unwrap_or(0.0)
                     )
                 })
             }
@@ -347,9 +394,9 @@ impl Row {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub quick: bool,
     pub command: String,
     pub params: Params,
@@ -359,10 +406,11 @@ pub struct Results {
     /// Every run, each repetition its own row.
     pub rows: Vec<Row>,
     /// Each row over its repetitions: median and range.
+    #[serde(default)]
     pub summary: Vec<LossSummary>,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct LossSummary {
     pub loss_pct: f64,
     #[serde(flatten)]
@@ -387,10 +435,8 @@ fn summarize(loss_pct: &[f64], rows: &[Row]) -> Vec<LossSummary> {
 }
 
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
-    let keys: Vec<&str> = configs(params.congestion.as_deref())
-        .iter()
-        .map(|c| c.key)
-        .collect();
+    let configs = configs(params.congestion.as_deref());
+    let keys: Vec<&str> = configs.iter().map(|c| c.key.as_str()).collect();
     if let Some(r) = params.rows.iter().find(|r| !keys.contains(&r.as_str())) {
         anyhow::bail!(
             "r0 has no configuration {r:?}; its configurations: {}",
@@ -446,7 +492,6 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     drop(link);
-    let configs = configs(params.congestion.as_deref());
     let summary = summarize(&params.loss_pct, &rows);
     if params.repeat > 1 {
         for s in &summary {
@@ -463,7 +508,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let results = Results {
-        scenario: "r0",
+        scenario: "r0".into(),
         quick,
         command,
         params,
@@ -512,7 +557,7 @@ fn run_point(
         if p.reservoir_only && !cfg.key.starts_with("reservoir") {
             continue;
         }
-        if !p.rows.is_empty() && !p.rows.iter().any(|r| r == cfg.key) {
+        if !p.rows.is_empty() && !p.rows.contains(&cfg.key) {
             continue;
         }
         check_interrupt()?;
@@ -522,12 +567,14 @@ fn run_point(
             b.addr,
             &target_toml(&cfg.target_session),
             dir,
-            cfg.key,
+            &cfg.key,
         );
         let mut target = match target {
             Ok(t) => t,
             Err(e) => {
-                rows.push(Row::new(loss, "write", cfg.label, "rsv bench").failed(format!("{e:#}")));
+                rows.push(
+                    Row::new(loss, "write", &cfg.label, "rsv bench").failed(format!("{e:#}")),
+                );
                 continue;
             }
         };
@@ -631,9 +678,7 @@ pub(crate) fn iperf3(link: &Link, loss: f64, cc: &str, seconds: u64, dir: &Path)
     if let Some(e) = v["error"].as_str() {
         return Ok(row.failed(format!("iperf3: {e}")));
     }
-    let sum = &v["end"]["sum_received"];
-    let bytes = sum["bytes"].as_u64().unwrap_or(0);
-    let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+    let (bytes, secs) = crate::peers::iperf3_received(&v);
     Ok(row.measured(bytes, secs, o.ok()))
 }
 
@@ -647,12 +692,12 @@ pub(crate) fn bench(
     seconds: u64,
     dir: &Path,
 ) -> Result<Row> {
-    let row = Row::new(loss, rw, cfg.label, "rsv bench --pattern seq");
+    let row = Row::new(loss, rw, &cfg.label, "rsv bench --pattern seq");
     let mut c = in_ns(&link.a[0].ns, rsv_bin());
     c.args(["bench", url, "--json", "--pattern", "seq", "--rw", rw])
         .args([
             "--block-size",
-            cfg.io_size,
+            &cfg.io_size,
             "--duration",
             &seconds.to_string(),
         ]);
@@ -748,8 +793,7 @@ fn qemu(
 }
 
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("r0.json"), serde_json::to_string_pretty(r)?)?;
+    crate::results::save(out, "r0.json", r)?;
     let mut csv = String::from(
         "scenario,loss_pct,direction,config,tool,repeat,bytes,seconds,mbit_per_s,complete,error\n",
     );
@@ -796,8 +840,6 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn load(out: &Path) -> Result<Value> {
-    let p = out.join("r0.json");
-    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+pub fn load(out: &Path) -> Result<Results> {
+    crate::results::load(out, "r0.json")
 }

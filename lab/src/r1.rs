@@ -7,7 +7,7 @@ use crate::peers::{rsv_target, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
 use crate::stats::Spread;
 use anyhow::{anyhow, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ pub const STREAMS: usize = 4;
 /// The congestion "setting" of a mode that sets nothing by hand.
 const AUTO: &str = "auto";
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Params {
     pub rate: String,
     pub rate_bps: u64,
@@ -31,9 +31,40 @@ pub struct Params {
     /// Reservoir's own, loaded by the target and the initiators; needs root).
     pub congestion: Option<String>,
     /// Every mode runs this many times, interleaved (all modes once, then again).
+    #[serde(default)]
     pub repeat: u32,
     /// Only these modes (iperf3, cubic, bbr, paced, reservoir, reservoir-CC); empty: all.
+    #[serde(default)]
     pub modes: Vec<String>,
+}
+
+/// `rsv-lab run r1`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Also run Reservoir's default with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiators).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only these modes (iperf3, cubic, bbr, paced, reservoir, with --congestion CC
+    /// reservoir-CC).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        p.congestion = self.congestion.clone();
+        p.repeat = self.repeat.repeat;
+        p.modes = self.rows.clone();
+        p
+    }
 }
 
 impl Params {
@@ -61,7 +92,7 @@ impl Params {
     }
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Stream {
     pub host: String,
     pub bytes: u64,
@@ -70,7 +101,7 @@ pub struct Stream {
     pub error: String,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Mode {
     pub key: String,
     pub label: String,
@@ -88,6 +119,7 @@ pub struct Mode {
     pub queue_drops: u64,
     pub jain: f64,
     /// Which repetition of the mode this is (1 to `--repeat`).
+    #[serde(default)]
     pub repeat: u32,
     /// Where the bottleneck's time went over the wall time (the backups' modes): its
     /// byte counters read every 0.2 s; the issuing's end is the first backup's end, so
@@ -98,7 +130,7 @@ pub struct Mode {
 
 /// A mode over its repetitions: median and range of what the table shows, and which
 /// repetition is the median one (its streams stand for the mode in the plot).
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct ModeSummary {
     pub key: String,
     pub label: String,
@@ -139,9 +171,9 @@ fn summarize(modes: &[Mode]) -> Vec<ModeSummary> {
         .collect()
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub quick: bool,
     pub command: String,
     pub params: Params,
@@ -150,6 +182,7 @@ pub struct Results {
     /// Every run, each repetition its own mode.
     pub modes: Vec<Mode>,
     /// Each mode over its repetitions.
+    #[serde(default)]
     pub summary: Vec<ModeSummary>,
 }
 
@@ -268,7 +301,11 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             eprintln!(
                 "r1:   link busy {:.1} %: {:.2} s lost starting (full after {:.1} s), {:.2} s \
                  later, {:.2} s after the first backup ended",
-                u.busy_pct, u.lost_start_s, u.start_s, u.lost_later_s, u.lost_end_s
+                u.busy_pct,
+                u.lost_start_s,
+                u.start_s,
+                u.lost_later_s,
+                u.lost_end_s.unwrap_or(0.0)
             );
         }
     };
@@ -314,7 +351,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         }
     }
     let results = Results {
-        scenario: "r1",
+        scenario: "r1".into(),
         quick,
         command,
         params: p,
@@ -365,9 +402,7 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
     let mut streams = Vec::new();
     for (i, o) in outs.iter().enumerate() {
         let v: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
-        let sum = &v["end"]["sum_received"];
-        let bytes = sum["bytes"].as_u64().unwrap_or(0);
-        let secs = sum["seconds"].as_f64().unwrap_or(0.0);
+        let (bytes, secs) = crate::peers::iperf3_received(&v);
         streams.push(Stream {
             host: link.a[i].ns.clone(),
             bytes,
@@ -521,8 +556,7 @@ fn backups(
 }
 
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("r1.json"), serde_json::to_string_pretty(r)?)?;
+    crate::results::save(out, "r1.json", r)?;
     let mut csv = String::from(
         "scenario,mode,tool,congestion,pacing_bps,repeat,stream,host,bytes,seconds,mb_per_s,\
          total_mb_per_s,link_use_pct,wire_use_pct,jain,queue_drops,error\n",
@@ -603,8 +637,6 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn load(out: &Path) -> Result<Value> {
-    let p = out.join("r1.json");
-    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+pub fn load(out: &Path) -> Result<Results> {
+    crate::results::load(out, "r1.json")
 }

@@ -24,7 +24,7 @@ use crate::env::Environment;
 use crate::peers::{rsv_target, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
 use anyhow::{anyhow, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,7 +33,7 @@ const IQN: &str = "iqn.2026-11.org.reservoir:dr";
 const CONTROL_PORT: u16 = 3262;
 const GRIDFTP_PORT: u16 = 2811;
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Params {
     /// Disk servers per site.
     pub disk_servers: usize,
@@ -50,6 +50,56 @@ pub struct Params {
     pub rows: Vec<String>,
     /// The bottleneck's rate, bits per second, instead of calibrating it.
     pub link_rate: Option<u64>,
+}
+
+/// `rsv-lab run r2`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    /// Disk servers per site (default 8; --quick 2).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub disk_servers: Option<u64>,
+    /// Only these round-trip times, in milliseconds (e.g. 200).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub rtt: Vec<u64>,
+    /// Seconds of link time per transfer at the full rate (default 60; --quick 6).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Only these rows.
+    #[arg(long, value_delimiter = ',', value_parser = ROWS)]
+    pub rows: Vec<String>,
+    /// The bottleneck's rate as tc writes it (800mbit) instead of calibrating it.
+    #[arg(long, value_parser = units::parse_rate)]
+    pub link_rate: Option<units::Rate>,
+}
+
+/// R2's rows, by key.
+const ROWS: [&str; 8] = [
+    "one",
+    "unpaced",
+    "static",
+    "reservoir",
+    "reservoir-rate",
+    "iperf3",
+    "gridftp",
+    "qemu-img",
+];
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
+        p.link_seconds = self.seconds.unwrap_or(p.link_seconds);
+        if let Some(n) = self.disk_servers {
+            p.disk_servers = usize::try_from(n)?;
+        }
+        p.rows = self.rows.clone();
+        p.link_rate = self.link_rate.map(|r| r.bits_per_sec());
+        Ok(p)
+    }
 }
 
 impl Params {
@@ -88,7 +138,7 @@ impl Params {
 }
 
 /// One row: a way of moving the data, at one RTT.
-#[derive(Serialize, Clone, Debug, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct Row {
     pub key: String,
     pub label: String,
@@ -123,9 +173,9 @@ pub struct Row {
     pub error: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub quick: bool,
     pub command: String,
     pub params: Params,
@@ -514,7 +564,7 @@ fn iperf3_row(
         ..Row::default()
     };
     let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
-    let received = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    let (received, _) = crate::peers::iperf3_received(&v);
     row.payload_bytes = received;
     if received == 0 {
         row.error = out.describe();
@@ -870,7 +920,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     drop(site_b);
     drop(link);
     let results = Results {
-        scenario: "r2",
+        scenario: "r2".into(),
         quick,
         command,
         params: p,
@@ -974,8 +1024,7 @@ fn cost_text(r: &Row) -> String {
 }
 
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("r2.json"), serde_json::to_string_pretty(r)?)?;
+    crate::results::save(out, "r2.json", r)?;
     let mut csv = String::from(
         "scenario,rtt_ms,row,label,streams,payload_bytes,seconds,payload_mbit_s,whole_pct,from_full_pct,\
          time_to_full_s,wire_pct,finish_spread_pct,jain,error\n",
@@ -1030,129 +1079,92 @@ pub fn figure(out: &Path, row: &Row) -> PathBuf {
     out.join(format!("r2-{}ms-{}.png", row.rtt_ms, row.key))
 }
 
-pub fn load(out: &Path) -> Result<Value> {
-    let p = out.join("r2.json");
-    let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+pub fn load(out: &Path) -> Result<Results> {
+    crate::results::load(out, "r2.json")
 }
 
 /// Writes `docs/lab-r2.md` from `r2.json` under `results` (figures linked relative to the
 /// document).
 pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let v = load(results)?;
-    let rel = |p: &Path| -> String {
-        let base = doc.parent().unwrap_or(Path::new("."));
-        pathdiff(p, base)
-    };
-    let rate = v["rate_bps"].as_u64().unwrap_or(0);
-    let p = &v["params"];
-    let n = p["disk_servers"].as_u64().unwrap_or(0);
-    let mut d = String::new();
-    d += "# Lab R2: Data Reservoir — striped volumes copied disk server to disk server\n\n";
-    d += "Generated by `rsv-lab run r2` (do not edit; `rsv-lab doc` rewrites the R0/R1 document, this one is rewritten by the run).\n\n";
-    d += &format!("- Command: `{}`\n", v["command"].as_str().unwrap_or(""));
+    let rate = v.rate_bps;
+    let p = &v.params;
+    let n = p.disk_servers;
+    let mut d = crate::doc::head(
+        "Lab R2: Data Reservoir — striped volumes copied disk server to disk server",
+        "r2",
+        &v.command,
+        v.quick.then_some(""),
+    );
     d += &format!(
         "- Two sites of {n} disk servers each, plus a file server per site striping over them (1 MiB units); every disk server is its own network namespace host behind the site's bridge; one emulated bottleneck between the sites.\n"
     );
-    let calibration = v["calibration"].as_array().filter(|c| !c.is_empty());
-    d += &match calibration {
-        Some(c) => format!(
-            "- Bottleneck: **{} Mbit/s**, the highest candidate at which `iperf3 -P {n}` kept ≥ 95 % on the wire at 20 ms with every disk server running (calibration: {}).\n",
-            rate / 1_000_000,
-            c.iter()
-                .map(|x| format!(
-                    "{} Mbit/s → {:.1} %",
-                    x[0].as_u64().unwrap_or(0) / 1_000_000,
-                    x[1].as_f64().unwrap_or(0.0) * 100.0
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        None => format!(
+    d += &if v.calibration.is_empty() {
+        format!(
             "- Bottleneck: **{} Mbit/s**, given (`--link-rate`), not calibrated in this run.\n",
             rate / 1_000_000
-        ),
+        )
+    } else {
+        format!(
+            "- Bottleneck: **{} Mbit/s**, the highest candidate at which `iperf3 -P {n}` kept ≥ 95 % on the wire at 20 ms with every disk server running (calibration: {}).\n",
+            rate / 1_000_000,
+            v.calibration
+                .iter()
+                .map(|(bps, share)| format!("{} Mbit/s → {:.1} %", bps / 1_000_000, share * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     };
     d += &format!(
         "- Volume: {} MiB of random data ({} s of the link's payload capacity), RAM-backed files on both sides; the one-stream row copies a LUN of {:.0} % of that size.\n",
-        v["volume_bytes"].as_u64().unwrap_or(0) >> 20,
-        p["link_seconds"].as_u64().unwrap_or(0),
-        p["one_stream_share"].as_f64().unwrap_or(0.0) * 100.0
+        v.volume_bytes >> 20,
+        p.link_seconds,
+        p.one_stream_share * 100.0
     );
-    let env = &v["environment"];
-    d += &format!(
-        "- Machine: {}\n\n",
-        env.to_string().chars().take(400).collect::<String>()
-    );
+    d += &crate::doc::machine(&v.environment, 400)?;
     d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates; what the row cost the machine: both cores' busy share, the link relay's CPU (% of one core), and packets dropped by the emulated bottleneck's queue and, before the relay read them, by the TUN device (host drops: the machine's losses, not the path's). A row near 100 % CPU, or with host drops, measured the machine as much as the method.\n\n";
-    let rtts: Vec<u64> = {
-        let mut r: Vec<u64> = v["rows"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|x| x["rtt_ms"].as_u64()).collect())
-            .unwrap_or_default();
-        r.dedup();
-        r
-    };
-    let f = |x: &Value, digits: usize| {
-        x.as_f64()
-            .map_or("–".to_owned(), |v| format!("{v:.digits$}"))
-    };
+    let mut rtts: Vec<u64> = v.rows.iter().map(|r| r.rtt_ms).collect();
+    rtts.dedup();
+    let f = |x: Option<f64>, digits: usize| x.map_or("–".to_owned(), |v| format!("{v:.digits$}"));
     for rtt in rtts {
+        let rows = || v.rows.iter().filter(move |r| r.rtt_ms == rtt);
         d += &format!("## RTT {rtt} ms\n\n");
         d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | CPU busy % | relay CPU % | drops: queue / host | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-        for row in v["rows"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
-        {
-            let note = match row["error"].as_str() {
-                Some(e) if !e.is_empty() => format!(
+        for row in rows() {
+            let note = if row.error.is_empty() {
+                row.note.replace('|', "/")
+            } else {
+                format!(
                     "error: {}",
-                    e.lines().next().unwrap_or("").replace('|', "/")
-                ),
-                _ => row["note"].as_str().unwrap_or("").replace('|', "/"),
+                    row.error.lines().next().unwrap_or("").replace('|', "/")
+                )
             };
-            let cost = &row["cost"];
-            let drops = format!(
-                "{} / {}",
-                cost["queue_drops"]
-                    .as_u64()
-                    .map_or("–".into(), |d| d.to_string()),
-                cost["host_drops"]
-                    .as_u64()
-                    .map_or("–".into(), |d| d.to_string())
-            );
+            let cost = &row.cost;
             d += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                row["label"].as_str().unwrap_or(""),
-                row["streams"],
-                f(&row["payload_mbit_s"], 1),
-                f(&row["whole_pct"], 1),
-                f(&row["from_full_pct"], 1),
-                f(&row["time_to_full_s"], 1),
-                f(&row["finish_spread_pct"], 1),
-                f(&row["jain"], 3),
-                f(&cost["cpu_busy_pct"], 0),
-                f(&cost["relay_cpu_pct"], 0),
-                drops,
+                "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+                row.label,
+                row.streams,
+                row.payload_mbit_s,
+                row.whole_pct,
+                f(row.from_full_pct, 1),
+                f(row.time_to_full_s, 1),
+                f(row.finish_spread_pct, 1),
+                f(row.jain, 3),
+                f(cost.cpu_busy_pct, 0),
+                f(cost.relay_cpu_pct, 0),
+                cost.queue_drops,
+                cost.host_drops.map_or("–".to_owned(), |d| d.to_string()),
                 note
             );
         }
         d += "\n";
-        for row in v["rows"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["rtt_ms"].as_u64() == Some(rtt))
-        {
-            let key = row["key"].as_str().unwrap_or("");
-            let fig = results.join(format!("r2-{rtt}ms-{key}.png"));
-            if fig.exists() {
+        for row in rows() {
+            let file = format!("r2-{rtt}ms-{}.png", row.key);
+            if results.join(&file).exists() {
                 d += &format!(
                     "![{}]({})\n",
-                    row["label"].as_str().unwrap_or(key),
-                    rel(&fig)
+                    row.label,
+                    crate::doc::link(doc, results, &file)
                 );
             }
         }
@@ -1160,23 +1172,4 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     }
     std::fs::write(doc, d)?;
     Ok(())
-}
-
-/// `path` relative to `base` when both are relative or both absolute (the lab's own
-/// layout: docs/ and lab/ side by side), otherwise as given.
-fn pathdiff(path: &Path, base: &Path) -> String {
-    let p: Vec<_> = path.components().collect();
-    let b: Vec<_> = base.components().collect();
-    if path.is_absolute() != base.is_absolute() {
-        return path.display().to_string();
-    }
-    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    let mut out = PathBuf::new();
-    for _ in common..b.len() {
-        out.push("..");
-    }
-    for c in &p[common..] {
-        out.push(c);
-    }
-    out.display().to_string()
 }

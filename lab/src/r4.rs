@@ -12,10 +12,10 @@
 
 use crate::env::Environment;
 use crate::peers::{rsv_target, ISCSI_PORT};
-use crate::proc::{self, check_interrupt, in_ns, lab_bin, rsv_bin, run_ok, sysctl, Link, Proc};
+use crate::proc::{self, check_interrupt, in_ns, rsv_bin, run_ok, sysctl, Link, Proc};
 use crate::r0;
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -25,7 +25,7 @@ pub const IQN: &str = "iqn.2026-11.org.reservoir:lab-media";
 const SMB_PORT: u16 = 445;
 const MEDIA_PORT: u16 = 8080;
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Params {
     pub rate: String,
     pub rate_bps: u64,
@@ -38,6 +38,40 @@ pub struct Params {
     /// A reader still going after this long is stopped; its rate is then the bytes that
     /// crossed the link toward site a over the time (headers included).
     pub timeout_s: u64,
+}
+
+/// `rsv-lab run r4`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    /// Only these delays added each way, in milliseconds (e.g. 0,12,24).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub delay: Vec<u32>,
+    /// Only these receive windows (64K, 128K, default).
+    #[arg(long, value_delimiter = ',')]
+    pub window: Vec<String>,
+    /// The time limit of each reader, in seconds (default 90; --quick 20).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+}
+
+impl Args {
+    pub fn params(&self) -> Result<Params> {
+        let mut p = Params::new(self.common.quick);
+        p.delays_ms = crate::cli::given_or(&self.delay, p.delays_ms);
+        if !self.window.is_empty() {
+            p.windows = self
+                .window
+                .iter()
+                .map(|w| parse_window(w))
+                .collect::<Result<_>>()?;
+        }
+        p.timeout_s = self.seconds.unwrap_or(p.timeout_s);
+        Ok(p)
+    }
 }
 
 impl Params {
@@ -62,7 +96,7 @@ impl Params {
     }
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Row {
     pub delay_ms: u32,
     pub rtt_ms: u32,
@@ -81,7 +115,7 @@ pub struct Row {
     pub detail: Value,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Start {
     pub delay_ms: u32,
     pub rtt_ms: u32,
@@ -94,9 +128,9 @@ pub struct Start {
     pub warm_rtts: Option<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub quick: bool,
     pub command: String,
     pub params: Params,
@@ -137,23 +171,6 @@ fn smb_conf(dir: &Path, share: &Path) -> String {
     )
 }
 
-/// The bytes that crossed the link toward site a so far.
-fn ba_bytes(link: &Link) -> u64 {
-    let out =
-        run_ok(Command::new(lab_bin()).args(["wan", "stats", "--name", &link.name, "--json"]));
-    out.ok()
-        .and_then(|o| serde_json::from_str::<Value>(&o).ok())
-        .and_then(|v| {
-            let d = if v["ba"].is_object() {
-                &v["ba"]
-            } else {
-                &v["stats"]["ba"]
-            };
-            d["tx_bytes"].as_u64()
-        })
-        .unwrap_or(0)
-}
-
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
     for t in ["smbd", "smbclient", "mkfs.ext4", "curl"] {
         if Command::new("sh")
@@ -166,10 +183,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let environment = crate::env::collect();
-    let load_before = std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
+    let load_before = crate::env::loadavg();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r4")?;
     let dir = &scratch.0;
@@ -266,9 +280,9 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                         c
                     }
                 };
-                let before = ba_bytes(&link);
+                let before = link.tx_bytes("ba").unwrap_or(0);
                 let o = proc::run(cmd, timeout, dir)?;
-                let wire = ba_bytes(&link).saturating_sub(before);
+                let wire = link.tx_bytes("ba").unwrap_or(0).saturating_sub(before);
                 let row = read_row(&params, delay, w, client, &o, wire);
                 eprintln!(
                     "  {:>7} {:<9} {:>7.2} Mbit/s {:>5.1} %{}",
@@ -301,7 +315,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     smbd.stop();
     drop(link);
     let results = Results {
-        scenario: "r4",
+        scenario: "r4".into(),
         quick,
         command,
         params,
@@ -310,8 +324,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         rows,
         starts,
     };
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("r4.json"), serde_json::to_string_pretty(&results)?)?;
+    crate::results::save(out, "r4.json", &results)?;
     let mut csv = String::from(
         "scenario,delay_ms,rtt_ms,window,client,bytes,seconds,mbit_per_s,link_pct,complete,error\n",
     );
@@ -512,84 +525,56 @@ fn plot(r: &Results, path: &Path) -> Result<()> {
     )
 }
 
-pub fn load(out: &Path) -> Result<Value> {
-    let p = out.join("r4.json");
-    let t = std::fs::read_to_string(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
-    serde_json::from_str(&t).map_err(|e| anyhow!("{}: {e}", p.display()))
+pub fn load(out: &Path) -> Result<Results> {
+    crate::results::load(out, "r4.json")
 }
 
 /// docs/lab-r4.md from the results on disk.
 pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let v = load(results)?;
-    let p = &v["params"];
-    let mut d = String::new();
-    d += "# Lab R4: a media server reading home storage over iSCSI and SMB\n\n";
-    d += "Generated by `rsv-lab run r4` (do not edit: the run rewrites it).\n\n";
-    d += &format!(
-        "- Command: `{}`{}\n",
-        v["command"].as_str().unwrap_or(""),
-        if v["quick"].as_bool() == Some(true) {
-            " (the **quick** variant: one delay, a small file)"
-        } else {
-            ""
-        }
+    let p = &v.params;
+    let mut d = crate::doc::head(
+        "Lab R4: a media server reading home storage over iSCSI and SMB",
+        "r4",
+        &v.command,
+        v.quick.then_some(": one delay, a small file"),
     );
     d += &format!(
         "- Link: {} through `rsv-lab wan`, delay added each way as listed (RTT twice that); the kernel's TCP defaults but CUBIC.\n",
-        p["rate"].as_str().unwrap_or("")
+        p.rate
     );
     d += &format!(
         "- The file: {} MiB of random data, read start to end in {} KiB calls. Reservoir: `rsv media --read` in site a reads it from the ext4 file system on a LUN of `rsv target` in site b (file store on tmpfs), in-process, with the media server's read-ahead (four times RTT × rate plus a 128 KiB unit per connection of the session, in 128 KiB units) and its session: one connection paced at the rate (`--rate`), or auto-tuning's count where the window is set by hand; the target on CUBIC, as smbd. Samba: `smbd` in site b shares the same file (tmpfs); `smbclient` in site a gets it to /dev/null, once with `iosize {}` (32 KiB reads) and once as it comes.\n",
-        p["file_bytes"].as_u64().unwrap_or(0) >> 20,
-        p["call_size"].as_u64().unwrap_or(0) >> 10,
-        p["call_size"].as_u64().unwrap_or(0)
+        p.file_bytes >> 20,
+        p.call_size >> 10,
+        p.call_size
     );
     d += "- Window W: `net.ipv4.tcp_rmem` in site a tops out at W; Reservoir's initiator asks `SO_RCVBUF` W/2, which Linux doubles to W. `default`: autotuning up to 32 MiB (Reservoir's own buffer choice).\n";
     d += &format!(
         "- Load before the run (/proc/loadavg): `{}`\n",
-        v["load_before"].as_str().unwrap_or("")
+        v.load_before
     );
-    d += &format!(
-        "- Machine: {}\n\n",
-        v["environment"]
-            .to_string()
-            .chars()
-            .take(300)
-            .collect::<String>()
-    );
-    let dir = doc.parent().filter(|d| !d.as_os_str().is_empty());
-    let png = crate::doc::relative(dir.unwrap_or(Path::new(".")), &results.join("r4.png"));
-    d += &format!("![R4]({})\n\n", png.display());
+    d += &crate::doc::machine(&v.environment, 300)?;
+    d += &format!("![R4]({})\n\n", crate::doc::link(doc, results, "r4.png"));
     d += "## Throughput (Mbit/s; % of the link)\n\n| delay each way (ms) | window | Reservoir iSCSI | Samba 32 KiB reads | Samba get |\n|---|---|---|---|---|\n";
-    let rows = v["rows"].as_array().cloned().unwrap_or_default();
-    let mut keys: Vec<(u64, String)> = Vec::new();
-    for r in &rows {
-        let k = (
-            r["delay_ms"].as_u64().unwrap_or(0),
-            r["window"].as_str().unwrap_or("").to_owned(),
-        );
+    let rows = &v.rows;
+    let mut keys: Vec<(u32, &str)> = Vec::new();
+    for r in rows {
+        let k = (r.delay_ms, r.window.as_str());
         if !keys.contains(&k) {
             keys.push(k);
         }
     }
-    for (delay, w) in &keys {
+    for (delay, w) in keys {
         let cell = |c: &str| {
             rows.iter()
-                .find(|r| {
-                    r["delay_ms"].as_u64() == Some(*delay)
-                        && r["window"] == w.as_str()
-                        && r["client"] == c
-                })
+                .find(|r| r.delay_ms == delay && r.window == w && r.client == c)
                 .map_or("–".to_owned(), |r| {
                     format!(
                         "{:.1} ({:.0} %){}",
-                        r["mbit_per_s"].as_f64().unwrap_or(0.0),
-                        r["link_pct"].as_f64().unwrap_or(0.0),
-                        if r["complete"].as_bool() == Some(true) {
-                            ""
-                        } else {
-                            " *"
-                        }
+                        r.mbit_per_s,
+                        r.link_pct,
+                        if r.complete { "" } else { " *" }
                     )
                 })
         };
@@ -602,16 +587,16 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     }
     d += "\n`*`: not read to the end (stopped at the time limit, rated by the bytes that crossed the link, headers included) or failed; `r4.json` has the error.\n\n";
     d += "## Start of a stream (request to first byte, curl through `rsv media`)\n\n| delay each way (ms) | RTT (ms) | no session (ms) | in RTTs | session open (ms) | in RTTs |\n|---|---|---|---|---|---|\n";
-    for s in v["starts"].as_array().cloned().unwrap_or_default() {
-        let f = |x: &Value| x.as_f64().map_or("–".to_owned(), |v| format!("{v:.1}"));
+    let f = |x: Option<f64>| x.map_or("–".to_owned(), |v| format!("{v:.1}"));
+    for s in &v.starts {
         d += &format!(
             "| {} | {} | {} | {} | {} | {} |\n",
-            s["delay_ms"],
-            s["rtt_ms"],
-            f(&s["cold_ms"]),
-            f(&s["cold_rtts"]),
-            f(&s["warm_ms"]),
-            f(&s["warm_rtts"])
+            s.delay_ms,
+            s.rtt_ms,
+            f(Some(s.cold_ms)),
+            f(s.cold_rtts),
+            f(Some(s.warm_ms)),
+            f(s.warm_rtts)
         );
     }
     d += "\nNo session: `rsv media` was given the target's URL (with its LUN) and has not logged in yet; the request makes it probe the path (TCP handshakes, the leading connection logging in on one of them without CHAP), open the LUN (TEST UNIT READY, READ CAPACITY and two VPD pages at once; the session's other connections join while that runs), read the ext4 superblock and group descriptors, the inode table block holding the journal's and the root's inodes, the journal's superblock and the root directory with the file's inode (each a small read of its own, not a 128 KiB unit), then the first 8 KiB (the answer's head goes out with its first chunk of data, so curl's first byte is data read). Session open: 64 KiB from the middle of the file, which nothing has read yet. Finding the target through iSNS is not in it (the server looks its iSNS servers up when it starts and every `--poll`). `scripts/media-start.sh` takes the same two measurements at 24 ms with a packet capture; `docs/media.md` counts the round trips in it.\n";

@@ -7,10 +7,10 @@ use crate::peers::{rsv_target, ISCSI_PORT};
 use crate::proc::{self, check_interrupt, Link};
 use crate::r0::{self, IscsiConfig, Row, IQN};
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Params {
     pub rate: String,
     pub rate_bps: u64,
@@ -21,10 +21,50 @@ pub struct Params {
     pub congestion: Option<String>,
     /// Reservoir's rows run this many times at each RTT, interleaved (every row once, then
     /// again); iperf3 once.
+    #[serde(default)]
     pub repeat: u32,
     /// Only these rows (reservoir, reservoir-rate, and with a congestion control CC
     /// reservoir-CC, reservoir-remembered-CC, reservoir-rate-CC); empty: all.
+    #[serde(default)]
     pub rows: Vec<String>,
+}
+
+/// `rsv-lab run rtt`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub doc: crate::cli::DocFlags,
+    #[command(flatten)]
+    pub repeat: crate::cli::Repeat,
+    /// Only these round-trip times, in milliseconds (e.g. 200,300).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub rtt: Vec<u32>,
+    /// Seconds per measurement instead of 30 (--quick 3).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Also run Reservoir's rows with this congestion control at both ends (`rsv`:
+    /// Reservoir's own, loaded by the target and the initiator).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// Only these of Reservoir's rows (reservoir, reservoir-rate, with --congestion CC
+    /// reservoir-CC, reservoir-rate-CC and reservoir-remembered-CC: the rate from the path
+    /// cache after a 10-s learning run at each point).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+impl Args {
+    pub fn params(&self) -> Params {
+        let mut p = Params::new(self.common.quick);
+        p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
+        p.seconds = self.seconds.unwrap_or(p.seconds);
+        p.congestion = self.congestion.clone();
+        p.repeat = self.repeat.repeat;
+        p.rows = self.rows.clone();
+        p
+    }
 }
 
 impl Params {
@@ -52,7 +92,7 @@ impl Params {
     }
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Point {
     pub rtt_ms: u32,
     pub row: Row,
@@ -60,9 +100,9 @@ pub struct Point {
     pub link_pct: f64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: &'static str,
+    pub scenario: String,
     pub quick: bool,
     pub command: String,
     pub params: Params,
@@ -70,10 +110,11 @@ pub struct Results {
     /// Every run, each repetition its own point.
     pub points: Vec<Point>,
     /// Each row over its repetitions: median and range.
+    #[serde(default)]
     pub summary: Vec<RttSummary>,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct RttSummary {
     pub rtt_ms: u32,
     /// Payload rate as a share of the link rate.
@@ -90,13 +131,13 @@ const LEARN_SECONDS: u64 = 10;
 
 fn reservoir() -> IscsiConfig {
     IscsiConfig {
-        key: "reservoir",
-        label: "Reservoir default",
+        key: "reservoir".into(),
+        label: "Reservoir default".into(),
         sysctl: r0::linux_default_tcp(),
         target_session: String::new(),
         connections: None,
         queue_depth: None,
-        io_size: "1m",
+        io_size: "1m".into(),
         initiator_opts: Vec::new(),
         path_cache: None,
     }
@@ -125,8 +166,8 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     let with_cc = match &params.congestion {
         Some(cc) => {
             let mut c = reservoir();
-            c.key = Box::leak(format!("reservoir-{cc}").into_boxed_str());
-            c.label = Box::leak(format!("Reservoir congestion={cc}").into_boxed_str());
+            c.key = format!("reservoir-{cc}");
+            c.label = format!("Reservoir congestion={cc}");
             c.initiator_opts.push(format!("congestion={cc}"));
             let toml = r0::target_toml(&format!("congestion = \"{cc}\"\n"));
             let t = crate::peers::rsv_target_on(&b.ns, b.addr, CC_PORT, &toml, dir, "rtt-cc")?;
@@ -142,32 +183,23 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     if let Some((c, _, cc_url)) = &with_cc {
         configs.push((c.clone(), cc_url.clone()));
         let mut remembered = c.clone();
-        remembered.key = Box::leak(
-            c.key
-                .replacen("reservoir", "reservoir-remembered", 1)
-                .into_boxed_str(),
-        );
-        remembered.label = Box::leak(format!("{}, rate remembered", c.label).into_boxed_str());
+        remembered.key = c.key.replacen("reservoir", "reservoir-remembered", 1);
+        remembered.label = format!("{}, rate remembered", c.label);
         remembered.path_cache = Some(dir.join("paths"));
         configs.push((remembered, cc_url.clone()));
         for (base, u) in [(&cfg, &url), (c, cc_url)] {
             let mut rated = base.clone();
-            rated.key = Box::leak(
-                base.key
-                    .replacen("reservoir", "reservoir-rate", 1)
-                    .into_boxed_str(),
-            );
-            rated.label =
-                Box::leak(format!("{} --rate {}", base.label, params.rate).into_boxed_str());
+            rated.key = base.key.replacen("reservoir", "reservoir-rate", 1);
+            rated.label = format!("{} --rate {}", base.label, params.rate);
             rated.initiator_opts.push(format!("rate={}", params.rate));
             configs.push((rated, u.clone()));
         }
     }
-    let keys: Vec<&str> = configs.iter().map(|(c, _)| c.key).collect();
+    let keys: Vec<&str> = configs.iter().map(|(c, _)| c.key.as_str()).collect();
     if let Some(r) = params.rows.iter().find(|r| !keys.contains(&r.as_str())) {
         anyhow::bail!("rtt has no row {r:?}; its rows: {}", keys.join(", "));
     }
-    configs.retain(|(c, _)| params.rows.is_empty() || params.rows.iter().any(|r| r == c.key));
+    configs.retain(|(c, _)| params.rows.is_empty() || params.rows.contains(&c.key));
     let mut points = Vec::new();
     let show = |row: &Row, link_pct: f64| {
         eprintln!(
@@ -259,7 +291,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let results = Results {
-        scenario: "rtt",
+        scenario: "rtt".into(),
         quick,
         command,
         params,
@@ -267,11 +299,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         points,
         summary,
     };
-    std::fs::create_dir_all(out)?;
-    std::fs::write(
-        out.join("rtt.json"),
-        serde_json::to_string_pretty(&results)?,
-    )?;
+    crate::results::save(out, "rtt.json", &results)?;
     let mut csv = String::from(
         "scenario,rtt_ms,direction,config,tool,repeat,bytes,seconds,mbit_per_s,link_pct,complete,\
          error\n",
@@ -297,9 +325,6 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     Ok(results)
 }
 
-pub fn load(out: &Path) -> Result<serde_json::Value> {
-    let p = out.join("rtt.json");
-    let t =
-        std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
-    serde_json::from_str(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+pub fn load(out: &Path) -> Result<Results> {
+    crate::results::load(out, "rtt.json")
 }

@@ -3,10 +3,10 @@
 //! one-off outlier shows as such instead of standing for the point.
 
 use crate::r0::Row;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The median of a row's repetitions and their range.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
 pub struct Spread {
     /// How many repetitions gave a figure.
     pub n: usize,
@@ -53,7 +53,7 @@ impl Spread {
 }
 
 /// One row of a point (a configuration in one direction) over its repetitions.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct RowSummary {
     pub direction: String,
     pub config: String,

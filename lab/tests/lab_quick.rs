@@ -58,6 +58,20 @@ fn lab_with(scenario: &str, out: &Path, extra: &[&str]) {
     );
 }
 
+/// `rsv-lab doc DOCUMENT` drawn from the results in `out`: the run's JSON reads back.
+fn doc(document: &str, out: &Path) -> String {
+    let path = out.join(format!("{document}.md"));
+    let o = Command::new(rsv_lab())
+        .args(["doc", document, "--results"])
+        .arg(out)
+        .arg("--out")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::read_to_string(&path).unwrap()
+}
+
 /// The CSV's rows as maps from its header's column names.
 fn csv(path: &Path) -> Vec<std::collections::HashMap<String, String>> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -248,16 +262,7 @@ fn lab_quick_repeat() {
         near(&m["median"], (lo + hi) / 2.0),
         "{sum} against {figures:?}"
     );
-    let doc = out.join("doc.md");
-    let o = Command::new(rsv_lab())
-        .args(["doc", "--results"])
-        .arg(out)
-        .arg("--out")
-        .arg(&doc)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let doc = std::fs::read_to_string(&doc).unwrap();
+    let doc = doc("r0-r1", out);
     assert!(doc.contains("the median of the 2"), "{doc}");
     let cell = format!("{:.2} ({lo:.2}–{hi:.2})", (lo + hi) / 2.0);
     assert!(doc.contains(&cell), "no {cell:?} in\n{doc}");
@@ -327,6 +332,11 @@ fn lab_quick_r2() {
         })
         .unwrap_or(false);
     assert!(!netns_files, "the lab left /etc/netns files behind");
+    let d = doc("r2", out);
+    assert!(
+        d.contains("## RTT 50 ms") && d.contains("the **quick** variant"),
+        "{d}"
+    );
 }
 
 #[test]
@@ -375,6 +385,11 @@ fn lab_quick_r4() {
         "cold {cold} ms, warm {warm} ms"
     );
     assert!(!links_left("lr4-"), "the lab left namespaces behind");
+    let d = doc("r4", out);
+    assert!(
+        d.contains("| 4 | 64K | ") && d.contains("| 4 | 8 | "),
+        "{d}"
+    );
 }
 
 #[test]
@@ -427,4 +442,6 @@ fn lab_quick_r3() {
         }
     }
     assert!(!links_left("r3-"), "the lab left namespaces behind");
+    let d = doc("r3", out);
+    assert!(d.contains("## loopback") && d.contains("| read | "), "{d}");
 }

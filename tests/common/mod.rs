@@ -53,6 +53,10 @@ pub struct Target {
     pub portal: String,
     /// The sync agent's control endpoint, with `[control]`.
     pub control: Option<String>,
+    /// The local control socket (`rsv target status`), with `[control] socket`.
+    pub control_socket: Option<PathBuf>,
+    /// Where `/metrics` is served, with `[metrics]`.
+    pub metrics: Option<String>,
     pub iqns: Vec<String>,
     pub dir: tempfile::TempDir,
 }
@@ -98,6 +102,8 @@ impl Target {
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut portal = String::new();
         let mut control = None;
+        let mut control_socket = None;
+        let mut metrics = None;
         let mut iqns = Vec::new();
         let mut line = String::new();
         loop {
@@ -112,6 +118,10 @@ impl Target {
                 portal = p.to_owned();
             } else if let Some(c) = l.strip_prefix("control ") {
                 control = Some(c.to_owned());
+            } else if let Some(c) = l.strip_prefix("control-socket ") {
+                control_socket = Some(PathBuf::from(c));
+            } else if let Some(m) = l.strip_prefix("metrics ") {
+                metrics = Some(m.to_owned());
             } else if let Some(t) = l.strip_prefix("target ") {
                 iqns.push(t.to_owned());
             } else if l == "ready" {
@@ -122,6 +132,8 @@ impl Target {
             child: Some(child),
             portal,
             control,
+            control_socket,
+            metrics,
             iqns,
             dir,
         }

@@ -175,7 +175,7 @@ pub struct SessionOptions {
     /// and paces the connections to share it.
     pub rate: Option<u64>,
     /// Without a `rate`, find the bottleneck's rate while the session runs and pace to it
-    /// (`tune::RateControl`). Off by default: see docs/architecture.md for what it did in
+    /// (`tune::RateControl`). Off by default: see docs/internals.md for what it did in
     /// the lab.
     pub rate_control: bool,
     /// Remember the rate a long path (RTT 10 ms or more) carried, in `net::paths`'s file,

@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use scsi_proto::cdb;
+
 use crate::scsi::{self, Capacity, LbaStatus, Provisioning};
 use crate::{DataDir, Error, IscsiUrl, Result, Session, SessionOptions};
 
@@ -227,7 +229,7 @@ impl Lun {
             .collect();
         let jobs = ranges.chunks(self.limits.max_unmap_descriptors).map(|r| {
             let (s, lun) = (self.session.clone(), self.lun);
-            let (cdb, params) = scsi::unmap(r);
+            let (cdb, params) = cdb::unmap(r);
             async move {
                 s.command_ok(lun, &cdb, DataDir::Write(params.into()))
                     .await
@@ -253,7 +255,7 @@ impl Lun {
         let mut jobs: Vec<BoxedJob<()>> = runs(first, last - first, self.limits.max_write_same)
             .map(|(lba, n)| {
                 let (s, lun, zero) = (self.session.clone(), self.lun, zero.clone());
-                let cdb = scsi::write_same16(lba, n as u32);
+                let cdb = cdb::write_same16(lba, n as u32);
                 Box::pin(async move {
                     s.command_ok(lun, &cdb, DataDir::Write(zero))
                         .await
@@ -287,7 +289,7 @@ impl Lun {
                 .session
                 .command_ok(
                     self.lun,
-                    &scsi::get_lba_status16(lba, alloc),
+                    &cdb::get_lba_status16(lba, alloc),
                     DataDir::Read(alloc),
                 )
                 .await?;
@@ -402,9 +404,9 @@ impl Lun {
 
 fn write_cdb(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
     if fua {
-        scsi::write16_fua(lba, blocks)
+        cdb::write16_fua(lba, blocks)
     } else {
-        scsi::write16(lba, blocks)
+        cdb::write16(lba, blocks)
     }
 }
 
@@ -669,7 +671,7 @@ mod tests {
 
     #[test]
     fn unmap_and_lba_status_wire_formats() {
-        let (cdb, p) = scsi::unmap(&[(8, 16), (100, 1)]);
+        let (cdb, p) = cdb::unmap(&[(8, 16), (100, 1)]);
         assert_eq!((cdb[0], u16::from_be_bytes([cdb[7], cdb[8]])), (0x42, 40));
         assert_eq!(&p[..4], &[0, 38, 0, 32]);
         assert_eq!(&p[8..20], &[0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 16]);

@@ -1,108 +1,10 @@
-//! The few CDBs the initiator issues and the answers it decodes.
+//! The answers the initiator decodes (the CDBs it builds are `scsi_proto::cdb`'s).
 
 use serde::Serialize;
 
-/// The `scsi` crate's sense data, the one the target builds: the initiator parses and
-/// prints it through the same type.
-pub use ::scsi::Sense;
-
-pub const STATUS_GOOD: u8 = 0x00;
-pub const STATUS_CHECK_CONDITION: u8 = 0x02;
-pub const STATUS_BUSY: u8 = 0x08;
-pub const STATUS_TASK_SET_FULL: u8 = 0x28;
-
-pub const SENSE_UNIT_ATTENTION: u8 = 0x6;
-
-pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x88, lba, blocks)
-}
-
-pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x8a, lba, blocks)
-}
-
-/// WRITE (16) with FUA: the target acknowledges only once the data is on stable storage.
-pub fn write16_fua(lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = rw16(0x8a, lba, blocks);
-    c[1] = 0x08;
-    c
-}
-
-/// WRITE SAME (16) of the one block sent as data, without UNMAP.
-pub fn write_same16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x93, lba, blocks)
-}
-
-fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-pub fn inquiry(evpd_page: Option<u8>, alloc: u16) -> [u8; 6] {
-    let [hi, lo] = alloc.to_be_bytes();
-    match evpd_page {
-        Some(p) => [0x12, 1, p, hi, lo, 0],
-        None => [0x12, 0, 0, hi, lo, 0],
-    }
-}
-
-pub fn read_capacity16() -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x10;
-    c[13] = 32;
-    c
-}
-
-pub fn read_capacity10() -> [u8; 10] {
-    [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]
-}
-
-pub fn report_luns(alloc: u32) -> [u8; 12] {
-    let mut c = [0u8; 12];
-    c[0] = 0xa0;
-    c[6..10].copy_from_slice(&alloc.to_be_bytes());
-    c
-}
-
-pub fn sync_cache10() -> [u8; 10] {
-    [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0]
-}
-
-pub fn test_unit_ready() -> [u8; 6] {
-    [0; 6]
-}
-
-/// UNMAP of the `(lba, blocks)` ranges: the CDB and its parameter list.
-pub fn unmap(ranges: &[(u64, u32)]) -> ([u8; 10], Vec<u8>) {
-    let len = 8 + 16 * ranges.len();
-    let mut p = Vec::with_capacity(len);
-    p.extend_from_slice(&((len - 2) as u16).to_be_bytes());
-    p.extend_from_slice(&((len - 8) as u16).to_be_bytes());
-    p.extend_from_slice(&[0; 4]);
-    for &(lba, blocks) in ranges {
-        p.extend_from_slice(&lba.to_be_bytes());
-        p.extend_from_slice(&blocks.to_be_bytes());
-        p.extend_from_slice(&[0; 4]);
-    }
-    let mut c = [0u8; 10];
-    c[0] = 0x42;
-    c[7..9].copy_from_slice(&(len as u16).to_be_bytes());
-    (c, p)
-}
-
-/// GET LBA STATUS (16) from `lba`.
-pub fn get_lba_status16(lba: u64, alloc: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x12;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&alloc.to_be_bytes());
-    c
-}
+/// SCSI's sense data, as the vocabulary declares it: the initiator parses and prints the
+/// target's through the same type the target builds it with.
+pub use scsi_proto::Sense;
 
 /// Provisioning status of a run of blocks (SBC-4 GET LBA STATUS descriptor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -235,7 +137,7 @@ pub fn parse_report_luns(b: &[u8]) -> Vec<u16> {
     b[8..]
         .chunks_exact(8)
         .take(len / 8)
-        .filter_map(|c| iscsi::pdu::lun_from_wire(u64::from_be_bytes(c.try_into().ok()?)))
+        .filter_map(|c| scsi_proto::lun::from_wire(u64::from_be_bytes(c.try_into().ok()?)))
         .collect()
 }
 
@@ -367,8 +269,8 @@ mod tests {
         assert_eq!(c.blocks, 256);
         assert_eq!(c.block_size, 512);
         let mut r = vec![0, 0, 0, 16, 0, 0, 0, 0];
-        r.extend_from_slice(&iscsi::pdu::lun_to_wire(0).to_be_bytes());
-        r.extend_from_slice(&iscsi::pdu::lun_to_wire(300).to_be_bytes());
+        r.extend_from_slice(&scsi_proto::lun::to_wire(0).to_be_bytes());
+        r.extend_from_slice(&scsi_proto::lun::to_wire(300).to_be_bytes());
         assert_eq!(parse_report_luns(&r), vec![0, 300]);
     }
 }

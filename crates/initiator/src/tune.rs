@@ -373,7 +373,7 @@ pub fn plan(
 }
 
 /// Whether the target paces what it sends us, from each connection's login answer to
-/// `X-org.reservoir.PacingRate` (see `docs/architecture.md`).
+/// `X-org.reservoir.PacingRate` (see `docs/internals.md`).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct TargetPacingReport {
     /// Bytes per second per connection asked of the target; `None`: not asked (no pacing

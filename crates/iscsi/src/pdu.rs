@@ -405,6 +405,7 @@ pub struct ScsiResponse {
     pub overflow: bool,
     pub underflow: bool,
     pub response: u8,
+    /// The SCSI status, one of `scsi_proto::status`.
     pub status: u8,
     pub itt: u32,
     pub snack_tag: u32,
@@ -417,15 +418,12 @@ pub struct ScsiResponse {
     pub data: Bytes,
 }
 
-/// SCSI status CHECK CONDITION.
-const STATUS_CHECK_CONDITION: u8 = 0x02;
-
 impl ScsiResponse {
     /// A "command completed at target" response with status CHECK CONDITION carrying
     /// `sense`; fill in the rest with `..ScsiResponse::with_sense(&sense)`.
     pub fn with_sense(sense: &[u8]) -> ScsiResponse {
         ScsiResponse {
-            status: STATUS_CHECK_CONDITION,
+            status: scsi_proto::status::CHECK_CONDITION,
             data: sense_segment(sense),
             ..Default::default()
         }
@@ -524,6 +522,7 @@ pub struct DataIn {
     pub overflow: bool,
     pub underflow: bool,
     pub status_present: bool,
+    /// The SCSI status (`scsi_proto::status`), with `status_present`.
     pub status: u8,
     pub lun: u64,
     pub itt: u32,
@@ -731,32 +730,9 @@ pub fn data_trailer(data: &[u8], digests: Digests) -> ([u8; 7], usize) {
     (trailer, n)
 }
 
-/// SAM LUN encoding of `lun` for the 8-byte LUN field: peripheral device addressing below
-/// 256, flat space addressing below 16384, extended flat space addressing above.
-pub fn lun_to_wire(lun: u16) -> u64 {
-    let lun = u64::from(lun);
-    if lun < 256 {
-        lun << 48
-    } else if lun < 0x4000 {
-        (0x4000 | lun) << 48
-    } else {
-        (0xd2 << 56) | (lun << 32)
-    }
-}
-
-/// The single-level LUN in an 8-byte LUN field, if it is one [`lun_to_wire`] can express
-/// (peripheral with bus 0, flat space, or extended flat space addressing).
-pub fn lun_from_wire(raw: u64) -> Option<u16> {
-    let b = raw.to_be_bytes();
-    match b[0] >> 6 {
-        0b00 if b[0] == 0 && raw & 0x0000_ffff_ffff_ffff == 0 => Some(u16::from(b[1])),
-        0b01 if raw & 0x0000_ffff_ffff_ffff == 0 => Some(u16::from_be_bytes([b[0] & 0x3f, b[1]])),
-        0b11 if b[0] == 0xd2 && b[1] == 0 && raw & 0xffff_ffff == 0 => {
-            Some(u16::from_be_bytes([b[2], b[3]]))
-        }
-        _ => None,
-    }
-}
+/// The 8-byte LUN field's encodings (SAM-5 4.7) are SCSI's words, as the target's REPORT
+/// LUNS writes them too.
+pub use scsi_proto::lun::{from_wire as lun_from_wire, to_wire as lun_to_wire};
 
 /// A BHS under construction or being read; offsets are those of RFC 7143 section 11.
 struct Bhs([u8; BHS_LEN]);
@@ -1536,26 +1512,6 @@ fn isid(bhs: &[u8; BHS_LEN]) -> [u8; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lun_encodings() {
-        assert_eq!(lun_to_wire(0), 0);
-        assert_eq!(lun_to_wire(5), 0x0005_0000_0000_0000);
-        assert_eq!(lun_to_wire(300), 0x412c_0000_0000_0000);
-        assert_eq!(lun_to_wire(0x3fff), 0x7fff_0000_0000_0000);
-        assert_eq!(lun_to_wire(0x4000), 0xd200_4000_0000_0000);
-        for lun in [0, 1, 255, 256, 0x3fff, 0x4000, u16::MAX] {
-            assert_eq!(lun_from_wire(lun_to_wire(lun)), Some(lun));
-        }
-        assert_eq!(lun_from_wire(0x0105_0000_0000_0000), None, "bus 1");
-        assert_eq!(lun_from_wire(0x0005_0001_0000_0000), None, "second level");
-        assert_eq!(
-            lun_from_wire(0x8000_0000_0000_0000),
-            None,
-            "logical unit addressing"
-        );
-        assert_eq!(lun_from_wire(0xd201_0000_0000_0000), None, "beyond u16");
-    }
 
     #[test]
     fn padding() {

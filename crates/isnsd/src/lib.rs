@@ -21,6 +21,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry as MetricsRegistry;
+
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Serves iSNS on TCP: registration (DevAttrReg), queries (DevAttrQry, DevGetNext),
@@ -29,7 +34,8 @@ deregistration (DevDereg) and SCN registration from targets and initiators (rsv 
 domain). An entity that neither registers again nor sends any request within its
 registration period is dropped. With --db the registrations are written to that file
 after every change and read back at start. A node that registered for SCNs gets them over
-the connection it registered on. Prints `listening ADDR` for each address, then `ready`.
+the connection it registered on. Prints `listening ADDR` for each address (with --metrics,
+`metrics ADDR` first), then `ready`.
 SIGTERM or SIGINT: save and exit 0.
 
 Authentication (RFC 4171 5.5, as open-isns with Security = 1): with --auth-key, every
@@ -62,6 +68,88 @@ pub struct IsnsArgs {
     /// Largest difference in seconds between a signature's timestamp and our clock.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub replay_window: u64,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics: requests by
+    /// function and result, requests refused by authentication, nodes registered.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// What `/metrics` counts (`--metrics`).
+#[derive(Debug, Default)]
+struct Counts {
+    requests: Family<RequestLabels, Counter>,
+    auth_refused: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    function: &'static str,
+    result: &'static str,
+}
+
+/// A request's function as a label: the RFC's functions a server answers, else `other`
+/// (a peer must not make new series at will).
+fn function_label(f: FunctionId) -> &'static str {
+    match f {
+        FunctionId::DEV_ATTR_REG => "dev_attr_reg",
+        FunctionId::DEV_ATTR_QRY => "dev_attr_qry",
+        FunctionId::DEV_GET_NEXT => "dev_get_next",
+        FunctionId::DEV_DEREG => "dev_dereg",
+        FunctionId::SCN_REG => "scn_reg",
+        FunctionId::SCN_DEREG => "scn_dereg",
+        FunctionId::ESI => "esi",
+        FunctionId::HEARTBEAT => "heartbeat",
+        _ => "other",
+    }
+}
+
+/// The registry's node count at each scrape.
+struct Nodes(Arc<Mutex<State>>);
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Nodes")
+    }
+}
+
+impl prometheus_client::collector::Collector for Nodes {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let n = self
+            .0
+            .lock()
+            .expect("registry lock")
+            .registry
+            .nodes()
+            .count();
+        prometheus_client::metrics::gauge::ConstGauge::new(n as i64).encode(enc.encode_descriptor(
+            "rsv_isns_nodes",
+            "Storage nodes (targets and initiators) registered",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?)
+    }
+}
+
+/// The registry `/metrics` serves: the counts, and the nodes of `state` at each scrape.
+fn metrics_registry(counts: &Counts, state: &Arc<Mutex<State>>) -> MetricsRegistry {
+    let mut reg = MetricsRegistry::default();
+    reg.register(
+        "rsv_isns_requests",
+        "Requests answered, by function and result (success or an error status)",
+        counts.requests.clone(),
+    );
+    reg.register(
+        "rsv_isns_auth_refused",
+        "Requests refused by authentication (bad or missing signature, stale timestamp); \
+         each closes its connection",
+        counts.auth_refused.clone(),
+    );
+    reg.register_collector(Box::new(Nodes(state.clone())));
+    reg
 }
 
 /// What authentication needs at run time: our key, the clients' keys as they are
@@ -212,18 +300,28 @@ pub fn run(args: IsnsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let counts = Arc::new(Counts::default());
     rt.block_on(async move {
+        if let Some(addr) = args.metrics {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening for metrics on {addr}"))?;
+            println!("metrics {}", l.local_addr()?);
+            let registry = Arc::new(metrics_registry(&counts, &state));
+            tokio::spawn(rsv_metrics::serve(l, registry));
+        }
         for addr in &listen {
             let l = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("listening on {addr}"))?;
             println!("listening {}", l.local_addr()?);
             let state = state.clone();
+            let counts = counts.clone();
             tokio::spawn(async move {
                 loop {
                     match l.accept().await {
                         Ok((s, peer)) => {
-                            tokio::spawn(serve(state.clone(), s, peer));
+                            tokio::spawn(serve(state.clone(), counts.clone(), s, peer));
                         }
                         Err(e) => {
                             warn!("accept: {e}");
@@ -258,7 +356,7 @@ pub fn run(args: IsnsArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
+async fn serve(state: Arc<Mutex<State>>, counts: Arc<Counts>, stream: TcpStream, peer: SocketAddr) {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
@@ -292,6 +390,7 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
                 None => None,
                 Some(Ok(spi)) => spi,
                 Some(Err(e)) => {
+                    counts.auth_refused.inc();
                     // As open-isns: no answer to a message that fails its check (there is
                     // no status for it); closing tells the client at once.
                     warn!("{peer}: {} refused: {e}; closing", msg.function.name());
@@ -306,6 +405,13 @@ async fn serve(state: Arc<Mutex<State>>, stream: TcpStream, peer: SocketAddr) {
             let (rsp, notes) = st.registry.handle_from(msg, t, caller);
             tracing::debug!("{peer}: answer {rsp:?}");
             let ok = rsp.status.is_some_and(|s| s.is_success());
+            counts
+                .requests
+                .get_or_create(&RequestLabels {
+                    function: function_label(msg.function),
+                    result: if ok { "success" } else { "error" },
+                })
+                .inc();
             info!(
                 "{peer}: {} from {}{} -> {}",
                 msg.function.name(),

@@ -346,12 +346,40 @@ pub struct TcpInfo {
     /// The most this end will advertise as its receive window now (bytes); it grows as
     /// data arrives, up to what the receive buffer allows.
     pub rcv_ssthresh: u32,
+    /// Segments sent and not yet acknowledged cumulatively, of them selectively
+    /// acknowledged, presumed lost, and retransmitted and unacknowledged
+    /// (`tcpi_unacked`, `_sacked`, `_lost`, `_retrans`).
+    pub unacked: u32,
+    pub sacked: u32,
+    pub lost: u32,
+    pub retrans: u32,
+}
+
+impl TcpInfo {
+    /// Segments in flight as the kernel's congestion control counts them
+    /// (`tcp_packets_in_flight`): unacknowledged, less those the peer holds or that are
+    /// presumed lost, plus their retransmissions.
+    pub fn packets_in_flight(&self) -> u32 {
+        self.unacked
+            .saturating_sub(self.sacked.saturating_add(self.lost))
+            .saturating_add(self.retrans)
+    }
+
+    /// Bytes in flight: [`TcpInfo::packets_in_flight`] segments of the sending MSS each
+    /// (the last may be shorter; TCP_INFO keeps no byte count of it).
+    pub fn bytes_in_flight(&self) -> u64 {
+        u64::from(self.packets_in_flight()) * u64::from(self.snd_mss)
+    }
 }
 
 // Offsets into struct tcp_info (include/uapi/linux/tcp.h), stable ABI since the fields were
 // appended in order.
 const OFF_SND_MSS: usize = 16;
 const OFF_RCV_MSS: usize = 20;
+const OFF_UNACKED: usize = 24;
+const OFF_SACKED: usize = 28;
+const OFF_LOST: usize = 32;
+const OFF_RETRANS: usize = 36;
 const OFF_RCV_SSTHRESH: usize = 64;
 const OFF_RTT: usize = 68;
 const OFF_RTTVAR: usize = 72;
@@ -411,6 +439,10 @@ pub fn tcp_info(fd: impl AsFd) -> io::Result<TcpInfo> {
         data_segs_in: u32_at(OFF_DATA_SEGS_IN),
         delivered: u32_at(OFF_DELIVERED),
         rcv_ssthresh: u32_at(OFF_RCV_SSTHRESH),
+        unacked: u32_at(OFF_UNACKED),
+        sacked: u32_at(OFF_SACKED),
+        lost: u32_at(OFF_LOST),
+        retrans: u32_at(OFF_RETRANS),
     })
 }
 

@@ -67,7 +67,7 @@ pub struct SyncArgs {
     pub interval: String,
 }
 
-fn shown_rate(bytes_per_s: u64) -> units::Approx {
+fn shown_rate(bytes_per_s: u64) -> String {
     units::Rate::from_bytes_per_sec(bytes_per_s).approx()
 }
 

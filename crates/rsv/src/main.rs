@@ -91,10 +91,10 @@ fn start_agent(
     server: &targetd::server::Server,
     config: &targetd::config::Config,
 ) -> anyhow::Result<()> {
-    let Some(control) = &config.control else {
+    let Some((listen, key_file)) = config.control.as_ref().and_then(|c| c.agent()) else {
         return Ok(());
     };
-    let key = replicate::auth::Key::from_file(&control.key_file)?;
+    let key = replicate::auth::Key::from_file(key_file)?;
     let live = server.live();
     let luns = move || {
         let mut luns = Vec::new();
@@ -124,7 +124,7 @@ fn start_agent(
         portals,
         initiator::SessionOptions::default(),
     );
-    let addr = replicate::agent::spawn(control.listen, key, agent)?;
+    let addr = replicate::agent::spawn(listen, key, agent)?;
     println!("control {addr}");
     Ok(())
 }

@@ -207,7 +207,13 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
 /// REPORT TARGET PORT GROUPS (SPC-5 6.37): this target's group, holding the one target
 /// port every nexus uses, and those of the other targets exporting the logical unit
 /// (`LuConfig::peer_port_groups`), in the order of their ids, all active/optimized: the
-/// same answer from every target. A group alone is also the preferred one.
+/// same answer from every target.
+///
+/// No group is marked preferred (PREF, byte 0 bit 7, stays zero, as LIO and SCST leave
+/// it unless told): with every group active/optimized there is nothing to prefer, and
+/// libiscsi from its RTPG support (release 1.20.3) until its fix of the bit fields
+/// reads byte 0's high nibble as the access state, so a set PREF reached its users (and
+/// its test suite's ReportTargetPortGroups.Simple) as the invalid state 8.
 pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result<Vec<u8>, Sense> {
     let format = cdb[1] >> 5;
     if format > 1 {
@@ -222,10 +228,9 @@ pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result
         .collect();
     groups.sort_unstable();
     groups.dedup_by_key(|g| g.0);
-    let pref = if groups.len() == 1 { 0x80 } else { 0x00 };
     let mut body = Vec::new();
     for (group, port) in groups {
-        body.extend_from_slice(&[pref, 0x01]); // [PREF,] active/optimized; AO_SUP
+        body.extend_from_slice(&[0x00, 0x01]); // active/optimized, not PREF; AO_SUP
         body.extend_from_slice(&group.to_be_bytes());
         body.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, one port
         body.extend_from_slice(&[0, 0]);

@@ -1,5 +1,8 @@
-//! Sans-IO SCSI: CDB decode, sense data, INQUIRY/VPD, mode pages and SBC/SPC command
-//! emulation against the `backstore::Backstore` trait.
+//! The target's logical unit: SBC/SPC command emulation against the `backstore::Backstore`
+//! trait (INQUIRY/VPD, mode pages, reservations, EXTENDED COPY, SANITIZE...), sans-IO but
+//! for the store it is handed. The commands it runs are the rows of one table
+//! (`lu/commands.rs`); SCSI's words (opcodes, status, sense, CDB fields) are
+//! `scsi_proto`'s, re-exported here as `opcodes`, `status`, `sense` and `cdb`.
 //!
 //! The transport hands a [`LogicalUnit`] one [`Command`] at a time (from any number of
 //! threads) and gets back a [`Response`]; residuals against the expected data transfer
@@ -13,24 +16,12 @@ pub mod opcodes;
 mod pr;
 mod range_lock;
 mod sanitize;
-pub mod sense;
 mod xcopy;
 
-pub use lu::{AsyncFlush, AsyncRead, AsyncWrite, LentRead, LogicalUnit};
-pub use sense::Sense;
+pub use lu::{class_of, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit};
+// The vocabulary, where the logical unit and its users have always found it.
+pub use scsi_proto::{sense, status, Sense};
 pub use xcopy::{Designator, OnlyItself, Reach};
-
-/// SCSI status codes (SAM-5).
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
-}
 
 /// Static identity and limits of a logical unit.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,17 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use scsi_proto::opcodes::service_action::persistent_reserve_in::{
+    READ_FULL_STATUS as SA_READ_FULL_STATUS, READ_KEYS as SA_READ_KEYS,
+    READ_RESERVATION as SA_READ_RESERVATION, REPORT_CAPABILITIES as SA_REPORT_CAPABILITIES,
+};
+use scsi_proto::opcodes::service_action::persistent_reserve_out::{
+    CLEAR as SA_CLEAR, PREEMPT as SA_PREEMPT, PREEMPT_AND_ABORT as SA_PREEMPT_AND_ABORT,
+    REGISTER as SA_REGISTER, REGISTER_AND_IGNORE_EXISTING_KEY as SA_REGISTER_AND_IGNORE,
+    REGISTER_AND_MOVE as SA_REGISTER_AND_MOVE, RELEASE as SA_RELEASE, RESERVE as SA_RESERVE,
+};
+
 use crate::cdb::{be16, be32, be64, truncate};
-use crate::opcodes::*;
 use crate::sense::{self, Sense};
 use crate::Nexus;
 
@@ -22,20 +31,6 @@ pub(crate) mod kind {
     pub const WRITE_EXCLUSIVE_AR: u8 = 7;
     pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
 }
-
-const SA_REGISTER: u8 = 0;
-const SA_RESERVE: u8 = 1;
-const SA_RELEASE: u8 = 2;
-const SA_CLEAR: u8 = 3;
-const SA_PREEMPT: u8 = 4;
-const SA_PREEMPT_AND_ABORT: u8 = 5;
-const SA_REGISTER_AND_IGNORE: u8 = 6;
-const SA_REGISTER_AND_MOVE: u8 = 7;
-
-const SA_READ_KEYS: u8 = 0;
-const SA_READ_RESERVATION: u8 = 1;
-const SA_REPORT_CAPABILITIES: u8 = 2;
-const SA_READ_FULL_STATUS: u8 = 3;
 
 /// iSCSI's protocol identifier in transport IDs (SPC-5 table 444).
 const PROTOCOL_ISCSI: u8 = 0x05;
@@ -77,34 +72,27 @@ pub(crate) struct Reservations {
 /// Unit attentions a reservation change raises, by initiator port.
 pub(crate) type Notices = Vec<(String, Sense)>;
 
-/// How a command relates to reservations (SPC-5 table 70 and SBC-4 table 13).
+/// How a command meets reservations that another I_T nexus holds: SPC-2's RESERVE, and
+/// persistent reservations (SPC-5 5.14.3, table 70; SBC-4 4.17.3, table 13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Access {
-    /// Never blocked.
+pub(crate) enum Access {
+    /// Never blocked: INQUIRY, REPORT LUNS, REQUEST SENSE, MAINTENANCE IN and PERSISTENT
+    /// RESERVE IN.
     Always,
-    /// Reads: blocked by exclusive-access types only.
+    /// Blocked by an SPC-2 reservation, never by a persistent one: TEST UNIT READY, READ
+    /// CAPACITY, RECEIVE COPY RESULTS, and PERSISTENT RESERVE OUT, whose service actions
+    /// settle persistent reservations among themselves.
+    Unreserved,
+    /// Reads: blocked by an SPC-2 reservation and by persistent exclusive-access types.
     Read,
-    /// Everything else.
+    /// Blocked by any reservation.
     Write,
-}
-
-fn access(opcode: u8, sa: u8) -> Access {
-    match opcode {
-        INQUIRY
-        | REPORT_LUNS
-        | REQUEST_SENSE
-        | PERSISTENT_RESERVE_IN
-        | READ_CAPACITY_10
-        | TEST_UNIT_READY
-        | MAINTENANCE_IN
-        | RECEIVE_COPY_RESULTS => Access::Always,
-        SERVICE_ACTION_IN_16 if sa as u16 == SA_READ_CAPACITY_16 => Access::Always,
-        READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | PRE_FETCH_10
-        | PRE_FETCH_16 | SERVICE_ACTION_IN_16 | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => {
-            Access::Read
-        }
-        _ => Access::Write,
-    }
+    /// RESERVE: blocked by another's SPC-2 reservation and wherever persistent
+    /// reservations or registrations exist.
+    Reserve,
+    /// RELEASE: runs (doing nothing) under another's SPC-2 reservation; blocked wherever
+    /// persistent reservations or registrations exist.
+    Release,
 }
 
 fn all_registrants(kind: u8) -> bool {
@@ -191,28 +179,27 @@ impl Reservations {
         self.legacy = None;
     }
 
-    /// Whether `opcode` from `nexus` must end in RESERVATION CONFLICT.
-    pub fn check(&self, nexus: Nexus, cdb: &[u8]) -> Result<(), Fail> {
-        let opcode = cdb[0];
-        let sa = cdb.get(1).map_or(0, |b| b & 0x1f);
+    /// Whether a command from `nexus` that meets reservations as `access` says must end
+    /// in RESERVATION CONFLICT.
+    pub fn check(&self, nexus: Nexus, access: Access) -> Result<(), Fail> {
         if let Some(holder) = self.legacy {
             if holder != nexus {
-                return match opcode {
-                    INQUIRY | REPORT_LUNS | REQUEST_SENSE | RELEASE_6 | RELEASE_10 => Ok(()),
-                    MAINTENANCE_IN | PERSISTENT_RESERVE_IN => Ok(()),
+                return match access {
+                    Access::Always | Access::Release => Ok(()),
                     _ => Err(Fail::Conflict),
                 };
             }
         }
-        if opcode == PERSISTENT_RESERVE_OUT || opcode == PERSISTENT_RESERVE_IN {
-            return Ok(());
-        }
-        if matches!(opcode, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
-            return if self.persistent_active() {
-                Err(Fail::Conflict)
-            } else {
-                Ok(())
-            };
+        match access {
+            Access::Always | Access::Unreserved => return Ok(()),
+            Access::Reserve | Access::Release => {
+                return if self.persistent_active() {
+                    Err(Fail::Conflict)
+                } else {
+                    Ok(())
+                };
+            }
+            Access::Read | Access::Write => {}
         }
         let Some((_, kind)) = &self.reservation else {
             return Ok(());
@@ -226,8 +213,7 @@ impl Reservations {
             *kind,
             kind::EXCLUSIVE_ACCESS | kind::EXCLUSIVE_ACCESS_RO | kind::EXCLUSIVE_ACCESS_AR
         );
-        match access(opcode, sa) {
-            Access::Always => Ok(()),
+        match access {
             Access::Read if !exclusive_access => Ok(()),
             _ => Err(Fail::Conflict),
         }
@@ -700,6 +686,7 @@ fn parse_transport_id(t: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::opcodes::*;
 
     const A: Nexus = Nexus(1);
     const B: Nexus = Nexus(2);
@@ -727,14 +714,6 @@ mod tests {
     ) -> Result<Notices, Fail> {
         let (cdb, p) = prout(sa, kind, key, sa_key, 0);
         r.persistent_out(n, &cdb, &p, true, &|_| true)
-    }
-
-    fn read10() -> [u8; 10] {
-        [READ_10, 0, 0, 0, 0, 0, 0, 0, 1, 0]
-    }
-
-    fn write10() -> [u8; 10] {
-        [WRITE_10, 0, 0, 0, 0, 0, 0, 0, 1, 0]
     }
 
     fn keys(r: &Reservations) -> Vec<u64> {
@@ -791,14 +770,14 @@ mod tests {
             out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
             out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
             out(&mut r, A, SA_RESERVE, k, 1, 0).unwrap();
-            assert!(r.check(A, &read10()).is_ok() && r.check(A, &write10()).is_ok());
-            assert_eq!(r.check(B, &read10()).is_ok(), rr, "type {k}");
-            assert_eq!(r.check(B, &write10()).is_ok(), rw, "type {k}");
+            assert!(r.check(A, Access::Read).is_ok() && r.check(A, Access::Write).is_ok());
+            assert_eq!(r.check(B, Access::Read).is_ok(), rr, "type {k}");
+            assert_eq!(r.check(B, Access::Write).is_ok(), rw, "type {k}");
             out(&mut r, B, SA_REGISTER, 0, 2, 0).unwrap();
-            assert_eq!(r.check(B, &read10()).is_ok(), ur, "type {k}");
-            assert_eq!(r.check(B, &write10()).is_ok(), uw, "type {k}");
+            assert_eq!(r.check(B, Access::Read).is_ok(), ur, "type {k}");
+            assert_eq!(r.check(B, Access::Write).is_ok(), uw, "type {k}");
             out(&mut r, A, SA_RELEASE, k, 1, 0).unwrap();
-            assert!(r.check(B, &write10()).is_ok());
+            assert!(r.check(B, Access::Write).is_ok());
         }
     }
 
@@ -858,7 +837,7 @@ mod tests {
         )
         .unwrap();
         assert!(r.is_holder(&r.port(B)));
-        assert_eq!(r.check(A, &read10()), Err(Fail::Conflict));
+        assert_eq!(r.check(A, Access::Read), Err(Fail::Conflict));
     }
 
     #[test]
@@ -895,19 +874,19 @@ mod tests {
         let rel6 = [RELEASE_6, 0, 0, 0, 0, 0];
         r.reserve(A, &res6).unwrap();
         r.reserve(A, &res6).unwrap();
-        assert_eq!(r.check(B, &res6), Err(Fail::Conflict));
+        assert_eq!(r.check(B, Access::Reserve), Err(Fail::Conflict));
         assert_eq!(r.reserve(B, &res6), Err(Fail::Conflict));
-        r.check(B, &rel6).unwrap();
+        r.check(B, Access::Release).unwrap();
         r.release(B, &rel6).unwrap();
-        assert_eq!(r.check(B, &read10()), Err(Fail::Conflict));
+        assert_eq!(r.check(B, Access::Read), Err(Fail::Conflict));
         r.nexus_lost(A);
-        r.check(B, &read10()).unwrap();
+        r.check(B, Access::Read).unwrap();
         r.reserve(B, &res6).unwrap();
         r.reset();
-        r.check(A, &write10()).unwrap();
+        r.check(A, Access::Write).unwrap();
         // With registrations present, RESERVE conflicts.
         out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
-        assert_eq!(r.check(B, &res6), Err(Fail::Conflict));
+        assert_eq!(r.check(B, Access::Reserve), Err(Fail::Conflict));
     }
 
     #[test]
@@ -938,7 +917,7 @@ mod tests {
         r.persistent_out(A, &cdb, &p, true, &|_| true).unwrap();
         assert_eq!(keys(&r), vec![9]);
         assert!(r.is_holder(&r.port(B)));
-        assert_eq!(r.check(A, &read10()), Err(Fail::Conflict));
+        assert_eq!(r.check(A, Access::Read), Err(Fail::Conflict));
     }
 
     #[test]
@@ -954,8 +933,8 @@ mod tests {
         assert_eq!(back.generation, r.generation);
         // After a restart the same initiator port arrives on a new nexus.
         back.name(Nexus(7), "iqn.2000-01.a,i,0x000000000001");
-        back.check(Nexus(7), &write10()).unwrap();
-        assert_eq!(back.check(Nexus(8), &read10()), Err(Fail::Conflict));
+        back.check(Nexus(7), Access::Write).unwrap();
+        assert_eq!(back.check(Nexus(8), Access::Read), Err(Fail::Conflict));
         assert!(Reservations::load("junk").is_none());
         // APTPL is refused where nothing can be kept.
         let (cdb, p) = prout(SA_REGISTER_AND_IGNORE, 0, 0, 1, 0x01);

@@ -47,7 +47,9 @@ pub struct Config {
     pub discovery: Discovery,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
-    /// The control endpoint that `rsv sync` drives (a disk server's agent); absent: none.
+    /// The control endpoint that `rsv sync` drives (a disk server's agent) and the local
+    /// control socket (`rsv target status`, `drop`); absent: no agent, and the socket
+    /// only under systemd (in its RuntimeDirectory).
     #[serde(default)]
     pub control: Option<ControlConfig>,
     /// Registration with an iSNS server (RFC 4171); none when absent.
@@ -66,6 +68,33 @@ pub struct Config {
     /// `[threads]`: the threads connections run on.
     #[serde(default)]
     pub threads: Threads,
+    /// `[metrics]`: the OpenMetrics endpoint; absent: none, and no per-LUN counting.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// `[metrics]`: serve Prometheus/OpenMetrics text at `http://LISTEN/metrics`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
+    /// The most series of LUNs one scrape carries (each LUN has about a hundred); the
+    /// LUNs past it are left out, and the log says so once.
+    #[serde(default = "default_max_series")]
+    pub max_series: usize,
+}
+
+impl MetricsConfig {
+    pub fn at(listen: SocketAddr) -> MetricsConfig {
+        MetricsConfig {
+            listen,
+            max_series: default_max_series(),
+        }
+    }
+}
+
+fn default_max_series() -> usize {
+    100_000
 }
 
 /// `[threads]`: connections run on single-threaded runtimes, `connections` of them, each
@@ -110,13 +139,27 @@ fn default_portal_group() -> u16 {
     1
 }
 
-/// `[control]`: where the agent of `rsv sync` listens, and the key every request must be
-/// signed with (a file readable by its owner only).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+/// `[control]`: where the agent of `rsv sync` listens and the key every request must be
+/// signed with (a file readable by its owner only), both or neither; and the local
+/// control socket of `rsv target status` and `drop`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
-    pub listen: SocketAddr,
-    pub key_file: PathBuf,
+    pub listen: Option<SocketAddr>,
+    pub key_file: Option<PathBuf>,
+    /// The control socket's path; without it, `$RUNTIME_DIRECTORY/control.sock` when
+    /// systemd gives the service a RuntimeDirectory, else none (`crate::control`).
+    pub socket: Option<PathBuf>,
+    /// A group (name or number) whose members may use the socket too: mode 0660 rather
+    /// than 0600.
+    pub group: Option<String>,
+}
+
+impl ControlConfig {
+    /// The agent of `rsv sync`: its address and key file, when configured.
+    pub fn agent(&self) -> Option<(SocketAddr, &Path)> {
+        Some((self.listen?, self.key_file.as_deref()?))
+    }
 }
 
 /// `[isns]`: the target registers its entity, portals, targets (with their aliases) and
@@ -623,6 +666,7 @@ impl Config {
                 }],
             }],
             control: None,
+            metrics: None,
         }
     }
 
@@ -683,6 +727,16 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if self.portals.is_empty() {
             return Err("no portals to listen on".into());
+        }
+        if let Some(c) = &self.control {
+            if c.listen.is_some() != c.key_file.is_some() {
+                return Err("[control] listen and key_file go together (the agent of \
+                            `rsv sync` needs both)"
+                    .into());
+            }
+        }
+        if self.metrics.as_ref().is_some_and(|m| m.max_series == 0) {
+            return Err("metrics.max_series must be at least 1".into());
         }
         if self.targets.iter().any(|t| t.require_tls)
             && self.portals.iter().all(|p| p.tls.is_none())
@@ -927,6 +981,34 @@ mod tests {
         assert!(said.contains("644") && !said.contains("a-secret"), "{said}");
         assert_eq!(with.exposed_secrets(p, mode(0o640)), None);
         assert_eq!(without.exposed_secrets(p, mode(0o644)), None);
+    }
+
+    #[test]
+    fn control_section_socket_group_and_agent() {
+        let base = "[[target]]\niqn = \"iqn.2026-11.org.reservoir:t\"\n";
+        let c = Config::parse(
+            &format!("[control]\nsocket = \"/run/r/c.sock\"\ngroup = \"admins\"\n{base}"),
+            "c.toml",
+        )
+        .unwrap();
+        let control = c.control.unwrap();
+        assert_eq!(control.socket, Some(PathBuf::from("/run/r/c.sock")));
+        assert_eq!(control.group.as_deref(), Some("admins"));
+        assert_eq!(control.agent(), None);
+        let agent = Config::parse(
+            &format!("[control]\nlisten = \"127.0.0.1:3262\"\nkey_file = \"k\"\n{base}"),
+            "c.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            agent.control.unwrap().agent(),
+            Some(("127.0.0.1:3262".parse().unwrap(), Path::new("k")))
+        );
+        // The agent needs both.
+        let half = format!("[control]\nlisten = \"127.0.0.1:3262\"\n{base}");
+        let e = Config::parse(&half, "c.toml").unwrap_err().to_string();
+        assert!(e.contains("listen and key_file go together"), "{e}");
+        assert!(Config::parse(&format!("[control]\nsockets = \"x\"\n{base}"), "c").is_err());
     }
 
     #[test]

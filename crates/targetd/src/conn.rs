@@ -42,12 +42,10 @@ use crate::loglimit::peer_log;
 use crate::login;
 use crate::session::{self, ConnEvent, ConnHandle, Ordered, Session};
 use crate::shared::Shared;
+use crate::stats::Recovery;
 use crate::tags::TagMap;
 use crate::task::Task;
 use crate::wire::{self, Out, Reader};
-
-/// How long a shutting-down target gives the initiator to log out when it asks it to.
-const LOGOUT_WITHIN_SECS: u16 = 5;
 
 /// Serves a connection whose socket is tuned and whose TLS, if any, is set up.
 pub(crate) async fn serve(shared: Arc<Shared>, stream: Stream, peer: SocketAddr) {
@@ -108,6 +106,19 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     dec.set_max_recv_data_segment(outcome.connection.max_recv_data_segment_length);
 
     let (rd, wr) = stream.into_split();
+
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let info = Arc::new(session::ConnInfo::new(
+        &session,
+        cid,
+        (local, peer),
+        tls.clone(),
+        outcome.connection.clone(),
+    ));
+    let handle = ConnHandle {
+        events: ev_tx,
+        info: info.clone(),
+    };
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(wire::writer(
         wr,
@@ -115,13 +126,12 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
         session.clone(),
         digests,
         statsn,
-        cid,
+        info.clone(),
     ));
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let handle = ConnHandle { events: ev_tx };
     if session.erl2() && session.close_for_recovery(cid).await {
         // Connection reinstatement at ERL 2 is an implicit logout for recovery: the old
         // connection's tasks are handed over before this one may reassign them.
+        shared.events.recovery(Recovery::ConnectionReinstated);
         debug!(
             "session {}: cid {cid} reinstated for recovery",
             session.tsih
@@ -144,6 +154,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
         local,
         tls: tls.is_some(),
         executing: Arc::new(Executing::default()),
+        info,
         ping: None,
         closing: false,
         keep_tasks: true,
@@ -152,6 +163,7 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     let why = conn.serve(Reader::new(rd), dec, buf, &mut ev_rx).await;
     let recovering = session.erl2() && conn.keep_tasks && !session.is_closed();
     let last = if recovering {
+        shared.events.recovery(Recovery::ConnectionRetired);
         let tasks = std::mem::take(&mut conn.tasks);
         let last = session.retire_connection(cid, &handle, tasks, &mut ev_rx);
         tokio::spawn(expire_retained(shared.clone(), session.clone(), last));
@@ -183,6 +195,7 @@ async fn expire_retained(shared: Arc<Shared>, session: Arc<Session>, was_last: b
             ctl.abort();
         }
         shared.remove_session(session.tsih);
+        shared.events.recovery(Recovery::SessionExpired);
         debug!("session {} ended: no connection came back", session.tsih);
     }
 }
@@ -223,6 +236,8 @@ struct Conn {
     /// Over TLS: Data-In is encrypted in user space, so the store's pages are not lent.
     tls: bool,
     executing: Arc<Executing>,
+    /// Its identity and byte counts, as status snapshots read them.
+    info: Arc<session::ConnInfo>,
     /// A NOP-In ping of ours awaiting its NOP-Out: (TTT, sent at).
     ping: Option<(u32, Instant)>,
     closing: bool,
@@ -366,11 +381,14 @@ impl Conn {
                             self.send(p);
                         }
                     }
-                    Some(ConnEvent::RequestLogout) => self.send(AsyncMessage {
+                    Some(ConnEvent::RequestLogout(within)) => self.send(AsyncMessage {
                         async_event: async_event::LOGOUT_REQUESTED,
-                        parameter3: LOGOUT_WITHIN_SECS,
+                        parameter3: within,
                         ..Default::default()
                     }),
+                    Some(ConnEvent::PathInfo(answer)) => {
+                        let _ = answer.send(rd.tcp_info());
+                    }
                     None => return Ok("session gone".into()),
                 },
                 n = async {
@@ -383,6 +401,7 @@ impl Conn {
                     if n == 0 {
                         return Ok("closed by the initiator".into());
                     }
+                    self.info.received(n);
                     match placing.as_mut() {
                         Some(p) => p.filled(n),
                         None => read_limit = usize::MAX,

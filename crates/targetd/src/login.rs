@@ -22,6 +22,7 @@ use crate::config::Chap;
 use crate::node::TargetNode;
 use crate::session::{ConnEvent, Session};
 use crate::shared::Shared;
+use crate::stats::{Limit, Refusal};
 use crate::wire;
 struct Policy<'a> {
     shared: &'a Shared,
@@ -238,6 +239,9 @@ pub(crate) async fn login(
                 match shared.session(req.tsih) {
                     Some(s) if s.isid == req.isid && !s.is_closed() => Some(s),
                     _ => {
+                        shared
+                            .events
+                            .login_refused(Refusal::of(status::SESSION_DOES_NOT_EXIST, false));
                         let reply = failure(status::SESSION_DOES_NOT_EXIST);
                         wire::send_now(
                             stream,
@@ -272,6 +276,10 @@ pub(crate) async fn login(
                 statsn = statsn.wrapping_add(1);
             }
             LoginStep::Failed(mut reply) => {
+                shared.events.login_refused(Refusal::of(
+                    (reply.status_class, reply.status_detail),
+                    policy.wants_tls.get(),
+                ));
                 if policy.wants_tls.get() {
                     // Said in the response too, for an initiator that can tell its user.
                     reply.data = format!("{}\0", wire::TLS_REQUIRED_KEY).into_bytes();
@@ -302,6 +310,7 @@ pub(crate) async fn login(
                 let session = match bound {
                     Ok(s) => s,
                     Err((code, why)) => {
+                        shared.events.login_refused(Refusal::of(code, false));
                         peer_log!(info, "{peer}: login refused: {why}");
                         let reply = failure(code);
                         wire::send_now(
@@ -354,6 +363,7 @@ fn bind_session(
             ));
         }
         if !s.has_connection(cid) && s.connection_count() >= s.params.max_connections as usize {
+            shared.events.limit(Limit::Connections);
             return Err((
                 status::TOO_MANY_CONNECTIONS,
                 format!(
@@ -374,6 +384,7 @@ fn bind_session(
         )
         .len();
     if shared.session_count().saturating_sub(replaced) >= max {
+        shared.events.limit(Limit::Sessions);
         return Err((
             status::OUT_OF_RESOURCES,
             format!("{max} sessions already (max_sessions)"),

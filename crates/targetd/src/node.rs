@@ -9,6 +9,7 @@ use scsi::{Designator, LogicalUnit, Reach};
 use std::net::SocketAddr;
 
 use crate::config::{Chap, InitiatorAccess};
+use crate::stats::LunStats;
 
 /// One iSCSI target node: a name, its access rules and its logical units.
 pub struct TargetNode {
@@ -37,6 +38,8 @@ pub struct LunStore {
     pub changes: Option<Arc<ChangeMap>>,
     /// The spec it was opened from, as shown to people (`StoreSpec::shown`: no secrets).
     pub spec: String,
+    /// Its counters for `/metrics` (with `[metrics]` only); they live as long as the LU.
+    pub stats: Option<Arc<LunStats>>,
 }
 
 impl TargetNode {

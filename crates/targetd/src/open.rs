@@ -120,6 +120,7 @@ pub(crate) fn open_target(
                 store: raw,
                 changes,
                 spec: spec.shown(),
+                stats: config.metrics.is_some().then(Default::default),
             },
         );
         let description = store.description();

@@ -68,6 +68,7 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, String> {
     );
     restart("[threads]", old.threads == new.threads);
     restart("[control]", old.control == new.control);
+    restart("[metrics]", old.metrics == new.metrics);
     let config = Config {
         targets: new.targets.clone(),
         discovery: new.discovery.clone(),

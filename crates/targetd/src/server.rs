@@ -20,6 +20,9 @@ use crate::session::ConnEvent;
 use crate::shared::{Live, Shared};
 use crate::wire::PortalTls;
 
+/// How long a shutting-down target gives the initiator to log out when it asks it to.
+const LOGOUT_WITHIN_SECS: u16 = 5;
+
 /// Hands a running target connections that did not come through its listeners: an
 /// in-memory carrier in tests (`net::transport::memory_pair`), later a tunnel's far end.
 #[derive(Clone)]
@@ -66,6 +69,11 @@ impl Running {
         self.connector.0.lun_store(iqn, lun)
     }
 
+    /// Takes snapshots of the target's sessions ([`crate::status`]).
+    pub fn status_source(&self) -> crate::status::Source {
+        crate::status::Source(self.connector.0.clone())
+    }
+
     /// Stops as SIGTERM does (running commands finish, LUNs are flushed) and waits.
     pub async fn stop(self) -> anyhow::Result<()> {
         let Running { _stop, done, .. } = self;
@@ -84,6 +92,8 @@ pub struct Server {
     isns_targets: Arc<watch::Sender<crate::isns::Targets>>,
     /// Stops the connection threads when the server is done.
     cores_stop: Option<crate::cores::Stop>,
+    /// Where `/metrics` is served (`[metrics]`).
+    metrics: Option<TcpListener>,
 }
 
 /// The targets as iSNS registers them: IQN and alias.
@@ -267,6 +277,14 @@ impl Server {
             portals.push(addr);
             listeners.push((l, tls));
         }
+        let metrics = match &config.metrics {
+            None => None,
+            Some(m) => Some(
+                TcpListener::bind(m.listen)
+                    .await
+                    .with_context(|| format!("listening for metrics on {}", m.listen))?,
+            ),
+        };
         let (shutdown_tx, shutdown) = watch::channel(false);
         let (cores, cores_stop) = match config.threads.count() {
             None => (None, None),
@@ -283,7 +301,13 @@ impl Server {
             shutdown_tx,
             isns_targets: Arc::new(isns_targets),
             cores_stop,
+            metrics,
         })
+    }
+
+    /// Where `/metrics` is served, if it is (port 0 resolved).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Where connections from elsewhere than the portals come in; see [`Connector`].
@@ -311,6 +335,12 @@ impl Server {
     }
 
     /// What puts a reloaded configuration in force while [`Server::run`] serves.
+    /// Takes snapshots of the target's sessions ([`crate::status`]); it outlives `run`'s
+    /// start, for services beside the target (the control socket, a metrics endpoint).
+    pub fn status_source(&self) -> crate::status::Source {
+        crate::status::Source(self.shared.clone())
+    }
+
     pub fn reloader(&self) -> Reloader {
         Reloader {
             shared: self.shared.clone(),
@@ -359,7 +389,16 @@ impl Server {
             shutdown_tx,
             isns_targets,
             cores_stop,
+            metrics,
         } = self;
+        // On this runtime, beside the accept loops: a scrape's encoding reads atomics
+        // and the session table, never waiting on a connection. Served through the
+        // drain, until this returns.
+        let _metrics = metrics.map(|l| {
+            let max_series = shared.config.metrics.as_ref().map_or(0, |m| m.max_series);
+            let registry = Arc::new(crate::metrics::registry(&shared, max_series));
+            AbortOnDrop(tokio::spawn(rsv_metrics::serve(l, registry)))
+        });
         let registrar = shared.config.isns.as_ref().and_then(|cfg| {
             let targets = isns_targets.borrow().clone();
             crate::isns::Registrar::new(cfg, &targets, &shared.portals, shared.config.portal_group)
@@ -376,6 +415,7 @@ impl Server {
                             let open = match shared.open_connection() {
                                 Ok(open) => open,
                                 Err(n) => {
+                                    shared.events.limit(crate::stats::Limit::OpenConnections);
                                     crate::loglimit::peer_log!(
                                         warn,
                                         "{peer}: connection closed at once: {n} open, \
@@ -448,7 +488,7 @@ impl Server {
             }
         }
         for s in shared.all_sessions() {
-            s.broadcast(|| ConnEvent::RequestLogout);
+            s.broadcast(|| ConnEvent::RequestLogout(LOGOUT_WITHIN_SECS));
         }
         if tokio::time::timeout(grace, shared.wait_idle())
             .await
@@ -485,6 +525,15 @@ impl Server {
         drop(cores_stop);
         info!("stopped cleanly");
         Ok(())
+    }
+}
+
+/// A task that ends when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -1,11 +1,13 @@
 //! A session: its identity, negotiated parameters, the CmdSN window shared by all of its
 //! connections, and the registry of its tasks (for task management across connections).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Instant, SystemTime};
 
 use iscsi::ffp::CmdOrder;
-use iscsi::negotiate::SessionParams;
+use iscsi::negotiate::{ConnectionParams, SessionParams};
 use iscsi::pdu::Pdu;
 use scsi::{Designator, LogicalUnit, Nexus, Reach};
 use tokio::sync::mpsc;
@@ -27,8 +29,12 @@ pub enum ConnEvent {
     Abort(u32),
     /// Close the connection (reinstatement, session logout, cold reset, shutdown).
     Close(&'static str),
-    /// Ask the initiator to log out (target shutdown): Async Message event 1.
-    RequestLogout,
+    /// Ask the initiator to log out within this many seconds (target shutdown, an
+    /// administrator's drop): Async Message event 1.
+    RequestLogout(u16),
+    /// Sample the connection's TCP_INFO now (a status snapshot); `None` when it has no
+    /// TCP socket (an in-memory carrier) or the kernel refused.
+    PathInfo(tokio::sync::oneshot::Sender<Option<net::TcpInfo>>),
     /// Close the connection but keep its tasks for reassignment (ERL 2: logout for
     /// recovery, or its CID logging in again).
     Recover,
@@ -48,6 +54,78 @@ pub enum Ordered {
 #[derive(Clone, Debug)]
 pub struct ConnHandle {
     pub events: mpsc::UnboundedSender<ConnEvent>,
+    pub info: Arc<ConnInfo>,
+}
+
+/// Bytes a connection (or a session, over all its connections, ended ones included) took
+/// off its transport and put on it: PDUs whole, headers and digests included; over TLS,
+/// the plaintext. Counted once per socket read and per batch written.
+#[derive(Debug, Default)]
+pub struct ByteCounts {
+    pub received: AtomicU64,
+    pub sent: AtomicU64,
+}
+
+impl ByteCounts {
+    /// (received, sent).
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.received.load(Ordering::Relaxed),
+            self.sent.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A connection as a status snapshot shows it: what its login settled, and its bytes.
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub cid: u16,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The TLS summary (version, cipher suite); `None`: plain TCP.
+    pub tls: Option<String>,
+    pub params: ConnectionParams,
+    pub since: Instant,
+    pub bytes: ByteCounts,
+    /// The session's counts, which every byte of the connection adds to as well.
+    session_bytes: Arc<ByteCounts>,
+}
+
+impl ConnInfo {
+    pub fn new(
+        session: &Session,
+        cid: u16,
+        (local, remote): (SocketAddr, SocketAddr),
+        tls: Option<String>,
+        params: ConnectionParams,
+    ) -> ConnInfo {
+        ConnInfo {
+            cid,
+            local,
+            remote,
+            tls,
+            params,
+            since: Instant::now(),
+            bytes: ByteCounts::default(),
+            session_bytes: session.bytes.clone(),
+        }
+    }
+
+    /// Counts `n` bytes read off the transport.
+    pub fn received(&self, n: usize) {
+        self.bytes.received.fetch_add(n as u64, Ordering::Relaxed);
+        self.session_bytes
+            .received
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts `n` bytes written to the transport.
+    pub fn sent(&self, n: usize) {
+        self.bytes.sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.session_bytes
+            .sent
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 pub use iscsi::ffp::OrderError;
@@ -69,6 +147,13 @@ pub struct Session {
     /// The connection thread (`crate::cores`) of its leading connection, where the others
     /// go too; `usize::MAX`: none (the runtime's shared scheduler).
     home: AtomicUsize,
+    /// When the session's leading login made it, on the monotonic clock and the wall's.
+    pub since: (Instant, SystemTime),
+    /// Bytes over all of its connections, those gone included.
+    pub bytes: Arc<ByteCounts>,
+    /// Whether it ended by a Logout (of the session, or of its last connection), not by
+    /// its connections closing or being closed.
+    logged_out: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -118,6 +203,9 @@ impl Session {
             exp_cmdsn: AtomicU32::new(first_cmdsn),
             // Made by its leading connection's login, on that connection's thread.
             home: AtomicUsize::new(crate::cores::current().unwrap_or(usize::MAX)),
+            since: (Instant::now(), SystemTime::now()),
+            bytes: Arc::default(),
+            logged_out: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 order: CmdOrder::new(first_cmdsn, queue_depth),
                 conns: TagMap::default(),
@@ -196,6 +284,23 @@ impl Session {
 
     pub fn add_connection(&self, cid: u16, handle: ConnHandle) -> Option<ConnHandle> {
         self.lock().conns.insert(cid, handle)
+    }
+
+    /// Each connection's [`ConnInfo`] and event channel, in CID order.
+    pub fn connections(&self) -> Vec<ConnHandle> {
+        let g = self.lock();
+        let mut v: Vec<ConnHandle> = g.conns.values().cloned().collect();
+        v.sort_by_key(|h| h.info.cid);
+        v
+    }
+
+    /// Notes that a Logout Request ended the session or one of its connections.
+    pub fn note_logout(&self) {
+        self.logged_out.store(true, Ordering::Release);
+    }
+
+    pub fn logged_out(&self) -> bool {
+        self.logged_out.load(Ordering::Acquire)
     }
 
     pub fn connection_count(&self) -> usize {

@@ -15,6 +15,7 @@ use crate::config::{Chap, Config};
 use crate::cores::Cores;
 use crate::node::{LunStore, TargetNode};
 use crate::session::{ConnEvent, Session};
+use crate::stats::Events;
 
 /// Whether a target of `live` has `lu`.
 fn holds(live: &Live, lu: &Arc<LogicalUnit>) -> bool {
@@ -70,6 +71,8 @@ pub(crate) struct Shared {
     idle: Notify,
     /// The threads connections run on; `None`: the runtime's shared scheduler.
     pub(crate) cores: Option<Cores>,
+    /// What `/metrics` counts for the whole target (counted with or without it).
+    pub(crate) events: Events,
 }
 
 impl Shared {
@@ -96,6 +99,7 @@ impl Shared {
             open_connections: AtomicUsize::new(0),
             idle: Notify::new(),
             cores,
+            events: Events::new(),
         }
     }
 
@@ -197,6 +201,11 @@ impl Shared {
             return Err(n);
         }
         Ok(OpenConnection(self.clone()))
+    }
+
+    /// TCP connections open at the portals, logged in or not.
+    pub(crate) fn open_connection_count(&self) -> usize {
+        self.open_connections.load(Ordering::Acquire)
     }
 
     pub(crate) fn all_sessions(&self) -> Vec<Arc<Session>> {

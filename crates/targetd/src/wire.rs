@@ -123,7 +123,7 @@ pub(crate) async fn accept(
             }
         },
         (Some(p), false) if p.require => {
-            refuse_plaintext(tcp, peer, &local, limit).await;
+            refuse_plaintext(shared, tcp, peer, &local, limit).await;
             None
         }
         (None, true) => {
@@ -139,7 +139,13 @@ pub(crate) async fn accept(
 
 /// Answers a plaintext login on a portal that requires TLS: Login Response status 0x0201
 /// (authentication failure) with [`TLS_REQUIRED_KEY`], then closes.
-async fn refuse_plaintext(tcp: TcpStream, peer: SocketAddr, local: &str, limit: Duration) {
+async fn refuse_plaintext(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    local: &str,
+    limit: Duration,
+) {
     let mut stream = Stream::from(tcp);
     let mut dec = PduDecoder::new(iscsi::framing::FrameLimits::default());
     let mut buf = BytesMut::with_capacity(1024);
@@ -165,6 +171,7 @@ async fn refuse_plaintext(tcp: TcpStream, peer: SocketAddr, local: &str, limit: 
     });
     let _ = send_now(&mut stream, &resp).await;
     let _ = stream.shutdown().await;
+    shared.events.login_refused(crate::stats::Refusal::Tls);
     warn!(
         "{peer}: plaintext login on portal {local} refused (status 0x{class:02x}{detail:02x}): \
          this portal requires TLS"
@@ -183,6 +190,12 @@ impl Reader {
     /// Cancel-safe: nothing is lost when another branch of a `select!` wins.
     pub(crate) async fn fill(&mut self, buf: &mut impl bytes::BufMut) -> std::io::Result<usize> {
         self.0.read_buf(buf).await
+    }
+
+    /// The connection's path as its TCP socket sees it now; `None` without one (an
+    /// in-memory carrier) or when the kernel refuses.
+    pub(crate) fn tcp_info(&self) -> Option<net::TcpInfo> {
+        net::tcp_info(self.0.socket()?).ok()
     }
 
     /// Reads what has arrived, up to `dst.len()` bytes, into `dst`; 0 when the peer closed.
@@ -381,8 +394,9 @@ pub(crate) async fn writer(
     session: Arc<Session>,
     digests: Digests,
     mut statsn: u32,
-    cid: u16,
+    info: Arc<session::ConnInfo>,
 ) -> std::io::Result<()> {
+    let cid = info.cid;
     let erl2 = session.erl2();
     // As `Job::may_lend`: Data-In may hold a file's mapped bytes without data digests and
     // TLS (where the kernel alone reads it), and a memory store's bytes on any carrier.
@@ -519,6 +533,7 @@ pub(crate) async fn writer(
         }
         // TLS may hold the batch's last records until flushed; TCP's flush is free.
         wr.flush().await?;
+        info.sent(written);
         batch.clear();
         if close {
             let _ = wr.shutdown().await;

@@ -1310,3 +1310,75 @@ fn stalled_reader_at(erl_level: u8) -> (Raw, Raw) {
     assert!(read_at(&mut b, 3, last, BLOCKS).iter().all(|&x| x == 0xee));
     (a, b)
 }
+
+/// libiscsi's iSCSISendTargets.Invalid, request by request on one connection: a
+/// SendTargets whose value is none of All, nothing or an iSCSI name is refused with a
+/// Reject PDU (protocol error, as LIO refuses it) that names the request, where an empty
+/// list would have said "no such target"; a key the target does not know is answered
+/// NotUnderstood (RFC 7143 6.2: MUST); the connection serves a valid SendTargets after
+/// each.
+#[test]
+fn send_targets_with_a_malformed_value_is_rejected_and_the_connection_goes_on() {
+    let addr = start("");
+    let mut raw = Raw::login(addr, [0x80, 0, 0, 0, 0, 0x27], 0, 1, 1, prefs());
+    let mut itt = 0x40;
+    let mut ask = |raw: &mut Raw, text: &str| {
+        itt += 1;
+        raw.send(&Pdu::TextRequest(TextRequest {
+            immediate: true,
+            final_: true,
+            itt,
+            ttt: RESERVED_TAG,
+            cmdsn: raw.cmdsn,
+            expstatsn: raw.statsn,
+            data: format!("{text}\0").into_bytes().into(),
+            ..Default::default()
+        }));
+        let answer = raw.recv();
+        let statsn = match &answer {
+            Pdu::TextResponse(t) => t.statsn,
+            Pdu::Reject(r) => r.statsn,
+            other => panic!("{text}: expected a text response or a reject, got {other:?}"),
+        };
+        raw.statsn = statsn.wrapping_add(1);
+        (itt, answer)
+    };
+    for bad in ["SendTargets=Alle", "SendTargets=A", "SendTargets=aLL"] {
+        let (itt, answer) = ask(&mut raw, bad);
+        let Pdu::Reject(r) = answer else {
+            panic!("{bad}: expected a Reject, got {answer:?}")
+        };
+        assert_eq!(r.reason, reject_reason::PROTOCOL_ERROR, "{bad}");
+        assert_eq!(
+            r.data[0] & 0x3f,
+            0x04,
+            "{bad}: the rejected header is the request's"
+        );
+        assert_eq!(
+            u32::from_be_bytes(r.data[16..20].try_into().unwrap()),
+            itt,
+            "{bad}: the rejected header's ITT"
+        );
+        let (_, answer) = ask(&mut raw, "SendTargets=All");
+        let Pdu::TextResponse(t) = answer else {
+            panic!("after {bad}: expected a text response, got {answer:?}")
+        };
+        let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
+        assert_eq!(keys.get("TargetName"), Some(IQN), "after {bad}");
+    }
+    for unknown in ["SendTargetsPlease=All", "sENDtARGETS=aLL"] {
+        let (_, answer) = ask(&mut raw, unknown);
+        let Pdu::TextResponse(t) = answer else {
+            panic!("{unknown}: expected a text response, got {answer:?}")
+        };
+        let keys = iscsi::text::TextKeys::parse(&t.data).unwrap();
+        let key = unknown.split_once('=').unwrap().0;
+        assert_eq!(keys.get(key), Some("NotUnderstood"), "{unknown}");
+    }
+    // A name that is well formed but not the session's target: an empty list.
+    let (_, answer) = ask(&mut raw, "SendTargets=iqn.2026-11.org.example:other");
+    let Pdu::TextResponse(t) = answer else {
+        panic!("expected a text response, got {answer:?}")
+    };
+    assert!(t.data.iter().all(|&b| b == 0), "{:?}", t.data);
+}

@@ -208,19 +208,8 @@ impl Size {
     /// The size for people, rounded: three significant digits in the largest
     /// power-of-1024 unit it reaches (`1.46GiB`, `12.3MiB`, `512KiB`, `999B`), trailing
     /// zeros dropped, so that a whole number of a unit prints as [`Size`] prints it.
-    pub fn approx(self) -> Approx {
-        Approx(rounded(self.0, 1024, BINARY, "B"))
-    }
-}
-
-/// An amount rounded for people by [`Size::approx`] or [`Rate::approx`]; it pads as the
-/// exact forms do.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Approx(String);
-
-impl fmt::Display for Approx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(&self.0)
+    pub fn approx(self) -> String {
+        rounded(self.0, 1024, BINARY, "B")
     }
 }
 
@@ -316,8 +305,8 @@ impl Rate {
     /// The rate for people, rounded: three significant digits in the largest of `tbit`,
     /// `gbit`, `mbit`, `kbit` it reaches (`95.3mbit`, `1.25gbit`, `100mbit`, `900bit`),
     /// trailing zeros dropped, so that a whole number of a unit prints as [`Rate`] prints it.
-    pub fn approx(self) -> Approx {
-        Approx(rounded(self.bits_per_sec, 1000, BITS, "bit"))
+    pub fn approx(self) -> String {
+        rounded(self.bits_per_sec, 1000, BITS, "bit")
     }
 }
 
@@ -482,6 +471,17 @@ pub fn format_duration(d: Duration) -> String {
     .find(|(per, _)| ns % per == 0)
     .unwrap_or((1, "ns"));
     format!("{}{unit}", ns / per)
+}
+
+/// An age for people, in its two largest units: `42s`, `3m07s`, `2h05m`, `3d04h`.
+pub fn format_age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
 }
 
 /// A probability: `0.1%` or the fraction `0.001`; within [0, 1].

@@ -378,3 +378,40 @@ fn rounded_for_people() {
     assert_eq!(Rate::measured(1, 0.0), Rate::from_bits_per_sec(0));
     assert_eq!(format!("{:>9}|", Size(3 << 29).approx()), "   1.5GiB|");
 }
+
+#[test]
+fn sizes_rates_and_ages_print_for_people() {
+    let sizes = [
+        (0, "0B"),
+        (117, "117B"),
+        (1023, "1023B"),
+        // One rounding for both: whole units print as the exact forms do.
+        (1024, "1KiB"),
+        (512 << 10, "512KiB"),
+        (1_300_000_000, "1.21GiB"),
+        (15 << 20, "15MiB"),
+        (u64::MAX, "16777216TiB"),
+    ];
+    for (n, want) in sizes {
+        assert_eq!(Size(n).approx(), want, "{n}");
+    }
+    let rates = [
+        (0, "0bit"),
+        (999, "999bit"),
+        (941_234_000, "941mbit"),
+        (1_250_000_000, "1.25gbit"),
+    ];
+    for (bits, want) in rates {
+        assert_eq!(Rate::from_bits_per_sec(bits).approx(), want, "{bits}");
+    }
+    let ages = [
+        (0, "0s"),
+        (59, "59s"),
+        (187, "3m07s"),
+        (7500, "2h05m"),
+        (273_600, "3d04h"),
+    ];
+    for (s, want) in ages {
+        assert_eq!(units::format_age(Duration::from_secs(s)), want, "{s}");
+    }
+}

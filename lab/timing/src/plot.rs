@@ -4,6 +4,7 @@
 //! beside TLS). I/O: writes a PNG.
 
 use anyhow::{anyhow, Result};
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
@@ -17,19 +18,39 @@ const FONTS: &[&str] = &[
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-fn fonts_ready() -> bool {
+/// Registers DejaVu Sans as "sans-serif" once; false when no font file is found. The lab's
+/// figures draw with it too.
+pub fn fonts_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let Some(bytes) = FONTS.iter().find_map(|p| std::fs::read(p).ok()) else {
             return false;
         };
+        // The registry wants 'static bytes; one font for the life of the process.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
         plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
     })
 }
 
-fn err(e: impl std::fmt::Debug) -> anyhow::Error {
+/// A plotters error (its error types carry the backend's) as ours.
+pub fn err(e: impl std::fmt::Debug) -> anyhow::Error {
     anyhow!("{e:?}")
+}
+
+/// The series' legend, boxed, at `at` in `size`-point text.
+pub fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    at: SeriesLabelPosition,
+    size: u32,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(at)
+        .label_font(("sans-serif", size))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 /// One panel: a title and a connection (analysed with its packets kept).
@@ -133,14 +154,7 @@ pub fn timeline(
             .map_err(err)?
             .label("ACK received")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], ack_c.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
     }
     root.present().map_err(err)?;
     Ok(())

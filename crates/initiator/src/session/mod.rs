@@ -44,7 +44,9 @@ use tasks::{recv_pdu, TaskTable};
 use tuner::Tuner;
 use window::Window;
 
-use crate::scsi::{self, Capacity, Sense};
+use scsi_proto::{cdb, sense, status};
+
+use crate::scsi::{Capacity, Sense};
 use crate::{Error, IscsiUrl, Result, SessionOptions};
 
 /// Direction and size of a command's data.
@@ -68,7 +70,7 @@ pub struct ScsiResult {
 
 impl ScsiResult {
     pub fn is_good(&self) -> bool {
-        self.status == scsi::STATUS_GOOD
+        self.status == status::GOOD
     }
 }
 
@@ -337,7 +339,7 @@ impl Session {
     /// issued first among commands that go out together, it spares them the attention
     /// (and the round trip of a repeat). Its status is of no interest.
     pub(crate) async fn absorb_unit_attention(&self, lun: u16) {
-        let cdb = crate::scsi::test_unit_ready();
+        let cdb = cdb::test_unit_ready();
         let _ = self.command_retrying(lun, &cdb, DataDir::None, false).await;
     }
 
@@ -358,12 +360,11 @@ impl Session {
         loop {
             match self.shared.attempt(lun, cdb, &dir, plug.take()).await {
                 Ok(r) => {
-                    let ua = r.status == scsi::STATUS_CHECK_CONDITION
+                    let ua = r.status == status::CHECK_CONDITION
                         && r.sense
                             .as_ref()
-                            .is_some_and(|s| s.key == scsi::SENSE_UNIT_ATTENTION);
-                    let busy =
-                        r.status == scsi::STATUS_BUSY || r.status == scsi::STATUS_TASK_SET_FULL;
+                            .is_some_and(|s| s.key == sense::key::UNIT_ATTENTION);
+                    let busy = r.status == status::BUSY || r.status == status::TASK_SET_FULL;
                     if ((ua && again_on_attention) || busy) && unit_attentions < 10 {
                         unit_attentions += 1;
                         if busy {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use iscsi::framing::{PduDecoder, PeekedHeader};
-use iscsi::pdu::{NopOut, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
+use iscsi::pdu::{async_event, NopOut, Opcode, Pdu, BHS_LEN, RESERVED_TAG};
 use tokio::sync::watch;
 
 use super::placed::{ReadSink, PLACE_MIN};
@@ -35,7 +35,7 @@ impl Shared {
     }
 
     /// Handles a PDU from the target; `placed` as in [`Routed`].
-    pub(super) fn dispatch(&self, conn: &Arc<Conn>, pdu: Pdu, placed: usize) {
+    pub(super) fn dispatch(self: &Arc<Self>, conn: &Arc<Conn>, pdu: Pdu, placed: usize) {
         let window = match &pdu {
             Pdu::ScsiResponse(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, true)),
             Pdu::DataIn(p) => Some((p.statsn, p.expcmdsn, p.maxcmdsn, p.status_present)),
@@ -74,7 +74,15 @@ impl Shared {
                 }
             }
             Pdu::AsyncMessage(m) => match m.async_event {
-                1..=3 => {
+                async_event::LOGOUT_REQUESTED => {
+                    tracing::warn!(
+                        cid = conn.cid,
+                        "target asks for a logout within {} s",
+                        m.parameter3
+                    );
+                    tokio::spawn(self.clone().logout_requested(conn.clone(), m.parameter3));
+                }
+                async_event::CONNECTION_DROPPED | async_event::SESSION_DROPPED => {
                     tracing::warn!(
                         cid = conn.cid,
                         "target asks to end the connection (async event {})",

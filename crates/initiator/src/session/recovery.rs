@@ -413,6 +413,37 @@ impl Shared {
         }
     }
 
+    /// The target asked for `conn` to log out within `within` seconds (Async Message
+    /// event 1, RFC 7143 11.9.1): it logs itself out ("close the connection", which ends
+    /// the session with its last connection), and then it is recovered as a lost
+    /// connection is: logged in again beside the others, or the session reinstated. That
+    /// is what open-iscsi and libiscsi do too: a target asks for a logout to move or end
+    /// sessions, not to turn the initiator away (access rules do that).
+    pub(super) async fn logout_requested(self: Arc<Self>, conn: Arc<Conn>, within: u16) {
+        let (guard, mut rx) = self.register(&conn);
+        let cmdsn = self.state.lock().unwrap().window.cmdsn;
+        conn.send(Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason: logout::CLOSE_CONNECTION,
+            itt: guard.itt,
+            cid: conn.cid,
+            cmdsn,
+            expstatsn: 0,
+        }));
+        let limit = Duration::from_secs(u64::from(within.clamp(1, 10)));
+        let why = match tokio::time::timeout(limit, recv_pdu(&mut rx)).await {
+            Ok(Some(Pdu::LogoutResponse(r))) if r.response == 0 => {
+                tracing::info!(cid = conn.cid, "logged out as the target asked");
+                "logged out at the target's request".to_owned()
+            }
+            Ok(Some(other)) => format!("logout the target asked for answered with {other:?}"),
+            Ok(None) => "connection lost during the logout the target asked for".to_owned(),
+            Err(_) => format!("no answer to the logout the target asked for within {limit:?}"),
+        };
+        drop(guard);
+        self.conn_failed(&conn, &why);
+    }
+
     pub(super) fn conn_failed(self: &Arc<Self>, conn: &Arc<Conn>, why: &str) {
         conn.kill();
         let mut st = self.state.lock().unwrap();

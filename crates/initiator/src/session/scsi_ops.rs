@@ -4,6 +4,8 @@
 use bytes::Bytes;
 
 use super::{DataDir, ScsiResult, Session};
+use scsi_proto::cdb;
+
 use crate::scsi::{self, Capacity, Inquiry, Sense};
 use crate::{Error, Result};
 
@@ -28,14 +30,14 @@ impl Session {
     }
 
     pub async fn test_unit_ready(&self, lun: u16) -> Result<()> {
-        self.command_ok(lun, &scsi::test_unit_ready(), DataDir::None)
+        self.command_ok(lun, &cdb::test_unit_ready(), DataDir::None)
             .await
             .map(drop)
     }
 
     pub async fn inquiry(&self, lun: u16) -> Result<Inquiry> {
         let r = self
-            .command_ok(lun, &scsi::inquiry(None, 96), DataDir::Read(96))
+            .command_ok(lun, &cdb::inquiry(None, 96), DataDir::Read(96))
             .await?;
         let inq = Inquiry::parse(&r.data)
             .ok_or_else(|| Error::Protocol("INQUIRY data shorter than 36 bytes".into()))?;
@@ -51,7 +53,7 @@ impl Session {
     /// A VPD page, raw.
     pub async fn vpd(&self, lun: u16, page: u8) -> Result<Bytes> {
         let r = self
-            .command_ok(lun, &scsi::inquiry(Some(page), 4096), DataDir::Read(4096))
+            .command_ok(lun, &cdb::inquiry(Some(page), 4096), DataDir::Read(4096))
             .await?;
         Ok(r.data)
     }
@@ -59,7 +61,7 @@ impl Session {
     /// READ CAPACITY (16), falling back to (10); cached for [`Session::read`]/`write`.
     pub async fn read_capacity(&self, lun: u16) -> Result<Capacity> {
         let r = self
-            .command(lun, &scsi::read_capacity16(), DataDir::Read(32))
+            .command(lun, &cdb::read_capacity16(), DataDir::Read(32))
             .await?;
         let cap = if r.is_good() {
             Capacity::parse16(&r.data)
@@ -71,7 +73,7 @@ impl Session {
                 });
             }
             let r = self
-                .command_ok(lun, &scsi::read_capacity10(), DataDir::Read(8))
+                .command_ok(lun, &cdb::read_capacity10(), DataDir::Read(8))
                 .await?;
             Capacity::parse10(&r.data)
         }
@@ -87,7 +89,7 @@ impl Session {
 
     pub async fn report_luns(&self) -> Result<Vec<u16>> {
         let r = self
-            .command_ok(0, &scsi::report_luns(16384), DataDir::Read(16384))
+            .command_ok(0, &cdb::report_luns(16384), DataDir::Read(16384))
             .await?;
         Ok(scsi::parse_report_luns(&r.data))
     }
@@ -106,7 +108,7 @@ impl Session {
             .checked_mul(bs)
             .ok_or_else(|| Error::Option("read too large".into()))?;
         let r = self
-            .command_ok(lun, &scsi::read16(lba, blocks), DataDir::Read(len))
+            .command_ok(lun, &cdb::read16(lba, blocks), DataDir::Read(len))
             .await?;
         if r.data.len() != len as usize {
             return Err(Error::Protocol(format!(
@@ -127,13 +129,13 @@ impl Session {
             )));
         }
         let blocks = (data.len() / bs as usize) as u32;
-        self.command_ok(lun, &scsi::write16(lba, blocks), DataDir::Write(data))
+        self.command_ok(lun, &cdb::write16(lba, blocks), DataDir::Write(data))
             .await
             .map(drop)
     }
 
     pub async fn sync_cache(&self, lun: u16) -> Result<()> {
-        self.command_ok(lun, &scsi::sync_cache10(), DataDir::None)
+        self.command_ok(lun, &cdb::sync_cache10(), DataDir::None)
             .await
             .map(drop)
     }

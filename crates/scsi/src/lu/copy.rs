@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use crate::cdb::{be32, truncate};
-use crate::opcodes::*;
+use crate::opcodes::{service_action, service_action_of};
+use crate::pr::Access;
 use crate::sense::{self, Sense};
 use crate::xcopy::{self, CopyList, CopyState, CopyStatus, Designator, Reach, Segment};
 use crate::{Command, Nexus};
@@ -170,13 +171,9 @@ impl LogicalUnit {
         dst.check_writable().map_err(aborted)?;
         // This logical unit checked the EXTENDED COPY itself against its reservations;
         // other ones are asked as for a READ or WRITE from the same nexus.
-        for (lu, opcode) in [(src, READ_16), (dst, WRITE_16)] {
-            if !std::ptr::eq(lu, self) {
-                let mut cdb = [0u8; 16];
-                cdb[0] = opcode;
-                if lu.pr().check(nexus, &cdb).is_err() {
-                    return Err(sense::COPY_ABORTED);
-                }
+        for (lu, access) in [(src, Access::Read), (dst, Access::Write)] {
+            if !std::ptr::eq(lu, self) && lu.pr().check(nexus, access).is_err() {
+                return Err(sense::COPY_ABORTED);
             }
         }
         let step = lcm(src.block_size, dst.block_size);
@@ -211,9 +208,9 @@ impl LogicalUnit {
     /// RECEIVE COPY RESULTS (LID1): COPY STATUS of a held list identifier (reported once
     /// the copy has ended, then forgotten) and OPERATING PARAMETERS.
     pub(super) fn receive_copy_results(&self, cdb: &[u8], nexus: Nexus) -> Outcome {
-        let sa = (cdb[1] & 0x1f) as u16;
+        let sa = service_action_of(cdb);
         let alloc = be32(&cdb[10..14]) as usize;
-        let data = if sa == SA_COPY_STATUS {
+        let data = if sa == service_action::receive_copy_results::COPY_STATUS {
             let key = (nexus, cdb[2]);
             let mut copies = self.copies();
             let status = *copies

@@ -8,11 +8,12 @@ use backstore::{Backstore, Lent};
 
 use crate::cdb::{self, block_range, BlockRange};
 use crate::opcodes::*;
+use crate::pr::Access;
 use crate::range_lock::RangeGuard;
 use crate::sense::{self};
 use crate::{Command, Nexus, Response};
 
-use super::LogicalUnit;
+use super::{class_of, Class, LogicalUnit};
 
 /// The data of a READ lent by the store (see [`LogicalUnit::try_read_lent`]): writes to its
 /// blocks wait until it is dropped.
@@ -194,13 +195,10 @@ impl LogicalUnit {
     /// unit attention, a reservation conflict, a bad field, more than `max_bytes` as the
     /// CDB asks, whatever the transport expects).
     pub(super) fn plain_read(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
-        if !matches!(
-            cmd.cdb.first(),
-            Some(&(READ_6 | READ_10 | READ_12 | READ_16))
-        ) {
+        if class_of(cmd.cdb) != Class::Read {
             return None;
         }
-        self.plain_block(cmd, max_bytes)
+        self.plain_block(cmd, max_bytes, Access::Read)
     }
 
     /// The blocks of a plain WRITE that [`LogicalUnit::execute`] would write (and answer
@@ -215,7 +213,7 @@ impl LogicalUnit {
         {
             return None;
         }
-        let r = self.plain_block(cmd, max_bytes)?;
+        let r = self.plain_block(cmd, max_bytes, Access::Write)?;
         (cmd.data_out.len() as u64 == r.blocks * self.block_size).then_some(r)
     }
 
@@ -230,7 +228,12 @@ impl LogicalUnit {
             .is_some_and(|pending| pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
     }
 
-    pub(super) fn plain_block(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
+    pub(super) fn plain_block(
+        &self,
+        cmd: &Command,
+        max_bytes: u64,
+        access: Access,
+    ) -> Option<BlockRange> {
         let cdb = cmd.cdb;
         if cdb::check_len(cdb).is_err()
             || self.sanitizer.running()
@@ -252,7 +255,7 @@ impl LogicalUnit {
             && r.blocks.saturating_mul(self.block_size) <= max_bytes
             && self.check_range(r.lba, r.blocks).is_ok()
             && self.check_transfer(cdb, r.blocks).is_ok()
-            && self.pr().check(cmd.nexus, cdb).is_ok();
+            && self.pr().check(cmd.nexus, access).is_ok();
         ok.then_some(r)
     }
 
@@ -322,10 +325,7 @@ impl LogicalUnit {
     pub fn try_flush_async(&self, cmd: &Command) -> Option<AsyncFlush> {
         let cdb = cmd.cdb;
         if !self.store.writes_async()
-            || !matches!(
-                cdb.first(),
-                Some(&(SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16))
-            )
+            || class_of(cdb) != Class::Flush
             || cdb::check_len(cdb).is_err()
             || self.sanitizer.running()
             || self.medium_present().is_err()
@@ -337,7 +337,9 @@ impl LogicalUnit {
             return None;
         }
         let r = block_range(cdb);
-        if self.check_range(r.lba, r.blocks).is_err() || self.pr().check(cmd.nexus, cdb).is_err() {
+        if self.check_range(r.lba, r.blocks).is_err()
+            || self.pr().check(cmd.nexus, Access::Write).is_err()
+        {
             return None;
         }
         Some(AsyncFlush {

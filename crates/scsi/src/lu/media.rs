@@ -4,6 +4,7 @@
 use backstore::buffers::Buf;
 
 use crate::cdb::{be16, be32, be64, block_range, truncate};
+use crate::opcodes::service_action::sanitize as sa;
 use crate::opcodes::*;
 use crate::sanitize;
 use crate::sense::{self, Sense};
@@ -309,20 +310,17 @@ impl LogicalUnit {
         }
         if !matches!(
             sa,
-            SA_SANITIZE_OVERWRITE
-                | SA_SANITIZE_BLOCK_ERASE
-                | SA_SANITIZE_CRYPTO_ERASE
-                | SA_SANITIZE_EXIT_FAILURE_MODE
+            sa::OVERWRITE | sa::BLOCK_ERASE | sa::CRYPTOGRAPHIC_ERASE | sa::EXIT_FAILURE_MODE
         ) {
             return Err(Sense::invalid_field_in_cdb(1, Some(4)));
         }
         // BLOCK and CRYPTOGRAPHIC ERASE deallocate: only where the LU is thin (LBPME), as
         // REPORT SUPPORTED OPERATION CODES says; a fully provisioned LU offers OVERWRITE.
-        if matches!(sa, SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE) && !self.config.thin {
+        if matches!(sa, sa::BLOCK_ERASE | sa::CRYPTOGRAPHIC_ERASE) && !self.config.thin {
             return Err(Sense::invalid_field_in_cdb(1, Some(4)));
         }
         let len = be16(&cdb[7..9]) as u64;
-        if sa == SA_SANITIZE_OVERWRITE {
+        if sa == sa::OVERWRITE {
             // The parameter list holds four bytes and a pattern of at most one block.
             if len < 5 || len > self.block_size + 4 {
                 return Err(Sense::invalid_field_in_cdb(7, None));
@@ -330,11 +328,11 @@ impl LogicalUnit {
         } else if len != 0 {
             return Err(Sense::invalid_field_in_cdb(7, None));
         }
-        if sa == SA_SANITIZE_EXIT_FAILURE_MODE {
+        if sa == sa::EXIT_FAILURE_MODE {
             return Ok(Vec::new());
         }
         self.check_writable()?;
-        let method = if sa == SA_SANITIZE_OVERWRITE {
+        let method = if sa == sa::OVERWRITE {
             sanitize::Method::Overwrite(self.overwrite_pattern(self.data(data_out, len)?)?)
         } else {
             sanitize::Method::Erase {

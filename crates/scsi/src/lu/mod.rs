@@ -1,8 +1,9 @@
 //! The logical unit: state shared by all nexuses and the SBC/SPC command set.
 //!
 //! This module holds the unit's state, `execute` (checks, reservations, unit attentions,
-//! dispatch) and the small commands; the rest by kind: `media` (the commands that read or
-//! change the medium), `copy` (EXTENDED COPY), `fast` (the paths beside `execute` for
+//! then the handler its row in `commands` names) and the small commands; the rest by
+//! kind: `commands` (the table of the commands offered), `media` (the commands that read
+//! or change the medium), `copy` (EXTENDED COPY), `fast` (the paths beside `execute` for
 //! plain READs, WRITEs and flushes: lent, at once or asynchronous).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use backstore::Backstore;
 
-use crate::cdb::{self, be16, be32, block_range, truncate, BlockRange};
+use crate::cdb::{self, be16, be32, block_range, truncate};
 use crate::inquiry::{self, Limits};
 use crate::mode::{self, ModeState};
 use crate::opcodes::*;
@@ -20,13 +21,16 @@ use crate::pr::{Fail, Notices, Reservations};
 use crate::range_lock::{RangeGuard, RangeLocks};
 use crate::sanitize::Sanitizer;
 use crate::sense::{self, Sense};
-use crate::xcopy::{self, CopyStatus, Designator, OnlyItself, Reach};
+use crate::xcopy::{CopyStatus, Designator, OnlyItself, Reach};
 use crate::{status, Command, LuConfig, Nexus, Response};
 
+mod commands;
 mod copy;
 mod fast;
 mod media;
 
+pub use commands::{class_of, Class};
+use commands::{Call, Gate, Offer};
 pub use fast::{AsyncFlush, AsyncRead, AsyncWrite, LentRead};
 
 type Outcome = Result<Vec<u8>, Sense>;
@@ -250,36 +254,7 @@ impl LogicalUnit {
     /// Bytes the initiator is to send for this CDB, or `None` if the CDB is not one this
     /// logical unit understands well enough to say.
     pub fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u32> {
-        cdb::check_len(cdb).ok()?;
-        let bs = block_size as u64;
-        let blocks = |r: BlockRange| r.blocks.checked_mul(bs).and_then(|n| u32::try_from(n).ok());
-        match cdb[0] {
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 | WRITE_VERIFY_10 | WRITE_VERIFY_12
-            | WRITE_VERIFY_16 | ORWRITE_16 => blocks(block_range(cdb)),
-            VERIFY_10 | VERIFY_12 | VERIFY_16 => match (cdb[1] >> 1) & 0x03 {
-                0 => Some(0),
-                1 => blocks(block_range(cdb)),
-                3 => Some(block_size),
-                _ => None,
-            },
-            // Data of another length than the CDB implies is refused (SBC-4 4.28.2 lets
-            // the device server do so), so the transport hands over what came.
-            WRITE_SAME_10 | WRITE_SAME_16 | COMPARE_AND_WRITE => None,
-            UNMAP | MODE_SELECT_10 => Some(be16(&cdb[7..9]) as u32),
-            MODE_SELECT_6 => Some(cdb[4] as u32),
-            SANITIZE => Some(be16(&cdb[7..9]) as u32),
-            WRITE_ATOMIC_16 => u32::try_from(be16(&cdb[12..14]) as u64 * bs).ok(),
-            PERSISTENT_RESERVE_OUT => Some(be32(&cdb[5..9])),
-            EXTENDED_COPY => Some(xcopy::parameter_list_length(cdb)),
-            RECEIVE_COPY_RESULTS => Some(0),
-            RESERVE_6 | RELEASE_6 | RESERVE_10 | RELEASE_10 | PERSISTENT_RESERVE_IN => Some(0),
-            TEST_UNIT_READY | REQUEST_SENSE | READ_6 | INQUIRY | MODE_SENSE_6 | START_STOP_UNIT
-            | PREVENT_ALLOW | READ_CAPACITY_10 | READ_10 | PRE_FETCH_10 | SYNCHRONIZE_CACHE_10
-            | READ_DEFECT_DATA_10 | MODE_SENSE_10 | READ_16 | PRE_FETCH_16
-            | SYNCHRONIZE_CACHE_16 | SERVICE_ACTION_IN_16 | REPORT_LUNS | MAINTENANCE_IN
-            | READ_12 | READ_DEFECT_DATA_12 => Some(0),
-            _ => None,
-        }
+        commands::data_out_len(cdb, block_size)
     }
 
     /// Runs one command that reaches no other logical unit (an EXTENDED COPY copies only
@@ -299,7 +274,11 @@ impl LogicalUnit {
         reach: &dyn Reach,
         aborted: &dyn Fn() -> bool,
     ) -> Response {
-        match self.run(cmd, reach, aborted) {
+        match self.run(&Call {
+            cmd,
+            reach,
+            aborted,
+        }) {
             Ok(data) => Response::good(data),
             Err(Fail::Check(s)) => Response::check_condition(&s),
             Err(Fail::Conflict) => Response {
@@ -310,93 +289,29 @@ impl LogicalUnit {
         }
     }
 
-    fn run(
-        &self,
-        cmd: &Command,
-        reach: &dyn Reach,
-        aborted: &dyn Fn() -> bool,
-    ) -> Result<Vec<u8>, Fail> {
-        let Some(&opcode) = cmd.cdb.first() else {
-            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
-        };
-        cdb::check_len(cmd.cdb)?;
-        let cdb = cmd.cdb;
-        let sa = (cdb[1] & 0x1f) as u16;
-        let offer = self.offer();
-        // Reservations a LU does not offer are refused as a whole, whatever the service
-        // action (see `LuConfig::peer_port_groups`).
-        if !offer.reservations && is_reservation(opcode) {
+    /// The checks every command passes, in SAM-5's order, then its handler.
+    fn run(&self, call: &Call<'_>) -> Result<Vec<u8>, Fail> {
+        let cdb = call.cmd.cdb;
+        if cdb.is_empty() {
             return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
         }
-        if !is_supported(opcode, sa, offer) {
-            // A known opcode with an unknown service action is a bad field, not a bad
-            // opcode.
-            if has_service_action(opcode) {
-                return Err(Sense::invalid_field_in_cdb(1, Some(4)).into());
-            }
-            return Err(sense::INVALID_COMMAND_OPERATION_CODE.into());
-        }
-
-        self.register(cmd.nexus);
+        cdb::check_len(cdb)?;
+        let op = commands::offered(cdb, self.offer())?;
+        self.register(call.cmd.nexus);
         self.refresh_capacity();
-        if opcode == REPORT_LUNS {
-            self.luns_reported(cmd.nexus);
-        }
-        if !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
-            if let Some(ua) = self.take_unit_attention(cmd.nexus) {
+        if op.gate != Gate::None {
+            if let Some(ua) = self.take_unit_attention(call.cmd.nexus) {
                 return Err(ua.into());
             }
-        }
-        if self.sanitizer.running() && !matches!(opcode, INQUIRY | REPORT_LUNS | REQUEST_SENSE) {
-            return Err(self.sanitizer.in_progress().into());
-        }
-        self.pr().check(cmd.nexus, cdb)?;
-
-        let ptpl = self.config.pr_file.is_some();
-        match opcode {
-            RESERVE_6 | RESERVE_10 => self.pr().reserve(cmd.nexus, cdb).map(|_| Vec::new()),
-            RELEASE_6 | RELEASE_10 => self.pr().release(cmd.nexus, cdb).map(|_| Vec::new()),
-            PERSISTENT_RESERVE_IN => self.pr().persistent_in(cdb, ptpl),
-            PERSISTENT_RESERVE_OUT => self.persistent_out(cmd, reach),
-            MAINTENANCE_IN if sa == SA_REPORT_TARGET_PORT_GROUPS => {
-                Ok(inquiry::report_target_port_groups(cdb, &self.config)?)
-            }
-            _ => Ok(self.run_unreserved(cmd, reach, aborted)?),
-        }
-    }
-
-    fn run_unreserved(
-        &self,
-        cmd: &Command,
-        reach: &dyn Reach,
-        aborted: &dyn Fn() -> bool,
-    ) -> Outcome {
-        let cdb = cmd.cdb;
-        match cdb[0] {
-            INQUIRY => inquiry::inquiry(cdb, &self.config, &self.limits),
-            REPORT_LUNS => report_luns(&[0], cdb),
-            REQUEST_SENSE => self.request_sense(cdb, cmd.nexus),
-            MAINTENANCE_IN => report_supported_opcodes(cdb, self.offer()),
-            MODE_SENSE_6 | MODE_SENSE_10 => {
-                let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
-                let dev = mode::Device {
-                    write_protected: self.config.read_only || state.swp,
-                    capacity: self.capacity_blocks(),
-                    block_size: self.block_size as u32,
-                };
-                mode::mode_sense(cdb, &state, &dev)
-            }
-            MODE_SELECT_6 | MODE_SELECT_10 => self.mode_select(cmd),
-            START_STOP_UNIT => self.start_stop(cdb, cmd.nexus),
-            PREVENT_ALLOW => self.prevent_allow(cdb, cmd.nexus),
-            // Each copy target's medium is checked when a segment reaches it.
-            EXTENDED_COPY => self.extended_copy(cmd, reach),
-            RECEIVE_COPY_RESULTS => self.receive_copy_results(cdb, cmd.nexus),
-            _ => {
-                self.medium_present()?;
-                self.media_command(cmd, aborted)
+            if self.sanitizer.running() {
+                return Err(self.sanitizer.in_progress().into());
             }
         }
+        self.pr().check(call.cmd.nexus, op.access)?;
+        if op.gate == Gate::Medium {
+            self.medium_present()?;
+        }
+        (op.run)(self, call)
     }
 
     fn persistent_out(&self, cmd: &Command, reach: &dyn Reach) -> Result<Vec<u8>, Fail> {
@@ -434,39 +349,6 @@ impl LogicalUnit {
                     q.lock().unwrap_or_else(|e| e.into_inner()).push_back(s);
                 }
             }
-        }
-    }
-
-    /// Commands that touch the medium.
-    fn media_command(&self, cmd: &Command, aborted: &dyn Fn() -> bool) -> Outcome {
-        let cdb = cmd.cdb;
-        match cdb[0] {
-            TEST_UNIT_READY => Ok(Vec::new()),
-            READ_CAPACITY_10 => self.read_capacity_10(cdb),
-            SERVICE_ACTION_IN_16 => match (cdb[1] & 0x1f) as u16 {
-                SA_READ_CAPACITY_16 => self.read_capacity_16(cdb),
-                _ => self.get_lba_status(cdb),
-            },
-            READ_6 | READ_10 | READ_12 | READ_16 => self.read(cdb),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => self.write(cdb, cmd.data_out),
-            WRITE_VERIFY_10 | WRITE_VERIFY_12 | WRITE_VERIFY_16 => {
-                self.write_verify(cdb, cmd.data_out)
-            }
-            VERIFY_10 | VERIFY_12 | VERIFY_16 => self.verify(cdb, cmd.data_out),
-            ORWRITE_16 => self.orwrite(cdb, cmd.data_out),
-            WRITE_ATOMIC_16 => self.write_atomic(cdb, cmd.data_out),
-            COMPARE_AND_WRITE => self.compare_and_write(cdb, cmd.data_out),
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
-            PRE_FETCH_10 | PRE_FETCH_16 => {
-                let r = block_range(cdb);
-                self.check_range(r.lba, r.blocks)?;
-                Ok(Vec::new())
-            }
-            WRITE_SAME_10 | WRITE_SAME_16 => self.write_same(cdb, cmd.data_out),
-            UNMAP => self.unmap(cdb, cmd.data_out),
-            SANITIZE => self.sanitize(cdb, cmd.data_out, aborted),
-            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => read_defect_data(cdb),
-            _ => Err(sense::INVALID_COMMAND_OPERATION_CODE),
         }
     }
 
@@ -624,7 +506,17 @@ impl LogicalUnit {
         Ok(Vec::new())
     }
 
-    fn start_stop(&self, cdb: &[u8], _nexus: Nexus) -> Outcome {
+    fn mode_sense(&self, cdb: &[u8]) -> Outcome {
+        let state = *self.mode.read().unwrap_or_else(|e| e.into_inner());
+        let dev = mode::Device {
+            write_protected: self.config.read_only || state.swp,
+            capacity: self.capacity_blocks(),
+            block_size: self.block_size as u32,
+        };
+        mode::mode_sense(cdb, &state, &dev)
+    }
+
+    fn start_stop(&self, cdb: &[u8]) -> Outcome {
         let power_condition = cdb[4] >> 4;
         let no_flush = cdb[4] & 0x04 != 0;
         let loej = cdb[4] & 0x02 != 0;
@@ -650,6 +542,45 @@ impl LogicalUnit {
             }
             self.no_medium.store(!start, Ordering::Release);
         }
+        Ok(Vec::new())
+    }
+
+    /// SEND DIAGNOSTIC (SPC-5 6.42). The default self-test (SELFTEST one), which every
+    /// device server that has the command must offer, reads the first and the last block
+    /// back from the store: the path every command takes. The other self-tests report
+    /// through the Self-Test Results log page, which this logical unit does not keep, and
+    /// it has no diagnostic page to take: refused as the fields that ask for them.
+    fn send_diagnostic(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let selftest = cdb[1] & 0x04 != 0;
+        let len = be16(&cdb[3..5]);
+        if cdb[1] >> 5 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
+        }
+        if selftest && len != 0 {
+            return Err(Sense::invalid_field_in_cdb(3, None));
+        }
+        if !self.data(data_out, len.into())?.is_empty() {
+            // The page code of a diagnostic page this logical unit does not support.
+            return Err(Sense::invalid_field_in_parameter_list(0, None));
+        }
+        if !selftest {
+            // No self-test and no page asked for: nothing to do, and no error (SPC-5).
+            return Ok(Vec::new());
+        }
+        if let Some(last) = self.capacity_blocks().checked_sub(1) {
+            for lba in [0, last] {
+                let _guard = self.lock_range_shared(lba, 1);
+                self.read_blocks(lba, 1)
+                    .map_err(|_| sense::LOGICAL_UNIT_FAILED_SELF_TEST)?;
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// PRE-FETCH (10, 16): the blocks must exist; there is no cache of ours to fill.
+    fn pre_fetch(&self, cdb: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        self.check_range(r.lba, r.blocks)?;
         Ok(Vec::new())
     }
 
@@ -696,18 +627,6 @@ fn read_defect_data(cdb: &[u8]) -> Outcome {
     Ok(truncate(data, alloc))
 }
 
-/// Single-level LUN structure (SAM-5 4.7): peripheral addressing below 256, flat above.
-fn encode_lun(lun: u16) -> [u8; 8] {
-    let mut l = [0u8; 8];
-    if lun < 256 {
-        l[1] = lun as u8;
-    } else {
-        l[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
-        l[1] = lun as u8;
-    }
-    l
-}
-
 pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
     if cdb.len() < 12 {
         return Err(Sense::invalid_field_in_cdb(0, None));
@@ -722,7 +641,7 @@ pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
     let mut data = ((list.len() * 8) as u32).to_be_bytes().to_vec();
     data.extend_from_slice(&[0; 4]);
     for l in list {
-        data.extend_from_slice(&encode_lun(l));
+        data.extend_from_slice(&scsi_proto::lun::to_wire(l).to_be_bytes());
     }
     Ok(truncate(data, alloc))
 }

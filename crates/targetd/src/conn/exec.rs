@@ -7,6 +7,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use backstore::buffers::Buf;
 use bytes::Bytes;
@@ -19,6 +20,7 @@ use tokio::sync::mpsc;
 use super::Conn;
 use crate::node::TargetNode;
 use crate::session::Session;
+use crate::stats::LunStats;
 use crate::task::Task;
 use crate::wire::{self, Out};
 
@@ -37,6 +39,15 @@ impl Conn {
         task.ctl.executing.store(true, Ordering::Release);
         self.shared.task_started();
         self.executing.count.fetch_add(1, Ordering::AcqRel);
+        // The LUN's counters, when metrics are on: held by the job, counted at its answer.
+        let stats = task
+            .lun
+            .and_then(|l| target.stores.get(&l))
+            .and_then(|s| s.stats.clone())
+            .map(|s| {
+                s.started();
+                (s, Instant::now())
+            });
         let job = Job {
             task,
             target,
@@ -51,6 +62,7 @@ impl Conn {
             // an answer kept for reassignment keeps its blocks for a second at most (the
             // writer).
             lend_mapping: !self.params.data_digest && !self.tls,
+            stats,
         };
         let session = self.session.clone();
         let shared = self.shared.clone();
@@ -171,6 +183,8 @@ struct Job {
     /// Large reads may send a file's mapped bytes without a copy (see
     /// `LogicalUnit::try_read_lent`); a memory store's bytes may be lent whatever this says.
     lend_mapping: bool,
+    /// The LUN's counters and when the command started at it (`[metrics]`).
+    stats: Option<(Arc<LunStats>, Instant)>,
 }
 
 impl Job {
@@ -287,6 +301,23 @@ impl Job {
     }
 
     fn answer(&self, answer: Answer, spdtl_out: Option<u32>) -> Vec<Pdu> {
+        if let Some((stats, started)) = &self.stats {
+            let cmd = &self.task.cmd;
+            let data_in = if cmd.read {
+                answer.data.len().min(cmd.edtl as usize) as u64
+            } else {
+                0
+            };
+            // A command runs once all its Data-Out has arrived: EDTL bytes.
+            let data_out = if cmd.write { u64::from(cmd.edtl) } else { 0 };
+            stats.answered(
+                &cmd.cdb,
+                data_in + data_out,
+                started.elapsed(),
+                answer.status,
+                answer.sense.as_deref(),
+            );
+        }
         build_response(
             &self.task.cmd,
             answer,

@@ -1,7 +1,8 @@
 //! Text requests in full feature phase (RFC 7143 11.10, 11.11): requests and responses
 //! that span several PDUs, SendTargets with the portals as this connection reaches them,
 //! and the `X-org.reservoir.PacingRate` hint; every other key is answered NotUnderstood or
-//! Reject, as renegotiation is not offered.
+//! Reject, as renegotiation is not offered. A SendTargets whose value is none of the
+//! three RFC 7143 allows is a protocol error: the request gets a Reject PDU.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -86,7 +87,22 @@ impl Conn {
         let mut answer = TextKeys::new();
         for (k, v) in keys.iter() {
             if k == "SendTargets" {
-                self.send_targets(v, &mut answer);
+                let Some(scope) = SendTargetsScope::of(v) else {
+                    // As LIO does: there is no answer to give in the text (no target is
+                    // named and "All" is not what was asked), and an empty list would say
+                    // "no such target" to a request that names none.
+                    peer_log!(
+                        warn,
+                        "connection {}: SendTargets={v:?}: neither All, empty nor an iSCSI name",
+                        self.cid
+                    );
+                    self.reject(
+                        reject_reason::PROTOCOL_ERROR,
+                        &header_of(&Pdu::TextRequest(t)),
+                    );
+                    return;
+                };
+                self.send_targets(scope, &mut answer);
             } else if k == iscsi::negotiate::PACING_RATE_KEY {
                 self.pacing_hint(v, &mut answer);
             } else if k.starts_with("X-")
@@ -163,7 +179,7 @@ impl Conn {
             .collect()
     }
 
-    fn send_targets(&self, which: &str, answer: &mut TextKeys) {
+    fn send_targets(&self, which: SendTargetsScope, answer: &mut TextKeys) {
         let own = self.session.target();
         // The targets as the configuration has them now (a reload may have changed them).
         let live = self.shared.live();
@@ -180,12 +196,12 @@ impl Conn {
                 .collect(),
         };
         let wanted: Vec<&Arc<TargetNode>> = match which {
-            "All" => visible,
-            "" => match &own {
+            SendTargetsScope::All => visible,
+            SendTargetsScope::SessionTarget => match &own {
                 Some(t) => vec![t],
                 None => Vec::new(),
             },
-            name => visible
+            SendTargetsScope::Named(name) => visible
                 .into_iter()
                 .filter(|t| t.iqn.eq_ignore_ascii_case(name))
                 .collect(),
@@ -196,6 +212,59 @@ impl Conn {
             for a in &addrs {
                 answer.push("TargetAddress", a.clone());
             }
+        }
+    }
+}
+
+/// What a SendTargets request asks for. RFC 7143 13.3 (and its SendTargets appendix):
+/// the value is `All`, an iSCSI name, or nothing (in a normal session, the session's
+/// target); values are case-sensitive, names compared without case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendTargetsScope<'a> {
+    All,
+    SessionTarget,
+    Named(&'a str),
+}
+
+impl<'a> SendTargetsScope<'a> {
+    /// `None` for a value of none of the three forms.
+    fn of(value: &'a str) -> Option<Self> {
+        match value {
+            "All" => Some(Self::All),
+            "" => Some(Self::SessionTarget),
+            name => crate::config::validate_iscsi_name(name)
+                .is_ok()
+                .then_some(Self::Named(name)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SendTargetsScope;
+
+    /// libiscsi's iSCSISendTargets.Invalid sends these and expects each to fail, as LIO
+    /// fails them (a Reject PDU).
+    #[test]
+    fn send_targets_takes_all_nothing_or_an_iscsi_name() {
+        assert_eq!(SendTargetsScope::of("All"), Some(SendTargetsScope::All));
+        assert_eq!(
+            SendTargetsScope::of(""),
+            Some(SendTargetsScope::SessionTarget)
+        );
+        for name in [
+            "iqn.2026-11.org.reservoir:t",
+            "IQN.2026-11.ORG.RESERVOIR:T",
+            "eui.0123456789abcdef",
+            "naa.0123456789abcdef",
+        ] {
+            assert_eq!(
+                SendTargetsScope::of(name),
+                Some(SendTargetsScope::Named(name))
+            );
+        }
+        for bad in ["Alle", "A", "aLL", "all", "iqn.", "eui.01", "All "] {
+            assert_eq!(SendTargetsScope::of(bad), None, "{bad:?}");
         }
     }
 }

@@ -22,6 +22,7 @@ impl Conn {
         let (t2w, t2r) = (p.default_time2wait, p.default_time2retain);
         let response = match l.reason {
             logout::CLOSE_SESSION => {
+                self.session.note_logout();
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.session.close();
@@ -35,6 +36,8 @@ impl Conn {
                 logout::CLOSED
             }
             logout::CLOSE_CONNECTION if l.cid == self.cid => {
+                // If it is the last, the session ends with it, by the initiator's logout.
+                self.session.note_logout();
                 self.keep_tasks = false;
                 self.executing.wait().await;
                 self.closing = true;
@@ -187,6 +190,7 @@ impl Conn {
             }
             _ => tmf::NOT_SUPPORTED,
         };
+        self.shared.events.task_management(function, response);
         peer_log!(
             info,
             "connection {}: task management function {function} on LUN {:?}: response {response}",

@@ -476,7 +476,20 @@ mod tests {
 
     fn connect(s: &Session, cid: u16) -> (ConnHandle, mpsc::UnboundedReceiver<ConnEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let handle = ConnHandle { events: tx };
+        let info = super::ConnInfo::new(
+            s,
+            cid,
+            (
+                ([127, 0, 0, 1], 3260).into(),
+                ([127, 0, 0, 1], 40000).into(),
+            ),
+            None,
+            Default::default(),
+        );
+        let handle = ConnHandle {
+            events: tx,
+            info: Arc::new(info),
+        };
         s.add_connection(cid, handle.clone());
         (handle, rx)
     }

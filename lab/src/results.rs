@@ -1,0 +1,70 @@
+//! Each scenario's results on disk: its `Results` as pretty JSON (`SCENARIO.json` under the
+//! run's --out), read back into the same type by the documents, so that a field renamed or
+//! retyped shows at compile time instead of as an empty cell.
+
+use anyhow::{Context, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::Path;
+
+/// Writes `results` to `dir/file`, creating `dir`.
+pub fn save<T: Serialize>(dir: &Path, file: &str, results: &T) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(file);
+    std::fs::write(&path, serde_json::to_string_pretty(results)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads `dir/file` back.
+pub fn load<T: DeserializeOwned>(dir: &Path, file: &str) -> Result<T> {
+    let path = dir.join(file);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// The JSON files under `dir`, at any depth.
+    fn json_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                json_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "json") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// Every committed scenario result, the oldest included, still reads into its type: the
+    /// documents are drawn from them.
+    #[test]
+    fn committed_results_load() {
+        let mut files = Vec::new();
+        json_files(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("results"),
+            &mut files,
+        );
+        let mut loaded = 0;
+        for f in &files {
+            let dir = f.parent().unwrap();
+            let name = f.file_name().unwrap().to_str().unwrap();
+            let r = match name {
+                "r0.json" => crate::r0::load(dir).map(drop),
+                "r1.json" => crate::r1::load(dir).map(drop),
+                "r2.json" => crate::r2::load(dir).map(drop),
+                "r3.json" => crate::r3::load(dir).map(drop),
+                "r4.json" => crate::r4::load(dir).map(drop),
+                "rtt.json" => crate::rtt::load(dir).map(drop),
+                // Other JSON (path caches, coordinator logs) is no scenario's results.
+                _ => continue,
+            };
+            r.unwrap_or_else(|e| panic!("{e:#}"));
+            loaded += 1;
+        }
+        assert!(loaded >= 20, "only {loaded} result files found");
+    }
+}

@@ -1,0 +1,358 @@
+//! `rsv target --metrics` against the real consumers of the exposition: `promtool check
+//! metrics` lints what a target that served reads, writes, a CHECK CONDITION and a
+//! refused login exposes, and Debian's Prometheus server, scraping every second while
+//! `rsv bench` runs, computes a byte rate that agrees with the bench's own.
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{have, rsv, run, run_ok, Target};
+
+const IQN: &str = "iqn.2026-11.org.reservoir:metrics";
+
+fn config() -> String {
+    format!(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n[[target]]\niqn = \"{IQN}\"\n\
+         [[target.lun]]\nid = 0\nstore = \"ram:?size=256MiB\"\n"
+    )
+}
+
+/// `rsv ARGS`, as the tests run the initiator: without the path cache.
+fn rsv_cmd(args: &[&str]) -> std::process::Output {
+    Command::new(rsv())
+        .args(args)
+        .env("RSV_PATH_CACHE", "off")
+        .output()
+        .expect("running rsv")
+}
+
+fn bench(url: &str, rw: &str, block_size: &str, seconds: &str) -> serde_json::Value {
+    let out = rsv_cmd(&[
+        "bench",
+        url,
+        "--rw",
+        rw,
+        "--block-size",
+        block_size,
+        "--duration",
+        seconds,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "rsv bench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("rsv bench --json")
+}
+
+/// The series of a text exposition whose name and labels contain every one of `parts`,
+/// summed.
+fn sum(text: &str, parts: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && parts.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// `promtool check metrics` must pass `text` (it lints the Prometheus text format).
+fn promtool_check(text: &str) {
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn promtool_accepts_the_exposition_of_a_busy_target() {
+    if !have("promtool") || !have("curl") {
+        return;
+    }
+    let t = Target::start(Some(&config()));
+    let url = t.url(0);
+    bench(&url, "write", "64k", "1");
+    bench(&url, "read", "64k", "1");
+    // A login to a target that is not there: refused, not found.
+    let wrong = format!("iscsi://{}/iqn.2026-11.org.reservoir:nothing/0", t.portal);
+    assert!(!rsv_cmd(&["inq", &wrong]).status.success());
+
+    let metrics = format!("http://{}/metrics", t.metrics.as_ref().expect("metrics"));
+    let text = run_ok("curl", &["-sf", &metrics]);
+    let lun = format!("target=\"{IQN}\",lun=\"0\"");
+    assert!(sum(&text, &["rsv_target_lun_bytes_total{", &lun, "op=\"read\""]) > 0.0);
+    assert!(
+        sum(
+            &text,
+            &["rsv_target_lun_bytes_total{", &lun, "op=\"write\""]
+        ) > 0.0
+    );
+    // Each session's first command meets its power-on UNIT ATTENTION.
+    assert!(sum(&text, &["rsv_target_lun_check_conditions_total{", &lun]) > 0.0);
+    assert_eq!(
+        sum(
+            &text,
+            &["rsv_target_logins_refused_total{reason=\"not_found\"}"]
+        ),
+        1.0,
+        "{text}"
+    );
+
+    promtool_check(&text);
+}
+
+/// A Prometheus server in a directory of its own, killed when dropped.
+struct Prometheus {
+    child: Child,
+    api: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Scraping `target` (ADDR:PORT) every second, as job `rsv`.
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: rsv\n    static_configs:\n      \
+                 - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        // A free port from the kernel; Prometheus binds it a moment later.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let api = format!("http://127.0.0.1:{port}");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("db").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("prometheus.log")).unwrap(),
+            ))
+            .spawn()
+            .expect("starting prometheus");
+        let mut p = Prometheus {
+            child,
+            api,
+            _dir: dir,
+        };
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = run("curl", &["-sf", &format!("{}/-/ready", p.api)]);
+            if ready.status.success() {
+                return p;
+            }
+            if let Some(st) = p.child.try_wait().unwrap() {
+                panic!("prometheus exited with {st}:\n{}", p.log());
+            }
+            assert!(Instant::now() < end, "prometheus not ready:\n{}", p.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// An instant query's one series at `time` (Unix seconds): its `value` (an instant
+    /// vector) or `values` (a range vector) as JSON.
+    fn query(&self, promql: &str, time: f64) -> serde_json::Value {
+        let out = run_ok(
+            "curl",
+            &[
+                "-sf",
+                &format!("{}/api/v1/query", self.api),
+                "--data-urlencode",
+                &format!("query={promql}"),
+                "--data-urlencode",
+                &format!("time={time:.3}"),
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let result = &v["data"]["result"];
+        assert_eq!(
+            result.as_array().map(Vec::len),
+            Some(1),
+            "{promql} at {time}: {out}\n{}",
+            self.log()
+        );
+        result[0].clone()
+    }
+
+    /// The value of an instant query's one series at `time`.
+    fn value(&self, promql: &str, time: f64) -> f64 {
+        let v = &self.query(promql, time)["value"][1];
+        v.as_str().unwrap().parse().unwrap()
+    }
+}
+
+/// The bench's bytes (MB) completed by `t` seconds into its run, from its per-second
+/// figures, linear within a second.
+fn bench_mb_by(per_second: &[f64], t: f64) -> f64 {
+    let whole = (t.floor() as usize).min(per_second.len());
+    let done: f64 = per_second[..whole].iter().sum();
+    done + per_second.get(whole).map_or(0.0, |mb| mb * (t - t.floor()))
+}
+
+#[test]
+fn prometheus_rate_agrees_with_the_bench() {
+    if !have("prometheus") || !have("curl") {
+        return;
+    }
+    let t = Target::start(Some(&config()));
+    let prometheus = Prometheus::start(t.metrics.as_ref().expect("metrics"));
+    let report = bench(&t.url(0), "read", "1M", "20");
+    let started = report["started_unix_s"].as_f64().unwrap();
+    let per_second: Vec<f64> = report["per_second_mb"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert!(per_second.len() >= 20, "{report}");
+    // The ten seconds to 15 s into the run: past the start, before the end.
+    let at = started + 15.0;
+    // The scrapes after `at` are in by now (every second).
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(prometheus.value("up{job=\"rsv\"}", at), 1.0);
+    // One LUN: one series.
+    let metric = "rsv_target_lun_bytes_total{op=\"read\"}";
+    let prom_mb_s = prometheus.value(&format!("rate({metric}[10s])"), at) / 1e6;
+    // rate() is the increase between the window's first and last samples, over their
+    // span: the bench's figure is taken over that same span.
+    let samples = prometheus.query(&format!("{metric}[10s]"), at)["values"].clone();
+    let times: Vec<f64> = samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[0].as_f64().unwrap() - started)
+        .collect();
+    let (first, last) = (times[0], times[times.len() - 1]);
+    assert!(times.len() >= 8, "{samples}");
+    let bench_mb_s =
+        (bench_mb_by(&per_second, last) - bench_mb_by(&per_second, first)) / (last - first);
+    let whole_run = report["MB_per_s"].as_f64().unwrap();
+    eprintln!(
+        "PromQL rate over {first:.2}..{last:.2} s: {prom_mb_s:.1} MB/s; rsv bench over the \
+         same span: {bench_mb_s:.1} MB/s (whole run {whole_run:.1} MB/s)"
+    );
+    let ratio = prom_mb_s / bench_mb_s;
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "PromQL {prom_mb_s:.1} MB/s against the bench's {bench_mb_s:.1} MB/s: {ratio:.3}"
+    );
+}
+
+/// `rsv isns --metrics`: a target's registration and an initiator's query show as
+/// requests by function, the target as a registered node; promtool accepts it.
+#[test]
+fn isns_counts_registrations_and_queries() {
+    if !have("promtool") || !have("curl") {
+        return;
+    }
+    let mut isns = Command::new(rsv())
+        .args([
+            "isns",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting rsv isns");
+    let (mut server, mut metrics) = (None, None);
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(isns.stdout.take().unwrap());
+        for line in out.lines() {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("listening ") {
+                server = Some(a.to_owned());
+            } else if let Some(a) = line.strip_prefix("metrics ") {
+                metrics = Some(a.to_owned());
+            } else if line == "ready" {
+                break;
+            }
+        }
+    }
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _isns = Kill(isns);
+    let (server, metrics) = (server.expect("listening"), metrics.expect("metrics"));
+    let scrape = || run_ok("curl", &["-sf", &format!("http://{metrics}/metrics")]);
+    let before = scrape();
+    assert_eq!(sum(&before, &["rsv_isns_nodes"]), 0.0, "{before}");
+
+    let _t = Target::start(Some(&format!(
+        "{}[isns]\nserver = \"{server}\"\n",
+        config()
+    )));
+    let registered = "rsv_isns_requests_total{function=\"dev_attr_reg\",result=\"success\"}";
+    let end = Instant::now() + Duration::from_secs(20);
+    while sum(&scrape(), &[registered]) < 1.0 {
+        assert!(
+            Instant::now() < end,
+            "no registration in 20 s:\n{}",
+            scrape()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = rsv_cmd(&["ls", &format!("isns://{server}/")]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(IQN),
+        "rsv ls isns://: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let text = scrape();
+    assert!(sum(&text, &["rsv_isns_nodes"]) >= 1.0, "{text}");
+    assert!(
+        sum(
+            &text,
+            &["rsv_isns_requests_total{function=\"dev_attr_qry\",result=\"success\"}"]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(sum(&text, &["rsv_isns_auth_refused_total"]), 0.0);
+    promtool_check(&text);
+}
