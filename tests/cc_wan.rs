@@ -289,7 +289,10 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
         "{plan}"
     );
     let reasons = plan["reasons"].to_string();
-    let remembered = format!("{:.0} Mbit/s remembered", f[0] as f64 * 8e-6);
+    let remembered = format!(
+        "{} remembered",
+        units::Rate::from_bytes_per_sec(f[0]).approx()
+    );
     assert!(reasons.contains(&remembered), "{remembered}: {reasons}");
     assert!(reasons.contains("start: each connection at"), "{reasons}");
     // The target was told too (X-org.reservoir.StartRate), for its Data-In.

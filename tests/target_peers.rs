@@ -515,7 +515,7 @@ fn luns_given_as_store_specs_serve_io_and_show_in_check() {
     }
     let log = t.log();
     assert!(
-        log.contains("on file ") && log.contains("spec.img") && log.contains("on ram, 8 MiB"),
+        log.contains("on file ") && log.contains("spec.img") && log.contains("on ram, 8MiB"),
         "{log}"
     );
     // The file LUN's bytes are in the image the spec names, under the data directory.
@@ -541,9 +541,9 @@ fn luns_given_as_store_specs_serve_io_and_show_in_check() {
     assert!(
         text.contains(
             "target iqn.2026-11.org.reservoir:specs LUN 0: store file:spec.img?size=16MiB\n"
-        ) && text.contains("spec.img, 16 MiB\n")
+        ) && text.contains("spec.img, 16MiB\n")
             && text.contains(
-                "LUN 1: store ram:?size=8MiB\n    ram, 8 MiB (lost when the target stops)"
+                "LUN 1: store ram:?size=8MiB\n    ram, 8MiB (lost when the target stops)"
             ),
         "{text}"
     );

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::lend::{Lent, Mapping, ZEROS_LEN};
-use crate::registry::human_size;
 use crate::{
     check_range, push_extent, Backstore, OpenContext, OpenError, Param, StoreError, StoreFactory,
     StoreSpec,
 };
+use units::Size;
 
 /// A sparse file accessed with positioned reads and writes, so many threads share one
 /// descriptor without seeking.
@@ -364,7 +364,7 @@ impl Backstore for FileBackstore {
     }
 
     fn description(&self) -> String {
-        format!("file {}, {}", self.path.display(), human_size(self.size))
+        format!("file {}, {}", self.path.display(), Size(self.size))
     }
 
     fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
@@ -425,10 +425,10 @@ impl StoreFactory for FileFactory {
                     )),
                     Some(want) if want > existing => Ok(format!(
                         "file {shown}, {} (grown from {} on start)",
-                        human_size(want),
-                        human_size(existing)
+                        Size(want),
+                        Size(existing)
                     )),
-                    _ => Ok(format!("file {shown}, {}", human_size(existing))),
+                    _ => Ok(format!("file {shown}, {}", Size(existing))),
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => match size {
@@ -442,7 +442,7 @@ impl StoreFactory for FileFactory {
                 )),
                 Some(want) => Ok(format!(
                     "file {shown}, {} (created sparse on start)",
-                    human_size(want)
+                    Size(want)
                 )),
             },
             Err(e) => Err(OpenError::io(

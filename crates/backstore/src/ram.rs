@@ -2,11 +2,11 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 use crate::lend::{LentMemory, ZEROS_LEN};
-use crate::registry::human_size;
 use crate::{
     check_range, push_extent, Backstore, Lent, OpenContext, OpenError, Param, StoreFactory,
     StoreSpec,
 };
+use units::Size;
 
 const CHUNK: u64 = 1 << 20;
 const _: () = assert!(CHUNK as usize <= ZEROS_LEN);
@@ -218,7 +218,7 @@ impl Backstore for RamBackstore {
     }
 
     fn description(&self) -> String {
-        format!("ram, {}", human_size(self.size))
+        format!("ram, {}", Size(self.size))
     }
 }
 
@@ -245,10 +245,7 @@ impl StoreFactory for RamFactory {
 
     fn check(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<String, OpenError> {
         let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
-        Ok(format!(
-            "ram, {} (lost when the target stops)",
-            human_size(size)
-        ))
+        Ok(format!("ram, {} (lost when the target stops)", Size(size)))
     }
 
     fn capacity(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {

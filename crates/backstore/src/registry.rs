@@ -254,13 +254,3 @@ impl<'a> OpenContext<'a> {
         Ok(f)
     }
 }
-
-/// Sizes for people: whole binary units where exact, bytes otherwise.
-pub(crate) fn human_size(bytes: u64) -> String {
-    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes >= 1 << shift && bytes.trailing_zeros() >= shift {
-            return format!("{} {unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes} bytes")
-}

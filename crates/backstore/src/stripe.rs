@@ -12,7 +12,9 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::registry::{human_size, OpenContext, OpenError, Param, StoreFactory};
+use units::Size;
+
+use crate::registry::{OpenContext, OpenError, Param, StoreFactory};
 use crate::spec::StoreSpec;
 use crate::{check_range, push_extent, Backstore, Lent};
 
@@ -57,7 +59,7 @@ impl StripeBackstore {
             return Err(format!(
                 "the smallest member holds {} bytes, less than one stripe unit of {}",
                 smallest,
-                human_size(unit)
+                Size(unit)
             ));
         }
         Ok(StripeBackstore {
@@ -304,8 +306,8 @@ impl Backstore for StripeBackstore {
         let members: Vec<String> = self.members.iter().map(|m| m.description()).collect();
         format!(
             "stripe, {} in units of {} over {} members [{}]",
-            human_size(self.size()),
-            human_size(self.unit),
+            Size(self.size()),
+            Size(self.unit),
             self.members.len(),
             members.join("; ")
         )
@@ -375,7 +377,7 @@ impl StoreFactory for StripeFactory {
             let description = ctx.check(m)?.replace('\n', "\n    ");
             let size = ctx.capacity(m);
             let shown = match &size {
-                Ok(s) => human_size(*s),
+                Ok(s) => Size(*s).to_string(),
                 Err(why) => format!("size not known ({why})"),
             };
             lines.push(format!("  member {i}: {shown}, {description}"));
@@ -390,21 +392,21 @@ impl StoreFactory for StripeFactory {
                         spec,
                         format!(
                             "the smallest member holds {}, less than one stripe unit of {}",
-                            human_size(smallest),
-                            human_size(unit)
+                            Size(smallest),
+                            Size(unit)
                         ),
                     ));
                 }
                 let unused: u64 = sizes.iter().map(|s| s - per_member).sum();
                 let unused = if unused > 0 {
-                    format!(" ({} of the members unused)", human_size(unused))
+                    format!(" ({} of the members unused)", Size(unused))
                 } else {
                     String::new()
                 };
                 format!(
                     "{}, {} on each{unused}",
-                    human_size(per_member * n),
-                    human_size(per_member)
+                    Size(per_member * n),
+                    Size(per_member)
                 )
             }
             Err(_) => "capacity known on start".into(),
@@ -412,7 +414,7 @@ impl StoreFactory for StripeFactory {
         let members = if n == 1 { "member" } else { "members" };
         Ok(format!(
             "stripe in units of {} over {n} {members}: {capacity}\n{}",
-            human_size(unit),
+            Size(unit),
             lines.join("\n")
         ))
     }
@@ -447,10 +449,10 @@ impl StoreFactory for StripeFactory {
                 spec.shown(),
                 sizes
                     .iter()
-                    .map(|s| human_size(*s))
+                    .map(|s| Size(*s).to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                human_size(unused)
+                Size(unused)
             );
         }
         Ok(Arc::new(stripe))
@@ -734,7 +736,7 @@ mod cost {
             let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
             eprintln!(
                 "1 MiB reads, unit {}: {:.1} us wall, {:.1} us CPU per read",
-                human_size(unit),
+                Size(unit),
                 wall / n as f64 * 1e6,
                 cpu / n as f64 * 1e6
             );

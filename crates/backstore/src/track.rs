@@ -70,8 +70,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::registry::human_size;
 use crate::{check_range, Backstore, Lent};
+use units::Size;
 
 /// The unit when none is given: a 1 MiB command marks one unit, and a map of a 1 TiB
 /// store is two bitmaps of 128 KiB.
@@ -473,11 +473,11 @@ impl ChangeMap {
         if h.size != size || h.unit != unit {
             return everything(
                 format!(
-                    "the map is of {} bytes in units of {}, the store {} bytes in units of {}",
-                    h.size,
-                    human_size(h.unit),
-                    size,
-                    human_size(unit)
+                    "the map is of {} in units of {}, the store {} in units of {}",
+                    Size(h.size),
+                    Size(h.unit),
+                    Size(size),
+                    Size(unit)
                 ),
                 h.epoch,
             );
@@ -1056,7 +1056,7 @@ impl Backstore for Tracked {
             "{}, changes tracked in {} (units of {})",
             self.inner.description(),
             self.map.path().display(),
-            human_size(self.map.unit())
+            Size(self.map.unit())
         )
     }
 
@@ -1210,10 +1210,13 @@ mod tests {
         drop(map);
         assert_eq!(reopen(4 * MIB, MIB).recovery(), None);
 
-        for (size, unit, what) in [(8 * MIB, MIB, "8388608 bytes"), (4 * MIB, 2 * MIB, "2 MiB")] {
+        for (size, unit, what) in [(8 * MIB, MIB, "the store 8MiB"), (4 * MIB, 2 * MIB, "2MiB")] {
             let map = reopen(size, unit);
             let why = map.recovery().unwrap();
-            assert!(why.contains("4194304 bytes") && why.contains(what), "{why}");
+            assert!(
+                why.contains("the map is of 4MiB") && why.contains(what),
+                "{why}"
+            );
             assert_eq!(map.dirty_bytes(), size);
             map.freeze().and_then(|f| map.release(f.id())).unwrap();
             drop(map);

@@ -33,7 +33,7 @@ fn builtin_kinds_open_from_specs() {
     let file = spec("file:sub/lun0.img?size=4M");
     let desc = ctx.check(&file).unwrap();
     assert!(
-        desc.contains("created sparse") && desc.contains("4 MiB"),
+        desc.contains("created sparse") && desc.contains("4MiB"),
         "{desc}"
     );
     assert!(!dir.path().join("sub").exists(), "check created something");
@@ -57,7 +57,7 @@ fn builtin_kinds_open_from_specs() {
     assert_eq!(back, data);
     // Existing now: described as it is, reopened at its size, absolute paths as given.
     let desc = ctx.check(&spec("file:sub/lun0.img")).unwrap();
-    assert!(desc.ends_with("4 MiB"), "{desc}");
+    assert!(desc.ends_with("4MiB"), "{desc}");
     let abs = spec(&format!("file:{}", path.display()));
     assert_eq!(
         reg.context(std::path::Path::new("/nonexistent"))
@@ -76,7 +76,7 @@ fn builtin_kinds_open_from_specs() {
     ram.write_at(&data, 8192).unwrap();
     ram.read_at(&mut back, 8192).unwrap();
     assert_eq!(back, data);
-    assert!(ctx.check(&spec("ram:?size=2M")).unwrap().contains("2 MiB"));
+    assert!(ctx.check(&spec("ram:?size=2M")).unwrap().contains("2MiB"));
 
     let help = reg.help();
     assert!(

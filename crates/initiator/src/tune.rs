@@ -30,6 +30,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use units::{Rate, Size};
 
 use crate::{Error, Result, SessionOptions};
 
@@ -146,27 +147,30 @@ pub fn plan(
         return (o, plan);
     }
     let rate_note = match (opts.rate, remembered) {
-        (Some(_), _) => format!("{} given", mbit(rate)),
+        (Some(_), _) => format!("{} given", Rate::from_bytes_per_sec(rate).approx()),
         (None, Some(m)) => format!(
             "{} remembered from a session {} ago{} (give --rate for the real bottleneck)",
-            mbit(m.rate_bytes_per_s),
+            Rate::from_bytes_per_sec(m.rate_bytes_per_s).approx(),
             age(m.age_s),
             if rate > m.rate_bytes_per_s {
-                format!(", sized for the assumed {}", mbit(rate))
+                format!(
+                    ", sized for the assumed {}",
+                    Rate::from_bytes_per_sec(rate).approx()
+                )
             } else {
                 String::new()
             }
         ),
         (None, None) => format!(
             "{} assumed (give --rate for the real bottleneck)",
-            mbit(rate)
+            Rate::from_bytes_per_sec(rate).approx()
         ),
     };
     reasons.push(format!(
         "RTT {:.1} ms measured on a TCP handshake; {rate_note}: BDP {}, {} kept in flight",
         plan.rtt_ms,
-        bytes(bdp),
-        bytes(in_flight)
+        Size(bdp).approx(),
+        Size(in_flight).approx()
     ));
 
     // Connections: by RTT, then enough that one socket's share of the window fits the
@@ -199,7 +203,7 @@ pub fn plan(
             format!(
                 "connections: {} so that each holds its share of the window in a {} buffer",
                 o.connections,
-                bytes(per_socket_max)
+                Size(per_socket_max).approx()
             )
         } else if by_rtt == 1 {
             "connections: 1 (RTT below 10 ms: one flow fills the path)".into()
@@ -235,7 +239,7 @@ pub fn plan(
         reasons.push(format!(
             "queue depth: {} commands of {} (the in-flight bytes plus two per connection{})",
             o.queue_depth,
-            bytes(io),
+            Size(io).approx(),
             if rtt >= LAN_RTT {
                 "; cut back to eight round trips of the measured rate once 8 s of work \
                  have measured it"
@@ -264,8 +268,8 @@ pub fn plan(
         reasons.push(format!(
             "bursts: FirstBurstLength {}, MaxBurstLength {}, InitialR2T={}: a write goes out \
              without waiting a round trip for an R2T (the target may grant less)",
-            bytes(u64::from(o.first_burst)),
-            bytes(u64::from(o.max_burst)),
+            Size(u64::from(o.first_burst)).approx(),
+            Size(u64::from(o.max_burst)).approx(),
             if o.initial_r2t { "Yes" } else { "No" }
         ));
     }
@@ -303,7 +307,7 @@ pub fn plan(
         reasons.push(format!(
             "pacing: {} per connection, the given rate shared by {n} plus 5 %: the senders \
              never overrun the bottleneck's queue{}",
-            mbit(each),
+            Rate::from_bytes_per_sec(each).approx(),
             if opts.pacing_hint {
                 "; the target is asked to pace its Data-In the same way"
             } else {
@@ -343,7 +347,7 @@ pub fn plan(
             format!(
                 "start: each connection at {} (the remembered rate shared by {n}) instead \
                  of ten packets; BBR's own model takes over once the rate stops growing",
-                mbit(each)
+                Rate::from_bytes_per_sec(each).approx()
             )
         } else {
             "start: the kernel's (congestion=rsv would start each connection at its share of \
@@ -429,13 +433,17 @@ impl TargetPacingReport {
         rates.dedup();
         let mut line = format!(
             "asked {} per connection; the target paces {} of {n}",
-            mbit(asked),
+            Rate::from_bytes_per_sec(asked).approx(),
             self.paced_connections
         );
         match rates.as_slice() {
             [] => {}
-            [one] => line.push_str(&format!(" at {}", mbit(*one))),
-            [lo, .., hi] => line.push_str(&format!(" at {} to {}", mbit(*lo), mbit(*hi))),
+            [one] => line.push_str(&format!(" at {}", Rate::from_bytes_per_sec(*one).approx())),
+            [lo, .., hi] => line.push_str(&format!(
+                " at {} to {}",
+                Rate::from_bytes_per_sec(*lo).approx(),
+                Rate::from_bytes_per_sec(*hi).approx()
+            )),
         }
         for answer in ["not paced", "not understood", "refused", "not asked"] {
             let k = self
@@ -826,18 +834,6 @@ fn age(secs: u64) -> String {
     }
 }
 
-fn mbit(bytes_per_s: u64) -> String {
-    format!("{:.0} Mbit/s", bytes_per_s as f64 * 8.0 / 1e6)
-}
-
-fn bytes(b: u64) -> String {
-    if b >= 1 << 20 {
-        format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
-    } else {
-        format!("{} KiB", b / 1024)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -897,7 +893,7 @@ mod tests {
             (p.rate_bytes_per_s, p.rate_source),
             (625_000_000, "remembered")
         );
-        assert!(p.reasons[0].contains("5000 Mbit/s remembered from a session 10 min ago"));
+        assert!(p.reasons[0].contains("5gbit remembered from a session 10 min ago"));
         let n = u64::from(got.connections);
         assert_eq!(got.start_rate, Some(625_000_000 / n));
         assert_eq!(got.pacing_rate, None, "a remembered rate is no pace");
@@ -917,9 +913,8 @@ mod tests {
         });
         let (got_slow, p_slow) = plan(&o, &slow, &kernel());
         assert_eq!(p_slow.rate_bytes_per_s, ASSUMED_RATE);
-        assert!(p_slow.reasons[0].contains(
-            "100 Mbit/s remembered from a session 2 h ago, sized for the assumed 1000 Mbit/s"
-        ));
+        assert!(p_slow.reasons[0]
+            .contains("100mbit remembered from a session 2 h ago, sized for the assumed 1gbit"));
         assert_eq!(got_slow.queue_depth, assumed.queue_depth);
         let n = u64::from(got_slow.connections);
         assert_eq!(got_slow.start_rate, Some(12_500_000 / n));
@@ -1035,7 +1030,7 @@ mod tests {
         assert_eq!(r.connections[1].rate_bytes_per_s, Some(1_640_625));
         assert_eq!(
             r.summary(),
-            "asked 13 Mbit/s per connection; the target paces 2 of 2 at 13 Mbit/s"
+            "asked 13.1mbit per connection; the target paces 2 of 2 at 13.1mbit"
         );
         // tgt, LIO: nothing paced, and the report says why.
         let r = TargetPacingReport::new(Some(1_640_625), [(0, NotUnderstood), (1, NotUnderstood)]);

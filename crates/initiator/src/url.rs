@@ -151,22 +151,12 @@ fn split_host_port(s: &str) -> Option<(String, u16)> {
     }
 }
 
+/// `%XX` decoded, as libiscsi reads a URL's user, password and option values; an escape
+/// that is not one is kept as it is, and bytes that are not UTF-8 become U+FFFD.
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -190,6 +180,20 @@ mod tests {
         assert_eq!(o.connections, 8);
         assert!(o.header_digest);
         assert!(!u.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn escapes_decoded_and_broken_ones_kept() {
+        // A `%` before a multi-byte character is no escape (and was once a panic).
+        let u = IscsiUrl::parse("iscsi://a%25b@h/iqn.x:y/0?alias=%41%20b%zz%a\u{e9}%").unwrap();
+        assert_eq!(u.user.as_deref(), Some("a"));
+        assert_eq!(u.password.as_deref(), Some("25b"));
+        assert_eq!(
+            u.query,
+            [("alias".to_owned(), "A b%zz%a\u{e9}%".to_owned())]
+        );
+        let u = IscsiUrl::parse("iscsi://h/iqn.x:y/0?x=%FF").unwrap();
+        assert_eq!(u.query[0].1, "\u{fffd}");
     }
 
     #[test]

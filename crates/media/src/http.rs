@@ -1,134 +1,58 @@
-//! The HTTP/1.1 the media server speaks, sans-IO: a request head parsed from bytes as
-//! they come ([`parse_request`]), `Range` resolved against a file's length
-//! ([`resolve_range`], RFC 9110 14), and the head of an answer ([`Head`]). Only GET and
-//! HEAD carry meaning here; a request body is refused (none of our resources takes one).
-//! Connections are kept alive unless the client says `Connection: close` or speaks 1.0.
+//! What the media server makes of HTTP, sans-IO: hyper parses and writes the messages
+//! ([`crate::server`]); here is which requests are taken ([`accept`]), how `Range`
+//! resolves against a file's length ([`resolve_range`], RFC 9110 14), the heads of the
+//! answers ([`file_head`], [`small_head`]) and the percent-encoding of paths.
 
-/// Longest request head accepted.
-pub const MAX_HEAD: usize = 16 << 10;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Response, StatusCode};
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
-    pub method: String,
-    /// The path as sent (percent-encoded), without the query.
-    pub path: String,
-    pub query: Option<String>,
-    pub headers: Vec<(String, String)>,
-    /// Whether the connection may carry another request after the answer.
-    pub keep_alive: bool,
-}
+/// The `Server` of every answer.
+const SERVER: &str = "reservoir-media";
 
-impl Request {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum HttpError {
-    #[error("request head longer than 16 KiB")]
-    HeadTooLong,
-    #[error("malformed request: {0}")]
-    Malformed(&'static str),
-    #[error("request bodies are not accepted")]
+/// Why a request is not taken, and how that is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Neither GET nor HEAD: 405, with `Allow` (RFC 9110 15.5.6).
+    Method,
+    /// A request body: none of our resources takes one; 413.
     Body,
 }
 
-impl HttpError {
-    /// The status to answer it with.
-    pub fn status(&self) -> u16 {
+impl Refused {
+    pub fn status(self) -> StatusCode {
         match self {
-            HttpError::HeadTooLong => 431,
-            HttpError::Malformed(_) => 400,
-            HttpError::Body => 413,
+            Refused::Method => StatusCode::METHOD_NOT_ALLOWED,
+            Refused::Body => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Refused::Method => "only GET and HEAD\n",
+            Refused::Body => "request bodies are not accepted\n",
         }
     }
 }
 
-/// The request at the start of `buf` and the bytes it took, `Ok(None)` while its head is
-/// not complete.
-pub fn parse_request(buf: &[u8]) -> Result<Option<(Request, usize)>, HttpError> {
-    let Some(end) = find_head_end(buf) else {
-        return if buf.len() > MAX_HEAD {
-            Err(HttpError::HeadTooLong)
-        } else {
-            Ok(None)
-        };
+/// Whether a request is answered: `Ok(true)` for the head alone (HEAD), `Ok(false)` for
+/// head and body (GET). `body_ends` says the request has no body (hyper's
+/// `is_end_stream`: no `Content-Length`, or 0, and no `Transfer-Encoding`).
+pub fn accept(method: &Method, body_ends: bool) -> Result<bool, Refused> {
+    let head_only = match *method {
+        Method::GET => false,
+        Method::HEAD => true,
+        _ => return Err(Refused::Method),
     };
-    if end > MAX_HEAD {
-        return Err(HttpError::HeadTooLong);
+    if !body_ends {
+        return Err(Refused::Body);
     }
-    let head = std::str::from_utf8(&buf[..end]).map_err(|_| HttpError::Malformed("not UTF-8"))?;
-    let mut lines = head
-        .split("\r\n")
-        .map(|l| l.strip_suffix('\r').unwrap_or(l));
-    // A client may send empty lines before a request (RFC 9112 2.2).
-    let start = lines
-        .by_ref()
-        .find(|l| !l.is_empty())
-        .ok_or(HttpError::Malformed("no request line"))?;
-    let mut parts = start.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(HttpError::Malformed(
-            "request line is not METHOD TARGET VERSION",
-        ));
-    };
-    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(HttpError::Malformed("bad method"));
-    }
-    let http11 = match version {
-        "HTTP/1.1" => true,
-        "HTTP/1.0" => false,
-        _ => return Err(HttpError::Malformed("not HTTP/1.x")),
-    };
-    if !target.starts_with('/') {
-        return Err(HttpError::Malformed("target is not an absolute path"));
-    }
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
-        None => (target.to_owned(), None),
-    };
-    let mut headers = Vec::new();
-    for l in lines.filter(|l| !l.is_empty()) {
-        let (k, v) = l
-            .split_once(':')
-            .ok_or(HttpError::Malformed("header without a colon"))?;
-        if k.is_empty() || k.ends_with(' ') || k.ends_with('\t') {
-            return Err(HttpError::Malformed("bad header name"));
-        }
-        headers.push((k.to_owned(), v.trim().to_owned()));
-    }
-    let req = Request {
-        method: method.to_owned(),
-        path,
-        query,
-        keep_alive: false,
-        headers,
-    };
-    if req.header("transfer-encoding").is_some()
-        || req
-            .header("content-length")
-            .is_some_and(|v| v.trim() != "0")
-    {
-        return Err(HttpError::Body);
-    }
-    let conn = req.header("connection").unwrap_or("").to_ascii_lowercase();
-    let keep_alive = if http11 {
-        !conn.split(',').any(|t| t.trim() == "close")
-    } else {
-        conn.split(',').any(|t| t.trim() == "keep-alive")
-    };
-    Ok(Some((Request { keep_alive, ..req }, end + 4)))
+    Ok(head_only)
 }
 
-/// Offset of the `\r\n\r\n` that ends the head.
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n")
+/// Whether the query asks for the listing to be read again (`refresh=1`).
+pub fn wants_refresh(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "refresh=1"))
 }
 
 /// What a `Range` header asks of a resource of a known length.
@@ -203,202 +127,110 @@ pub fn resolve_range(header: Option<&str>, len: u64) -> Ranged {
     }
 }
 
-/// The head of an answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Head {
-    pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
+/// An answer's head with our `Server`; its body is added by the caller.
+fn head(status: StatusCode) -> Response<()> {
+    let mut r = Response::new(());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::SERVER, HeaderValue::from_static(SERVER));
+    r
 }
 
-impl Head {
-    pub fn new(status: u16) -> Head {
-        Head {
-            status,
-            headers: vec![("Server", "reservoir-media".to_owned())],
+/// A `Content-Range` value: digits, spaces, `-`, `*` and `/` are all valid in a header.
+fn content_range(s: String) -> HeaderValue {
+    HeaderValue::try_from(s).expect("a Content-Range we wrote is a valid header value")
+}
+
+/// The head of a file's answer (body not included) for `range` of `len` bytes.
+pub fn file_head(range: Ranged, len: u64, content_type: &'static str) -> Response<()> {
+    let (mut r, length) = match range {
+        Ranged::Full => (head(StatusCode::OK), len),
+        Ranged::Part { start, end } => {
+            let mut r = head(StatusCode::PARTIAL_CONTENT);
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                content_range(format!("bytes {start}-{end}/{len}")),
+            );
+            (r, end - start + 1)
         }
-    }
-
-    pub fn with(mut self, name: &'static str, value: impl Into<String>) -> Head {
-        self.headers.push((name, value.into()));
-        self
-    }
-
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The head of a file's answer (body not included) for `range` of `len` bytes.
-    pub fn for_file(range: Ranged, len: u64, content_type: &str, keep_alive: bool) -> Head {
-        let h = match range {
-            Ranged::Full => Head::new(200).with("Content-Length", len.to_string()),
-            Ranged::Part { start, end } => Head::new(206)
-                .with("Content-Length", (end - start + 1).to_string())
-                .with("Content-Range", format!("bytes {start}-{end}/{len}")),
-            Ranged::Unsatisfiable => Head::new(416)
-                .with("Content-Length", "0")
-                .with("Content-Range", format!("bytes */{len}")),
-        };
-        h.with("Accept-Ranges", "bytes")
-            .with("Content-Type", content_type)
-            .with("Cache-Control", "no-cache")
-            .keep_alive(keep_alive)
-    }
-
-    /// A small whole answer: its head with length and type.
-    pub fn for_body(status: u16, body_len: usize, content_type: &str, keep_alive: bool) -> Head {
-        Head::new(status)
-            .with("Content-Length", body_len.to_string())
-            .with("Content-Type", content_type)
-            .keep_alive(keep_alive)
-    }
-
-    fn keep_alive(self, keep: bool) -> Head {
-        self.with("Connection", if keep { "keep-alive" } else { "close" })
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut s = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
-        for (k, v) in &self.headers {
-            s.push_str(k);
-            s.push_str(": ");
-            s.push_str(v);
-            s.push_str("\r\n");
+        Ranged::Unsatisfiable => {
+            let mut r = head(StatusCode::RANGE_NOT_SATISFIABLE);
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                content_range(format!("bytes */{len}")),
+            );
+            (r, 0)
         }
-        s.push_str("\r\n");
-        s.into_bytes()
-    }
+    };
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
 }
 
-pub fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        206 => "Partial Content",
-        304 => "Not Modified",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        413 => "Content Too Large",
-        416 => "Range Not Satisfiable",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        _ => "Unknown",
+/// The head of a small whole answer of `body_len` bytes.
+pub fn small_head(status: StatusCode, body_len: usize, content_type: &'static str) -> Response<()> {
+    let mut r = head(status);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        h.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     }
+    r
 }
 
-/// `%XX` decoded; `None` for a bad escape, a NUL or bytes that are not UTF-8.
+/// What [`percent_encode_path`] escapes: all but unreserved characters (RFC 3986 2.3)
+/// and `/`.
+const PATH: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// `%XX` decoded; `None` for a malformed escape (RFC 3986 2.1: `%` and two hex digits),
+/// a NUL or bytes that are not UTF-8: such a path names no file here.
 pub fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
-            out.push(v);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    if out.contains(&0) {
+    // The crate passes a malformed escape through as it is; a path that has one is refused.
+    let malformed = b.iter().enumerate().any(|(i, &c)| {
+        c == b'%'
+            && !b
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
         return None;
     }
-    String::from_utf8(out).ok()
+    let out = percent_decode_str(s).decode_utf8().ok()?;
+    (!out.contains('\0')).then(|| out.into_owned())
 }
 
 /// Percent-encodes everything but unreserved characters and `/`.
 pub fn percent_encode_path(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, PATH).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn req(s: &str) -> Request {
-        parse_request(s.as_bytes()).unwrap().unwrap().0
-    }
-
     #[test]
-    fn parses_a_request_in_pieces() {
-        let full = b"GET /media/a%20b.mp4?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-\r\n\r\nGET";
-        for cut in 0..full.len() - 3 {
-            if cut < full.len() - 3 {
-                assert_eq!(parse_request(&full[..cut]).unwrap(), None, "cut {cut}");
-            }
-        }
-        let (r, used) = parse_request(full).unwrap().unwrap();
-        assert_eq!(used, full.len() - 3);
-        assert_eq!(r.method, "GET");
-        assert_eq!(r.path, "/media/a%20b.mp4");
-        assert_eq!(r.query.as_deref(), Some("x=1"));
-        assert_eq!(r.header("range"), Some("bytes=0-"));
-        assert!(r.keep_alive);
-    }
-
-    #[test]
-    fn keep_alive_rules() {
-        assert!(!req("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive);
-        assert!(!req("GET / HTTP/1.0\r\n\r\n").keep_alive);
-        assert!(req("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
-    }
-
-    #[test]
-    fn refuses_bad_requests_without_panicking() {
-        for bad in [
-            "GET\r\n\r\n",
-            "GET / HTTP/2\r\n\r\n",
-            "get / HTTP/1.1\r\n\r\n",
-            "GET x HTTP/1.1\r\n\r\n",
-            "GET / HTTP/1.1\r\nNoColon\r\n\r\n",
-            "GET / HTTP/1.1 extra\r\n\r\n",
-        ] {
-            assert!(
-                matches!(parse_request(bad.as_bytes()), Err(HttpError::Malformed(_))),
-                "{bad:?}"
-            );
-        }
-        let body = parse_request(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
-        assert_eq!(body, Err(HttpError::Body));
-        let long = vec![b'a'; MAX_HEAD + 1];
-        assert_eq!(parse_request(&long), Err(HttpError::HeadTooLong));
-        // Random bytes never panic.
-        let mut x = 0x1234_5678u32;
-        for n in 0..2000 {
-            let buf: Vec<u8> = (0..n % 97)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    [
-                        b'G',
-                        b'E',
-                        b'T',
-                        b' ',
-                        b'/',
-                        b'\r',
-                        b'\n',
-                        b':',
-                        (x >> 8) as u8,
-                    ][x as usize % 9]
-                })
-                .collect();
-            let _ = parse_request(&buf);
-        }
+    fn only_get_and_head_without_a_body() {
+        assert_eq!(accept(&Method::GET, true), Ok(false));
+        assert_eq!(accept(&Method::HEAD, true), Ok(true));
+        assert_eq!(accept(&Method::POST, true), Err(Refused::Method));
+        assert_eq!(accept(&Method::GET, false), Err(Refused::Body));
+        let h = small_head(Refused::Method.status(), 18, "text/plain");
+        assert_eq!(h.status(), 405);
+        assert_eq!(h.headers()["allow"], "GET, HEAD");
+        assert_eq!(Refused::Body.status(), 413);
+        assert!(wants_refresh(Some("a=b&refresh=1")));
+        assert!(!wants_refresh(Some("refresh=10")));
+        assert!(!wants_refresh(None));
     }
 
     #[test]
@@ -426,18 +258,24 @@ mod tests {
 
     #[test]
     fn heads() {
-        let h = Head::for_file(Ranged::Part { start: 2, end: 5 }, 10, "video/mp4", true);
-        let t = String::from_utf8(h.encode()).unwrap();
-        assert!(t.starts_with("HTTP/1.1 206 Partial Content\r\n"), "{t}");
-        assert!(t.contains("Content-Range: bytes 2-5/10\r\n"), "{t}");
-        assert!(t.contains("Content-Length: 4\r\n"), "{t}");
-        assert!(t.contains("Accept-Ranges: bytes\r\n"), "{t}");
-        assert!(t.ends_with("Connection: keep-alive\r\n\r\n"), "{t}");
-        let h = Head::for_file(Ranged::Unsatisfiable, 10, "video/mp4", false);
-        assert_eq!(h.status, 416);
-        assert_eq!(h.get("content-range"), Some("bytes */10"));
-        let h = Head::for_file(Ranged::Full, 10, "video/mp4", false);
-        assert_eq!((h.status, h.get("Content-Length")), (200, Some("10")));
+        let h = file_head(Ranged::Part { start: 2, end: 5 }, 10, "video/mp4");
+        assert_eq!(h.status(), 206);
+        let get = |h: &Response<()>, k: &str| h.headers()[k].to_str().unwrap().to_owned();
+        assert_eq!(get(&h, "content-range"), "bytes 2-5/10");
+        assert_eq!(get(&h, "content-length"), "4");
+        assert_eq!(get(&h, "accept-ranges"), "bytes");
+        assert_eq!(get(&h, "content-type"), "video/mp4");
+        assert_eq!(get(&h, "server"), "reservoir-media");
+        let h = file_head(Ranged::Unsatisfiable, 10, "video/mp4");
+        assert_eq!(h.status(), 416);
+        assert_eq!(get(&h, "content-range"), "bytes */10");
+        assert_eq!(get(&h, "content-length"), "0");
+        let h = file_head(Ranged::Full, 10, "video/mp4");
+        assert_eq!(
+            (h.status().as_u16(), get(&h, "content-length")),
+            (200, "10".into())
+        );
+        assert!(h.headers().get("content-range").is_none());
     }
 
     #[test]
@@ -445,8 +283,12 @@ mod tests {
         assert_eq!(percent_decode("a%20b%C3%A9").as_deref(), Some("a bé"));
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%2"), None);
+        assert_eq!(percent_decode("a%"), None);
+        assert_eq!(percent_decode("%%41"), None);
         assert_eq!(percent_decode("a%00"), None);
+        assert_eq!(percent_decode("%FF"), None);
         assert_eq!(percent_encode_path("/a b/é.mp4"), "/a%20b/%C3%A9.mp4");
+        assert_eq!(percent_encode_path("/A-z_0.9~"), "/A-z_0.9~");
         let s = "/x y/ü?#%.mkv";
         assert_eq!(percent_decode(&percent_encode_path(s)).as_deref(), Some(s));
     }

@@ -5,11 +5,12 @@
 //! files over HTTP/1.1 with ranges. Storage idle for a while is logged out of; storage
 //! that leaves iSNS leaves the listing (polled, and at once on the server's SCNs).
 //!
-//! Sans-IO: [`http`] (requests, ranges, answer heads), [`listing`] (the model, its JSON
-//! and HTML, routes), [`readahead`] (what to read ahead of a stream), [`ext4layout`]
-//! (where an ext4 file system keeps no file data, for the read-ahead to step over),
-//! [`mime`], [`volume::probe`]. I/O: [`server`] (the HTTP sockets), [`storage`] (sessions, the LUN
-//! as a device), [`volume`] (a file system reader on its own thread).
+//! Sans-IO: [`http`] (which requests are taken, ranges, answer heads, percent-encoding),
+//! [`listing`] (the model, its JSON and HTML, routes), [`readahead`] (what to read ahead
+//! of a stream), [`ext4layout`] (where an ext4 file system keeps no file data, for the
+//! read-ahead to step over), [`mime`], [`volume::probe`]. I/O: [`server`] (hyper on the
+//! HTTP sockets), [`storage`] (sessions, the LUN as a device), [`volume`] (a file system
+//! reader on its own thread).
 
 pub mod ext4layout;
 pub mod http;

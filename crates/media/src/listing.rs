@@ -149,21 +149,6 @@ pub fn escape(s: &str) -> String {
     o
 }
 
-fn human(n: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
-}
-
 const STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:60em}\
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.2em .6em;\
 border-bottom:1px solid #ddd}.state{color:#666}.err{color:#a00}";
@@ -210,7 +195,7 @@ impl Listing {
                         "<tr><td><a class=\"file\" href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{play}</td></tr>\n",
                         escape(&f.url),
                         escape(&f.path),
-                        human(f.size),
+                        units::Size(f.size).approx(),
                         escape(&f.content_type),
                     ));
                 }
@@ -321,7 +306,7 @@ mod tests {
         let h = l.html();
         assert!(h.contains("&lt;clip&gt;.webm"), "{h}");
         assert!(!h.contains("<clip>"), "{h}");
-        assert!(h.contains("2.0 KiB"), "{h}");
+        assert!(h.contains("<td>2KiB</td>"), "{h}");
         let j: serde_json::Value = serde_json::from_str(&l.json()).unwrap();
         assert_eq!(j["storages"][0]["volumes"][0]["files"][0]["size"], 2048);
         let p = player("a\"b", "/media/x/0/a.webm", "video/webm");
@@ -330,6 +315,5 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("<title>a&quot;b</title>"), "{p}");
-        assert_eq!(human(1 << 30), "1.0 GiB");
     }
 }

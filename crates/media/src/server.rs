@@ -1,16 +1,24 @@
-//! The only module on the HTTP sockets: a task per connection, requests read and answered
-//! one after another on it (keep-alive), files streamed from a volume in chunks with a
-//! few chunks read ahead of the socket.
+//! The only module on the HTTP sockets: hyper serves each connection (HTTP/1.1,
+//! keep-alive), and [`answer`] answers its requests; files stream from a volume in chunks
+//! with a few chunks read ahead of the socket.
 
+use std::convert::Infallible;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use bytes::Bytes;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::http::{self, Head, Ranged, Request};
+use crate::http::{self, Ranged};
 use crate::listing::{self, Listing, Route};
 use crate::mime::content_type;
 use crate::storage::Catalog;
@@ -23,106 +31,132 @@ const CHUNK: usize = 256 << 10;
 const FIRST_CHUNK: usize = 8 << 10;
 /// Chunks read ahead of the socket.
 const CHUNKS_AHEAD: usize = 4;
-/// A kept-alive connection with no request for this long is closed.
+/// A connection with no whole request head for this long is closed (kept-alive ones
+/// waiting for their next request too).
 const IDLE: Duration = Duration::from_secs(60);
+/// A request head longer than this is refused (431); none of ours comes near.
+const MAX_HEAD: usize = 16 << 10;
 
 pub async fn serve(listener: TcpListener, catalog: Arc<Catalog>) -> io::Result<()> {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(IDLE)
+        .max_buf_size(MAX_HEAD)
+        // Header names as most servers write them; some clients and scripts look for
+        // `Content-Range:` as written.
+        .title_case_headers(true);
     loop {
         let (sock, peer) = listener.accept().await?;
         let _ = sock.set_nodelay(true);
         let catalog = catalog.clone();
+        let http = http.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(sock, catalog).await {
+            let service = service_fn(move |req| {
+                let catalog = catalog.clone();
+                async move { Ok::<_, Infallible>(answer(req, &catalog).await) }
+            });
+            if let Err(e) = http.serve_connection(TokioIo::new(sock), service).await {
                 tracing::debug!("{peer}: {e}");
             }
         });
     }
 }
 
-async fn connection(mut sock: TcpStream, catalog: Arc<Catalog>) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(4096);
-    loop {
-        let req = loop {
-            match http::parse_request(&buf) {
-                Ok(Some((req, used))) => {
-                    buf.drain(..used);
-                    break req;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let body = format!("{e}\n");
-                    let head = Head::for_body(e.status(), body.len(), "text/plain", false);
-                    sock.write_all(&head.encode()).await?;
-                    sock.write_all(body.as_bytes()).await?;
-                    return Ok(());
-                }
-            }
-            let mut chunk = [0u8; 4096];
-            let n = match tokio::time::timeout(IDLE, sock.read(&mut chunk)).await {
-                Ok(r) => r?,
-                Err(_) => return Ok(()),
-            };
-            if n == 0 {
-                return Ok(());
-            }
-            buf.extend_from_slice(&chunk[..n]);
+/// An answer's body: small and whole, or a file streaming from its reader task.
+enum Body {
+    Whole(Option<Bytes>),
+    File(FileStream),
+}
+
+/// A file's bytes as its reader task sends them; ends with an error when the task stops
+/// before the length the head promised (hyper then closes the connection: the only
+/// honest end of an answer cut short).
+struct FileStream {
+    /// Read before the head was answered.
+    first: Option<Bytes>,
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    left: u64,
+    /// `STORAGE/LUN/PATH`, for the log.
+    what: String,
+    want: u64,
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let f = match self.get_mut() {
+            Body::Whole(b) => return Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Body::File(f) => f,
         };
-        let keep = answer(&mut sock, &req, &catalog).await? && req.keep_alive;
-        if !keep {
-            return Ok(());
+        if f.left == 0 {
+            return Poll::Ready(None);
+        }
+        let next = match f.first.take() {
+            Some(b) => Some(Ok(b)),
+            None => ready!(f.rx.poll_recv(cx)),
+        };
+        let e = match next {
+            Some(Ok(b)) => {
+                f.left = f.left.saturating_sub(b.len() as u64);
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            Some(Err(e)) => e,
+            None => io::Error::new(io::ErrorKind::UnexpectedEof, "the reader stopped"),
+        };
+        tracing::warn!(
+            "{}: stream ended after {} of {} bytes: {e}",
+            f.what,
+            f.want - f.left,
+            f.want
+        );
+        f.left = 0;
+        Poll::Ready(Some(Err(e)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Whole(b) => b.is_none(),
+            Body::File(f) => f.left == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::File(f) => SizeHint::with_exact(f.left),
         }
     }
 }
 
-/// Answers one request; `false` when the connection must close after it.
-async fn answer(sock: &mut TcpStream, req: &Request, catalog: &Arc<Catalog>) -> io::Result<bool> {
-    let head_only = match req.method.as_str() {
-        "GET" => false,
-        "HEAD" => true,
-        _ => {
-            return small(
-                sock,
-                req,
-                405,
-                "text/plain",
-                b"only GET and HEAD\n".to_vec(),
-                false,
-            )
-            .await;
-        }
+/// Answers one request.
+async fn answer(req: Request<Incoming>, catalog: &Arc<Catalog>) -> Response<Body> {
+    let head_only = match http::accept(req.method(), req.body().is_end_stream()) {
+        Ok(h) => h,
+        Err(r) => return small(r.status(), "text/plain", r.message().into(), false),
     };
-    let refresh = req
-        .query
-        .as_deref()
-        .is_some_and(|q| q.split('&').any(|kv| kv == "refresh=1"));
-    match listing::route(&req.path) {
+    let refresh = http::wants_refresh(req.uri().query());
+    match listing::route(req.uri().path()) {
         Route::Page => {
             let l = listing(catalog, refresh).await;
             small(
-                sock,
-                req,
-                200,
+                StatusCode::OK,
                 "text/html; charset=utf-8",
-                l.html().into_bytes(),
+                l.html(),
                 head_only,
             )
-            .await
         }
         Route::Json => {
             let l = listing(catalog, refresh).await;
-            small(
-                sock,
-                req,
-                200,
-                "application/json",
-                l.json().into_bytes(),
-                head_only,
-            )
-            .await
+            small(StatusCode::OK, "application/json", l.json(), head_only)
         }
         Route::Player { storage, lun, path } => {
             if catalog.find(&storage).is_none() {
-                return not_found(sock, req, head_only).await;
+                return not_found(head_only);
             }
             let (t, _) = content_type(&path);
             let src = format!(
@@ -131,20 +165,16 @@ async fn answer(sock: &mut TcpStream, req: &Request, catalog: &Arc<Catalog>) -> 
                 http::percent_encode_path(&path)
             );
             let page = listing::player(&path, &src, t);
-            small(
-                sock,
-                req,
-                200,
-                "text/html; charset=utf-8",
-                page.into_bytes(),
-                head_only,
-            )
-            .await
+            small(StatusCode::OK, "text/html; charset=utf-8", page, head_only)
         }
         Route::File { storage, lun, path } => {
-            file(sock, req, catalog, &storage, lun, &path, head_only).await
+            let range = req
+                .headers()
+                .get(hyper::header::RANGE)
+                .and_then(|v| v.to_str().ok());
+            file(catalog, &storage, lun, &path, range, head_only).await
         }
-        Route::NotFound => not_found(sock, req, head_only).await,
+        Route::NotFound => not_found(head_only),
     }
 }
 
@@ -166,80 +196,65 @@ async fn listing(catalog: &Arc<Catalog>, refresh: bool) -> Listing {
     }
 }
 
-async fn not_found(sock: &mut TcpStream, req: &Request, head_only: bool) -> io::Result<bool> {
+fn not_found(head_only: bool) -> Response<Body> {
     small(
-        sock,
-        req,
-        404,
+        StatusCode::NOT_FOUND,
         "text/plain",
-        b"not found\n".to_vec(),
+        "not found\n".into(),
         head_only,
     )
-    .await
 }
 
-async fn small(
-    sock: &mut TcpStream,
-    req: &Request,
-    status: u16,
-    content_type: &str,
-    body: Vec<u8>,
+fn small(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
     head_only: bool,
-) -> io::Result<bool> {
-    let head = Head::for_body(status, body.len(), content_type, req.keep_alive);
-    let mut out = head.encode();
-    if !head_only {
-        out.extend_from_slice(&body);
-    }
-    sock.write_all(&out).await?;
-    Ok(true)
+) -> Response<Body> {
+    let head = http::small_head(status, body.len(), content_type);
+    let body = (!head_only).then(|| Bytes::from(body));
+    head.map(|()| Body::Whole(body))
 }
 
 async fn file(
-    sock: &mut TcpStream,
-    req: &Request,
     catalog: &Arc<Catalog>,
     storage: &str,
     lun: u16,
     path: &str,
+    range: Option<&str>,
     head_only: bool,
-) -> io::Result<bool> {
+) -> Response<Body> {
     let Some(st) = catalog.find(storage) else {
-        return not_found(sock, req, head_only).await;
+        return not_found(head_only);
     };
     let busy = st.use_();
     let vol = match st.volume(lun).await {
         Ok(v) => v,
         Err(e) => {
             tracing::warn!("{storage}: {e}");
-            let body = format!("storage {storage}: {e}\n").into_bytes();
-            return small(sock, req, 502, "text/plain", body, head_only).await;
+            let body = format!("storage {storage}: {e}\n");
+            return small(StatusCode::BAD_GATEWAY, "text/plain", body, head_only);
         }
     };
     let len = match vol.stat(path).await {
         Ok(l) => l,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return not_found(sock, req, head_only).await;
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return not_found(head_only),
         Err(e) => {
-            let body = format!("{path}: {e}\n").into_bytes();
-            return small(sock, req, 502, "text/plain", body, head_only).await;
+            let body = format!("{path}: {e}\n");
+            return small(StatusCode::BAD_GATEWAY, "text/plain", body, head_only);
         }
     };
-    let range = http::resolve_range(req.header("range"), len);
+    let range = http::resolve_range(range, len);
     let (t, _) = content_type(path);
-    let head = Head::for_file(range, len, t, req.keep_alive);
+    let head = http::file_head(range, len, t);
     let (start, end) = match range {
         Ranged::Full if len > 0 && !head_only => (0, len - 1),
         Ranged::Part { start, end } if !head_only => (start, end),
-        _ => {
-            sock.write_all(&head.encode()).await?;
-            return Ok(true);
-        }
+        _ => return head.map(|()| Body::Whole(None)),
     };
     // A reader task keeps a few chunks ahead of the socket; a client that goes away
     // drops the receiver and the reader stops at its next chunk.
-    let (tx, mut rx) = mpsc::channel::<io::Result<bytes::Bytes>>(CHUNKS_AHEAD);
+    let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_AHEAD);
     let p = path.to_owned();
     tokio::spawn(async move {
         let _busy = busy;
@@ -247,19 +262,14 @@ async fn file(
         while off <= end {
             let size = if off == start { FIRST_CHUNK } else { CHUNK };
             let n = (end - off + 1).min(size as u64) as usize;
-            let r = vol.read(&p, off, n).await;
-            let stop = match &r {
-                Ok(b) if b.len() == n => false,
-                Ok(_) => true,
-                Err(_) => true,
-            };
-            let r = match r {
+            let r = match vol.read(&p, off, n).await {
                 Ok(b) if b.len() != n => Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     format!("{p}: file shorter than it was at the start of the answer"),
                 )),
                 r => r,
             };
+            let stop = r.is_err();
             if tx.send(r).await.is_err() || stop {
                 return;
             }
@@ -271,39 +281,22 @@ async fn file(
     let first = match rx.recv().await {
         Some(Ok(b)) => b,
         Some(Err(e)) => {
-            let body = format!("{path}: {e}\n").into_bytes();
-            return small(sock, req, 502, "text/plain", body, false).await;
+            let body = format!("{path}: {e}\n");
+            return small(StatusCode::BAD_GATEWAY, "text/plain", body, false);
         }
         None => {
-            let body = format!("{path}: not read\n").into_bytes();
-            return small(sock, req, 502, "text/plain", body, false).await;
+            let body = format!("{path}: not read\n");
+            return small(StatusCode::BAD_GATEWAY, "text/plain", body, false);
         }
     };
-    let mut out = head.encode();
-    out.extend_from_slice(&first);
-    sock.write_all(&out).await?;
-    let mut sent = first.len() as u64;
     let want = end - start + 1;
-    while sent < want {
-        match rx.recv().await {
-            Some(Ok(b)) => {
-                sock.write_all(&b).await?;
-                sent += b.len() as u64;
-            }
-            Some(Err(e)) => {
-                // The head promised more: the only honest end is to close the connection.
-                tracing::warn!(
-                    "{storage}/{lun}{path}: stream ended after {sent} of {want} bytes: {e}"
-                );
-                let _ = sock.shutdown().await;
-                return Ok(false);
-            }
-            None => {
-                tracing::warn!("{storage}/{lun}{path}: stream ended after {sent} of {want} bytes");
-                let _ = sock.shutdown().await;
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
+    head.map(|()| {
+        Body::File(FileStream {
+            first: Some(first),
+            rx,
+            left: want,
+            what: format!("{storage}/{lun}{path}"),
+            want,
+        })
+    })
 }

@@ -67,17 +67,8 @@ pub struct SyncArgs {
     pub interval: String,
 }
 
-fn human_rate(bytes_per_s: u64) -> String {
-    let bits = bytes_per_s as f64 * 8.0;
-    if bits >= 1e9 {
-        format!("{:.2} Gbit/s", bits / 1e9)
-    } else {
-        format!("{:.1} Mbit/s", bits / 1e6)
-    }
-}
-
-fn human_bytes(b: u64) -> String {
-    format!("{}", units::Size(b))
+fn shown_rate(bytes_per_s: u64) -> String {
+    units::Rate::from_bytes_per_sec(bytes_per_s).approx()
 }
 
 pub fn run(args: SyncArgs) -> anyhow::Result<()> {
@@ -141,9 +132,9 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
             let running = t.streams.iter().filter(|s| s.finished_at.is_none()).count();
             eprint!(
                 "\r{pct:5.1}%  {} of {}  {}  {running}/{} streams  {:?}  {eta}     ",
-                human_bytes(t.done_bytes),
-                human_bytes(t.bytes),
-                human_rate(t.rate_bytes_per_s),
+                units::Size(t.done_bytes).approx(),
+                units::Size(t.bytes).approx(),
+                shown_rate(t.rate_bytes_per_s),
                 t.streams.len(),
                 t.phase,
             );
@@ -159,10 +150,10 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
     } else {
         println!(
             "synced {} in {} stream(s) in {:.1} s ({}){}; finish spread {:.1} %; {} unit(s) verified, {} repaired",
-            human_bytes(report.bytes),
+            units::Size(report.bytes).approx(),
             report.streams,
             report.seconds,
-            human_rate(report.rate_bytes_per_s),
+            shown_rate(report.rate_bytes_per_s),
             if report.incremental { ", incremental" } else { "" },
             report.finish_spread * 100.0,
             report.verified_units,

@@ -1,40 +1,40 @@
 //! The control channel's sockets: the only module of this crate that touches the network
-//! for control (the data goes over iSCSI, through the initiator library). One request per
-//! TCP connection; both directions authenticated by [`crate::auth`].
+//! for control (the data goes over iSCSI, through the initiator library). HTTP/1.1 through
+//! hyper, one request per TCP connection; both directions authenticated by
+//! [`crate::auth`].
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::auth::{Key, Verifier};
-use crate::http::{Message, Parser};
 
 /// How long one side waits for the other's message.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest body accepted: a checksum list of a 16 TiB member in 1 MiB units is ~1 MiB of
+/// JSON per 8k units; 64 MiB is room for far more.
+pub const MAX_BODY: usize = 64 << 20;
+/// Largest request head: ours are a few hundred bytes.
+const MAX_HEAD: usize = 16 << 10;
+/// The answer's MAC header ([`Key::sign_answer`]).
+const MAC: &str = "x-rsv-mac";
 
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-async fn read_message(stream: &mut TcpStream) -> anyhow::Result<Message> {
-    let mut parser = Parser::default();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            bail!("connection closed before a whole message");
-        }
-        if let Some(m) = parser.push(&buf[..n])? {
-            return Ok(m);
-        }
-    }
 }
 
 /// Serves requests on `listener` until the task is dropped: each is checked, given to
@@ -46,8 +46,13 @@ where
 {
     let verifier = Arc::new(Mutex::new(Verifier::new(key.clone())));
     let handle = Arc::new(handle);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(IO_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false);
     loop {
-        let (mut stream, peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!("control accept: {e}");
@@ -55,48 +60,88 @@ where
                 continue;
             }
         };
-        let verifier = verifier.clone();
-        let handle = handle.clone();
-        let key = key.clone();
+        let _ = stream.set_nodelay(true);
+        let (verifier, handle, key, http) =
+            (verifier.clone(), handle.clone(), key.clone(), http.clone());
         tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let request = match tokio::time::timeout(IO_TIMEOUT, read_message(&mut stream)).await {
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => {
-                    tracing::debug!("control request from {peer}: {e}");
-                    return;
+            let service = service_fn(move |req| {
+                let (verifier, handle, key) = (verifier.clone(), handle.clone(), key.clone());
+                async move {
+                    let (status, body, mac) = answer(req, peer, &verifier, &key, &*handle).await;
+                    let mut r = Response::new(Full::new(Bytes::from(body)));
+                    *r.status_mut() = status;
+                    let h = r.headers_mut();
+                    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    if let Some(mac) = mac.and_then(|m| HeaderValue::try_from(m).ok()) {
+                        h.insert(MAC, mac);
+                    }
+                    Ok::<_, Infallible>(r)
                 }
-                Err(_) => return,
-            };
-            let Ok((method, path)) = request.method_path() else {
-                let _ = stream
-                    .write_all(&Message::answer(400, error_body("malformed request line")).encode())
-                    .await;
-                return;
-            };
-            let (method, path) = (method.to_owned(), path.to_owned());
-            let checked = verifier.lock().unwrap().check(
-                &method,
-                &path,
-                request.header("Authorization"),
-                &request.body,
-                now_unix(),
-            );
-            let answer = match checked {
-                Err(e) => {
-                    // Logged without anything secret: who, what and why.
-                    tracing::warn!("control request {method} {path} from {peer} refused: {e}");
-                    Message::answer(401, error_body(&e.to_string()))
-                }
-                Ok(nonce) => {
-                    let (status, body) = handle(method, path, request.body).await;
-                    let mac = key.sign_answer(&nonce, status, &body);
-                    Message::answer(status, body).with_header("X-Rsv-Mac", mac)
-                }
-            };
-            let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(&answer.encode())).await;
-            let _ = stream.shutdown().await;
+            });
+            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!("control request from {peer}: {e}");
+            }
         });
+    }
+}
+
+/// The answer to one request: its status, body and MAC (none for a request refused
+/// before it was authenticated).
+async fn answer<H, F>(
+    req: Request<hyper::body::Incoming>,
+    peer: SocketAddr,
+    verifier: &Mutex<Verifier>,
+    key: &Key,
+    handle: &H,
+) -> (StatusCode, Vec<u8>, Option<String>)
+where
+    H: Fn(String, String, Vec<u8>) -> F,
+    F: Future<Output = (u16, Vec<u8>)>,
+{
+    let method = req.method().as_str().to_owned();
+    let Some(path) = req.uri().path_and_query().map(|p| p.as_str().to_owned()) else {
+        let e = error_body("the request target is not a path");
+        return (StatusCode::BAD_REQUEST, e, None);
+    };
+    let auth = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = match tokio::time::timeout(
+        IO_TIMEOUT,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) => {
+            tracing::debug!("control request {method} {path} from {peer}: {e}");
+            let e = error_body(&format!("request body: {e} (at most {MAX_BODY} bytes)"));
+            return (StatusCode::PAYLOAD_TOO_LARGE, e, None);
+        }
+        Err(_) => {
+            let e = error_body("request body: not whole within 30 s");
+            return (StatusCode::REQUEST_TIMEOUT, e, None);
+        }
+    };
+    let checked =
+        verifier
+            .lock()
+            .unwrap()
+            .check(&method, &path, auth.as_deref(), &body, now_unix());
+    match checked {
+        Err(e) => {
+            // Logged without anything secret: who, what and why.
+            tracing::warn!("control request {method} {path} from {peer} refused: {e}");
+            (StatusCode::UNAUTHORIZED, error_body(&e.to_string()), None)
+        }
+        Ok(nonce) => {
+            let (status, body) = handle(method, path, body.to_vec()).await;
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mac = key.sign_answer(&nonce, status.as_u16(), &body);
+            (status, body, Some(mac))
+        }
     }
 }
 
@@ -114,11 +159,53 @@ pub struct Client {
     key: Key,
 }
 
+/// An answer as it came: status, MAC header and body.
+struct Answer {
+    status: u16,
+    mac: String,
+    body: Bytes,
+}
+
 impl Client {
     pub fn new(addr: impl Into<String>, key: Key) -> Client {
         Client {
             addr: addr.into(),
             key,
+        }
+    }
+
+    /// One request on a connection of its own.
+    async fn exchange(&self, request: Request<Full<Bytes>>) -> anyhow::Result<Answer> {
+        let stream = TcpStream::connect(&self.addr).await?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let answer = async {
+            let answer = sender.send_request(request).await?;
+            let status = answer.status().as_u16();
+            let mac = answer
+                .headers()
+                .get(MAC)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = Limited::new(answer.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| anyhow!("answer body: {e}"))?
+                .to_bytes();
+            anyhow::Ok(Answer { status, mac, body })
+        };
+        // The connection's I/O runs here, not in a task of its own, so that the caller's
+        // timeout ends it too. The agent closes it after the answer, which may be before
+        // the body is taken from it: then the answer is finished from what it delivered.
+        tokio::pin!(conn, answer);
+        tokio::select! {
+            a = &mut answer => a,
+            c = &mut conn => {
+                c?;
+                answer.await
+            }
         }
     }
 
@@ -136,27 +223,24 @@ impl Client {
             serde_json::to_vec(body)?
         };
         let (auth, nonce) = self.key.sign_request(method, path, &body, now_unix());
-        let request = Message::request(method, path, body)
-            .with_header("Host", self.addr.clone())
-            .with_header("Content-Type", "application/json")
-            .with_header("Authorization", auth);
-        let exchange = async {
-            let mut stream = TcpStream::connect(&self.addr)
-                .await
-                .with_context(|| format!("control endpoint {}", self.addr))?;
-            let _ = stream.set_nodelay(true);
-            stream.write_all(&request.encode()).await?;
-            read_message(&mut stream).await
-        };
-        let answer = tokio::time::timeout(IO_TIMEOUT, exchange)
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, self.addr.as_str())
+            .header(CONTENT_TYPE, "application/json")
+            .header(AUTHORIZATION, auth)
+            .body(Full::new(Bytes::from(body)))
+            .with_context(|| format!("control request {method} {path}"))?;
+        let answer = tokio::time::timeout(IO_TIMEOUT, self.exchange(request))
             .await
             .map_err(|_| {
                 anyhow!(
                     "control endpoint {}: no answer within {IO_TIMEOUT:?}",
                     self.addr
                 )
-            })??;
-        let status = answer.status()?;
+            })?
+            .with_context(|| format!("control endpoint {}", self.addr))?;
+        let status = answer.status;
         if status == 401 {
             let why = serde_json::from_slice::<crate::api::ErrorBody>(&answer.body)
                 .map_or_else(|_| "refused".to_owned(), |e| e.error);
@@ -165,8 +249,10 @@ impl Client {
                 self.addr
             );
         }
-        let mac = answer.header("X-Rsv-Mac").unwrap_or_default();
-        if !self.key.check_answer(&nonce, status, &answer.body, mac) {
+        if !self
+            .key
+            .check_answer(&nonce, status, &answer.body, &answer.mac)
+        {
             bail!(
                 "control endpoint {}: the answer is not signed with our key (wrong key file, or not a Reservoir agent)",
                 self.addr

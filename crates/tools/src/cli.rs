@@ -12,7 +12,7 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::task::JoinSet;
-use units::Rate;
+use units::{Rate, Size};
 
 pub use crate::mount::{mount, MountArgs};
 pub use crate::tune_cli::{tune, TuneArgs};
@@ -177,21 +177,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
-}
-
-fn human(bytes: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 // ---------------------------------------------------------------------------------- ls
@@ -367,7 +352,7 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
         for l in &t.luns {
             let size = match (l.size_bytes, l.blocks, l.block_size) {
                 (Some(b), Some(n), Some(bs)) => {
-                    format!("  {} ({n} blocks of {bs} bytes)", human(b))
+                    format!("  {} ({n} blocks of {bs} bytes)", Size(b).approx())
                 }
                 _ => String::new(),
             };
@@ -511,7 +496,7 @@ pub fn inq(args: InqArgs) -> anyhow::Result<()> {
     if let Some(c) = &r.capacity {
         println!(
             "Size:    {} ({} blocks of {} bytes)",
-            human(c.bytes()),
+            Size(c.bytes()).approx(),
             c.blocks,
             c.block_size
         );
@@ -708,8 +693,8 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         bail!(
             "destination {} holds {} but the source has {}; use a larger LUN",
             args.dst,
-            human(dst.size()),
-            human(size)
+            Size(dst.size()),
+            Size(size)
         );
     }
     // Skipping zeros is only safe where the destination already reads as zero.
@@ -906,26 +891,26 @@ pub fn cp(args: CpArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         eprintln!(
-            "{} {} in {:.2} s ({:.1} MB/s){}{}{}{}",
+            "{} {} in {:.2} s ({}){}{}{}{}",
             if s.complete {
                 "copied"
             } else {
                 "stopped by --max-time after"
             },
             if s.complete {
-                human(s.bytes)
+                Size(s.bytes).approx().to_string()
             } else {
                 format!(
                     "{} of {} (all below offset {} done)",
-                    human(s.bytes),
-                    human(s.total_bytes),
+                    Size(s.bytes).approx(),
+                    Size(s.total_bytes).approx(),
                     s.copied_prefix_bytes
                 )
             },
             s.seconds,
-            s.mb_per_s,
+            Rate::measured(s.bytes, s.seconds).approx(),
             if s.skipped_zero_bytes > 0 {
-                format!(", {} of zeros skipped", human(s.skipped_zero_bytes))
+                format!(", {} of zeros skipped", Size(s.skipped_zero_bytes).approx())
             } else {
                 String::new()
             },
@@ -1052,7 +1037,7 @@ pub async fn run_bench(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     if slots == 0 {
         bail!(
             "the LUN ({}) is smaller than one I/O of {io} bytes",
-            human(cap.bytes())
+            Size(cap.bytes()).approx()
         );
     }
     let payload = {
@@ -1209,8 +1194,9 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "{:?} {:?} bs={} qd={} conns={}: {:.0} IOPS, {:.1} MB/s, latency p50 {} us, p99 {} us, p99.9 {} us ({} I/Os in {:.1} s)",
-            r.pattern, r.rw, r.block_size, r.queue_depth, r.connections, r.iops, r.mb_per_s,
+            "{:?} {:?} bs={} qd={} conns={}: {:.0} IOPS, {}, latency p50 {} us, p99 {} us, p99.9 {} us ({} I/Os in {:.1} s)",
+            r.pattern, r.rw, r.block_size, r.queue_depth, r.connections, r.iops,
+            Rate::measured(r.ios * r.block_size, r.seconds).approx(),
             r.latency_us_p50, r.latency_us_p99, r.latency_us_p999, r.ios, r.seconds
         );
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
+use units::{Rate, Size};
 
 use crate::cli::SessionFlags;
 use initiator::{Lun, PathReport, Session, SessionInfo};
@@ -105,11 +106,11 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
     match &i.tuning {
         Some(p) => {
             println!(
-                "measured: RTT {:.1} ms; sized for {:.0} Mbit/s ({}), BDP {} bytes",
+                "measured: RTT {:.1} ms; sized for {} ({}), BDP {}",
                 p.rtt_ms,
-                p.rate_bytes_per_s as f64 * 8e-6,
+                Rate::from_bytes_per_sec(p.rate_bytes_per_s).approx(),
                 p.rate_source,
-                p.bdp_bytes
+                Size(p.bdp_bytes).approx()
             );
             println!("chosen, and why:");
             for reason in &p.reasons {
@@ -175,16 +176,17 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         ))
     );
     if let (Some(b), Some(rate)) = (r.probe_bytes, r.probe_mb_per_s) {
-        println!("probe: read {b} bytes at {rate:.1} MB/s");
+        let rate = Rate::from_bytes_per_sec((rate * 1e6) as u64).approx();
+        println!("probe: read {} at {rate}", Size(b).approx());
     }
     if let Some(p) = &r.path {
         println!(
             "path as measured by {} connections: min RTT {:.1} ms, smoothed RTT {:.1} ms, \
-             {:.1} Mbit/s, {} retransmits",
+             {}, {} retransmits",
             p.connections_sampled,
             p.min_rtt_ms,
             p.srtt_ms,
-            p.rate_bytes_per_s as f64 * 8e-6,
+            Rate::from_bytes_per_sec(p.rate_bytes_per_s).approx(),
             p.retransmits
         );
     }

@@ -559,11 +559,11 @@ fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
     assert!(ok, "{text}");
     let layout = format!(
         "LUN 0: store stripe:?unit=64K&members=[{a},{b},ram:?size=512M]\n    \
-         stripe in units of 64 KiB over 3 members: 1536 MiB, 512 MiB on each \
-         (1 GiB of the members unused)\n      \
-         member 0: 1 GiB, iSCSI LUN {a} (logged in to on start)\n      \
-         member 1: 1 GiB, iSCSI LUN {b} (logged in to on start)\n      \
-         member 2: 512 MiB, ram, 512 MiB (lost when the target stops)\n"
+         stripe in units of 64KiB over 3 members: 1536MiB, 512MiB on each \
+         (1GiB of the members unused)\n      \
+         member 0: 1GiB, iSCSI LUN {a} (logged in to on start)\n      \
+         member 1: 1GiB, iSCSI LUN {b} (logged in to on start)\n      \
+         member 2: 512MiB, ram, 512MiB (lost when the target stops)\n"
     );
     assert!(text.contains(&layout), "{text}\nwanted:\n{layout}");
 
@@ -581,11 +581,11 @@ fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
     let (ok, text) = rsv_target_check(&["--config", toml.to_str().unwrap()]);
     assert!(ok, "{text}");
     assert!(
-        text.contains("stripe in units of 1 MiB over 2 members: 2 GiB, 1 GiB on each\n"),
+        text.contains("stripe in units of 1MiB over 2 members: 2GiB, 1GiB on each\n"),
         "{text}"
     );
     assert!(
-        text.contains("stripe in units of 1 MiB over 2 members: capacity known on start\n")
+        text.contains("stripe in units of 1MiB over 2 members: capacity known on start\n")
             && text.contains("member 1: size not known (iscsi://127.0.0.1:1/"),
         "{text}"
     );

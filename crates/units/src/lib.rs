@@ -22,7 +22,10 @@
 //! **Probabilities** are a percentage (`0.1%`) or a fraction (`0.001`).
 //!
 //! Everything printed uses these spellings ([`Size`], [`Rate`], [`format_duration`],
-//! [`format_probability`]), exactly, so that output can be pasted back as input.
+//! [`format_probability`]), exactly, so that output can be pasted back as input. Where a
+//! person reads a measured or arbitrary amount at a glance (a file's size, a copy's rate),
+//! [`Size::approx`] and [`Rate::approx`] round it to three significant digits in the same
+//! spellings (`1.46GiB`, `95.3mbit`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -173,6 +176,22 @@ pub fn parse_size(s: &str) -> Result<u64, ParseError> {
     })
 }
 
+/// The power-of-1024 size units, largest first.
+const BINARY: &[(u64, &str)] = &[
+    (1 << 40, "TiB"),
+    (1 << 30, "GiB"),
+    (1 << 20, "MiB"),
+    (1 << 10, "KiB"),
+];
+
+/// The rate units above `bit`, as `tc` writes them, largest first.
+const BITS: &[(u64, &str)] = &[
+    (1_000_000_000_000, "tbit"),
+    (1_000_000_000, "gbit"),
+    (1_000_000, "mbit"),
+    (1_000, "kbit"),
+];
+
 /// A size in bytes that prints as it would be written: the largest power-of-1024 unit that
 /// holds it exactly (`1GiB`, `1536MiB`), else powers of 1000 (`1250KB`), else `B`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -185,6 +204,40 @@ impl FromStr for Size {
     }
 }
 
+impl Size {
+    /// The size for people, rounded: three significant digits in the largest
+    /// power-of-1024 unit it reaches (`1.46GiB`, `12.3MiB`, `512KiB`, `999B`), trailing
+    /// zeros dropped, so that a whole number of a unit prints as [`Size`] prints it.
+    pub fn approx(self) -> String {
+        rounded(self.0, 1024, BINARY, "B")
+    }
+}
+
+/// `n` to three significant digits in the largest of `units` (largest first, each
+/// `(per, name)`, each `base` times the next) that it reaches, else whole `base_unit`s.
+fn rounded(n: u64, base: u64, units: &[(u64, &'static str)], base_unit: &str) -> String {
+    let Some(i) = units.iter().position(|&(per, _)| n >= per) else {
+        return format!("{n}{base_unit}");
+    };
+    let (per, name) = units[i];
+    let v = n as f64 / per as f64;
+    let text = match v {
+        v if v < 10.0 => format!("{v:.2}"),
+        v if v < 100.0 => format!("{v:.1}"),
+        v => format!("{v:.0}"),
+    };
+    // Rounding up may reach the next unit (1023.7KiB is 1MiB, not 1024KiB).
+    if i > 0 && text.parse::<f64>().is_ok_and(|r| r >= base as f64) {
+        return rounded(units[i - 1].0, base, units, base_unit);
+    }
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text}{name}")
+}
+
 /// The largest of `units` (largest first, each `(per, name)`) that divides `n`.
 fn exact_unit(n: u64, units: &[(u64, &'static str)]) -> Option<(u64, &'static str)> {
     units
@@ -195,12 +248,6 @@ fn exact_unit(n: u64, units: &[(u64, &'static str)]) -> Option<(u64, &'static st
 
 impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const BINARY: &[(u64, &str)] = &[
-            (1 << 40, "TiB"),
-            (1 << 30, "GiB"),
-            (1 << 20, "MiB"),
-            (1 << 10, "KiB"),
-        ];
         const DECIMAL: &[(u64, &str)] = &[
             (1_000_000_000_000, "TB"),
             (1_000_000_000, "GB"),
@@ -215,37 +262,6 @@ impl fmt::Display for Size {
         };
         f.pad(&format!("{n}{unit}"))
     }
-}
-
-impl Size {
-    /// The size for people, to three significant digits in the largest power-of-1024 unit
-    /// under it (`1.21GiB`, `512KiB`, `117B`): status tables, not configuration.
-    pub fn approx(self) -> String {
-        approx(
-            self.0 as f64,
-            1024.0,
-            &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"],
-        )
-    }
-}
-
-/// `x` to three significant digits in the largest unit (each `step` times the one before)
-/// it reaches.
-fn approx(x: f64, step: f64, names: &[&str]) -> String {
-    let mut v = x;
-    let mut i = 0;
-    while v >= step && i + 1 < names.len() {
-        v /= step;
-        i += 1;
-    }
-    let digits = if i == 0 || v >= 100.0 {
-        0
-    } else if v >= 10.0 {
-        1
-    } else {
-        2
-    };
-    format!("{v:.digits$}{}", names[i])
 }
 
 /// A data rate, kept in bits per second (as `tc` and link speeds count); never zero when read
@@ -274,6 +290,23 @@ impl Rate {
     /// Rounded down: a limit in whole bytes never exceeds the rate asked for.
     pub const fn bytes_per_sec(self) -> u64 {
         self.bits_per_sec / 8
+    }
+
+    /// A measured rate: `bytes` over `seconds` (none over no time).
+    pub fn measured(bytes: u64, seconds: f64) -> Rate {
+        if seconds > 0.0 {
+            // `as` saturates: a rate past u64's bits per second prints as the largest.
+            Rate::from_bits_per_sec((bytes as f64 * 8.0 / seconds) as u64)
+        } else {
+            Rate::from_bits_per_sec(0)
+        }
+    }
+
+    /// The rate for people, rounded: three significant digits in the largest of `tbit`,
+    /// `gbit`, `mbit`, `kbit` it reaches (`95.3mbit`, `1.25gbit`, `100mbit`, `900bit`),
+    /// trailing zeros dropped, so that a whole number of a unit prints as [`Rate`] prints it.
+    pub fn approx(self) -> String {
+        rounded(self.bits_per_sec, 1000, BITS, "bit")
     }
 }
 
@@ -385,31 +418,13 @@ impl FromStr for Rate {
     }
 }
 
-impl Rate {
-    /// The rate for people, to three significant digits in the largest power-of-1000 unit
-    /// under it (`941mbit`, `1.25gbit`): status tables, not configuration.
-    pub fn approx(self) -> String {
-        approx(
-            self.bits_per_sec as f64,
-            1000.0,
-            &["bit", "kbit", "mbit", "gbit", "tbit"],
-        )
-    }
-}
-
 /// As `tc` writes rates: the largest of `tbit`, `gbit`, `mbit`, `kbit` that holds it exactly,
 /// else `bit`.
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: &[(u64, &str)] = &[
-            (1_000_000_000_000, "tbit"),
-            (1_000_000_000, "gbit"),
-            (1_000_000, "mbit"),
-            (1_000, "kbit"),
-        ];
         let (n, unit) = match self.bits_per_sec {
             0 => (0, "bit"),
-            b => exact_unit(b, UNITS).unwrap_or((b, "bit")),
+            b => exact_unit(b, BITS).unwrap_or((b, "bit")),
         };
         f.pad(&format!("{n}{unit}"))
     }

@@ -334,16 +334,63 @@ fn printing_reads_back() {
 }
 
 #[test]
+fn rounded_for_people() {
+    for (bytes, text) in [
+        (0, "0B"),
+        (999, "999B"),
+        (1023, "1023B"),
+        (1 << 10, "1KiB"),
+        (2048, "2KiB"),
+        (1536, "1.5KiB"),
+        (512 << 10, "512KiB"),
+        (1_500_000, "1.43MiB"),
+        (12_900_000, "12.3MiB"),
+        (3 << 29, "1.5GiB"),
+        (1 << 30, "1GiB"),
+        // Rounding up to 1024 of a unit is one of the next.
+        ((1 << 20) - 100, "1MiB"),
+        (1023 * KI + 1000, "1MiB"),
+        (5 * TI, "5TiB"),
+        (5000 * TI, "5000TiB"),
+        (u64::MAX, "16777216TiB"),
+    ] {
+        assert_eq!(Size(bytes).approx().to_string(), text, "{bytes}");
+    }
+    for (bits, text) in [
+        (0, "0bit"),
+        (999, "999bit"),
+        (100_000_000, "100mbit"),
+        (95_312_345, "95.3mbit"),
+        (1_250_000_000, "1.25gbit"),
+        (104_857_600, "105mbit"),
+        (999_999_999, "1gbit"),
+        (13_000, "13kbit"),
+    ] {
+        let r = Rate::from_bits_per_sec(bits);
+        assert_eq!(r.approx().to_string(), text, "{bits}");
+        // Bits are whole at any three digits: the rounded rate reads back.
+        assert!(parse_rate_limit(text).is_ok(), "{text} reads back");
+    }
+    assert_eq!(
+        Rate::measured(12_500_000, 1.0),
+        Rate::from_bits_per_sec(100_000_000)
+    );
+    assert_eq!(Rate::measured(1, 0.0), Rate::from_bits_per_sec(0));
+    assert_eq!(format!("{:>9}|", Size(3 << 29).approx()), "   1.5GiB|");
+}
+
+#[test]
 fn sizes_rates_and_ages_print_for_people() {
     let sizes = [
         (0, "0B"),
         (117, "117B"),
         (1023, "1023B"),
-        (1024, "1.00KiB"),
+        // One rounding for both: whole units print as the exact forms do.
+        (1024, "1KiB"),
         (512 << 10, "512KiB"),
         (1_300_000_000, "1.21GiB"),
-        (15 << 20, "15.0MiB"),
-        (u64::MAX, "16.0EiB"),
+        (15 << 20, "15MiB"),
+        (u64::MAX, "16777216TiB"),
     ];
     for (n, want) in sizes {
         assert_eq!(Size(n).approx(), want, "{n}");
