@@ -324,7 +324,7 @@ fn serve_as_the_unit_would() {
     // A login to the packaged target, from inside its namespace.
     let url = format!("iscsi://127.0.0.1:3260/{IQN}/0");
     let out = run_ok("nsenter", &["-t", &pid, "-n", "/usr/bin/rsv", "inq", &url]);
-    assert!(out.contains(IQN) && out.contains("1.0 GiB"), "{out}");
+    assert!(out.contains(IQN) && out.contains("1GiB"), "{out}");
     // Its data went where the configuration says, as the unit's user.
     let lun = std::fs::metadata(Path::new(DATA).join("lun0.img")).unwrap();
     let uid = run_ok("id", &["-u", &user]);
