@@ -19,7 +19,7 @@ use rsv_metrics::SeriesCap;
 
 use crate::shared::Shared;
 use crate::stats::{LunStats, Op, LATENCY_BUCKETS, SENSE_KEYS};
-use crate::status::{SessionStatus, Source};
+use crate::status::{ConnStatus, SessionStatus, Source};
 
 /// Series one LUN may carry: commands and latency per kind, bytes per kind that moves
 /// data, commands in flight, and a CHECK CONDITION series per sense key seen.
@@ -237,32 +237,45 @@ impl std::fmt::Debug for ConnCollector {
     }
 }
 
+/// One connection as a scrape labels it: `target`, `tsih` and `cid` join its series.
+struct Conn<'a> {
+    session: &'a SessionStatus,
+    conn: &'a ConnStatus,
+    target: &'a str,
+    tsih: String,
+    cid: String,
+}
+
+impl Conn<'_> {
+    fn id(&self) -> [(&'static str, &str); 3] {
+        [
+            ("target", self.target),
+            ("tsih", &self.tsih),
+            ("cid", &self.cid),
+        ]
+    }
+}
+
 impl prometheus_client::collector::Collector for ConnCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::counter::ConstCounter;
         use prometheus_client::metrics::gauge::ConstGauge;
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         // Discovery sessions name no target: they move no data worth a series.
-        let mut conns = Vec::new();
-        for s in sessions.iter() {
-            let Some(target) = s.target.as_deref() else {
-                continue;
-            };
-            for c in &s.connections {
-                conns.push((s, target, c, s.tsih.to_string(), c.cid.to_string()));
-            }
-        }
-        conns.truncate(self.cap.admit(conns.len(), SERIES_PER_CONNECTION));
-        let ids: Vec<[(&str, &str); 3]> = conns
+        let mut conns: Vec<Conn> = sessions
             .iter()
-            .map(|(_, target, _, tsih, cid)| {
-                [
-                    ("target", *target),
-                    ("tsih", tsih.as_str()),
-                    ("cid", cid.as_str()),
-                ]
+            .filter_map(|s| Some((s, s.target.as_deref()?)))
+            .flat_map(|(session, target)| {
+                session.connections.iter().map(move |conn| Conn {
+                    session,
+                    conn,
+                    target,
+                    tsih: session.tsih.to_string(),
+                    cid: conn.cid.to_string(),
+                })
             })
             .collect();
+        conns.truncate(self.cap.admit(conns.len(), SERIES_PER_CONNECTION));
 
         let mut m = enc.encode_descriptor(
             "rsv_target_connection_info",
@@ -271,10 +284,11 @@ impl prometheus_client::collector::Collector for ConnCollector {
             None,
             MetricType::Gauge,
         )?;
-        for ((s, _, c, _, _), id) in conns.iter().zip(&ids) {
+        for k in &conns {
+            let (s, c, id) = (k.session, k.conn, k.id());
             let portal = c.local.to_string();
             let erl = s.keys.error_recovery_level.to_string();
-            let yes_no = |b: bool| if b { "crc32c" } else { "none" };
+            let digest = |on: bool| if on { "crc32c" } else { "none" };
             let labels = [
                 id[0],
                 id[1],
@@ -283,8 +297,8 @@ impl prometheus_client::collector::Collector for ConnCollector {
                 ("portal", portal.as_str()),
                 ("tls", c.tls.as_deref().unwrap_or("no")),
                 ("erl", erl.as_str()),
-                ("header_digest", yes_no(c.header_digest)),
-                ("data_digest", yes_no(c.data_digest)),
+                ("header_digest", digest(c.header_digest)),
+                ("data_digest", digest(c.data_digest)),
             ];
             ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
         }
@@ -302,13 +316,14 @@ impl prometheus_client::collector::Collector for ConnCollector {
         ] {
             let mut m =
                 enc.encode_descriptor(name, help, Some(&Unit::Bytes), MetricType::Counter)?;
-            for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
+            for k in &conns {
+                let c = k.conn;
                 let v = if received {
                     c.bytes_received
                 } else {
                     c.bytes_sent
                 };
-                ConstCounter::new(v).encode(m.encode_family(id)?)?;
+                ConstCounter::new(v).encode(m.encode_family(&k.id())?)?;
             }
         }
         // The path as TCP sees it (TCP_INFO, sampled for this scrape); a connection whose
@@ -354,9 +369,9 @@ impl prometheus_client::collector::Collector for ConnCollector {
         ];
         for (name, help, unit, figure) in gauges {
             let mut m = enc.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
-            for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
-                if let Some(p) = &c.path {
-                    ConstGauge::new(figure(p)).encode(m.encode_family(id)?)?;
+            for k in &conns {
+                if let Some(p) = &k.conn.path {
+                    ConstGauge::new(figure(p)).encode(m.encode_family(&k.id())?)?;
                 }
             }
         }
@@ -366,9 +381,9 @@ impl prometheus_client::collector::Collector for ConnCollector {
             None,
             MetricType::Counter,
         )?;
-        for ((_, _, c, _, _), id) in conns.iter().zip(&ids) {
-            if let Some(p) = &c.path {
-                ConstCounter::new(p.retransmits as u64).encode(m.encode_family(id)?)?;
+        for k in &conns {
+            if let Some(p) = &k.conn.path {
+                ConstCounter::new(p.retransmits as u64).encode(m.encode_family(&k.id())?)?;
             }
         }
         Ok(())
