@@ -435,6 +435,34 @@ fn send_diagnostic_self_test_through_libiscsi() {
     }
 }
 
+/// READ MEDIA SERIAL NUMBER from libiscsi (`sg_rmsn` sends the same CDB through a kernel
+/// SCSI device, which a test machine may lack): no serial number, so a length of zero.
+#[test]
+fn read_media_serial_number_through_libiscsi() {
+    use common::walk::{Client, Dir, Libiscsi};
+    if !have("cc") {
+        return;
+    }
+    let t = Target::start(Some(RAM_LUNS));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Libiscsi::build(dir.path());
+    let mut c = Libiscsi::login(
+        &bin,
+        &t.portal,
+        "iqn.2026-11.org.reservoir:e2e",
+        "iqn.2026-11.org.reservoir:rmsn",
+        0,
+    );
+    for lun in [0, 1] {
+        // The power-on unit attention first.
+        c.cmd(lun, &[0; 6], &Dir::None).unwrap();
+        let rmsn = [0xab, 0x01, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0];
+        let a = c.cmd(lun, &rmsn, &Dir::Read(64)).unwrap();
+        assert_eq!((a.status, a.sense), (0, (0, 0, 0)), "LUN {lun}: {a:?}");
+        assert_eq!(a.data, [0, 0, 0, 0], "LUN {lun}");
+    }
+}
+
 #[test]
 fn sigterm_flushes_and_keeps_acknowledged_writes() {
     if !have("qemu-io") {

@@ -47,6 +47,7 @@ pub const REPORT_LUNS: u8 = 0xa0;
 pub const MAINTENANCE_IN: u8 = 0xa3;
 pub const READ_12: u8 = 0xa8;
 pub const WRITE_12: u8 = 0xaa;
+pub const SERVICE_ACTION_IN_12: u8 = 0xab;
 pub const WRITE_VERIFY_12: u8 = 0xae;
 pub const VERIFY_12: u8 = 0xaf;
 pub const READ_DEFECT_DATA_12: u8 = 0xb7;
@@ -57,6 +58,11 @@ pub mod service_action {
     pub mod maintenance_in {
         pub const REPORT_TARGET_PORT_GROUPS: u8 = 0x0a;
         pub const REPORT_SUPPORTED_OPERATION_CODES: u8 = 0x0c;
+    }
+
+    /// SERVICE ACTION IN (12) (ABh).
+    pub mod service_action_in_12 {
+        pub const READ_MEDIA_SERIAL_NUMBER: u8 = 0x01;
     }
 
     /// SERVICE ACTION IN (16) (9Eh).

@@ -2252,3 +2252,48 @@ fn send_diagnostic_runs_the_default_self_test() {
     assert_sense(&exec(&broken, &self_test, &[]), 0x04, 0x3e, 0x03);
     good(&exec(&broken, &[0x1d, 0, 0, 0, 0, 0], &[]));
 }
+
+#[test]
+fn read_media_serial_number_answers_none() {
+    let lu = lu();
+    let rmsn = |alloc: u32| {
+        let a = alloc.to_be_bytes();
+        [0xab, 0x01, 0, 0, 0, 0, a[0], a[1], a[2], a[3], 0, 0]
+    };
+    // No serial number: a MEDIA SERIAL NUMBER LENGTH of zero, cut to the allocation length.
+    assert_eq!(good(&exec(&lu, &rmsn(64), &[])), &[0, 0, 0, 0]);
+    assert_eq!(good(&exec(&lu, &rmsn(2), &[])), &[0, 0]);
+    assert!(good(&exec(&lu, &rmsn(0), &[])).is_empty());
+    assert_eq!(LogicalUnit::data_out_len(&rmsn(64), 512), Some(0));
+    // Another service action of SERVICE ACTION IN (12) is a bad field, not a bad opcode.
+    assert_invalid_cdb(
+        &exec(&lu, &[0xab, 0x02, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0], &[]),
+        1,
+    );
+    // Listed with its usage data.
+    let one = good(&exec(
+        &lu,
+        &[0xa3, 0x0c, 2, 0xab, 0, 0x01, 0, 0, 0, 64, 0, 0],
+        &[],
+    ))
+    .to_vec();
+    assert_eq!(one[1] & 0x07, 0x03);
+    assert_eq!(
+        &one[4..],
+        &[0xab, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0]
+    );
+    // Another nexus's RESERVE does not keep it out (SPC-5 table 70: allowed).
+    let other = Nexus(2);
+    exec_on(&lu, other, &[0x00, 0, 0, 0, 0, 0], &[]);
+    good(&exec_on(&lu, other, &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(good(&exec(&lu, &rmsn(4), &[])), &[0, 0, 0, 0]);
+    good(&exec_on(&lu, other, &[0x17, 0, 0, 0, 0, 0], &[]));
+
+    // With the medium ejected, there is no serial number to speak of: NOT READY.
+    let removable = lu_with(LuConfig {
+        removable: true,
+        ..LuConfig::default()
+    });
+    good(&exec(&removable, &[0x1b, 0, 0, 0, 0x02, 0], &[]));
+    assert_sense(&exec(&removable, &rmsn(4), &[]), 0x02, 0x3a, 0x00);
+}

@@ -8,7 +8,7 @@ use scsi_proto::cdb::{be16, be32, block_range};
 use scsi_proto::opcodes::service_action as sa;
 use scsi_proto::opcodes::*;
 
-use super::{read_defect_data, report_luns, LogicalUnit};
+use super::{read_defect_data, read_media_serial_number, report_luns, LogicalUnit};
 use crate::cdb::truncate;
 use crate::inquiry;
 use crate::pr::{Access, Fail};
@@ -372,6 +372,11 @@ pub(crate) const COMMANDS: &[Op] = &[
     Op { opcode: WRITE_12, sa: None, usage: &[WRITE_12, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
         data_out: DataOut::Blocks, access: Access::Write, gate: Gate::Medium, offered: Offered::Always, class: Class::Write,
         run: |lu, c| Ok(lu.write(c.cmd.cdb, c.cmd.data_out)?) },
+    // SPC-5 table 70 allows it under every reservation; no medium, no serial number to give.
+    Op { opcode: SERVICE_ACTION_IN_12, sa: Some(sa::service_action_in_12::READ_MEDIA_SERIAL_NUMBER),
+        usage: &[SERVICE_ACTION_IN_12, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+        data_out: NO_DATA, access: Access::Always, gate: Gate::Medium, offered: Offered::Always, class: Class::Other,
+        run: |_, c| Ok(read_media_serial_number(c.cmd.cdb)?) },
     Op { opcode: WRITE_VERIFY_12, sa: None, usage: &[WRITE_VERIFY_12, 0x12, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
         data_out: DataOut::Blocks, access: Access::Write, gate: Gate::Medium, offered: Offered::Always, class: Class::Write,
         run: |lu, c| Ok(lu.write_verify(c.cmd.cdb, c.cmd.data_out)?) },

@@ -627,6 +627,14 @@ fn read_defect_data(cdb: &[u8]) -> Outcome {
     Ok(truncate(data, alloc))
 }
 
+/// READ MEDIA SERIAL NUMBER (SPC-5): a store has no medium serial number, and a medium
+/// without one answers a MEDIA SERIAL NUMBER LENGTH of zero and nothing after it. (A
+/// missing medium is NOT READY, MEDIUM NOT PRESENT: the row's gate.)
+pub(crate) fn read_media_serial_number(cdb: &[u8]) -> Outcome {
+    let alloc = be32(&cdb[6..10]) as usize;
+    Ok(truncate(vec![0; 4], alloc))
+}
+
 pub(crate) fn report_luns(luns: &[u16], cdb: &[u8]) -> Outcome {
     if cdb.len() < 12 {
         return Err(Sense::invalid_field_in_cdb(0, None));
