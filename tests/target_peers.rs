@@ -463,6 +463,60 @@ fn read_media_serial_number_through_libiscsi() {
     }
 }
 
+/// A `null` LUN through real initiators: it has the size its spec gives, takes writes
+/// and reads back zeros (qemu-io, libiscsi's readcapacity), and `rsv bench` measures it.
+#[test]
+fn null_lun_takes_writes_and_reads_zeros() {
+    if !have("qemu-io") || !have("iscsi-readcapacity16") {
+        return;
+    }
+    let t = Target::start(Some(
+        r#"
+[[target]]
+iqn = "iqn.2026-11.org.reservoir:null"
+[[target.lun]]
+id = 0
+store = "null:?size=64MiB"
+"#,
+    ));
+    let url = t.url(0);
+    let cap = run_ok("iscsi-readcapacity16", &[&url]);
+    assert!(cap.contains("Total size:67108864"), "{cap}");
+    // Written with a pattern, read back as zeros: nothing was kept.
+    // (Not run_ok: qemu-io may exit non-zero for the read meant to fail.)
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x3c 3M 1M",
+            "-c",
+            "read -P 0 3M 1M",
+            "-c",
+            "read -P 0x3c 3M 4k",
+            &url,
+        ],
+    );
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.contains("wrote 1048576/1048576 bytes"), "{out}");
+    assert!(out.contains("read 1048576/1048576 bytes"), "{out}");
+    assert_eq!(
+        out.matches("Pattern verification failed").count(),
+        1,
+        "only the read expecting the written bytes must fail: {out}"
+    );
+    for rw in ["read", "write"] {
+        let json = run_ok(
+            rsv().to_str().unwrap(),
+            &["bench", &url, "--rw", rw, "--duration", "1", "--json"],
+        );
+        let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+        assert!(v["ios"].as_u64().unwrap() > 0, "{rw}: {v}");
+    }
+    assert!(t.log().contains("on null, 64MiB"), "{}", t.log());
+}
+
 #[test]
 fn sigterm_flushes_and_keeps_acknowledged_writes() {
     if !have("qemu-io") {

@@ -12,6 +12,7 @@ pub mod buffers;
 mod file;
 mod helpers;
 mod lend;
+mod null;
 mod ram;
 mod registry;
 mod spec;
@@ -20,6 +21,7 @@ pub mod track;
 
 pub use file::FileBackstore;
 pub use lend::{copy_checked, Lent};
+pub use null::NullBackstore;
 pub use ram::RamBackstore;
 pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
 pub use spec::{SpecError, StoreSpec};

@@ -93,10 +93,11 @@ impl Registry {
         Self::default()
     }
 
-    /// The kinds this crate has: `file`, `ram` and `stripe`.
+    /// The kinds this crate has: `file`, `null`, `ram` and `stripe`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
         r.register(crate::file::FileFactory);
+        r.register(crate::null::NullFactory);
         r.register(crate::ram::RamFactory);
         r.register(crate::stripe::StripeFactory);
         r

@@ -27,7 +27,10 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 fn builtin_kinds_open_from_specs() {
     let dir = tempfile::tempdir().unwrap();
     let reg = Registry::with_builtins();
-    assert_eq!(reg.kinds().collect::<Vec<_>>(), ["file", "ram", "stripe"]);
+    assert_eq!(
+        reg.kinds().collect::<Vec<_>>(),
+        ["file", "null", "ram", "stripe"]
+    );
     let ctx = reg.context(dir.path());
 
     let file = spec("file:sub/lun0.img?size=4M");
@@ -85,6 +88,63 @@ fn builtin_kinds_open_from_specs() {
     );
 }
 
+/// `null:?size=SIZE`: the size it was given, zeros whatever was written, writes beyond
+/// the end refused as any store's, nothing allocated, zeros lent without a copy.
+#[test]
+fn null_store_reads_zeros_and_drops_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::with_builtins();
+    let ctx = reg.context(dir.path());
+    let null = spec("null:?size=64M");
+    let desc = ctx.check(&null).unwrap();
+    assert!(desc.contains("null") && desc.contains("64MiB"), "{desc}");
+    assert_eq!(ctx.capacity(&null), Ok(64 * MIB));
+    let store = ctx.open(&null).unwrap();
+    assert_eq!(store.size(), 64 * MIB);
+    assert_eq!(store.sidecar(".pr"), None);
+    assert!(!store.read_only());
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "it made a file"
+    );
+
+    store.write_at(&pattern(7, 8192), MIB).unwrap();
+    store.flush().unwrap();
+    let mut back = vec![0xa5; 8192];
+    store.read_at(&mut back, MIB).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "a write was kept");
+    assert!(store.try_read_at(&mut back, 0).unwrap());
+    // Beyond the end: refused, as by every store.
+    assert!(store.write_at(&back, 64 * MIB - 4096).is_err());
+    assert!(store.read_at(&mut back, 64 * MIB - 4096).is_err());
+    assert!(store.discard(64 * MIB, 1).is_err());
+    store.discard(0, MIB).unwrap();
+    store.write_zeroes(0, 64 * MIB).unwrap();
+    assert_eq!(
+        store.is_allocated(4096, 2 * MIB).unwrap(),
+        [(4096, 2 * MIB, false)]
+    );
+    // Reads up to 1 MiB are lent zeros; larger ones copied.
+    assert!(store.can_lend() && store.lends_memory());
+    let w = store.lend(MIB, MIB, false).unwrap().unwrap();
+    assert_eq!(w.len(), MIB as usize);
+    assert!(w.as_ref().iter().all(|&b| b == 0));
+    assert!(store.lend(0, 2 * MIB, false).unwrap().is_none());
+    assert!(store.lend(64 * MIB - 512, 1024, false).is_err());
+
+    // The size is required and read as every size is.
+    assert!(ctx
+        .open(&spec("null:"))
+        .unwrap_err()
+        .to_string()
+        .contains("needs \"size\""));
+    assert!(ctx.check(&spec("null:?size=lots")).is_err());
+    assert!(
+        ctx.open(&spec("null:x?size=1M")).is_err(),
+        "null takes no path"
+    );
+}
+
 #[test]
 fn open_errors_say_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,7 +161,7 @@ fn open_errors_say_what_to_fix() {
     };
     let e = err("disk:x.img");
     assert!(
-        e.contains("\"disk\"") && e.contains("known kinds: file, ram"),
+        e.contains("\"disk\"") && e.contains("known kinds: file, null, ram"),
         "{e}"
     );
     let e = err("file:x.img?size=1G&sise=2G");
@@ -344,7 +404,7 @@ members = ["file:lun.img?size=4M"]
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("\"tape\"") && e.contains("known kinds: file, ram, stripe, window"),
+        e.contains("\"tape\"") && e.contains("known kinds: file, null, ram, stripe, window"),
         "{e}"
     );
     let e = ctx

@@ -625,7 +625,7 @@ store = "ram:?size=1MiB"
             .expect("a kind the registry lacks");
         let e = format!("{e:#}");
         assert!(
-            e.contains("LUN 0") && e.contains("\"alias\"") && e.contains("file, ram"),
+            e.contains("LUN 0") && e.contains("\"alias\"") && e.contains("file, null, ram"),
             "{e}"
         );
 
