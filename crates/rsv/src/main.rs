@@ -2,6 +2,7 @@
 //! The bench (the lab, the WAN emulator, capture timing) is `rsv-lab`, under `lab/`.
 
 mod man;
+mod version;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ enum Command {
     Isns(isnsd::IsnsArgs),
     /// A media server: finds storage in iSNS, reads its file systems, streams over HTTP.
     Media(media::MediaArgs),
+    /// This build: version, commit, features, store kinds and congestion controls.
+    Version(version::VersionArgs),
     /// Write the manual pages (rsv.1 and rsv-SUBCOMMAND.1) into DIR.
     #[command(hide = true)]
     Man {
@@ -181,6 +184,7 @@ fn main() -> anyhow::Result<ExitCode> {
         }),
         Command::Media(args) => ok(media::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
+        Command::Version(args) => ok(version::run(args, &stores)),
         Command::Man { dir } => {
             for page in man::write(command, &dir)? {
                 println!("{}", page.display());
