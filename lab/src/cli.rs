@@ -56,6 +56,10 @@ pub enum Scenario {
     /// and rsv sync over R0's link, the link cut or the target SIGKILLed for 5, 30, 120 s;
     /// each must end byte-identical, at once or resumed (not part of `all`)
     Cuts(crate::cuts::Args),
+    /// Login time and first 4 KiB read across the link at a few RTTs (1-200 ms, 100
+    /// Mbit/s): fresh rsv processes against null LUNs, in round trips over a process's start
+    /// (not part of `all`)
+    Login(crate::login::Args),
     /// RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults
     /// writing and reading, as a share of the link
     Rtt(crate::rtt::Args),
@@ -262,6 +266,11 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
             }
             (out, None)
         }
+        Scenario::Login(a) => {
+            let out = a.common.out_dir();
+            crate::login::run(a.params(), a.common.quick, &out, command)?;
+            (out, None)
+        }
         Scenario::All(a) => return run_all(a, &command),
     };
     eprintln!("lab: results in {}", out.display());
@@ -339,6 +348,11 @@ mod tests {
         };
         let p = a.params().unwrap();
         assert_eq!((p.delays_ms, p.windows), (vec![4], vec![None]));
+        let Scenario::Login(a) = scenario("run login --quick --rtt 100").unwrap() else {
+            panic!("not login");
+        };
+        let p = a.params();
+        assert_eq!((p.rtt_ms, p.tries), (vec![100], 3));
     }
 
     #[test]
@@ -350,6 +364,8 @@ mod tests {
             "run cuts --doc docs/x.md",
             "run all --loss 1",
             "run r2 --rows before",
+            "run login --repeat 2",
+            "run login --doc docs/x.md",
         ] {
             assert!(scenario(wrong).is_err(), "{wrong} was taken");
         }

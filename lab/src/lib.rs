@@ -11,6 +11,7 @@ pub mod cli;
 mod cuts;
 mod doc;
 mod env;
+mod login;
 mod peers;
 mod plot;
 mod proc;

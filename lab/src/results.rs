@@ -59,6 +59,7 @@ mod tests {
                 "r3.json" => crate::r3::load(dir).map(drop),
                 "r4.json" => crate::r4::load(dir).map(drop),
                 "rtt.json" => crate::rtt::load(dir).map(drop),
+                "login.json" => crate::login::load(dir).map(drop),
                 // Other JSON (path caches, coordinator logs) is no scenario's results.
                 _ => continue,
             };

@@ -445,3 +445,51 @@ fn lab_quick_r3() {
     let d = doc("r3", out);
     assert!(d.contains("## loopback") && d.contains("| read | "), "{d}");
 }
+
+#[test]
+fn lab_quick_login() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP lab_quick_login: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    // No document, so no --no-doc (which `lab` passes).
+    let o = Command::new(rsv_lab())
+        .args(["run", "login", "--quick", "--out"])
+        .arg(out)
+        .output()
+        .expect("running rsv-lab");
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{err}");
+    assert!(
+        o.status.success(),
+        "rsv-lab run login --quick failed:\n{err}"
+    );
+    for f in ["login.csv", "login.json"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let rows = csv(&out.join("login.csv"));
+    // Two RTTs, three steps, three tries each, every one through.
+    assert_eq!(rows.len(), 2 * 3 * 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["ok"], "true", "{r:?}");
+        assert!(r["error"].is_empty(), "{r:?}");
+    }
+    for rtt in [10.0, 50.0] {
+        for step in ["inq", "read4k"] {
+            // A TCP handshake and a login exchange before anything else: two round trips
+            // at least, whatever the machine's speed.
+            for r in rows
+                .iter()
+                .filter(|r| num(r, "rtt_ms") == rtt && r["step"] == step)
+            {
+                assert!(num(r, "ms") >= 2.0 * rtt, "{r:?}");
+            }
+        }
+    }
+    let json = std::fs::read_to_string(out.join("login.json")).unwrap();
+    assert_eq!(json_str(&json, "scenario"), Some("login"));
+    assert!(!links_left("llogin-"), "the lab left namespaces behind");
+}
