@@ -1354,3 +1354,157 @@ fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
     assert!(ls.status.success(), "{}", text(&ls));
     assert!(text(&ls).contains(iqn), "{}", text(&ls));
 }
+
+/// The value of the series `name` (with its labels, as written) in a text exposition; 0
+/// when absent.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `rsv isns --auth-key --metrics`: a registration signed as an enrolled SPI but by
+/// another key is refused (no answer, the connection closed, nothing registered) and
+/// counted once in `rsv_isns_auth_refused_total`; the same registration signed by the
+/// SPI's own key is then taken, and counts nothing more there. No namespace: `rsv isns`
+/// listens on a port of its own on loopback.
+#[test]
+fn rsv_isns_counts_and_refuses_a_badly_signed_registration() {
+    use isns::auth::Identity;
+    use isns::objects::{dev_attr_reg, Entity, Node};
+    use std::io::{Read, Write};
+    if !have("openssl") || !have("curl") {
+        skip("openssl or curl not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let params = dsa_params(d);
+    let (server_key, _) = dsa_key(d, &params, "server");
+    let (good_key, good_pub) = dsa_key(d, &params, "good");
+    let (other_key, _) = dsa_key(d, &params, "other");
+    let spi = "good.reservoir.org";
+    let keys = d.join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::copy(&good_pub, keys.join(spi)).unwrap();
+
+    let mut child = Command::new(rsv())
+        .args([
+            "isns",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .arg("--auth-key")
+        .arg(&server_key)
+        .arg("--key-store")
+        .arg(&keys)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(d.join("isns.log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let _child = Kill(child);
+    let (mut server, mut metrics) = (String::new(), String::new());
+    for line in out.lines() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("listening ") {
+            server = a.to_owned();
+        } else if let Some(a) = line.strip_prefix("metrics ") {
+            metrics = a.to_owned();
+        } else if line == "ready" {
+            break;
+        }
+    }
+    assert!(!server.is_empty() && !metrics.is_empty(), "no addresses");
+    let log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
+    let scrape = || ok(Command::new("curl").args(["-sf", &format!("http://{metrics}/metrics")]));
+    let refused = "rsv_isns_auth_refused_total";
+    let registered = "rsv_isns_requests_total{function=\"dev_attr_reg\",result=\"success\"}";
+
+    let iqn = "iqn.2026-11.org.reservoir.signed:t";
+    let entity = Entity {
+        eid: "signed-ent".into(),
+        period: Some(30),
+        portals: vec!["127.0.0.1:3260".parse().unwrap()],
+        nodes: vec![Node {
+            name: iqn.into(),
+            alias: None,
+            node_type: isns::attr::node_type::TARGET,
+        }],
+        portal_group_tag: Some(1),
+    };
+    let wire = dev_attr_reg(1, iqn, &entity, false).encode(isns::pdu::MAX_PAYLOAD);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let pem = |p: &Path| std::fs::read_to_string(p).unwrap();
+    // Sends `bytes` on a connection of its own; what the server answered before it closed
+    // (or within 10 s).
+    let exchange = |bytes: &[u8], until_close: bool| -> Vec<u8> {
+        let mut s = std::net::TcpStream::connect(&server).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if !until_close {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    assert!(!until_close, "the connection stayed open: {e}\n{}", log());
+                    break;
+                }
+            }
+        }
+        got
+    };
+
+    let before = scrape();
+    assert_eq!(series(&before, refused), 0.0, "{before}");
+    // The enrolled SPI's name, another key's signature.
+    let forged = Identity::from_pem(spi, &pem(&other_key)).unwrap();
+    let answer = exchange(&forged.seal(&wire, now), true);
+    assert!(
+        answer.is_empty(),
+        "an answer to a bad signature: {answer:?}"
+    );
+    let after = scrape();
+    assert_eq!(series(&after, refused), 1.0, "{after}\n{}", log());
+    assert_eq!(series(&after, registered), 0.0, "{after}");
+    assert_eq!(series(&after, "rsv_isns_nodes"), 0.0, "{after}");
+    assert!(log().contains("DevAttrReg refused"), "{}", log());
+
+    // The same registration signed by the SPI's key: taken (so the refusal was the
+    // signature's), and the refusals stay one.
+    let signed = Identity::from_pem(spi, &pem(&good_key)).unwrap();
+    let answer = exchange(&signed.seal(&wire, now + 1), false);
+    assert!(
+        !answer.is_empty(),
+        "no answer to a good signature\n{}",
+        log()
+    );
+    wait_until(10, "the registration to count", || {
+        series(&scrape(), registered) == 1.0
+    });
+    let last = scrape();
+    assert_eq!(series(&last, refused), 1.0, "{last}");
+    assert_eq!(series(&last, "rsv_isns_nodes"), 1.0, "{last}");
+}

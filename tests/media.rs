@@ -651,3 +651,163 @@ fn base64(s: &str) -> Vec<u8> {
     }
     out
 }
+
+/// The value of the series `name` (labels included, as written) in a text exposition; 0
+/// when absent.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `promtool check metrics` must pass `text`.
+fn promtool_check(text: &str) {
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `rsv media --metrics`: a GET of 1000 bytes with a Range moves the file requests
+/// answered 206 by one, the bytes sent and the LUN's bytes read by 1000 and its read
+/// histogram by one read; a file being streamed (to a client that reads nothing) is in
+/// flight until its client goes; a missing file counts as a 404; the iSNS lookups and the on-demand login
+/// count; promtool accepts what is served while the stream runs.
+#[test]
+fn media_metrics_count_a_ranged_get_exactly() {
+    for t in ["mkfs.ext4", "curl", "promtool"] {
+        if !have(t) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let src = d.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Larger than what the loopback's socket buffers hold, so that a client that does
+    // not read keeps its stream in flight.
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(src.join("known.mp4"), &data).unwrap();
+    let img = d.join("disk.img");
+    ok(Command::new("truncate").args(["-s", "64M"]).arg(&img));
+    ok(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&src)
+        .arg(&img));
+
+    let mut kids = Kids(Vec::new());
+    let (isns, isns_addr) = spawn_ready(
+        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
+        &d.join("isns.log"),
+    );
+    kids.0.push(isns);
+    let isns_port = isns_addr.rsplit_once(':').unwrap().1.to_owned();
+    let cfg = target_config(d, &isns_port, "127.0.0.1:0");
+    let (target, _) = spawn_ready(
+        Command::new(rsv()).arg("target").arg("-c").arg(&cfg),
+        &d.join("target.log"),
+    );
+    kids.0.push(target);
+    // `metrics ADDR` comes before `listening ADDR` and `ready`.
+    let log = d.join("media.log");
+    let mut media_child = Command::new(rsv())
+        .args(["media", "--isns", &isns_addr, "--listen", "127.0.0.1:0"])
+        .args(["--metrics", "127.0.0.1:0", "--poll", "600s"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(media_child.stdout.take().unwrap());
+    kids.0.push(media_child);
+    let (mut media, mut metrics) = (String::new(), String::new());
+    let mut line = String::new();
+    while line.trim() != "ready" {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "rsv media exited:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        if let Some(a) = line.trim().strip_prefix("metrics ") {
+            metrics = a.to_owned();
+        } else if let Some(a) = line.trim().strip_prefix("listening ") {
+            media = a.to_owned();
+        }
+    }
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = out.read_to_end(&mut sink);
+    });
+    let scrape = || {
+        let o = curl(&["-f", &format!("http://{metrics}/metrics")]);
+        assert!(o.status.success(), "scraping: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    // The storage listed, its file system read: logged in on demand.
+    wait_until(20, "the storage's file to be listed", || {
+        listing(&media)["storages"][0]["volumes"][0]["files"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty())
+    });
+    let file = format!("http://{media}/media/home/0/known.mp4");
+    let partial = "rsv_media_http_requests_total{route=\"file\",status=\"206\"}";
+    let sent = "rsv_media_http_sent_bytes_total";
+    let read = "rsv_media_lun_read_bytes_total{storage=\"home\",lun=\"0\"}";
+    let reads = "rsv_media_lun_read_duration_seconds_count{storage=\"home\",lun=\"0\"}";
+
+    let before = scrape();
+    let got = curl(&["-f", "-H", "Range: bytes=1000-1999", &file]);
+    assert!(got.status.success(), "{got:?}");
+    assert!(got.stdout == data[1000..2000], "the wrong bytes");
+    let after = scrape();
+    let moved = |name: &str| series(&after, name) - series(&before, name);
+    assert_eq!(moved(partial), 1.0, "{after}");
+    assert_eq!(moved(sent), 1000.0, "{after}");
+    assert_eq!(moved(read), 1000.0, "{after}");
+    assert_eq!(moved(reads), 1.0, "{after}");
+    wait_until(10, "the answer's stream to end", || {
+        series(&scrape(), "rsv_media_streams_in_flight") == 0.0
+    });
+    assert_eq!(series(&after, "rsv_media_sessions"), 1.0, "{after}");
+    assert_eq!(series(&after, "rsv_media_storages"), 1.0, "{after}");
+    assert!(series(&after, "rsv_media_logins_total{result=\"ok\"}") >= 1.0);
+    assert!(series(&after, "rsv_media_isns_lookups_total{result=\"ok\"}") >= 1.0);
+
+    // The whole file to a client that asks and reads nothing: in flight until it goes.
+    let mut idle = std::net::TcpStream::connect(&media).unwrap();
+    idle.write_all(b"GET /media/home/0/known.mp4 HTTP/1.1\r\nHost: m\r\n\r\n")
+        .unwrap();
+    let mut streaming = String::new();
+    wait_until(20, "the stream to be in flight", || {
+        streaming = scrape();
+        series(&streaming, "rsv_media_streams_in_flight") == 1.0
+    });
+    promtool_check(&streaming);
+    drop(idle);
+    wait_until(30, "the stream to end with its client", || {
+        series(&scrape(), "rsv_media_streams_in_flight") == 0.0
+    });
+
+    let missing = curl(&[&format!("http://{media}/media/home/0/nothing.mp4")]);
+    assert!(missing.status.success());
+    let not_found = "rsv_media_http_requests_total{route=\"file\",status=\"404\"}";
+    assert_eq!(series(&scrape(), not_found), 1.0);
+}

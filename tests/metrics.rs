@@ -438,3 +438,55 @@ fn isns_counts_registrations_and_queries() {
     assert_eq!(sum(&text, &["rsv_isns_auth_refused_total"]), 0.0);
     promtool_check(&text);
 }
+
+/// `[metrics] max_series` bounds the LUN series: with room for one LUN's series and three
+/// LUNs configured, every scrape carries one LUN's series and none of the others', and
+/// the log says so once, however many scrapes meet the cap.
+#[test]
+fn the_series_cap_leaves_luns_out_and_logs_it_once() {
+    if !have("promtool") || !have("curl") {
+        return;
+    }
+    // A LUN carries about a hundred series: 150 holds one LUN's, not two.
+    let mut config = format!(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\nmax_series = 150\n[[target]]\niqn = \"{IQN}\"\n"
+    );
+    for lun in 0..3 {
+        config += &format!("[[target.lun]]\nid = {lun}\nstore = \"ram:?size=8MiB\"\n");
+    }
+    let t = Target::start(Some(&config));
+    // Commands on every LUN, so that each would have series of its own.
+    for lun in 0..3 {
+        assert!(rsv_cmd(&["inq", &t.url(lun)]).status.success());
+    }
+    let metrics = format!("http://{}/metrics", t.metrics.as_ref().expect("metrics"));
+    let cap_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("pass the cap of 150 series"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..3 {
+        let text = run_ok("curl", &["-sf", &metrics]);
+        let luns: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("rsv_target_lun_commands_total{"))
+            .filter_map(|l| l.split("lun=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(luns.len(), 1, "one LUN's series under the cap:\n{text}");
+        let in_flight = text
+            .lines()
+            .filter(|l| l.starts_with("rsv_target_lun_commands_in_flight{"))
+            .count();
+        assert_eq!(in_flight, 1, "{text}");
+        promtool_check(&text);
+    }
+    let log = t.log();
+    let lines = cap_lines(&log);
+    assert_eq!(lines.len(), 1, "one line about the cap:\n{log}");
+    assert!(
+        lines[0].contains("3 LUNs") && lines[0].contains("the first 1 LUNs"),
+        "{}",
+        lines[0]
+    );
+}

@@ -356,3 +356,171 @@ fn change_tracking_makes_syncs_incremental_and_resumable() {
     run_ok(rsv_s, &["cp", &b_url, back.to_str().unwrap()]);
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&image2).unwrap());
 }
+
+/// The value of the series `name` (labels included, as written) in a text exposition; 0
+/// when absent.
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .sum()
+}
+
+fn scrape(addr: &str) -> String {
+    run_ok("curl", &["-sf", &format!("http://{addr}/metrics")])
+}
+
+/// `promtool check metrics` must pass `text`.
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `rsv sync --metrics`: while a paced sync of two streams runs, its exposition names
+/// each stream with bytes left and passes promtool; `--json` progress carries each
+/// stream's rate, bytes left and ETA; once it is done (held open by --metrics-hold),
+/// every stream's bytes left are 0, its bytes sent its size, and the completion time is
+/// set; SIGTERM ends the hold.
+#[test]
+fn sync_metrics_follow_the_streams_to_the_end() {
+    if !common::have("curl") || !common::have("promtool") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
+    let port = free_port();
+    let a = site(70, 2, "8M", port, &key, false);
+    let _b = site(80, 2, "8M", port, &key, false);
+    let image = tmp.path().join("image");
+    random_file(&image, 16 << 20, 5);
+    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", image.to_str().unwrap(), &a_url],
+    );
+    // 40 Mbit/s over the two streams: a few seconds for 16 MiB.
+    let mut child = Command::new(rsv())
+        .arg("sync")
+        .arg("--key-file")
+        .arg(&key)
+        .args(["--json", "--rate", "40mbit", "--interval", "200ms"])
+        .args(["--metrics", "127.0.0.1:0", "--metrics-hold", "120s"])
+        .args([volume(70, port), volume(80, port)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(tmp.path().join("sync.log")).unwrap(),
+        ))
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(v) = serde_json::from_str(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let next = || {
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "rsv sync said nothing more:\n{}",
+                    std::fs::read_to_string(tmp.path().join("sync.log")).unwrap_or_default()
+                )
+            })
+    };
+    let first = next();
+    assert_eq!(first["event"], "metrics", "{first}");
+    let metrics = first["listen"].as_str().unwrap().to_owned();
+
+    // While it runs: a scrape with bytes left on a stream, and every progress line's
+    // streams with their rate, bytes left and ETA.
+    let mut during = None;
+    let done = loop {
+        let line = next();
+        if line["event"] == "done" {
+            break line;
+        }
+        assert_eq!(line["event"], "progress", "{line}");
+        for s in line["streams"].as_array().unwrap() {
+            assert!(s["rate_bytes_per_s"].is_u64(), "{s}");
+            assert!(s["left_bytes"].is_u64(), "{s}");
+            assert!(s.get("eta_s").is_some(), "{s}");
+        }
+        let left: u64 = line["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["left_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(line["left_bytes"].as_u64(), Some(left), "{line}");
+        if during.is_none() && left > 0 {
+            let text = scrape(&metrics);
+            let stream_left = series(&text, "rsv_sync_stream_left_bytes{stream=\"0\"}")
+                + series(&text, "rsv_sync_stream_left_bytes{stream=\"1\"}");
+            if series(&text, "rsv_sync_running") == 1.0 && stream_left > 0.0 {
+                during = Some(text);
+            }
+        }
+    };
+    let during = during.expect("no scrape while the streams ran");
+    assert_eq!(series(&during, "rsv_sync_streams"), 2.0, "{during}");
+    assert_eq!(
+        series(&during, "rsv_sync_size_bytes"),
+        (16 << 20) as f64,
+        "{during}"
+    );
+    assert!(
+        during.contains("rsv_sync_stream_info{stream=\"1\",source=\"127.0.0.72:"),
+        "{during}"
+    );
+    assert!(!during.contains("rsv_sync_last_complete_timestamp_seconds"));
+    promtool_check(&during);
+    assert_eq!(done["bytes"], 16 << 20, "{done}");
+
+    // Done, and held: nothing left, everything sent, the completion time set.
+    let end = scrape(&metrics);
+    assert_eq!(series(&end, "rsv_sync_running"), 0.0, "{end}");
+    assert_eq!(series(&end, "rsv_sync_left_bytes"), 0.0, "{end}");
+    for i in 0..2 {
+        let size = series(
+            &end,
+            &format!("rsv_sync_stream_size_bytes{{stream=\"{i}\"}}"),
+        );
+        assert_eq!(size, (8 << 20) as f64, "{end}");
+        let left = format!("rsv_sync_stream_left_bytes{{stream=\"{i}\"}}");
+        assert!(end.contains(&format!("{left} ")), "{end}");
+        assert_eq!(series(&end, &left), 0.0, "{end}");
+        let sent = format!("rsv_sync_stream_sent_bytes_total{{stream=\"{i}\"}}");
+        assert_eq!(series(&end, &sent), size, "{end}");
+    }
+    let started = series(&end, "rsv_sync_started_timestamp_seconds");
+    let completed = series(&end, "rsv_sync_last_complete_timestamp_seconds");
+    assert!(started > 0.0 && completed >= started, "{end}");
+    promtool_check(&end);
+    // SIGTERM ends the hold, and the sync's exit is its own: success.
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -15,6 +15,7 @@
 pub mod ext4layout;
 pub mod http;
 pub mod listing;
+pub mod metrics;
 pub mod mime;
 pub mod readahead;
 pub mod server;
@@ -74,6 +75,15 @@ pub struct MediaArgs {
     /// Bytes per read call with --read.
     #[arg(long, default_value = "32K", value_parser = units::parse_size)]
     pub call_size: u64,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics (off unless
+    /// given): requests by route and status, bytes sent, streams, iSNS lookups, logins and
+    /// sessions, each storage LUN's reads (docs/media.md).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// The most series of storage LUNs one scrape carries (17 each); those past it are
+    /// left out, and the log says so once.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub metrics_max_series: u64,
 }
 
 /// What `--read` measured.
@@ -225,6 +235,15 @@ pub fn run(args: MediaArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         let catalog = storage::Catalog::new(opts.clone(), args.readahead);
         catalog.update("url", direct);
+        if let Some(addr) = args.metrics {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening for metrics on {addr}"))?;
+            println!("metrics {}", l.local_addr()?);
+            let max = usize::try_from(args.metrics_max_series).unwrap_or(usize::MAX);
+            let registry = std::sync::Arc::new(metrics::registry(&catalog, max));
+            tokio::spawn(rsv_metrics::serve(l, registry));
+        }
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
@@ -323,7 +342,9 @@ async fn watch_scn(
 
 /// One look at an iSNS server; a server that does not answer changes nothing.
 async fn poll_once(catalog: &storage::Catalog, server: &str, initiator_name: &str) {
-    match storage::from_isns(server, initiator_name).await {
+    let found = storage::from_isns(server, initiator_name).await;
+    catalog.stats().lookup(found.is_ok());
+    match found {
         Ok(found) => catalog.update(&format!("isns {server}"), found),
         Err(e) => tracing::warn!("iSNS {server}: {e}"),
     }

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::http::{self, Ranged};
 use crate::listing::{self, Listing, Route};
+use crate::metrics::{route_class, Stats};
 use crate::mime::content_type;
 use crate::storage::Catalog;
 
@@ -53,12 +54,66 @@ pub async fn serve(listener: TcpListener, catalog: Arc<Catalog>) -> io::Result<(
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let catalog = catalog.clone();
-                async move { Ok::<_, Infallible>(answer(req, &catalog).await) }
+                async move {
+                    let stats = catalog.stats();
+                    let (route, r) = answer(req, &catalog).await;
+                    stats.request(route, r.status());
+                    Ok::<_, Infallible>(r.map(|body| Counted::new(body, stats)))
+                }
             });
             if let Err(e) = http.serve_connection(TokioIo::new(sock), service).await {
                 tracing::debug!("{peer}: {e}");
             }
         });
+    }
+}
+
+/// An answer's body as hyper takes it: its bytes counted as they go, and a file's stream
+/// counted in flight while it lasts.
+struct Counted {
+    body: Body,
+    stats: Arc<Stats>,
+}
+
+impl Counted {
+    fn new(body: Body, stats: Arc<Stats>) -> Counted {
+        if matches!(body, Body::File(_)) {
+            stats.streams.inc();
+        }
+        Counted { body, stats }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if matches!(self.body, Body::File(_)) {
+            self.stats.streams.dec();
+        }
+    }
+}
+
+impl hyper::body::Body for Counted {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let me = self.get_mut();
+        let f = ready!(Pin::new(&mut me.body).poll_frame(cx));
+        if let Some(d) = f.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
+            me.stats.sent.inc_by(d.len() as u64);
+        }
+        Poll::Ready(f)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -133,14 +188,32 @@ impl hyper::body::Body for Body {
     }
 }
 
-/// Answers one request.
-async fn answer(req: Request<Incoming>, catalog: &Arc<Catalog>) -> Response<Body> {
+/// Answers one request; with its route's class, for the counts.
+async fn answer(req: Request<Incoming>, catalog: &Arc<Catalog>) -> (&'static str, Response<Body>) {
+    let route = listing::route(req.uri().path());
+    let class = route_class(&route);
     let head_only = match http::accept(req.method(), req.body().is_end_stream()) {
         Ok(h) => h,
-        Err(r) => return small(r.status(), "text/plain", r.message().into(), false),
+        Err(r) => {
+            let r = small(r.status(), "text/plain", r.message().into(), false);
+            return (class, r);
+        }
     };
     let refresh = http::wants_refresh(req.uri().query());
-    match listing::route(req.uri().path()) {
+    (
+        class,
+        answer_route(route, &req, refresh, head_only, catalog).await,
+    )
+}
+
+async fn answer_route(
+    route: Route,
+    req: &Request<Incoming>,
+    refresh: bool,
+    head_only: bool,
+    catalog: &Arc<Catalog>,
+) -> Response<Body> {
+    match route {
         Route::Page => {
             let l = listing(catalog, refresh).await;
             small(
@@ -256,13 +329,19 @@ async fn file(
     // drops the receiver and the reader stops at its next chunk.
     let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_AHEAD);
     let p = path.to_owned();
+    let counts = st.lun_stat(lun);
     tokio::spawn(async move {
         let _busy = busy;
         let mut off = start;
         while off <= end {
             let size = if off == start { FIRST_CHUNK } else { CHUNK };
             let n = (end - off + 1).min(size as u64) as usize;
-            let r = match vol.read(&p, off, n).await {
+            let began = std::time::Instant::now();
+            let r = vol.read(&p, off, n).await;
+            if let Ok(b) = &r {
+                counts.read(b.len(), began.elapsed());
+            }
+            let r = match r {
                 Ok(b) if b.len() != n => Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     format!("{p}: file shorter than it was at the start of the answer"),

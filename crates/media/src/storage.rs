@@ -15,6 +15,7 @@ use initiator::{IscsiUrl, Lun, Session, SessionOptions};
 use tokio::runtime::Handle;
 
 use crate::listing::{FileView, StorageView, VolumeView};
+use crate::metrics::{LunStats, Stats};
 use crate::readahead::{self, Planner};
 use crate::volume::{Device, Volume};
 
@@ -61,6 +62,9 @@ pub struct Storage {
     active: AtomicUsize,
     opts: SessionOptions,
     readahead: Option<u64>,
+    stats: Arc<Stats>,
+    /// What each LUN read for answers, for `/metrics` (LUNs read from only).
+    luns: Mutex<BTreeMap<u16, Arc<LunStats>>>,
 }
 
 /// Holds a storage busy (not to be closed for idleness) while it lives.
@@ -74,7 +78,12 @@ impl Drop for InUse {
 }
 
 impl Storage {
-    fn new(source: Source, opts: SessionOptions, readahead: Option<u64>) -> Storage {
+    fn new(
+        source: Source,
+        opts: SessionOptions,
+        readahead: Option<u64>,
+        stats: Arc<Stats>,
+    ) -> Storage {
         Storage {
             source: Mutex::new(source),
             open: tokio::sync::Mutex::new(None),
@@ -84,7 +93,21 @@ impl Storage {
             active: AtomicUsize::new(0),
             opts,
             readahead,
+            stats,
+            luns: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The counts of `lun`'s reads for answers.
+    pub fn lun_stat(&self, lun: u16) -> Arc<LunStats> {
+        let mut luns = self.luns.lock().unwrap();
+        luns.entry(lun).or_default().clone()
+    }
+
+    /// Every LUN's counts, by LUN.
+    pub fn lun_stats(&self) -> Vec<(u16, Arc<LunStats>)> {
+        let luns = self.luns.lock().unwrap();
+        luns.iter().map(|(l, s)| (*l, s.clone())).collect()
     }
 
     pub fn use_(self: &Arc<Self>) -> InUse {
@@ -145,6 +168,7 @@ impl Storage {
             Ok::<_, String>(Open { session, volumes })
         }
         .await;
+        self.stats.login(r.is_ok());
         *self.error.lock().unwrap() = r.as_ref().err().cloned();
         if r.is_ok() {
             *self.files.lock().unwrap() = None;
@@ -367,6 +391,7 @@ pub struct Catalog {
     storages: Mutex<BTreeMap<String, Arc<Storage>>>,
     opts: SessionOptions,
     readahead: Option<u64>,
+    stats: Arc<Stats>,
 }
 
 impl Catalog {
@@ -375,7 +400,13 @@ impl Catalog {
             storages: Mutex::new(BTreeMap::new()),
             opts,
             readahead,
+            stats: Arc::default(),
         })
+    }
+
+    /// What the server counts (`/metrics`).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     pub fn all(&self) -> Vec<Arc<Storage>> {
@@ -425,7 +456,12 @@ impl Catalog {
                         tracing::info!("storage found: {} at {}", src.target, src.portal);
                         all.insert(
                             k,
-                            Arc::new(Storage::new(src, self.opts.clone(), self.readahead)),
+                            Arc::new(Storage::new(
+                                src,
+                                self.opts.clone(),
+                                self.readahead,
+                                self.stats.clone(),
+                            )),
                         );
                     }
                 }

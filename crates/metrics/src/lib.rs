@@ -1,7 +1,6 @@
-//! Reservoir's `/metrics` endpoint, shared by the daemons that have one (`rsv target`
-//! today; `rsv isns`, `rsv media` and `rsv sync` can serve theirs with the same two
-//! calls): a `prometheus-client` [`Registry`] encoded as OpenMetrics text and served over
-//! HTTP/1.1 by hyper on the caller's tokio runtime.
+//! Reservoir's `/metrics` endpoint, shared by the commands that have one (`rsv target`,
+//! `rsv isns`, `rsv media`, `rsv sync`): a `prometheus-client` [`Registry`] encoded as
+//! OpenMetrics text and served over HTTP/1.1 by hyper on the caller's tokio runtime.
 //!
 //! Also here, because every daemon's metrics need them: [`Histogram`], a latency
 //! histogram whose observation is a few relaxed atomic adds (prometheus-client's own

@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::auth::Key;
 use crate::coord::{self, SyncOptions, VolumeRef};
+use crate::metrics::SyncMetrics;
 use crate::pace::Mode;
 
 #[derive(Args, Debug)]
@@ -65,6 +66,25 @@ pub struct SyncArgs {
     /// How often the streams are asked how they do.
     #[arg(long, default_value = "500ms")]
     pub interval: String,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics while the sync
+    /// runs (off unless given): each stream's rate, bytes sent and left, ETA and pacing
+    /// cap, the totals, and when the sync completed (docs/replicate.md). Printed as
+    /// `metrics ADDR` on stderr (with --json, a line {"event":"metrics","listen":ADDR}).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// With --metrics: keep serving this long after the sync ends (or until SIGTERM),
+    /// so that a scrape sees how it ended; more than the scrape interval.
+    #[arg(
+        long,
+        default_value = "0s",
+        value_name = "DURATION",
+        requires = "metrics"
+    )]
+    pub metrics_hold: String,
+    /// With --metrics: the most per-stream series one scrape carries (7 per stream);
+    /// streams past it are left out, and the log says so once.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub metrics_max_series: u64,
 }
 
 fn shown_rate(bytes_per_s: u64) -> String {
@@ -100,6 +120,8 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         session.push((k.to_owned(), v.to_owned()));
     }
     let interval = units::parse_duration(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
+    let hold =
+        units::parse_duration(&args.metrics_hold).map_err(|e| anyhow!("--metrics-hold: {e}"))?;
     let o = SyncOptions {
         unit,
         rate,
@@ -116,7 +138,23 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         .context("starting the runtime")?;
     let json = args.json;
     let bar = !json && std::io::stderr().is_terminal();
+    let metrics = SyncMetrics::default();
+    if let Some(addr) = args.metrics {
+        let max = usize::try_from(args.metrics_max_series).unwrap_or(usize::MAX);
+        let registry = std::sync::Arc::new(metrics.registry(max));
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .with_context(|| format!("listening for metrics on {addr}"))?;
+        let at = l.local_addr()?;
+        if json {
+            println!("{}", serde_json::json!({"event": "metrics", "listen": at}));
+        } else {
+            eprintln!("metrics {at}");
+        }
+        rt.spawn(rsv_metrics::serve(l, registry));
+    }
     let report = rt.block_on(coord::run(&args.source, &args.dest, &key, &o, |t| {
+        metrics.progress(t);
         if json {
             if let Ok(line) = serde_json::to_string(t) {
                 println!("{line}");
@@ -144,7 +182,17 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
     if bar {
         eprintln!();
     }
-    let report = report?;
+    match &report {
+        Ok(_) => metrics.completed(),
+        Err(_) => metrics.failed(),
+    }
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            hold_metrics(&rt, args.metrics.is_some(), hold);
+            return Err(e);
+        }
+    };
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -160,5 +208,26 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
             report.repaired_units
         );
     }
+    hold_metrics(&rt, args.metrics.is_some(), hold);
     Ok(())
+}
+
+/// With --metrics, serves on for `hold` after the sync (SIGTERM or SIGINT end it early),
+/// so that the last scrape sees its end.
+fn hold_metrics(rt: &tokio::runtime::Runtime, metrics: bool, hold: Duration) {
+    if !metrics || hold.is_zero() {
+        return;
+    }
+    let _ = std::io::stdout().flush();
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return tokio::time::sleep(hold).await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(hold) => {}
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    });
 }

@@ -329,6 +329,11 @@ pub struct Tick<'a> {
     pub unix: f64,
     pub bytes: u64,
     pub done_bytes: u64,
+    /// Bytes the streams have still to send.
+    pub left_bytes: u64,
+    /// Seconds until the last stream ends at the rates now (none while a running
+    /// stream has no rate yet).
+    pub eta_s: Option<f64>,
     pub rate_bytes_per_s: u64,
     pub phase: crate::pace::Phase,
     pub pacing_total: Option<u64>,
@@ -342,6 +347,11 @@ pub struct StreamTick<'a> {
     pub state: JobState,
     pub bytes: u64,
     pub done_bytes: u64,
+    /// Bytes still to send: 0 once the stream ended.
+    pub left_bytes: u64,
+    /// Seconds until the stream ends at its rate now: 0 once it ended, none while it
+    /// has no rate.
+    pub eta_s: Option<f64>,
     /// Bytes the destination has flushed in order from the start: what a resumed sync
     /// does not send again.
     pub durable_bytes: u64,
@@ -400,6 +410,23 @@ fn next_poll(interval: Duration, views: &[StreamView], rates: &[u64]) -> Duratio
         ));
     }
     longest.clamp(SOONEST, interval.max(SOONEST))
+}
+
+/// Each stream's bytes left (0 once it ended) and seconds to its end at its rate now
+/// (none while a running stream has no rate).
+fn left_and_eta(views: &[StreamView], rates: &[u64]) -> (Vec<u64>, Vec<Option<f64>>) {
+    views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let rate = rates.get(i).copied().unwrap_or(0);
+            match (v.finished, rate) {
+                (true, _) => (0, Some(0.0)),
+                (false, 0) => (v.remaining, None),
+                (false, r) => (v.remaining, Some(v.remaining as f64 / r as f64)),
+            }
+        })
+        .unzip()
 }
 
 /// Runs a sync to its end. `out` gets progress: `Some(tick)` every interval.
@@ -607,6 +634,7 @@ pub async fn run(
             }
         }
         let (rate, rates) = ctl.rates();
+        let (lefts, etas) = left_and_eta(&views, rates);
         let tick = Tick {
             event: "progress",
             t: now.as_secs_f64(),
@@ -615,6 +643,8 @@ pub async fn run(
                 .map_or(0.0, |d| d.as_secs_f64()),
             bytes: total_bytes,
             done_bytes: views.iter().map(|v| v.done).sum(),
+            left_bytes: lefts.iter().sum(),
+            eta_s: etas.iter().try_fold(0f64, |most, e| e.map(|e| most.max(e))),
             rate_bytes_per_s: rate,
             phase: ctl.phase(),
             pacing_total: decision.total,
@@ -629,6 +659,8 @@ pub async fn run(
                         .map_or(JobState::Connecting, |s| s.state),
                     bytes: jobs[i].bytes,
                     done_bytes: views[i].done,
+                    left_bytes: lefts[i],
+                    eta_s: etas[i],
                     durable_bytes: statuses[i].as_ref().map_or(0, |s| s.durable_bytes),
                     rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
                     pacing: applied[i],
@@ -852,6 +884,22 @@ mod tests {
         );
         // Bytes left and no rate known yet (still logging in): the interval.
         assert_eq!(next_poll(s, &[v(1, false)], &[0]), s);
+    }
+
+    #[test]
+    fn bytes_left_and_eta_per_stream() {
+        let v = |remaining, finished| StreamView {
+            done: 0,
+            remaining,
+            finished,
+            wire_rate: 0,
+        };
+        let (left, eta) = left_and_eta(
+            &[v(1_000_000, false), v(5, true), v(300, false)],
+            &[500_000, 0, 0],
+        );
+        assert_eq!(left, [1_000_000, 0, 300]);
+        assert_eq!(eta, [Some(2.0), Some(0.0), None]);
     }
 
     #[test]

@@ -6,12 +6,14 @@
 //!   cooperative rate control, the messages);
 //! - [`wire`]: the control channel's sockets (HTTP/1.1 through hyper);
 //! - [`agent`]: the disk server's side, inside `rsv target`;
-//! - [`coord`]: the coordinator, `rsv sync`.
+//! - [`coord`]: the coordinator, `rsv sync`;
+//! - [`metrics`]: what `rsv sync --metrics` serves.
 
 pub mod agent;
 pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod coord;
+pub mod metrics;
 pub mod pace;
 pub mod wire;
