@@ -22,27 +22,17 @@
 # PROFILE_ALL=1 both profiles are of the whole machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 PAIRS=${1:-3}
 SECS=${2:-6}
 ROWS=${ROWS:-r4 w4 r1 w1}
 SIZE_MB=${SIZE_MB:-512}
 : "${RSV_A:?RSV_A=path to the first rsv}" "${RSV_B:?RSV_B=path to the second rsv}"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-ab-rbd.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+rbd_work rsv-ab-rbd
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_start=$(load)
-scripts/ceph-cluster.sh start "$work/ceph" >/dev/null
-export CEPH_CONF="$work/ceph/ceph.conf"
-head -c "${SIZE_MB}M" /dev/urandom >"$work/src.img"
-rbd import --no-progress "$work/src.img" bench >/dev/null
-rm -f "$work/src.img"
+rbd_bench_image "$work" "$SIZE_MB"
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
 # With FIO1=1, fio runs a second time in each pair with one librados completion thread
 # (side "fio1"), as the target's store has by default.
@@ -50,19 +40,13 @@ sed 's/^\[client\]$/[client]\nlibrados thread count = 1/' "$CEPH_CONF" >"$work/f
 TCK=$(getconf CLK_TCK)
 
 start_target() { # name rsv params -> sets url_NAME and pid_NAME
-  cat >"$work/$1.toml" <<EOF
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:ab-rbd"
-[[target.lun]]
-id = 0
-store = "rbd:rbd/bench?conf=$CEPH_CONF&cache=no$3"
-EOF
-  "$2" target --listen 127.0.0.1:0 --data-dir "$work/data-$1" --config "$work/$1.toml" \
-    >"$work/$1.out" 2>"$work/$1.log" &
-  pids+=($!)
-  eval "pid_$1=$!"
-  for _ in $(seq 100); do grep -q '^ready' "$work/$1.out" && break; sleep 0.1; done
-  eval "url_$1=iscsi://$(sed -n 's/^portal //p' "$work/$1.out" | head -1)/iqn.2026-11.org.reservoir:ab-rbd/0"
+  target_toml iqn.2026-11.org.reservoir:ab-rbd "store = \"rbd:rbd/bench?conf=$CEPH_CONF&cache=no$3\"" \
+    >"$work/$1.toml"
+  start_ready "$work/$1.out" "$work/$1.log" \
+    "$2" target --listen 127.0.0.1:0 --data-dir "$work/data-$1" --config "$work/$1.toml" || true
+  pids+=("$STARTED_PID")
+  eval "pid_$1=$STARTED_PID"
+  eval "url_$1=iscsi://$(portals_of "$work/$1.out" | head -1)/iqn.2026-11.org.reservoir:ab-rbd/0"
 }
 start_target A "$RSV_A" "${PARAMS_A:-}"
 start_target B "$RSV_B" "${PARAMS_B:-}"

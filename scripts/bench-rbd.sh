@@ -26,6 +26,7 @@
 # Environment: RSV=path to a built rsv (else `cargo build --release` here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 SECS=${1:-10}
 OUT=${OUT:-lab/bench/rbd.json}
 SIZE_MB=${SIZE_MB:-1024}
@@ -34,55 +35,32 @@ if ! command -v fio >/dev/null || ! fio --enghelp 2>/dev/null | grep -qw rbd; th
   echo "bench-rbd: installing fio" >&2
   apt-get install -y -qq --no-install-recommends fio >/dev/null
 fi
-if [ -z "${RSV:-}" ]; then
-  cargo build --release --bin rsv --features rbd >/dev/null
-  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
-fi
+build_rsv --features rbd
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-bench-rbd.XXXXXX")
+rbd_work rsv-bench-rbd
 target_pid=
 base_pid=
-cleanup() {
-  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null && wait "$target_pid" 2>/dev/null
-  [ -n "$base_pid" ] && kill "$base_pid" 2>/dev/null && wait "$base_pid" 2>/dev/null
-  scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_start=$(load)
-scripts/ceph-cluster.sh start "$work/ceph" >/dev/null
-export CEPH_CONF="$work/ceph/ceph.conf"
-# All of the image holds data, so that reads reach the OSD rather than holes.
-head -c "${SIZE_MB}M" /dev/urandom >"$work/src.img"
-rbd import --no-progress "$work/src.img" bench >/dev/null
-rm -f "$work/src.img"
+rbd_bench_image "$work" "$SIZE_MB"
 
-cat >"$work/target.toml" <<EOF
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:bench-rbd"
-[[target.lun]]
-id = 0
-store = "rbd:rbd/bench?conf=$CEPH_CONF"
-[[target.lun]]
-id = 1
-store = "rbd:rbd/bench?conf=$CEPH_CONF&cache=no"
-EOF
-"$RSV" target --listen 127.0.0.1:0 --data-dir "$work/data" --config "$work/target.toml" \
-  >"$work/target.out" 2>"$work/target.log" &
-target_pid=$!
-for _ in $(seq 100); do grep -q '^ready' "$work/target.out" && break; sleep 0.1; done
-portal=$(sed -n 's/^portal //p' "$work/target.out" | head -1)
+target_toml iqn.2026-11.org.reservoir:bench-rbd "store = \"rbd:rbd/bench?conf=$CEPH_CONF\"" \
+  '[[target.lun]]' 'id = 1' "store = \"rbd:rbd/bench?conf=$CEPH_CONF&cache=no\"" >"$work/target.toml"
+start_ready "$work/target.out" "$work/target.log" \
+  "$RSV" target --listen 127.0.0.1:0 --data-dir "$work/data" --config "$work/target.toml" || true
+target_pid=$STARTED_PID
+pids+=("$target_pid")
+portal=$(portals_of "$work/target.out" | head -1)
 URL="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/0"
 URL_NOCACHE="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/1"
 RBD_URL="rbd:rbd/bench:conf=$CEPH_CONF"
 if [ -n "${RSV_BASE:-}" ]; then
-  "$RSV_BASE" target --listen 127.0.0.1:0 --data-dir "$work/data-base" \
-    --config "$work/target.toml" >"$work/base.out" 2>"$work/base.log" &
-  base_pid=$!
-  for _ in $(seq 100); do grep -q '^ready' "$work/base.out" && break; sleep 0.1; done
-  base_portal=$(sed -n 's/^portal //p' "$work/base.out" | head -1)
+  start_ready "$work/base.out" "$work/base.log" "$RSV_BASE" target --listen 127.0.0.1:0 \
+    --data-dir "$work/data-base" --config "$work/target.toml" || true
+  base_pid=$STARTED_PID
+  pids+=("$base_pid")
+  base_portal=$(portals_of "$work/base.out" | head -1)
   URL_BASE="iscsi://$base_portal/iqn.2026-11.org.reservoir:bench-rbd/0"
 fi
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
