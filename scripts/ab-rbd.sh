@@ -51,26 +51,10 @@ start_target() { # name rsv params -> sets url_NAME and pid_NAME
 start_target A "$RSV_A" "${PARAMS_A:-}"
 start_target B "$RSV_B" "${PARAMS_B:-}"
 
-cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
-iperf() { # blocks rand|seq url -> "IOPS MBs BYTES"
-  local args=(-b "$1" -m 32 -t "$SECS")
-  [ "$2" = rand ] && args+=(-r)
-  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$3" 2>&1 | tr '\r' '\n' |
-    grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
-    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
-    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
-}
 rsvw() { # bs rand|seq url -> "IOPS MBs BYTES"
   timeout $((SECS + 30)) "$RSV_B" bench --rw write --pattern "$2" --block-size "$1" \
     --queue-depth 32 --duration "$SECS" --json "$3" 2>/dev/null |
     python3 -c 'import json,sys; r=json.load(sys.stdin); print(int(r["iops"]), int(r["MB_per_s"]), r["ios"] * r["block_size"])'
-}
-fio_rbd() { # bs rw -> "IOPS MBs BYTES"
-  local side=read
-  case $2 in *write) side=write ;; esac
-  fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
-    --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
-    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])' "$side"
 }
 # The client command of a row through a target (url) or, with url "fio", fio's.
 client() { # row url

@@ -66,8 +66,6 @@ fi
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
 TCK=$(getconf CLK_TCK)
 
-# CPU seconds a process has used so far (user + system, all its threads).
-cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
 # CPU seconds of each of a process's threads so far, summed by thread name with its
 # number dropped (msgr-worker-0..2 -> msgr-worker), as JSON.
 threads_of() {
@@ -119,22 +117,6 @@ measured() {
   echo "${line:-0 0 0} $cpu $(python3 -c "print(f'{$t1-$t0:.3f} {$o1-$o0:.3f}')") ${cs_c:-0} ${cs_t:-0}"
 }
 
-# iscsi-perf prints "iops average N (M MB/s)" last; -r: random LBAs over the whole LUN.
-iperf() { # blocks_per_request rand|seq [url] -> "IOPS MBs BYTES"
-  local args=(-b "$1" -m 32 -t "$SECS")
-  [ "$2" = rand ] && args+=(-r)
-  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "${3:-$URL}" 2>&1 | tr '\r' '\n' |
-    grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
-    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
-    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
-}
-fio_rbd() { # bs randread|read|randwrite|write -> "IOPS MBs BYTES"
-  local side=read
-  case $2 in *write) side=write ;; esac
-  fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
-    --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
-    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])' "$side"
-}
 # Writes through the target: Reservoir's own initiator (iscsi-perf only reads), QD32.
 rsvw() { # bs rand|seq [url] -> "IOPS MBs BYTES"
   timeout $((SECS + 30)) "$RSV" bench --rw write --pattern "$2" --block-size "$1" \

@@ -36,6 +36,12 @@
 #   rbd_bench_image DIR MB
 #                      scripts/ceph-cluster.sh's cluster started in DIR/ceph (stop it in the
 #                      caller's trap), CEPH_CONF exported, and the image `bench` of MB random MB
+#   cpu_of PID         CPU seconds (user + system, all threads) PID has used so far; needs TCK
+#   iperf BLOCKS rand|seq [URL]
+#                      iscsi-perf at queue depth 32 for SECS on URL (default $URL), 512-byte
+#                      blocks per request: "IOPS MBs BYTES"
+#   fio_rbd BS RW      fio's rbd engine on the image `bench` (RW: randread, read, randwrite,
+#                      write), queue depth 32, for SECS: "IOPS MBs BYTES"
 #   media_image DIR MIB [keep]
 #                      DIR/media.img, once: an ext4 image holding movie.mp4 of MIB random MiB
 #                      (and 128 MiB to spare), made from DIR/share (which keeps the file with keep)
@@ -155,6 +161,26 @@ rbd_bench_image() {
   head -c "${2}M" /dev/urandom >"$1/src.img"
   rbd import --no-progress "$1/src.img" bench >/dev/null
   rm -f "$1/src.img"
+}
+
+cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
+
+# iscsi-perf prints "iops average N (M MB/s)" last; -r: random LBAs over the whole LUN.
+iperf() { # blocks_per_request rand|seq [url] -> "IOPS MBs BYTES"
+  local args=(-b "$1" -m 32 -t "$SECS")
+  [ "$2" = rand ] && args+=(-r)
+  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "${3:-$URL}" 2>&1 | tr '\r' '\n' |
+    grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
+    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
+    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
+}
+
+fio_rbd() { # bs randread|read|randwrite|write -> "IOPS MBs BYTES"
+  local side=read
+  case $2 in *write) side=write ;; esac
+  fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
+    --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
+    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])' "$side"
 }
 
 media_image() {
