@@ -22,27 +22,17 @@
 # PROFILE_ALL=1 both profiles are of the whole machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 PAIRS=${1:-3}
 SECS=${2:-6}
 ROWS=${ROWS:-r4 w4 r1 w1}
 SIZE_MB=${SIZE_MB:-512}
 : "${RSV_A:?RSV_A=path to the first rsv}" "${RSV_B:?RSV_B=path to the second rsv}"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-ab-rbd.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+rbd_work rsv-ab-rbd
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_start=$(load)
-scripts/ceph-cluster.sh start "$work/ceph" >/dev/null
-export CEPH_CONF="$work/ceph/ceph.conf"
-head -c "${SIZE_MB}M" /dev/urandom >"$work/src.img"
-rbd import --no-progress "$work/src.img" bench >/dev/null
-rm -f "$work/src.img"
+rbd_bench_image "$work" "$SIZE_MB"
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
 # With FIO1=1, fio runs a second time in each pair with one librados completion thread
 # (side "fio1"), as the target's store has by default.
@@ -50,43 +40,21 @@ sed 's/^\[client\]$/[client]\nlibrados thread count = 1/' "$CEPH_CONF" >"$work/f
 TCK=$(getconf CLK_TCK)
 
 start_target() { # name rsv params -> sets url_NAME and pid_NAME
-  cat >"$work/$1.toml" <<EOF
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:ab-rbd"
-[[target.lun]]
-id = 0
-store = "rbd:rbd/bench?conf=$CEPH_CONF&cache=no$3"
-EOF
-  "$2" target --listen 127.0.0.1:0 --data-dir "$work/data-$1" --config "$work/$1.toml" \
-    >"$work/$1.out" 2>"$work/$1.log" &
-  pids+=($!)
-  eval "pid_$1=$!"
-  for _ in $(seq 100); do grep -q '^ready' "$work/$1.out" && break; sleep 0.1; done
-  eval "url_$1=iscsi://$(sed -n 's/^portal //p' "$work/$1.out" | head -1)/iqn.2026-11.org.reservoir:ab-rbd/0"
+  target_toml iqn.2026-11.org.reservoir:ab-rbd "store = \"rbd:rbd/bench?conf=$CEPH_CONF&cache=no$3\"" \
+    >"$work/$1.toml"
+  start_ready "$work/$1.out" "$work/$1.log" \
+    "$2" target --listen 127.0.0.1:0 --data-dir "$work/data-$1" --config "$work/$1.toml" || true
+  pids+=("$STARTED_PID")
+  eval "pid_$1=$STARTED_PID"
+  eval "url_$1=iscsi://$(portals_of "$work/$1.out" | head -1)/iqn.2026-11.org.reservoir:ab-rbd/0"
 }
 start_target A "$RSV_A" "${PARAMS_A:-}"
 start_target B "$RSV_B" "${PARAMS_B:-}"
 
-cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
-iperf() { # blocks rand|seq url -> "IOPS MBs BYTES"
-  local args=(-b "$1" -m 32 -t "$SECS")
-  [ "$2" = rand ] && args+=(-r)
-  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$3" 2>&1 | tr '\r' '\n' |
-    grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
-    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
-    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
-}
 rsvw() { # bs rand|seq url -> "IOPS MBs BYTES"
   timeout $((SECS + 30)) "$RSV_B" bench --rw write --pattern "$2" --block-size "$1" \
     --queue-depth 32 --duration "$SECS" --json "$3" 2>/dev/null |
     python3 -c 'import json,sys; r=json.load(sys.stdin); print(int(r["iops"]), int(r["MB_per_s"]), r["ios"] * r["block_size"])'
-}
-fio_rbd() { # bs rw -> "IOPS MBs BYTES"
-  local side=read
-  case $2 in *write) side=write ;; esac
-  fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
-    --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
-    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])' "$side"
 }
 # The client command of a row through a target (url) or, with url "fio", fio's.
 client() { # row url

@@ -43,13 +43,8 @@ RSV_A=${RSV_A:?RSV_A: path to an rsv binary}
 RSV_B=${RSV_B:-}
 RSV=${RSV:-$RSV_A}
 
-work=$(mktemp -d /dev/shm/rsv-cost.XXXXXX)
 . scripts/bench-peers.sh
-cleanup() {
-  stop_peers
-  rm -rf "$work"
-}
-trap cleanup EXIT
+peers_work rsv-cost
 
 head -c 1G /dev/urandom >"$work/rsv.img"
 : >"$work/tgt.img"

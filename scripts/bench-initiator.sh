@@ -34,22 +34,10 @@ SECS=${1:-10}
 OUT=${OUT:-lab/bench/initiator.json}
 SIZE=${SIZE:-1GiB}
 CONNS=${CONNS:-1 2 4 8}
-FLAME=${FLAME:-1}
-FLAME_DIR=${FLAME_DIR:-lab/bench/flame}
 QD=32
-if [ -z "${RSV:-}" ]; then
-  ./scripts/setup.sh
-  cargo build --release --bin rsv >/dev/null
-  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
-fi
-
-work=$(mktemp -d /dev/shm/rsv-ibench.XXXXXX)
 . scripts/bench-peers.sh
-cleanup() {
-  stop_peers
-  rm -rf "$work"
-}
-trap cleanup EXIT
+build_rsv --setup
+peers_work rsv-ibench
 
 bytes() { python3 -c "
 s='$1'.strip().lower(); m={'k':1<<10,'kib':1<<10,'m':1<<20,'mib':1<<20,'g':1<<30,'gib':1<<30}

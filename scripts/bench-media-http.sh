@@ -13,34 +13,20 @@ ROUNDS=${1:-5}
 SIZE=${SIZE:-1024}
 D=${SCRATCH:-/dev/shm/bench-media-http}
 IQN=iqn.2026-11.org.reservoir:bench-media
-mkdir -p "$D/share" "$D/data"
-if [ ! -f "$D/media.img" ]; then
-  head -c $((SIZE << 20)) /dev/urandom > "$D/share/movie.mp4"
-  truncate -s $(((SIZE << 20) + (128 << 20))) "$D/media.img"
-  mkfs.ext4 -q -F -d "$D/share" "$D/media.img"
-  rm "$D/share/movie.mp4"
-fi
-cat > "$D/t.toml" <<T
-portals = ["127.0.0.1:0"]
-data_dir = "$D/data"
-[[target]]
-iqn = "$IQN"
-alias = "home"
-[[target.lun]]
-id = 0
-store = "file:$D/media.img"
-T
+. "$(dirname "$0")/lib.sh"
+mkdir -p "$D/data"
+media_image "$D" "$SIZE"
+{
+  printf 'portals = ["127.0.0.1:0"]\ndata_dir = "%s"\n' "$D/data"
+  target_toml "$IQN" 'alias = "home"' -- "store = \"file:$D/media.img\""
+} > "$D/t.toml"
 # Starts "$@" with stdout to $1.out; waits for `ready`; prints the address of its first
 # `listening`/`portal` line.
 start() {
   local name=$1
   shift
-  "$@" > "$D/$name.out" 2> "$D/$name.log" &
-  echo $! > "$D/$name.pid"
-  for _ in $(seq 100); do
-    grep -q '^ready' "$D/$name.out" && break
-    sleep 0.1
-  done
+  start_ready "$D/$name.out" "$D/$name.log" "$@"
+  echo "$STARTED_PID" > "$D/$name.pid"
   grep -m1 -E '^(listening|portal) ' "$D/$name.out" | cut -d' ' -f2
 }
 stop() { kill "$(cat "$D/target.pid")" "$(cat "$D/media.pid")" 2>/dev/null || true; wait 2>/dev/null || true; }

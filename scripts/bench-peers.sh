@@ -1,6 +1,8 @@
 # Sourced by the benchmark scripts: Reservoir's target and tgt on loopback, each serving one
 # file LUN from $work (rsv.img and tgt.img, made by the caller), and their clean stop.
 #
+#   peers_work PREFIX  makes $work (a directory in /dev/shm, named after PREFIX) and the EXIT
+#                      trap that stops the peers and removes it
 #   start_peers NAME   needs RSV and work; sets RSV_URL, TGT_URL (LUN 0 and LUN 1);
 #                      RSV_TARGET_TOML (optional) is appended to the target's configuration,
 #                      e.g. '[threads]\nplacement = "shared"' to compare threading models
@@ -12,25 +14,25 @@
 #   flame NAME PID CMD…  runs CMD under `perf record` (call graphs from DWARF), the target
 #                      PID recorded beside it, and writes NAME-initiator.svg and
 #                      NAME-target.svg to $FLAME_DIR with inferno (installed by cargo if
-#                      missing)
+#                      missing); FLAME (default 1; 0: none) and FLAME_DIR (default
+#                      lab/bench/flame) are the callers' to read
 
+. scripts/lib.sh
+FLAME=${FLAME:-1}
+FLAME_DIR=${FLAME_DIR:-lab/bench/flame}
 rsv_pid=
 tgt_pid=
 cport=$((100 + RANDOM % 1000))
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+peers_work() {
+  work=$(mktemp -d "/dev/shm/$1.XXXXXX")
+  trap 'stop_peers; rm -rf "$work"' EXIT
+}
 
 start_peers() {
   local name=$1 rport tport
-  cat >"$work/rsv.toml" <<TOML
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:$name"
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$work/rsv.img"
-$(printf '%b' "${RSV_TARGET_TOML:-}")
-TOML
+  target_toml "iqn.2026-11.org.reservoir:$name" 'backstore = "file"' "path = \"$work/rsv.img\"" \
+    "$(printf '%b' "${RSV_TARGET_TOML:-}")" >"$work/rsv.toml"
   rport=$(free_port)
   "$RSV" target --config "$work/rsv.toml" --listen "127.0.0.1:$rport" >"$work/rsv.out" 2>"$work/rsv.log" &
   rsv_pid=$!

@@ -26,6 +26,7 @@
 # Environment: RSV=path to a built rsv (else `cargo build --release` here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 SECS=${1:-10}
 OUT=${OUT:-lab/bench/rbd.json}
 SIZE_MB=${SIZE_MB:-1024}
@@ -34,62 +35,37 @@ if ! command -v fio >/dev/null || ! fio --enghelp 2>/dev/null | grep -qw rbd; th
   echo "bench-rbd: installing fio" >&2
   apt-get install -y -qq --no-install-recommends fio >/dev/null
 fi
-if [ -z "${RSV:-}" ]; then
-  cargo build --release --bin rsv --features rbd >/dev/null
-  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
-fi
+build_rsv --features rbd
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rsv-bench-rbd.XXXXXX")
+rbd_work rsv-bench-rbd
 target_pid=
 base_pid=
-cleanup() {
-  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null && wait "$target_pid" 2>/dev/null
-  [ -n "$base_pid" ] && kill "$base_pid" 2>/dev/null && wait "$base_pid" 2>/dev/null
-  scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_start=$(load)
-scripts/ceph-cluster.sh start "$work/ceph" >/dev/null
-export CEPH_CONF="$work/ceph/ceph.conf"
-# All of the image holds data, so that reads reach the OSD rather than holes.
-head -c "${SIZE_MB}M" /dev/urandom >"$work/src.img"
-rbd import --no-progress "$work/src.img" bench >/dev/null
-rm -f "$work/src.img"
+rbd_bench_image "$work" "$SIZE_MB"
 
-cat >"$work/target.toml" <<EOF
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:bench-rbd"
-[[target.lun]]
-id = 0
-store = "rbd:rbd/bench?conf=$CEPH_CONF"
-[[target.lun]]
-id = 1
-store = "rbd:rbd/bench?conf=$CEPH_CONF&cache=no"
-EOF
-"$RSV" target --listen 127.0.0.1:0 --data-dir "$work/data" --config "$work/target.toml" \
-  >"$work/target.out" 2>"$work/target.log" &
-target_pid=$!
-for _ in $(seq 100); do grep -q '^ready' "$work/target.out" && break; sleep 0.1; done
-portal=$(sed -n 's/^portal //p' "$work/target.out" | head -1)
+target_toml iqn.2026-11.org.reservoir:bench-rbd "store = \"rbd:rbd/bench?conf=$CEPH_CONF\"" \
+  '[[target.lun]]' 'id = 1' "store = \"rbd:rbd/bench?conf=$CEPH_CONF&cache=no\"" >"$work/target.toml"
+start_ready "$work/target.out" "$work/target.log" \
+  "$RSV" target --listen 127.0.0.1:0 --data-dir "$work/data" --config "$work/target.toml" || true
+target_pid=$STARTED_PID
+pids+=("$target_pid")
+portal=$(portals_of "$work/target.out" | head -1)
 URL="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/0"
 URL_NOCACHE="iscsi://$portal/iqn.2026-11.org.reservoir:bench-rbd/1"
 RBD_URL="rbd:rbd/bench:conf=$CEPH_CONF"
 if [ -n "${RSV_BASE:-}" ]; then
-  "$RSV_BASE" target --listen 127.0.0.1:0 --data-dir "$work/data-base" \
-    --config "$work/target.toml" >"$work/base.out" 2>"$work/base.log" &
-  base_pid=$!
-  for _ in $(seq 100); do grep -q '^ready' "$work/base.out" && break; sleep 0.1; done
-  base_portal=$(sed -n 's/^portal //p' "$work/base.out" | head -1)
+  start_ready "$work/base.out" "$work/base.log" "$RSV_BASE" target --listen 127.0.0.1:0 \
+    --data-dir "$work/data-base" --config "$work/target.toml" || true
+  base_pid=$STARTED_PID
+  pids+=("$base_pid")
+  base_portal=$(portals_of "$work/base.out" | head -1)
   URL_BASE="iscsi://$base_portal/iqn.2026-11.org.reservoir:bench-rbd/0"
 fi
 osd_pid=$(cat "$work/ceph/run/osd.0.pid")
 TCK=$(getconf CLK_TCK)
 
-# CPU seconds a process has used so far (user + system, all its threads).
-cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / t }' "/proc/$1/stat"; }
 # CPU seconds of each of a process's threads so far, summed by thread name with its
 # number dropped (msgr-worker-0..2 -> msgr-worker), as JSON.
 threads_of() {
@@ -141,22 +117,6 @@ measured() {
   echo "${line:-0 0 0} $cpu $(python3 -c "print(f'{$t1-$t0:.3f} {$o1-$o0:.3f}')") ${cs_c:-0} ${cs_t:-0}"
 }
 
-# iscsi-perf prints "iops average N (M MB/s)" last; -r: random LBAs over the whole LUN.
-iperf() { # blocks_per_request rand|seq [url] -> "IOPS MBs BYTES"
-  local args=(-b "$1" -m 32 -t "$SECS")
-  [ "$2" = rand ] && args+=(-r)
-  timeout $((SECS + 20)) iscsi-perf "${args[@]}" "${3:-$URL}" 2>&1 | tr '\r' '\n' |
-    grep -o 'iops average [0-9]* ([0-9]* MB/s)' | tail -1 |
-    sed -E 's/iops average ([0-9]+) \(([0-9]+) MB\/s\)/\1 \2/' |
-    awk -v b="$1" -v s="$SECS" '{ printf "%s %s %.0f\n", $1, $2, $1 * b * 512 * s }'
-}
-fio_rbd() { # bs randread|read|randwrite|write -> "IOPS MBs BYTES"
-  local side=read
-  case $2 in *write) side=write ;; esac
-  fio --name=b --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw="$2" \
-    --bs="$1" --iodepth=32 --direct=1 --time_based --runtime="$SECS" --output-format=json \
-    2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print(int(r["iops"]), int(r["bw_bytes"]/1e6), r["io_bytes"])' "$side"
-}
 # Writes through the target: Reservoir's own initiator (iscsi-perf only reads), QD32.
 rsvw() { # bs rand|seq [url] -> "IOPS MBs BYTES"
   timeout $((SECS + 30)) "$RSV" bench --rw write --pattern "$2" --block-size "$1" \

@@ -26,6 +26,7 @@
 # CARGO_TARGET_DIR); SPAN; QD (default 32); UNITS; OUT (default lab/bench/stripe.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 SECS=${1:-10}
 SPAN=${SPAN:-256MiB}
 QD=${QD:-32}
@@ -51,26 +52,15 @@ trap cleanup EXIT
 start_target() { # name args...
   local name=$1 port
   shift
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$RSV" target --listen "127.0.0.1:$port" --data-dir "$work/$name" "$@" >"$work/$name.out" 2>"$work/$name.log" &
-  local pid=$!
-  for _ in $(seq 200); do
-    grep -q '^ready' "$work/$name.out" 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; exit 1; }
-    sleep 0.05
-  done
-  echo "$pid 127.0.0.1:$port"
+  port=$(free_port)
+  start_ready "$work/$name.out" "$work/$name.log" \
+    "$RSV" target --listen "127.0.0.1:$port" --data-dir "$work/$name" "$@" || exit 1
+  echo "$STARTED_PID 127.0.0.1:$port"
 }
 
 members=()
 for i in 0 1 2 3; do
-  cat >"$work/ds$i.toml" <<TOML
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:ds$i"
-[[target.lun]]
-id = 0
-store = "ram:?size=$SPAN"
-TOML
+  target_toml "iqn.2026-11.org.reservoir:ds$i" "store = \"ram:?size=$SPAN\"" >"$work/ds$i.toml"
   read -r pid portal <<<"$(start_target "ds$i" --config "$work/ds$i.toml")"
   pids+=("$pid")
   members+=("iscsi://$portal/iqn.2026-11.org.reservoir:ds$i/0")

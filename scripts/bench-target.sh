@@ -23,22 +23,10 @@ cd "$(dirname "$0")/.."
 SECS=${1:-10}
 OUT=${OUT:-lab/bench/target.json}
 CONNS=${CONNS:-1 2 4 8}
-FLAME=${FLAME:-1}
-FLAME_DIR=${FLAME_DIR:-lab/bench/flame}
 QD=32
-if [ -z "${RSV:-}" ]; then
-  ./scripts/setup.sh
-  cargo build --release --bin rsv >/dev/null
-  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
-fi
-
-work=$(mktemp -d /dev/shm/rsv-bench.XXXXXX)
 . scripts/bench-peers.sh
-cleanup() {
-  stop_peers
-  rm -rf "$work"
-}
-trap cleanup EXIT
+build_rsv --setup
+peers_work rsv-bench
 
 # Both images hold the same random data, all of them: reads hit data, not holes (a hole
 # reads as the shared zero page, a cheaper copy that flattered whichever target read more

@@ -23,28 +23,15 @@ work=$(mktemp -d /tmp/rsv-tlslink.XXXXXX)
 pid=
 cleanup() { set +e; [ -n "$pid" ] && kill $pid 2>/dev/null && timeout 10 tail --pid=$pid -f /dev/null; $RSV_LAB wan down --name $NAME >/dev/null 2>&1; rm -rf "$work"; }
 trap cleanup EXIT
-$RSV_LAB wan down --name $NAME >/dev/null 2>&1 || true
-up=$($RSV_LAB wan up --name $NAME --json --hosts-a 1 --rate $RATE --rtt $RTT ${LOSS:+--loss $LOSS})
-read nsa nsb addr relay < <(python3 -c "import json,sys; v=json.loads(sys.argv[1]); print(v['a']['hosts'][0]['netns'], v['b']['hosts'][0]['netns'], v['b']['hosts'][0]['addr'], v.get('pid',0))" "$up")
-for ns in $nsa $nsb; do
-  ip netns exec $ns sysctl -q -w net.ipv4.tcp_congestion_control=cubic net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
-done
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=tlslink -addext subjectAltName=IP:$addr -keyout $work/t.key -out $work/t.crt 2>/dev/null
-chmod 600 $work/t.key
-pin=sha256:$(openssl x509 -in $work/t.crt -outform der | sha256sum | cut -d' ' -f1)
+. "$(dirname "$0")/lib.sh"
+wan_up $NAME --hosts-a 1 --rate $RATE --rtt $RTT ${LOSS:+--loss $LOSS}
+read nsa nsb addr relay < <(wan_get "v['a']['hosts'][0]['netns'], v['b']['hosts'][0]['netns'], v['b']['hosts'][0]['addr'], v.get('pid',0)")
+lab_tcp $nsa $nsb
 iqn=iqn.2026-11.org.reservoir:tlslink
-cat > $work/t.toml <<TOML
-portals = ["$addr:3260", { listen = "$addr:3261", tls = { cert = "$work/t.crt", key = "$work/t.key" } }]
-data_dir = "$work"
-[[target]]
-iqn = "$iqn"
-[[target.lun]]
-id = 0
-store = "ram:?size=1GiB"
-TOML
-ip netns exec $nsb env RUST_LOG=warn $RSV target --config $work/t.toml > $work/t.out 2>$work/t.log &
-pid=$!
-for _ in $(seq 200); do grep -q '^ready' $work/t.out 2>/dev/null && break; sleep 0.05; done
+tls_target_toml $work $addr:3260 $addr:3261 $iqn 1GiB > $work/t.toml
+pin=$PIN
+start_ready $work/t.out $work/t.log ip netns exec $nsb env RUST_LOG=warn $RSV target --config $work/t.toml || true
+pid=$STARTED_PID
 cpu() { python3 -c "
 import os,sys
 f=open('/proc/%s/stat'%sys.argv[1]).read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" $1; }

@@ -12,7 +12,7 @@
 # CPU-bound and says how the cores are shared; CPU/GiB says what each path costs. The load
 # average before and after is printed with the table, and the rows go to OUT as JSON.
 #
-# Environment: RSV=path to a built rsv (else `cargo build --release -p rsv` here, honouring
+# Environment: RSV=path to a built rsv (else `cargo build --release --bin rsv` here, honouring
 # CARGO_TARGET_DIR); SPAN; QD (default 32); OUT (default lab/bench/tls.json); SUITE (aes128,
 # aes256 or chacha20: the one suite the initiator offers; default: rustls's preference).
 set -euo pipefail
@@ -22,45 +22,25 @@ SPAN=${SPAN:-1GiB}
 QD=${QD:-32}
 OUT=${OUT:-lab/bench/tls.json}
 SUITE=${SUITE:-}
-if [ -z "${RSV:-}" ]; then
-  cargo build --release -p rsv >/dev/null
-  RSV=${CARGO_TARGET_DIR:-$PWD/target}/release/rsv
-fi
+. scripts/lib.sh
+build_rsv
 
 work=$(mktemp -d /tmp/rsv-tlsbench.XXXXXX)
-pid=
 cleanup() {
   set +e
+  local pid=${STARTED_PID:-}
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && timeout 10 tail --pid="$pid" -f /dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
-  -keyout "$work/t.key" -out "$work/t.crt" 2>/dev/null
-chmod 600 "$work/t.key"
-pin=sha256:$(openssl x509 -in "$work/t.crt" -outform der | sha256sum | cut -d' ' -f1)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 plain=127.0.0.1:$(free_port)
 tls=127.0.0.1:$(free_port)
 iqn=iqn.2026-11.org.reservoir:tlsbench
-cat >"$work/t.toml" <<TOML
-portals = ["$plain", { listen = "$tls", tls = { cert = "$work/t.crt", key = "$work/t.key" } }]
-data_dir = "$work"
-[[target]]
-iqn = "$iqn"
-[[target.lun]]
-id = 0
-store = "ram:?size=$SPAN"
-TOML
-"$RSV" target --config "$work/t.toml" >"$work/t.out" 2>"$work/t.log" &
-pid=$!
-for _ in $(seq 200); do
-  grep -q '^ready' "$work/t.out" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || { cat "$work/t.log" >&2; exit 1; }
-  sleep 0.05
-done
+tls_target_toml "$work" "$plain" "$tls" "$iqn" "$SPAN" >"$work/t.toml"
+pin=$PIN
+start_ready "$work/t.out" "$work/t.log" "$RSV" target --config "$work/t.toml"
+pid=$STARTED_PID
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # One rsv bench; prints a JSON line: MB/s and CPU seconds per GiB of target and initiator.

@@ -13,30 +13,17 @@ RW=${1:-read}; CC=${2:-rsv}; RATE=${3:-100mbit}; LOSS=${4:-0%}
 N=${RSV_LAB_PREFIX:-}cc-start
 D=${OUT:-/tmp/cc-start-$RW-$CC}
 rm -rf "$D"; mkdir -p "$D"
-$RSV_LAB wan down --name "$N" >/dev/null 2>&1
-$RSV_LAB wan up --name "$N" --rtt 100ms --rate 100mbit --loss "$LOSS" --json > "$D/wan.json" || exit 1
-field() { python3 -c "import json,sys;v=json.load(open('$D/wan.json'));print(v$1)"; }
-A=$(field "['a']['netns']"); B=$(field "['b']['netns']"); BA=$(field "['b']['addr']")
+. "$(dirname "$0")/lib.sh"
+wan_up "$N" --rtt 100ms --rate 100mbit --loss "$LOSS" || exit 1
+echo "$WAN_JSON" > "$D/wan.json"
+A=$(wan_get "v['a']['netns']"); B=$(wan_get "v['b']['netns']"); BA=$(wan_get "v['b']['addr']")
 cleanup() { [ -n "${TP:-}" ] && kill "$TP" 2>/dev/null; wait 2>/dev/null; $RSV_LAB wan down --name "$N" >/dev/null 2>&1; }
 trap cleanup EXIT
-for ns in "$A" "$B"; do
-  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control=cubic \
-    net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
-done
-cat > "$D/target.toml" <<T
-[session]
-congestion = "$CC"
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:lab"
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "1GiB"
-T
-ip netns exec "$B" env RUST_LOG=info $RSV target --listen "$BA:3260" --data-dir "$D/data" \
-  --config "$D/target.toml" > "$D/target.log" 2>&1 &
-TP=$!
-for _ in $(seq 100); do grep -q '^ready' "$D/target.log" && break; sleep 0.1; done
+lab_tcp "$A" "$B"
+{ printf '[session]\ncongestion = "%s"\n' "$CC"; target_toml iqn.2026-11.org.reservoir:lab 'backstore = "ram"' 'size = "1GiB"'; } > "$D/target.toml"
+start_ready "$D/target.log" "$D/target.log" ip netns exec "$B" env RUST_LOG=info $RSV target --listen "$BA:3260" --data-dir "$D/data" \
+  --config "$D/target.toml"
+TP=$STARTED_PID
 OPTS=(--opt "congestion=$CC"); [ "$RATE" != none ] && OPTS+=(--opt "rate=$RATE")
 ip netns exec "$A" $RSV bench "iscsi://$BA:3260/iqn.2026-11.org.reservoir:lab/0" --json \
   --pattern seq --rw "$RW" --block-size 1m --duration 4 "${OPTS[@]}" > "$D/bench.json" 2> "$D/bench.err" &

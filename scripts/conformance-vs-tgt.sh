@@ -9,6 +9,7 @@
 # PDU hook ends up calling itself), whatever the target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 FAMILIES=${FAMILIES:-ALL}
 RSV=${RSV:-target/debug/rsv}
 [ -x "$RSV" ] || cargo build -p rsv
@@ -69,28 +70,18 @@ run_suite() { # name url1 url2
 }
 
 # Reservoir: thin removable file LUN, two portals, ACL naming the suite's initiators.
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-p1=$(port); p2=$(port)
-cat > "$work/rsv.toml" <<TOML
-portals = ["127.0.0.1:$p1", "127.0.0.1:$p2"]
-data_dir = "$work/data"
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:conformance"
-allowed_initiators = ["iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test", "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2"]
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "lun0.img"
-size = "64MiB"
-removable = true
-TOML
-"$RSV" target --config "$work/rsv.toml" > "$work/rsv.out" 2> "$work/rsv.log" &
-until grep -q ready "$work/rsv.out"; do sleep 0.1; done
 iqn=iqn.2026-11.org.reservoir:conformance
-run_suite Reservoir "iscsi://127.0.0.1:$p1/$iqn/0" "iscsi://127.0.0.1:$p2/$iqn/0"
+{
+  printf 'data_dir = "%s"\n' "$work/data"
+  suite_target_toml "$iqn" lun0.img
+} > "$work/rsv.toml"
+start_ready "$work/rsv.out" "$work/rsv.log" \
+  "$RSV" target --listen 127.0.0.1:0 --listen 127.0.0.1:0 --config "$work/rsv.toml"
+mapfile -t ps < <(portals_of "$work/rsv.out")
+run_suite Reservoir "iscsi://${ps[0]}/$iqn/0" "iscsi://${ps[1]}/$iqn/0"
 
 # tgt: a 64 MiB sparse file LUN (LUN 1; LUN 0 is tgt's controller), one portal.
-tp=$(port); ctl=$((1000 + tp % 30000))
+tp=$(free_port); ctl=$((1000 + tp % 30000))
 tgtd -f --iscsi "portal=127.0.0.1:$tp" -C "$ctl" > "$work/tgtd.log" 2>&1 &
 adm() { tgtadm -C "$ctl" --lld iscsi "$@"; }
 until adm --op show --mode target > /dev/null 2>&1; do sleep 0.1; done

@@ -31,6 +31,7 @@
 # hung that KNOWN does not explain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 
 [ $# -eq 1 ] || { echo "usage: $0 LIBISCSI_BUILD_DIR" >&2; exit 2; }
 src=$(cd "$1" && pwd)
@@ -72,17 +73,9 @@ secret=libiscsi-master-secret
 # CHAP users: plain, and the 0x / 0b forms iSCSICHAP.HexName and .Base64Name ask for.
 chap_users=(libiscsi 0x6c696269736373692d686578 0bbGliaXNjc2ktYjY0)
 {
+  printf 'data_dir = "%s"\n' "$work/data"
+  suite_target_toml "$iqn" "$lun_dir/interop-lun0.img"
   cat <<TOML
-data_dir = "$work/data"
-[[target]]
-iqn = "$iqn"
-allowed_initiators = ["iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test", "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2"]
-[[target.lun]]
-id = 0
-backstore = "file"
-path = "$lun_dir/interop-lun0.img"
-size = "64MiB"
-removable = true
 # Write-protected: the read-only tests.
 [[target.lun]]
 id = 1
@@ -95,21 +88,13 @@ store = "ram:?size=16M"
 physical_block_exponent = 3
 TOML
   for i in "${!chap_users[@]}"; do
-    cat <<TOML
-[[target]]
-iqn = "$iqn-chap$i"
-chap = { user = "${chap_users[$i]}", secret = "$secret" }
-[[target.lun]]
-id = 0
-store = "ram:?size=16M"
-TOML
+    target_toml "$iqn-chap$i" "chap = { user = \"${chap_users[$i]}\", secret = \"$secret\" }" -- \
+      'store = "ram:?size=16M"'
   done
 } > "$work/rsv.toml"
-"$RSV" target --listen 127.0.0.1:0 --listen 127.0.0.1:0 --config "$work/rsv.toml" \
-  > "$work/rsv.out" 2> "$work/rsv.log" &
-for _ in $(seq 100); do grep -q '^ready' "$work/rsv.out" && break; sleep 0.1; done
-grep -q '^ready' "$work/rsv.out" || { cat "$work/rsv.log" >&2; exit 1; }
-mapfile -t portals < <(sed -n 's/^portal //p' "$work/rsv.out")
+start_ready "$work/rsv.out" "$work/rsv.log" \
+  "$RSV" target --listen 127.0.0.1:0 --listen 127.0.0.1:0 --config "$work/rsv.toml" || exit 1
+mapfile -t portals < <(portals_of "$work/rsv.out")
 urls=("iscsi://${portals[0]}/$iqn/0")
 [ "${ONE_URL:-0}" = 1 ] || urls+=("iscsi://${portals[1]}/$iqn/0")
 

@@ -7,23 +7,17 @@
 #   scripts/load-256.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 SECONDS_=${1:-600}
 RSV=${RSV:-target/release/rsv}
 [ -x "$RSV" ] || cargo build --release -p rsv
 dir=$(mktemp -d /tmp/rsv-load.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true' EXIT
-cat > "$dir/target.toml" <<TOML
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:load"
-[[target.lun]]
-id = 0
-store = "file:lun.img?size=256M"
-TOML
-"$RSV" target --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/target.toml" \
-  > "$dir/target.out" 2> "$dir/target.log" &
-tpid=$!
-for _ in $(seq 50); do grep -q '^ready' "$dir/target.out" 2>/dev/null && break; sleep 0.1; done
-portal=$(sed -n 's/^portal //p' "$dir/target.out" | head -1)
+target_toml iqn.2026-11.org.reservoir:load 'store = "file:lun.img?size=256M"' > "$dir/target.toml"
+start_ready "$dir/target.out" "$dir/target.log" \
+  "$RSV" target --listen 127.0.0.1:0 --data-dir "$dir/data" --config "$dir/target.toml" || true
+tpid=$STARTED_PID
+portal=$(portals_of "$dir/target.out" | head -1)
 url="iscsi://$portal/iqn.2026-11.org.reservoir:load/0"
 for i in $(seq 64); do
   timeout --signal=INT "$SECONDS_" iscsi-perf -i "iqn.2026-11.org.reservoir:perf$i" -m 4 -b 8 -r "$url" \

@@ -23,18 +23,13 @@ shift
 D=${SCRATCH:-/dev/shm/m3-read}
 L=${LINK:-m3-rd}
 DELAY=${DELAY:-16}
+. "$(dirname "$0")/lib.sh"
 mkdir -p "$OUT" "$D/share" "$D/smb"
-if [ ! -f "$D/media.img" ]; then
-  head -c $((512 << 20)) /dev/urandom > "$D/share/movie.mp4"
-  truncate -s $(((512 << 20) + (64 << 20) + (64 << 20))) "$D/media.img"
-  mkfs.ext4 -q -F -d "$D/share" "$D/media.img"
-fi
-$RSV_LAB wan down --name $L > /dev/null 2>&1
-J=$($RSV_LAB wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms) || exit 1
-js() { echo "$J" | python3 -c "import json,sys;v=json.load(sys.stdin);print($1)"; }
-NSA=$(js 'v["a"]["netns"]')
-NSB=$(js 'v["b"]["netns"]')
-B=$(js 'v["b"]["addr"]')
+media_image "$D" 512 keep
+wan_up $L --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms || exit 1
+NSA=$(wan_get 'v["a"]["netns"]')
+NSB=$(wan_get 'v["b"]["netns"]')
+B=$(wan_get 'v["b"]["addr"]')
 # A namespace may only choose a congestion control the host allows (as the lab does).
 ALLOWED=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
 case " $ALLOWED " in
@@ -42,21 +37,12 @@ case " $ALLOWED " in
   *) echo "$ALLOWED cubic" > /proc/sys/net/ipv4/tcp_allowed_congestion_control
      trap 'echo "$ALLOWED" > /proc/sys/net/ipv4/tcp_allowed_congestion_control' EXIT ;;
 esac
-for ns in $NSA $NSB; do
-  ip netns exec $ns sysctl -q -w net.ipv4.tcp_congestion_control=cubic \
-    net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
-done
+lab_tcp $NSA $NSB
 IQN=iqn.2026-11.org.reservoir:m3-read
-cat > "$D/t.toml" << T
-[session]
-${TARGET_SESSION:-}
-[[target]]
-iqn = "$IQN"
-alias = "home"
-[[target.lun]]
-id = 0
-store = "file:$D/media.img"
-T
+{
+  printf '[session]\n%s\n' "${TARGET_SESSION:-}"
+  target_toml "$IQN" 'alias = "home"' -- "store = \"file:$D/media.img\""
+} > "$D/t.toml"
 ip netns exec $NSB env RUST_LOG=warn $RSV target --listen $B:3260 --data-dir "$D/data" \
   --config "$D/t.toml" > "$OUT/target.log" 2>&1 &
 TP=$!
@@ -84,7 +70,7 @@ cat > "$D/smb.conf" << S
 S
 ip netns exec $NSB smbd --foreground --debug-stdout --configfile="$D/smb.conf" > "$OUT/smbd.log" 2>&1 &
 SP=$!
-for i in $(seq 50); do grep -q '^ready' "$OUT/target.log" && break; sleep 0.2; done
+wait_ready "$OUT/target.log"
 sleep 1
 drops() { $RSV_LAB wan stats --name $L --json | python3 -c 'import json,sys;v=json.load(sys.stdin);d=v.get("ba") or v["stats"]["ba"];print(d.get("drop_queue",0))'; }
 echo "delay $DELAY ms each way, 100 Mbit/s, default windows; load $(cat /proc/loadavg)" | tee "$OUT/info"

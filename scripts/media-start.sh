@@ -10,30 +10,17 @@ OUT=${1:-/tmp/med-start}
 D=${SCRATCH:-/dev/shm/med-start}
 L=${LINK:-med-s}
 DELAY=${DELAY:-24}
-mkdir -p $OUT $D/share
-if [ ! -f $D/media.img ]; then
-  head -c $((512<<20)) /dev/urandom > $D/share/movie.mp4
-  truncate -s $(( (512<<20) + (64<<20) + (64<<20) )) $D/media.img
-  mkfs.ext4 -q -F -d $D/share $D/media.img
-  rm $D/share/movie.mp4
-fi
-$RSV_LAB wan down --name $L >/dev/null 2>&1
-J=$($RSV_LAB wan up --name $L --json --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms)
-NSA=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["a"]["netns"])')
-NSB=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["b"]["netns"])')
-B=$(echo "$J" | python3 -c 'import json,sys;v=json.load(sys.stdin);print(v["b"]["addr"])')
+. "$(dirname "$0")/lib.sh"
+mkdir -p $OUT
+media_image $D 512
+wan_up $L --rate 100mbit --delay-ab ${DELAY}ms --delay-ba ${DELAY}ms
+NSA=$(wan_get 'v["a"]["netns"]')
+NSB=$(wan_get 'v["b"]["netns"]')
+B=$(wan_get 'v["b"]["addr"]')
 IQN=iqn.2026-11.org.reservoir:med-start
-cat > $D/t.toml <<T
-[[target]]
-iqn = "$IQN"
-alias = "home"
-[[target.lun]]
-id = 0
-store = "file:$D/media.img"
-T
-ip netns exec $NSB env RUST_LOG=warn $RSV target --listen $B:3260 --data-dir $D/data --config $D/t.toml > $OUT/target.log 2>&1 &
-TP=$!
-for i in $(seq 50); do grep -q '^ready' $OUT/target.log && break; sleep 0.2; done
+target_toml $IQN 'alias = "home"' -- "store = \"file:$D/media.img\"" > $D/t.toml
+start_ready $OUT/target.log $OUT/target.log ip netns exec $NSB env RUST_LOG=warn $RSV target --listen $B:3260 --data-dir $D/data --config $D/t.toml
+TP=$STARTED_PID
 IF=$(ip netns exec $NSA ip -o link | awk -F': ' '{print $2}' | grep -v lo | head -5 | tr '\n' ' ')
 echo "ifaces in $NSA: $IF" > $OUT/info
 ip netns exec $NSA tcpdump -i any -s 120 -w $OUT/cap.pcap tcp port 3260 > /dev/null 2>&1 &
@@ -53,9 +40,8 @@ if [ -n "${READ:-}" ]; then
   $RSV_LAB wan down --name $L
   exit 0
 fi
-ip netns exec $NSA env RUST_LOG=${MLOG:-info} $RSV media --listen 127.0.0.1:18080 --idle 600s ${MRATE:-} "iscsi://$B:3260/$IQN/0" > $OUT/media.out 2> $OUT/media.log &
-MP=$!
-for i in $(seq 50); do grep -q '^ready' $OUT/media.out && break; sleep 0.2; done
+start_ready $OUT/media.out $OUT/media.log ip netns exec $NSA env RUST_LOG=${MLOG:-info} $RSV media --listen 127.0.0.1:18080 --idle 600s ${MRATE:-} "iscsi://$B:3260/$IQN/0"
+MP=$STARTED_PID
 F=http://127.0.0.1:18080/media/$IQN/0/movie.mp4
 cold=$(ip netns exec $NSA curl -s -o /dev/null -r 0-65535 -w '%{http_code} %{time_starttransfer}' $F)
 sleep 1

@@ -26,6 +26,39 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 
 # --- the checks: each proves a tool does its job here ------------------------------------
 
+# A server started in the background (PID, its output in LOG) is probed: PROBE... runs up
+# to TRIES times, PAUSE seconds apart, until it succeeds (0) or the server ends (1, its LOG
+# in $scratch/out); then the server is stopped.
+probe_server() {
+  local pid=$1 log=$2 tries=$3 pause=$4 i rc=1
+  shift 4
+  for i in $(seq "$tries"); do
+    if "$@"; then
+      rc=0
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || { cat "$log" >"$scratch/out"; break; }
+    sleep "$pause"
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  return "$rc"
+}
+
+# Runs CMD... as a server in a network namespace NS of its own (loopback up, its output in
+# LOG) and probes it (probe_server, 50 times 0.2 s apart) with PROBE; NS is deleted after.
+probe_in_ns() {
+  local ns=$1 log=$2 probe=$3 pid rc=0
+  shift 3
+  quiet ip netns add "$ns" || return 1
+  ip -n "$ns" link set lo up >/dev/null 2>&1
+  ip netns exec "$ns" "$@" >"$log" 2>&1 &
+  pid=$!
+  probe_server "$pid" "$log" 50 0.2 "$probe" || rc=1
+  ip netns del "$ns" >/dev/null 2>&1 || true
+  return "$rc"
+}
+
 check_libiscsi() {
   # The suite must list its tests, and each client must at least parse its arguments.
   quiet iscsi-test-cu --list && grep -q '^SCSI\.' "$scratch/out" || return 1
@@ -115,32 +148,24 @@ check_open_isns() {
   # a network namespace of its own, and isnsadm registers a target there and finds it.
   quiet isnsd --version || return 1
   quiet isnsadm --version || return 1
-  local ns="rsv-setup-isns-$$" dir="$scratch/isns" rc=1 i pid
+  local ns="rsv-setup-isns-$$" dir="$scratch/isns" found=1
   mkdir -p "$dir"
   printf '%s\n' "SourceName = isns.setup.check" "SLPRegister = 0" "Security = 0" \
     "DefaultDiscoveryDomain = 1" "ESIRetries = 0" "PIDFile = $dir/isnsd.pid" \
     "ControlSocket = $dir/isnsctl" >"$dir/isnsd.conf"
   printf '%s\n' "SourceName = iqn.2026-11.org.reservoir:setup" "ServerAddress = 127.0.0.1" \
     "Security = 0" >"$dir/isnsadm.conf"
-  quiet ip netns add "$ns" || return 1
-  ip -n "$ns" link set lo up >/dev/null 2>&1
-  ip netns exec "$ns" isnsd -f -c "$dir/isnsd.conf" >"$dir/isnsd.log" 2>&1 &
-  pid=$!
-  for i in $(seq 50); do
-    if ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --register \
+  # Registered: then the query says whether the server knows the target.
+  registered() {
+    ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --register \
       entity=setup.check portal=127.0.0.1:3260 target=iqn.2026-11.org.reservoir:setup-check \
-      >"$scratch/out" 2>&1; then
-      ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --query iscsi-name >"$scratch/out" 2>&1 &&
-        grep -q 'iqn.2026-11.org.reservoir:setup-check' "$scratch/out" && rc=0
-      break
-    fi
-    kill -0 "$pid" 2>/dev/null || { cat "$dir/isnsd.log" >"$scratch/out"; break; }
-    sleep 0.2
-  done
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  ip netns del "$ns" >/dev/null 2>&1 || true
-  return "$rc"
+      >"$scratch/out" 2>&1 || return 1
+    ip netns exec "$ns" isnsadm -c "$dir/isnsadm.conf" --query iscsi-name >"$scratch/out" 2>&1 &&
+      grep -q 'iqn.2026-11.org.reservoir:setup-check' "$scratch/out" && found=0
+    return 0
+  }
+  probe_in_ns "$ns" "$dir/isnsd.log" registered isnsd -f -c "$dir/isnsd.conf" || return 1
+  return "$found"
 }
 
 check_fuse() {
@@ -240,7 +265,7 @@ check_samba() {
   # share in a namespace of its own and smbclient get a file from it, byte for byte.
   quiet smbd --version || return 1
   quiet smbclient --version || return 1
-  local ns="rsv-setup-smb-$$" d="$scratch/smb" rc=1 i pid
+  local ns="rsv-setup-smb-$$" d="$scratch/smb" same=1
   mkdir -p "$d/share" "$d/state"
   head -c 100000 /dev/urandom >"$d/share/f.bin"
   printf '%s\n' '[global]' 'server role = standalone server' 'map to guest = Bad User' \
@@ -249,24 +274,15 @@ check_samba() {
     "log file = $d/state/log.%m" 'disable netbios = yes' 'smb ports = 445' \
     'load printers = no' 'printing = bsd' 'printcap name = /dev/null' \
     '[s]' "path = $d/share" 'read only = yes' 'guest ok = yes' 'guest only = yes' >"$d/smb.conf"
-  quiet ip netns add "$ns" || return 1
-  ip -n "$ns" link set lo up >/dev/null 2>&1
-  ip netns exec "$ns" smbd --foreground --configfile="$d/smb.conf" \
-    >"$d/smbd.log" 2>&1 &
-  pid=$!
-  for i in $(seq 50); do
-    if ip netns exec "$ns" smbclient //127.0.0.1/s -N -s "$d/smb.conf" \
-      -c "get f.bin $d/got.bin" >"$scratch/out" 2>&1; then
-      cmp -s "$d/share/f.bin" "$d/got.bin" && rc=0
-      break
-    fi
-    kill -0 "$pid" 2>/dev/null || { cat "$d/smbd.log" >"$scratch/out"; break; }
-    sleep 0.2
-  done
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  ip netns del "$ns" >/dev/null 2>&1 || true
-  return "$rc"
+  # Got: then the copy says whether it is the file, byte for byte.
+  got() {
+    ip netns exec "$ns" smbclient //127.0.0.1/s -N -s "$d/smb.conf" \
+      -c "get f.bin $d/got.bin" >"$scratch/out" 2>&1 || return 1
+    cmp -s "$d/share/f.bin" "$d/got.bin" && same=0
+    return 0
+  }
+  probe_in_ns "$ns" "$d/smbd.log" got smbd --foreground --configfile="$d/smb.conf" || return 1
+  return "$same"
 }
 
 check_gridftp() {
@@ -276,7 +292,7 @@ check_gridftp() {
   # -version exits 1 after printing it.
   quiet globus-url-copy -version || true
   grep -q '^globus-url-copy: [0-9]' "$scratch/out" || return 1
-  local dir port pid i rc=1
+  local dir port pid rc=0
   dir=$(mktemp -d /tmp/rsv-setup-gridftp.XXXXXX)
   chmod 777 "$dir"
   head -c 1048576 /dev/urandom >"$dir/src"
@@ -285,17 +301,11 @@ check_gridftp() {
   GLOBUS_HOSTNAME=127.0.0.1 globus-gridftp-server -aa -anonymous-user nobody -p "$port" \
     -control-interface 127.0.0.1 -data-interface 127.0.0.1 >"$dir/server.log" 2>&1 &
   pid=$!
-  for i in $(seq 150); do
-    if GLOBUS_HOSTNAME=127.0.0.1 quiet globus-url-copy -p 2 "file://$dir/src" \
-      "ftp://127.0.0.1:$port$dir/dst" && cmp -s "$dir/src" "$dir/dst"; then
-      rc=0
-      break
-    fi
-    kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >"$scratch/out"; break; }
-    sleep 0.2
-  done
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  copied() {
+    GLOBUS_HOSTNAME=127.0.0.1 quiet globus-url-copy -p 2 "file://$dir/src" \
+      "ftp://127.0.0.1:$port$dir/dst" && cmp -s "$dir/src" "$dir/dst"
+  }
+  probe_server "$pid" "$dir/server.log" 150 0.2 copied || rc=1
   rm -rf "$dir"
   return $rc
 }
@@ -365,7 +375,7 @@ check_prometheus() {
   # query up{job="self"} must come back 1 (tests/metrics.rs runs both against the target).
   printf '# HELP probe_things_total Things.\n# TYPE probe_things_total counter\nprobe_things_total 1\n' |
     quiet promtool check metrics || return 1
-  local dir="$scratch/prometheus" port pid i rc=1
+  local dir="$scratch/prometheus" port pid rc=0
   mkdir -p "$dir"
   port=$(free_ports 1) || return 1
   printf 'global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: self\n    static_configs:\n      - targets: [\x27127.0.0.1:%d\x27]\n' \
@@ -373,19 +383,13 @@ check_prometheus() {
   prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/db" \
     --web.listen-address="127.0.0.1:$port" >"$dir/server.log" 2>&1 &
   pid=$!
-  # Until a scrape is in, for 30 s at most.
-  for i in $(seq 300); do
-    if python3 -c "import json, urllib.request, sys
+  scraped() {
+    python3 -c "import json, urllib.request, sys
 r = json.load(urllib.request.urlopen('http://127.0.0.1:$port/api/v1/query?query=up%7Bjob%3D%22self%22%7D', timeout=2))
-sys.exit(0 if [x['value'][1] for x in r['data']['result']] == ['1'] else 1)" >"$scratch/out" 2>&1; then
-      rc=0
-      break
-    fi
-    kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >"$scratch/out"; break; }
-    sleep 0.1
-  done
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+sys.exit(0 if [x['value'][1] for x in r['data']['result']] == ['1'] else 1)" >"$scratch/out" 2>&1
+  }
+  # Until a scrape is in, for 30 s at most.
+  probe_server "$pid" "$dir/server.log" 300 0.1 scraped || rc=1
   rm -rf "$dir"
   return $rc
 }

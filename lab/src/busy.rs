@@ -54,7 +54,7 @@ pub struct Interval {
 
 /// Bytes counted by `at`, interpolated between the samples around it (`samples` sorted by
 /// time); `None` outside them.
-fn bytes_at(samples: &[Sample], at: f64) -> Option<f64> {
+pub(crate) fn bytes_at(samples: &[Sample], at: f64) -> Option<f64> {
     let i = samples.partition_point(|s| s.at < at);
     let after = samples.get(i)?;
     if after.at == at || i == 0 {

@@ -127,6 +127,26 @@ pub struct Repeat {
     pub repeat: u32,
 }
 
+/// The flags of a scenario with a result document (r2, r3, r4).
+#[derive(Args, Debug, Clone)]
+pub struct Documented {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub doc: DocFlags,
+}
+
+/// The flags of a scenario with a result document and rows that repeat (r0, r1, rtt).
+#[derive(Args, Debug, Clone)]
+pub struct Repeated {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub doc: DocFlags,
+    #[command(flatten)]
+    pub repeat: Repeat,
+}
+
 /// The values a list flag was given, or the scenario's own where it was not given.
 pub fn given_or<T: Clone>(given: &[T], own: Vec<T>) -> Vec<T> {
     if given.is_empty() {
@@ -224,34 +244,34 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
     // The results' directory and the document to rewrite, if any.
     let (out, doc) = match scenario {
         Scenario::R0(a) => {
-            let out = a.common.out_dir();
-            crate::r0::run(a.params(), a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R0R1))
+            let out = a.flags.common.out_dir();
+            crate::r0::run(a.params(), a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R0R1))
         }
         Scenario::R1(a) => {
-            let out = a.common.out_dir();
-            crate::r1::run(a.params(), a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R0R1))
+            let out = a.flags.common.out_dir();
+            crate::r1::run(a.params(), a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R0R1))
         }
         Scenario::Rtt(a) => {
-            let out = a.common.out_dir();
-            crate::rtt::run(a.params(), a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R0R1))
+            let out = a.flags.common.out_dir();
+            crate::rtt::run(a.params(), a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R0R1))
         }
         Scenario::R2(a) => {
-            let out = a.common.out_dir();
-            crate::r2::run(a.params()?, a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R2))
+            let out = a.flags.common.out_dir();
+            crate::r2::run(a.params()?, a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R2))
         }
         Scenario::R3(a) => {
-            let out = a.common.out_dir();
-            crate::r3::run(a.params(), a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R3))
+            let out = a.flags.common.out_dir();
+            crate::r3::run(a.params(), a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R3))
         }
         Scenario::R4(a) => {
-            let out = a.common.out_dir();
-            crate::r4::run(a.params()?, a.common.quick, &out, command)?;
-            (out, a.doc.target(&a.common, Document::R4))
+            let out = a.flags.common.out_dir();
+            crate::r4::run(a.params()?, a.flags.common.quick, &out, command)?;
+            (out, a.flags.doc.target(&a.flags.common, Document::R4))
         }
         Scenario::Cuts(a) => {
             let out = a.common.out_dir();

@@ -34,7 +34,7 @@ use std::fs::File;
 use std::io::Read;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -335,14 +335,7 @@ struct Running {
 
 impl Running {
     fn spawn(mut cmd: Command, dir: &Path, n: u32) -> Result<Running> {
-        let out = dir.join(format!("cmd{n}.out"));
-        let err = dir.join(format!("cmd{n}.err"));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(File::create(&out)?)
-            .stderr(File::create(&err)?)
-            .spawn()
-            .with_context(|| format!("starting {cmd:?}"))?;
+        let (child, out, err) = proc::spawn_to_files(&mut cmd, dir, &format!("cmd{n}"))?;
         Ok(Running { child, out, err })
     }
 

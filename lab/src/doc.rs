@@ -203,7 +203,7 @@ fn env_block(doc: &mut String, command: &str, e: &Environment) {
 }
 
 fn r0_section(doc: &mut String, r: &crate::r0::Results, link: &Path) {
-    let p = &r.params;
+    let p = &r.run.params;
     let losses = &p.loss_pct;
     let rows = &r.rows;
     let _ = writeln!(doc, "## R0 — iSCSI tuning over a lossy long fat pipe\n");
@@ -343,11 +343,11 @@ fn r0_section(doc: &mut String, r: &crate::r0::Results, link: &Path) {
          ceiling at each point.\n",
         p.seconds
     );
-    env_block(doc, &r.command, &r.environment);
+    env_block(doc, &r.run.command, &r.environment);
 }
 
 fn r1_section(doc: &mut String, r: &crate::r1::Results, link: &Path) {
-    let p = &r.params;
+    let p = &r.run.params;
     let _ = writeln!(doc, "## R1 — four image backups into one bottleneck\n");
     let _ = writeln!(
         doc,
@@ -425,7 +425,7 @@ fn r1_section(doc: &mut String, r: &crate::r1::Results, link: &Path) {
     );
     r1_link_table(doc, modes);
     let _ = writeln!(doc, "![R1]({})\n", link.join("r1.png").display());
-    env_block(doc, &r.command, &r.environment);
+    env_block(doc, &r.run.command, &r.environment);
 }
 
 /// Where R1's bottleneck time went in each mode that watched it: medians over the
@@ -476,7 +476,7 @@ fn r1_link_table(doc: &mut String, modes: &[Mode]) {
 }
 
 fn rtt_section(doc: &mut String, r: &crate::rtt::Results) {
-    let p = &r.params;
+    let p = &r.run.params;
     let points = &r.points;
     let _ = writeln!(
         doc,
@@ -548,7 +548,7 @@ fn rtt_section(doc: &mut String, r: &crate::rtt::Results) {
         })
         .collect();
     link_use_table(doc, &reservoir);
-    env_block(doc, &r.command, &r.environment);
+    env_block(doc, &r.run.command, &r.environment);
 }
 
 /// Where the link's time went in each labelled `rsv bench` row that has the bottleneck's

@@ -3,6 +3,7 @@
 //! system; without one the figures are skipped (CSV and JSON still carry every number).
 
 use anyhow::Result;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 use std::path::Path;
@@ -35,6 +36,46 @@ const COLORS: &[RGBColor] = &[
 ];
 
 type Chart<'a, CT> = ChartContext<'a, BitMapBackend<'a>, CT>;
+type Linear<'a> = Chart<'a, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A chart on `$root` (filled white first) titled `$title` (`$caption` points), with
+/// `$x_area` pixels for the x axis's labels and 70 for the y axis's, over `$x` and `$y`.
+/// A macro, not a function: through a function's signature the chart's borrow of the area
+/// would have to outlive the area's backend, which is dropped (and flushed) at the caller's
+/// end; written in place, the borrow checker sees the two apart.
+macro_rules! frame {
+    ($root:expr, $title:expr, $caption:expr, $x_area:expr, $x:expr, $y:expr) => {{
+        $root.fill(&WHITE).map_err(err)?;
+        ChartBuilder::on($root)
+            .caption($title, ("sans-serif", $caption))
+            .margin(15)
+            .x_label_area_size($x_area)
+            .y_label_area_size(70)
+            .build_cartesian_2d($x, $y)
+            .map_err(err)?
+    }};
+}
+
+/// The mesh of a linear chart with both axes described, labels in `label` points and the
+/// descriptions two points larger.
+fn axes(chart: &mut Linear<'_>, x_desc: &str, y_desc: &str, label: u32) -> Result<()> {
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", label))
+        .axis_desc_style(("sans-serif", label + 2))
+        .draw()
+        .map_err(err)
+}
+
+/// The largest of `floor` and one coordinate (`at`) of every point of `series`.
+fn largest(series: &[(String, Vec<(f64, f64)>)], at: fn(&(f64, f64)) -> f64, floor: f64) -> f64 {
+    series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(at))
+        .fold(floor, f64::max)
+}
 
 /// The link's rate as a dashed line from `x.0` to `x.1`, labelled in the legend.
 fn ceiling<CT: CoordTranslate<From = (f64, f64)>>(
@@ -98,14 +139,7 @@ pub fn loss_chart(
         (lo / 2.0, hi * 2.0)
     };
     let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
-        .margin(15)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..link * 1.05)
-        .map_err(err)?;
+    let mut chart = frame!(&root, title, 24, 50, (lo..hi).log_scale(), 0.0..link * 1.05);
     chart
         .configure_mesh()
         .x_desc("random packet loss (%)")
@@ -151,14 +185,7 @@ pub fn bars(path: &Path, title: &str, groups: &[BarGroup]) -> Result<()> {
     let n = groups.len() as f64;
     let top = groups.iter().map(|g| g.total).fold(100.0, f64::max) * 1.12;
     let root = BitMapBackend::new(path, (1300, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..n * width, 0.0..top)
-        .map_err(err)?;
+    let mut chart = frame!(&root, title, 22, 40, 0.0..n * width, 0.0..top);
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -236,32 +263,11 @@ pub fn time_chart(
     if !fonts_ready() {
         return Ok(());
     }
-    let t_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.0))
-        .fold(1.0, f64::max);
-    let y_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.1))
-        .fold(link, f64::max)
-        * 1.08;
+    let t_max = largest(series, |p| p.0, 1.0);
+    let y_max = largest(series, |p| p.1, link) * 1.08;
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..t_max + 1.0, 0.0..y_max)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("throughput (Mbit/s)")
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(err)?;
+    let mut chart = frame!(&root, title, 20, 45, 0.0..t_max + 1.0, 0.0..y_max);
+    axes(&mut chart, "time (s)", "throughput (Mbit/s)", 15)?;
     ceiling(
         &mut chart,
         (0.0, t_max + 1.0),
@@ -300,27 +306,15 @@ pub fn delay_chart(
     if !fonts_ready() {
         return Ok(());
     }
-    let x_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.0))
-        .fold(4.0, f64::max);
+    let x_max = largest(series, |p| p.0, 4.0);
     let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.5..x_max + 0.5, 0.0..link * 1.05)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("delay added each way (ms)")
-        .y_desc("throughput (Mbit/s)")
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(err)?;
+    let mut chart = frame!(&root, title, 22, 50, -0.5..x_max + 0.5, 0.0..link * 1.05);
+    axes(
+        &mut chart,
+        "delay added each way (ms)",
+        "throughput (Mbit/s)",
+        16,
+    )?;
     ceiling(
         &mut chart,
         (-0.5, x_max + 0.5),

@@ -201,9 +201,42 @@ impl Outcome {
     }
 }
 
+/// Fails, naming the first one missing, unless every program in `tools` is on the PATH.
+pub fn require(scenario: &str, tools: &[&str]) -> Result<()> {
+    for t in tools {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            bail!("{scenario} needs {t} (scripts/setup.sh installs it)");
+        }
+    }
+    Ok(())
+}
+
 /// Runs `cmd` to the end or until `timeout`, when it is killed (SIGINT, then SIGKILL).
 pub fn run(cmd: Command, timeout: Duration, scratch: &Path) -> Result<Outcome> {
     Ok(run_many(vec![cmd], timeout, scratch)?.remove(0))
+}
+
+/// Starts `cmd` with no input, its output to `dir/STEM.out` and `dir/STEM.err`; the child
+/// and those two paths.
+pub fn spawn_to_files(
+    cmd: &mut Command,
+    dir: &Path,
+    stem: &str,
+) -> Result<(Child, PathBuf, PathBuf)> {
+    let out = dir.join(format!("{stem}.out"));
+    let err = dir.join(format!("{stem}.err"));
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(File::create(&out)?)
+        .stderr(File::create(&err)?)
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    Ok((child, out, err))
 }
 
 /// Runs the commands at the same time, each to its end or until `timeout`. Output goes
@@ -232,14 +265,7 @@ pub fn run_many(cmds: Vec<Command>, timeout: Duration, scratch: &Path) -> Result
     let mut running = Vec::new();
     for mut cmd in cmds {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let out = scratch.join(format!("run{n}.out"));
-        let err = scratch.join(format!("run{n}.err"));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(File::create(&out)?)
-            .stderr(File::create(&err)?)
-            .spawn()
-            .with_context(|| format!("starting {cmd:?}"))?;
+        let (child, out, err) = spawn_to_files(&mut cmd, scratch, &format!("run{n}"))?;
         running.push(Running {
             child,
             out,

@@ -71,11 +71,7 @@ impl Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
-    #[command(flatten)]
-    pub repeat: crate::cli::Repeat,
+    pub flags: crate::cli::Repeated,
     /// Only these loss rates, in percent (e.g. 1,5).
     #[arg(long, value_delimiter = ',')]
     pub loss: Vec<f64>,
@@ -98,12 +94,12 @@ pub struct Args {
 
 impl Args {
     pub fn params(&self) -> Params {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         p.loss_pct = crate::cli::given_or(&self.loss, p.loss_pct);
         p.seconds = self.seconds.unwrap_or(p.seconds);
         p.congestion = self.congestion.clone();
         p.reservoir_only = self.reservoir_only;
-        p.repeat = self.repeat.repeat;
+        p.repeat = self.flags.repeat.repeat;
         p.rows = self.rows.clone();
         p
     }
@@ -396,10 +392,8 @@ impl Row {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     pub configs: Vec<IscsiConfig>,
     pub peer_tcp: Vec<(String, String)>,
     pub environment: Environment,
@@ -508,10 +502,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let results = Results {
-        scenario: "r0".into(),
-        quick,
-        command,
-        params,
+        run: crate::results::Run::new("r0", quick, command, params),
         configs,
         peer_tcp: linux_default_tcp(),
         environment,
@@ -552,6 +543,11 @@ fn run_point(
         }
         rows.push(row);
     }
+    // qemu-img's copy of an image sized to what CUBIC carried, into the LUN at `url`.
+    let qemu_row = |url: &str, label: &str| {
+        let size = qemu_size(cubic_rate, p);
+        qemu(&a.ns, src, size, url, loss, label, p.seconds, dir)
+    };
     let url = format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", b.addr);
     for cfg in configs(p.congestion.as_deref()) {
         if p.reservoir_only && !cfg.key.starts_with("reservoir") {
@@ -587,17 +583,7 @@ fn run_point(
             rows.push(bench(link, &url, &cfg, rw, loss, p.seconds, dir)?);
         }
         if cfg.key == "reservoir" && !p.reservoir_only && first && p.rows.is_empty() {
-            let size = qemu_size(cubic_rate, p);
-            rows.push(qemu(
-                &a.ns,
-                src,
-                size,
-                &url,
-                loss,
-                "qemu-img → Reservoir",
-                p.seconds,
-                dir,
-            )?);
+            rows.push(qemu_row(&url, "qemu-img → Reservoir")?);
         }
         check_target(&mut target, &mut rows);
     }
@@ -615,17 +601,7 @@ fn run_point(
     ) {
         Ok(tgt) => {
             let url = format!("iscsi://{}:{ISCSI_PORT}/{}/1", b.addr, tgt.iqn);
-            let size = qemu_size(cubic_rate, p);
-            rows.push(qemu(
-                &a.ns,
-                src,
-                size,
-                &url,
-                loss,
-                "qemu-img → tgt",
-                p.seconds,
-                dir,
-            )?);
+            rows.push(qemu_row(&url, "qemu-img → tgt")?);
             drop(tgt);
         }
         Err(e) => rows.push(
@@ -832,7 +808,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
         }
         let title = format!(
             "R0: sequential {dir}s, {} / {} RTT, {} s per point",
-            r.params.rate, r.params.rtt, r.params.seconds
+            r.run.params.rate, r.run.params.rtt, r.run.params.seconds
         );
         crate::plot::loss_chart(&out.join(format!("r0-{dir}.png")), &title, &series, 100.0)
             .with_context(|| format!("plotting r0-{dir}.png"))?;

@@ -42,11 +42,7 @@ pub struct Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
-    #[command(flatten)]
-    pub repeat: crate::cli::Repeat,
+    pub flags: crate::cli::Repeated,
     /// Also run Reservoir's default with this congestion control at both ends (`rsv`:
     /// Reservoir's own, loaded by the target and the initiators).
     #[arg(long, value_name = "NAME")]
@@ -59,9 +55,9 @@ pub struct Args {
 
 impl Args {
     pub fn params(&self) -> Params {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         p.congestion = self.congestion.clone();
-        p.repeat = self.repeat.repeat;
+        p.repeat = self.flags.repeat.repeat;
         p.modes = self.rows.clone();
         p
     }
@@ -101,7 +97,24 @@ pub struct Stream {
     pub error: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug)]
+impl Stream {
+    /// One stream's figures from the host it ran on; when it `failed`, what `o` says.
+    fn new(host: &str, bytes: u64, seconds: f64, failed: bool, o: &proc::Outcome) -> Stream {
+        Stream {
+            host: host.to_owned(),
+            bytes,
+            seconds,
+            mb_per_s: if seconds > 0.0 {
+                bytes as f64 / seconds / 1e6
+            } else {
+                0.0
+            },
+            error: if failed { o.describe() } else { String::new() },
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct Mode {
     pub key: String,
     pub label: String,
@@ -173,10 +186,8 @@ fn summarize(modes: &[Mode]) -> Vec<ModeSummary> {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     pub target_config: String,
     pub environment: Environment,
     /// Every run, each repetition its own mode.
@@ -351,10 +362,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         }
     }
     let results = Results {
-        scenario: "r1".into(),
-        quick,
-        command,
-        params: p,
+        run: crate::results::Run::new("r1", quick, command, p),
         target_config: config,
         environment,
         modes,
@@ -403,21 +411,7 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
     for (i, o) in outs.iter().enumerate() {
         let v: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
         let (bytes, secs) = crate::peers::iperf3_received(&v);
-        streams.push(Stream {
-            host: link.a[i].ns.clone(),
-            bytes,
-            seconds: secs,
-            mb_per_s: if secs > 0.0 {
-                bytes as f64 / secs / 1e6
-            } else {
-                0.0
-            },
-            error: if bytes == 0 {
-                o.describe()
-            } else {
-                String::new()
-            },
-        });
+        streams.push(Stream::new(&link.a[i].ns, bytes, secs, bytes == 0, o));
     }
     drop(servers);
     // iperf3's own seconds, not the wall time with process start-up, for its total.
@@ -430,13 +424,10 @@ fn iperf3_reference(link: &Link, p: &Params, dir: &Path) -> Result<Mode> {
         pacing_bps: None,
         streams,
         wall_seconds: if secs > 0.0 { secs } else { wall },
-        total_mb_per_s: 0.0,
-        link_use_pct: 0.0,
-        wire_use_pct: 0.0,
         queue_drops: drops1 - drops0,
-        jain: 0.0,
         repeat: 1,
-        link: None,
+        // The shares and Jain's index: `finish`'s.
+        ..Default::default()
     };
     let scale = m.wall_seconds / wall;
     Ok(finish(
@@ -519,21 +510,7 @@ fn backups(
             let v: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
             let bytes = v["bytes"].as_u64().unwrap_or(0);
             let secs = v["seconds"].as_f64().unwrap_or(0.0);
-            Stream {
-                host: link.a[i].ns.clone(),
-                bytes,
-                seconds: secs,
-                mb_per_s: if secs > 0.0 {
-                    bytes as f64 / secs / 1e6
-                } else {
-                    0.0
-                },
-                error: if o.ok() && bytes > 0 {
-                    String::new()
-                } else {
-                    o.describe()
-                },
-            }
+            Stream::new(&link.a[i].ns, bytes, secs, !o.ok() || bytes == 0, o)
         })
         .collect();
     let m = Mode {
@@ -544,13 +521,10 @@ fn backups(
         pacing_bps: pacing,
         streams,
         wall_seconds: wall,
-        total_mb_per_s: 0.0,
-        link_use_pct: 0.0,
-        wire_use_pct: 0.0,
         queue_drops: drops1 - drops0,
-        jain: 0.0,
         repeat: 1,
         link: link_use,
+        ..Default::default()
     };
     Ok(finish(m, p.rate_bps, wire1 - wire0))
 }
@@ -595,7 +569,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
         );
     }
     std::fs::write(out.join("r1.csv"), csv)?;
-    let cap_mb = r.params.rate_bps as f64 / 8e6;
+    let cap_mb = r.run.params.rate_bps as f64 / 8e6;
     // Each mode's median repetition (by link use).
     let mut groups: Vec<crate::plot::BarGroup> = r
         .summary
@@ -631,7 +605,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     });
     let title = format!(
         "R1: 4 backups into {} (RTT {}, queue {}); % of the bottleneck",
-        r.params.rate, r.params.rtt, r.params.queue
+        r.run.params.rate, r.run.params.rtt, r.run.params.queue
     );
     crate::plot::bars(&out.join("r1.png"), &title, &groups).context("plotting r1.png")?;
     Ok(())

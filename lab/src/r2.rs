@@ -56,9 +56,7 @@ pub struct Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
+    pub flags: crate::cli::Documented,
     /// Disk servers per site (default 8; --quick 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub disk_servers: Option<u64>,
@@ -90,7 +88,7 @@ const ROWS: [&str; 8] = [
 
 impl Args {
     pub fn params(&self) -> Result<Params> {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
         p.link_seconds = self.seconds.unwrap_or(p.link_seconds);
         if let Some(n) = self.disk_servers {
@@ -175,10 +173,8 @@ pub struct Row {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     /// The bottleneck the rows ran at, bits per second, and how it was chosen.
     pub rate_bps: u64,
     pub calibration: Vec<(u64, f64)>,
@@ -275,29 +271,12 @@ fn link_series(ab: &[Sample], from: f64, to: f64) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
     let mut t = from;
     while t + 1.0 <= to + 1e-9 {
-        if let (Some(a), Some(b)) = (bytes_at(ab, t), bytes_at(ab, t + 1.0)) {
+        if let (Some(a), Some(b)) = (busy::bytes_at(ab, t), busy::bytes_at(ab, t + 1.0)) {
             out.push((t + 0.5 - from, (b - a) * 8.0 / 1e6));
         }
         t += 1.0;
     }
     out
-}
-
-fn bytes_at(samples: &[Sample], at: f64) -> Option<f64> {
-    // Interpolated, as busy.rs does; None outside the samples.
-    let i = samples.partition_point(|s| s.at < at);
-    let after = samples.get(i)?;
-    if i == 0 {
-        return (after.at == at).then_some(after.bytes as f64);
-    }
-    let before = samples[i - 1];
-    let span = after.at - before.at;
-    let share = if span > 0.0 {
-        (at - before.at) / span
-    } else {
-        1.0
-    };
-    Some(before.bytes as f64 + share * (after.bytes as f64 - before.bytes as f64))
 }
 
 /// Fills a row's link figures from the bottleneck's samples over `[start, end]` (Unix).
@@ -325,8 +304,8 @@ fn link_figures(
                 // Without the transfer's own progress: the wire bytes after the point,
                 // scaled by the transfer's payload share of all its wire bytes.
                 None => {
-                    let wire_after =
-                        bytes_at(ab, end).unwrap_or(0.0) - bytes_at(ab, full).unwrap_or(0.0);
+                    let wire_after = busy::bytes_at(ab, end).unwrap_or(0.0)
+                        - busy::bytes_at(ab, full).unwrap_or(0.0);
                     wire_after * row.payload_bytes as f64 / (u.wire_bytes as f64).max(1.0)
                 }
             };
@@ -689,7 +668,7 @@ fn qemu_row(
         streams: 1,
         ..Row::default()
     };
-    let wire = bytes_at(&ab, end).unwrap_or(0.0) - bytes_at(&ab, start).unwrap_or(0.0);
+    let wire = busy::bytes_at(&ab, end).unwrap_or(0.0) - busy::bytes_at(&ab, start).unwrap_or(0.0);
     if out.ok() {
         row.payload_bytes = bytes;
     } else if out.timed_out {
@@ -920,10 +899,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     drop(site_b);
     drop(link);
     let results = Results {
-        scenario: "r2".into(),
-        quick,
-        command,
-        params: p,
+        run: crate::results::Run::new("r2", quick, command, p),
         rate_bps,
         calibration,
         volume_bytes: volume,
@@ -1088,13 +1064,11 @@ pub fn load(out: &Path) -> Result<Results> {
 pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let v = load(results)?;
     let rate = v.rate_bps;
-    let p = &v.params;
+    let p = &v.run.params;
     let n = p.disk_servers;
-    let mut d = crate::doc::head(
+    let mut d = v.run.doc_head(
         "Lab R2: Data Reservoir — striped volumes copied disk server to disk server",
-        "r2",
-        &v.command,
-        v.quick.then_some(""),
+        "",
     );
     d += &format!(
         "- Two sites of {n} disk servers each, plus a file server per site striping over them (1 MiB units); every disk server is its own network namespace host behind the site's bridge; one emulated bottleneck between the sites.\n"

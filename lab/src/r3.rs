@@ -57,9 +57,7 @@ pub struct Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
+    pub flags: crate::cli::Documented,
     /// Seconds per measurement on every path instead of each path's own (8, R0's link 20;
     /// --quick 1).
     #[arg(long)]
@@ -68,7 +66,7 @@ pub struct Args {
 
 impl Args {
     pub fn params(&self) -> Params {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         if let Some(s) = self.seconds {
             for path in &mut p.paths {
                 path.seconds = s;
@@ -178,10 +176,8 @@ pub struct Row {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     pub environment: Environment,
     pub load_before: String,
     pub load_after: String,
@@ -255,16 +251,7 @@ struct Site {
 }
 
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
-    for t in ["tcpdump", "stunnel", "tgtd", "openssl"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            bail!("r3 needs {t} (scripts/setup.sh installs it)");
-        }
-    }
+    proc::require("r3", &["tcpdump", "stunnel", "tgtd", "openssl"])?;
     let environment = crate::env::collect();
     let load_before = crate::env::loadavg();
     // Each namespace defaults to cubic (`r0::linux_default_tcp`), which a namespace may
@@ -310,10 +297,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     }
     let load_after = crate::env::loadavg();
     let results = Results {
-        scenario: "r3".into(),
-        quick,
-        command,
-        params,
+        run: crate::results::Run::new("r3", quick, command, params),
         environment,
         load_before,
         load_after,
@@ -807,14 +791,11 @@ pub fn load(out: &Path) -> Result<Results> {
 pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let v = load(results)?;
     let rows = &v.rows;
-    let p = &v.params;
+    let p = &v.run.params;
     let env = &v.environment;
-    let mut d = crate::doc::head(
-        "Lab R3: what securing the transport costs",
-        "r3",
-        &v.command,
-        v.quick.then_some(""),
-    );
+    let mut d = v
+        .run
+        .doc_head("Lab R3: what securing the transport costs", "");
     d += &format!(
         "- Load (/proc/loadavg) before the run: `{}`; after: `{}`. Both ends, the emulator and whatever else ran on the machine share its {} cores: on loopback the figures are CPU-bound and say how the cores were shared.\n",
         v.load_before, v.load_after, env.nproc

@@ -44,9 +44,7 @@ pub struct Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
+    pub flags: crate::cli::Documented,
     /// Only these delays added each way, in milliseconds (e.g. 0,12,24).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub delay: Vec<u32>,
@@ -60,7 +58,7 @@ pub struct Args {
 
 impl Args {
     pub fn params(&self) -> Result<Params> {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         p.delays_ms = crate::cli::given_or(&self.delay, p.delays_ms);
         if !self.window.is_empty() {
             p.windows = self
@@ -130,10 +128,8 @@ pub struct Start {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     pub environment: Environment,
     pub load_before: String,
     pub rows: Vec<Row>,
@@ -172,16 +168,7 @@ fn smb_conf(dir: &Path, share: &Path) -> String {
 }
 
 pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
-    for t in ["smbd", "smbclient", "mkfs.ext4", "curl"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            bail!("r4 needs {t} (scripts/setup.sh installs it)");
-        }
-    }
+    proc::require("r4", &["smbd", "smbclient", "mkfs.ext4", "curl"])?;
     let environment = crate::env::collect();
     let load_before = crate::env::loadavg();
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
@@ -315,10 +302,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
     smbd.stop();
     drop(link);
     let results = Results {
-        scenario: "r4".into(),
-        quick,
-        command,
-        params,
+        run: crate::results::Run::new("r4", quick, command, params),
         environment,
         load_before,
         rows,
@@ -521,7 +505,7 @@ fn plot(r: &Results, path: &Path) -> Result<()> {
         path,
         "R4: reading a file in 32 KiB calls over 100 Mbit/s",
         &series,
-        r.params.rate_bps as f64 / 1e6,
+        r.run.params.rate_bps as f64 / 1e6,
     )
 }
 
@@ -532,12 +516,10 @@ pub fn load(out: &Path) -> Result<Results> {
 /// docs/lab-r4.md from the results on disk.
 pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     let v = load(results)?;
-    let p = &v.params;
-    let mut d = crate::doc::head(
+    let p = &v.run.params;
+    let mut d = v.run.doc_head(
         "Lab R4: a media server reading home storage over iSCSI and SMB",
-        "r4",
-        &v.command,
-        v.quick.then_some(": one delay, a small file"),
+        ": one delay, a small file",
     );
     d += &format!(
         "- Link: {} through `rsv-lab wan`, delay added each way as listed (RTT twice that); the kernel's TCP defaults but CUBIC.\n",

@@ -4,8 +4,41 @@
 
 use anyhow::{Context, Result};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// What every scenario's results begin with: the scenario, whether it was the quick
+/// variant, the command that ran it and its parameters. Flattened into each `Results`, so
+/// that the JSON keeps these four keys first, as it always had them.
+#[derive(Serialize, Deserialize)]
+pub struct Run<P> {
+    pub scenario: String,
+    pub quick: bool,
+    pub command: String,
+    pub params: P,
+}
+
+impl<P> Run<P> {
+    pub fn new(scenario: &str, quick: bool, command: String, params: P) -> Self {
+        Run {
+            scenario: scenario.into(),
+            quick,
+            command,
+            params,
+        }
+    }
+
+    /// The head of the scenario's own document (`doc::head`); `quick`: what the quick
+    /// variant leaves out, said when this run was one.
+    pub fn doc_head(&self, title: &str, quick: &str) -> String {
+        crate::doc::head(
+            title,
+            &self.scenario,
+            &self.command,
+            self.quick.then_some(quick),
+        )
+    }
+}
 
 /// Writes `results` to `dir/file`, creating `dir`.
 pub fn save<T: Serialize>(dir: &Path, file: &str, results: &T) -> Result<()> {

@@ -33,11 +33,7 @@ pub struct Params {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
-    #[command(flatten)]
-    pub doc: crate::cli::DocFlags,
-    #[command(flatten)]
-    pub repeat: crate::cli::Repeat,
+    pub flags: crate::cli::Repeated,
     /// Only these round-trip times, in milliseconds (e.g. 200,300).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub rtt: Vec<u32>,
@@ -57,11 +53,11 @@ pub struct Args {
 
 impl Args {
     pub fn params(&self) -> Params {
-        let mut p = Params::new(self.common.quick);
+        let mut p = Params::new(self.flags.common.quick);
         p.rtt_ms = crate::cli::given_or(&self.rtt, p.rtt_ms);
         p.seconds = self.seconds.unwrap_or(p.seconds);
         p.congestion = self.congestion.clone();
-        p.repeat = self.repeat.repeat;
+        p.repeat = self.flags.repeat.repeat;
         p.rows = self.rows.clone();
         p
     }
@@ -102,10 +98,8 @@ pub struct Point {
 
 #[derive(Serialize, Deserialize)]
 pub struct Results {
-    pub scenario: String,
-    pub quick: bool,
-    pub command: String,
-    pub params: Params,
+    #[serde(flatten)]
+    pub run: crate::results::Run<Params>,
     pub environment: Environment,
     /// Every run, each repetition its own point.
     pub points: Vec<Point>,
@@ -211,20 +205,23 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
             row.note()
         );
     };
-    let pct = |row: &Row| row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
-    for &rtt in &params.rtt_ms {
-        check_interrupt()?;
-        // The queue stays one BDP (the emulator's default) as the RTT changes.
-        link.set(&["--rtt".into(), format!("{rtt}ms")])?;
-        eprintln!("rtt: {rtt} ms");
-        let row = r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?;
-        let link_pct = pct(&row);
+    // Each row shown, and kept as a point with its share of the link.
+    let record = |points: &mut Vec<Point>, rtt: u32, row: Row| {
+        let link_pct = row.mbit_per_s * 1e6 / params.rate_bps as f64 * 100.0;
         show(&row, link_pct);
         points.push(Point {
             rtt_ms: rtt,
             row,
             link_pct,
         });
+    };
+    for &rtt in &params.rtt_ms {
+        check_interrupt()?;
+        // The queue stays one BDP (the emulator's default) as the RTT changes.
+        link.set(&["--rtt".into(), format!("{rtt}ms")])?;
+        eprintln!("rtt: {rtt} ms");
+        let row = r0::iperf3(&link, 0.0, "bbr", params.seconds, dir)?;
+        record(&mut points, rtt, row);
         for rep in 1..=params.repeat.max(1) {
             if params.repeat > 1 {
                 eprintln!("rtt: {rtt} ms, repetition {rep} of {}", params.repeat);
@@ -243,13 +240,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
                     check_interrupt()?;
                     let mut row = r0::bench(&link, u, c, rw, 0.0, params.seconds, dir)?;
                     row.repeat = rep;
-                    let link_pct = pct(&row);
-                    show(&row, link_pct);
-                    points.push(Point {
-                        rtt_ms: rtt,
-                        row,
-                        link_pct,
-                    });
+                    record(&mut points, rtt, row);
                 }
             }
         }
@@ -291,10 +282,7 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         }
     }
     let results = Results {
-        scenario: "rtt".into(),
-        quick,
-        command,
-        params,
+        run: crate::results::Run::new("rtt", quick, command, params),
         environment,
         points,
         summary,

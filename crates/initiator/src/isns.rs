@@ -449,6 +449,10 @@ async fn exchange_all(s: &mut Conn, msgs: &[Message]) -> io::Result<Vec<Message>
                     .position(|q| m.xid == q.xid && m.function == q.function.response())
                 {
                     got[i] = Some(m);
+                    // All in: what follows in the buffer is not read.
+                    if got.iter().all(Option::is_some) {
+                        break;
+                    }
                 }
             }
             if got.iter().all(Option::is_some) {
@@ -465,27 +469,12 @@ async fn exchange_all(s: &mut Conn, msgs: &[Message]) -> io::Result<Vec<Message>
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
 }
 
+/// Sends `msg` and reads its answer.
 async fn exchange(s: &mut Conn, msg: &Message) -> io::Result<Message> {
-    tokio::time::timeout(TIMEOUT, async {
-        let w = s.wire(msg);
-        s.s.write_all(&w).await?;
-        let mut r = Reassembler::new();
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            while let Some(m) = s.next(&mut r)? {
-                if m.xid == msg.xid && m.function == msg.function.response() {
-                    return Ok(m);
-                }
-            }
-            let n = s.s.read(&mut buf).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            r.push(&buf[..n]);
-        }
-    })
-    .await
-    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer in 10 s"))?
+    exchange_all(s, std::slice::from_ref(msg))
+        .await?
+        .pop()
+        .ok_or_else(|| io::ErrorKind::UnexpectedEof.into())
 }
 
 #[cfg(test)]

@@ -566,15 +566,21 @@ mod tests {
         assert_eq!(runs(5, 0, 8).count(), 0);
     }
 
+    /// `plan_write` of 512-byte blocks as plain values: the middle, and each edge's LBA,
+    /// offset in its block and range of the data.
+    #[allow(clippy::type_complexity)]
+    fn planned(
+        offset: u64,
+        len: u64,
+    ) -> (Option<(u64, Range<usize>)>, Vec<(u64, usize, Range<usize>)>) {
+        let p = plan_write(offset, len, 512);
+        let edges = p.edges.into_iter().map(|e| (e.lba, e.at, e.data)).collect();
+        (p.middle, edges)
+    }
+
     #[test]
     fn aligned_writes_need_no_read() {
-        assert_eq!(
-            plan_write(1024, 2048, 512),
-            WritePlan {
-                middle: Some((2, 0..2048)),
-                edges: vec![]
-            }
-        );
+        assert_eq!(planned(1024, 2048), (Some((2, 0..2048)), vec![]));
     }
 
     #[test]
@@ -582,79 +588,30 @@ mod tests {
         // Bytes 100..1300 of 512-byte blocks: block 0 from byte 100, block 1 whole,
         // block 2 up to byte 276.
         assert_eq!(
-            plan_write(100, 1200, 512),
-            WritePlan {
-                middle: Some((1, 412..924)),
-                edges: vec![
-                    Edge {
-                        lba: 0,
-                        at: 100,
-                        data: 0..412
-                    },
-                    Edge {
-                        lba: 2,
-                        at: 0,
-                        data: 924..1200
-                    },
-                ]
-            }
+            planned(100, 1200),
+            (
+                Some((1, 412..924)),
+                vec![(0, 100, 0..412), (2, 0, 924..1200)]
+            )
         );
         // Head only, and tail only.
         assert_eq!(
-            plan_write(256, 768, 512),
-            WritePlan {
-                middle: Some((1, 256..768)),
-                edges: vec![Edge {
-                    lba: 0,
-                    at: 256,
-                    data: 0..256
-                }]
-            }
+            planned(256, 768),
+            (Some((1, 256..768)), vec![(0, 256, 0..256)])
         );
         assert_eq!(
-            plan_write(512, 700, 512),
-            WritePlan {
-                middle: Some((1, 0..512)),
-                edges: vec![Edge {
-                    lba: 2,
-                    at: 0,
-                    data: 512..700
-                }]
-            }
+            planned(512, 700),
+            (Some((1, 0..512)), vec![(2, 0, 512..700)])
         );
     }
 
     #[test]
     fn writes_inside_blocks_touch_only_those_blocks() {
-        assert_eq!(
-            plan_write(10, 20, 512),
-            WritePlan {
-                middle: None,
-                edges: vec![Edge {
-                    lba: 0,
-                    at: 10,
-                    data: 0..20
-                }]
-            }
-        );
+        assert_eq!(planned(10, 20), (None, vec![(0, 10, 0..20)]));
         // Across one boundary, no whole block between.
         assert_eq!(
-            plan_write(500, 24, 512),
-            WritePlan {
-                middle: None,
-                edges: vec![
-                    Edge {
-                        lba: 0,
-                        at: 500,
-                        data: 0..12
-                    },
-                    Edge {
-                        lba: 1,
-                        at: 0,
-                        data: 12..24
-                    },
-                ]
-            }
+            planned(500, 24),
+            (None, vec![(0, 500, 0..12), (1, 0, 12..24)])
         );
     }
 

@@ -309,6 +309,100 @@ impl<F> OpenFiles<F> {
     }
 }
 
+/// What a volume's thread answers jobs with: one file system of a kind.
+trait FileSystem {
+    /// Before each job (ext4 tells the device what is metadata, a step at a time).
+    fn before_job(&mut self) {}
+    fn list(&mut self) -> io::Result<Vec<Entry>>;
+    /// The size of the regular file at `path`.
+    fn size(&mut self, path: &str) -> io::Result<u64>;
+    /// `len` bytes of `path` from `offset`, fewer only where the file ends.
+    fn read(&mut self, path: &str, offset: u64, len: usize) -> io::Result<Bytes>;
+}
+
+/// Answers the jobs until every handle of the volume is dropped.
+fn serve(mut fs: impl FileSystem, jobs: std_mpsc::Receiver<Job>) {
+    while let Ok(job) = jobs.recv() {
+        fs.before_job();
+        match job {
+            Job::List(reply) => {
+                let _ = reply.send(fs.list());
+            }
+            Job::Stat(path, reply) => {
+                let _ = reply.send(fs.size(&path));
+            }
+            Job::Read {
+                path,
+                offset,
+                len,
+                reply,
+            } => {
+                let _ = reply.send(fs.read(&path, offset, len));
+            }
+        }
+    }
+}
+
+/// `len` bytes through `read`, fewer where it finds the end (a read of 0).
+fn read_up_to(
+    len: usize,
+    mut read: impl FnMut(&mut [u8]) -> io::Result<usize>,
+) -> io::Result<Bytes> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = read(&mut buf[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(Bytes::from(buf))
+}
+
+struct Ext4Volume {
+    fs: ext4_view::Ext4,
+    dev: Rc<RefCell<Box<dyn Device>>>,
+    /// 0: nothing told the device yet, 1: the metadata but the journal, 2: all of it.
+    told: usize,
+    open: OpenFiles<ext4_view::File>,
+}
+
+impl FileSystem for Ext4Volume {
+    fn before_job(&mut self) {
+        if self.told < 2 {
+            self.told = tell_metadata(&self.dev, self.told);
+        }
+    }
+    fn list(&mut self) -> io::Result<Vec<Entry>> {
+        list_ext4(&self.fs)
+    }
+    fn size(&mut self, path: &str) -> io::Result<u64> {
+        let m = self.fs.metadata(path).map_err(ext4_err)?;
+        if m.file_type().is_regular_file() {
+            Ok(m.len())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "not a regular file",
+            ))
+        }
+    }
+    fn read(&mut self, path: &str, offset: u64, len: usize) -> io::Result<Bytes> {
+        let mut f = match self.open.take(path) {
+            Some(f) => f,
+            None => self.fs.open(path).map_err(ext4_err)?,
+        };
+        if f.position() != offset {
+            f.seek_to(offset).map_err(ext4_err)?;
+        }
+        let data = read_up_to(len, |b| f.read_bytes(b).map_err(ext4_err))?;
+        self.open.put(path, f);
+        Ok(data)
+    }
+}
+
 fn serve_ext4(
     dev: Box<dyn Device>,
     jobs: std_mpsc::Receiver<Job>,
@@ -325,63 +419,19 @@ fn serve_ext4(
             return;
         }
     };
-    let mut open = OpenFiles {
+    let open = OpenFiles {
         files: VecDeque::new(),
     };
-    // 0: nothing told the device yet, 1: the metadata but the journal, 2: all of it.
-    let mut told = tell_metadata(&dev, 0);
-    while let Ok(job) = jobs.recv() {
-        if told < 2 {
-            told = tell_metadata(&dev, told);
-        }
-        match job {
-            Job::List(reply) => {
-                let _ = reply.send(list_ext4(&fs));
-            }
-            Job::Stat(path, reply) => {
-                let r = fs.metadata(path.as_str()).map_err(ext4_err).and_then(|m| {
-                    if m.file_type().is_regular_file() {
-                        Ok(m.len())
-                    } else {
-                        Err(io::Error::new(
-                            io::ErrorKind::NotFound,
-                            "not a regular file",
-                        ))
-                    }
-                });
-                let _ = reply.send(r);
-            }
-            Job::Read {
-                path,
-                offset,
-                len,
-                reply,
-            } => {
-                let r = (|| {
-                    let mut f = match open.take(&path) {
-                        Some(f) => f,
-                        None => fs.open(path.as_str()).map_err(ext4_err)?,
-                    };
-                    if f.position() != offset {
-                        f.seek_to(offset).map_err(ext4_err)?;
-                    }
-                    let mut buf = vec![0u8; len];
-                    let mut got = 0;
-                    while got < len {
-                        let n = f.read_bytes(&mut buf[got..]).map_err(ext4_err)?;
-                        if n == 0 {
-                            break;
-                        }
-                        got += n;
-                    }
-                    buf.truncate(got);
-                    open.put(&path, f);
-                    Ok(Bytes::from(buf))
-                })();
-                let _ = reply.send(r);
-            }
-        }
-    }
+    let told = tell_metadata(&dev, 0);
+    serve(
+        Ext4Volume {
+            fs,
+            dev,
+            told,
+            open,
+        },
+        jobs,
+    );
 }
 
 fn list_ext4(fs: &ext4_view::Ext4) -> io::Result<Vec<Entry>> {
@@ -469,6 +519,30 @@ impl Seek for FatDev {
     }
 }
 
+struct FatVolume(fatfs::FileSystem<FatDev>);
+
+/// A FAT path as fatfs takes it: from the root, without the leading `/`.
+fn rel(p: &str) -> &str {
+    p.trim_start_matches('/')
+}
+
+impl FileSystem for FatVolume {
+    fn list(&mut self) -> io::Result<Vec<Entry>> {
+        list_fat(&self.0)
+    }
+    fn size(&mut self, path: &str) -> io::Result<u64> {
+        self.0
+            .root_dir()
+            .open_file(rel(path))
+            .and_then(|mut f| f.seek(SeekFrom::End(0)))
+    }
+    fn read(&mut self, path: &str, offset: u64, len: usize) -> io::Result<Bytes> {
+        let mut f = self.0.root_dir().open_file(rel(path))?;
+        f.seek(SeekFrom::Start(offset))?;
+        read_up_to(len, |b| f.read(b))
+    }
+}
+
 fn serve_fat(
     dev: Box<dyn Device>,
     jobs: std_mpsc::Receiver<Job>,
@@ -484,44 +558,7 @@ fn serve_fat(
             return;
         }
     };
-    let rel = |p: &str| p.trim_start_matches('/').to_owned();
-    while let Ok(job) = jobs.recv() {
-        match job {
-            Job::List(reply) => {
-                let _ = reply.send(list_fat(&fs));
-            }
-            Job::Stat(path, reply) => {
-                let r = fs
-                    .root_dir()
-                    .open_file(&rel(&path))
-                    .and_then(|mut f| f.seek(SeekFrom::End(0)));
-                let _ = reply.send(r);
-            }
-            Job::Read {
-                path,
-                offset,
-                len,
-                reply,
-            } => {
-                let r = (|| {
-                    let mut f = fs.root_dir().open_file(&rel(&path))?;
-                    f.seek(SeekFrom::Start(offset))?;
-                    let mut buf = vec![0u8; len];
-                    let mut got = 0;
-                    while got < len {
-                        let n = f.read(&mut buf[got..])?;
-                        if n == 0 {
-                            break;
-                        }
-                        got += n;
-                    }
-                    buf.truncate(got);
-                    Ok(Bytes::from(buf))
-                })();
-                let _ = reply.send(r);
-            }
-        }
-    }
+    serve(FatVolume(fs), jobs);
 }
 
 fn list_fat<T: fatfs::ReadWriteSeek>(fs: &fatfs::FileSystem<T>) -> io::Result<Vec<Entry>> {

@@ -546,39 +546,30 @@ trait Handshaking: Sized {
     fn into_kernel(self) -> Result<(ExtractedSecrets, KernelSide), rustls::Error>;
 }
 
-impl Handshaking for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn common(&self) -> &rustls::CommonState {
-        self
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelSide), rustls::Error> {
-        let (s, k) = self.dangerous_into_kernel_connection()?;
-        Ok((s, KernelSide::Client(k)))
-    }
+/// `Handshaking` for rustls's unbuffered connection of one side: `$data` its connection
+/// data, `$side` the `KernelSide` its secrets go to.
+macro_rules! handshaking {
+    ($conn:ty, $data:ty, $side:ident) => {
+        impl Handshaking for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                incoming: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn common(&self) -> &rustls::CommonState {
+                self
+            }
+            fn into_kernel(self) -> Result<(ExtractedSecrets, KernelSide), rustls::Error> {
+                let (s, k) = self.dangerous_into_kernel_connection()?;
+                Ok((s, KernelSide::$side(k)))
+            }
+        }
+    };
 }
-
-impl Handshaking for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn common(&self) -> &rustls::CommonState {
-        self
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, KernelSide), rustls::Error> {
-        let (s, k) = self.dangerous_into_kernel_connection()?;
-        Ok((s, KernelSide::Server(k)))
-    }
-}
+handshaking!(UnbufferedClientConnection, ClientConnectionData, Client);
+handshaking!(UnbufferedServerConnection, ServerConnectionData, Server);
 
 /// Encodes a handshake flight's record onto `out`.
 fn encode<D>(enc: &mut EncodeTlsData<'_, D>, out: &mut Vec<u8>) -> io::Result<()> {

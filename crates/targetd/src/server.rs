@@ -593,26 +593,40 @@ mod tests {
         }
     }
 
-    fn lun_config(dir: &std::path::Path, store: &str) -> Config {
+    /// A configuration on a kernel-chosen loopback port: `data_dir` when given, then `body`
+    /// (targets and LUNs, as `target` and `lun` write them).
+    fn test_config(data_dir: Option<&std::path::Path>, body: &str) -> Config {
+        let dir = data_dir.map_or(String::new(), |d| {
+            format!("data_dir = \"{}\"\n", d.display())
+        });
         Config::parse(
-            &format!(
-                r#"
-portals = ["127.0.0.1:0"]
-data_dir = "{}"
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:specs"
-[[target.lun]]
-id = 0
-store = "{store}"
-[[target.lun]]
-id = 1
-store = "ram:?size=1MiB"
-"#,
-                dir.display()
-            ),
-            "specs.toml",
+            &format!("portals = [\"127.0.0.1:0\"]\n{dir}{body}"),
+            "test.toml",
         )
         .unwrap()
+    }
+
+    /// A `[[target]]` table named `iqn.2026-11.org.reservoir:NAME`.
+    fn target(name: &str) -> String {
+        format!("[[target]]\niqn = \"iqn.2026-11.org.reservoir:{name}\"\n")
+    }
+
+    /// A `[[target.lun]]` table: `id` on `store`.
+    fn lun(id: u16, store: &str) -> String {
+        format!("[[target.lun]]\nid = {id}\nstore = \"{store}\"\n")
+    }
+
+    /// Why `Server::bind` refused `config`, with its causes.
+    async fn bind_error(config: Config, stores: &Registry) -> String {
+        match Server::bind(config, stores).await {
+            Ok(_) => panic!("the configuration was taken"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    fn lun_config(dir: &std::path::Path, store: &str) -> Config {
+        let luns = lun(0, store) + &lun(1, "ram:?size=1MiB");
+        test_config(Some(dir), &(target("specs") + &luns))
     }
 
     #[tokio::test]
@@ -642,9 +656,7 @@ store = "ram:?size=1MiB"
         );
         assert_eq!(t.luns[&1].config().pr_file, None);
 
-        let odd = lun_config(dir.path(), "ram:?size=1000");
-        let e = Server::bind(odd, &stores).await.err().expect("an odd size");
-        let e = format!("{e:#}");
+        let e = bind_error(lun_config(dir.path(), "ram:?size=1000"), &stores).await;
         assert!(
             e.contains("LUN 0") && e.contains("not a positive multiple of the block size 512"),
             "{e}"
@@ -653,16 +665,8 @@ store = "ram:?size=1MiB"
 
     #[tokio::test]
     async fn a_reload_keeps_unchanged_luns_and_applies_whole_or_not_at_all() {
-        let config = |luns: &str| {
-            Config::parse(
-                &format!(
-                    "portals = [\"127.0.0.1:0\"]\n[[target]]\niqn = \"iqn.2026-11.org.reservoir:r\"\n\
-                     [[target.lun]]\nid = 0\nstore = \"ram:?size=1MiB\"\n{luns}"
-                ),
-                "r.toml",
-            )
-            .unwrap()
-        };
+        let config =
+            |luns: &str| test_config(None, &(target("r") + &lun(0, "ram:?size=1MiB") + luns));
         let stores = Registry::with_builtins();
         let server = Server::bind(config(""), &stores).await.unwrap();
         let reloader = server.reloader();
@@ -690,15 +694,7 @@ store = "ram:?size=1MiB"
     }
 
     fn tracked_config(dir: &std::path::Path, luns: &str) -> Config {
-        Config::parse(
-            &format!(
-                "portals = [\"127.0.0.1:0\"]\ndata_dir = \"{}\"\n[[target]]\n\
-                 iqn = \"iqn.2026-11.org.reservoir:track\"\n{luns}",
-                dir.display()
-            ),
-            "track.toml",
-        )
-        .unwrap()
+        test_config(Some(dir), &(target("track") + luns))
     }
 
     #[tokio::test]
@@ -747,32 +743,17 @@ store = "ram:?size=1MiB"
         assert_eq!(dirty, [2, 6]);
         drop(server);
 
-        let e = Server::bind(
-            tracked_config(
-                dir.path(),
-                "[[target.lun]]\nid = 5\nstore = \"ram:?size=1MiB\"\ntrack = true\n",
-            ),
-            &Registry::with_builtins(),
-        )
-        .await
-        .err()
-        .expect("a ram store has no place for the map");
-        let e = format!("{e:#}");
+        // A ram store has no place for the map.
+        let ram = lun(5, "ram:?size=1MiB") + "track = true\n";
+        let e = bind_error(tracked_config(dir.path(), &ram), &Registry::with_builtins()).await;
         assert!(e.contains("LUN 5") && e.contains("track_file"), "{e}");
 
-        let e = Server::bind(
-            tracked_config(
-                dir.path(),
-                "[[target.lun]]\nid = 0\nstore = \"file:a.img\"\ntrack = true\n\
-                 [[target.lun]]\nid = 6\nstore = \"ram:?size=8MiB\"\ntrack = true\n\
-                 track_file = \"a.img.changes\"\n",
-            ),
-            &Registry::with_builtins(),
-        )
-        .await
-        .err()
-        .expect("one map for two LUNs");
-        let e = format!("{e:#}");
+        // One map for two LUNs.
+        let two = lun(0, "file:a.img")
+            + "track = true\n"
+            + &lun(6, "ram:?size=8MiB")
+            + "track = true\ntrack_file = \"a.img.changes\"\n";
+        let e = bind_error(tracked_config(dir.path(), &two), &Registry::with_builtins()).await;
         assert!(e.contains("LUN 6") && e.contains("another LUN's"), "{e}");
     }
 
@@ -802,29 +783,9 @@ store = "ram:?size=1MiB"
 
     #[tokio::test]
     async fn extended_copy_reaches_the_other_luns_of_the_target() {
-        let config = Config::parse(
-            r#"
-portals = ["127.0.0.1:0"]
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:copy"
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "1MiB"
-[[target.lun]]
-id = 3
-backstore = "ram"
-size = "1MiB"
-[[target]]
-iqn = "iqn.2026-11.org.reservoir:elsewhere"
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "1MiB"
-"#,
-            "copy.toml",
-        )
-        .unwrap();
+        let ram = "ram:?size=1MiB";
+        let copy = target("copy") + &lun(0, ram) + &lun(3, ram);
+        let config = test_config(None, &(copy + &target("elsewhere") + &lun(0, ram)));
         let server = Server::bind(config, &Registry::with_builtins())
             .await
             .unwrap();

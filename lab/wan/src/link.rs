@@ -361,14 +361,7 @@ pub fn up(opts: &UpOptions, relay: Command) -> Result<LinkInfo> {
         );
     }
     down(&opts.name)?;
-    let none = DirParams {
-        rate_bps: 0,
-        delay_ns: 0,
-        jitter_ns: 0,
-        loss: LossModel::NONE,
-        queue_bytes: 0,
-        queue_auto: true,
-    };
+    let none = DirParams::NONE;
     std::fs::create_dir_all(state_dir(&opts.name))?;
     let mut cfg = LinkConfig {
         name: opts.name.clone(),
@@ -581,14 +574,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> LinkConfig {
-        let none = DirParams {
-            rate_bps: 0,
-            delay_ns: 0,
-            jitter_ns: 0,
-            loss: LossModel::NONE,
-            queue_bytes: 0,
-            queue_auto: true,
-        };
+        let none = DirParams::NONE;
         LinkConfig {
             name: "lab".into(),
             subnet: [201, 7],

@@ -89,6 +89,16 @@ pub struct DirParams {
 }
 
 impl DirParams {
+    /// No shaping: no rate limit (so no queue), no delay, jitter or loss.
+    pub const NONE: DirParams = DirParams {
+        rate_bps: 0,
+        delay_ns: 0,
+        jitter_ns: 0,
+        loss: LossModel::NONE,
+        queue_bytes: 0,
+        queue_auto: true,
+    };
+
     /// Serialization time of `bytes` at this rate, in ns.
     pub fn serialization_ns(&self, bytes: u64) -> u64 {
         if self.rate_bps == 0 {
@@ -155,22 +165,22 @@ impl Loss {
 
     /// Whether the next packet is lost.
     pub fn lose(&mut self, rng: &mut Rng) -> bool {
-        match self.model {
-            LossModel::Bernoulli { p } => rng.chance(p),
-            LossModel::GilbertElliott {
-                p_gb,
-                p_bg,
-                loss_g,
-                loss_b,
-            } => {
-                self.bad = if self.bad {
-                    !rng.chance(p_bg)
-                } else {
-                    rng.chance(p_gb)
-                };
-                rng.chance(if self.bad { loss_b } else { loss_g })
-            }
-        }
+        let LossModel::GilbertElliott {
+            p_gb,
+            p_bg,
+            loss_g,
+            loss_b,
+        } = self.model
+        else {
+            // Bernoulli: its mean is its one probability.
+            return rng.chance(self.model.mean_loss());
+        };
+        self.bad = if self.bad {
+            !rng.chance(p_bg)
+        } else {
+            rng.chance(p_gb)
+        };
+        rng.chance(if self.bad { loss_b } else { loss_g })
     }
 }
 

@@ -513,6 +513,16 @@ mod tests {
     use super::*;
     use scsi::Sense;
 
+    /// The PDUs answering `cmd` with `resp`, segments of 8 KiB, bursts of 1 MiB.
+    fn respond(
+        cmd: &ScsiCommand,
+        resp: scsi::Response,
+        spdtl_out: Option<u32>,
+        r2t_count: u32,
+    ) -> Vec<Pdu> {
+        build_response(cmd, resp, spdtl_out, r2t_count, 8192, 1 << 20)
+    }
+
     fn read_cmd(edtl: u32) -> ScsiCommand {
         ScsiCommand {
             read: true,
@@ -557,37 +567,21 @@ mod tests {
     #[test]
     fn read_residuals() {
         // Less data than expected: underflow.
-        let pdus = build_response(
+        let pdus = respond(
             &read_cmd(10_000),
             scsi::Response::good(vec![0; 512]),
             None,
             0,
-            8192,
-            1 << 20,
         );
         let Pdu::DataIn(d) = &pdus[0] else { panic!() };
         assert!(d.underflow && d.residual_count == 10_000 - 512);
         // More than expected: only EDTL bytes go out, overflow.
-        let pdus = build_response(
-            &read_cmd(200),
-            scsi::Response::good(vec![0; 512]),
-            None,
-            0,
-            8192,
-            1 << 20,
-        );
+        let pdus = respond(&read_cmd(200), scsi::Response::good(vec![0; 512]), None, 0);
         let Pdu::DataIn(d) = &pdus[0] else { panic!() };
         assert_eq!(d.data.len(), 200);
         assert!(d.overflow && d.residual_count == 312);
         // EDTL 0: no Data-In at all, a SCSI Response with overflow.
-        let pdus = build_response(
-            &read_cmd(0),
-            scsi::Response::good(vec![0; 512]),
-            None,
-            0,
-            8192,
-            1 << 20,
-        );
+        let pdus = respond(&read_cmd(0), scsi::Response::good(vec![0; 512]), None, 0);
         assert_eq!(pdus.len(), 1);
         let Pdu::ScsiResponse(r) = &pdus[0] else {
             panic!()
@@ -598,13 +592,11 @@ mod tests {
     #[test]
     fn check_condition_goes_in_a_scsi_response_with_sense() {
         let sense = Sense::invalid_field_in_cdb(2, None);
-        let pdus = build_response(
+        let pdus = respond(
             &read_cmd(512),
             scsi::Response::check_condition(&sense),
             None,
             0,
-            8192,
-            1 << 20,
         );
         assert_eq!(pdus.len(), 1);
         let Pdu::ScsiResponse(r) = &pdus[0] else {
@@ -622,26 +614,12 @@ mod tests {
             edtl: 1024,
             ..Default::default()
         };
-        let pdus = build_response(
-            &cmd,
-            scsi::Response::good(vec![]),
-            Some(512),
-            1,
-            8192,
-            1 << 20,
-        );
+        let pdus = respond(&cmd, scsi::Response::good(vec![]), Some(512), 1);
         let Pdu::ScsiResponse(r) = &pdus[0] else {
             panic!()
         };
         assert!(r.underflow && r.residual_count == 512 && r.expdatasn == 1);
-        let pdus = build_response(
-            &cmd,
-            scsi::Response::good(vec![]),
-            Some(4096),
-            1,
-            8192,
-            1 << 20,
-        );
+        let pdus = respond(&cmd, scsi::Response::good(vec![]), Some(4096), 1);
         let Pdu::ScsiResponse(r) = &pdus[0] else {
             panic!()
         };

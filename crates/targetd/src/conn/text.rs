@@ -21,6 +21,15 @@ use crate::node::TargetNode;
 use crate::wire::Out;
 
 impl Conn {
+    /// A text request that cannot be read: a protocol error, answered with a Reject.
+    fn refuse_text(&self, t: TextRequest, e: impl std::fmt::Display) {
+        peer_log!(warn, "connection {}: text request: {e}", self.cid);
+        self.reject(
+            reject_reason::PROTOCOL_ERROR,
+            &header_of(&Pdu::TextRequest(t)),
+        );
+    }
+
     pub(super) fn on_text(&mut self, t: TextRequest) {
         let max = self.params.max_send_data_segment_length as usize;
         if t.ttt != RESERVED_TAG {
@@ -64,25 +73,11 @@ impl Conn {
                 });
                 return;
             }
-            Err(e) => {
-                peer_log!(warn, "connection {}: text request: {e}", self.cid);
-                self.reject(
-                    reject_reason::PROTOCOL_ERROR,
-                    &header_of(&Pdu::TextRequest(t)),
-                );
-                return;
-            }
+            Err(e) => return self.refuse_text(t, e),
         };
         let keys = match TextKeys::parse(&whole) {
             Ok(k) => k,
-            Err(e) => {
-                peer_log!(warn, "connection {}: text request: {e}", self.cid);
-                self.reject(
-                    reject_reason::PROTOCOL_ERROR,
-                    &header_of(&Pdu::TextRequest(t)),
-                );
-                return;
-            }
+            Err(e) => return self.refuse_text(t, e),
         };
         let mut answer = TextKeys::new();
         for (k, v) in keys.iter() {
