@@ -9,37 +9,6 @@ use scsi::{LogicalUnit, LuConfig, Nexus};
 
 use support::*;
 
-/// A store whose reads fail: a medium the default self-test must find broken.
-#[derive(Debug)]
-struct FailingReads(RamBackstore);
-
-impl Backstore for FailingReads {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
-        Err(std::io::Error::other("the medium fails"))
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.0.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.0.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.0.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
-        self.0.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        true
-    }
-}
-
 #[test]
 fn send_diagnostic_runs_the_default_self_test() {
     let lu = lu();
@@ -82,7 +51,10 @@ fn send_diagnostic_runs_the_default_self_test() {
     good(&exec_on(&lu, other, &[0x17, 0, 0, 0, 0, 0], &[]));
 
     // A medium whose reads fail fails the self-test.
-    let store: Arc<dyn Backstore> = Arc::new(FailingReads(RamBackstore::new(BLOCKS * BS as u64)));
+    let store: Arc<dyn Backstore> = Arc::new(ReadsThrough {
+        ram: RamBackstore::new(BLOCKS * BS as u64),
+        read: |_, _, _| Err(std::io::Error::other("the medium fails")),
+    });
     let broken = LogicalUnit::new(LuConfig::default(), store);
     exec(&broken, &[0x00, 0, 0, 0, 0, 0], &[]);
     assert_sense(&exec(&broken, &self_test, &[]), 0x04, 0x3e, 0x03);

@@ -254,41 +254,15 @@ fn compare_and_write() {
     assert_invalid_cdb(&exec(&limited, &caw(0, 5), &fill(0, 10)), 13);
 }
 
-/// A store whose reads take a while, so that a compare and the write after it are far apart.
-#[derive(Debug)]
-struct SlowReads(RamBackstore);
-
-impl Backstore for SlowReads {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.0.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.0.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.0.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
-        self.0.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        true
-    }
-}
-
 #[test]
 fn compare_and_write_is_atomic() {
-    let store: Arc<dyn Backstore> = Arc::new(SlowReads(RamBackstore::new(BLOCKS * BS as u64)));
+    let store: Arc<dyn Backstore> = Arc::new(ReadsThrough {
+        ram: RamBackstore::new(BLOCKS * BS as u64),
+        read: |ram, buf, offset| {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            ram.read_at(buf, offset)
+        },
+    });
     let lu = Arc::new(LogicalUnit::new(LuConfig::default(), store));
     exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
     good(&exec(&lu, &write10(0, 1), &fill(0, 1)));

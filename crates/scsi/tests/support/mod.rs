@@ -170,3 +170,38 @@ pub fn unmap_cdb(len: usize) -> Vec<u8> {
     c[7..9].copy_from_slice(&(len as u16).to_be_bytes());
     c
 }
+
+/// A RAM store whose reads go through `read` (to slow them down, or to fail them); the
+/// rest is the RAM store's.
+#[derive(Debug)]
+pub struct ReadsThrough {
+    pub ram: RamBackstore,
+    pub read: fn(&RamBackstore, &mut [u8], u64) -> std::io::Result<()>,
+}
+
+impl Backstore for ReadsThrough {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        (self.read)(&self.ram, buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.ram.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.ram.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
