@@ -4,17 +4,16 @@
 //! set (every opcode and service action REPORT SUPPORTED OPERATION CODES lists, with no
 //! data, reading and writing) against LUN 1, against the hidden LUN 0 and against a LUN
 //! that does not exist, then EXTENDED COPY and persistent reservations crafted to reach
-//! LUN 0 (`common::walk`). It reads none of LUN 0's bytes, changes neither them nor its
+//! LUN 0 (`testkit::walk`). It reads none of LUN 0's bytes, changes neither them nor its
 //! reservations, and learns nothing of it that a LUN that does not exist would not
 //! answer. On a file LUN and a stripe LUN, through raw PDUs, Reservoir's initiator and
 //! libiscsi; tests/rbd.rs runs the same walk on an RBD LUN. A reload that stops admitting
 //! an initiator closes its session rather than widening its view, and takes a LUN it
 //! removes from the sync agent too. Credentials in store
 //! specs and CHAP secrets are neither printed by `--check` nor logged.
-mod common;
 
-use common::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
-use common::{have, Target};
+use testkit::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
+use testkit::{have, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:masked";
 
@@ -206,7 +205,7 @@ store = "stripe:?unit=64KiB&members=[file:a.img?size=4MiB,iscsi://walker%25{s1}@
     let path = dir.path().join("target.toml");
     std::fs::write(&path, config).unwrap();
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(common::rsv())
+        let out = std::process::Command::new(testkit::rsv())
             .args(["target", "--listen", "127.0.0.1:0", "--config"])
             .arg(&path)
             .args(extra)

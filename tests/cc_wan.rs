@@ -5,17 +5,15 @@
 //! and the path's rate it remembers (`net::paths`) sizes and starts the next copy. Needs
 //! root; elsewhere it prints SKIP. Never asserts a speed.
 
-mod common;
-
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{rsv, rsv_lab};
+use testkit::{random_file, rsv_in, rsv_lab, run_json, wait_for};
 
 const LINK: &str = "cc-t";
 
@@ -36,19 +34,6 @@ impl Drop for Lab {
             .args(["wan", "down", "--name", LINK])
             .output();
     }
-}
-
-fn rsv_in(ns: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(rsv());
-    c
-}
-
-fn run_json(cmd: &mut Command) -> serde_json::Value {
-    let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 /// Runs `f` on a thread that has joined network namespace `ns` (setns moves only the
@@ -201,25 +186,12 @@ fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
             .unwrap(),
     );
     let url = format!("iscsi://{addr}/iqn.2026-11.org.reservoir:target0/0");
-    let ready = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_for("the target answering", Duration::from_secs(10), || {
         let o = rsv_in(&ns_a).args(["inq", &url]).output().unwrap();
-        if o.status.success() {
-            break;
-        }
-        assert!(Instant::now() < ready, "the target never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        o.status.success().then_some(())
+    });
     let src = dir.path().join("src.img");
-    let mut bytes = vec![0u8; 24 << 20];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(&src, &bytes).unwrap();
+    random_file(&src, 24 << 20, 0x9e37_79b9_7f4a_7c15);
     let paths = dir.path().join("paths");
     let summary = run_json(
         rsv_in(&ns_a)

@@ -14,18 +14,12 @@
 //! not independent: iscsi-test-cu keeps its PDU hooks in globals, and after a first pass
 //! through Sanitize.BlockEraseReserved the hook calls itself forever (see
 //! `scripts/conformance-vs-tgt.sh`, which runs the families separately).
-mod common;
-// tgtd on a port of its own, configured through tgtadm (shared with the tools crate's tests).
-#[path = "../crates/tools/tests/common/mod.rs"]
-mod peers;
-
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{have, rsv};
+use testkit::{have, libiscsi_suite, Spawn, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:conformance";
 const INITIATOR_1: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test";
@@ -53,7 +47,7 @@ const LBPPB_TESTS: &[&str] = &[
 fn run_each(tests: &[&str], url: &str, log: &Path) -> Tally {
     let mut out = String::new();
     for t in tests {
-        out += &suite(&["-d", "-S", "-t", t, url], Duration::from_secs(300), log);
+        out += &libiscsi_suite(&["-d", "-S", "-t", t, url], Duration::from_secs(300), log);
     }
     Tally::parse(&out)
 }
@@ -206,57 +200,8 @@ fn all_but_not_run(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// Runs iscsi-test-cu, killing it if it outlives `limit`.
-fn suite(args: &[&str], limit: Duration, log: &Path) -> String {
-    let mut child = Command::new("iscsi-test-cu")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting iscsi-test-cu");
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stdout.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    });
-    let deadline = Instant::now() + limit;
-    let timed_out = loop {
-        if child.try_wait().unwrap().is_some() {
-            break false;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let out = reader.join().unwrap();
-    std::fs::write(log, &out).unwrap();
-    assert!(
-        !timed_out,
-        "iscsi-test-cu {args:?} ran longer than {limit:?}; output in {}:\n{}",
-        log.display(),
-        &out[out.len().saturating_sub(3000)..]
-    );
-    out
-}
-
-struct Reservoir {
-    child: Child,
-    portals: Vec<String>,
-}
-
-impl Drop for Reservoir {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `rsv target` on two OS-chosen loopback ports; `session` goes into its `[session]`.
-fn start_reservoir(dir: &Path, session: &str) -> Reservoir {
+fn start_reservoir(dir: &Path, session: &str) -> Target {
     start_reservoir_with(dir, session, LUNS)
 }
 
@@ -296,7 +241,7 @@ removable = true
 
 /// `rsv target` with `luns` (TOML `[[target.lun]]` tables) under the suite's IQN, which
 /// admits the suite's two initiator names.
-fn start_reservoir_with(dir: &Path, session: &str, luns: &str) -> Reservoir {
+fn start_reservoir_with(dir: &Path, session: &str, luns: &str) -> Target {
     let config = format!(
         r#"
 [session]
@@ -307,49 +252,15 @@ iqn = "{IQN}"
 allowed_initiators = ["{INITIATOR_1}", "{INITIATOR_2}"]
 {luns}"#
     );
-    let cfg = dir.join("target.toml");
-    std::fs::write(&cfg, config).unwrap();
-    let mut child = Command::new(rsv())
-        .args([
-            "target",
-            "--listen",
-            "127.0.0.1:0",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&cfg)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.join("target.log")).unwrap(),
-        ))
-        .spawn()
-        .expect("starting rsv target");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut portals = Vec::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!(
-                "rsv target exited before ready:\n{}",
-                std::fs::read_to_string(dir.join("target.log")).unwrap_or_default()
-            );
-        }
-        match line.trim() {
-            "ready" => break,
-            l => {
-                if let Some(p) = l.strip_prefix("portal ") {
-                    portals.push(p.to_owned());
-                }
-            }
-        }
-    }
-    assert_eq!(portals.len(), 2, "two portals");
-    Reservoir { child, portals }
+    let data = dir.join("data");
+    let target = Target::spawn(Spawn {
+        config: Some(&config),
+        data: Some(&data),
+        args: &["--listen", "127.0.0.1:0"],
+        ..Spawn::default()
+    });
+    assert_eq!(target.portals.len(), 2, "two portals");
+    target
 }
 
 #[test]
@@ -363,7 +274,7 @@ fn libiscsi_suite_has_no_failures() {
     let (a, b) = (url(&target.portals[0], 0), url(&target.portals[1], 0));
 
     let list = all_but_not_run(dir.path());
-    let out = suite(
+    let out = libiscsi_suite(
         &["-d", "-S", "-t", list.to_str().unwrap(), &a, &b],
         Duration::from_secs(900),
         &dir.path().join("suite-lun0.txt"),
@@ -398,7 +309,7 @@ fn libiscsi_suite_has_no_failures() {
     );
 
     // The whole suite again on the two-level striped LUN.
-    let striped_out = suite(
+    let striped_out = libiscsi_suite(
         &[
             "-d",
             "-S",
@@ -497,9 +408,9 @@ fn the_default_lun_has_no_failures() {
     if !have("iscsi-test-cu") {
         return;
     }
-    let target = common::Target::start(None);
+    let target = Target::start(None);
     let dir = tempfile::tempdir().unwrap();
-    let out = suite(
+    let out = libiscsi_suite(
         &["-d", "-S", "-t", "ALL", &target.url(0)],
         Duration::from_secs(900),
         &dir.path().join("suite-default.txt"),
@@ -534,7 +445,7 @@ fn data_families_with_header_digests() {
     let list = dir.path().join("data-families.txt");
     let families: Vec<String> = DATA_FAMILIES.iter().map(|f| format!("ALL.{f}")).collect();
     std::fs::write(&list, families.join("\n") + "\n").unwrap();
-    let out = suite(
+    let out = libiscsi_suite(
         &["-d", "-S", "-t", list.to_str().unwrap(), &a, &b],
         Duration::from_secs(600),
         &dir.path().join("suite-digests.txt"),
@@ -553,7 +464,7 @@ fn data_families_with_header_digests() {
         "{}",
         lbppb.summary("Reservoir, 8 logical blocks per physical block, header digest CRC32C")
     );
-    let log = std::fs::read_to_string(dir.path().join("target.log")).unwrap();
+    let log = target.log();
     let logins: Vec<&str> = log
         .lines()
         .filter(|l| l.contains(" logged in to "))
@@ -587,12 +498,12 @@ fn a_stripe_over_four_disk_servers_and_tgt_passes_the_suite() {
     if !have("iscsi-test-cu") {
         return;
     }
-    let Some(tgt) = peers::Tgt::start(32 << 20, None) else {
+    let Some(tgt) = testkit::Tgt::start(32 << 20, None) else {
         return;
     };
-    let disks: Vec<common::Target> = (0..4)
+    let disks: Vec<Target> = (0..4)
         .map(|i| {
-            common::Target::start(Some(&format!(
+            Target::start(Some(&format!(
                 "[[target]]\niqn = \"iqn.2026-11.org.reservoir:disk{i}\"\n\
                  [[target.lun]]\nid = 0\nstore = \"file:disk.img?size=32M\"\n"
             )))
@@ -608,7 +519,7 @@ fn a_stripe_over_four_disk_servers_and_tgt_passes_the_suite() {
     let target = start_reservoir_with(dir.path(), "", &luns);
     let url = |portal: &str| format!("iscsi://{portal}/{IQN}/0");
     let list = all_but_not_run(dir.path());
-    let out = suite(
+    let out = libiscsi_suite(
         &[
             "-d",
             "-S",

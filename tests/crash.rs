@@ -2,11 +2,10 @@
 //! README): a file LUN and a stripe over two disk servers lose nothing and show no
 //! phantom across SIGKILLs of the target, the file server and the disk servers; a RAM LUN,
 //! which loses everything at a kill, is caught.
-mod common;
 
 use std::process::Command;
 
-use common::rsv;
+use testkit::rsv;
 
 fn crash(args: &[&str]) -> (bool, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();

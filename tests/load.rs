@@ -1,17 +1,16 @@
 //! `rsv load` in a short run: 16 sessions of two connections each, verified mixed I/O in
 //! regions of their own, against `rsv target`: every session logs in, no error, no
 //! mismatch. (The 256-session, 10-minute run is `scripts/load-256.sh`.)
-mod common;
 
 use std::process::Command;
 
 #[test]
 fn sixteen_sessions_of_verified_io_see_no_error() {
-    let target = common::Target::start(Some(
+    let target = testkit::Target::start(Some(
         "[[target]]\niqn = \"iqn.2026-11.org.reservoir:load\"\n\
          [[target.lun]]\nid = 0\nstore = \"file:lun.img?size=32M\"\n",
     ));
-    let out = Command::new(common::rsv())
+    let out = Command::new(testkit::rsv())
         .args([
             "load",
             &target.url(0),

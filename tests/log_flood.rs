@@ -1,7 +1,6 @@
 //! A flood of peers that break the protocol cannot flood the target's log: lines caused
 //! by peers are capped at 20 a second, and the next line let through says how many were
 //! left out, so that none goes uncounted.
-mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -9,7 +8,7 @@ use std::time::Duration;
 
 #[test]
 fn a_flood_of_bad_connections_is_logged_at_a_capped_rate_and_counted() {
-    let target = common::Target::start(None);
+    let target = testkit::Target::start(None);
     let bad = |n: usize| {
         for _ in 0..n {
             // A SCSI Command before login: the target closes the connection, with a line.

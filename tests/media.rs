@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{have, rsv};
+use testkit::{have, rsv};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:med-home";
 

@@ -3,13 +3,12 @@
 //! refused login exposes, and Debian's Prometheus server, scraping every second while
 //! `rsv bench` runs, computes a byte rate that agrees with the bench's own; each
 //! connection's series last as long as its session.
-mod common;
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{have, rsv, run, run_ok, Target};
+use testkit::{have, rsv, run, run_ok, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:metrics";
 

@@ -6,7 +6,6 @@
 //! configuration and keeping the data; a reinstall; `systemd-analyze verify` of the
 //! installed units. The machine is left as found: the package purged and, when the test
 //! made them, the reservoir user and /var/lib/reservoir removed, even when it fails.
-mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
@@ -14,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::notify::until;
-use common::{have, rsv, run, run_ok};
+use testkit::notify::until;
+use testkit::{have, rsv, run, run_ok};
 
 const PACKAGE: &str = "reservoir";
 const DATA: &str = "/var/lib/reservoir";

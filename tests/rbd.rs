@@ -9,9 +9,8 @@
 //!
 //! Without Ceph (ceph-mon, ceph-osd, rbd) the tests skip with a note, unless CI or
 //! RESERVOIR_TEST_STRICT is set: then they fail (scripts/setup.sh installs Ceph).
-mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backstore::Backstore;
-use common::{have, random_file, rsv, run_ok};
+use testkit::{have, libiscsi_suite, qemu_read, qemu_write, random_file, rsv, run_ok};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:rbd";
 const INITIATOR_1: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test";
@@ -211,38 +210,6 @@ fn lun(id: u16, spec: &str, extra: &str) -> String {
     format!("\n[[target.lun]]\nid = {id}\nstore = \"{spec}\"\n{extra}\n")
 }
 
-/// Runs iscsi-test-cu, killing it if it outlives `limit`; its output.
-fn suite(args: &[&str], limit: Duration, log: &Path) -> String {
-    let mut child = Command::new("iscsi-test-cu")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting iscsi-test-cu");
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stdout.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    });
-    let deadline = Instant::now() + limit;
-    let timed_out = loop {
-        if child.try_wait().unwrap().is_some() {
-            break false;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let out = reader.join().unwrap();
-    std::fs::write(log, &out).unwrap();
-    assert!(!timed_out, "iscsi-test-cu ran longer than {limit:?}");
-    out
-}
-
 /// The names of the tests iscsi-test-cu reports FAILED, and how many ran and were skipped.
 fn failures(out: &str) -> (Vec<String>, usize, usize) {
     let mut suite = String::new();
@@ -296,7 +263,7 @@ fn libiscsi_suite_on_rbd_lun_has_no_failures() {
         true,
     );
     let t = Instant::now();
-    let out = suite(
+    let out = libiscsi_suite(
         &[
             "-d",
             "-S",
@@ -309,7 +276,7 @@ fn libiscsi_suite_on_rbd_lun_has_no_failures() {
         &dir.path().join("suite.txt"),
     );
     let (failed, ran, skipped) = failures(&out);
-    let summary = common::cunit_summary(&out).expect("iscsi-test-cu's run summary");
+    let summary = testkit::cunit_summary(&out).expect("iscsi-test-cu's run summary");
     assert_eq!(
         summary.2 as usize,
         failed.len(),
@@ -353,19 +320,7 @@ fn qemu_img_round_trip() {
     let src = dir.path().join("src.img");
     random_file(&src, 32 << 20, 23);
     let url = target.url(0, 0);
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
+    qemu_write(&src, &url);
     let want = std::fs::read(&src).unwrap();
     let by_rbd_tool = cluster.export("qemu", &dir.path().join("exported.img"));
     assert!(
@@ -374,35 +329,13 @@ fn qemu_img_round_trip() {
     );
     let back = dir.path().join("back.img");
     let rbd_url = format!("rbd:rbd/qemu:conf={}", cluster.conf().display());
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &rbd_url,
-            back.to_str().unwrap(),
-        ],
-    );
+    qemu_read(&rbd_url, &back);
     assert!(
         std::fs::read(&back).unwrap() == want,
         "qemu's rbd driver reads other bytes"
     );
     let back2 = dir.path().join("back2.img");
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &url,
-            back2.to_str().unwrap(),
-        ],
-    );
+    qemu_read(&url, &back2);
     assert!(
         std::fs::read(&back2).unwrap() == want,
         "reading back through the target gives other bytes"
@@ -575,18 +508,7 @@ fn osd_killed_and_restarted_mid_copy_pauses_or_fails_never_corrupts() {
     let image = cluster.export("osd", &dir.path().join("exported.img"));
     assert!(image == want, "the image differs from the copied file");
     let back = dir.path().join("back.img");
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &url,
-            back.to_str().unwrap(),
-        ],
-    );
+    qemu_read(&url, &back);
     assert!(
         std::fs::read(&back).unwrap() == want,
         "reads through the target differ"
@@ -1254,7 +1176,7 @@ fn two_targets_one_image_alua_and_reservations() {
     });
     drop((sa, sb));
 
-    let out = suite(
+    let out = libiscsi_suite(
         &[
             "-d",
             "-S",
@@ -1303,7 +1225,7 @@ fn two_targets_one_image_alua_and_reservations() {
 /// answers as an absent one, and keeps its bytes and reservations.
 #[test]
 fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
-    use common::walk::{walk, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
+    use testkit::walk::{walk, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
     if !have_ceph() || !have("cc") {
         return;
     }
@@ -1317,7 +1239,7 @@ fn masked_initiator_cannot_reach_a_hidden_rbd_lun() {
          [[target.lun]]\nid = 1\nstore = \"file:visible.img?size=8MiB\"\n",
         cluster.spec("hidden")
     );
-    let target = common::Target::start(Some(&config));
+    let target = testkit::Target::start(Some(&config));
     let layout = Layout {
         visible: 1,
         hidden: 0,

@@ -5,12 +5,10 @@
 //! does not parse or open leaves the configuration in force as it was, with a log line
 //! that names the error. The iSNS side is in tests/isns.rs.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::Target;
 use initiator::{DataDir, Error, IscsiUrl, Session, SessionOptions};
+use testkit::Target;
 
 const A: &str = "iqn.2026-11.org.reservoir:reload-a";
 const B: &str = "iqn.2026-11.org.reservoir:reload-b";

@@ -2,13 +2,12 @@
 //! (PID 1 here is not systemd): READY=1 only once a login succeeds, RELOADING=1 (with
 //! MONOTONIC_USEC) then READY=1 around a SIGHUP reload, WATCHDOG=1 at half the watchdog
 //! interval while 64 sessions are served, STOPPING=1 at SIGTERM.
-mod common;
 
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
-use common::notify::{next, until};
-use common::Target;
+use testkit::notify::{next, until};
+use testkit::Target;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:service";
 
@@ -84,11 +83,11 @@ fn packaging() -> std::path::PathBuf {
 /// others are lower).
 #[test]
 fn units_verify_and_are_hardened() {
-    if !common::have("systemd-analyze") {
+    if !testkit::have("systemd-analyze") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let rsv = common::rsv();
+    let rsv = testkit::rsv();
     let mut units: Vec<_> = std::fs::read_dir(packaging().join("systemd"))
         .unwrap()
         .map(|e| e.unwrap().path())

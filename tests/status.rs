@@ -5,16 +5,14 @@
 //! and by its credentials where the mode lets it connect); a stale socket replaced, a
 //! file that is not a socket left alone.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{have, rsv, Target};
 use targetd::status::TargetStatus;
+use testkit::{build_libiscsi_client, have, rsv, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:status";
 const ALPHA: &str = "iqn.2026-11.org.example:alpha";
@@ -279,24 +277,6 @@ fn libiscsi_logs_out_when_asked() {
     assert!(!tsihs(&t).contains(&tsih));
     drop(stdin);
     let _ = child.wait();
-}
-
-fn build_libiscsi_client(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/common/libiscsi_cdb.c");
-    let bin = dir.join("libiscsi_cdb");
-    let out = Command::new("cc")
-        .arg(&src)
-        .arg("-o")
-        .arg(&bin)
-        .arg("-liscsi")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
 }
 
 /// `setpriv` as `nobody`, no groups: the command line run as a user who is not the

@@ -3,20 +3,13 @@
 //! client (which checks the portal's certificate against our CA), and Reservoir's
 //! initiator, with TLS, reaches tgt behind an stunnel server.
 
-mod common;
-
-#[path = "../crates/tools/tests/common/mod.rs"]
-#[allow(unused_imports)]
-mod peers;
-
 use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::*;
 use net::testcerts::{Ca, Files};
+use testkit::*;
 
 /// A foreground stunnel with this configuration; killed on drop.
 struct Stunnel(Child, String);
@@ -36,11 +29,7 @@ impl Stunnel {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting stunnel");
-        let until = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", accept)).is_err() {
-            assert!(Instant::now() < until, "stunnel did not listen on {accept}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_port(&format!("127.0.0.1:{accept}"), Duration::from_secs(10));
         Stunnel(child, log.display().to_string())
     }
 
@@ -122,7 +111,7 @@ fn libiscsi_and_qemu_img_reach_a_tls_portal_through_an_stunnel_client() {
     let ca = Ca::new(dir.path(), "ca");
     let cert = ca.issue(dir.path(), "target", &["127.0.0.1"], false);
     let t = TlsTarget::start(&cert);
-    let local = peers::free_port();
+    let local = testkit::free_port();
     let tunnel = Stunnel::start(
         dir.path(),
         "client",
@@ -153,36 +142,7 @@ fn libiscsi_and_qemu_img_reach_a_tls_portal_through_an_stunnel_client() {
     assert!(ran >= 3, "{text}");
     assert_eq!(failed, 0, "{text}");
     // qemu-img writes an image through the tunnel and reads it back.
-    let src = dir.path().join("src.raw");
-    let back = dir.path().join("back.raw");
-    random_file(&src, 8 << 20, 5);
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src.to_str().unwrap(),
-            &url,
-        ],
-    );
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &url,
-            back.to_str().unwrap(),
-        ],
-    );
-    let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
-    assert!(a[..] == b[..a.len()], "image read back differs");
+    qemu_round_trip(&url, dir.path(), 8 << 20, 5);
     // It was TLS: the target logged the logins as such, none in plain TCP.
     let log = t.log();
     assert!(log.contains("; TLSv1_3 TLS13_"), "{log}");
@@ -195,13 +155,13 @@ fn rsv_with_tls_reaches_tgt_behind_an_stunnel_server() {
     if !have("stunnel") {
         return;
     }
-    let Some(tgt) = peers::Tgt::start(64 << 20, None) else {
+    let Some(tgt) = testkit::Tgt::start(64 << 20, None) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "ca");
     let cert = ca.issue(dir.path(), "tgt", &["127.0.0.1"], false);
-    let front = peers::free_port();
+    let front = testkit::free_port();
     let tunnel = Stunnel::start(
         dir.path(),
         "server",

@@ -3,13 +3,11 @@
 //! (127.0.0.K, as separate hosts would be); the volume is copied disk server to disk
 //! server and read back through the destination's file server.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{random_file, rsv, run, run_ok};
+use testkit::{random_file, rsv, run, run_ok};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:vol";
 

@@ -1,8 +1,7 @@
 //! `rsv target` driven by real initiators: libiscsi's tools and conformance suite, and
 //! qemu-img/qemu-io through their iscsi:// driver.
 
-mod common;
-use common::*;
+use testkit::*;
 
 const RAM_LUNS: &str = r#"
 [[target]]
@@ -52,49 +51,6 @@ fn libiscsi_tools_see_targets_luns_and_capacity() {
     );
 }
 
-fn qemu_round_trip(url: &str, dir: &std::path::Path, len: usize, seed: u64) {
-    let src = dir.join(format!("src-{seed}.raw"));
-    let back = dir.join(format!("back-{seed}.raw"));
-    random_file(&src, len, seed);
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src.to_str().unwrap(),
-            url,
-        ],
-    );
-    run_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            url,
-            back.to_str().unwrap(),
-        ],
-    );
-    let a = std::fs::read(&src).unwrap();
-    let b = std::fs::read(&back).unwrap();
-    assert!(
-        b.len() >= a.len(),
-        "read back {} of {} bytes",
-        b.len(),
-        a.len()
-    );
-    assert!(
-        a == b[..a.len()],
-        "image read back differs from what was written"
-    );
-}
-
 #[test]
 fn qemu_img_convert_onto_a_lun_and_back_is_byte_identical() {
     if !have("qemu-img") {
@@ -134,18 +90,7 @@ fn qemu_img_round_trip_through_a_volume_striped_over_disk_servers() {
     let image = std::fs::read(volume.dir.path().join("src-7.raw")).unwrap();
     for (i, d) in disks.iter().enumerate() {
         let held = d.dir.path().join("held.raw");
-        run_ok(
-            "qemu-img",
-            &[
-                "convert",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &d.url(0),
-                held.to_str().unwrap(),
-            ],
-        );
+        qemu_read(&d.url(0), &held);
         let held = std::fs::read(&held).unwrap();
         let unit = 64 << 10;
         for (k, chunk) in image.chunks(unit).enumerate().filter(|(k, _)| k % 2 == i) {
@@ -411,7 +356,7 @@ header_digest = ["CRC32C"]
 /// self-test with a log page to report in is refused at SELF-TEST CODE.
 #[test]
 fn send_diagnostic_self_test_through_libiscsi() {
-    use common::walk::{Client, Dir, Libiscsi};
+    use testkit::walk::{Client, Dir, Libiscsi};
     if !have("cc") {
         return;
     }

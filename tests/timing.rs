@@ -4,12 +4,10 @@
 //! must find the same PDUs (direction, opcode, ITT, buffer offset, data segment length) in
 //! the same order. Needs root (tcpdump on `lo`), tcpdump and tshark; elsewhere SKIP.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 
 type Pdu = (String, u8, u32, Option<u32>, u32);
 

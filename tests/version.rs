@@ -1,8 +1,6 @@
 //! `rsv version`: what the build is and has, as people and scripts read it.
 
-mod common;
-
-use common::{rsv, run_ok};
+use testkit::{rsv, run_ok};
 
 #[test]
 fn version_names_the_build_and_its_kinds() {

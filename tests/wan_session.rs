@@ -3,13 +3,11 @@
 //! flight, and the copy still arrives whole (`rsv cp --verify`). Needs root; elsewhere it
 //! prints SKIP. Never asserts a speed.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{rsv, rsv_lab};
+use testkit::{random_file, rsv_in, rsv_lab, run_json, wait_for};
 
 /// The link and the target in it, taken down however the test ends.
 struct Lab {
@@ -29,21 +27,6 @@ impl Drop for Lab {
             .args(["wan", "down", "--name", self.name])
             .output();
     }
-}
-
-/// `rsv` in one of the link's namespaces.
-fn rsv_in(ns: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(rsv());
-    c
-}
-
-/// Runs `cmd`, which must succeed, and parses what it printed as JSON.
-fn run_json(cmd: &mut Command) -> serde_json::Value {
-    let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 #[test]
@@ -84,31 +67,18 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
             .unwrap(),
     );
     let url = format!("iscsi://{addr}/iqn.2026-11.org.reservoir:target0/0");
-    let ready = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_for("the target answering", Duration::from_secs(10), || {
         let o = rsv_in(&format!("{}-a", lab.name))
             .args(["inq", &url])
             .output()
             .unwrap();
-        if o.status.success() {
-            break;
-        }
-        assert!(Instant::now() < ready, "the target never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        o.status.success().then_some(())
+    });
 
     // 96 MiB of random data: about 14 s at this rate, then as long to verify; the queue is
     // cut after 8 s of measuring.
     let src = dir.path().join("src.img");
-    let mut bytes = vec![0u8; 96 << 20];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    std::fs::write(&src, &bytes).unwrap();
+    random_file(&src, 96 << 20, 0x9e37_79b9_7f4a_7c15);
     let summary = run_json(
         rsv_in(&format!("{}-a", lab.name))
             .arg("cp")

@@ -3,51 +3,24 @@
 //! with "function authorization failed"; a LU reset of a LUN it does not see answers as
 //! for a LUN that does not exist. An initiator that sees every LUN resets the target.
 
-mod common;
-
-use common::*;
-use iscsi::pdu::*;
+use testkit::raw::*;
 
 const ADMIN: &str = "iqn.2026-11.org.reservoir:tmf-admin";
 const MASKED: &str = "iqn.2026-11.org.reservoir:tmf-masked";
 
 fn target() -> std::net::SocketAddr {
+    let ram = testkit::inproc::ram("1MiB");
     start_toml(&format!(
-        r#"
-[[target]]
-iqn = "{IQN}"
-[[target.initiator]]
-name = "{ADMIN}"
-[[target.initiator]]
-name = "{MASKED}"
-luns = [1]
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "1MiB"
-[[target.lun]]
-id = 1
-backstore = "ram"
-size = "1MiB"
-"#
+        "[[target]]\niqn = \"{IQN}\"\n\
+         [[target.initiator]]\nname = \"{ADMIN}\"\n\
+         [[target.initiator]]\nname = \"{MASKED}\"\nluns = [1]\n\
+         [[target.lun]]\nid = 0\n{ram}\n[[target.lun]]\nid = 1\n{ram}\n"
     ))
 }
 
+/// A task management function about LUN `lun` (no task named); the response code.
 fn tmf(c: &mut Raw, itt: u32, function: u8, lun: u16) -> u8 {
-    c.send(&Pdu::TaskMgmtRequest(TaskMgmtRequest {
-        immediate: true,
-        function: 0x80 | function,
-        lun: lun_to_wire(lun),
-        itt,
-        referenced_task_tag: 0xffff_ffff,
-        cmdsn: c.cmdsn,
-        expstatsn: c.statsn,
-        ..Default::default()
-    }));
-    let Pdu::TaskMgmtResponse(t) = c.recv() else {
-        panic!("expected a task management response")
-    };
-    t.response
+    c.tmf_on(lun, itt, function, 0xffff_ffff, 0, 0)
 }
 
 #[test]

@@ -6,8 +6,6 @@
 //! connection held (file descriptors back to where they were), and the verified session
 //! must see every write read back and no error.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -15,8 +13,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::*;
 use iscsi::pdu::*;
+use testkit::raw::*;
 
 /// A target whose half-open connections go after a second.
 fn target() -> SocketAddr {

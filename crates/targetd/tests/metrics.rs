@@ -2,20 +2,18 @@
 //! refused login under its reason, task management by function and response, and a LUN
 //! a reload removed leaves the exposition.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::*;
 use iscsi::login::{
     InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginResponseView, SessionType,
 };
 use iscsi::negotiate::ConnectionParams;
 use iscsi::pdu::*;
 use targetd::config::Config;
+use testkit::raw::*;
 
 const ADMITTED: &str = "iqn.2026-11.org.reservoir:metrics-admitted";
 
@@ -164,20 +162,7 @@ fn refused_login(addr: SocketAddr, initiator: &str) -> (u8, u8) {
 }
 
 fn tmf(c: &mut Raw, itt: u32, function: u8, referenced: u32) -> u8 {
-    c.send(&Pdu::TaskMgmtRequest(TaskMgmtRequest {
-        immediate: true,
-        function: 0x80 | function,
-        lun: lun_to_wire(0),
-        itt,
-        referenced_task_tag: referenced,
-        cmdsn: c.cmdsn,
-        expstatsn: c.statsn,
-        ..Default::default()
-    }));
-    let Pdu::TaskMgmtResponse(t) = c.recv() else {
-        panic!("expected a task management response")
-    };
-    t.response
+    c.tmf_on(0, itt, function, referenced, 0, 0)
 }
 
 #[test]

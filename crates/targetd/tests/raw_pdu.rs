@@ -2,17 +2,15 @@
 //! ordering across connections, allegiance, R2T and unsolicited data, task management,
 //! and malformed input.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::*;
 use iscsi::framing::{FrameLimits, PduDecoder};
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::*;
+use testkit::raw::*;
 
 #[test]
 fn commands_are_ordered_by_cmdsn_across_connections_and_answered_on_their_own() {
@@ -381,78 +379,6 @@ fn erl(level: u8) -> SessionParams {
     SessionParams {
         error_recovery_level: level,
         ..prefs()
-    }
-}
-
-impl Raw {
-    fn tmf(&mut self, itt: u32, function: u8, task: u32, refcmdsn: u32, expdatasn: u32) -> u8 {
-        let p = Pdu::TaskMgmtRequest(TaskMgmtRequest {
-            immediate: true,
-            function: 0x80 | function,
-            lun: lun_to_wire(0),
-            itt,
-            referenced_task_tag: task,
-            cmdsn: self.cmdsn,
-            expstatsn: self.statsn,
-            refcmdsn,
-            expdatasn,
-        });
-        self.send(&p);
-        let Pdu::TaskMgmtResponse(t) = self.recv() else {
-            panic!("expected a TMF response")
-        };
-        assert_eq!(t.itt, itt);
-        t.response
-    }
-
-    /// Connection 1 of this session died with write `task` (CmdSN `cmdsn`) waiting for
-    /// data: logs it out for recovery from here, reassigns the task here (TASK REASSIGN)
-    /// and returns the R2T the target then sends for the data it lacks.
-    fn reassign_write_of_cid1(&mut self, task: u32, cmdsn: u32) -> R2t {
-        // 0: closed now for recovery; 1: the target had seen it fail and handed it over.
-        let logged_out = self.logout(0x601, 2, 1);
-        assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
-        assert_eq!(self.tmf(0x602, 8, task, cmdsn, 0), 0, "function complete");
-        let Pdu::R2t(again) = self.recv() else {
-            panic!("expected an R2T on the new connection")
-        };
-        again
-    }
-
-    fn logout(&mut self, itt: u32, reason: u8, cid: u16) -> u8 {
-        let p = Pdu::LogoutRequest(LogoutRequest {
-            immediate: true,
-            reason,
-            itt,
-            cid,
-            cmdsn: self.cmdsn,
-            expstatsn: self.statsn,
-        });
-        self.send(&p);
-        let Pdu::LogoutResponse(l) = self.recv() else {
-            panic!("expected a logout response")
-        };
-        assert_eq!(l.itt, itt);
-        l.response
-    }
-
-    fn data_out(&mut self, itt: u32, ttt: u32, datasn: u32, off: usize, data: &[u8], last: bool) {
-        self.send(&Pdu::DataOut(DataOut {
-            final_: last,
-            lun: lun_to_wire(0),
-            itt,
-            ttt,
-            datasn,
-            buffer_offset: off as u32,
-            data: data.to_vec().into(),
-            ..Default::default()
-        }));
-    }
-
-    /// Reads `data.len()` bytes at LBA `lba` and checks them.
-    fn check_read(&mut self, itt: u32, lba: u32, data: &[u8]) {
-        let got = read_at(self, itt, lba, (data.len() / 512) as u16);
-        assert!(got == data, "read back differs");
     }
 }
 

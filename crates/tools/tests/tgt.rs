@@ -1,11 +1,8 @@
 //! The initiator against tgt, a standard target, started by each test.
 
-mod common;
-
-use clap::Parser;
-use common::*;
 use initiator::{Error, IscsiUrl, Session, SessionOptions};
-use tools::cli::{self, CpArgs, SessionFlags};
+use testkit::*;
+use tools::cli::{self, SessionFlags};
 
 const MIB: u64 = 1 << 20;
 
@@ -19,23 +16,6 @@ macro_rules! tgt_or_skip {
             }
         }
     };
-}
-
-#[derive(Parser)]
-struct CpCli {
-    #[command(flatten)]
-    args: CpArgs,
-}
-
-fn cp_args(args: &[&str]) -> CpArgs {
-    CpCli::parse_from(std::iter::once("cp").chain(args.iter().copied())).args
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]
@@ -57,7 +37,7 @@ fn ls_and_inq() {
     assert_eq!(lun1.size_bytes, Some(64 * MIB));
     assert_eq!(lun1.block_size, Some(512));
 
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let url = IscsiUrl::parse(&tgt.url(1)).unwrap();
     let inq = rt
         .block_on(cli::inquire(&url, &SessionFlags::default()))
         .unwrap();
@@ -87,7 +67,7 @@ fn errors_say_what_failed() {
     let e = rt.block_on(Session::connect(&closed, &o)).err().unwrap();
     assert!(matches!(e, Error::Unreachable { .. }), "{e}");
 
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/9", tgt.portal(), tgt.iqn)).unwrap();
+    let url = IscsiUrl::parse(&tgt.url(9)).unwrap();
     let e = rt
         .block_on(cli::inquire(&url, &SessionFlags::default()))
         .err()
@@ -127,7 +107,7 @@ fn chap_one_way_and_mutual() {
     let e = rt.block_on(Session::connect(&wrong, &o)).err().unwrap();
     assert!(matches!(e, Error::Auth { .. }), "{e}");
 
-    let none = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let none = IscsiUrl::parse(&tgt.url(1)).unwrap();
     let e = rt.block_on(Session::connect(&none, &o)).err().unwrap();
     assert!(matches!(e, Error::Auth { .. }), "{e}");
 
@@ -161,8 +141,8 @@ fn cp_image_to_lun_and_back_with_verify() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     let back = dir.path().join("back");
-    random_file(&img, size as usize, 1);
-    let url = format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn);
+    random_file_with_holes(&img, size as usize, 1);
+    let url = tgt.url(1);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -205,7 +185,7 @@ fn cp_survives_a_cut_connection() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     let back = dir.path().join("back");
-    random_file(&img, size as usize, 2);
+    random_file_with_holes(&img, size as usize, 2);
     let url = format!("iscsi://{}/{}/1", proxy.portal, tgt.iqn);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &url])))
@@ -227,7 +207,7 @@ fn cp_survives_a_cut_connection() {
 fn pacing_hint_not_understood_by_tgt_leaves_the_login_intact() {
     let tgt = tgt_or_skip!(8 * MIB, None);
     let rt = rt();
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let url = IscsiUrl::parse(&tgt.url(1)).unwrap();
     let mut o = SessionOptions::default();
     o.set("connections", "2").unwrap();
     o.set("pacing_rate", "80mbit").unwrap();
@@ -255,7 +235,7 @@ fn pacing_hint_not_understood_by_tgt_leaves_the_login_intact() {
 fn rate_control_sends_tgt_no_hints() {
     let tgt = tgt_or_skip!(16 * MIB, None);
     let rt = rt();
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/1", tgt.portal(), tgt.iqn)).unwrap();
+    let url = IscsiUrl::parse(&tgt.url(1)).unwrap();
     let mut o = SessionOptions::default();
     o.set("rate_control", "yes").unwrap();
     let s = rt.block_on(Session::connect(&url, &o)).unwrap();

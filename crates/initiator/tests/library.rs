@@ -1,57 +1,27 @@
 //! The initiator library's `Lun` and copy engine against Reservoir's target started in
 //! this process with a RAM LUN: byte offsets that start and end inside blocks, requests
 //! split at the target's maximum transfer length, UNMAP, zeroes and LBA status, and a
-//! copy resumed from an offset with its progress. (They live here rather than in the
-//! initiator crate because the target crate pulls in clap, which the initiator must not,
-//! not even as a dev-dependency.)
+//! copy resumed from an offset with its progress. (The target is a dev-dependency only:
+//! the initiator's own dependencies stay free of it and of clap.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use initiator::copy::{self, CopyOptions, Endpoint, Phase};
-use initiator::{Error, IscsiUrl, Lun, Provisioning, SessionOptions};
-use rand::{RngCore, SeedableRng};
-use targetd::config::Config;
+use initiator::{Error, Lun, Provisioning, SessionOptions};
+use testkit::{inproc, random_bytes};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:library";
 const MIB: u64 = 1 << 20;
 
-/// A target with LUN 0 in RAM, on a free port, until the handle goes.
-async fn start_target(size: u64) -> targetd::Running {
-    let toml = format!(
-        r#"
-portals = ["127.0.0.1:0"]
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "{size}"
-"#
-    );
-    let config = Config::parse(&toml, "test").unwrap();
-    targetd::Server::bind(config, &backstore::Registry::with_builtins())
-        .await
-        .unwrap()
-        .spawn(Duration::from_secs(1))
-}
-
 /// A LUN of a target started for it; the target runs as long as the handle lives.
 async fn open(size: u64) -> (Lun, targetd::Running) {
-    let target = start_target(size).await;
-    let portal = target.portals()[0];
-    let url = IscsiUrl::parse(&format!("iscsi://{portal}/{IQN}/0")).unwrap();
-    let lun = Lun::open_url(&url, &SessionOptions::default())
+    let target = inproc::spawn(&inproc::one_lun("", IQN, &inproc::ram(&size.to_string()))).await;
+    let lun = Lun::open_url(&inproc::url(&target, IQN, 0), &SessionOptions::default())
         .await
         .unwrap();
     (lun, target)
-}
-
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +45,7 @@ async fn unaligned_and_split_reads_and_writes_match_a_model() {
         (16 * MIB, (8 * MIB) as usize),        // aligned, exactly the maximum or more
     ];
     for (i, &(off, len)) in writes.iter().enumerate() {
-        let data = random(len, i as u64);
+        let data = random_bytes(len, i as u64);
         lun.write_at(off, Bytes::from(data.clone())).await.unwrap();
         model[off as usize..off as usize + len].copy_from_slice(&data);
         let back = lun.read_at(off, len).await.unwrap();
@@ -191,7 +161,7 @@ async fn copy_resumes_from_an_offset_with_progress() {
     let img = dir.path().join("image");
     // Not a whole number of blocks: the last one is zero-filled on the LUN.
     let size = 6 * MIB + 1000;
-    let mut data = random(size as usize, 7);
+    let mut data = random_bytes(size as usize, 7);
     data[(3 * MIB) as usize..(4 * MIB) as usize].fill(0);
     std::fs::write(&img, &data).unwrap();
     let resume = 2 * MIB;

@@ -1,47 +1,18 @@
 //! The initiator against Reservoir's own target (the `rsv` binary), with many connections
 //! per session.
 
-mod common;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use common::*;
 use initiator::{IscsiUrl, Session, SessionOptions};
-use tools::cli::{self, CpArgs, CpSummary, SessionFlags};
+use testkit::*;
+use tools::cli::{self, CpSummary, SessionFlags};
 
 const MIB: u64 = 1 << 20;
 
-macro_rules! rsv_or_skip {
-    () => {
-        match RsvTarget::start(&[]) {
-            Some(t) => t,
-            None => {
-                skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-                return;
-            }
-        }
-    };
-}
-
-#[derive(Parser)]
-struct CpCli {
-    #[command(flatten)]
-    args: CpArgs,
-}
-
-fn cp_args(args: &[&str]) -> CpArgs {
-    CpCli::parse_from(std::iter::once("cp").chain(args.iter().copied())).args
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn ls_and_inq() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     let rt = rt();
     let portal = IscsiUrl::parse(&format!("iscsi://{}/", t.portal)).unwrap();
     let listing = rt
@@ -49,12 +20,12 @@ fn ls_and_inq() {
         .unwrap();
     let target = listing
         .iter()
-        .find(|l| l.target == t.iqn)
+        .find(|l| l.target == t.iqn())
         .expect("our target");
     let lun0 = target.luns.iter().find(|l| l.lun == 0).expect("LUN 0");
     assert_eq!(lun0.device_type, "disk");
     assert!(lun0.size_bytes.unwrap() >= 256 * MIB);
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let url = IscsiUrl::parse(&t.url(0)).unwrap();
     let inq = rt
         .block_on(cli::inquire(&url, &SessionFlags::default()))
         .unwrap();
@@ -65,13 +36,13 @@ fn ls_and_inq() {
 
 #[test]
 fn cp_with_eight_connections_and_verify() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     let size = 128 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     let back = dir.path().join("back");
-    random_file(&img, size as usize, 3);
-    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    random_file_with_holes(&img, size as usize, 3);
+    let url = t.url(0);
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -105,17 +76,14 @@ fn cp_with_eight_connections_and_verify() {
     assert!(same_files(&img, &back));
 }
 
-/// At ErrorRecoveryLevel 0 (asked for here; tgt grants no more) a session of one
-/// connection recovers by reinstatement.
-#[test]
-fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
-    let t = rsv_or_skip!();
-    let size = 64 * MIB;
+/// Copies a random image of 64 MiB (in `dir`, returned) to LUN 0 with `--verify` through
+/// a proxy that cuts the first busy connection after 4 MiB, with `query` on the URL;
+/// checks the one cut and returns the summary.
+fn cp_through_a_cut(t: &Target, dir: &Path, seed: u64, query: &str) -> (CpSummary, PathBuf) {
     let proxy = CuttingProxy::start(t.portal.clone(), 4 * MIB as usize);
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("image");
-    random_file(&img, size as usize, 4);
-    let url = format!("iscsi://{}/{}/0?connections=1&erl=0", proxy.portal, t.iqn);
+    let img = dir.join("image");
+    random_file_with_holes(&img, (64 * MIB) as usize, seed);
+    let url = format!("iscsi://{}/{}/0?{query}", proxy.portal, t.iqn());
     let s = rt()
         .block_on(cli::copy(&cp_args(&[
             img.to_str().unwrap(),
@@ -124,51 +92,13 @@ fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
         ])))
         .unwrap();
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert!(s.reinstatements >= 1, "{s:?}");
-    assert!(s.verified);
-}
-
-/// ERL 0: one of four connections is cut mid-copy: the session goes on over the other
-/// three, the lost commands are issued again there, and the connection comes back with
-/// the same TSIH and CID — no session reinstatement.
-#[test]
-fn cp_with_four_connections_recovers_a_cut_connection_alone() {
-    let t = rsv_or_skip!();
-    let size = 64 * MIB;
-    let proxy = CuttingProxy::start(t.portal.clone(), 4 * MIB as usize);
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("image");
-    let back = dir.path().join("back");
-    random_file(&img, size as usize, 5);
-    let url = format!("iscsi://{}/{}/0?connections=4&erl=0", proxy.portal, t.iqn);
-    let s = rt()
-        .block_on(cli::copy(&cp_args(&[
-            img.to_str().unwrap(),
-            &url,
-            "--verify",
-        ])))
-        .unwrap();
-    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(s.reinstatements, 0, "{s:?}");
-    assert!(s.retries >= 1, "the cut lost no command? {s:?}");
-    assert!(s.verified);
-    // Byte for byte, through the target directly.
-    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
-    rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
-        .unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&back)
-        .unwrap()
-        .set_len(size)
-        .unwrap();
-    assert!(same_files(&img, &back));
+    assert!(s.verified, "{s:?}");
+    (s, img)
 }
 
 /// Reads `size` bytes of LUN 0 straight from the target into a file.
-fn read_back(t: &RsvTarget, back: &std::path::Path, size: u64) {
-    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
-    rt().block_on(cli::copy(&cp_args(&[&direct, back.to_str().unwrap()])))
+fn read_back(t: &Target, back: &Path, size: u64) {
+    rt().block_on(cli::copy(&cp_args(&[&t.url(0), back.to_str().unwrap()])))
         .unwrap();
     std::fs::OpenOptions::new()
         .write(true)
@@ -178,34 +108,48 @@ fn read_back(t: &RsvTarget, back: &std::path::Path, size: u64) {
         .unwrap();
 }
 
+/// At ErrorRecoveryLevel 0 (asked for here; tgt grants no more) a session of one
+/// connection recovers by reinstatement.
+#[test]
+fn cp_with_one_connection_survives_a_cut_by_session_reinstatement() {
+    let t = Target::with_args(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = cp_through_a_cut(&t, dir.path(), 4, "connections=1&erl=0");
+    assert!(s.reinstatements >= 1, "{s:?}");
+}
+
+/// ERL 0: one of four connections is cut mid-copy: the session goes on over the other
+/// three, the lost commands are issued again there, and the connection comes back with
+/// the same TSIH and CID — no session reinstatement.
+#[test]
+fn cp_with_four_connections_recovers_a_cut_connection_alone() {
+    let t = Target::with_args(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (s, img) = cp_through_a_cut(&t, dir.path(), 5, "connections=4&erl=0");
+    assert_eq!(s.reinstatements, 0, "{s:?}");
+    assert!(s.retries >= 1, "the cut lost no command? {s:?}");
+    // Byte for byte, through the target directly.
+    let back = dir.path().join("back");
+    read_back(&t, &back, 64 * MIB);
+    assert!(same_files(&img, &back));
+}
+
 /// ERL 2 (our default, and the target's): a connection cut in the middle of a write is
 /// logged out for recovery through another one, and its commands are moved there by
 /// TASK REASSIGN: the target asks again for the data it lacked, or answers again what
 /// was lost. Nothing is issued twice that the target had, no session reinstatement.
 #[test]
 fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
-    let t = rsv_or_skip!();
-    let size = 64 * MIB;
-    let proxy = CuttingProxy::start(t.portal.clone(), 4 * MIB as usize);
+    let t = Target::with_args(&[]);
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("image");
-    let back = dir.path().join("back");
-    random_file(&img, size as usize, 6);
-    let url = format!("iscsi://{}/{}/0?connections=4", proxy.portal, t.iqn);
-    let s = rt()
-        .block_on(cli::copy(&cp_args(&[
-            img.to_str().unwrap(),
-            &url,
-            "--verify",
-        ])))
-        .unwrap();
-    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let (s, img) = cp_through_a_cut(&t, dir.path(), 6, "connections=4");
     assert_eq!(s.sessions[0].error_recovery_level, 2, "{s:?}");
     assert_eq!(s.reinstatements, 0, "{s:?}");
     eprintln!("{}", serde_json::to_string(&s).unwrap());
     assert!(s.reassigned_tasks > 0, "nothing was reassigned: {s:?}");
-    assert!(s.verified && s.complete);
-    read_back(&t, &back, size);
+    assert!(s.complete);
+    let back = dir.path().join("back");
+    read_back(&t, &back, 64 * MIB);
     assert!(same_files(&img, &back));
 }
 
@@ -215,7 +159,7 @@ fn cp_at_erl2_survives_a_cut_connection_by_task_reassignment() {
 /// copy-back is checked byte-identical (the file is extended to `size` first: the copy
 /// skips zero chunks).
 fn read_back_through_a_cut(
-    t: &RsvTarget,
+    t: &Target,
     seed: u64,
     cut_after: usize,
     query: &str,
@@ -225,12 +169,12 @@ fn read_back_through_a_cut(
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
     let back = dir.path().join("back");
-    random_file(&img, size as usize, seed);
-    let direct = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    random_file_with_holes(&img, size as usize, seed);
+    let direct = t.url(0);
     rt().block_on(cli::copy(&cp_args(&[img.to_str().unwrap(), &direct])))
         .unwrap();
     let proxy = CuttingProxy::start_on_replies(t.portal.clone(), cut_after);
-    let url = format!("iscsi://{}/{}/0?{query}", proxy.portal, t.iqn);
+    let url = format!("iscsi://{}/{}/0?{query}", proxy.portal, t.iqn());
     let mut args = vec![url.as_str(), back.to_str().unwrap(), "--io-size", "64k"];
     args.extend_from_slice(extra);
     let s = rt().block_on(cli::copy(&cp_args(&args))).unwrap();
@@ -251,7 +195,7 @@ fn read_back_through_a_cut(
 /// this time: the target sends the Data-In the initiator had not received again.
 #[test]
 fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     // Cut amid the Data-In, so that some reads the target has are lost with it.
     let s = read_back_through_a_cut(&t, 7, 24 * MIB as usize, "connections=1", &["--json"]);
     assert_eq!(s.reinstatements, 0, "{s:?}");
@@ -264,13 +208,13 @@ fn cp_at_erl2_with_one_connection_survives_a_cut_by_logging_the_cid_in_again() {
 /// it got — and everything below `copied_prefix_bytes` is on the LUN.
 #[test]
 fn cp_max_time_stops_cleanly_with_json_progress_and_exit_status_3() {
-    let t = rsv_or_skip!();
-    let Some(bin) = rsv_bin() else { return };
+    let t = Target::with_args(&[]);
+    let bin = rsv();
     let size = 64 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
-    random_file(&img, size as usize, 8);
-    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    random_file_with_holes(&img, size as usize, 8);
+    let url = t.url(0);
     // 8 Mbit/s: a megabyte a second, over a minute for the whole image.
     let out = std::process::Command::new(bin)
         .args(["cp", img.to_str().unwrap(), &url])
@@ -328,8 +272,8 @@ struct BenchCli {
 /// is still not done then is abandoned, not counted, and the whole wait counts as time.
 #[test]
 fn bench_drains_its_queue_after_the_window_and_abandons_what_does_not_finish() {
-    let t = rsv_or_skip!();
-    let url = format!("iscsi://{}/{}/0", t.portal, t.iqn);
+    let t = Target::with_args(&[]);
+    let url = t.url(0);
     let bench = |qd: &str, bs: &str| {
         let args = BenchCli::parse_from([
             "bench",
@@ -384,7 +328,7 @@ fn bench_drains_its_queue_after_the_window_and_abandons_what_does_not_finish() {
 /// again the Data-In they had not delivered.
 #[test]
 fn read_at_erl2_with_digests_survives_a_cut_connection() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     let s = read_back_through_a_cut(
         &t,
         9,
@@ -401,9 +345,9 @@ fn read_at_erl2_with_digests_survives_a_cut_connection() {
 /// Data-In at that rate, and the session reports what the target answered.
 #[test]
 fn target_paces_each_connection_at_the_rate_asked() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     let rt = rt();
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let url = IscsiUrl::parse(&t.url(0)).unwrap();
     let mut o = SessionOptions::default();
     o.set("connections", "3").unwrap();
     o.set("pacing_rate", "80mbit").unwrap();
@@ -441,21 +385,13 @@ fn target_paces_each_connection_at_the_rate_asked() {
 /// reported as not paced by the target.
 #[test]
 fn target_with_pacing_hints_off_says_it_does_not_pace() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("target.toml");
-    std::fs::write(
-        &cfg,
-        "[session]\naccept_pacing_hint = false\n\n[[target]]\n\
-         iqn = \"iqn.2026-11.org.reservoir:nohint\"\n\n[[target.lun]]\nid = 0\n\
-         backstore = \"ram\"\nsize = \"16MiB\"\n",
-    )
-    .unwrap();
-    let Some(t) = RsvTarget::start(&["--config", cfg.to_str().unwrap()]) else {
-        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-        return;
-    };
+    let t = Target::start(Some(&inproc::one_lun(
+        "[session]\naccept_pacing_hint = false",
+        "iqn.2026-11.org.reservoir:nohint",
+        &inproc::ram("16MiB"),
+    )));
     let rt = rt();
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let url = IscsiUrl::parse(&t.url(0)).unwrap();
     let mut o = SessionOptions::default();
     o.set("connections", "2").unwrap();
     o.set("pacing_rate", "80mbit").unwrap();
@@ -479,9 +415,9 @@ fn target_with_pacing_hints_off_says_it_does_not_pace() {
 /// answered the login's "0", to pace each connection's Data-In at its share.
 #[test]
 fn rate_control_paces_the_session_and_the_target_once_the_pipe_is_full() {
-    let t = rsv_or_skip!();
+    let t = Target::with_args(&[]);
     let rt = rt();
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{}/0", t.portal, t.iqn)).unwrap();
+    let url = IscsiUrl::parse(&t.url(0)).unwrap();
     let mut o = SessionOptions::default();
     o.set("connections", "2").unwrap();
     o.set("rate_control", "yes").unwrap();
@@ -523,7 +459,7 @@ fn rate_control_paces_the_session_and_the_target_once_the_pipe_is_full() {
 }
 
 fn rsv_target_check(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(rsv_bin().unwrap())
+    let out = std::process::Command::new(rsv())
         .arg("target")
         .args(args)
         .arg("--check")
@@ -542,7 +478,7 @@ fn rsv_target_check(args: &[&str]) -> (bool, String) {
 /// it does for the same stripe written in a TOML file.
 #[test]
 fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
-    let disks = [rsv_or_skip!(), rsv_or_skip!()];
+    let disks = [Target::with_args(&[]), Target::with_args(&[])];
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (disks[0].url(0), disks[1].url(0));
     let data_dir = dir.path().to_str().unwrap();
@@ -609,46 +545,12 @@ fn stripe_flag_makes_lun_0_a_stripe_and_check_shows_its_layout() {
 /// minute-long recovery.
 #[test]
 fn a_file_server_whose_disk_server_is_gone_stops_within_its_grace() {
-    let disk = rsv_or_skip!();
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = std::process::Command::new(rsv_bin().unwrap())
-        .args([
-            "target",
-            "--listen",
-            "127.0.0.1:0",
-            "--grace",
-            "2",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .args(["--stripe", &disk.url(0)])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::BufRead;
-        let out = std::io::BufReader::new(server.stdout.take().unwrap());
-        assert!(
-            out.lines().any(|l| l.is_ok_and(|l| l == "ready")),
-            "the file server did not start"
-        );
-    }
+    let disk = Target::with_args(&[]);
+    let mut server = Target::with_args(&["--grace", "2", "--stripe", &disk.url(0)]);
     drop(disk);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let start = std::time::Instant::now();
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    let status = loop {
-        if let Some(st) = server.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(20) {
-            let _ = server.kill();
-            let _ = server.wait();
-            panic!("still running 20 s after SIGTERM");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = server.stop();
     assert_eq!(status.code(), Some(1), "{status}");
     assert!(
         start.elapsed() < std::time::Duration::from_secs(8),
@@ -657,32 +559,13 @@ fn a_file_server_whose_disk_server_is_gone_stops_within_its_grace() {
     );
 }
 
-/// `rsv target` on a given portal and data directory, and the IQN it printed.
-fn target_at(
-    bin: &std::path::Path,
-    portal: &str,
-    dir: &std::path::Path,
-) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(bin)
-        .args(["target", "--listen", portal, "--data-dir"])
-        .arg(dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut iqn = String::new();
-    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(t) = line.strip_prefix("target ") {
-            iqn = t.trim().to_owned();
-        } else if line.trim() == "ready" {
-            return (child, iqn);
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("rsv target on {portal} exited before ready");
+/// `rsv target` on a given portal and data directory.
+fn target_at(portal: &str, data: &std::path::Path) -> Target {
+    Target::spawn(Spawn {
+        listen: Some(portal),
+        data: Some(data),
+        ..Spawn::default()
+    })
 }
 
 /// A target that dies mid-copy and stays away past the session's recovery_timeout: `rsv
@@ -692,17 +575,15 @@ fn target_at(
 /// of each trying for another recovery_timeout.)
 #[test]
 fn cp_interrupted_by_a_dead_target_exits_4_and_resumes_to_identical() {
-    let Some(bin) = rsv_bin() else {
-        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-        return;
-    };
+    let bin = rsv();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let portal = format!("127.0.0.1:{}", free_port());
-    let (mut target, iqn) = target_at(&bin, &portal, &data);
+    let target = target_at(&portal, &data);
+    let iqn = target.iqn().to_owned();
     let size = 32 * MIB;
     let img = dir.path().join("image");
-    random_file(&img, size as usize, 21);
+    random_file_with_holes(&img, size as usize, 21);
     let url = format!("iscsi://{portal}/{iqn}/0?recovery_timeout=1&command_timeout=3");
     let (out, err) = (dir.path().join("out"), dir.path().join("err"));
     // 16 Mbit/s: two megabytes a second, the copy is under way when the target dies.
@@ -739,8 +620,7 @@ fn cp_interrupted_by_a_dead_target_exits_4_and_resumes_to_identical() {
         );
     };
     progressed(2 * MIB);
-    target.kill().unwrap();
-    target.wait().unwrap();
+    drop(target);
     // Bounded: the copy must end by itself (the test harness would otherwise hang here).
     let status = (0..1200)
         .find_map(|_| {
@@ -765,7 +645,7 @@ fn cp_interrupted_by_a_dead_target_exits_4_and_resumes_to_identical() {
         "the way to go on is printed: {stderr}"
     );
 
-    let (mut target, _) = target_at(&bin, &portal, &data);
+    let target = target_at(&portal, &data);
     let again = std::process::Command::new(&bin)
         .args(["cp", img.to_str().unwrap(), &url])
         .args(["--resume-from", &prefix.to_string(), "--json"])
@@ -774,8 +654,7 @@ fn cp_interrupted_by_a_dead_target_exits_4_and_resumes_to_identical() {
     assert!(again.status.success(), "{again:?}");
     let s: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(s["bytes"].as_u64().unwrap(), size - prefix, "{s}");
-    target.kill().unwrap();
-    target.wait().unwrap();
+    drop(target);
     let lun = std::fs::read(data.join("lun0.img")).unwrap();
     assert!(lun[..size as usize] == std::fs::read(&img).unwrap()[..]);
 }

@@ -1,52 +1,32 @@
-//! Shared harness for the end-to-end tests: start `rsv target` on an OS-chosen loopback
-//! port, find the real peers, run them.
-#![allow(dead_code)]
+//! `rsv target` as a process: started on an OS-chosen loopback port, its portals, control
+//! endpoints and IQNs read from what it prints, its log in a file of its directory.
 
-pub mod notify;
-pub mod walk;
-
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub fn rsv() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
-}
+use crate::rsv;
 
-/// The bench's binary (`rsv-lab wan`, `rsv-lab timing`) beside the `rsv` under test, where
-/// a workspace build puts it; this package does not build it, so `cargo test -p rsv -p
-/// rsv-lab --test NAME` builds both. Missing, the test is skipped with a note (under CI or
-/// RESERVOIR_TEST_STRICT it fails instead).
-pub fn rsv_lab() -> Option<PathBuf> {
-    let lab = rsv().with_file_name("rsv-lab");
-    if lab.exists() {
-        return Some(lab);
-    }
-    let why = format!("no {} (cargo build -p rsv-lab)", lab.display());
-    if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
-        panic!("cannot run: {why}");
-    }
-    eprintln!("SKIP: {why}");
-    None
-}
-
-/// Whether a peer tool is installed. Under CI a missing tool is a failure (the test
-/// command installs them), elsewhere the test is skipped with a note.
-pub fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !found {
-        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
-            panic!("{tool} is not installed; scripts/setup.sh should have installed it");
-        }
-        eprintln!("SKIP: {tool} not installed");
-    }
-    found
+/// How to start a [`Target`]; `Spawn::default()` is the embedded default's LUN on
+/// 127.0.0.1, port chosen, data under the target's own temporary directory.
+#[derive(Default)]
+pub struct Spawn<'a> {
+    /// The directory the target runs in (data under `data/`, `target.toml`,
+    /// `target.log`); a new temporary one when None.
+    pub dir: Option<tempfile::TempDir>,
+    /// The configuration, written to `target.toml` and passed with `--config`.
+    pub config: Option<&'a str>,
+    /// More arguments after `rsv target`.
+    pub args: &'a [&'a str],
+    /// Environment variables for the target.
+    pub env: &'a [(&'a str, &'a str)],
+    /// `--data-dir`: `data/` in `dir` when None.
+    pub data: Option<&'a std::path::Path>,
+    /// `--listen`: "127.0.0.1:0" when None.
+    pub listen: Option<&'a str>,
+    /// No `--listen`: the configuration's own portals (TLS portals, several).
+    pub config_portals: bool,
 }
 
 pub struct Target {
@@ -59,6 +39,8 @@ pub struct Target {
     /// Where `/metrics` is served, with `[metrics]`.
     pub metrics: Option<String>,
     pub iqns: Vec<String>,
+    /// Every portal it printed, in order (`portal` is the last).
+    pub portals: Vec<String>,
     pub dir: tempfile::TempDir,
 }
 
@@ -80,18 +62,42 @@ impl Target {
         config: Option<&str>,
         env: &[(&str, &str)],
     ) -> Target {
+        Self::spawn(Spawn {
+            dir: Some(dir),
+            config,
+            env,
+            ..Spawn::default()
+        })
+    }
+
+    /// `rsv target ARGS` on the embedded default's LUN unless the arguments say otherwise.
+    pub fn with_args(args: &[&str]) -> Target {
+        Self::spawn(Spawn {
+            args,
+            ..Spawn::default()
+        })
+    }
+
+    /// Starts `rsv target` as `how` says; returns once it printed "ready" (panics with its
+    /// log if it ends before).
+    pub fn spawn(how: Spawn) -> Target {
+        let dir = how.dir.unwrap_or_else(|| tempfile::tempdir().unwrap());
         let mut cmd = Command::new(rsv());
-        cmd.envs(env.iter().copied());
-        cmd.arg("target")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"));
-        if let Some(c) = config {
+        cmd.envs(how.env.iter().copied());
+        cmd.arg("target");
+        if !how.config_portals {
+            cmd.arg("--listen").arg(how.listen.unwrap_or("127.0.0.1:0"));
+        }
+        let data = how
+            .data
+            .map_or_else(|| dir.path().join("data"), PathBuf::from);
+        cmd.arg("--data-dir").arg(data);
+        if let Some(c) = how.config {
             let p = dir.path().join("target.toml");
             std::fs::write(&p, c).unwrap();
             cmd.arg("--config").arg(&p);
         }
+        cmd.args(how.args);
         let mut child = cmd
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -106,6 +112,7 @@ impl Target {
         let mut control_socket = None;
         let mut metrics = None;
         let mut iqns = Vec::new();
+        let mut portals = Vec::new();
         let mut line = String::new();
         loop {
             line.clear();
@@ -117,6 +124,7 @@ impl Target {
             let l = line.trim();
             if let Some(p) = l.strip_prefix("portal ") {
                 portal = p.to_owned();
+                portals.push(portal.clone());
             } else if let Some(c) = l.strip_prefix("control ") {
                 control = Some(c.to_owned());
             } else if let Some(c) = l.strip_prefix("control-socket ") {
@@ -136,8 +144,19 @@ impl Target {
             control_socket,
             metrics,
             iqns,
+            portals,
             dir,
         }
+    }
+
+    /// The first target's IQN.
+    pub fn iqn(&self) -> &str {
+        &self.iqns[0]
+    }
+
+    /// Where the target keeps its stores (`lun0.img` is the embedded default's LUN).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 
     pub fn url(&self, lun: u16) -> String {
@@ -146,6 +165,27 @@ impl Target {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("target.log")).unwrap_or_default()
+    }
+
+    /// Waits (up to 5 s) for a log line containing `what`, and returns it.
+    pub fn log_line(&self, what: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if let Some(l) = log.lines().find(|l| l.contains(what)) {
+                return l.to_owned();
+            }
+            assert!(
+                Instant::now() < until,
+                "no log line with {what:?} in:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// How many log lines contain `what`.
+    pub fn log_count(&self, what: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(what)).count()
     }
 
     /// Writes `config` over the target's file, sends SIGHUP and waits for the reload's log
@@ -224,57 +264,4 @@ impl Drop for Target {
             let _ = c.wait();
         }
     }
-}
-
-pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
-    out
-}
-
-pub fn run_ok(cmd: &str, args: &[&str]) -> String {
-    let out = run(cmd, args);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A file of `len` pseudo-random bytes (xorshift; no entropy needed).
-pub fn random_file(path: &Path, len: usize, seed: u64) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut x = seed | 1;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        for chunk in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-        let n = left.min(buf.len());
-        f.write_all(&buf[..n]).unwrap();
-        left -= n;
-    }
-}
-
-/// Counts from CUnit's "Run Summary": (run, passed, failed) tests.
-pub fn cunit_summary(out: &str) -> Option<(u32, u32, u32)> {
-    out.lines().find_map(|l| {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        (w.first() == Some(&"tests") && w.len() >= 5).then(|| {
-            (
-                w[2].parse().unwrap_or(0),
-                w[3].parse().unwrap_or(0),
-                w[4].parse().unwrap_or(u32::MAX),
-            )
-        })
-    })
 }

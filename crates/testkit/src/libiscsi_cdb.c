@@ -1,5 +1,5 @@
 /* A libiscsi client that sends whatever CDBs it is given: the second, independent client
- * of the LUN-masking walk (tests/common/walk.rs). Logs in with libiscsi as INITIATOR to
+ * of the LUN-masking walk (testkit's walk.rs). Logs in with libiscsi as INITIATOR to
  * TARGET at PORTAL, then for each line on standard input
  *     LUN DIR LEN CDB-HEX DATA-HEX      (DIR: n none, r read LEN bytes, w write DATA-HEX;
  *                                        DATA-HEX is "-" unless DIR is w)

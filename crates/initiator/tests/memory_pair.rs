@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use initiator::{IscsiUrl, Session, SessionOptions};
 use net::transport::{memory_pair, Cut, Dialer};
+use testkit::inproc;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:memory";
 const BLOCK: usize = 512;
@@ -25,22 +26,12 @@ struct Pair {
 }
 
 async fn pair(lun_mib: u64) -> Pair {
-    let toml = format!(
-        r#"
-portals = ["127.0.0.1:0"]
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-id = 0
-backstore = "ram"
-size = "{lun_mib}MiB"
-"#
-    );
-    let config = targetd::Config::parse(&toml, "memory pair").unwrap();
-    let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
-        .await
-        .unwrap();
-    let target = server.spawn(Duration::from_secs(1));
+    let target = inproc::spawn(&inproc::one_lun(
+        "",
+        IQN,
+        &inproc::ram(&format!("{lun_mib}MiB")),
+    ))
+    .await;
     let connector = target.connector();
     let cuts = Arc::new(Mutex::new(Vec::new()));
     let dialer = {

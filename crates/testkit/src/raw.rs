@@ -1,7 +1,6 @@
 //! The raw-PDU harness the target's tests share: a target in this process on a loopback
 //! port, and `Raw`, a connection that logs in with the sans-IO login machine and then
 //! sends and reads PDUs as they are, nothing more.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -14,48 +13,29 @@ use iscsi::login::{
 };
 use iscsi::negotiate::{ConnectionParams, SessionParams, TargetPacing};
 use iscsi::pdu::*;
-use targetd::config::Config;
+
+use crate::inproc;
 
 pub const IQN: &str = "iqn.2026-11.org.reservoir:raw";
 
+/// A target in this process whose LUN 0 is a 16 MiB RAM store, with `session_toml` as its
+/// `[session]` keys.
 pub fn start(session_toml: &str) -> SocketAddr {
-    start_with(session_toml, "backstore = \"ram\"\nsize = \"16MiB\"")
+    start_with(session_toml, &inproc::ram("16MiB"))
 }
 
 /// A target whose LUN 0 is described by `lun_toml`.
 pub fn start_with(session_toml: &str, lun_toml: &str) -> SocketAddr {
-    start_toml(&format!(
-        r#"
-[session]
-{session_toml}
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-id = 0
-{lun_toml}
-"#
+    start_toml(&inproc::one_lun(
+        &format!("[session]\n{session_toml}"),
+        IQN,
+        lun_toml,
     ))
 }
 
 /// A target of this configuration (its portals: one on 127.0.0.1, port chosen).
 pub fn start_toml(toml: &str) -> SocketAddr {
-    let toml = format!("portals = [\"127.0.0.1:0\"]\n{toml}");
-    let config = Config::parse(&toml, "test").unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let server = targetd::Server::bind(config, &backstore::Registry::with_builtins())
-                .await
-                .unwrap();
-            tx.send(server.portals()[0]).unwrap();
-            server
-                .run(std::future::pending(), Duration::from_secs(1))
-                .await
-                .unwrap();
-        });
-    });
-    rx.recv().unwrap()
+    inproc::spawn_thread(toml)
 }
 
 /// A raw connection: sends PDUs, reads PDUs, and nothing else.
@@ -234,6 +214,104 @@ impl Raw {
             data: imm.to_vec().into(),
             ..Default::default()
         })
+    }
+}
+
+/// Task management, logout and recovery, as PDUs.
+impl Raw {
+    /// A TASK MANAGEMENT FUNCTION REQUEST (`function`, the high bit set here) about `task`;
+    /// the response code.
+    pub fn tmf(&mut self, itt: u32, function: u8, task: u32, refcmdsn: u32, expdatasn: u32) -> u8 {
+        self.tmf_on(0, itt, function, task, refcmdsn, expdatasn)
+    }
+
+    /// [`Raw::tmf`] about LUN `lun`.
+    pub fn tmf_on(
+        &mut self,
+        lun: u16,
+        itt: u32,
+        function: u8,
+        task: u32,
+        refcmdsn: u32,
+        expdatasn: u32,
+    ) -> u8 {
+        let p = Pdu::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function: 0x80 | function,
+            lun: lun_to_wire(lun),
+            itt,
+            referenced_task_tag: task,
+            cmdsn: self.cmdsn,
+            expstatsn: self.statsn,
+            refcmdsn,
+            expdatasn,
+        });
+        self.send(&p);
+        let Pdu::TaskMgmtResponse(t) = self.recv() else {
+            panic!("expected a TMF response")
+        };
+        assert_eq!(t.itt, itt);
+        t.response
+    }
+
+    /// Connection 1 of this session died with write `task` (CmdSN `cmdsn`) waiting for
+    /// data: logs it out for recovery from here, reassigns the task here (TASK REASSIGN)
+    /// and returns the R2T the target then sends for the data it lacks.
+    pub fn reassign_write_of_cid1(&mut self, task: u32, cmdsn: u32) -> R2t {
+        // 0: closed now for recovery; 1: the target had seen it fail and handed it over.
+        let logged_out = self.logout(0x601, 2, 1);
+        assert!(logged_out <= 1, "logout for recovery answered {logged_out}");
+        assert_eq!(self.tmf(0x602, 8, task, cmdsn, 0), 0, "function complete");
+        let Pdu::R2t(again) = self.recv() else {
+            panic!("expected an R2T on the new connection")
+        };
+        again
+    }
+
+    /// A Logout Request of `cid` for `reason`; the response code.
+    pub fn logout(&mut self, itt: u32, reason: u8, cid: u16) -> u8 {
+        let p = Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason,
+            itt,
+            cid,
+            cmdsn: self.cmdsn,
+            expstatsn: self.statsn,
+        });
+        self.send(&p);
+        let Pdu::LogoutResponse(l) = self.recv() else {
+            panic!("expected a logout response")
+        };
+        assert_eq!(l.itt, itt);
+        l.response
+    }
+
+    /// One Data-Out PDU of `data` at `off` answering the R2T `ttt`.
+    pub fn data_out(
+        &mut self,
+        itt: u32,
+        ttt: u32,
+        datasn: u32,
+        off: usize,
+        data: &[u8],
+        last: bool,
+    ) {
+        self.send(&Pdu::DataOut(DataOut {
+            final_: last,
+            lun: lun_to_wire(0),
+            itt,
+            ttt,
+            datasn,
+            buffer_offset: off as u32,
+            data: data.to_vec().into(),
+            ..Default::default()
+        }));
+    }
+
+    /// Reads `data.len()` bytes at LBA `lba` and checks them.
+    pub fn check_read(&mut self, itt: u32, lba: u32, data: &[u8]) {
+        let got = read_at(self, itt, lba, (data.len() / 512) as u16);
+        assert!(got == data, "read back differs");
     }
 }
 

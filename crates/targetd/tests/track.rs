@@ -3,36 +3,17 @@
 //! UNMAP and WRITE SAME touched, and only those; a freeze between writes splits them into
 //! the frozen and the current set; the map survives the target's restart.
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use initiator::{IscsiUrl, Lun, SessionOptions};
-use targetd::config::Config;
+use initiator::{Lun, SessionOptions};
+use testkit::inproc;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:track";
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 async fn start(dir: &std::path::Path) -> targetd::Running {
-    let toml = format!(
-        r#"
-portals = ["127.0.0.1:0"]
-data_dir = "{}"
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-id = 0
-store = "file:lun0.img?size=16MiB"
-track = true
-track_unit = "256KiB"
-"#,
-        dir.display()
-    );
-    let config = Config::parse(&toml, "test").unwrap();
-    targetd::Server::bind(config, &backstore::Registry::with_builtins())
-        .await
-        .unwrap()
-        .spawn(Duration::from_secs(1))
+    let lun = "store = \"file:lun0.img?size=16MiB\"\ntrack = true\ntrack_unit = \"256KiB\"";
+    inproc::spawn(&inproc::one_lun(&format!("data_dir = {dir:?}"), IQN, lun)).await
 }
 
 fn dirty(map: &backstore::ChangeMap) -> Vec<u64> {
@@ -52,8 +33,7 @@ async fn writes_over_iscsi_mark_their_units() {
     map.release(first.id()).unwrap();
     assert_eq!(map.dirty_bytes(), 0);
 
-    let url = IscsiUrl::parse(&format!("iscsi://{}/{IQN}/0", target.portals()[0])).unwrap();
-    let lun = Lun::open_url(&url, &SessionOptions::default())
+    let lun = Lun::open_url(&inproc::url(&target, IQN, 0), &SessionOptions::default())
         .await
         .unwrap();
     // Unaligned, across a unit boundary: units 0 and 1.

@@ -4,39 +4,17 @@
 //! and each refusal with its one line on both sides (the target's log and the initiator's
 //! error) while a session beside them goes on.
 
-mod common;
-
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use clap::Parser;
-use common::*;
 use initiator::{IscsiUrl, Session};
 use net::testcerts::{self, Ca, Files};
-use tools::cli::{self, CpArgs, SessionFlags};
+use testkit::*;
+use tools::cli::{self, SessionFlags};
 
 const MIB: u64 = 1 << 20;
 const IQN: &str = "iqn.2026-11.org.reservoir:tls";
 const TLS_ONLY_IQN: &str = "iqn.2026-11.org.reservoir:tls-only";
-
-#[derive(Parser)]
-struct CpCli {
-    #[command(flatten)]
-    args: CpArgs,
-}
-
-fn cp_args(args: &[&str]) -> CpArgs {
-    CpCli::parse_from(std::iter::once("cp").chain(args.iter().copied())).args
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Certificates for one test: a CA, the target's certificate from it (for 127.0.0.1), an
 /// expired one, a self-signed one, and a CA for client certificates with one it signed.
@@ -78,100 +56,26 @@ impl Pki {
 
 /// `rsv target` with the portals of `portals` (TOML values) and two targets: one reachable
 /// in plaintext too and one with `require_tls`; its log goes to a file.
-struct Target {
-    child: Child,
-    /// In the order of the configuration.
-    portals: Vec<String>,
-    log: PathBuf,
-    _data: tempfile::TempDir,
+fn start(portals: &[String]) -> Target {
+    start_with(
+        portals,
+        &format!(
+            "[[target]]\niqn = {IQN:?}\n\
+             [[target.lun]]\nid = 0\nstore = \"file:lun0.img?size=256MiB\"\n\
+             [[target]]\niqn = {TLS_ONLY_IQN:?}\nrequire_tls = true\n\
+             [[target.lun]]\nid = 0\nstore = \"ram:?size=16MiB\"\n"
+        ),
+    )
 }
 
-impl Target {
-    fn start(portals: &[String]) -> Option<Target> {
-        Self::start_with(
-            portals,
-            &format!(
-                "[[target]]\niqn = {IQN:?}\n\
-                 [[target.lun]]\nid = 0\nstore = \"file:lun0.img?size=256MiB\"\n\
-                 [[target]]\niqn = {TLS_ONLY_IQN:?}\nrequire_tls = true\n\
-                 [[target.lun]]\nid = 0\nstore = \"ram:?size=16MiB\"\n"
-            ),
-        )
-    }
-
-    fn start_with(portals: &[String], targets: &str) -> Option<Target> {
-        let bin = rsv_bin()?;
-        let data = tempfile::tempdir().unwrap();
-        let config = data.path().join("target.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "portals = [{}]\ndata_dir = {:?}\n{targets}",
-                portals.join(", "),
-                data.path()
-            ),
-        )
-        .unwrap();
-        let log = data.path().join("target.log");
-        let mut child = Command::new(bin)
-            .arg("target")
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .ok()?;
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let mut bound = Vec::new();
-        for line in out.lines() {
-            let Ok(line) = line else { break };
-            if let Some(p) = line.strip_prefix("portal ") {
-                bound.push(p.trim().to_owned());
-            } else if line.trim() == "ready" {
-                return Some(Target {
-                    child,
-                    portals: bound,
-                    log,
-                    _data: data,
-                });
-            }
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "rsv target did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-    }
-
-    /// Waits (up to 5 s) for a log line containing `what`, and returns it.
-    fn log_line(&self, what: &str) -> String {
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            if let Some(l) = log.lines().find(|l| l.contains(what)) {
-                return l.to_owned();
-            }
-            assert!(
-                Instant::now() < until,
-                "no log line with {what:?} in:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log_count(&self, what: &str) -> usize {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        log.lines().filter(|l| l.contains(what)).count()
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `rsv target` with the portals of `portals` (TOML values, in the order of the
+/// configuration) and `targets`.
+fn start_with(portals: &[String], targets: &str) -> Target {
+    Target::spawn(Spawn {
+        config: Some(&format!("portals = [{}]\n{targets}", portals.join(", "))),
+        config_portals: true,
+        ..Spawn::default()
+    })
 }
 
 fn tls_portal(cert: &Files, extra: &str) -> String {
@@ -181,27 +85,6 @@ fn tls_portal(cert: &Files, extra: &str) -> String {
     )
 }
 
-macro_rules! target_or_skip {
-    (Target::start_with($portals:expr, $targets:expr $(,)?)) => {
-        match Target::start_with($portals, $targets) {
-            Some(t) => t,
-            None => {
-                skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-                return;
-            }
-        }
-    };
-    ($portals:expr) => {
-        match Target::start($portals) {
-            Some(t) => t,
-            None => {
-                skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-                return;
-            }
-        }
-    };
-}
-
 fn ca_opt(pki: &Pki) -> String {
     format!("ca={}", pki.ca.cert.display())
 }
@@ -209,7 +92,7 @@ fn ca_opt(pki: &Pki) -> String {
 #[test]
 fn discovery_sessions_of_four_connections_and_recovery_all_over_tls() {
     let pki = Pki::new();
-    let t = target_or_skip!(&[tls_portal(&pki.target, "")]);
+    let t = start(&[tls_portal(&pki.target, "")]);
     let portal = &t.portals[0];
     let rt = rt();
     // Discovery over TLS: SendTargets lists both targets.
@@ -223,7 +106,7 @@ fn discovery_sessions_of_four_connections_and_recovery_all_over_tls() {
     // A copy over four connections, verified, and read back.
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("image");
-    random_file(&img, (32 * MIB) as usize, 7);
+    random_file_with_holes(&img, (32 * MIB) as usize, 7);
     let lun = format!("iscsi://{portal}/{IQN}/0?{}", ca_opt(&pki));
     let s = rt
         .block_on(cli::copy(&cp_args(&[
@@ -276,7 +159,7 @@ fn discovery_sessions_of_four_connections_and_recovery_all_over_tls() {
 fn a_pinned_self_signed_certificate_and_mutual_tls() {
     let pki = Pki::new();
     let mutual = format!(", client_ca = {:?}", pki.clients.cert);
-    let t = target_or_skip!(&[
+    let t = start(&[
         tls_portal(&pki.selfsigned, ""),
         tls_portal(&pki.target, &mutual),
     ]);
@@ -330,7 +213,7 @@ fn a_pinned_self_signed_certificate_and_mutual_tls() {
 #[test]
 fn refusals_name_their_cause_on_both_sides_and_touch_no_other_session() {
     let pki = Pki::new();
-    let t = target_or_skip!(&[
+    let t = start(&[
         "\"127.0.0.1:0\"".to_owned(),
         tls_portal(&pki.target, ""),
         tls_portal(&pki.expired, ""),
@@ -432,8 +315,8 @@ fn refusals_name_their_cause_on_both_sides_and_touch_no_other_session() {
 #[test]
 fn rsv_flags_tune_and_a_key_others_may_read() {
     let pki = Pki::new();
-    let t = target_or_skip!(&[tls_portal(&pki.selfsigned, "")]);
-    let bin = rsv_bin().unwrap();
+    let t = start(&[tls_portal(&pki.selfsigned, "")]);
+    let bin = rsv();
     let url = format!("iscsi://{}/{IQN}/0", t.portals[0]);
     let out = Command::new(&bin)
         .args(["tune", &url, "--tls-pin", &pki.selfsigned.fingerprint])
@@ -500,7 +383,7 @@ fn access_per_initiator_portal_chap_and_lun_masking() {
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     );
-    let t = target_or_skip!(Target::start_with(
+    let t = start_with(
         &[format!("{p1:?}"), format!("{p2:?}")],
         &format!(
             "[[target]]\niqn = {ACL:?}\nportals = [{p2:?}]\nrequire_chap = true\n\
@@ -510,7 +393,7 @@ fn access_per_initiator_portal_chap_and_lun_masking() {
              [[target.lun]]\nid = 0\nstore = \"ram:?size=8MiB\"\n\
              [[target.lun]]\nid = 1\nstore = \"ram:?size=16MiB\"\n"
         ),
-    ));
+    );
     let rt = rt();
     let flags = |name: &str| SessionFlags {
         initiator_name: Some(name.to_owned()),
@@ -570,7 +453,7 @@ fn access_per_initiator_portal_chap_and_lun_masking() {
     t.log_line(&format!(
         "login refused: initiator {HOST3} is not allowed to target {ACL} (0x0202)"
     ));
-    let log = std::fs::read_to_string(&t.log).unwrap();
+    let log = t.log();
     assert!(
         !log.contains(SECRET) && !log.contains("wrong-secret-99"),
         "{log}"

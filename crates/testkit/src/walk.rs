@@ -291,22 +291,7 @@ pub struct Libiscsi {
 impl Libiscsi {
     /// Builds the client in `dir` (needs cc and libiscsi-dev).
     pub fn build(dir: &Path) -> std::path::PathBuf {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/common/libiscsi_cdb.c");
-        let bin = dir.join("libiscsi_cdb");
-        let out = Command::new("cc")
-            .args(["-O1", "-Wall", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .arg("-liscsi")
-            .output()
-            .expect("running cc");
-        assert!(
-            out.status.success(),
-            "building {}:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        bin
+        crate::build_libiscsi_client(dir)
     }
 
     pub fn login(bin: &Path, portal: &str, iqn: &str, initiator_name: &str, lun: u16) -> Libiscsi {

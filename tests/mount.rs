@@ -2,13 +2,11 @@
 //! it, ext4 on that, files written, everything unmounted, mounted again and the files
 //! verified. Needs root, /dev/fuse and loop devices; skips without them.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 
 fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(cmd)
@@ -47,7 +45,7 @@ fn why_skip() -> Option<String> {
         return Some("no loop devices (/dev/loop-control)".into());
     }
     for cmd in ["losetup", "mkfs.ext4", "mount", "umount", "fusermount3"] {
-        if !have(cmd) && !Path::new("/usr/sbin").join(cmd).exists() {
+        if !Path::new("/usr/sbin").join(cmd).exists() && !have(cmd) {
             return Some(format!("no {cmd}"));
         }
     }
@@ -168,11 +166,7 @@ impl Drop for Stack {
 }
 
 fn content(i: usize) -> Vec<u8> {
-    use rand::{RngCore, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64);
-    let mut v = vec![0u8; 1000 + i * 37_000];
-    rng.fill_bytes(&mut v);
-    v
+    random_bytes(1000 + i * 37_000, i as u64)
 }
 
 /// The `rsv` binary, with `mount`; None (after saying why) where the test cannot run.
@@ -181,10 +175,7 @@ fn mount_bin() -> Option<PathBuf> {
         skip(&why);
         return None;
     }
-    let Some(bin) = rsv_bin() else {
-        skip("no rsv binary (cargo build -p rsv, or set RSV_BIN)");
-        return None;
-    };
+    let bin = rsv();
     let help = Command::new(&bin)
         .args(["mount", "--help"])
         .output()
@@ -239,7 +230,7 @@ fn ext4_round_trip(bin: &Path, url: &str) {
 #[test]
 fn ext4_on_a_fuse_mounted_lun() {
     let Some(bin) = mount_bin() else { return };
-    let t = RsvTarget::start(&[]).expect("rsv target");
+    let t = Target::with_args(&[]);
     ext4_round_trip(&bin, &t.url(0));
 }
 
@@ -250,20 +241,17 @@ fn ext4_on_a_fuse_mounted_lun() {
 #[test]
 fn ext4_on_a_volume_striped_over_four_disk_servers() {
     let Some(bin) = mount_bin() else { return };
-    let disks: Vec<RsvTarget> = (0..4)
-        .map(|_| RsvTarget::start(&[]).expect("disk server"))
-        .collect();
-    let allocated = |d: &RsvTarget| {
+    let disks: Vec<Target> = (0..4).map(|_| Target::with_args(&[])).collect();
+    let allocated = |d: &Target| {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(d.dir().join("lun0.img"))
+        std::fs::metadata(d.data_dir().join("lun0.img"))
             .unwrap()
             .blocks()
             * 512
     };
     let before: Vec<u64> = disks.iter().map(allocated).collect();
     let members: Vec<String> = disks.iter().map(|d| d.url(0)).collect();
-    let server = RsvTarget::start(&["--stripe", &members.join(","), "--stripe-unit", "64K"])
-        .expect("file server over the disk servers");
+    let server = Target::with_args(&["--stripe", &members.join(","), "--stripe-unit", "64K"]);
     ext4_round_trip(&bin, &server.url(0));
     drop(server);
     let after: Vec<u64> = disks.iter().map(allocated).collect();
