@@ -489,3 +489,132 @@ fn the_series_cap_leaves_luns_out_and_logs_it_once() {
         lines[0]
     );
 }
+
+/// The pid of the `rsv target` that `t` started: the process whose command line names
+/// its directory (the harness keeps the child to itself).
+fn target_pid(t: &Target) -> u32 {
+    let dir = t.dir.path().to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.contains("target") && cmd.contains(&dir)
+        })
+        .expect("the target's process")
+}
+
+/// Descriptors the process holds now.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// A connection that closes, by a logout or by its initiator's death, leaves the
+/// exposition (info, bytes and path series alike) and leaves no descriptor behind: a
+/// scrape reads TCP_INFO through a duplicate of each connection's socket, which the
+/// connection lets go as it ends.
+#[test]
+fn a_closed_connections_series_and_descriptors_go() {
+    if !have("curl") {
+        return;
+    }
+    let t = Target::start(Some(&config()));
+    let pid = target_pid(&t);
+    let metrics = format!("http://{}/metrics", t.metrics.as_ref().expect("metrics"));
+    let scrape = || run_ok("curl", &["-sf", &metrics]);
+    let series = |text: &str, name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .count()
+    };
+    // Until `at_most` descriptors are held (the scrapes' own connections close a moment
+    // after curl's end), or 20 s.
+    let settle = |at_most: usize| {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = fd_count(pid);
+            if n <= at_most || Instant::now() > end {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    scrape();
+    let baseline = settle(0);
+
+    let url = format!("{}?connections=2", t.url(0));
+    let bench = |seconds: &str| {
+        Command::new(rsv())
+            .args([
+                "bench",
+                &url,
+                "--rw",
+                "read",
+                "--block-size",
+                "64k",
+                "--duration",
+                seconds,
+            ])
+            .env("RSV_PATH_CACHE", "off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rsv bench")
+    };
+    // One session to be killed (its connections end without a logout; at the bench's
+    // ERL 2 the session waits for them, without them), one that logs out at its end.
+    let mut killed = bench("60");
+    let mut ends = bench("4");
+    let end = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = scrape();
+        if series(&text, "rsv_target_connection_info") == 4 || Instant::now() > end {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        series(&text, "rsv_target_connection_info"),
+        4,
+        "two sessions of two connections:\n{text}"
+    );
+    // Every connection's path, read without asking the connection.
+    assert_eq!(
+        series(&text, "rsv_target_connection_srtt_seconds"),
+        4,
+        "{text}"
+    );
+    assert_eq!(series(&text, "rsv_target_connection_retransmits_total"), 4);
+    let held = fd_count(pid);
+    // Each connection's socket and its duplicate.
+    assert!(
+        held >= baseline + 8,
+        "{held} descriptors with four connections, {baseline} before"
+    );
+
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(ends.wait().unwrap().success());
+    let end = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = scrape();
+        if series(&text, "rsv_target_connection_info") == 0 || Instant::now() > end {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for name in [
+        "rsv_target_connection_info",
+        "rsv_target_connection_sent_bytes_total",
+        "rsv_target_connection_srtt_seconds",
+        "rsv_target_connection_in_flight_bytes",
+    ] {
+        assert_eq!(series(&text, name), 0, "{name} outlived its connection:\n{text}");
+    }
+    let after = settle(baseline);
+    assert_eq!(
+        after, baseline,
+        "descriptors after the sessions ended: {after}, before them {baseline}"
+    );
+}

@@ -92,8 +92,8 @@ pub fn respond<B>(registry: &Registry, req: &Request<B>) -> Response<Full<Bytes>
 }
 
 /// Work to await before each scrape is encoded: gathering what a collector cannot read
-/// synchronously (the target's per-connection TCP_INFO is sampled by each connection on
-/// its own thread), so that the collectors then encode a fresh copy.
+/// synchronously (a daemon whose figures must be asked of its tasks), so that the
+/// collectors then encode a fresh copy.
 pub type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Serves `registry` at `/metrics` on `listener` until the future is dropped (the

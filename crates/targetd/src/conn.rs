@@ -105,16 +105,22 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     dec.set_digests(digests);
     dec.set_max_recv_data_segment(outcome.connection.max_recv_data_segment_length);
 
+    let socket = wire::socket_for_status(&stream, peer);
     let (rd, wr) = stream.into_split();
 
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let info = Arc::new(session::ConnInfo::new(
-        &session,
-        cid,
-        (local, peer),
-        tls.clone(),
-        outcome.connection.clone(),
-    ));
+    let info = Arc::new(
+        session::ConnInfo::new(
+            &session,
+            cid,
+            (local, peer),
+            tls.clone(),
+            outcome.connection.clone(),
+        )
+        .with_socket(socket),
+    );
+    // However this function ends (a panic too), the duplicate of the socket goes with it.
+    let released = ReleaseSocket(info.clone());
     let handle = ConnHandle {
         events: ev_tx,
         info: info.clone(),
@@ -181,7 +187,18 @@ async fn run(shared: Arc<Shared>, mut stream: Stream, peer: SocketAddr) -> anyho
     let _ = conn.out.send(Out::Close);
     drop(conn);
     let _ = writer.await;
+    // Reader and writer have let the socket go: the duplicate is its last descriptor.
+    drop(released);
     why
+}
+
+/// Releases a connection's duplicate socket (`ConnInfo::release_socket`) when dropped.
+struct ReleaseSocket(Arc<session::ConnInfo>);
+
+impl Drop for ReleaseSocket {
+    fn drop(&mut self) {
+        self.0.release_socket();
+    }
 }
 
 /// ERL 2: after a connection failed, what waited for reassignment longer than the
@@ -386,9 +403,6 @@ impl Conn {
                         parameter3: within,
                         ..Default::default()
                     }),
-                    Some(ConnEvent::PathInfo(answer)) => {
-                        let _ = answer.send(rd.tcp_info());
-                    }
                     None => return Ok("session gone".into()),
                 },
                 n = async {

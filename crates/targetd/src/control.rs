@@ -252,7 +252,7 @@ async fn answer(
     };
     debug!("control socket: uid {}: {request:?}", cred.uid());
     let response = match request {
-        Request::Status => Response::Status(Source(shared).snapshot().await),
+        Request::Status => Response::Status(Source(shared).snapshot()),
         Request::Drop { session, wait_s } => {
             info!(
                 "control socket: uid {} drops session {session} (logout asked within {wait_s} s)",

@@ -6,11 +6,12 @@
 //!
 //! Per-connection series (an info series naming the session's initiator and the
 //! connection's portal, TLS, ERL and digests, and the path as TCP sees it) come from a
-//! `status::Source` snapshot taken before each scrape is encoded ([`Metrics::refresh`]):
-//! TCP_INFO is read by each connection on its own thread, which a synchronous collector
-//! cannot wait for. A session's series go when it does.
+//! `status::Source` snapshot that the collector takes as the scrape is encoded: byte
+//! counts are atomics and TCP_INFO is read from a duplicate of each connection's socket,
+//! so the snapshot asks no connection and waits for none. A connection's series go when
+//! it does.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -30,35 +31,18 @@ const SERIES_PER_LUN: usize =
 /// of its path.
 const SERIES_PER_CONNECTION: usize = 10;
 
-/// What a target serves at `/metrics`: the registry, and the snapshot of its sessions
-/// that the per-connection collector encodes, taken anew before each scrape.
-pub(crate) struct Metrics {
-    pub registry: Registry,
-    pub refresh: rsv_metrics::Refresh,
-}
-
 /// The registry a target serves: its events, and its LUNs and connections as they are at
 /// each scrape. LUN and connection series are capped by `max_series` each.
-pub(crate) fn metrics(shared: &Arc<Shared>, max_series: usize) -> Metrics {
-    let sessions: Arc<Mutex<Vec<SessionStatus>>> = Arc::default();
+pub(crate) fn metrics(shared: &Arc<Shared>, max_series: usize) -> Registry {
     let mut registry = registry(shared, max_series);
     registry.register_collector(Box::new(ConnCollector {
-        sessions: sessions.clone(),
+        source: Source(shared.clone()),
         cap: SeriesCap::new("connection", max_series),
     }));
-    let source = Source(shared.clone());
-    let refresh: rsv_metrics::Refresh = Arc::new(move || {
-        let source = source.clone();
-        let sessions = sessions.clone();
-        Box::pin(async move {
-            let now = source.snapshot().await.sessions;
-            *sessions.lock().unwrap_or_else(|e| e.into_inner()) = now;
-        })
-    });
-    Metrics { registry, refresh }
+    registry
 }
 
-/// The registry without the per-connection series (they need [`Metrics::refresh`]).
+/// The registry without the per-connection series.
 pub(crate) fn registry(shared: &Arc<Shared>, max_series: usize) -> Registry {
     let mut reg = Registry::default();
     let e = &shared.events;
@@ -223,9 +207,9 @@ impl prometheus_client::collector::Collector for LunCollector {
     }
 }
 
-/// Each logged-in connection of the last snapshot: an info series, bytes, and the path.
+/// Each logged-in connection at the scrape: an info series, bytes, and the path.
 struct ConnCollector {
-    sessions: Arc<Mutex<Vec<SessionStatus>>>,
+    source: Source,
     cap: SeriesCap,
 }
 
@@ -260,7 +244,7 @@ impl prometheus_client::collector::Collector for ConnCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::metrics::counter::ConstCounter;
         use prometheus_client::metrics::gauge::ConstGauge;
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let sessions = self.source.snapshot().sessions;
         // Discovery sessions name no target: they move no data worth a series.
         let mut conns: Vec<Conn> = sessions
             .iter()
@@ -326,8 +310,8 @@ impl prometheus_client::collector::Collector for ConnCollector {
                 ConstCounter::new(v).encode(m.encode_family(&k.id())?)?;
             }
         }
-        // The path as TCP sees it (TCP_INFO, sampled for this scrape); a connection whose
-        // sample did not come in time has none of these series this time.
+        // The path as TCP sees it (TCP_INFO, sampled for this scrape); a connection that
+        // ended as the snapshot was taken has none of these series.
         type Figure = fn(&crate::status::PathStatus) -> f64;
         let gauges: [(&str, &str, Option<Unit>, Figure); 6] = [
             (

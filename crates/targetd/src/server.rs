@@ -391,18 +391,13 @@ impl Server {
             cores_stop,
             metrics,
         } = self;
-        // On this runtime, beside the accept loops: a scrape first takes a status
-        // snapshot (each connection samples its TCP_INFO on its own thread; at most
-        // half a second), then encodes atomics and that snapshot. Served through the
-        // drain, until this returns.
+        // On this runtime, beside the accept loops: a scrape encodes atomics and a status
+        // snapshot taken as it goes (TCP_INFO read from duplicates of the connections'
+        // sockets, no connection asked). Served through the drain, until this returns.
         let _metrics = metrics.map(|l| {
             let max_series = shared.config.metrics.as_ref().map_or(0, |m| m.max_series);
-            let m = crate::metrics::metrics(&shared, max_series);
-            AbortOnDrop(tokio::spawn(rsv_metrics::serve_refreshed(
-                l,
-                Arc::new(m.registry),
-                Some(m.refresh),
-            )))
+            let registry = crate::metrics::metrics(&shared, max_series);
+            AbortOnDrop(tokio::spawn(rsv_metrics::serve(l, Arc::new(registry))))
         });
         let registrar = shared.config.isns.as_ref().and_then(|cfg| {
             let targets = isns_targets.borrow().clone();

@@ -2,6 +2,7 @@
 //! connections, and the registry of its tasks (for task management across connections).
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime};
@@ -32,9 +33,6 @@ pub enum ConnEvent {
     /// Ask the initiator to log out within this many seconds (target shutdown, an
     /// administrator's drop): Async Message event 1.
     RequestLogout(u16),
-    /// Sample the connection's TCP_INFO now (a status snapshot); `None` when it has no
-    /// TCP socket (an in-memory carrier) or the kernel refused.
-    PathInfo(tokio::sync::oneshot::Sender<Option<net::TcpInfo>>),
     /// Close the connection but keep its tasks for reassignment (ERL 2: logout for
     /// recovery, or its CID logging in again).
     Recover,
@@ -89,6 +87,14 @@ pub struct ConnInfo {
     pub bytes: ByteCounts,
     /// The session's counts, which every byte of the connection adds to as well.
     session_bytes: Arc<ByteCounts>,
+    /// A duplicate of the connection's TCP socket, from which a status snapshot reads
+    /// TCP_INFO on its own thread (getsockopt beside the connection's reads and writes is
+    /// safe), without a message to the connection and a wait behind its I/O. Held, the
+    /// descriptor cannot be closed and its number given to another socket; taken out and
+    /// closed as the connection ends ([`ConnInfo::release_socket`]), so that it keeps no
+    /// ended connection's socket open. `None`: no TCP socket (an in-memory carrier), or
+    /// released.
+    socket: Mutex<Option<OwnedFd>>,
 }
 
 impl ConnInfo {
@@ -108,7 +114,38 @@ impl ConnInfo {
             since: Instant::now(),
             bytes: ByteCounts::default(),
             session_bytes: session.bytes.clone(),
+            socket: Mutex::new(None),
         }
+    }
+
+    /// With `socket`, a duplicate of the connection's TCP socket's descriptor, for
+    /// [`ConnInfo::tcp_info`].
+    pub fn with_socket(self, socket: Option<OwnedFd>) -> ConnInfo {
+        ConnInfo {
+            socket: Mutex::new(socket),
+            ..self
+        }
+    }
+
+    /// The path as the connection's TCP socket sees it now; `None` without a socket (an
+    /// in-memory carrier, or the connection has ended) or when the kernel refuses.
+    pub fn tcp_info(&self) -> Option<net::TcpInfo> {
+        // Held while the kernel answers: a release waits for it, so that no read of the
+        // descriptor comes after the connection has let it go.
+        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        net::tcp_info(socket.as_ref()?).ok()
+    }
+
+    /// Closes the duplicate of the connection's socket, once the connection has ended:
+    /// the socket's last descriptor is then the connection's own, and its close sends
+    /// FIN at once. Later [`ConnInfo::tcp_info`] calls answer `None`.
+    pub fn release_socket(&self) {
+        let socket = self
+            .socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(socket);
     }
 
     /// Counts `n` bytes read off the transport.

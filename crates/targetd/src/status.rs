@@ -6,11 +6,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::Session;
+use crate::session::{ConnInfo, Session};
 use crate::shared::Shared;
 
 /// Every session of the target at one moment.
@@ -82,8 +82,8 @@ pub struct ConnStatus {
     pub age_s: f64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
-    /// `None`: no TCP socket under it (an in-memory carrier), or the connection did not
-    /// answer in time (busy with a logout or a task management function).
+    /// `None`: no TCP socket under it (an in-memory carrier), or the connection ended
+    /// as the snapshot was taken.
     pub path: Option<PathStatus>,
 }
 
@@ -125,82 +125,53 @@ impl From<net::TcpInfo> for PathStatus {
     }
 }
 
-/// How long a snapshot waits for connections to sample their sockets: each answers
-/// between two PDUs, so only one stuck in a long wait (a logout draining its commands)
-/// is left without a path.
-const PATH_WAIT: Duration = Duration::from_millis(500);
-
 /// Takes snapshots of a running target's sessions; cheap to clone
 /// ([`crate::Server::status_source`], [`crate::Running::status_source`]).
 #[derive(Clone)]
 pub struct Source(pub(crate) Arc<Shared>);
 
 impl Source {
-    /// Every session now. Byte counts and keys are read at once; each connection samples
-    /// its own socket's TCP_INFO on its thread (so no socket is touched from outside the
-    /// connection that owns it), and the snapshot waits for those answers together, at
-    /// most half a second.
-    pub async fn snapshot(&self) -> TargetStatus {
+    /// Every session now. Byte counts and keys are read from what each connection shares
+    /// with the session's registry, and TCP_INFO from a duplicate of each connection's
+    /// socket, all on the calling thread: no connection is asked, so none is waited for
+    /// behind its I/O, and a connection that has ended has no path.
+    pub fn snapshot(&self) -> TargetStatus {
         let mut sessions = self.0.all_sessions();
         sessions.sort_by_key(|s| s.tsih);
         let taken_at_ms = unix_ms(std::time::SystemTime::now());
-        // Ask every connection first, then collect: the samples are taken in parallel.
-        let asked: Vec<_> = sessions
+        let sessions = sessions
             .into_iter()
             .map(|s| {
-                let conns: Vec<_> = s
+                let connections = s
                     .connections()
                     .into_iter()
-                    .map(|h| {
-                        let (tx, rx) = tokio::sync::oneshot::channel();
-                        let asked = h
-                            .events
-                            .send(crate::session::ConnEvent::PathInfo(tx))
-                            .is_ok();
-                        (h.info, asked.then_some(rx))
-                    })
+                    .map(|h| conn_status(&h.info))
                     .collect();
-                (s, conns)
+                session_status(&s, connections)
             })
             .collect();
-        let deadline = tokio::time::Instant::now() + PATH_WAIT;
-        let mut out = Vec::with_capacity(asked.len());
-        for (s, conns) in asked {
-            let mut connections = Vec::with_capacity(conns.len());
-            for (info, rx) in conns {
-                let path = match rx {
-                    Some(rx) => tokio::time::timeout_at(deadline, rx)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .flatten()
-                        .map(PathStatus::from),
-                    None => None,
-                };
-                let (bytes_received, bytes_sent) = info.bytes.get();
-                connections.push(ConnStatus {
-                    cid: info.cid,
-                    local: info.local,
-                    remote: info.remote,
-                    tls: info.tls.clone(),
-                    header_digest: info.params.header_digest,
-                    data_digest: info.params.data_digest,
-                    target_max_recv_data_segment_length: info.params.max_recv_data_segment_length,
-                    initiator_max_recv_data_segment_length: info
-                        .params
-                        .max_send_data_segment_length,
-                    age_s: info.since.elapsed().as_secs_f64(),
-                    bytes_received,
-                    bytes_sent,
-                    path,
-                });
-            }
-            out.push(session_status(&s, connections));
-        }
         TargetStatus {
             taken_at_ms,
-            sessions: out,
+            sessions,
         }
+    }
+}
+
+fn conn_status(info: &ConnInfo) -> ConnStatus {
+    let (bytes_received, bytes_sent) = info.bytes.get();
+    ConnStatus {
+        cid: info.cid,
+        local: info.local,
+        remote: info.remote,
+        tls: info.tls.clone(),
+        header_digest: info.params.header_digest,
+        data_digest: info.params.data_digest,
+        target_max_recv_data_segment_length: info.params.max_recv_data_segment_length,
+        initiator_max_recv_data_segment_length: info.params.max_send_data_segment_length,
+        age_s: info.since.elapsed().as_secs_f64(),
+        bytes_received,
+        bytes_sent,
+        path: info.tcp_info().map(PathStatus::from),
     }
 }
 

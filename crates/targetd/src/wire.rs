@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,6 +178,21 @@ async fn refuse_plaintext(
     );
 }
 
+/// A duplicate of the descriptor of the TCP socket under `stream`, from which status
+/// snapshots read TCP_INFO (`session::ConnInfo::tcp_info`) while the connection runs;
+/// the connection closes it as it ends (`session::ConnInfo::release_socket`). `None`
+/// without a TCP socket (an in-memory carrier), or when no descriptor is free: the
+/// connection then shows no path, and runs as before.
+pub(crate) fn socket_for_status(stream: &Stream, peer: SocketAddr) -> Option<OwnedFd> {
+    match stream.socket()?.try_clone_to_owned() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            debug!("{peer}: no descriptor for status snapshots: {e}");
+            None
+        }
+    }
+}
+
 /// The receiving side in full feature phase.
 pub(crate) struct Reader(ReadHalf);
 
@@ -190,12 +205,6 @@ impl Reader {
     /// Cancel-safe: nothing is lost when another branch of a `select!` wins.
     pub(crate) async fn fill(&mut self, buf: &mut impl bytes::BufMut) -> std::io::Result<usize> {
         self.0.read_buf(buf).await
-    }
-
-    /// The connection's path as its TCP socket sees it now; `None` without one (an
-    /// in-memory carrier) or when the kernel refuses.
-    pub(crate) fn tcp_info(&self) -> Option<net::TcpInfo> {
-        net::tcp_info(self.0.socket()?).ok()
     }
 
     /// Reads what has arrived, up to `dst.len()` bytes, into `dst`; 0 when the peer closed.
