@@ -213,7 +213,10 @@ impl Lun {
     /// in one command.
     pub fn compressible(&self, offset: u64, len: u64) -> bool {
         let bs = self.bs();
-        offset % bs == 0 && len % bs == 0 && len > 0 && len / bs <= self.limits.max_transfer
+        offset.is_multiple_of(bs)
+            && len.is_multiple_of(bs)
+            && len > 0
+            && len / bs <= self.limits.max_transfer
     }
 
     /// Writes the `len` bytes at `offset` that `frame` (one zstd frame) holds, with

@@ -616,7 +616,7 @@ impl Zeroing {
 
     async fn zero(self, lun: &Lun, offset: u64, len: u64) -> initiator::Result<()> {
         let bs = u64::from(lun.block_size());
-        if self.unmap && offset % bs == 0 && len % bs == 0 {
+        if self.unmap && offset.is_multiple_of(bs) && len.is_multiple_of(bs) {
             lun.unmap(offset, len).await
         } else {
             lun.write_zeroes(offset, len).await
@@ -761,7 +761,7 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                     let len = end - start;
                     let try_frame = job.may_compress.load(Ordering::Relaxed)
                         && lun.compressible(start, len)
-                        && job.squeeze.lock().unwrap().next();
+                        && job.squeeze.lock().unwrap().compress_next();
                     let store = local.store.clone();
                     inflight.spawn(async move {
                         let job = job2;

@@ -72,7 +72,7 @@ impl Adaptive {
     }
 
     /// Whether to compress the next unit (to send it so, or to try).
-    pub fn next(&mut self) -> bool {
+    pub fn compress_next(&mut self) -> bool {
         match self.mode {
             Mode::Off => false,
             Mode::On => true,
@@ -149,7 +149,7 @@ mod tests {
     fn feed(a: &mut Adaptive, n: u32, ratio: f64, speed: f64, rate: Option<u64>) -> u32 {
         let mut tried = 0;
         for _ in 0..n {
-            if a.next() {
+            if a.compress_next() {
                 tried += 1;
                 let took = Duration::from_secs_f64(1.0 / speed);
                 a.sample(MB, (MB as f64 * ratio) as usize, took, rate);

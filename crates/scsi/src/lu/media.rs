@@ -103,7 +103,7 @@ impl LogicalUnit {
         if r.blocks == 0 {
             return Ok(Vec::new());
         }
-        let len = r.blocks * u64::from(self.block_size);
+        let len = r.blocks * self.block_size;
         let data = crate::compressed::decompress(data_out, len as usize)
             .ok_or(sense::INVALID_FIELD_IN_PARAMETER_LIST)?;
         {
