@@ -398,7 +398,7 @@ fn promtool_check(text: &str) {
 /// set; SIGTERM ends the hold.
 #[test]
 fn sync_metrics_follow_the_streams_to_the_end() {
-    if !common::have("curl") || !common::have("promtool") {
+    if !testkit::have("curl") || !testkit::have("promtool") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -521,4 +521,169 @@ fn sync_metrics_follow_the_streams_to_the_end() {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
     assert!(child.wait().unwrap().success());
+}
+
+/// Compares two images, 1 MiB at a time (holes read as zeros); the first MiB that differs.
+fn first_difference(a: &Path, b: &Path, len: u64) -> Option<u64> {
+    use std::io::Read;
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    for mib in 0..len >> 20 {
+        fa.read_exact(&mut ba).unwrap();
+        fb.read_exact(&mut bb).unwrap();
+        if ba != bb {
+            return Some(mib);
+        }
+    }
+    None
+}
+
+/// Text-like bytes that zstd shrinks about 3:1 or more.
+fn text(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 100);
+    let mut n = seed;
+    while out.len() < len {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.extend_from_slice(
+            format!(
+                "line {} of the volume: checksum {:08x}, block {}\n",
+                out.len(),
+                n >> 40,
+                n % 977
+            )
+            .as_bytes(),
+        );
+    }
+    out.truncate(len);
+    out
+}
+
+/// A sparse volume sends what it holds, not its size: a 1 GiB LUN with 64 MiB of data
+/// (random and text) and 8 MiB of written zeros, onto a far LUN that held old data
+/// everywhere. The sync's report counts at most 1.05 × 64 MiB sent as data, the rest made
+/// zeros, and the far image then reads back identical, holes as zeros; a compressed sync
+/// of a smaller LUN lands identical too, in fewer bytes on the wire.
+#[test]
+fn a_sparse_volume_sends_what_it_holds_and_compresses() {
+    use std::io::{Seek, SeekFrom, Write};
+    const MIB: u64 = 1 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
+    let port = free_port();
+    let luns = "[[target.lun]]\nid = 0\nstore = \"file:big.img?size=1G\"\n\
+                [[target.lun]]\nid = 1\nstore = \"file:small.img?size=64M\"\n";
+    // The images are made before the targets open them.
+    let a_dir = tempfile::tempdir().unwrap();
+    let b_dir = tempfile::tempdir().unwrap();
+    let write_at = |path: &Path, size: u64, parts: &[(u64, Vec<u8>)]| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap();
+        f.set_len(size).unwrap();
+        for (at, data) in parts {
+            f.seek(SeekFrom::Start(*at)).unwrap();
+            f.write_all(data).unwrap();
+        }
+    };
+    let random = |len: usize, seed: u64| {
+        let p = tmp.path().join(format!("r{seed}"));
+        random_file(&p, len, seed);
+        let d = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        d
+    };
+    write_at(
+        &a_dir.path().join("big.img"),
+        1024 * MIB,
+        &[
+            (0, random(32 << 20, 1)),
+            (300 * MIB, text(16 << 20, 2)),
+            (500 * MIB, vec![0u8; 8 << 20]),
+            (1008 * MIB, random(16 << 20, 3)),
+        ],
+    );
+    write_at(
+        &a_dir.path().join("small.img"),
+        64 * MIB,
+        &[(0, text(40 << 20, 4)), (40 * MIB, random(8 << 20, 5))],
+    );
+    // Old data everywhere on the far LUNs.
+    let old: Vec<(u64, Vec<u8>)> = (0..1024)
+        .map(|i| (i * MIB, vec![0xa5u8; MIB as usize]))
+        .collect();
+    write_at(&b_dir.path().join("big.img"), 1024 * MIB, &old);
+    write_at(&b_dir.path().join("small.img"), 64 * MIB, &old[..64]);
+    let start = |addr: &str, dir: &tempfile::TempDir| {
+        let abs = format!("file:{}/", dir.path().display());
+        host(addr, port, &key, &luns.replace("file:", &abs))
+    };
+    let _a = start("127.0.0.50", &a_dir);
+    let _b = start("127.0.0.60", &b_dir);
+    let vol = |base: u8, lun: u16| format!("127.0.0.{base}:{port}/{IQN}/{lun}");
+
+    let out = sync(&key, &["--json", &vol(50, 0), &vol(60, 0)]);
+    assert!(
+        out.status.success(),
+        "rsv sync failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = json_lines(&out.stdout).pop().expect("a result line");
+    assert_eq!(done["event"], "done", "{done}");
+    let data = done["data_bytes"].as_u64().unwrap();
+    let wire = done["wire_bytes"].as_u64().unwrap();
+    let zero = done["zero_bytes"].as_u64().unwrap();
+    assert!(
+        data <= 64 * MIB * 105 / 100,
+        "sent {data} bytes as data: {done}"
+    );
+    assert!(data >= 64 * MIB, "{done}");
+    assert!(wire <= data, "{done}");
+    assert_eq!(data + zero, 1024 * MIB, "{done}");
+    assert_eq!(done["verified_units"], 1024, "{done}");
+    assert_eq!(
+        first_difference(
+            &a_dir.path().join("big.img"),
+            &b_dir.path().join("big.img"),
+            1024 * MIB
+        ),
+        None
+    );
+
+    // Compressed, with every unit that shrinks sent so.
+    let out = sync(
+        &key,
+        &["--json", "--compress", "on", &vol(50, 1), &vol(60, 1)],
+    );
+    assert!(
+        out.status.success(),
+        "rsv sync --compress on failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = json_lines(&out.stdout).pop().expect("a result line");
+    let data = done["data_bytes"].as_u64().unwrap();
+    let wire = done["wire_bytes"].as_u64().unwrap();
+    // 40 MiB of text, 8 MiB random, 16 MiB never written.
+    assert_eq!(data, 48 * MIB, "{done}");
+    assert_eq!(done["zero_bytes"].as_u64().unwrap(), 16 * MIB, "{done}");
+    // The text units compressed, the random ones not.
+    assert_eq!(done["compressed_units"], 40, "{done}");
+    assert!(wire < 8 * MIB + 40 * MIB / 2, "{done}");
+    assert_eq!(
+        first_difference(
+            &a_dir.path().join("small.img"),
+            &b_dir.path().join("small.img"),
+            64 * MIB
+        ),
+        None
+    );
 }

@@ -209,6 +209,40 @@ impl Lun {
         self.write(offset, data, true).await
     }
 
+    /// Whether [`Lun::write_compressed`] can carry `len` bytes at `offset`: whole blocks,
+    /// in one command.
+    pub fn compressible(&self, offset: u64, len: u64) -> bool {
+        let bs = self.bs();
+        offset.is_multiple_of(bs)
+            && len.is_multiple_of(bs)
+            && len > 0
+            && len / bs <= self.limits.max_transfer
+    }
+
+    /// Writes the `len` bytes at `offset` that `frame` (one zstd frame) holds, with
+    /// Reservoir's WRITE COMPRESSED (16): the target decompresses. Only whole blocks in one
+    /// command ([`Lun::compressible`]). A target that is not Reservoir's refuses it with
+    /// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE ([`Error::Scsi`]).
+    pub async fn write_compressed(
+        &self,
+        offset: u64,
+        len: u64,
+        frame: Bytes,
+        fua: bool,
+    ) -> Result<()> {
+        self.check(offset, len)?;
+        if !self.compressible(offset, len) {
+            return Err(Error::Protocol(format!(
+                "a compressed write of {len} bytes at {offset} is not whole blocks in one command"
+            )));
+        }
+        let cdb = cdb::write_compressed16(offset / self.bs(), (len / self.bs()) as u32, fua);
+        self.session
+            .command_ok(self.lun, &cdb, DataDir::Write(frame))
+            .await
+            .map(drop)
+    }
+
     /// SYNCHRONIZE CACHE: every write acknowledged so far is on stable storage.
     pub async fn flush(&self) -> Result<()> {
         self.session.sync_cache(self.lun).await

@@ -28,9 +28,14 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use crate::api::{self, JobState, JobStatus, What};
+use crate::sparse::{self, Op};
+use crate::squeeze::{self, Adaptive};
 
 /// How often a send flushes its destination to make what arrived durable.
 const FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// Units a send makes zeros with one request, at most (1 GiB in 1 MiB units): the
+/// progress of a sparse volume's holes still shows, and a resume loses little.
+const MAX_CLEAR: usize = 1024;
 /// A send nobody has asked about for this long has lost its coordinator: it stops (what
 /// arrived durably is kept; a new `rsv sync` resumes).
 const ORPHANED: Duration = Duration::from_secs(60);
@@ -83,8 +88,16 @@ struct Job {
     unit: u64,
     size: u64,
     plan: Vec<u64>,
+    /// The plan's steps: runs of units the source does not hold first, then the others.
+    ops: Vec<Op>,
+    /// Plan positions of units the source does not hold (not in `bytes`).
+    holes: Vec<bool>,
     epoch: Option<u64>,
     started: Instant,
+    /// Whether to compress the next unit.
+    squeeze: Mutex<Adaptive>,
+    /// Cleared when the destination refuses WRITE COMPRESSED (not Reservoir's target).
+    may_compress: AtomicBool,
     session: OnceLock<Session>,
     /// The pacing asked for, bytes per second (0: none).
     pacing: AtomicU64,
@@ -104,6 +117,10 @@ struct Progress {
     durable: Vec<bool>,
     durable_prefix: u64,
     sums: BTreeMap<u64, String>,
+    data_bytes: u64,
+    wire_bytes: u64,
+    zero_bytes: u64,
+    compressed_units: u64,
 }
 
 type Answer = (u16, Vec<u8>);
@@ -256,11 +273,25 @@ impl Agent {
         }
         let skip = (req.skip_units as usize).min(plan.len());
         plan.drain(..skip);
-        let bytes = plan
+        let (plan, ops) = {
+            let store = local.store.clone();
+            tokio::task::spawn_blocking(move || {
+                let extents = allocation(&*store, &plan, unit, size);
+                let ops = sparse::ops(&plan, unit, size, &extents, MAX_CLEAR);
+                (plan, ops)
+            })
+            .await
+            .map_err(|e| err(500, e))?
+        };
+        // What goes as data: the units that hold any (a hole costs no wire time).
+        let bytes = ops
             .iter()
-            .map(|&i| {
-                let (s, e) = api::unit_range(i, unit, size);
-                e - s
+            .filter_map(|op| match op {
+                Op::Data(pos) => {
+                    let (s, e) = api::unit_range(plan[*pos], unit, size);
+                    Some(e - s)
+                }
+                Op::Clear { .. } => None,
             })
             .sum();
         self.stop_sends_of(&req.iqn, req.lun).await?;
@@ -276,6 +307,18 @@ impl Agent {
             epoch,
             started: Instant::now(),
             session: OnceLock::new(),
+            holes: {
+                let mut h = vec![false; plan.len()];
+                for op in &ops {
+                    if let Op::Clear { positions } = op {
+                        h[positions.clone()].fill(true);
+                    }
+                }
+                h
+            },
+            squeeze: Mutex::new(Adaptive::new(req.compress, compressors())),
+            may_compress: AtomicBool::new(req.compress != squeeze::Mode::Off),
+            ops,
             pacing: AtomicU64::new(req.pacing.unwrap_or(0)),
             cancel: AtomicBool::new(false),
             progress: Mutex::new(Progress {
@@ -359,9 +402,22 @@ impl Agent {
                 sums: Vec::new(),
             };
             let mut buf = Vec::new();
+            let mut zeros = ZeroSums::default();
             for (a, b) in req.units {
-                for i in a..b.min(count) {
+                let b = b.min(count);
+                if a >= b {
+                    continue;
+                }
+                // Units the store holds nothing of are zeros: no need to read them.
+                let (from, _) = api::unit_range(a, req.unit, size);
+                let (_, to) = api::unit_range(b - 1, req.unit, size);
+                let extents = store.is_allocated(from, to - from).unwrap_or_default();
+                for i in a..b {
                     let (s, e) = api::unit_range(i, req.unit, size);
+                    if !sparse::holds_data(&extents, s, e) {
+                        out.sums.push((i, zeros.sum(e - s)));
+                        continue;
+                    }
                     buf.resize((e - s) as usize, 0);
                     store.read_at(&mut buf, s)?;
                     out.sums.push((i, api::unit_sum(&buf)));
@@ -452,6 +508,10 @@ impl Job {
             path_rate: 0,
             wire_rate: 0,
             epoch: self.epoch,
+            data_bytes: p.data_bytes,
+            wire_bytes: p.wire_bytes,
+            zero_bytes: p.zero_bytes,
+            compressed_units: p.compressed_units,
         };
         drop(p);
         if let Some(s) = self.session.get() {
@@ -480,7 +540,9 @@ impl Job {
         for &pos in done {
             if !p.durable[pos] {
                 p.durable[pos] = true;
-                p.durable_bytes += self.unit_len(self.plan[pos]);
+                if !self.holes[pos] {
+                    p.durable_bytes += self.unit_len(self.plan[pos]);
+                }
             }
         }
         let mut prefix = p.durable_prefix as usize;
@@ -489,6 +551,104 @@ impl Job {
         }
         p.durable_prefix = prefix as u64;
     }
+}
+
+/// The checksum of a unit of zeros, by its length (all units but a LUN's last have one).
+#[derive(Default)]
+struct ZeroSums(Option<(u64, String)>);
+
+impl ZeroSums {
+    fn sum(&mut self, len: u64) -> String {
+        match &self.0 {
+            Some((l, sum)) if *l == len => sum.clone(),
+            _ => {
+                let sum = api::unit_sum(&vec![0u8; len as usize]);
+                self.0 = Some((len, sum.clone()));
+                sum
+            }
+        }
+    }
+}
+
+/// The allocation of the units of `plan`, as the store describes it, range by range of
+/// consecutive units; a store that cannot tell has everything allocated (all sent).
+fn allocation(store: &dyn Backstore, plan: &[u64], unit: u64, size: u64) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < plan.len() {
+        let mut j = i + 1;
+        while j < plan.len() && plan[j] == plan[j - 1] + 1 {
+            j += 1;
+        }
+        let (from, _) = api::unit_range(plan[i], unit, size);
+        let (_, to) = api::unit_range(plan[j - 1], unit, size);
+        match store.is_allocated(from, to - from) {
+            Ok(e) => out.extend(e),
+            Err(e) => {
+                tracing::warn!("the store's allocation at {from}..{to}: {e}; sending it all");
+                out.push((from, to - from, true));
+            }
+        }
+        i = j;
+    }
+    out
+}
+
+/// Compressions that may run at once: the cores the agent's process may use.
+fn compressors() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How the destination makes a range zeros: UNMAP where its logical unit unmaps to zeros
+/// (LBPU and LBPRZ in its Logical Block Provisioning page), else WRITE SAME of zeros.
+#[derive(Clone, Copy)]
+struct Zeroing {
+    unmap: bool,
+}
+
+impl Zeroing {
+    async fn probe(lun: &Lun) -> Zeroing {
+        let page = lun.session().vpd(lun.lun(), 0xb2).await.ok();
+        let unmap = page
+            .is_some_and(|p| p.len() > 5 && p[1] == 0xb2 && p[5] & 0x80 != 0 && p[5] & 0x07 != 0);
+        Zeroing { unmap }
+    }
+
+    async fn zero(self, lun: &Lun, offset: u64, len: u64) -> initiator::Result<()> {
+        let bs = u64::from(lun.block_size());
+        if self.unmap && offset.is_multiple_of(bs) && len.is_multiple_of(bs) {
+            lun.unmap(offset, len).await
+        } else {
+            lun.write_zeroes(offset, len).await
+        }
+    }
+}
+
+/// One step of a send, landed on the destination.
+struct Landed {
+    positions: Vec<usize>,
+    sums: Vec<String>,
+    /// Whether it went out as a FUA write (counted so), and whether it is durable now.
+    fua: bool,
+    durable: bool,
+    /// Bytes of the job's `bytes` it covers.
+    counted: u64,
+    data: u64,
+    wire: u64,
+    zero: u64,
+    compressed: bool,
+}
+
+/// What a unit read from the store turned out to be.
+enum Unit {
+    Zero,
+    Plain(Vec<u8>),
+    Frame(Vec<u8>, Vec<u8>),
+}
+
+/// Whether the destination refused a command as unknown to it.
+fn refused_opcode(e: &initiator::Error) -> bool {
+    matches!(e, initiator::Error::Scsi { sense: Some(s), .. } if s.key == 0x05 && s.asc == 0x20)
 }
 
 async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()> {
@@ -504,30 +664,37 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
         0 => {}
         r => session.set_pacing_rate(Some(r)),
     }
+    // Asked once, by the first step that makes zeros (not before the data starts: it
+    // costs a round trip).
+    let zeroing: Arc<tokio::sync::OnceCell<Zeroing>> = Arc::default();
     job.progress.lock().unwrap().state = Some(JobState::Running);
     let depth = || {
         let per = lun.max_transfer_bytes().clamp(1, job.unit);
         ((session.queue_depth() as u64 * per / job.unit) as usize).max(2)
     };
     let mut next = 0usize;
-    // A unit's write: its plan position, its sum, and whether it went with FUA.
-    let mut inflight: JoinSet<anyhow::Result<(usize, String, bool)>> = JoinSet::new();
+    let mut inflight: JoinSet<anyhow::Result<Landed>> = JoinSet::new();
     // Acknowledged units written without FUA that no flush has covered yet.
     let mut unflushed: Vec<usize> = Vec::new();
-    // Writes without FUA still in flight.
+    // Steps without FUA still in flight.
     let mut plain_in_flight = 0usize;
     // Flushes in flight, each with the units it makes durable.
     let mut flushes: JoinSet<(Vec<usize>, initiator::Result<()>)> = JoinSet::new();
     let mut last_flush = Instant::now();
-    // Once the last window has begun, every unit goes with FUA.
+    // Once the last window has begun, every unit with data goes with FUA.
     let mut fua_window = false;
     let changes = local.changes.clone().zip(job.epoch);
-    let record = |pos: usize, sum: String| {
-        let i = job.plan[pos];
+    let record = |l: &Landed| {
         let mut p = job.progress.lock().unwrap();
-        p.done_bytes += job.unit_len(i);
-        p.done_units += 1;
-        p.sums.insert(i, sum);
+        p.done_bytes += l.counted;
+        p.done_units += l.positions.len() as u64;
+        p.data_bytes += l.data;
+        p.wire_bytes += l.wire;
+        p.zero_bytes += l.zero;
+        p.compressed_units += u64::from(l.compressed);
+        for (&pos, sum) in l.positions.iter().zip(&l.sums) {
+            p.sums.insert(job.plan[pos], sum.clone());
+        }
     };
     loop {
         if job.polled.lock().unwrap().elapsed() > ORPHANED {
@@ -541,59 +708,157 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
             // Let what is in flight land (and become durable below): a resume skips it.
             let mut landed = Vec::new();
             while let Some(r) = inflight.join_next().await {
-                if let Ok(Ok((pos, sum, fua))) = r {
-                    record(pos, sum);
-                    if fua {
-                        landed.push(pos);
+                if let Ok(Ok(l)) = r {
+                    record(&l);
+                    if l.durable {
+                        landed.extend(l.positions);
                     } else {
-                        unflushed.push(pos);
+                        unflushed.extend(l.positions);
                     }
                 }
             }
             durable(job, &changes, &landed).await?;
             break;
         }
-        while inflight.len() < depth() && next < job.plan.len() {
-            let pos = next;
+        while inflight.len() < depth() && next < job.ops.len() {
+            let op = job.ops[next].clone();
+            fua_window |= next + depth() >= job.ops.len();
             next += 1;
-            fua_window |= pos + depth() >= job.plan.len();
-            let fua = fua_window;
+            let fua = fua_window && matches!(op, Op::Data(_));
             if !fua {
                 plain_in_flight += 1;
             }
-            let i = job.plan[pos];
-            let (start, end) = api::unit_range(i, job.unit, job.size);
-            let store = local.store.clone();
             let lun = lun.clone();
-            inflight.spawn(async move {
-                let (data, sum) =
-                    tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, String)> {
-                        let mut buf = vec![0u8; (end - start) as usize];
-                        store.read_at(&mut buf, start)?;
-                        let sum = api::unit_sum(&buf);
-                        Ok((buf, sum))
-                    })
-                    .await??;
-                if fua {
-                    lun.write_fua(start, Bytes::from(data)).await?;
-                } else {
-                    lun.write_at(start, Bytes::from(data)).await?;
+            let job2 = job.clone();
+            let zeroing = zeroing.clone();
+            match op {
+                Op::Clear { positions } => {
+                    let (start, _) = api::unit_range(job.plan[positions.start], job.unit, job.size);
+                    let (_, end) = api::unit_range(job.plan[positions.end - 1], job.unit, job.size);
+                    inflight.spawn(async move {
+                        let z = *zeroing.get_or_init(|| Zeroing::probe(&lun)).await;
+                        z.zero(&lun, start, end - start).await?;
+                        let mut zeros = ZeroSums::default();
+                        let sums = positions
+                            .clone()
+                            .map(|pos| zeros.sum(job2.unit_len(job2.plan[pos])))
+                            .collect();
+                        Ok(Landed {
+                            positions: positions.collect(),
+                            sums,
+                            fua: false,
+                            durable: false,
+                            counted: 0,
+                            data: 0,
+                            wire: 0,
+                            zero: end - start,
+                            compressed: false,
+                        })
+                    });
                 }
-                Ok((pos, sum, fua))
-            });
+                Op::Data(pos) => {
+                    let (start, end) = api::unit_range(job.plan[pos], job.unit, job.size);
+                    let len = end - start;
+                    let try_frame = job.may_compress.load(Ordering::Relaxed)
+                        && lun.compressible(start, len)
+                        && job.squeeze.lock().unwrap().compress_next();
+                    let store = local.store.clone();
+                    inflight.spawn(async move {
+                        let job = job2;
+                        let rate = match job.pacing.load(Ordering::Relaxed) {
+                            0 => None,
+                            r => Some(r),
+                        };
+                        let j = job.clone();
+                        let (unit, sum) =
+                            tokio::task::spawn_blocking(move || -> io::Result<(Unit, String)> {
+                                let mut buf = vec![0u8; len as usize];
+                                store.read_at(&mut buf, start)?;
+                                let sum = api::unit_sum(&buf);
+                                if sparse::is_zero(&buf) {
+                                    return Ok((Unit::Zero, sum));
+                                }
+                                if !try_frame {
+                                    return Ok((Unit::Plain(buf), sum));
+                                }
+                                let t = Instant::now();
+                                let frame = zstd::bulk::compress(&buf, squeeze::LEVEL)?;
+                                let took = t.elapsed();
+                                j.squeeze.lock().unwrap().sample(buf.len(), frame.len(), took, rate);
+                                if squeeze::worth_sending(buf.len(), frame.len()) {
+                                    Ok((Unit::Frame(buf, frame), sum))
+                                } else {
+                                    Ok((Unit::Plain(buf), sum))
+                                }
+                            })
+                            .await??;
+                        let mut l = Landed {
+                            positions: vec![pos],
+                            sums: vec![sum],
+                            fua,
+                            durable: fua,
+                            counted: len,
+                            data: len,
+                            wire: len,
+                            zero: 0,
+                            compressed: false,
+                        };
+                        let plain = match unit {
+                            Unit::Zero => {
+                                let z = *zeroing.get_or_init(|| Zeroing::probe(&lun)).await;
+                                z.zero(&lun, start, len).await?;
+                                l.durable = false;
+                                l.data = 0;
+                                l.wire = 0;
+                                l.zero = len;
+                                return Ok(l);
+                            }
+                            Unit::Plain(buf) => buf,
+                            Unit::Frame(buf, frame) => {
+                                let n = frame.len() as u64;
+                                match lun.write_compressed(start, len, Bytes::from(frame), fua).await {
+                                    Ok(()) => {
+                                        l.wire = n;
+                                        l.compressed = true;
+                                        return Ok(l);
+                                    }
+                                    Err(e) if refused_opcode(&e) => {
+                                        if job.may_compress.swap(false, Ordering::Relaxed) {
+                                            tracing::info!(
+                                                "send {}: the destination takes no compressed writes; sending plainly",
+                                                job.id
+                                            );
+                                        }
+                                        buf
+                                    }
+                                    Err(e) => return Err(e.into()),
+                                }
+                            }
+                        };
+                        if fua {
+                            lun.write_fua(start, Bytes::from(plain)).await?;
+                        } else {
+                            lun.write_at(start, Bytes::from(plain)).await?;
+                        }
+                        Ok(l)
+                    });
+                }
+            }
         }
-        if inflight.is_empty() && next >= job.plan.len() {
+        if inflight.is_empty() && next >= job.ops.len() {
             break;
         }
         tokio::select! {
             r = inflight.join_next(), if !inflight.is_empty() => {
-                let (pos, sum, fua) = r.expect("not empty")??;
-                record(pos, sum);
-                if fua {
-                    durable(job, &changes, &[pos]).await?;
-                } else {
+                let l = r.expect("not empty")??;
+                record(&l);
+                if !l.fua {
                     plain_in_flight -= 1;
-                    unflushed.push(pos);
+                }
+                if l.durable {
+                    durable(job, &changes, &l.positions).await?;
+                } else {
+                    unflushed.extend(l.positions);
                 }
             }
             f = flushes.join_next(), if !flushes.is_empty() => {
@@ -603,7 +868,7 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        // Every unit before the last window acknowledged: flush them at once (beside a
+        // Every step before the last window acknowledged: flush them at once (beside a
         // periodic flush still out), so that the send is durable when the window lands.
         let last = fua_window && plain_in_flight == 0;
         let due = flushes.is_empty() && last_flush.elapsed() >= FLUSH_EVERY;

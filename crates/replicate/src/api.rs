@@ -67,6 +67,9 @@ pub struct SendRequest {
     /// iscsi:// URL's query), e.g. the path's rate for auto-tuning.
     #[serde(default)]
     pub session: Vec<(String, String)>,
+    /// Compression on the wire (`docs/replicate.md`); absent from older coordinators: auto.
+    #[serde(default)]
+    pub compress: crate::squeeze::Mode,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -121,6 +124,19 @@ pub struct JobStatus {
     #[serde(default)]
     pub wire_rate: u64,
     pub epoch: Option<u64>,
+    /// Bytes of the units sent as data (before compression).
+    #[serde(default)]
+    pub data_bytes: u64,
+    /// Bytes those units took in the writes' Data-Out: as they are, or compressed.
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// Bytes made zeros on the destination without data: units the source does not hold,
+    /// or holds as zeros.
+    #[serde(default)]
+    pub zero_bytes: u64,
+    /// Units sent compressed.
+    #[serde(default)]
+    pub compressed_units: u64,
 }
 
 /// `POST /v1/jobs/ID/pace`.

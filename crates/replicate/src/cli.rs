@@ -53,6 +53,11 @@ pub struct SyncArgs {
     /// Skip the checksum comparison.
     #[arg(long)]
     pub no_verify: bool,
+    /// zstd on the wire: auto (per stream, while the data compresses and the CPU keeps up
+    /// with the stream), on (every unit that shrinks) or off. Only to Reservoir's targets;
+    /// others get plain writes.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub compress: crate::squeeze::Mode,
     /// Progress and the result as JSON lines on stdout (per-stream rates every interval).
     #[arg(long)]
     pub json: bool,
@@ -128,6 +133,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         pacing: args.pacing,
         full: args.full,
         verify: !args.no_verify,
+        compress: args.compress,
         interval: interval.max(Duration::from_millis(50)),
         session,
         state: args.state.clone(),
@@ -197,12 +203,15 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "synced {} in {} stream(s) in {:.1} s ({}){}; finish spread {:.1} %; {} unit(s) verified, {} repaired",
+            "synced {} in {} stream(s) in {:.1} s ({}){}; {} as data ({} on the wire), {} as zeros; finish spread {:.1} %; {} unit(s) verified, {} repaired",
             units::Size(report.bytes).approx(),
             report.streams,
             report.seconds,
             shown_rate(report.rate_bytes_per_s),
             if report.incremental { ", incremental" } else { "" },
+            units::Size(report.data_bytes).approx(),
+            units::Size(report.wire_bytes).approx(),
+            units::Size(report.zero_bytes).approx(),
             report.finish_spread * 100.0,
             report.verified_units,
             report.repaired_units

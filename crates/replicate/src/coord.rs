@@ -104,6 +104,8 @@ pub struct SyncOptions {
     pub session: Vec<(String, String)>,
     /// Resume state for volumes without change tracking.
     pub state: Option<std::path::PathBuf>,
+    /// Compression on the wire.
+    pub compress: crate::squeeze::Mode,
 }
 
 /// The options of the streams' iSCSI sessions: the user's, and CUBIC for paced streams
@@ -381,6 +383,14 @@ pub struct Report {
     pub verified_units: u64,
     pub repaired_units: u64,
     pub incremental: bool,
+    /// Bytes of the units sent as data, before compression (repairs not counted).
+    pub data_bytes: u64,
+    /// Bytes those units took in the writes' Data-Out (compressed or as they are).
+    pub wire_bytes: u64,
+    /// Bytes made zeros on the destination without data.
+    pub zero_bytes: u64,
+    /// Units sent compressed.
+    pub compressed_units: u64,
 }
 
 #[derive(Serialize, serde::Deserialize, Default, Clone)]
@@ -486,6 +496,7 @@ pub async fn run(
             skip_units: if incremental { 0 } else { resume.skip[i] },
             pacing: first.shares.get(i).copied().flatten(),
             session: session.clone(),
+            compress: o.compress,
         };
         let c = s.source.clone();
         set.spawn(async move {
@@ -700,6 +711,10 @@ pub async fn run(
         verified_units: 0,
         repaired_units: 0,
         incremental,
+        data_bytes: statuses.iter().flatten().map(|s| s.data_bytes).sum(),
+        wire_bytes: statuses.iter().flatten().map(|s| s.wire_bytes).sum(),
+        zero_bytes: statuses.iter().flatten().map(|s| s.zero_bytes).sum(),
+        compressed_units: statuses.iter().flatten().map(|s| s.compressed_units).sum(),
     };
     if o.verify {
         let (verified, repaired) = verify(&streams, &jobs, o).await?;
@@ -809,6 +824,7 @@ async fn verify(
                 skip_units: 0,
                 pacing: None,
                 session: stream_session(o),
+                compress: o.compress,
             };
             let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
             loop {

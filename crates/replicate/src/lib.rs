@@ -2,8 +2,9 @@
 //! their members straight to the other site's disk servers in parallel iSCSI streams,
 //! paced together so the bottleneck stays full and the streams finish together.
 //!
-//! - [`auth`], [`pace`], [`api`]: sans-IO (the control channel's authentication, the
-//!   cooperative rate control, the messages);
+//! - [`auth`], [`pace`], [`api`], [`sparse`], [`squeeze`]: sans-IO (the control channel's
+//!   authentication, the cooperative rate control, the messages, which units carry data,
+//!   whether to compress);
 //! - [`wire`]: the control channel's sockets (HTTP/1.1 through hyper);
 //! - [`agent`]: the disk server's side, inside `rsv target`;
 //! - [`coord`]: the coordinator, `rsv sync`;
@@ -16,4 +17,6 @@ pub mod cli;
 pub mod coord;
 pub mod metrics;
 pub mod pace;
+pub mod sparse;
+pub mod squeeze;
 pub mod wire;

@@ -27,6 +27,10 @@ pub fn be64(b: &[u8]) -> u64 {
 
 /// Expected CDB length of an opcode, from its group code (SPC-5 4.2.5.1).
 pub fn cdb_len(opcode: u8) -> Option<usize> {
+    if opcode == WRITE_COMPRESSED_16 {
+        // Vendor-specific group 6, whose length is the vendor's to say.
+        return Some(16);
+    }
     match opcode >> 5 {
         0 => Some(6),
         1 | 2 => Some(10),
@@ -137,6 +141,16 @@ pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
 pub fn write16_fua(lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = write16(lba, blocks);
     c[1] = 0x08;
+    c
+}
+
+/// WRITE COMPRESSED (16) (Reservoir's, vendor-specific): WRITE (16)'s fields, FUA
+/// included; the Data-Out is one zstd frame that decompresses to exactly the blocks.
+pub fn write_compressed16(lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
+    let mut c = rw16_cdb(WRITE_COMPRESSED_16, lba, blocks);
+    if fua {
+        c[1] = 0x08;
+    }
     c
 }
 

@@ -51,6 +51,9 @@ pub const SERVICE_ACTION_IN_12: u8 = 0xab;
 pub const WRITE_VERIFY_12: u8 = 0xae;
 pub const VERIFY_12: u8 = 0xaf;
 pub const READ_DEFECT_DATA_12: u8 = 0xb7;
+/// Reservoir's own WRITE COMPRESSED (16), in the vendor-specific range: WRITE (16)'s CDB,
+/// its Data-Out one zstd frame of the blocks (`rsv sync` on data that compresses).
+pub const WRITE_COMPRESSED_16: u8 = 0xc1;
 
 /// Service actions, by the opcode whose CDB carries them.
 pub mod service_action {

@@ -9,6 +9,7 @@
 //! length are the transport's business.
 
 pub mod cdb;
+pub mod compressed;
 mod inquiry;
 mod lu;
 mod mode;

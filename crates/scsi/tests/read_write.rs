@@ -399,3 +399,42 @@ fn write_atomic_16() {
         0x00,
     );
 }
+
+/// WRITE COMPRESSED (16), Reservoir's own: the frame lands as its blocks, FUA or not; a
+/// frame of another length, or no frame, is refused and nothing is written.
+#[test]
+fn write_compressed() {
+    let lu = lu();
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i / 100) as u8).collect();
+    let frame = zstd::bulk::compress(&data, 1).unwrap();
+    assert!(frame.len() < data.len());
+    let cdb = scsi::cdb::write_compressed16(16, 8, false);
+    good(&exec(&lu, &cdb, &frame));
+    assert_eq!(good(&exec(&lu, &read10(16, 8), &[])), &data[..]);
+    good(&exec(
+        &lu,
+        &scsi::cdb::write_compressed16(32, 8, true),
+        &frame,
+    ));
+    assert_eq!(good(&exec(&lu, &read10(32, 8), &[])), &data[..]);
+    // The CDB says 7 blocks, the frame holds 8: refused, block 48 untouched.
+    let r = exec(&lu, &scsi::cdb::write_compressed16(48, 7, false), &frame);
+    assert_sense(&r, 0x05, 0x26, 0x00);
+    // Raw data where a frame should be.
+    let r = exec(&lu, &scsi::cdb::write_compressed16(48, 8, false), &data);
+    assert_sense(&r, 0x05, 0x26, 0x00);
+    assert!(good(&exec(&lu, &read10(48, 8), &[]))
+        .iter()
+        .all(|&b| b == 0));
+    // Beyond the end, and a reserved bit.
+    let r = exec(
+        &lu,
+        &scsi::cdb::write_compressed16(BLOCKS - 4, 8, false),
+        &frame,
+    );
+    assert_sense(&r, 0x05, 0x21, 0x00);
+    let mut bad = scsi::cdb::write_compressed16(48, 8, false);
+    bad[1] = 0x10;
+    assert_invalid_cdb(&exec(&lu, &bad, &frame), 1);
+}

@@ -386,6 +386,11 @@ pub(crate) const COMMANDS: &[Op] = &[
     Op { opcode: READ_DEFECT_DATA_12, sa: None, usage: &[READ_DEFECT_DATA_12, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
         data_out: NO_DATA, access: Access::Read, gate: Gate::Medium, offered: Offered::Always, class: Class::Other,
         run: |_, c| Ok(read_defect_data(c.cmd.cdb)?) },
+    // Reservoir's own (vendor-specific): WRITE (16) whose Data-Out is one zstd frame of the
+    // blocks, for `rsv sync` on data that compresses (`docs/replicate.md`).
+    Op { opcode: WRITE_COMPRESSED_16, sa: None, usage: &[WRITE_COMPRESSED_16, 0x08, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, FF, 0, 0],
+        data_out: DataOut::AsSent, access: Access::Write, gate: Gate::Medium, offered: Offered::Always, class: Class::Write,
+        run: |lu, c| Ok(lu.write_compressed(c.cmd.cdb, c.cmd.data_out)?) },
 ];
 
 /// Index of each opcode's first row in [`COMMANDS`] (`u8::MAX`: none), so that a command

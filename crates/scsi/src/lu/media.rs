@@ -89,6 +89,31 @@ impl LogicalUnit {
         Ok(Vec::new())
     }
 
+    /// WRITE COMPRESSED (16): as WRITE (16), its blocks sent as one zstd frame
+    /// ([`crate::compressed`]); a frame that is not exactly the blocks is refused
+    /// before anything is written.
+    pub(super) fn write_compressed(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        let r = block_range(cdb);
+        if r.flags & !0x08 != 0 {
+            return Err(Sense::invalid_field_in_cdb(1, None));
+        }
+        self.check_range(r.lba, r.blocks)?;
+        self.check_transfer(cdb, r.blocks)?;
+        self.check_writable()?;
+        if r.blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let len = r.blocks * self.block_size;
+        let data = crate::compressed::decompress(data_out, len as usize)
+            .ok_or(sense::INVALID_FIELD_IN_PARAMETER_LIST)?;
+        {
+            let _guards = self.lock_range(r.lba, r.blocks);
+            self.write_blocks(r.lba, &data)?;
+        }
+        self.write_through(r.flags & 0x08 != 0)?;
+        Ok(Vec::new())
+    }
+
     pub(super) fn write_verify(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
         let r = block_range(cdb);
         if r.flags & 0xe0 != 0 {
