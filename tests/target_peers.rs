@@ -384,7 +384,7 @@ fn send_diagnostic_self_test_through_libiscsi() {
 /// SCSI device, which a test machine may lack): no serial number, so a length of zero.
 #[test]
 fn read_media_serial_number_through_libiscsi() {
-    use common::walk::{Client, Dir, Libiscsi};
+    use testkit::walk::{Client, Dir, Libiscsi};
     if !have("cc") {
         return;
     }
