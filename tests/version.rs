@@ -30,6 +30,7 @@ fn version_names_the_build_and_its_kinds() {
         .collect();
     assert_eq!(features.contains(&"rbd"), cfg!(feature = "rbd"), "{v}");
     assert_eq!(features.contains(&"bpf"), cfg!(feature = "bpf"), "{v}");
+    assert_eq!(features.contains(&"man"), cfg!(feature = "man"), "{v}");
     // Built or not, with the reason when not; the kernel's list as the kernel gives it.
     let cc = &v["congestion"];
     assert_eq!(

@@ -7,9 +7,9 @@
 //! copies on the way out (the plaintext into the record, the record to the socket) and,
 //! on the way in, reads of at most 4 KiB into a zero-filled buffer, a copy of the
 //! plaintext into another allocation and a third copy out (`docs/bench-tls.md`). Here a
-//! record is sealed from the caller's bytes into the output buffer in one pass
-//! (`seal_out_of_place_scatter`), many records go out in one write, and a record is
-//! opened where it landed and copied once, to the reader.
+//! record is the caller's bytes copied into the output buffer and sealed there (ring
+//! seals in place only), many records go out in one write, and a record is opened where
+//! it landed and copied once, to the reader.
 //!
 //! Records: outer type application_data, version 0x0303, length; the body is
 //! AEAD(plaintext || inner content type), the nonce the IV XOR the 64-bit sequence
@@ -18,7 +18,7 @@
 
 use std::ops::Range;
 
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 
 /// Largest plaintext of a record (2^14).
@@ -166,8 +166,9 @@ impl SealKey {
 
     /// Seals `plain` (at most [`MAX_PLAINTEXT`] bytes) of content type `typ` as record
     /// number `seq` into the front of `out`, which must hold `plain.len() + OVERHEAD`
-    /// bytes; returns the record's length. `plain` is read once, straight into the
-    /// record. Each `seq` must be sealed at most once under one key.
+    /// bytes; returns the record's length. `plain` is copied into the record and sealed
+    /// there (the copy is hot in the cache for the cipher that follows). Each `seq` must
+    /// be sealed at most once under one key.
     pub fn seal(
         &self,
         seq: u64,
@@ -178,13 +179,8 @@ impl SealKey {
         assert!(plain.len() <= MAX_PLAINTEXT);
         let body = plain.len() + 1 + TAG_LEN;
         let out = &mut out[..HEADER_LEN + body];
-        let hdr = header(body);
-        out[..HEADER_LEN].copy_from_slice(&hdr);
-        let (ct, extra) = out[HEADER_LEN..].split_at_mut(plain.len());
-        self.key
-            .seal_out_of_place_scatter(self.nonce(seq), Aad::from(hdr), plain, ct, &[typ], extra)
-            .map_err(|_| RecordError::Seal)?;
-        Ok(HEADER_LEN + body)
+        out[HEADER_LEN..HEADER_LEN + plain.len()].copy_from_slice(plain);
+        self.seal_in_place(seq, typ, plain.len(), out)
     }
 
     /// Seals the `n` bytes of plaintext already at `out[HEADER_LEN..HEADER_LEN + n]` in

@@ -413,7 +413,7 @@ impl Outbox {
 mod tests {
     use super::*;
     use crate::record::Opener;
-    use aws_lc_rs::aead;
+    use ring::aead;
 
     fn suite(which: u8) -> (&'static aead::Algorithm, usize) {
         match which {

@@ -1,12 +1,14 @@
-//! TLS 1.3 under an iSCSI connection (rustls with the aws-lc-rs provider): the target's
+//! TLS 1.3 under an iSCSI connection (rustls with the ring provider): the target's
 //! acceptor per portal, the initiator's connector, certificates and keys read from PEM
 //! files (a private key readable by group or others is refused), pinning a self-signed
 //! certificate by its SHA-256 fingerprint, and the one-line reasons a handshake failed.
 //!
-//! aws-lc-rs rather than ring: through rustls on this machine's CPU (AMD EPYC, one core,
-//! 16 KiB records in memory) it sealed and opened AES-128-GCM records at 6.4/6.7 GB/s
-//! against ring's 4.1/3.7 (`scripts/tls-provider-bench`), and a TLS connection's cost is
-//! nearly all record encryption.
+//! ring rather than aws-lc-rs, for the build: aws-lc-sys's C build was 18 % of a cold
+//! release build of `rsv` (issue 36). The price is in the cipher (`scripts/tls-provider-bench`,
+//! `--bin records`, as `crate::record` seals and opens, CPU seconds on one core): ring
+//! seals AES-GCM records at about 1.5 times aws-lc-rs's cost (it has no out-of-place
+//! seal, so the plaintext is copied into the record first, and its AES-GCM is VAES-AVX2
+//! where aws-lc's is AVX-512) and opens them at about 1.1 times (`docs/bench-tls.md`).
 //!
 //! Only TLS 1.3 is offered, with its AES-GCM and ChaCha20-Poly1305 suites (as NVMe/TCP's
 //! TLS, TP 8011, asks for 1.3). The handshakes themselves are in [`crate::transport`].
@@ -42,7 +44,7 @@ fn file_error(path: &Path, why: impl std::fmt::Display) -> TlsError {
 
 /// The crypto provider every TLS connection of ours uses.
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// The SHA-256 of a certificate's DER encoding: what `pin=` names.

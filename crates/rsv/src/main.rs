@@ -1,14 +1,16 @@
 //! `rsv`: Reservoir's binary, the product. Thin: parses arguments and calls the libraries.
 //! The bench (the lab, the WAN emulator, capture timing) is `rsv-lab`, under `lab/`.
 
+#[cfg(feature = "man")]
 mod man;
 mod version;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[derive(Parser)]
 #[command(
@@ -55,10 +57,11 @@ enum Command {
     /// This build: version, commit, features, store kinds and congestion controls.
     Version(version::VersionArgs),
     /// Write the manual pages (rsv.1 and rsv-SUBCOMMAND.1) into DIR.
+    #[cfg(feature = "man")]
     #[command(hide = true)]
     Man {
         /// Where the pages go (made if missing).
-        dir: PathBuf,
+        dir: std::path::PathBuf,
     },
 }
 
@@ -69,15 +72,21 @@ fn init_logging(verbose: u8) {
         2 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    // RUST_LOG as `target=level` directives and a bare default level (`warn,targetd=debug`),
+    // matched on the target's prefix as EnvFilter does; not EnvFilter itself, whose span
+    // and field filters would bring a regex engine into the product's build.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| default.parse().expect("the default filter parses"));
+    let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr);
     // The journal stamps every line itself and shows no colours.
     if stderr_is_the_journal() {
-        fmt.without_time().with_ansi(false).init();
+        fmt.without_time().with_ansi(false).finish().with(filter).init();
     } else {
         fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .finish()
+            .with(filter)
             .init();
     }
 }
@@ -185,6 +194,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Media(args) => ok(media::run(args)),
         Command::Sync(args) => ok(replicate::cli::run(args)),
         Command::Version(args) => ok(version::run(args, &stores)),
+        #[cfg(feature = "man")]
         Command::Man { dir } => {
             for page in man::write(command, &dir)? {
                 println!("{}", page.display());

@@ -33,6 +33,9 @@ pub fn report(stores: &backstore::Registry) -> Report {
     if cfg!(feature = "rbd") {
         features.push("rbd");
     }
+    if cfg!(feature = "man") {
+        features.push("man");
+    }
     Report {
         version: env!("CARGO_PKG_VERSION"),
         commit: Some(env!("RSV_BUILD_COMMIT")).filter(|c| !c.is_empty()),
