@@ -11,6 +11,7 @@ use std::path::PathBuf;
 pub mod buffers;
 mod file;
 mod helpers;
+pub mod image;
 mod lend;
 mod ram;
 mod registry;
@@ -19,6 +20,7 @@ mod stripe;
 pub mod track;
 
 pub use file::FileBackstore;
+pub use image::{Hold, Image, ImageOptions, Imaged, SidePlace};
 pub use lend::{copy_checked, Lent};
 pub use ram::RamBackstore;
 pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
