@@ -203,6 +203,14 @@ impl Imaged {
     /// before has returned; writes after it copy what they overwrite. Refused while
     /// another image is held.
     pub fn take(&self) -> io::Result<Image> {
+        self.take_with(|| Ok(())).map(|(image, ())| image)
+    }
+
+    /// Takes an image as [`Imaged::take`] does, and runs `at_cut` at the cut itself: once
+    /// every write before it has returned and before any write after it goes on (those
+    /// wait). A change map frozen there holds exactly the writes in the image. If
+    /// `at_cut` fails, the image is released and its error returned.
+    pub fn take_with<T>(&self, at_cut: impl FnOnce() -> io::Result<T>) -> io::Result<(Image, T)> {
         let mut last_id = self.shared.control.lock().unwrap();
         let epoch = self.shared.epoch.load(Ordering::SeqCst);
         if epoch % 2 == 1 {
@@ -237,15 +245,19 @@ impl Imaged {
         *self.shared.current.write().unwrap() = Some(state.clone());
         self.shared.epoch.store(epoch + 1, Ordering::SeqCst);
         wait_drained(&self.shared.inflight[(epoch % 2) as usize]);
+        let hooked = at_cut();
         *state.ready.lock().unwrap() = true;
         state.ready_cv.notify_all();
-        Ok(Image {
+        drop(last_id);
+        let image = Image {
             owner: Arc::new(Owner {
                 shared: self.shared.clone(),
                 id: state.id,
             }),
             state,
-        })
+        };
+        // On failure the image goes with `image`, released.
+        Ok((image, hooked?))
     }
 
     /// Releases image `id` now, if it is the one held (handles still out then fail to

@@ -59,6 +59,49 @@ pub struct LocalLun {
     pub spec: String,
     pub block_size: u32,
     pub changes: Option<Arc<dyn ChangeLog>>,
+    /// Where its point-in-time images are taken (the layer the target's writes pass
+    /// through) and its write answers held for a cut; absent: the LUN takes no part in
+    /// consistency groups.
+    pub cut: Option<CutPoint>,
+}
+
+/// A LUN's part in a consistency group: its image layer and its hold of write answers.
+#[derive(Clone)]
+pub struct CutPoint {
+    pub imaged: Arc<backstore::Imaged>,
+    pub hold: Arc<backstore::Hold>,
+}
+
+/// How long a held image lives with no request naming it, unless the cut says.
+const IMAGE_LEASE: Duration = Duration::from_secs(60);
+/// The longest hold a coordinator may ask for.
+const MAX_HOLD: Duration = Duration::from_secs(30);
+
+/// An image held for a cut: what a send of the cut reads.
+struct CutImage {
+    iqn: String,
+    lun: u16,
+    image: backstore::Image,
+    /// The change-tracking epoch frozen at the cut, and its units.
+    frozen: Option<(u64, Vec<(u64, u64)>)>,
+    lease: Duration,
+    touched: Mutex<Instant>,
+}
+
+/// Where a send reads: the live store, or an image.
+#[derive(Clone)]
+enum Source {
+    Live(Arc<dyn Backstore>),
+    Image(backstore::Image),
+}
+
+impl Source {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self {
+            Source::Live(s) => s.read_at(buf, offset),
+            Source::Image(i) => i.read_at(buf, offset),
+        }
+    }
 }
 
 /// The LUNs the agent serves, asked at every request: those the target has now, so a
@@ -71,6 +114,8 @@ pub struct Agent {
     jobs: Mutex<HashMap<u64, Arc<Job>>>,
     next_job: AtomicU64,
     base: SessionOptions,
+    /// Images held for cuts, by cut id.
+    images: Mutex<HashMap<u64, Arc<CutImage>>>,
 }
 
 struct Job {
@@ -84,6 +129,9 @@ struct Job {
     size: u64,
     plan: Vec<u64>,
     epoch: Option<u64>,
+    /// The cut whose image the send reads.
+    cut: Option<u64>,
+    source: Source,
     started: Instant,
     session: OnceLock<Session>,
     /// The pacing asked for, bytes per second (0: none).
@@ -128,7 +176,195 @@ impl Agent {
             jobs: Mutex::new(HashMap::new()),
             next_job: AtomicU64::new(1),
             base,
+            images: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn cut_point(&self, iqn: &str, lun: u16) -> Result<(LocalLun, CutPoint), Answer> {
+        let local = self.find(iqn, lun)?;
+        let cut = local.cut.clone().ok_or_else(|| {
+            err(
+                409,
+                format!("LUN {lun} of {iqn} takes no images here (no consistency groups)"),
+            )
+        })?;
+        Ok((local, cut))
+    }
+
+    fn touch(&self, cut: u64) {
+        if let Some(i) = self.images.lock().unwrap().get(&cut) {
+            *i.touched.lock().unwrap() = Instant::now();
+        }
+    }
+
+    /// Drops images whose lease ran out (their coordinator is gone); returns how many.
+    fn expire_images(&self) -> usize {
+        let mut images = self.images.lock().unwrap();
+        let before = images.len();
+        images.retain(|cut, i| {
+            let live = i.touched.lock().unwrap().elapsed() <= i.lease;
+            if !live {
+                tracing::warn!(
+                    "cut {cut}: the image of LUN {} of {} was not asked about for {:?}; released",
+                    i.lun,
+                    i.iqn,
+                    i.lease
+                );
+                i.image.release();
+            }
+            live
+        });
+        before - images.len()
+    }
+
+    /// `POST /v1/cut/hold`: hold the LUN's write answers for cut `cut`, for `hold_ms` at
+    /// most (the agent releases it then, whatever the coordinator does).
+    fn cut_hold(self: &Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (_, point) = self.cut_point(&req.iqn, req.lun)?;
+        let bound = Duration::from_millis(req.hold_ms).min(MAX_HOLD);
+        if bound.is_zero() {
+            return Err(err(400, "a hold needs its bound (hold_ms)"));
+        }
+        if !point.hold.start(req.cut) {
+            return Err(err(
+                409,
+                format!(
+                    "LUN {} of {} holds for another cut ({:?})",
+                    req.lun,
+                    req.iqn,
+                    point.hold.holding()
+                ),
+            ));
+        }
+        let (hold, cut, lun, iqn) = (point.hold.clone(), req.cut, req.lun, req.iqn.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(bound).await;
+            if let Some(h) = hold.release(cut) {
+                tracing::warn!(
+                    "cut {cut}: LUN {lun} of {iqn} held {} write answers for {:?}, its bound; released",
+                    h.answers,
+                    h.held_for
+                );
+            }
+        });
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/image`: take the LUN's image for cut `cut`, which must be held here
+    /// (a request that comes after the hold's bound is refused: the cut is no more).
+    async fn cut_image(self: &Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (local, point) = self.cut_point(&req.iqn, req.lun)?;
+        if let Some(i) = self.images.lock().unwrap().get(&req.cut) {
+            if i.iqn == req.iqn && i.lun == req.lun {
+                *i.touched.lock().unwrap() = Instant::now();
+                return Ok(ok(&api::CutAnswer {
+                    cut: req.cut,
+                    epoch: i.frozen.as_ref().map(|f| f.0),
+                    ..Default::default()
+                }));
+            }
+            return Err(err(409, format!("cut {} is another LUN's here", req.cut)));
+        }
+        if point.hold.holding() != Some(req.cut) {
+            return Err(err(
+                409,
+                format!(
+                    "cut {} is not held on LUN {} of {} (too late: its hold ended)",
+                    req.cut, req.lun, req.iqn
+                ),
+            ));
+        }
+        let changes = local.changes.clone();
+        let imaged = point.imaged.clone();
+        let (image, frozen) = tokio::task::spawn_blocking(move || {
+            imaged.take_with(|| changes.map(|c| c.freeze()).transpose())
+        })
+        .await
+        .map_err(|e| err(500, e))?
+        .map_err(|e| err(409, format!("taking the image of LUN {} of {}: {e}", req.lun, req.iqn)))?;
+        let epoch = frozen.as_ref().map(|f| f.0);
+        tracing::info!(
+            "cut {}: image {} of LUN {} of {} taken{}",
+            req.cut,
+            image.id(),
+            req.lun,
+            req.iqn,
+            epoch.map(|e| format!(", change map frozen as epoch {e}")).unwrap_or_default()
+        );
+        let lease = match req.lease_ms {
+            0 => IMAGE_LEASE,
+            ms => Duration::from_millis(ms),
+        };
+        self.images.lock().unwrap().insert(
+            req.cut,
+            Arc::new(CutImage {
+                iqn: req.iqn.clone(),
+                lun: req.lun,
+                image,
+                frozen,
+                lease,
+                touched: Mutex::new(Instant::now()),
+            }),
+        );
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            epoch,
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/release`: end the hold of cut `cut`; its answers go out.
+    fn cut_release(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (_, point) = self.cut_point(&req.iqn, req.lun)?;
+        let held = point.hold.release(req.cut);
+        if let Some(h) = held {
+            tracing::info!(
+                "cut {}: LUN {} of {} held {} write answers for {:?}",
+                req.cut,
+                req.lun,
+                req.iqn,
+                h.answers,
+                h.held_for
+            );
+        }
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            held_us: held.map(|h| h.held_for.as_micros() as u64),
+            answers: held.map(|h| h.answers as u64),
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/drop`: the sync of cut `cut` is over (or the cut aborted): its image
+    /// goes, and with it the side store.
+    fn cut_drop(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let mut images = self.images.lock().unwrap();
+        if images
+            .get(&req.cut)
+            .is_some_and(|i| i.iqn == req.iqn && i.lun == req.lun)
+        {
+            if let Some(i) = images.remove(&req.cut) {
+                i.image.release();
+                tracing::info!(
+                    "cut {}: image of LUN {} of {} dropped ({} bytes were copied aside)",
+                    req.cut,
+                    req.lun,
+                    req.iqn,
+                    i.image.status().copied_bytes
+                );
+            }
+        }
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            ..Default::default()
+        }))
     }
 
     fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
@@ -156,8 +392,15 @@ impl Agent {
             ("POST", ["v1", "send"]) => self.clone().start_send(&body).await,
             ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| {
                 *j.polled.lock().unwrap() = Instant::now();
+                if let Some(cut) = j.cut {
+                    self.touch(cut);
+                }
                 ok(&j.status())
             }),
+            ("POST", ["v1", "cut", "hold"]) => self.cut_hold(&body),
+            ("POST", ["v1", "cut", "image"]) => self.cut_image(&body).await,
+            ("POST", ["v1", "cut", "release"]) => self.cut_release(&body),
+            ("POST", ["v1", "cut", "drop"]) => self.cut_drop(&body),
             ("GET", ["v1", "jobs", id, "sums"]) => self.job(id).map(|j| {
                 let p = j.progress.lock().unwrap();
                 ok(&api::Sums {
@@ -216,6 +459,25 @@ impl Agent {
                 .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
         }
         let mut unit = req.unit;
+        let image = match req.cut {
+            None => None,
+            Some(cut) => {
+                let found = self.images.lock().unwrap().get(&cut).cloned();
+                match found {
+                    Some(i) if i.iqn == req.iqn && i.lun == req.lun => {
+                        *i.touched.lock().unwrap() = Instant::now();
+                        Some(i)
+                    }
+                    _ => {
+                        return Err(err(
+                            409,
+                            format!("no image of cut {cut} for LUN {} of {} here", req.lun, req.iqn),
+                        ))
+                    }
+                }
+            }
+        };
+        let frozen_at_cut = image.as_ref().and_then(|i| i.frozen.clone());
         let (epoch, ranges) = match &req.what {
             What::All => (None, vec![(0, api::unit_count(size, unit))]),
             What::Units(r) => (None, r.clone()),
@@ -230,10 +492,14 @@ impl Agent {
                     ));
                 };
                 unit = changes.unit();
-                let (epoch, ranges) = tokio::task::spawn_blocking(move || changes.freeze())
-                    .await
-                    .map_err(|e| err(500, e))?
-                    .map_err(|e| err(500, format!("freezing the change map: {e}")))?;
+                // With an image, the units are those frozen at its cut.
+                let (epoch, ranges) = match frozen_at_cut {
+                    Some(f) => f,
+                    None => tokio::task::spawn_blocking(move || changes.freeze())
+                        .await
+                        .map_err(|e| err(500, e))?
+                        .map_err(|e| err(500, format!("freezing the change map: {e}")))?,
+                };
                 (Some(epoch), ranges)
             }
         };
@@ -274,6 +540,11 @@ impl Agent {
             unit,
             size,
             epoch,
+            cut: req.cut,
+            source: match &image {
+                Some(i) => Source::Image(i.image.clone()),
+                None => Source::Live(local.store.clone()),
+            },
             started: Instant::now(),
             session: OnceLock::new(),
             pacing: AtomicU64::new(req.pacing.unwrap_or(0)),
@@ -563,13 +834,13 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
             }
             let i = job.plan[pos];
             let (start, end) = api::unit_range(i, job.unit, job.size);
-            let store = local.store.clone();
+            let source = job.source.clone();
             let lun = lun.clone();
             inflight.spawn(async move {
                 let (data, sum) =
                     tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, String)> {
                         let mut buf = vec![0u8; (end - start) as usize];
-                        store.read_at(&mut buf, start)?;
+                        source.read_at(&mut buf, start)?;
                         let sum = api::unit_sum(&buf);
                         Ok((buf, sum))
                     })
@@ -658,6 +929,15 @@ pub fn spawn(
     let addr = std_listener.local_addr()?;
     let listener = tokio::net::TcpListener::from_std(std_listener)?;
     let agent = Arc::new(agent);
+    // Images whose coordinator is gone are dropped when their lease runs out.
+    let weak = Arc::downgrade(&agent);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(agent) = weak.upgrade() else { break };
+            agent.expire_images();
+        }
+    });
     tokio::spawn(crate::wire::serve(listener, key, move |m, p, b| {
         agent.clone().handle(m, p, b)
     }));

@@ -65,6 +65,14 @@ pub struct SyncArgs {
     /// How often the streams are asked how they do.
     #[arg(long, default_value = "500ms")]
     pub interval: String,
+    /// Copy the live LUNs instead of a point-in-time image: a volume written during the
+    /// sync then lands as a copy of no single moment.
+    #[arg(long)]
+    pub live: bool,
+    /// The longest the source members hold write answers while the cut is taken (the
+    /// cut aborts past it).
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
+    pub hold: String,
 }
 
 fn shown_rate(bytes_per_s: u64) -> String {
@@ -109,6 +117,11 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         interval: interval.max(Duration::from_millis(50)),
         session,
         state: args.state.clone(),
+        cut: if args.live {
+            None
+        } else {
+            Some(units::parse_duration(&args.hold).map_err(|e| anyhow!("--hold: {e}"))?)
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -149,12 +162,17 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "synced {} in {} stream(s) in {:.1} s ({}){}; finish spread {:.1} %; {} unit(s) verified, {} repaired",
+            "synced {} in {} stream(s) in {:.1} s ({}){}{}; finish spread {:.1} %; {} unit(s) verified, {} repaired",
             units::Size(report.bytes).approx(),
             report.streams,
             report.seconds,
             shown_rate(report.rate_bytes_per_s),
             if report.incremental { ", incremental" } else { "" },
+            report
+                .cut
+                .as_ref()
+                .map(|c| format!(", image of one moment (writes held {} µs at most)", c.max_held_us()))
+                .unwrap_or_default(),
             report.finish_spread * 100.0,
             report.verified_units,
             report.repaired_units

@@ -2,8 +2,8 @@
 //! their members straight to the other site's disk servers in parallel iSCSI streams,
 //! paced together so the bottleneck stays full and the streams finish together.
 //!
-//! - [`auth`], [`pace`], [`api`]: sans-IO (the control channel's authentication, the
-//!   cooperative rate control, the messages);
+//! - [`auth`], [`pace`], [`cut`], [`api`]: sans-IO (the control channel's authentication,
+//!   the cooperative rate control, a consistency group's barrier, the messages);
 //! - [`wire`]: the control channel's sockets (HTTP/1.1 through hyper);
 //! - [`agent`]: the disk server's side, inside `rsv target`;
 //! - [`coord`]: the coordinator, `rsv sync`.
@@ -13,5 +13,6 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod coord;
+pub mod cut;
 pub mod pace;
 pub mod wire;
