@@ -242,7 +242,7 @@ fn a_volume_in_use_lands_as_one_moment() {
     let done: serde_json::Value = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
-        .last()
+        .next_back()
         .expect("a result line");
     assert_eq!(done["event"], "done", "{done}");
     eprintln!("sync: {done}");
@@ -256,7 +256,10 @@ fn a_volume_in_use_lands_as_one_moment() {
     // Read the far copy back through site B's file server.
     let back = tmp.path().join("back");
     let b_url = format!("iscsi://{}/{IQN}/0", b.file_server.portal);
-    run_ok(rsv().to_str().unwrap(), &["cp", &b_url, back.to_str().unwrap()]);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", &b_url, back.to_str().unwrap()],
+    );
     let copy = std::fs::read(&back).unwrap();
     let found = writes_in(&copy, units);
     let k = found.len() as u64;
@@ -413,7 +416,10 @@ fn bench_image_write_overhead() {
     // Write the whole LUN once, so that neither run writes to holes.
     let fill = tmp.path().join("fill");
     common::random_file(&fill, 1 << 30, 3);
-    run_ok(rsv().to_str().unwrap(), &["cp", fill.to_str().unwrap(), &url]);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", fill.to_str().unwrap(), &url],
+    );
     std::fs::remove_file(&fill).unwrap();
     let k = replicate::auth::Key::from_file(&key).unwrap();
     let member = [replicate::coord::GroupMember {
@@ -426,14 +432,23 @@ fn bench_image_write_overhead() {
         let out = run_ok(
             rsv().to_str().unwrap(),
             &[
-                "bench", &url, "--rw", "write", "--pattern", "rand", "--block-size", "4k",
-                "--duration", &format!("{secs}"), "--json",
+                "bench",
+                &url,
+                "--rw",
+                "write",
+                "--pattern",
+                "rand",
+                "--block-size",
+                "4k",
+                "--duration",
+                &format!("{secs}"),
+                "--json",
             ],
         );
         let v: serde_json::Value = out
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
         eprintln!(
             "{what}: {:.0} IOPS, p50 {} µs, p99 {} µs",
@@ -456,12 +471,18 @@ fn bench_image_write_overhead() {
         holds.push(c.max_held_us());
     }
     let iops = |v: &[serde_json::Value]| {
-        let mut x: Vec<f64> = v.iter().map(|r| r["iops"].as_f64().unwrap_or(0.0)).collect();
+        let mut x: Vec<f64> = v
+            .iter()
+            .map(|r| r["iops"].as_f64().unwrap_or(0.0))
+            .collect();
         x.sort_by(f64::total_cmp);
         x[x.len() / 2]
     };
     let p99 = |v: &[serde_json::Value]| {
-        let mut x: Vec<u64> = v.iter().map(|r| r["latency_us_p99"].as_u64().unwrap_or(0)).collect();
+        let mut x: Vec<u64> = v
+            .iter()
+            .map(|r| r["latency_us_p99"].as_u64().unwrap_or(0))
+            .collect();
         x.sort_unstable();
         x[x.len() / 2]
     };

@@ -176,7 +176,10 @@ impl Imaged {
         if !options.unit.is_power_of_two() || options.unit < 512 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("image unit {} is not a power of two of 512 or more", options.unit),
+                format!(
+                    "image unit {} is not a power of two of 512 or more",
+                    options.unit
+                ),
             ));
         }
         Ok(Imaged {
@@ -213,8 +216,14 @@ impl Imaged {
     pub fn take_with<T>(&self, at_cut: impl FnOnce() -> io::Result<T>) -> io::Result<(Image, T)> {
         let mut last_id = self.shared.control.lock().unwrap();
         let epoch = self.shared.epoch.load(Ordering::SeqCst);
-        if epoch % 2 == 1 {
-            let id = self.shared.current.read().unwrap().as_ref().map_or(0, |s| s.id);
+        if epoch & 1 == 1 {
+            let id = self
+                .shared
+                .current
+                .read()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |s| s.id);
             return Err(ImageError::Busy(id).into());
         }
         let o = &self.shared.options;
@@ -244,7 +253,7 @@ impl Imaged {
         });
         *self.shared.current.write().unwrap() = Some(state.clone());
         self.shared.epoch.store(epoch + 1, Ordering::SeqCst);
-        wait_drained(&self.shared.inflight[(epoch % 2) as usize]);
+        wait_drained(&self.shared.inflight[(epoch & 1) as usize]);
         let hooked = at_cut();
         *state.ready.lock().unwrap() = true;
         state.ready_cv.notify_all();
@@ -280,7 +289,7 @@ impl Imaged {
     fn enter(&self) -> Entered {
         loop {
             let e = self.shared.epoch.load(Ordering::SeqCst);
-            let parity = (e % 2) as usize;
+            let parity = (e & 1) as usize;
             self.shared.inflight[parity].fetch_add(1, Ordering::SeqCst);
             if self.shared.epoch.load(Ordering::SeqCst) == e {
                 let image = if parity == 1 {
@@ -339,7 +348,7 @@ fn release(shared: &Shared, id: u64) {
     let Some(state) = shared.current.read().unwrap().clone() else {
         return;
     };
-    if epoch % 2 == 0 || state.id != id {
+    if epoch & 1 == 0 || state.id != id {
         return;
     }
     // Marked released under the copy lock first: a read of the image in progress ends
@@ -362,7 +371,9 @@ fn side_file(path: &Path, size: u64) -> io::Result<File> {
         .write(true)
         .create_new(true)
         .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("image side file {}: {e}", path.display())))?;
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("image side file {}: {e}", path.display()))
+        })?;
     std::fs::remove_file(path)?;
     f.set_len(size)?;
     Ok(f)
@@ -477,9 +488,7 @@ impl ImageState {
                         let saved = m.get(&u).ok_or_else(|| {
                             io::Error::other(format!("image {}: unit {u} lost", self.id))
                         })?;
-                        out.copy_from_slice(
-                            &saved[(at - us) as usize..(piece_end - us) as usize],
-                        );
+                        out.copy_from_slice(&saved[(at - us) as usize..(piece_end - us) as usize]);
                     }
                 }
             } else {
@@ -591,7 +600,9 @@ impl Backstore for Imaged {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.change(offset, buf.len() as u64, || self.inner.write_at(buf, offset))
+        self.change(offset, buf.len() as u64, || {
+            self.inner.write_at(buf, offset)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -848,7 +859,10 @@ mod tests {
             let mut buf = vec![0u8; 1 << 20];
             image.read_at(&mut buf, 0).unwrap();
             for block in buf.chunks(8192) {
-                assert!(block.iter().all(|&b| b == block[0]), "a torn block in the image");
+                assert!(
+                    block.iter().all(|&b| b == block[0]),
+                    "a torn block in the image"
+                );
             }
             let mut again = vec![0u8; 1 << 20];
             image.read_at(&mut again, 0).unwrap();
@@ -887,7 +901,11 @@ mod tests {
         let id = image.id();
         let again = image.clone();
         drop(image);
-        assert_eq!(store.held().map(|s| s.id), Some(id), "a handle is still out");
+        assert_eq!(
+            store.held().map(|s| s.id),
+            Some(id),
+            "a handle is still out"
+        );
         drop(again);
         assert!(store.held().is_none());
         // With no image, writes copy nothing.

@@ -279,6 +279,26 @@ impl Agent {
                 ),
             ));
         }
+        // An image of an earlier cut of this LUN belongs to a sync that was interrupted
+        // (a new one runs, as a new send replaces a running one): it goes.
+        let stale: Vec<Arc<CutImage>> = {
+            let mut images = self.images.lock().unwrap();
+            let old: Vec<u64> = images
+                .iter()
+                .filter(|(_, i)| i.iqn == req.iqn && i.lun == req.lun)
+                .map(|(c, _)| *c)
+                .collect();
+            old.iter().filter_map(|c| images.remove(c)).collect()
+        };
+        for i in stale {
+            tracing::info!(
+                "cut {}: replaces the image of an earlier cut of LUN {} of {}",
+                req.cut,
+                req.lun,
+                req.iqn
+            );
+            i.image.release();
+        }
         let changes = local.changes.clone();
         let imaged = point.imaged.clone();
         let (image, frozen) = tokio::task::spawn_blocking(move || {
@@ -286,7 +306,12 @@ impl Agent {
         })
         .await
         .map_err(|e| err(500, e))?
-        .map_err(|e| err(409, format!("taking the image of LUN {} of {}: {e}", req.lun, req.iqn)))?;
+        .map_err(|e| {
+            err(
+                409,
+                format!("taking the image of LUN {} of {}: {e}", req.lun, req.iqn),
+            )
+        })?;
         let epoch = frozen.as_ref().map(|f| f.0);
         tracing::info!(
             "cut {}: image {} of LUN {} of {} taken{}",
@@ -294,7 +319,9 @@ impl Agent {
             image.id(),
             req.lun,
             req.iqn,
-            epoch.map(|e| format!(", change map frozen as epoch {e}")).unwrap_or_default()
+            epoch
+                .map(|e| format!(", change map frozen as epoch {e}"))
+                .unwrap_or_default()
         );
         let lease = match req.lease_ms {
             0 => IMAGE_LEASE,
@@ -471,7 +498,10 @@ impl Agent {
                     _ => {
                         return Err(err(
                             409,
-                            format!("no image of cut {cut} for LUN {} of {} here", req.lun, req.iqn),
+                            format!(
+                                "no image of cut {cut} for LUN {} of {} here",
+                                req.lun, req.iqn
+                            ),
                         ))
                     }
                 }
@@ -966,5 +996,128 @@ impl ChangeLog for backstore::track::ChangeMap {
 
     fn dirty_bytes(&self) -> u64 {
         backstore::track::ChangeMap::dirty_bytes(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> (Arc<Agent>, CutPoint) {
+        let store: Arc<dyn Backstore> = Arc::new(backstore::RamBackstore::new(1 << 20));
+        let point = CutPoint {
+            imaged: Arc::new(
+                backstore::Imaged::new(
+                    store.clone(),
+                    backstore::ImageOptions {
+                        side: backstore::SidePlace::Memory,
+                        unit: 4096,
+                        limit: 1 << 20,
+                    },
+                )
+                .unwrap(),
+            ),
+            hold: Arc::new(backstore::Hold::default()),
+        };
+        let lun = LocalLun {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            store,
+            spec: "ram:?size=1MiB".into(),
+            block_size: 512,
+            changes: None,
+            cut: Some(point.clone()),
+        };
+        let agent = Agent::new(
+            Box::new(move || vec![lun.clone()]),
+            Vec::new(),
+            SessionOptions::default(),
+        );
+        (Arc::new(agent), point)
+    }
+
+    async fn ask(agent: &Arc<Agent>, what: &str, cut: u64, hold_ms: u64, lease_ms: u64) -> u16 {
+        let body = serde_json::to_vec(&api::CutRequest {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            cut,
+            hold_ms,
+            lease_ms,
+        })
+        .unwrap();
+        agent
+            .clone()
+            .handle("POST".into(), format!("/v1/cut/{what}"), body)
+            .await
+            .0
+    }
+
+    #[tokio::test]
+    async fn a_hold_ends_at_its_bound_and_a_late_image_is_refused() {
+        let (agent, point) = agent();
+        assert_eq!(
+            ask(&agent, "hold", 5, 0, 0).await,
+            400,
+            "a hold without a bound"
+        );
+        assert_eq!(ask(&agent, "hold", 5, 50, 0).await, 200);
+        assert_eq!(
+            ask(&agent, "hold", 5, 50, 0).await,
+            200,
+            "the same hold twice"
+        );
+        assert_eq!(
+            ask(&agent, "hold", 6, 50, 0).await,
+            409,
+            "another cut's hold"
+        );
+        assert_eq!(point.hold.holding(), Some(5));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            point.hold.holding(),
+            None,
+            "the agent ended the hold at its bound"
+        );
+        assert_eq!(
+            ask(&agent, "image", 5, 0, 0).await,
+            409,
+            "too late for an image"
+        );
+        assert!(point.imaged.held().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_image_goes_when_its_lease_runs_out_or_it_is_dropped() {
+        let (agent, point) = agent();
+        assert_eq!(ask(&agent, "hold", 9, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 9, 0, 30).await, 200);
+        assert_eq!(
+            ask(&agent, "image", 9, 0, 30).await,
+            200,
+            "the same image twice"
+        );
+        assert_eq!(ask(&agent, "release", 9, 0, 0).await, 200);
+        assert!(point.imaged.held().is_some());
+        assert_eq!(agent.expire_images(), 0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(agent.expire_images(), 1, "its lease ran out");
+        assert!(point.imaged.held().is_none());
+
+        assert_eq!(ask(&agent, "hold", 11, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 11, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 11, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "drop", 11, 0, 0).await, 200);
+        assert!(point.imaged.held().is_none());
+        assert_eq!(ask(&agent, "drop", 11, 0, 0).await, 200, "a late drop");
+
+        // A new cut's image replaces one an interrupted sync left.
+        assert_eq!(ask(&agent, "hold", 13, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 13, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 13, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "hold", 15, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 15, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 15, 0, 0).await, 200);
+        assert_eq!(agent.images.lock().unwrap().len(), 1);
+        assert!(point.imaged.held().is_some());
     }
 }

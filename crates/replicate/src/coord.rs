@@ -520,7 +520,11 @@ pub async fn drop_cut(members: &[GroupMember], id: u64) {
                 hold_ms: 0,
                 lease_ms: 0,
             };
-            if let Err(e) = m.agent.call::<api::CutAnswer>("POST", "/v1/cut/drop", &req).await {
+            if let Err(e) = m
+                .agent
+                .call::<api::CutAnswer>("POST", "/v1/cut/drop", &req)
+                .await
+            {
                 tracing::warn!("dropping the image of cut {id} on {}: {e:#}", m.agent.addr);
             }
         });
@@ -548,7 +552,9 @@ pub async fn run(
             lun: s.source_lun.lun,
         })
         .collect();
-    let taken = cut(&members, hold).await.context("the point-in-time cut of the source")?;
+    let taken = cut(&members, hold)
+        .await
+        .context("the point-in-time cut of the source")?;
     tracing::info!(
         "cut {} across {} member(s) in {:.1} ms; longest hold {} µs",
         taken.cut,

@@ -207,9 +207,10 @@ impl Barrier {
     /// The clock moved: a cut not past its images by the deadline aborts.
     pub fn tick(&mut self, now: Duration) -> Vec<Action> {
         match self.phase {
-            Phase::Holding | Phase::Imaging if now > self.deadline() => {
-                self.abort(format!("not every member held and took its image within {:?}", self.timeout))
-            }
+            Phase::Holding | Phase::Imaging if now > self.deadline() => self.abort(format!(
+                "not every member held and took its image within {:?}",
+                self.timeout
+            )),
             _ => Vec::new(),
         }
     }
@@ -328,7 +329,10 @@ mod tests {
         b.start(ms(0));
         assert!(b.start(ms(1)).is_empty(), "started once");
         assert!(b.on_held(7, Ok(()), ms(1)).is_empty());
-        assert!(b.on_imaged(0, Ok(()), ms(1)).is_empty(), "an image before all hold");
+        assert!(
+            b.on_imaged(0, Ok(()), ms(1)).is_empty(),
+            "an image before all hold"
+        );
         assert_eq!(b.phase(), &Phase::Holding);
         let mut empty = Barrier::new(0, T);
         assert!(empty.start(ms(0)).is_empty());

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
-use backstore::{Backstore, ChangeMap, Hold, ImageOptions, Imaged, NewMap, Registry, SidePlace, Tracked};
+use backstore::{
+    Backstore, ChangeMap, Hold, ImageOptions, Imaged, NewMap, Registry, SidePlace, Tracked,
+};
 use scsi::{LogicalUnit, LuConfig};
 use tracing::info;
 
@@ -86,7 +88,13 @@ fn image_options(
         let path = store.sidecar(".image").unwrap_or_else(|| {
             let name: String = format!("{iqn}-lun{lun}.image")
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect();
             data_dir.join(name)
         });
@@ -146,7 +154,10 @@ pub(crate) fn open_target(
         };
         // Outermost, so that an image's cut and a change map's freeze can be one moment
         // (the agent freezes at the cut).
-        let imaged = Arc::new(Imaged::new(store, image_options(&t.iqn, l.id, &spec, &raw, &config.data_dir))?);
+        let imaged = Arc::new(Imaged::new(
+            store,
+            image_options(&t.iqn, l.id, &spec, &raw, &config.data_dir),
+        )?);
         let store: Arc<dyn Backstore> = imaged.clone();
         lun_stores.insert(
             l.id,
