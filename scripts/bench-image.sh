@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): what a point-in-time image costs the target's writes. One
-# `rsv target` on loopback with a 1 GiB file LUN (written whole first) and its sync agent;
+# `rsv target` on loopback with a 256 MiB file LUN (written whole first) and its sync agent;
 # `rsv bench` 4 KiB random writes (queue depth 32 by default) with no image and with an
 # image held (a cut taken through the agent, as `rsv sync` takes it), alternating ROUNDS
 # times, and the ratio of the medians. Also, in process, a 4 KiB write to a RAM store

@@ -410,12 +410,12 @@ fn bench_image_write_overhead() {
         "127.0.0.60",
         port,
         &key,
-        "[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=1GiB\"\n",
+        "[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=256MiB\"\n",
     );
     let url = format!("iscsi://{}/{IQN}/0", h.portal);
     // Write the whole LUN once, so that neither run writes to holes.
     let fill = tmp.path().join("fill");
-    common::random_file(&fill, 1 << 30, 3);
+    common::random_file(&fill, 256 << 20, 3);
     run_ok(
         rsv().to_str().unwrap(),
         &["cp", fill.to_str().unwrap(), &url],
@@ -490,7 +490,7 @@ fn bench_image_write_overhead() {
     let summary = serde_json::json!({
         "bench": "image",
         "rsv_bench": format!("rsv bench URL --rw write --pattern rand --block-size 4k --duration {secs}"),
-        "lun": "file, 1 GiB, written whole first",
+        "lun": "file, 256 MiB, written whole first",
         "rounds": rounds,
         "no_image_iops_median": a,
         "image_held_iops_median": b,

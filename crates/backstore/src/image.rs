@@ -876,6 +876,60 @@ mod tests {
     }
 
     #[test]
+    fn file_ram_and_stripe_stores_keep_their_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let file: Arc<dyn Backstore> = Arc::new(
+            crate::FileBackstore::open(dir.path().join("f.img"), Some(1 << 20), true, false)
+                .unwrap(),
+        );
+        let stripe: Arc<dyn Backstore> = Arc::new(
+            crate::StripeBackstore::new(
+                vec![
+                    Arc::new(RamBackstore::new(512 << 10)),
+                    Arc::new(RamBackstore::new(512 << 10)),
+                ],
+                64 << 10,
+            )
+            .unwrap(),
+        );
+        let ram: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20));
+        for (store, side) in [
+            (file, SidePlace::File(dir.path().join("f.img.image"))),
+            (ram, SidePlace::Memory),
+            (stripe, SidePlace::File(dir.path().join("s.image"))),
+        ] {
+            let what = store.description();
+            let imaged = Imaged::new(
+                store,
+                ImageOptions {
+                    side,
+                    unit: DEFAULT_UNIT,
+                    limit: 1 << 20,
+                },
+            )
+            .unwrap();
+            imaged.write_at(&[1; 200_000], 30_000).unwrap();
+            let image = imaged.take().unwrap();
+            // Across units and (for the stripe) both members.
+            imaged.write_at(&[2; 150_000], 100_000).unwrap();
+            imaged.write_zeroes(0, 40_960).unwrap();
+            let mut at_cut = vec![0u8; 300_000];
+            image.read_at(&mut at_cut, 0).unwrap();
+            let mut want = vec![0u8; 300_000];
+            want[30_000..230_000].fill(1);
+            assert!(at_cut == want, "{what}: the image changed");
+            let mut live = vec![0u8; 300_000];
+            imaged.read_at(&mut live, 0).unwrap();
+            want[..40_960].fill(0);
+            want[100_000..250_000].fill(2);
+            assert!(live == want, "{what}: the store lost a write");
+            assert_eq!(image.status().copied_bytes, 4 * DEFAULT_UNIT, "{what}");
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the file store's own file: {left:?}");
+    }
+
+    #[test]
     fn a_full_side_store_overruns_the_image_not_the_writes() {
         let store = imaged(64 << 10, SidePlace::Memory, 8192);
         let image = store.take().unwrap();
