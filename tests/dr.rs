@@ -445,10 +445,10 @@ fn bench_image_write_overhead() {
                 "--json",
             ],
         );
+        // One pretty-printed JSON object, after any lines of notes.
         let v: serde_json::Value = out
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .next_back()
+            .find('{')
+            .and_then(|at| serde_json::from_str(&out[at..]).ok())
             .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
         eprintln!(
             "{what}: {:.0} IOPS, p50 {} µs, p99 {} µs",
