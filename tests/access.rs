@@ -158,6 +158,7 @@ fn the_sync_agent_serves_the_luns_the_target_has_now() {
             pacing: None,
             session: Vec::new(),
             compress: Default::default(),
+            cut: None,
         };
         rt.block_on(agent.call::<replicate::api::SendStarted>("POST", "/v1/send", &req))
             .map(|_| ())

@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use replicate::api::{Pace, Release, SendRequest, SumsRequest};
+use replicate::api::{CutAnswer, CutRequest, Pace, Release, SendRequest, SumsRequest};
 use replicate::auth::{AuthError, Key, Verifier};
 
 const NOW: u64 = 1_780_000_000;
@@ -55,4 +55,6 @@ fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<SumsRequest>(body);
     let _ = serde_json::from_slice::<Release>(body);
     let _ = serde_json::from_slice::<Pace>(body);
+    let _ = serde_json::from_slice::<CutRequest>(body);
+    let _ = serde_json::from_slice::<CutAnswer>(body);
 });

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 pub mod buffers;
 mod file;
 mod helpers;
+pub mod image;
 mod lend;
 mod null;
 mod ram;
@@ -20,6 +21,7 @@ mod stripe;
 pub mod track;
 
 pub use file::FileBackstore;
+pub use image::{Hold, Image, ImageOptions, Imaged, SidePlace};
 pub use lend::{copy_checked, Lent};
 pub use null::NullBackstore;
 pub use ram::RamBackstore;

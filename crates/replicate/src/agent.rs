@@ -64,6 +64,57 @@ pub struct LocalLun {
     pub spec: String,
     pub block_size: u32,
     pub changes: Option<Arc<dyn ChangeLog>>,
+    /// Where its point-in-time images are taken (the layer the target's writes pass
+    /// through) and its write answers held for a cut; absent: the LUN takes no part in
+    /// consistency groups.
+    pub cut: Option<CutPoint>,
+}
+
+/// A LUN's part in a consistency group: its image layer and its hold of write answers.
+#[derive(Clone)]
+pub struct CutPoint {
+    pub imaged: Arc<backstore::Imaged>,
+    pub hold: Arc<backstore::Hold>,
+}
+
+/// How long a held image lives with no request naming it, unless the cut says.
+const IMAGE_LEASE: Duration = Duration::from_secs(60);
+/// The longest hold a coordinator may ask for.
+const MAX_HOLD: Duration = Duration::from_secs(30);
+
+/// An image held for a cut: what a send of the cut reads.
+struct CutImage {
+    iqn: String,
+    lun: u16,
+    image: backstore::Image,
+    /// The change-tracking epoch frozen at the cut, and its units.
+    frozen: Option<(u64, Vec<(u64, u64)>)>,
+    lease: Duration,
+    touched: Mutex<Instant>,
+}
+
+/// Where a send reads: the live store, or an image.
+#[derive(Clone)]
+enum Source {
+    Live(Arc<dyn Backstore>),
+    Image(backstore::Image),
+}
+
+impl Source {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self {
+            Source::Live(s) => s.read_at(buf, offset),
+            Source::Image(i) => i.read_at(buf, offset),
+        }
+    }
+
+    /// What the source holds: the live store's allocation, or what it held at the cut.
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        match self {
+            Source::Live(s) => s.is_allocated(offset, len),
+            Source::Image(i) => i.is_allocated(offset, len),
+        }
+    }
 }
 
 /// The LUNs the agent serves, asked at every request: those the target has now, so a
@@ -76,6 +127,8 @@ pub struct Agent {
     jobs: Mutex<HashMap<u64, Arc<Job>>>,
     next_job: AtomicU64,
     base: SessionOptions,
+    /// Images held for cuts, by cut id.
+    images: Mutex<HashMap<u64, Arc<CutImage>>>,
 }
 
 struct Job {
@@ -93,6 +146,9 @@ struct Job {
     /// Plan positions of units the source does not hold (not in `bytes`).
     holes: Vec<bool>,
     epoch: Option<u64>,
+    /// The cut whose image the send reads.
+    cut: Option<u64>,
+    source: Source,
     started: Instant,
     /// Whether to compress the next unit.
     squeeze: Mutex<Adaptive>,
@@ -145,7 +201,222 @@ impl Agent {
             jobs: Mutex::new(HashMap::new()),
             next_job: AtomicU64::new(1),
             base,
+            images: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn cut_point(&self, iqn: &str, lun: u16) -> Result<(LocalLun, CutPoint), Answer> {
+        let local = self.find(iqn, lun)?;
+        let cut = local.cut.clone().ok_or_else(|| {
+            err(
+                409,
+                format!("LUN {lun} of {iqn} takes no images here (no consistency groups)"),
+            )
+        })?;
+        Ok((local, cut))
+    }
+
+    fn touch(&self, cut: u64) {
+        if let Some(i) = self.images.lock().unwrap().get(&cut) {
+            *i.touched.lock().unwrap() = Instant::now();
+        }
+    }
+
+    /// Drops images whose lease ran out (their coordinator is gone); returns how many.
+    fn expire_images(&self) -> usize {
+        let mut images = self.images.lock().unwrap();
+        let before = images.len();
+        images.retain(|cut, i| {
+            let live = i.touched.lock().unwrap().elapsed() <= i.lease;
+            if !live {
+                tracing::warn!(
+                    "cut {cut}: the image of LUN {} of {} was not asked about for {:?}; released",
+                    i.lun,
+                    i.iqn,
+                    i.lease
+                );
+                i.image.release();
+            }
+            live
+        });
+        before - images.len()
+    }
+
+    /// `POST /v1/cut/hold`: hold the LUN's write answers for cut `cut`, for `hold_ms` at
+    /// most (the agent releases it then, whatever the coordinator does).
+    fn cut_hold(self: &Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (_, point) = self.cut_point(&req.iqn, req.lun)?;
+        let bound = Duration::from_millis(req.hold_ms).min(MAX_HOLD);
+        if bound.is_zero() {
+            return Err(err(400, "a hold needs its bound (hold_ms)"));
+        }
+        if !point.hold.start(req.cut) {
+            return Err(err(
+                409,
+                format!(
+                    "LUN {} of {} holds for another cut ({:?})",
+                    req.lun,
+                    req.iqn,
+                    point.hold.holding()
+                ),
+            ));
+        }
+        let (hold, cut, lun, iqn) = (point.hold.clone(), req.cut, req.lun, req.iqn.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(bound).await;
+            if let Some(h) = hold.release(cut) {
+                tracing::warn!(
+                    "cut {cut}: LUN {lun} of {iqn} held {} write answers for {:?}, its bound; released",
+                    h.answers,
+                    h.held_for
+                );
+            }
+        });
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/image`: take the LUN's image for cut `cut`, which must be held here
+    /// (a request that comes after the hold's bound is refused: the cut is no more).
+    async fn cut_image(self: &Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (local, point) = self.cut_point(&req.iqn, req.lun)?;
+        if let Some(i) = self.images.lock().unwrap().get(&req.cut) {
+            if i.iqn == req.iqn && i.lun == req.lun {
+                *i.touched.lock().unwrap() = Instant::now();
+                return Ok(ok(&api::CutAnswer {
+                    cut: req.cut,
+                    epoch: i.frozen.as_ref().map(|f| f.0),
+                    ..Default::default()
+                }));
+            }
+            return Err(err(409, format!("cut {} is another LUN's here", req.cut)));
+        }
+        if point.hold.holding() != Some(req.cut) {
+            return Err(err(
+                409,
+                format!(
+                    "cut {} is not held on LUN {} of {} (too late: its hold ended)",
+                    req.cut, req.lun, req.iqn
+                ),
+            ));
+        }
+        // An image of an earlier cut of this LUN belongs to a sync that was interrupted
+        // (a new one runs, as a new send replaces a running one): it goes.
+        let stale: Vec<Arc<CutImage>> = {
+            let mut images = self.images.lock().unwrap();
+            let old: Vec<u64> = images
+                .iter()
+                .filter(|(_, i)| i.iqn == req.iqn && i.lun == req.lun)
+                .map(|(c, _)| *c)
+                .collect();
+            old.iter().filter_map(|c| images.remove(c)).collect()
+        };
+        for i in stale {
+            tracing::info!(
+                "cut {}: replaces the image of an earlier cut of LUN {} of {}",
+                req.cut,
+                req.lun,
+                req.iqn
+            );
+            i.image.release();
+        }
+        let changes = local.changes.clone();
+        let imaged = point.imaged.clone();
+        let (image, frozen) = tokio::task::spawn_blocking(move || {
+            imaged.take_with(|| changes.map(|c| c.freeze()).transpose())
+        })
+        .await
+        .map_err(|e| err(500, e))?
+        .map_err(|e| {
+            err(
+                409,
+                format!("taking the image of LUN {} of {}: {e}", req.lun, req.iqn),
+            )
+        })?;
+        let epoch = frozen.as_ref().map(|f| f.0);
+        tracing::info!(
+            "cut {}: image {} of LUN {} of {} taken{}",
+            req.cut,
+            image.id(),
+            req.lun,
+            req.iqn,
+            epoch
+                .map(|e| format!(", change map frozen as epoch {e}"))
+                .unwrap_or_default()
+        );
+        let lease = match req.lease_ms {
+            0 => IMAGE_LEASE,
+            ms => Duration::from_millis(ms),
+        };
+        self.images.lock().unwrap().insert(
+            req.cut,
+            Arc::new(CutImage {
+                iqn: req.iqn.clone(),
+                lun: req.lun,
+                image,
+                frozen,
+                lease,
+                touched: Mutex::new(Instant::now()),
+            }),
+        );
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            epoch,
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/release`: end the hold of cut `cut`; its answers go out.
+    fn cut_release(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let (_, point) = self.cut_point(&req.iqn, req.lun)?;
+        let held = point.hold.release(req.cut);
+        if let Some(h) = held {
+            tracing::info!(
+                "cut {}: LUN {} of {} held {} write answers for {:?}",
+                req.cut,
+                req.lun,
+                req.iqn,
+                h.answers,
+                h.held_for
+            );
+        }
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            held_us: held.map(|h| h.held_for.as_micros() as u64),
+            answers: held.map(|h| h.answers as u64),
+            ..Default::default()
+        }))
+    }
+
+    /// `POST /v1/cut/drop`: the sync of cut `cut` is over (or the cut aborted): its image
+    /// goes, and with it the side store.
+    fn cut_drop(&self, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CutRequest = parse(body)?;
+        let mut images = self.images.lock().unwrap();
+        if images
+            .get(&req.cut)
+            .is_some_and(|i| i.iqn == req.iqn && i.lun == req.lun)
+        {
+            if let Some(i) = images.remove(&req.cut) {
+                i.image.release();
+                tracing::info!(
+                    "cut {}: image of LUN {} of {} dropped ({} bytes were copied aside)",
+                    req.cut,
+                    req.lun,
+                    req.iqn,
+                    i.image.status().copied_bytes
+                );
+            }
+        }
+        Ok(ok(&api::CutAnswer {
+            cut: req.cut,
+            ..Default::default()
+        }))
     }
 
     fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
@@ -173,8 +444,15 @@ impl Agent {
             ("POST", ["v1", "send"]) => self.clone().start_send(&body).await,
             ("GET", ["v1", "jobs", id]) => self.job(id).map(|j| {
                 *j.polled.lock().unwrap() = Instant::now();
+                if let Some(cut) = j.cut {
+                    self.touch(cut);
+                }
                 ok(&j.status())
             }),
+            ("POST", ["v1", "cut", "hold"]) => self.cut_hold(&body),
+            ("POST", ["v1", "cut", "image"]) => self.cut_image(&body).await,
+            ("POST", ["v1", "cut", "release"]) => self.cut_release(&body),
+            ("POST", ["v1", "cut", "drop"]) => self.cut_drop(&body),
             ("GET", ["v1", "jobs", id, "sums"]) => self.job(id).map(|j| {
                 let p = j.progress.lock().unwrap();
                 ok(&api::Sums {
@@ -233,6 +511,28 @@ impl Agent {
                 .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
         }
         let mut unit = req.unit;
+        let image = match req.cut {
+            None => None,
+            Some(cut) => {
+                let found = self.images.lock().unwrap().get(&cut).cloned();
+                match found {
+                    Some(i) if i.iqn == req.iqn && i.lun == req.lun => {
+                        *i.touched.lock().unwrap() = Instant::now();
+                        Some(i)
+                    }
+                    _ => {
+                        return Err(err(
+                            409,
+                            format!(
+                                "no image of cut {cut} for LUN {} of {} here",
+                                req.lun, req.iqn
+                            ),
+                        ))
+                    }
+                }
+            }
+        };
+        let frozen_at_cut = image.as_ref().and_then(|i| i.frozen.clone());
         let (epoch, ranges) = match &req.what {
             What::All => (None, vec![(0, api::unit_count(size, unit))]),
             What::Units(r) => (None, r.clone()),
@@ -247,10 +547,14 @@ impl Agent {
                     ));
                 };
                 unit = changes.unit();
-                let (epoch, ranges) = tokio::task::spawn_blocking(move || changes.freeze())
-                    .await
-                    .map_err(|e| err(500, e))?
-                    .map_err(|e| err(500, format!("freezing the change map: {e}")))?;
+                // With an image, the units are those frozen at its cut.
+                let (epoch, ranges) = match frozen_at_cut {
+                    Some(f) => f,
+                    None => tokio::task::spawn_blocking(move || changes.freeze())
+                        .await
+                        .map_err(|e| err(500, e))?
+                        .map_err(|e| err(500, format!("freezing the change map: {e}")))?,
+                };
                 (Some(epoch), ranges)
             }
         };
@@ -273,12 +577,17 @@ impl Agent {
         }
         let skip = (req.skip_units as usize).min(plan.len());
         plan.drain(..skip);
-        let (plan, ops) = {
-            let store = local.store.clone();
+        let source = match &image {
+            Some(i) => Source::Image(i.image.clone()),
+            None => Source::Live(local.store.clone()),
+        };
+        let (plan, ops, source) = {
             tokio::task::spawn_blocking(move || {
-                let extents = allocation(&*store, &plan, unit, size);
+                // From the image where there is one: a unit discarded since the cut still
+                // holds its data there.
+                let extents = allocation(&source, &plan, unit, size);
                 let ops = sparse::ops(&plan, unit, size, &extents, MAX_CLEAR);
-                (plan, ops)
+                (plan, ops, source)
             })
             .await
             .map_err(|e| err(500, e))?
@@ -305,6 +614,8 @@ impl Agent {
             unit,
             size,
             epoch,
+            cut: req.cut,
+            source,
             started: Instant::now(),
             session: OnceLock::new(),
             holes: {
@@ -572,7 +883,7 @@ impl ZeroSums {
 
 /// The allocation of the units of `plan`, as the store describes it, range by range of
 /// consecutive units; a store that cannot tell has everything allocated (all sent).
-fn allocation(store: &dyn Backstore, plan: &[u64], unit: u64, size: u64) -> Vec<(u64, u64, bool)> {
+fn allocation(store: &Source, plan: &[u64], unit: u64, size: u64) -> Vec<(u64, u64, bool)> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < plan.len() {
@@ -762,7 +1073,7 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                     let try_frame = job.may_compress.load(Ordering::Relaxed)
                         && lun.compressible(start, len)
                         && job.squeeze.lock().unwrap().compress_next();
-                    let store = local.store.clone();
+                    let store = job.source.clone();
                     inflight.spawn(async move {
                         let job = job2;
                         let rate = match job.pacing.load(Ordering::Relaxed) {
@@ -923,6 +1234,15 @@ pub fn spawn(
     let addr = std_listener.local_addr()?;
     let listener = tokio::net::TcpListener::from_std(std_listener)?;
     let agent = Arc::new(agent);
+    // Images whose coordinator is gone are dropped when their lease runs out.
+    let weak = Arc::downgrade(&agent);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(agent) = weak.upgrade() else { break };
+            agent.expire_images();
+        }
+    });
     tokio::spawn(crate::wire::serve(listener, key, move |m, p, b| {
         agent.clone().handle(m, p, b)
     }));
@@ -951,5 +1271,128 @@ impl ChangeLog for backstore::track::ChangeMap {
 
     fn dirty_bytes(&self) -> u64 {
         backstore::track::ChangeMap::dirty_bytes(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> (Arc<Agent>, CutPoint) {
+        let store: Arc<dyn Backstore> = Arc::new(backstore::RamBackstore::new(1 << 20));
+        let point = CutPoint {
+            imaged: Arc::new(
+                backstore::Imaged::new(
+                    store.clone(),
+                    backstore::ImageOptions {
+                        side: backstore::SidePlace::Memory,
+                        unit: 4096,
+                        limit: 1 << 20,
+                    },
+                )
+                .unwrap(),
+            ),
+            hold: Arc::new(backstore::Hold::default()),
+        };
+        let lun = LocalLun {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            store,
+            spec: "ram:?size=1MiB".into(),
+            block_size: 512,
+            changes: None,
+            cut: Some(point.clone()),
+        };
+        let agent = Agent::new(
+            Box::new(move || vec![lun.clone()]),
+            Vec::new(),
+            SessionOptions::default(),
+        );
+        (Arc::new(agent), point)
+    }
+
+    async fn ask(agent: &Arc<Agent>, what: &str, cut: u64, hold_ms: u64, lease_ms: u64) -> u16 {
+        let body = serde_json::to_vec(&api::CutRequest {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            cut,
+            hold_ms,
+            lease_ms,
+        })
+        .unwrap();
+        agent
+            .clone()
+            .handle("POST".into(), format!("/v1/cut/{what}"), body)
+            .await
+            .0
+    }
+
+    #[tokio::test]
+    async fn a_hold_ends_at_its_bound_and_a_late_image_is_refused() {
+        let (agent, point) = agent();
+        assert_eq!(
+            ask(&agent, "hold", 5, 0, 0).await,
+            400,
+            "a hold without a bound"
+        );
+        assert_eq!(ask(&agent, "hold", 5, 50, 0).await, 200);
+        assert_eq!(
+            ask(&agent, "hold", 5, 50, 0).await,
+            200,
+            "the same hold twice"
+        );
+        assert_eq!(
+            ask(&agent, "hold", 6, 50, 0).await,
+            409,
+            "another cut's hold"
+        );
+        assert_eq!(point.hold.holding(), Some(5));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            point.hold.holding(),
+            None,
+            "the agent ended the hold at its bound"
+        );
+        assert_eq!(
+            ask(&agent, "image", 5, 0, 0).await,
+            409,
+            "too late for an image"
+        );
+        assert!(point.imaged.held().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_image_goes_when_its_lease_runs_out_or_it_is_dropped() {
+        let (agent, point) = agent();
+        assert_eq!(ask(&agent, "hold", 9, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 9, 0, 30).await, 200);
+        assert_eq!(
+            ask(&agent, "image", 9, 0, 30).await,
+            200,
+            "the same image twice"
+        );
+        assert_eq!(ask(&agent, "release", 9, 0, 0).await, 200);
+        assert!(point.imaged.held().is_some());
+        assert_eq!(agent.expire_images(), 0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(agent.expire_images(), 1, "its lease ran out");
+        assert!(point.imaged.held().is_none());
+
+        assert_eq!(ask(&agent, "hold", 11, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 11, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 11, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "drop", 11, 0, 0).await, 200);
+        assert!(point.imaged.held().is_none());
+        assert_eq!(ask(&agent, "drop", 11, 0, 0).await, 200, "a late drop");
+
+        // A new cut's image replaces one an interrupted sync left.
+        assert_eq!(ask(&agent, "hold", 13, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 13, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 13, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "hold", 15, 5000, 0).await, 200);
+        assert_eq!(ask(&agent, "image", 15, 0, 0).await, 200);
+        assert_eq!(ask(&agent, "release", 15, 0, 0).await, 200);
+        assert_eq!(agent.images.lock().unwrap().len(), 1);
+        assert!(point.imaged.held().is_some());
     }
 }

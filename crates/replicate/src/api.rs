@@ -70,6 +70,10 @@ pub struct SendRequest {
     /// Compression on the wire (`docs/replicate.md`); absent from older coordinators: auto.
     #[serde(default)]
     pub compress: crate::squeeze::Mode,
+    /// Read the LUN from the image of this cut (`POST /v1/cut/image`), not the live LUN;
+    /// with `what: changed`, the units are those frozen at the cut.
+    #[serde(default)]
+    pub cut: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -169,6 +173,38 @@ pub struct Release {
     pub iqn: String,
     pub lun: u16,
     pub epoch: u64,
+}
+
+/// `POST /v1/cut/{hold,image,release,drop}`: one member's part in a consistency group's
+/// cut (`crate::cut`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CutRequest {
+    pub iqn: String,
+    pub lun: u16,
+    /// The cut's id, chosen by the coordinator.
+    pub cut: u64,
+    /// `hold`: the agent releases the hold by itself after this long (ms).
+    #[serde(default)]
+    pub hold_ms: u64,
+    /// `image`: the agent drops the image when no request has named it for this long
+    /// (ms; the coordinator is gone).
+    #[serde(default)]
+    pub lease_ms: u64,
+}
+
+/// The answer to a cut request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct CutAnswer {
+    pub cut: u64,
+    /// `release`: how long write answers were held, µs (absent: no such hold was on).
+    #[serde(default)]
+    pub held_us: Option<u64>,
+    /// `release`: write answers that waited.
+    #[serde(default)]
+    pub answers: Option<u64>,
+    /// `image`: the change-tracking epoch frozen at the cut, when the LUN keeps tracking.
+    #[serde(default)]
+    pub epoch: Option<u64>,
 }
 
 /// Every error answer.

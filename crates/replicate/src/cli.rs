@@ -90,6 +90,14 @@ pub struct SyncArgs {
     /// streams past it are left out, and the log says so once.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub metrics_max_series: u64,
+    /// Copy the live LUNs instead of a point-in-time image: a volume written during the
+    /// sync then lands as a copy of no single moment.
+    #[arg(long)]
+    pub live: bool,
+    /// The longest the source members hold write answers while the cut is taken (the
+    /// cut aborts past it).
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
+    pub cut_hold: String,
 }
 
 fn shown_rate(bytes_per_s: u64) -> String {
@@ -125,7 +133,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         session.push((k.to_owned(), v.to_owned()));
     }
     let interval = units::parse_duration(&args.interval).map_err(|e| anyhow!("--interval: {e}"))?;
-    let hold =
+    let metrics_hold =
         units::parse_duration(&args.metrics_hold).map_err(|e| anyhow!("--metrics-hold: {e}"))?;
     let o = SyncOptions {
         unit,
@@ -137,6 +145,11 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         interval: interval.max(Duration::from_millis(50)),
         session,
         state: args.state.clone(),
+        cut: if args.live {
+            None
+        } else {
+            Some(units::parse_duration(&args.cut_hold).map_err(|e| anyhow!("--cut-hold: {e}"))?)
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -195,7 +208,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
     let report = match report {
         Ok(r) => r,
         Err(e) => {
-            hold_metrics(&rt, args.metrics.is_some(), hold);
+            hold_metrics(&rt, args.metrics.is_some(), metrics_hold);
             return Err(e);
         }
     };
@@ -203,12 +216,17 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "synced {} in {} stream(s) in {:.1} s ({}){}; {} as data ({} on the wire), {} as zeros; finish spread {:.1} %; {} unit(s) verified, {} repaired",
+            "synced {} in {} stream(s) in {:.1} s ({}){}{}; {} as data ({} on the wire), {} as zeros; finish spread {:.1} %; {} unit(s) verified, {} repaired",
             units::Size(report.bytes).approx(),
             report.streams,
             report.seconds,
             shown_rate(report.rate_bytes_per_s),
             if report.incremental { ", incremental" } else { "" },
+            report
+                .cut
+                .as_ref()
+                .map(|c| format!(", image of one moment (writes held {} µs at most)", c.max_held_us()))
+                .unwrap_or_default(),
             units::Size(report.data_bytes).approx(),
             units::Size(report.wire_bytes).approx(),
             units::Size(report.zero_bytes).approx(),
@@ -217,7 +235,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
             report.repaired_units
         );
     }
-    hold_metrics(&rt, args.metrics.is_some(), hold);
+    hold_metrics(&rt, args.metrics.is_some(), metrics_hold);
     Ok(())
 }
 

@@ -106,6 +106,10 @@ pub struct SyncOptions {
     pub state: Option<std::path::PathBuf>,
     /// Compression on the wire.
     pub compress: crate::squeeze::Mode,
+    /// Copy a point-in-time image of the volume, cut across all its members at once
+    /// ([`cut`]), holding write answers for this long at most; `None`: copy the live
+    /// LUNs (a volume written meanwhile lands as a copy of no single moment).
+    pub cut: Option<Duration>,
 }
 
 /// The options of the streams' iSCSI sessions: the user's, and CUBIC for paced streams
@@ -391,6 +395,8 @@ pub struct Report {
     pub zero_bytes: u64,
     /// Units sent compressed.
     pub compressed_units: u64,
+    /// The point-in-time cut the copy is of, and its holds (absent: the live LUNs).
+    pub cut: Option<CutReport>,
 }
 
 #[derive(Serialize, serde::Deserialize, Default, Clone)]
@@ -439,15 +445,176 @@ fn left_and_eta(views: &[StreamView], rates: &[u64]) -> (Vec<u64>, Vec<Option<f6
         .unzip()
 }
 
+/// One member of a consistency group: its agent and its LUN there.
+#[derive(Clone, Debug)]
+pub struct GroupMember {
+    pub agent: Client,
+    pub iqn: String,
+    pub lun: u16,
+}
+
+/// A cut taken: its id (what the sends name) and how long each member held its write
+/// answers.
+#[derive(Clone, Debug, Serialize)]
+pub struct CutReport {
+    pub cut: u64,
+    /// Per member, µs (absent: it did not say).
+    pub held_us: Vec<Option<u64>>,
+    /// From the first hold asked to the last release answered, ms.
+    pub took_ms: f64,
+}
+
+impl CutReport {
+    /// The longest hold of any member, µs.
+    pub fn max_held_us(&self) -> u64 {
+        self.held_us.iter().flatten().copied().max().unwrap_or(0)
+    }
+}
+
+/// Takes one point-in-time cut across `members` (`crate::cut`'s barrier): each holds its
+/// write answers, then each takes its image, then all release. Holds last `hold` at most:
+/// past it, the cut aborts (holds released, images dropped) and this fails.
+pub async fn cut(members: &[GroupMember], hold: Duration) -> anyhow::Result<CutReport> {
+    use crate::cut::{Action, Barrier, Phase};
+    // Odd and non-zero, so that no two coordinators pick the same one by chance.
+    let id: u64 = rand::random::<u64>() | 1;
+    let t0 = Instant::now();
+    let mut barrier = Barrier::new(members.len(), hold);
+    type Pending = tokio::task::JoinSet<(Action, anyhow::Result<api::CutAnswer>)>;
+    let mut pending: Pending = tokio::task::JoinSet::new();
+    let ask = |pending: &mut Pending, a: Action| {
+        let (i, path) = match a {
+            Action::Hold(i) => (i, "/v1/cut/hold"),
+            Action::Image(i) => (i, "/v1/cut/image"),
+            Action::Release(i) => (i, "/v1/cut/release"),
+            Action::Drop(i) => (i, "/v1/cut/drop"),
+        };
+        let m = members[i].clone();
+        let req = api::CutRequest {
+            iqn: m.iqn,
+            lun: m.lun,
+            cut: id,
+            hold_ms: hold.as_millis() as u64,
+            lease_ms: 0,
+        };
+        pending.spawn(async move { (a, m.agent.call("POST", path, &req).await) });
+    };
+    for a in barrier.start(t0.elapsed()) {
+        ask(&mut pending, a);
+    }
+    let deadline = tokio::time::Instant::from_std(t0) + hold;
+    loop {
+        let open = matches!(barrier.phase(), Phase::Holding | Phase::Imaging);
+        if pending.is_empty() && !open {
+            break;
+        }
+        let actions = tokio::select! {
+            r = pending.join_next(), if !pending.is_empty() => {
+                let (a, r) = r.expect("not empty")?;
+                let now = t0.elapsed();
+                let r = r.map_err(|e| format!("{:#}", e));
+                match a {
+                    Action::Hold(i) => barrier.on_held(i, r.map(|_| ()), now),
+                    Action::Image(i) => barrier.on_imaged(i, r.map(|_| ()), now),
+                    Action::Release(i) => {
+                        let held = r.ok().and_then(|a| a.held_us).map(Duration::from_micros);
+                        barrier.on_released(i, held)
+                    }
+                    Action::Drop(_) => Vec::new(),
+                }
+            }
+            _ = tokio::time::sleep_until(deadline), if open => barrier.tick(t0.elapsed() + Duration::from_millis(1)),
+        };
+        for a in actions {
+            ask(&mut pending, a);
+        }
+    }
+    match barrier.phase() {
+        Phase::Done => Ok(CutReport {
+            cut: id,
+            held_us: barrier
+                .held_for()
+                .iter()
+                .map(|h| h.map(|d| d.as_micros() as u64))
+                .collect(),
+            took_ms: t0.elapsed().as_secs_f64() * 1e3,
+        }),
+        Phase::Aborted(why) => bail!("the cut across {} member(s) aborted: {why}", members.len()),
+        p => bail!("the cut ended in phase {p:?}"),
+    }
+}
+
+/// Drops the images of cut `id` on every member (the sync is over); failures are logged
+/// (each agent drops its image by itself when its lease runs out).
+pub async fn drop_cut(members: &[GroupMember], id: u64) {
+    let mut set = tokio::task::JoinSet::new();
+    for m in members.iter().cloned() {
+        set.spawn(async move {
+            let req = api::CutRequest {
+                iqn: m.iqn.clone(),
+                lun: m.lun,
+                cut: id,
+                hold_ms: 0,
+                lease_ms: 0,
+            };
+            if let Err(e) = m
+                .agent
+                .call::<api::CutAnswer>("POST", "/v1/cut/drop", &req)
+                .await
+            {
+                tracing::warn!("dropping the image of cut {id} on {}: {e:#}", m.agent.addr);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
 /// Runs a sync to its end. `out` gets progress: `Some(tick)` every interval.
 pub async fn run(
     src: &VolumeRef,
     dst: &VolumeRef,
     key: &Key,
     o: &SyncOptions,
+    out: impl FnMut(&Tick<'_>),
+) -> anyhow::Result<Report> {
+    let (streams, dest_check) = plan(src, dst, key).await?;
+    let Some(hold) = o.cut else {
+        return transfer(src, dst, o, streams, dest_check, None, out).await;
+    };
+    let members: Vec<GroupMember> = streams
+        .iter()
+        .map(|s| GroupMember {
+            agent: s.source.clone(),
+            iqn: s.source_lun.iqn.clone(),
+            lun: s.source_lun.lun,
+        })
+        .collect();
+    let taken = cut(&members, hold)
+        .await
+        .context("the point-in-time cut of the source")?;
+    tracing::info!(
+        "cut {} across {} member(s) in {:.1} ms; longest hold {} µs",
+        taken.cut,
+        members.len(),
+        taken.took_ms,
+        taken.max_held_us()
+    );
+    let r = transfer(src, dst, o, streams, dest_check, Some(taken.clone()), out).await;
+    drop_cut(&members, taken.cut).await;
+    r
+}
+
+/// The transfer of a planned sync, from the live LUNs or from the images of `cut`.
+async fn transfer(
+    src: &VolumeRef,
+    dst: &VolumeRef,
+    o: &SyncOptions,
+    mut streams: Vec<Stream>,
+    dest_check: DestCheck,
+    taken: Option<CutReport>,
     mut out: impl FnMut(&Tick<'_>),
 ) -> anyhow::Result<Report> {
-    let (mut streams, dest_check) = plan(src, dst, key).await?;
+    let cut_id = taken.as_ref().map(|c| c.cut);
     let mut dest_check = Some(dest_check);
     let n = streams.len();
     let label = |v: &VolumeRef| format!("{}/{}/{}", addr(&v.host, v.port), v.iqn, v.lun);
@@ -497,6 +664,7 @@ pub async fn run(
             pacing: first.shares.get(i).copied().flatten(),
             session: session.clone(),
             compress: o.compress,
+            cut: cut_id,
         };
         let c = s.source.clone();
         set.spawn(async move {
@@ -715,9 +883,10 @@ pub async fn run(
         wire_bytes: statuses.iter().flatten().map(|s| s.wire_bytes).sum(),
         zero_bytes: statuses.iter().flatten().map(|s| s.zero_bytes).sum(),
         compressed_units: statuses.iter().flatten().map(|s| s.compressed_units).sum(),
+        cut: taken,
     };
     if o.verify {
-        let (verified, repaired) = verify(&streams, &jobs, o).await?;
+        let (verified, repaired) = verify(&streams, &jobs, o, cut_id).await?;
         report.verified_units = verified;
         report.repaired_units = repaired;
     }
@@ -767,6 +936,7 @@ async fn verify(
     streams: &[Stream],
     jobs: &[api::SendStarted],
     o: &SyncOptions,
+    cut: Option<u64>,
 ) -> anyhow::Result<(u64, u64)> {
     let mut verified = 0;
     let mut repaired = 0;
@@ -825,6 +995,7 @@ async fn verify(
                 pacing: None,
                 session: stream_session(o),
                 compress: o.compress,
+                cut,
             };
             let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
             loop {

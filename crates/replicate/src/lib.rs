@@ -2,9 +2,9 @@
 //! their members straight to the other site's disk servers in parallel iSCSI streams,
 //! paced together so the bottleneck stays full and the streams finish together.
 //!
-//! - [`auth`], [`pace`], [`api`], [`sparse`], [`squeeze`]: sans-IO (the control channel's
-//!   authentication, the cooperative rate control, the messages, which units carry data,
-//!   whether to compress);
+//! - [`auth`], [`pace`], [`cut`], [`api`], [`sparse`], [`squeeze`]: sans-IO (the control
+//!   channel's authentication, the cooperative rate control, a consistency group's
+//!   barrier, the messages, which units carry data, whether to compress);
 //! - [`wire`]: the control channel's sockets (HTTP/1.1 through hyper);
 //! - [`agent`]: the disk server's side, inside `rsv target`;
 //! - [`coord`]: the coordinator, `rsv sync`;
@@ -15,6 +15,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod coord;
+pub mod cut;
 pub mod metrics;
 pub mod pace;
 pub mod sparse;

@@ -134,6 +134,10 @@ fn start_agent(
                         .changes
                         .clone()
                         .map(|c| c as std::sync::Arc<dyn replicate::agent::ChangeLog>),
+                    cut: Some(replicate::agent::CutPoint {
+                        imaged: s.imaged.clone(),
+                        hold: s.hold.clone(),
+                    }),
                 });
             }
         }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backstore::{Backstore, ChangeMap};
+use backstore::{Backstore, ChangeMap, Hold, Imaged};
 use scsi::{Designator, LogicalUnit, Reach};
 
 use std::net::SocketAddr;
@@ -40,6 +40,11 @@ pub struct LunStore {
     pub spec: String,
     /// Its counters for `/metrics` (with `[metrics]` only); they live as long as the LU.
     pub stats: Option<Arc<LunStats>>,
+    /// The layer every write to the LUN passes through, where a point-in-time image is
+    /// taken (`backstore::image`): one atomic check per write while none is held.
+    pub imaged: Arc<Imaged>,
+    /// The LUN's write answers, held during a consistency group's cut (`conn/exec.rs`).
+    pub hold: Arc<Hold>,
 }
 
 impl TargetNode {

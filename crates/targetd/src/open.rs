@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
-use backstore::{Backstore, ChangeMap, NewMap, Registry, Tracked};
+use backstore::{
+    Backstore, ChangeMap, Hold, ImageOptions, Imaged, NewMap, Registry, SidePlace, Tracked,
+};
 use scsi::{LogicalUnit, LuConfig};
 use tracing::info;
 
@@ -69,6 +71,42 @@ fn open_changes(
     Ok(Arc::new(map))
 }
 
+/// Where a LUN's point-in-time images keep what writes overwrite: memory for a RAM store
+/// (a quarter of its size at most), else a sparse file beside its data (or in the data
+/// directory, for a store with no place beside it) as large as the store.
+fn image_options(
+    iqn: &str,
+    lun: u16,
+    spec: &backstore::StoreSpec,
+    store: &Arc<dyn Backstore>,
+    data_dir: &std::path::Path,
+) -> ImageOptions {
+    let size = store.size();
+    let (side, limit) = if spec.kind() == "ram" {
+        (SidePlace::Memory, size / 4)
+    } else {
+        let path = store.sidecar(".image").unwrap_or_else(|| {
+            let name: String = format!("{iqn}-lun{lun}.image")
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            data_dir.join(name)
+        });
+        (SidePlace::File(path), size)
+    };
+    ImageOptions {
+        side,
+        unit: backstore::image::DEFAULT_UNIT,
+        limit,
+    }
+}
+
 /// The node of target `t`: LUNs in `keep` reused, every other one opened; `taken` holds
 /// the change maps of the LUNs opened or kept so far.
 pub(crate) fn open_target(
@@ -114,6 +152,13 @@ pub(crate) fn open_target(
             Some(map) => Arc::new(Tracked::new(store, map.clone())?),
             None => store,
         };
+        // Outermost, so that an image's cut and a change map's freeze can be one moment
+        // (the agent freezes at the cut).
+        let imaged = Arc::new(Imaged::new(
+            store,
+            image_options(&t.iqn, l.id, &spec, &raw, &config.data_dir),
+        )?);
+        let store: Arc<dyn Backstore> = imaged.clone();
         lun_stores.insert(
             l.id,
             LunStore {
@@ -121,6 +166,8 @@ pub(crate) fn open_target(
                 changes,
                 spec: spec.shown(),
                 stats: config.metrics.is_some().then(Default::default),
+                imaged,
+                hold: Arc::new(Hold::default()),
             },
         );
         let description = store.description();

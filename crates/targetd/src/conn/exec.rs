@@ -64,6 +64,15 @@ impl Conn {
             lend_mapping: !self.params.data_digest && !self.tls,
             stats,
         };
+        // A write's answer waits while its LUN holds write answers (a consistency group's
+        // cut); its data lands meanwhile.
+        let hold = job
+            .task
+            .cmd
+            .write
+            .then(|| job.task.lun.and_then(|l| job.target.stores.get(&l)))
+            .flatten()
+            .map(|s| s.hold.clone());
         let session = self.session.clone();
         let shared = self.shared.clone();
         let executing = self.executing.clone();
@@ -71,7 +80,7 @@ impl Conn {
         // `finish` may run on a store's own thread (an asynchronous read's completion),
         // outside the runtime: it spawns through the handle.
         let rt = session.erl2().then(tokio::runtime::Handle::current);
-        let finish = move |job: Job, pdus: Vec<Pdu>| {
+        let answer = move |job: Job, pdus: Vec<Pdu>| {
             let ctl = &job.task.ctl;
             if ctl.claim_answer() {
                 if let Some(pdus) = session.answer_here(cid, itt, pdus) {
@@ -101,6 +110,14 @@ impl Conn {
                 executing.idle.notify_waiters();
             }
             shared.task_finished();
+        };
+        let finish = move |job: Job, pdus: Vec<Pdu>| match &hold {
+            Some(hold) => {
+                let hold = hold.clone();
+                let answer = answer.clone();
+                hold.defer(Box::new(move || answer(job, pdus)))
+            }
+            None => answer(job, pdus),
         };
         // A read the page cache can answer costs less than the hand-over to a worker.
         if let Some(pdus) = job.run_now() {
