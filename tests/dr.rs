@@ -9,8 +9,6 @@
 //! Also the barrier on its own: cuts taken over and over across the two disk servers while
 //! the writer writes, each one's longest hold of write answers printed (p50, p99).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{rsv, run_ok};
+use testkit::{rsv, run_ok};
 use tools::crash::model::{self, Found, UNIT};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:dr";
@@ -415,7 +413,7 @@ fn bench_image_write_overhead() {
     let url = format!("iscsi://{}/{IQN}/0", h.portal);
     // Write the whole LUN once, so that neither run writes to holes.
     let fill = tmp.path().join("fill");
-    common::random_file(&fill, 256 << 20, 3);
+    testkit::random_file(&fill, 256 << 20, 3);
     run_ok(
         rsv().to_str().unwrap(),
         &["cp", fill.to_str().unwrap(), &url],
