@@ -977,6 +977,30 @@ mod tests {
     }
 
     #[test]
+    fn an_image_holds_what_was_discarded_after_its_cut() {
+        // RAM frees a whole MiB discarded; the image still holds its old content there,
+        // so a sync reading the image must not take it for a hole.
+        const MIB: u64 = 1 << 20;
+        let store = imaged(4 * MIB, SidePlace::Memory, u64::MAX);
+        store.write_at(&vec![7u8; MIB as usize], 0).unwrap();
+        let image = store.take().unwrap();
+        store.discard(0, MIB).unwrap();
+        store.write_at(&[9u8; 4096], 2 * MIB).unwrap();
+        assert_eq!(
+            store.is_allocated(0, MIB).unwrap(),
+            vec![(0, MIB, false)],
+            "the live store no longer holds the first MiB"
+        );
+        let held = image.is_allocated(0, 4 * MIB).unwrap();
+        assert_eq!(held[0], (0, MIB, true), "{held:?}");
+        // Never written before or after the cut: a hole in both.
+        assert!(held.contains(&(MIB, MIB, false)), "{held:?}");
+        let mut old = vec![0u8; 4096];
+        image.read_at(&mut old, 8192).unwrap();
+        assert!(old.iter().all(|&b| b == 7));
+    }
+
+    #[test]
     fn one_image_at_a_time_and_dropping_it_releases() {
         let store = imaged(64 << 10, SidePlace::Memory, u64::MAX);
         let image = store.take().unwrap();

@@ -719,10 +719,13 @@ impl Agent {
                 if a >= b {
                     continue;
                 }
-                // Units the store holds nothing of are zeros: no need to read them.
+                // Units the store holds nothing of are zeros: no need to read them. A store
+                // that cannot tell is read whole (never a zero sum for data it holds).
                 let (from, _) = api::unit_range(a, req.unit, size);
                 let (_, to) = api::unit_range(b - 1, req.unit, size);
-                let extents = store.is_allocated(from, to - from).unwrap_or_default();
+                let extents = store
+                    .is_allocated(from, to - from)
+                    .unwrap_or_else(|_| vec![(from, to - from, true)]);
                 for i in a..b {
                     let (s, e) = api::unit_range(i, req.unit, size);
                     if !sparse::holds_data(&extents, s, e) {
