@@ -507,7 +507,9 @@ fn target_pid(t: &Target) -> u32 {
 
 /// Descriptors the process holds now.
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// A connection that closes, by a logout or by its initiator's death, leaves the
@@ -610,7 +612,11 @@ fn a_closed_connections_series_and_descriptors_go() {
         "rsv_target_connection_srtt_seconds",
         "rsv_target_connection_in_flight_bytes",
     ] {
-        assert_eq!(series(&text, name), 0, "{name} outlived its connection:\n{text}");
+        assert_eq!(
+            series(&text, name),
+            0,
+            "{name} outlived its connection:\n{text}"
+        );
     }
     let after = settle(baseline);
     assert_eq!(

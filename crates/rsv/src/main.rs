@@ -82,7 +82,11 @@ fn init_logging(verbose: u8) {
     let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr);
     // The journal stamps every line itself and shows no colours.
     if stderr_is_the_journal() {
-        fmt.without_time().with_ansi(false).finish().with(filter).init();
+        fmt.without_time()
+            .with_ansi(false)
+            .finish()
+            .with(filter)
+            .init();
     } else {
         fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .finish()

@@ -140,11 +140,7 @@ impl ConnInfo {
     /// the socket's last descriptor is then the connection's own, and its close sends
     /// FIN at once. Later [`ConnInfo::tcp_info`] calls answer `None`.
     pub fn release_socket(&self) {
-        let socket = self
-            .socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(socket);
     }
 
