@@ -5,6 +5,7 @@
 //!
 //! A dev-dependency only: no product crate depends on it (`publish = false`).
 
+pub mod ceph;
 pub mod inproc;
 pub mod notify;
 pub mod proxy;

@@ -1,0 +1,233 @@
+//! A throw-away Ceph cluster (`scripts/ceph-cluster.sh`) and `rsv target` processes
+//! exporting its images: what the tests of the `rbd` store and of gateway groups (several
+//! targets exporting one image) share.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use crate::{have, rsv, run_ok};
+
+/// The target name every [`Target`] here serves.
+pub const IQN: &str = "iqn.2026-11.org.reservoir:rbd";
+/// libiscsi's suite's two initiator names.
+pub const INITIATOR_1: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test";
+pub const INITIATOR_2: &str = "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test-2";
+
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
+}
+
+/// Whether Ceph's daemons and tools are installed (see [`have`] for what a missing one does).
+pub fn have_ceph() -> bool {
+    ["ceph-mon", "ceph-osd", "ceph-authtool", "monmaptool", "rbd"]
+        .iter()
+        .all(|t| have(t))
+}
+
+/// A cluster of `scripts/ceph-cluster.sh` in a directory of its own; stopped on drop.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn start(bluestore: bool) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Instant::now();
+        let mut cmd = Command::new(script());
+        cmd.arg("start").arg(dir.path());
+        if bluestore {
+            cmd.arg("--bluestore");
+        }
+        let out = cmd.output().expect("running ceph-cluster.sh");
+        assert!(
+            out.status.success(),
+            "ceph-cluster.sh start failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "ceph cluster ({}) up in {:.1} s",
+            if bluestore { "bluestore" } else { "memstore" },
+            t.elapsed().as_secs_f32()
+        );
+        Cluster { dir }
+    }
+
+    pub fn conf(&self) -> PathBuf {
+        self.dir.path().join("ceph.conf")
+    }
+
+    pub fn rbd(&self, args: &[&str]) -> String {
+        let conf = self.conf();
+        let mut all = vec!["-c", conf.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run_ok("rbd", &all)
+    }
+
+    pub fn create(&self, image: &str, size: &str) {
+        self.rbd(&["create", "--size", size, image]);
+    }
+
+    pub fn script(&self, cmd: &str) {
+        let out = Command::new(script())
+            .arg(cmd)
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ceph-cluster.sh {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The image's bytes, read by the `rbd` tool (not through the target).
+    pub fn export(&self, image: &str, to: &Path) -> Vec<u8> {
+        self.rbd(&["export", "--no-progress", image, to.to_str().unwrap()]);
+        std::fs::read(to).unwrap()
+    }
+
+    /// The store's spec for `image`.
+    pub fn spec(&self, image: &str) -> String {
+        format!("rbd:rbd/{image}?conf={}", self.conf().display())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// `rsv target` serving `luns` under [`IQN`] on two loopback portals.
+pub struct Target {
+    pub child: Option<Child>,
+    pub portals: Vec<String>,
+    pub log: PathBuf,
+}
+
+impl Target {
+    /// With `suite_acl`, only libiscsi's test initiators may log in (its tests of ACLs).
+    pub fn start(dir: &Path, luns: &str, suite_acl: bool) -> Target {
+        Target::start_with(dir, "", luns, suite_acl)
+    }
+
+    /// With `top` (keys of the configuration's top level) before the target's table.
+    pub fn start_with(dir: &Path, top: &str, luns: &str, suite_acl: bool) -> Target {
+        let cfg = dir.join("target.toml");
+        let acl = if suite_acl {
+            format!("allowed_initiators = [\"{INITIATOR_1}\", \"{INITIATOR_2}\"]\n")
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            &cfg,
+            format!("{top}[[target]]\niqn = \"{IQN}\"\n{acl}{luns}"),
+        )
+        .unwrap();
+        let log = dir.join("target.log");
+        let mut child = Command::new(rsv())
+            .args([
+                "target",
+                "--listen",
+                "127.0.0.1:0",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(&cfg)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("starting rsv target");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut portals = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap() == 0 {
+                let _ = child.wait();
+                panic!(
+                    "rsv target exited before ready:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            match line.trim() {
+                "ready" => break,
+                l => {
+                    if let Some(p) = l.strip_prefix("portal ") {
+                        portals.push(p.to_owned());
+                    }
+                }
+            }
+        }
+        Target {
+            child: Some(child),
+            portals,
+            log,
+        }
+    }
+
+    pub fn url(&self, portal: usize, lun: u16) -> String {
+        format!("iscsi://{}/{IQN}/{lun}", self.portals[portal])
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `[[target.lun]]` table: LUN `id` on store `spec`, with `extra` keys.
+pub fn lun(id: u16, spec: &str, extra: &str) -> String {
+    format!("\n[[target.lun]]\nid = {id}\nstore = \"{spec}\"\n{extra}\n")
+}
+
+/// The names of the tests iscsi-test-cu reports FAILED, and how many ran and were skipped.
+pub fn failures(out: &str) -> (Vec<String>, usize, usize) {
+    let mut suite = String::new();
+    let mut failed = Vec::new();
+    let (mut ran, mut skipped) = (0, 0);
+    let mut current = String::new();
+    for line in out.lines() {
+        if let Some(s) = line.strip_prefix("Suite: ") {
+            suite = s.trim().to_owned();
+        } else if let Some(rest) = line.trim_start().strip_prefix("Test: ") {
+            ran += 1;
+            let (name, tail) = rest.split_once(" ...").unwrap_or((rest, ""));
+            current = format!("{suite}.{name}");
+            // "passed" or "FAILED" right after the dots, or at the start of a later line;
+            // "[FAILED]" in a test's messages is no verdict.
+            if tail.trim_start().starts_with("FAILED") {
+                failed.push(current.clone());
+            }
+        } else if line.starts_with("FAILED") {
+            failed.push(current.clone());
+        }
+        if line.contains("[SKIPPED]") {
+            skipped += 1;
+        }
+    }
+    failed.dedup();
+    (failed, ran, skipped)
+}
