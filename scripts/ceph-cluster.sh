@@ -11,13 +11,14 @@
 #
 # The OSD keeps its data in memory (memstore) unless --bluestore is given: then on a 4 GiB
 # sparse file in DIR, so that it survives kill-osd. Memstore loses everything when its OSD
-# dies; it grows to about twice the data written. The monitor listens on a free loopback
-# port (msgr2 only), or CEPH_MON_PORT. Clients use `-c DIR/ceph.conf` (admin keyring
-# DIR/keyring); `rsv target` stores: `rbd:rbd/IMAGE?conf=DIR/ceph.conf`.
+# dies; it grows to about twice the data written. The monitor listens on a free port (msgr2
+# only), or CEPH_MON_PORT, of 127.0.0.1, or of CEPH_ADDR (an address of the network namespace
+# the script runs in: a cluster behind an emulated link). Clients use `-c DIR/ceph.conf`
+# (admin keyring DIR/keyring); `rsv target` stores: `rbd:rbd/IMAGE?conf=DIR/ceph.conf`.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "ceph-cluster: $*" >&2; exit 1; }
 
 cmd=${1:-}
@@ -100,12 +101,13 @@ start() {
     command -v "$t" >/dev/null || die "$t is not installed (scripts/setup.sh installs Ceph)"
   done
   mkdir -p "$dir/run" "$dir/log"
-  local port=${CEPH_MON_PORT:-$(free_port)} fsid
+  local port=${CEPH_MON_PORT:-$(free_port)} addr=${CEPH_ADDR:-127.0.0.1} fsid
   fsid=$(uuidgen)
   cat >"$conf" <<EOF
 [global]
 fsid = $fsid
-mon host = v2:127.0.0.1:$port
+mon host = v2:$addr:$port
+public addr = $addr
 mon initial members = a
 ms bind msgr1 = false
 ms bind ipv6 = false
@@ -162,7 +164,7 @@ EOF
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' >/dev/null
   ceph-authtool "$dir/mon.keyring" --import-keyring "$dir/keyring" >/dev/null
-  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" "$dir/monmap" >/dev/null
+  monmaptool --create --fsid "$fsid" --addv a "[v2:$addr:$port]" "$dir/monmap" >/dev/null
   mkdir -p "$dir/mon.a"
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/mon.keyring" \
     >>"$dir/log/mkfs.out" 2>&1 || die "ceph-mon --mkfs failed; see $dir/log/mkfs.out"
