@@ -639,6 +639,26 @@ impl Backstore for Imaged {
         self.inner.flush()
     }
 
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        self.inner.atomic_compare_and_write_unit()
+    }
+
+    /// The unit is copied aside before the compare, whatever it finds: a copy of data that
+    /// then stays unchanged costs a copy, but one missing under a write that another
+    /// target's compare-and-write raced to first would lose the image's bytes.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<crate::Compared> {
+        let entered = self.enter();
+        if let Some(image) = &entered.image {
+            image.preserve(offset, verify.len() as u64);
+        }
+        self.inner.compare_and_write(offset, verify, write)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.change(offset, len, || self.inner.discard(offset, len))
     }

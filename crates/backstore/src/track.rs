@@ -1035,6 +1035,26 @@ impl Backstore for Tracked {
         self.change(offset, len, || self.inner.discard(offset, len))
     }
 
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        self.inner.atomic_compare_and_write_unit()
+    }
+
+    /// Marked before the compare, as any write: a mismatch leaves a unit marked that did
+    /// not change (sent once more by the next sync), never a changed one unmarked.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<crate::Compared> {
+        let mut out = crate::Compared::Written;
+        self.change(offset, verify.len() as u64, || {
+            out = self.inner.compare_and_write(offset, verify, write)?;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.change(offset, len, || self.inner.write_zeroes(offset, len))
     }

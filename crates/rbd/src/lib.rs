@@ -50,6 +50,7 @@ use backstore::{
 };
 
 mod aio;
+mod caw;
 pub mod ffi;
 
 /// Registers the `rbd` kind.
@@ -991,6 +992,22 @@ impl Backstore for RbdImage {
             return Ok(());
         }
         self.run(|c| c.flush())
+    }
+
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        Some(caw::UNIT)
+    }
+
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<backstore::Compared> {
+        self.writable()?;
+        caw::check(offset, verify, write)?;
+        self.check(offset, verify.len() as u64)?;
+        self.run(|c| c.compare_and_write(offset, verify, write))
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
