@@ -291,3 +291,128 @@ fn compare_and_write_counter_full_run() {
     report("CAW counter race (full)", per, outcome);
     assert_eq!(outcome.0, 2 * per, "lost updates across the gateways");
 }
+
+/// The cost of the atomicity, measured at the store on one memstore cluster in one run:
+/// librbd's compare-and-write (one OSD operation) against the path a target without it
+/// takes (a read, the compare, a write: two round trips, atomic only under one process's
+/// lock), 512-byte ranges that match, one at a time (latency) and from 8 threads on
+/// distinct sectors (throughput). Prints figures; asserts none. Run by
+/// scripts/bench-gateway-caw.sh.
+#[test]
+#[ignore]
+fn compare_and_write_cost_librbd_against_read_compare_write() {
+    if !have_ceph() {
+        return;
+    }
+    let ops: usize = std::env::var("RSV_CAW_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let cluster = Cluster::start(false);
+    cluster.create("cawbench", "64M");
+    let mut reg = backstore::Registry::with_builtins();
+    rbd::register(&mut reg);
+    let spec: backstore::StoreSpec = cluster.spec("cawbench").parse().unwrap();
+    let store = reg
+        .context(std::path::Path::new("/"))
+        .shared(true)
+        .open(&spec)
+        .expect("open the image");
+    let sectors = 1024u64;
+    store
+        .write_at(&vec![0u8; (sectors as usize) * BLOCK], 0)
+        .unwrap();
+
+    // One step of either path on sector `s`, from generation `g` to `g + 1`.
+    let step = |librbd: bool, s: u64, g: u64| {
+        let (old, new) = (counter_block(g), counter_block(g + 1));
+        let at = s * BLOCK as u64;
+        if librbd {
+            let r = store.compare_and_write(at, &old, &new).unwrap();
+            assert_eq!(r, backstore::Compared::Written);
+        } else {
+            let mut cur = vec![0u8; BLOCK];
+            store.read_at(&mut cur, at).unwrap();
+            assert_eq!(cur, old);
+            store.write_at(&new, at).unwrap();
+        }
+    };
+    let mut generation = 0u64;
+    let next_round = |generation: &mut u64| {
+        // Every sector to the generation's block, so that each step's compare matches.
+        let mut all = Vec::with_capacity(sectors as usize * BLOCK);
+        for _ in 0..sectors {
+            all.extend_from_slice(&counter_block(*generation));
+        }
+        store.write_at(&all, 0).unwrap();
+    };
+    let uptime = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load before: {}",
+        uptime
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for librbd in [true, false, true, false] {
+        let name = if librbd {
+            "librbd compare-and-write"
+        } else {
+            "read + compare + write  "
+        };
+        // Latency, one at a time.
+        next_round(&mut generation);
+        let mut lat = Vec::with_capacity(ops);
+        for i in 0..ops {
+            let s = i as u64 % sectors;
+            if i > 0 && s == 0 {
+                generation += 1;
+            }
+            let t = Instant::now();
+            step(librbd, s, generation);
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        generation += 1;
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+        // Throughput, 8 threads, each on its own sectors.
+        next_round(&mut generation);
+        let threads = 8u64;
+        let per = ops as u64 / threads;
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            for th in 0..threads {
+                let step = &step;
+                let g = generation;
+                sc.spawn(move || {
+                    let span = sectors / threads;
+                    for i in 0..per {
+                        let s = th * span + i % span;
+                        step(librbd, s, g + i / span);
+                    }
+                });
+            }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        generation += per.div_ceil(sectors / threads) + 1;
+        println!(
+            "{name}: {ops} one at a time: p50 {:.0} us, p90 {:.0} us, p99 {:.0} us; \
+             8 threads: {} in {secs:.2} s = {:.0} ops/s",
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            per * threads,
+            (per * threads) as f64 / secs
+        );
+    }
+    let uptime = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load after: {}",
+        uptime
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}

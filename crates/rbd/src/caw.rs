@@ -4,7 +4,7 @@
 //! logical unit's range lock holds only within one process.
 //!
 //! What librbd 16.2.15 (Debian 12's) takes, measured on the test cluster
-//! (`scripts/ceph-cluster.sh`; docs/bench-gateway.md): a range inside one
+//! (`scripts/ceph-cluster.sh`; docs/bench-gateway-caw.md): a range inside one
 //! 512-byte sector, aligned or not crossing it; anything longer, or crossing a sector,
 //! fails with EINVAL before any I/O (its request is cut per object and refused unless it
 //! is one object extent within one sector). A range inside one sector is also inside one
