@@ -426,6 +426,14 @@ fn compare_and_write_goes_through_a_store_that_makes_it_atomic() {
     );
     assert_eq!(good(&exec(&lu, &read10(20, 2), &[])), &fill(0, 2)[..]);
 
+    // A unit of two blocks: two blocks are allowed, but not across the unit's edge.
+    let (lu, store) = unit_caw_lu(Some(1024), true);
+    assert_eq!(max_compare_and_write(&lu), 2);
+    assert_invalid_cdb(&exec(&lu, &caw_cdb(21, 2), &two), 13);
+    assert_eq!(good(&exec(&lu, &read10(21, 2), &[])), &fill(0, 2)[..]);
+    good(&exec(&lu, &caw_cdb(20, 2), &two));
+    assert_eq!(calls(&store), 1);
+
     // Not shared: a range the store cannot take is compared under the LU's lock.
     let (lu, store) = unit_caw_lu(Some(512), false);
     assert!(max_compare_and_write(&lu) > 1);
