@@ -639,6 +639,26 @@ impl Backstore for Imaged {
         self.inner.flush()
     }
 
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        self.inner.atomic_compare_and_write_unit()
+    }
+
+    /// The unit is copied aside before the compare, whatever it finds: a copy of data that
+    /// then stays unchanged costs a copy, but one missing under a write that another
+    /// target's compare-and-write raced to first would lose the image's bytes.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<crate::Compared> {
+        let entered = self.enter();
+        if let Some(image) = &entered.image {
+            image.preserve(offset, verify.len() as u64);
+        }
+        self.inner.compare_and_write(offset, verify, write)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.change(offset, len, || self.inner.discard(offset, len))
     }
@@ -998,6 +1018,36 @@ mod tests {
         let mut old = vec![0u8; 4096];
         image.read_at(&mut old, 8192).unwrap();
         assert!(old.iter().all(|&b| b == 7));
+    }
+
+    /// A compare-and-write that writes copies its unit aside first: the image keeps the
+    /// cut's bytes; one that miscompares writes nothing, and the image reads the same.
+    #[test]
+    fn compare_and_write_keeps_the_cut_in_the_image() {
+        let store = imaged(64 << 10, SidePlace::Memory, u64::MAX);
+        assert_eq!(store.atomic_compare_and_write_unit(), Some(1 << 20));
+        store.write_at(&[5u8; 4096], 8192).unwrap();
+        let image = store.take().unwrap();
+        assert_eq!(
+            store.compare_and_write(8192, &[6; 512], &[7; 512]).unwrap(),
+            crate::Compared::Mismatch(0)
+        );
+        assert_eq!(
+            store
+                .compare_and_write(8192 + 512, &[5; 512], &[7; 512])
+                .unwrap(),
+            crate::Compared::Written
+        );
+        let mut live = vec![0u8; 4096];
+        store.read_at(&mut live, 8192).unwrap();
+        assert!(live[..512].iter().all(|&b| b == 5));
+        assert!(live[512..1024].iter().all(|&b| b == 7));
+        let mut held = vec![0u8; 4096];
+        image.read_at(&mut held, 8192).unwrap();
+        assert!(
+            held.iter().all(|&b| b == 5),
+            "the image lost the cut's bytes"
+        );
     }
 
     #[test]

@@ -154,6 +154,31 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     fn sidecar(&self, _suffix: &str) -> Option<PathBuf> {
         None
     }
+    /// The unit within which [`Backstore::compare_and_write`] is atomic against every
+    /// writer of the data, this process's or another's (another target exporting the same
+    /// RBD image): a range it takes lies inside one aligned unit of this many bytes. `None`
+    /// (the default): the store has no such operation, and the logical unit compares and
+    /// writes under its own range lock, which holds only within this process.
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the store offers [`Backstore::compare_and_write`] at all.
+    fn supports_atomic_compare_and_write(&self) -> bool {
+        self.atomic_compare_and_write_unit().is_some()
+    }
+    /// Compares `[offset, offset + verify.len())` with `verify` and, only if every byte is
+    /// equal, writes `write` (as long as `verify`) there, as one step that no other write
+    /// to the data, through whatever client, can come between. A range outside one unit of
+    /// [`Backstore::atomic_compare_and_write_unit`] is refused (`InvalidInput`), never
+    /// split: half a compare-and-write done is a lost update. The default refuses all
+    /// (`Unsupported`).
+    fn compare_and_write(&self, offset: u64, verify: &[u8], write: &[u8]) -> io::Result<Compared> {
+        let _ = (offset, verify, write);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the store has no atomic compare-and-write",
+        ))
+    }
     /// Tells the other targets that export this store's data (opened shared, see
     /// `OpenContext::shared`) that its logical unit was reset, and returns once they have
     /// taken it (or failed to within the store's deadline): a LOGICAL UNIT RESET reaches
@@ -166,6 +191,22 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// `f` runs on a thread of the store's. Set once by the logical unit; stores that are
     /// not shared never call it.
     fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+}
+
+/// What [`Backstore::compare_and_write`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compared {
+    /// The data equalled `verify` and now holds `write`.
+    Written,
+    /// The data differed from `verify`, first at this byte (counted from the range's
+    /// start); nothing was written.
+    Mismatch(u64),
+}
+
+/// Whether `[offset, offset + len)` lies inside one aligned `unit`: what a store whose
+/// compare-and-write is atomic only within such a unit checks before it starts one.
+pub fn within_unit(offset: u64, len: u64, unit: u64) -> bool {
+    unit > 0 && len <= unit && offset % unit + len <= unit
 }
 
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the

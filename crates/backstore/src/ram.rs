@@ -3,8 +3,8 @@ use std::sync::{Arc, RwLock};
 
 use crate::lend::{LentMemory, ZEROS_LEN};
 use crate::{
-    check_range, push_extent, Backstore, Lent, OpenContext, OpenError, Param, StoreFactory,
-    StoreSpec,
+    check_range, push_extent, within_unit, Backstore, Compared, Lent, OpenContext, OpenError,
+    Param, StoreFactory, StoreSpec,
 };
 use units::Size;
 
@@ -189,6 +189,47 @@ impl Backstore for RamBackstore {
 
     fn flush(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    /// Atomic within a chunk: the compare and the write both happen under the chunk's
+    /// lock, which every writer of the chunk takes.
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        Some(CHUNK)
+    }
+
+    fn compare_and_write(&self, offset: u64, verify: &[u8], write: &[u8]) -> io::Result<Compared> {
+        let len = verify.len() as u64;
+        if write.len() != verify.len() || !within_unit(offset, len, CHUNK) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("compare-and-write of {len} bytes at {offset} crosses a unit of {CHUNK}"),
+            ));
+        }
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(Compared::Written);
+        }
+        let (index, within) = ((offset / CHUNK) as usize, (offset % CHUNK) as usize);
+        let mut chunk = self.chunks[index]
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let mismatch = match chunk.as_ref() {
+            Some(data) => data
+                .bytes(within, verify.len())
+                .iter()
+                .zip(verify)
+                .position(|(m, v)| m != v),
+            None => verify.iter().position(|&v| v != 0),
+        };
+        if let Some(at) = mismatch {
+            return Ok(Compared::Mismatch(at as u64));
+        }
+        let n = self.chunk_len(index);
+        let data = chunk.get_or_insert_with(|| Arc::new(Chunk::zeroed(n)));
+        // SAFETY: the chunk's lock is held exclusively; the logical unit keeps lent
+        // windows off a range being written.
+        unsafe { data.bytes_mut(within, write.len()) }.copy_from_slice(write);
+        Ok(Compared::Written)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

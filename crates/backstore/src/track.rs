@@ -1035,6 +1035,26 @@ impl Backstore for Tracked {
         self.change(offset, len, || self.inner.discard(offset, len))
     }
 
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        self.inner.atomic_compare_and_write_unit()
+    }
+
+    /// Marked before the compare, as any write: a mismatch leaves a unit marked that did
+    /// not change (sent once more by the next sync), never a changed one unmarked.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<crate::Compared> {
+        let mut out = crate::Compared::Written;
+        self.change(offset, verify.len() as u64, || {
+            out = self.inner.compare_and_write(offset, verify, write)?;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.change(offset, len, || self.inner.write_zeroes(offset, len))
     }
@@ -1098,6 +1118,38 @@ mod tests {
 
     fn clean(dir: &tempfile::TempDir, size: u64, unit: u64) -> ChangeMap {
         ChangeMap::open(dir.path().join("m.changes"), size, unit, NewMap::Clean).unwrap()
+    }
+
+    /// A compare-and-write through the tracked store is the inner store's (it still
+    /// compares), and marks its unit before it writes: a sync would otherwise miss it.
+    #[test]
+    fn compare_and_write_is_forwarded_and_marks_its_unit() {
+        let dir = tempfile::tempdir().unwrap();
+        let map = Arc::new(clean(&dir, 8 * MIB, MIB));
+        let store = Tracked::new(Arc::new(RamBackstore::new(8 * MIB)), map.clone()).unwrap();
+        assert_eq!(store.atomic_compare_and_write_unit(), Some(MIB));
+        let at = 3 * MIB + 512;
+        assert_eq!(
+            store.compare_and_write(at, &[1; 512], &[2; 512]).unwrap(),
+            crate::Compared::Mismatch(0),
+            "the RAM store reads zeros there"
+        );
+        assert_eq!(
+            store.compare_and_write(at, &[0; 512], &[2; 512]).unwrap(),
+            crate::Compared::Written
+        );
+        let mut b = [0u8; 512];
+        store.read_at(&mut b, at).unwrap();
+        assert_eq!(b, [2; 512]);
+        assert_eq!(dirty_units(&map), [3]);
+        assert_eq!(
+            store
+                .compare_and_write(MIB - 256, &[0; 512], &[2; 512])
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::InvalidInput,
+            "a range across the store's unit is refused, not split"
+        );
     }
 
     #[test]

@@ -192,3 +192,21 @@ extern "C" {
         max: usize,
     ) -> usize;
 }
+
+// Compare-and-write (the `caw` module).
+#[link(name = "rbd")]
+extern "C" {
+    /// Compares `[ofs, ofs + len)` with `cmp_buf` and writes `buf` there if equal, in one
+    /// OSD operation. `len` on success; -EILSEQ on a mismatch, its offset in
+    /// `mismatch_off`; -EINVAL for a range librbd does not take (16.2: any range that
+    /// leaves one 512-byte sector).
+    pub fn rbd_compare_and_write(
+        image: rbd_image_t,
+        ofs: u64,
+        len: usize,
+        cmp_buf: *const c_char,
+        buf: *const c_char,
+        mismatch_off: *mut u64,
+        op_flags: c_int,
+    ) -> isize;
+}

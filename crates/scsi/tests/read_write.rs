@@ -309,6 +309,144 @@ fn compare_and_write_is_atomic() {
     );
 }
 
+/// A RAM store whose compare-and-write is atomic within `unit` bytes only (as librbd's
+/// within a 512-byte sector), or absent; it counts the calls that reach it.
+#[derive(Debug)]
+struct UnitCaw {
+    ram: RamBackstore,
+    unit: Option<u64>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl Backstore for UnitCaw {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.ram.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.ram.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ram.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
+        self.ram.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
+        self.unit
+    }
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> std::io::Result<backstore::Compared> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let unit = self
+            .unit
+            .expect("asked for a compare-and-write it does not offer");
+        assert!(
+            backstore::within_unit(offset, verify.len() as u64, unit),
+            "asked for {} bytes at {offset} across a unit of {unit}",
+            verify.len()
+        );
+        self.ram.compare_and_write(offset, verify, write)
+    }
+}
+
+fn unit_caw_lu(unit: Option<u64>, shared: bool) -> (LogicalUnit, Arc<UnitCaw>) {
+    let store = Arc::new(UnitCaw {
+        ram: RamBackstore::new(BLOCKS * BS as u64),
+        unit,
+        calls: Default::default(),
+    });
+    let config = LuConfig {
+        target_port_group: 1,
+        relative_port: 1,
+        peer_port_groups: if shared { vec![2] } else { Vec::new() },
+        ..LuConfig::default()
+    };
+    let lu = LogicalUnit::new(config, store.clone());
+    exec(&lu, &[0, 0, 0, 0, 0, 0], &[]);
+    (lu, store)
+}
+
+fn caw_cdb(lba: u64, n: u8) -> Vec<u8> {
+    let mut c = cdb16(0x89, lba, 0);
+    c[13] = n;
+    c
+}
+
+fn max_compare_and_write(lu: &LogicalUnit) -> u8 {
+    good(&exec(lu, &[0x12, 1, 0xb0, 0, 64, 0], &[]))[5]
+}
+
+/// A store that compares and writes atomically within a unit gets the logical unit's
+/// COMPARE AND WRITE when the range fits (the MISCOMPARE's INFORMATION is the store's
+/// offset); on a logical unit that other targets export too (a gateway group) it is
+/// the only way: the Block Limits page says so, and longer ranges, or any at all over a
+/// store without it, are refused rather than compared under a lock of this process alone.
+#[test]
+fn compare_and_write_goes_through_a_store_that_makes_it_atomic() {
+    let calls = |s: &UnitCaw| s.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let (lu, store) = unit_caw_lu(Some(512), true);
+    assert_eq!(max_compare_and_write(&lu), 1);
+    good(&exec(&lu, &write10(7, 1), &fill(3, 1)));
+    let mut data = fill(3, 1);
+    data[300] = 9;
+    data.extend(fill(4, 1));
+    let r = exec(&lu, &caw_cdb(7, 1), &data);
+    assert_sense(&r, 0x0e, 0x1d, 0x00);
+    assert_eq!(
+        u32::from_be_bytes(r.sense.unwrap()[3..7].try_into().unwrap()),
+        300
+    );
+    data[300] = 3;
+    good(&exec(&lu, &caw_cdb(7, 1), &data));
+    assert_eq!(good(&exec(&lu, &read10(7, 1), &[])), &fill(4, 1)[..]);
+    assert_eq!(calls(&store), 2);
+    let mut two = fill(0, 2);
+    two.extend(fill(1, 2));
+    assert_invalid_cdb(&exec(&lu, &caw_cdb(20, 2), &two), 13);
+    assert_eq!(
+        calls(&store),
+        2,
+        "a range across the unit reached the store"
+    );
+    assert_eq!(good(&exec(&lu, &read10(20, 2), &[])), &fill(0, 2)[..]);
+
+    // A unit of two blocks: two blocks are allowed, but not across the unit's edge.
+    let (lu, store) = unit_caw_lu(Some(1024), true);
+    assert_eq!(max_compare_and_write(&lu), 2);
+    assert_invalid_cdb(&exec(&lu, &caw_cdb(21, 2), &two), 13);
+    assert_eq!(good(&exec(&lu, &read10(21, 2), &[])), &fill(0, 2)[..]);
+    good(&exec(&lu, &caw_cdb(20, 2), &two));
+    assert_eq!(calls(&store), 1);
+
+    // Not shared: a range the store cannot take is compared under the LU's lock.
+    let (lu, store) = unit_caw_lu(Some(512), false);
+    assert!(max_compare_and_write(&lu) > 1);
+    good(&exec(&lu, &caw_cdb(20, 2), &two));
+    assert_eq!(good(&exec(&lu, &read10(20, 2), &[])), &fill(1, 2)[..]);
+    assert_eq!(calls(&store), 0);
+
+    // Shared, and the store has none: COMPARE AND WRITE is not offered.
+    let (lu, _) = unit_caw_lu(None, true);
+    assert_eq!(max_compare_and_write(&lu), 0);
+    assert_invalid_cdb(&exec(&lu, &caw_cdb(7, 1), &fill(0, 2)), 13);
+}
+
 #[test]
 fn orwrite() {
     let lu = lu();

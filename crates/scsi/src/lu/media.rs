@@ -220,12 +220,36 @@ impl LogicalUnit {
         }
         let (verify, write) = data.split_at(len as usize);
         {
+            // Held in either case: it orders this command against the other writes that
+            // reach the store through this process (and the reads it lends).
             let _guards = self.lock_range(lba, blocks);
-            let media = self.read_blocks(lba, blocks)?;
-            if let Some(offset) = media.iter().zip(verify).position(|(m, v)| m != v) {
-                return Err(sense::MISCOMPARE_DURING_VERIFY.with_information(offset as u64));
+            let offset = lba * self.block_size;
+            match self.store.atomic_compare_and_write_unit() {
+                // The store compares and writes as one step against every writer of the
+                // data, this target's and the other gateways' of a shared image.
+                Some(unit) if backstore::within_unit(offset, len, unit) => {
+                    match self.store.compare_and_write(offset, verify, write) {
+                        Ok(backstore::Compared::Written) => {}
+                        Ok(backstore::Compared::Mismatch(at)) => {
+                            return Err(sense::MISCOMPARE_DURING_VERIFY.with_information(at))
+                        }
+                        Err(e) => {
+                            return Err(self.io_error(e, sense::WRITE_ERROR.with_information(lba)))
+                        }
+                    }
+                }
+                // Another target writes this data too: a compare under this process's
+                // lock alone could lose its updates, and a range split in pieces could
+                // be half written. The Block Limits page says how long a range may be.
+                _ if self.shared() => return Err(Sense::invalid_field_in_cdb(13, None)),
+                _ => {
+                    let media = self.read_blocks(lba, blocks)?;
+                    if let Some(offset) = media.iter().zip(verify).position(|(m, v)| m != v) {
+                        return Err(sense::MISCOMPARE_DURING_VERIFY.with_information(offset as u64));
+                    }
+                    self.write_blocks(lba, write)?;
+                }
             }
-            self.write_blocks(lba, write)?;
         }
         self.write_through(flags & 0x08 != 0)?;
         Ok(Vec::new())

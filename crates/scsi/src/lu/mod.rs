@@ -76,7 +76,16 @@ impl LogicalUnit {
     pub fn new(config: LuConfig, store: Arc<dyn Backstore>) -> Self {
         let block_size = config.block_size.max(1) as u64;
         let capacity = store.size() / block_size;
-        let limits = Limits::new(&config);
+        let mut limits = Limits::new(&config);
+        if !config.peer_port_groups.is_empty() {
+            // Other targets write this data too: COMPARE AND WRITE is offered only as far
+            // as the store makes it atomic against them (see `compare_and_write`).
+            // A store without it (or whose unit is below a block) gets 0: COMPARE AND
+            // WRITE not supported (SBC-4, Block Limits VPD page).
+            let unit = store.atomic_compare_and_write_unit().unwrap_or(0);
+            let most = (unit / block_size).min(u8::MAX as u64) as u8;
+            limits.max_compare_and_write = limits.max_compare_and_write.min(most);
+        }
         let designators = inquiry::lu_designators(&config);
         let reservations = config
             .pr_file
@@ -123,6 +132,11 @@ impl LogicalUnit {
 
     pub fn config(&self) -> &LuConfig {
         &self.config
+    }
+
+    /// Whether other targets export this logical unit's data too (a gateway group).
+    fn shared(&self) -> bool {
+        !self.config.peer_port_groups.is_empty()
     }
 
     fn offer(&self) -> Offer {
