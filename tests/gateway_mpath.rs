@@ -89,8 +89,11 @@ fn writes_across_a_kill(url: &str, first: &str, second: &str, kill: impl FnOnce(
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     // Per block, the last sequence number acknowledged.
-    let acked: Arc<Vec<AtomicU64>> =
-        Arc::new((0..WRITERS * BLOCKS_EACH).map(|_| AtomicU64::new(0)).collect());
+    let acked: Arc<Vec<AtomicU64>> = Arc::new(
+        (0..WRITERS * BLOCKS_EACH)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+    );
     let completions = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let mut writers = Vec::new();
     for w in 0..WRITERS {
@@ -206,8 +209,8 @@ fn load_across_a_kill(url: &str, kill: impl FnOnce()) {
     let out = load.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let r: serde_json::Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let r: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
     assert_eq!(r["errors"], 0, "{r:#}\n{stderr}");
     assert_eq!(r["mismatches"], 0, "{r:#}\n{stderr}");
     assert!(r["writes"].as_u64().unwrap() > 0, "{r:#}");

@@ -539,7 +539,12 @@ mod tests {
             }))
         );
         p[20] = 0x04;
-        assert!(registration_after(&cdb, &p).unwrap().unwrap().all_target_ports);
+        assert!(
+            registration_after(&cdb, &p)
+                .unwrap()
+                .unwrap()
+                .all_target_ports
+        );
         p[8..16].fill(0);
         assert_eq!(registration_after(&cdb, &p), Some(None));
         // RESERVE (1) changes no registration.
@@ -558,10 +563,7 @@ mod tests {
     fn login_prefers_the_active_optimized_group() {
         let mut g = Group::new(vec!["a:1".into(), "b:1".into(), "c:1".into()]);
         // Logged in on a, a standby group 1; 2 is active/optimized but not yet placed.
-        let groups = [
-            pg(1, AluaState::Standby),
-            pg(2, AluaState::ActiveOptimized),
-        ];
+        let groups = [pg(1, AluaState::Standby), pg(2, AluaState::ActiveOptimized)];
         assert_eq!(g.logged_in(Some(1), &groups), Action::MoveTo(1));
         g.move_to(1, false);
         assert_eq!(g.failovers(), 0);

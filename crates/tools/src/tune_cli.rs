@@ -180,7 +180,11 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
                 p.portal,
                 p.group.map_or("?".to_owned(), |g| g.to_string()),
                 p.state.map_or("unknown".to_owned(), |s| format!("{s:?}")),
-                if p.portal == g.current { " (in use)" } else { "" }
+                if p.portal == g.current {
+                    " (in use)"
+                } else {
+                    ""
+                }
             );
         }
     }

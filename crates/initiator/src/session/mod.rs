@@ -393,7 +393,11 @@ impl Session {
         let mut plug = None;
         loop {
             let gen = self.shared.state.lock().unwrap().conns.gen;
-            match self.shared.attempt(lun, cdb, &dir, plug.take(), false).await {
+            match self
+                .shared
+                .attempt(lun, cdb, &dir, plug.take(), false)
+                .await
+            {
                 Ok(r) if r.is_good() && cdb.first() == Some(&0x5f) => {
                     if let DataDir::Write(p) = &dir {
                         if let Some(reg) = crate::multipath::registration_after(cdb, p) {

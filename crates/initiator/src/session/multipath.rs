@@ -35,7 +35,10 @@ impl Shared {
     /// answers; nothing when it has no ALUA.
     async fn probe(&self) -> (Option<u16>, Vec<PortGroup>) {
         let vpd = self
-            .own_command(&scsi_proto::cdb::inquiry(Some(0x83), 1024), DataDir::Read(1024))
+            .own_command(
+                &scsi_proto::cdb::inquiry(Some(0x83), 1024),
+                DataDir::Read(1024),
+            )
             .await;
         let rtpg = self
             .own_command(&multipath::rtpg_cdb(4096), DataDir::Read(4096))
