@@ -50,6 +50,20 @@ impl AluaState {
         }
     }
 
+    /// SPC-5's name, for people.
+    pub fn name(self) -> &'static str {
+        match self {
+            AluaState::ActiveOptimized => "active/optimized",
+            AluaState::ActiveNonOptimized => "active/non-optimized",
+            AluaState::Standby => "standby",
+            AluaState::Unavailable => "unavailable",
+            AluaState::LbaDependent => "LBA dependent",
+            AluaState::Offline => "offline",
+            AluaState::Transitioning => "transitioning",
+            AluaState::Reserved(_) => "reserved",
+        }
+    }
+
     /// Rank of a path in this state, lower is better; `None` for a state that never
     /// carries I/O.
     fn rank(self) -> Option<u8> {

@@ -179,7 +179,7 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
                 "  {} group {} ALUA {}{}",
                 p.portal,
                 p.group.map_or("?".to_owned(), |g| g.to_string()),
-                p.state.map_or("unknown".to_owned(), |s| format!("{s:?}")),
+                p.state.map_or("not known yet", |s| s.name()),
                 if p.portal == g.current {
                     " (in use)"
                 } else {

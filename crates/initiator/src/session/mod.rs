@@ -172,6 +172,9 @@ struct Shared {
     /// The persistent-reservation registration this session made, to make again on
     /// another gateway's I_T nexus before any command is reissued there.
     registration: Mutex<Option<crate::multipath::Registration>>,
+    /// Bumped at each change of the portal in use: a command's ALUA sense is news only
+    /// of the portal it went to (an atomic, not the group's lock, on every command).
+    moves: std::sync::atomic::AtomicU64,
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -241,6 +244,7 @@ impl Session {
             group: Mutex::new(crate::multipath::Group::new(portals)),
             alua_lun: url.lun.unwrap_or(0),
             registration: Mutex::new(None),
+            moves: Default::default(),
             url: url.clone(),
             target,
             isid: new_isid(),
@@ -393,6 +397,7 @@ impl Session {
         let mut plug = None;
         loop {
             let gen = self.shared.state.lock().unwrap().conns.gen;
+            let moves = self.shared.moves.load(Ordering::Acquire);
             match self
                 .shared
                 .attempt(lun, cdb, &dir, plug.take(), false)
@@ -406,7 +411,7 @@ impl Session {
                     }
                     return Ok(r);
                 }
-                Ok(r) if self.shared.alua_moved(&r, gen, began).await? => {}
+                Ok(r) if self.shared.alua_moved(&r, gen, moves, began).await? => {}
                 Ok(r) => {
                     let ua = r.status == status::CHECK_CONDITION
                         && r.sense

@@ -2,6 +2,7 @@
 //! needs (REPORT TARGET PORT GROUPS, VPD page 83h, READ KEYS) and does what it decides.
 //! The decisions themselves are there, sans-IO.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,6 +65,7 @@ impl Shared {
                 break;
             };
             self.group.lock().unwrap().move_to(to, false);
+            self.moves.fetch_add(1, Ordering::AcqRel);
             match self.establish().await {
                 Ok(()) => tracing::info!(
                     "multipath: logged in through {} (its ALUA group is better than {}'s)",
@@ -76,6 +78,7 @@ impl Shared {
                     tracing::info!("multipath: {} refused the login: {e}", g.portal());
                     g.login_failed();
                     g.move_to(from, false);
+                    self.moves.fetch_add(1, Ordering::AcqRel);
                     break;
                 }
             }
@@ -145,6 +148,7 @@ impl Shared {
         self: &Arc<Self>,
         r: &ScsiResult,
         gen: u64,
+        moves: u64,
         began: Instant,
     ) -> Result<bool> {
         if r.status != status::CHECK_CONDITION || !self.multipath() {
@@ -157,11 +161,21 @@ impl Shared {
         else {
             return Ok(false);
         };
-        let action = self.group.lock().unwrap().sense(s);
+        // The sense is news of the portal the command went to (`moves`); if another
+        // command's sense moved the session since, this one only waits for that move.
+        let action = {
+            let mut g = self.group.lock().unwrap();
+            (self.moves.load(Ordering::Acquire) == moves).then(|| g.sense(s))
+        };
+        let Some(action) = action else {
+            self.recover(gen, "ALUA state", began).await?;
+            return Ok(true);
+        };
         match action {
             Action::MoveTo(to) => {
                 let from = self.portal();
                 self.group.lock().unwrap().move_to(to, true);
+                self.moves.fetch_add(1, Ordering::AcqRel);
                 tracing::warn!(
                     "multipath: {from} answered {s:?}; moving to {}",
                     self.portal()

@@ -140,6 +140,7 @@ impl Shared {
                             let tried_before = {
                                 let mut g = self.group.lock().unwrap();
                                 g.move_to(to, true);
+                                self.moves.fetch_add(1, Ordering::AcqRel);
                                 g.paths()[to].failed_logins > 0
                             };
                             tracing::warn!(
