@@ -32,6 +32,7 @@ mod discovery;
 mod inbox;
 pub mod isns;
 mod lun;
+pub mod multipath;
 pub mod scsi;
 mod session;
 pub mod tune;
@@ -107,6 +108,8 @@ pub enum Error {
     Timeout(String),
     #[error("session is closed")]
     Closed,
+    #[error("SCSI command 0x{opcode:02x} was in flight when the session moved to another gateway and is not issued again: {why}")]
+    Indeterminate { opcode: u8, why: &'static str },
     #[error("session could not be recovered after {attempts} attempts: {last}")]
     RecoveryFailed { attempts: u32, last: String },
     #[error(transparent)]
@@ -123,6 +126,11 @@ pub struct SessionOptions {
     pub connections: u16,
     /// Commands in flight per session.
     pub queue_depth: usize,
+    /// Other portals of the same target (gateways exporting the same logical unit), as
+    /// `host:port`, beside the URL's own: the session logs in to the one whose ALUA
+    /// group is active/optimized and moves to another when its gateway fails
+    /// (`multipath`). Query string `?portal=HOST:PORT`, repeated.
+    pub portals: Vec<String>,
     pub header_digest: bool,
     pub data_digest: bool,
     pub initiator_name: String,
@@ -225,6 +233,7 @@ impl Default for SessionOptions {
         SessionOptions {
             connections: 1,
             queue_depth: 32,
+            portals: Vec::new(),
             header_digest: false,
             data_digest: false,
             initiator_name: default_initiator_name(),
@@ -322,6 +331,16 @@ impl SessionOptions {
         match key {
             "connections" => self.connections = count(v)?.clamp(1, 64) as u16,
             "queue_depth" => self.queue_depth = count(v)?.clamp(1, 4096) as usize,
+            "portal" => {
+                // Read as a URL's authority, so that IPv6 in brackets and the default
+                // port work as in the URL itself.
+                let p = IscsiUrl::parse(&format!("iscsi://{}/", v.trim()))
+                    .map_err(|_| Error::Option(format!("{key}={v}: expected HOST[:PORT]")))?
+                    .portal();
+                if !self.portals.contains(&p) {
+                    self.portals.push(p);
+                }
+            }
             "header_digest" => self.header_digest = parse_bool_opt(key, v)?,
             "data_digest" => self.data_digest = parse_bool_opt(key, v)?,
             "initiator_name" => self.initiator_name = v.to_owned(),
@@ -380,7 +399,7 @@ impl SessionOptions {
             }
             _ => {
                 return Err(Error::Option(format!(
-                    "unknown option {key}; known: connections, queue_depth, header_digest, \
+                    "unknown option {key}; known: connections, queue_depth, portal, header_digest, \
                      data_digest, initiator_name, target_password, chap_algorithms, \
                      max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \

@@ -123,6 +123,7 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
         bail!("--region and --sessions must be above zero");
     }
     let url = IscsiUrl::parse(&args.url)?;
+    let base = url.options(&SessionOptions::default())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -154,11 +155,12 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
             let url = url.clone();
             let tally = tally.clone();
             let logged_in = logged_in.clone();
+            // The URL's query (portal=, timeouts) counts; these three are the load's.
             let opts = SessionOptions {
                 connections: args.connections,
                 auto_tune: false,
                 queue_depth: 8,
-                ..SessionOptions::default()
+                ..base.clone()
             };
             let read_percent = args.read_percent;
             tasks.push(tokio::spawn(async move {

@@ -169,6 +169,25 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         );
     }
     println!("target pacing: {}", i.target_pacing.summary());
+    if let Some(g) = &i.multipath {
+        println!(
+            "gateway group: in use {}, {} failovers so far",
+            g.current, g.failovers
+        );
+        for p in &g.paths {
+            println!(
+                "  {} group {} ALUA {}{}",
+                p.portal,
+                p.group.map_or("?".to_owned(), |g| g.to_string()),
+                p.state.map_or("not known yet", |s| s.name()),
+                if p.portal == g.current {
+                    " (in use)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     println!(
         "transport: {}",
         i.tls.as_deref().map_or("plain TCP".to_owned(), |t| format!(

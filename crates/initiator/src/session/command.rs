@@ -40,6 +40,7 @@ impl Shared {
         cdb: &[u8],
         dir: &DataDir,
         plug: Option<u32>,
+        internal: bool,
     ) -> Result<ScsiResult, Attempt> {
         let (edtl, read, write) = match dir {
             DataDir::None => (0u32, false, None),
@@ -76,11 +77,18 @@ impl Shared {
                 if st.conns.closed {
                     return Err(Attempt::Fatal(Error::Closed));
                 }
-                let conn = st.conns.pick_for(weight);
+                // Held after a move to another gateway: only the session's own
+                // commands (ALUA states, the registration) go before the others.
+                let held = st.conns.held && !internal;
+                let conn = if held {
+                    None
+                } else {
+                    st.conns.pick_for(weight)
+                };
                 let conn = match conn {
                     Some(c) => Some(c),
                     // ERL 2: the lost connection is on its way back; wait for it.
-                    None if st.conns.recovering() => None,
+                    None if st.conns.recovering() || held => None,
                     None => {
                         return Err(Attempt::Lost {
                             gen: st.conns.gen,

@@ -38,6 +38,9 @@ pub(super) struct ConnSet {
     pub(super) params: SessionParams,
     pub(super) info: Option<SessionInfo>,
     pub(super) closed: bool,
+    /// Commands wait: the session has just moved to another gateway and its
+    /// registration is not yet made again on the new I_T nexus (`multipath`).
+    pub(super) held: bool,
     /// The last reinstatement that gave up: the generation it tried to replace, when it
     /// gave up, its attempts and why. Commands issued before it gave up fail with it
     /// instead of each trying again for as long (with a queue of 32, a link cut for good
@@ -56,6 +59,7 @@ impl ConnSet {
             params: SessionParams::default(),
             info: None,
             closed: false,
+            held: false,
             failed: None,
         }
     }

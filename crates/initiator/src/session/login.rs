@@ -214,6 +214,7 @@ impl Shared {
             target_pacing: Default::default(),
             rate_control: None,
             tls,
+            multipath: None,
         });
         st.conns.params = params;
         drop(st);

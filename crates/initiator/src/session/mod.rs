@@ -13,6 +13,7 @@ mod command;
 mod conns;
 mod keepalive;
 pub(crate) mod login;
+mod multipath;
 mod placed;
 mod reader;
 mod recovery;
@@ -115,6 +116,8 @@ pub struct SessionInfo {
     /// TLS protocol and cipher suite of the connections (`TLSv1_3 TLS13_AES_256_GCM_SHA384`);
     /// absent in plain TCP.
     pub tls: Option<String>,
+    /// The gateway group, when the session was given several portals (`portal=`).
+    pub multipath: Option<crate::multipath::GroupReport>,
 }
 
 /// The session's connections' latest TCP_INFO, summed up.
@@ -161,6 +164,17 @@ struct Shared {
     /// READ CAPACITY per LUN, for [`Session::read`] and [`Session::write`].
     capacity: Mutex<HashMap<u16, Capacity>>,
     bufs: Arc<BufPool>,
+    /// The portals of the gateway group and the one in use (just the URL's without
+    /// `portal=` options).
+    group: Mutex<crate::multipath::Group>,
+    /// The LUN whose ALUA states choose the path (the URL's, or 0).
+    alua_lun: u16,
+    /// The persistent-reservation registration this session made, to make again on
+    /// another gateway's I_T nexus before any command is reissued there.
+    registration: Mutex<Option<crate::multipath::Registration>>,
+    /// Bumped at each change of the portal in use: a command's ALUA sense is news only
+    /// of the portal it went to (an atomic, not the group's lock, on every command).
+    moves: std::sync::atomic::AtomicU64,
 }
 
 /// An iSCSI session with one or more connections. Cheap to clone; all clones share the
@@ -220,7 +234,17 @@ impl Session {
         if opts.rsv_group == 0 {
             opts.rsv_group = net::cc::new_group();
         }
+        let mut portals = vec![url.portal()];
+        for p in &opts.portals {
+            if !portals.contains(p) {
+                portals.push(p.clone());
+            }
+        }
         let shared = Arc::new(Shared {
+            group: Mutex::new(crate::multipath::Group::new(portals)),
+            alua_lun: url.lun.unwrap_or(0),
+            registration: Mutex::new(None),
+            moves: Default::default(),
             url: url.clone(),
             target,
             isid: new_isid(),
@@ -240,6 +264,9 @@ impl Session {
             opts,
         });
         Shared::establish_over(&shared, probed).await?;
+        if shared.multipath() {
+            shared.choose_path().await;
+        }
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
         Ok(Session { shared })
     }
@@ -261,6 +288,11 @@ impl Session {
         by_cid.sort();
         info.congestion_by_connection = by_cid.into_iter().map(|(_, c)| c).collect();
         info.rsv = net::cc::status();
+        info.portal = self.shared.portal();
+        info.multipath = self
+            .shared
+            .multipath()
+            .then(|| self.shared.group.lock().unwrap().report());
         info.rsv.probe_rtt = net::cc::group_status(self.shared.opts.rsv_group);
         let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
         let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {
@@ -317,6 +349,12 @@ impl Session {
         self.shared.counters.reassigned.load(Ordering::Relaxed)
     }
 
+    /// The gateway group: its portals, their ALUA states, the one in use and the
+    /// failovers so far.
+    pub fn group(&self) -> crate::multipath::GroupReport {
+        self.shared.group.lock().unwrap().report()
+    }
+
     /// Whether `other` is a handle on this same session.
     pub fn same(&self, other: &Session) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
@@ -358,7 +396,22 @@ impl Session {
         let mut unit_attentions = 0;
         let mut plug = None;
         loop {
-            match self.shared.attempt(lun, cdb, &dir, plug.take()).await {
+            let gen = self.shared.state.lock().unwrap().conns.gen;
+            let moves = self.shared.moves.load(Ordering::Acquire);
+            match self
+                .shared
+                .attempt(lun, cdb, &dir, plug.take(), false)
+                .await
+            {
+                Ok(r) if r.is_good() && cdb.first() == Some(&0x5f) => {
+                    if let DataDir::Write(p) = &dir {
+                        if let Some(reg) = crate::multipath::registration_after(cdb, p) {
+                            *self.shared.registration.lock().unwrap() = reg;
+                        }
+                    }
+                    return Ok(r);
+                }
+                Ok(r) if self.shared.alua_moved(&r, gen, moves, began).await? => {}
                 Ok(r) => {
                     let ua = r.status == status::CHECK_CONDITION
                         && r.sense
@@ -378,9 +431,24 @@ impl Session {
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Aborted) => {}
                 Err(Attempt::Lost { gen, why, sent }) => {
+                    let was_sent = sent.is_some();
                     match self.shared.after_conn_loss(sent).await {
                         Some(p) => plug = p,
-                        None => self.shared.recover(gen, &why, began).await?,
+                        None => {
+                            let before = self.shared.group.lock().unwrap().failovers();
+                            self.shared.recover(gen, &why, began).await?;
+                            let moved = self.shared.group.lock().unwrap().failovers() != before;
+                            // COMPARE AND WRITE is not idempotent: if the lost gateway
+                            // did it, the same command again miscompares against its own
+                            // write. Only the caller, re-reading, can tell.
+                            if moved && was_sent && cdb.first() == Some(&0x89) {
+                                return Err(Error::Indeterminate {
+                                    opcode: 0x89,
+                                    why: "it may or may not have taken effect at the lost \
+                                          gateway; read the blocks again and decide",
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -463,7 +531,7 @@ fn recall_path(portal: &str) -> Option<crate::tune::Remembered> {
 
 impl Shared {
     fn portal(&self) -> String {
-        self.url.portal()
+        self.group.lock().unwrap().portal().to_owned()
     }
 
     /// Saves what the session learnt of a long path in the path cache (`net::paths`).

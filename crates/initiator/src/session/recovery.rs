@@ -72,8 +72,14 @@ impl Shared {
                 c.kill();
             }
             st.tasks.by_itt.clear();
+            // On a gateway group, commands wait for the new nexus to be made ready
+            // (`after_move`) once the session is back.
+            st.conns.held = self.multipath();
         }
         tracing::warn!("session to {} failed ({why}); reinstating", self.target);
+        // The same portal first: a blip or a gateway restarted at once keeps it.
+        let _ = self.group.lock().unwrap().connection_lost();
+        let started_on = self.portal();
         let deadline = Instant::now() + self.opts.recovery_timeout;
         let mut delay = Duration::from_millis(100);
         let mut attempts = 0;
@@ -82,11 +88,32 @@ impl Shared {
             match self.establish().await {
                 Ok(()) => {
                     self.counters.reinstatements.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!("session to {} reinstated", self.target);
-                    return Ok(());
+                    tracing::info!(
+                        "session to {} reinstated through {}",
+                        self.target,
+                        self.portal()
+                    );
+                    let ready = if self.multipath() {
+                        self.after_move().await
+                    } else {
+                        Ok(())
+                    };
+                    self.state.lock().unwrap().conns.held = false;
+                    self.window_waiters.notify_waiters();
+                    if self.portal() != started_on {
+                        tracing::warn!(
+                            "multipath: session to {} moved from {started_on} to {}",
+                            self.target,
+                            self.portal()
+                        );
+                    }
+                    return ready;
                 }
-                Err(e @ (Error::Auth { .. } | Error::LoginRefused { class: 2, .. })) => {
-                    return Err(e)
+                Err(e @ (Error::Auth { .. } | Error::LoginRefused { class: 2, .. }))
+                    if !self.multipath() =>
+                {
+                    self.state.lock().unwrap().conns.held = false;
+                    return Err(e);
                 }
                 Err(e) if Instant::now() + delay > deadline => {
                     let last = e.to_string();
@@ -96,14 +123,42 @@ impl Shared {
                         self.target,
                         self.opts.recovery_timeout.as_secs_f64()
                     );
-                    self.state.lock().unwrap().conns.failed =
-                        Some((gen, Instant::now(), attempts, last.clone()));
+                    {
+                        let mut st = self.state.lock().unwrap();
+                        st.conns.failed = Some((gen, Instant::now(), attempts, last.clone()));
+                        st.conns.held = false;
+                    }
+                    self.window_waiters.notify_waiters();
                     return Err(Error::RecoveryFailed { attempts, last });
                 }
                 Err(e) => {
                     tracing::debug!("reinstatement attempt {attempts}: {e}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    let action = self.group.lock().unwrap().login_failed();
+                    match action {
+                        crate::multipath::Action::MoveTo(to) => {
+                            let from = self.portal();
+                            let tried_before = {
+                                let mut g = self.group.lock().unwrap();
+                                g.move_to(to, true);
+                                self.moves.fetch_add(1, Ordering::AcqRel);
+                                g.paths()[to].failed_logins > 0
+                            };
+                            tracing::warn!(
+                                "multipath: {from} failed ({e}); moving to {}",
+                                self.portal()
+                            );
+                            // Straight to a portal not yet found down; a pause before
+                            // going round again.
+                            if tried_before {
+                                tokio::time::sleep(delay).await;
+                                delay = (delay * 2).min(Duration::from_secs(2));
+                            }
+                        }
+                        _ => {
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(2));
+                        }
+                    }
                 }
             }
         }
@@ -343,7 +398,7 @@ impl Shared {
                     );
                     return None;
                 }
-                Err(e) if Instant::now() + delay > deadline => {
+                Err(e) if Instant::now() + delay > deadline || self.multipath() => {
                     tracing::warn!(
                         cid = lost.cid,
                         "connection {} could not be re-established: {e}; going on with fewer",

@@ -99,6 +99,12 @@ pub struct SessionFlags {
     /// Extra session options as key=value (same keys as the URL query string).
     #[arg(long = "opt", value_name = "KEY=VALUE")]
     pub opts: Vec<String>,
+    /// Another portal of the same target (a gateway exporting the same LUN), repeated
+    /// for each; the same as `?portal=HOST:PORT` in the URL. The session logs in to the
+    /// one whose ALUA group is active/optimized and moves to another when its gateway
+    /// fails: iscsi://gw1/IQN/0?portal=gw2:3260&portal=gw3:3260
+    #[arg(long = "portal", value_name = "HOST[:PORT]")]
+    pub portals: Vec<String>,
 }
 
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
@@ -113,6 +119,9 @@ fn parse_duration_arg(s: &str) -> Result<Duration, String> {
 impl SessionFlags {
     pub fn options(&self, url: &IscsiUrl) -> initiator::Result<SessionOptions> {
         let mut o = url.options(&SessionOptions::default())?;
+        for p in &self.portals {
+            o.set("portal", p)?;
+        }
         if let Some(n) = self.connections {
             o.connections = n.max(1);
             o.pin("connections");
