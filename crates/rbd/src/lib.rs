@@ -51,6 +51,7 @@ use backstore::{
 
 mod aio;
 pub mod ffi;
+mod pr;
 
 /// Registers the `rbd` kind.
 pub fn register(registry: &mut Registry) {
@@ -732,6 +733,8 @@ pub struct RbdImage {
     peers: Option<Arc<PeerEvents>>,
     /// When connecting last failed, and why: commands within [`RETRY_AFTER`] fail so.
     failed: Mutex<Option<(Instant, String)>>,
+    /// Shared stores: the persistent reservations, kept in RADOS (`pr`).
+    reservations: Option<Arc<pr::ClusterPr>>,
 }
 
 impl std::fmt::Debug for RbdImage {
@@ -751,6 +754,10 @@ impl RbdImage {
             })
         });
         let conn = Conn::open(&cfg, read_only, &sizes, peers.as_ref())?;
+        let reservations = match cfg.shared {
+            true => Some(Arc::new(pr::ClusterPr::open(&cfg)?)),
+            false => None,
+        };
         sizes.size.store(conn.size()?, Ordering::Release);
         let conn = Arc::new(Mutex::new(Some(Arc::new(conn))));
         let sizer = {
@@ -768,6 +775,7 @@ impl RbdImage {
             conn,
             peers,
             failed: Mutex::new(None),
+            reservations,
         })
     }
 
@@ -1053,6 +1061,12 @@ impl Backstore for RbdImage {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn cluster_reservations(&self) -> Option<Arc<dyn backstore::ClusterReservations>> {
+        self.reservations
+            .clone()
+            .map(|r| r as Arc<dyn backstore::ClusterReservations>)
     }
 
     fn description(&self) -> String {
