@@ -185,6 +185,7 @@ fn run(
             Step::Cmd(who, cdb, dir) => {
                 let a = c[who].cmd(0, &cdb, &dir).expect("transport");
                 let label = format!("step {n}: initiator {who} {cdb:02x?}");
+                println!("{label}: {} {:02x?} {:02x?}", a.status, a.sense, a.data);
                 out.push((
                     label,
                     Answer {
@@ -219,9 +220,14 @@ fn run(
 }
 
 /// The sequence through two gateways (initiator 1 on A, 2 on B) answers as through one
-/// target on a file LUN, answer for answer; APTPL survives a restart of both gateways;
-/// then B, cut off from the cluster (its clients blocklisted by address), refuses writes
-/// while A's initiator takes a reservation, and answers RESERVATION CONFLICT once back.
+/// target on a file LUN, answer for answer; APTPL survives a restart of both gateways.
+/// Then B's clients are blocklisted by address (B's ceph.conf binds them to 127.0.0.2)
+/// while A's initiator takes a reservation: no write through B passes. (On this
+/// machine's Ceph 16.2.15 the blocklist did not cut B off: B stayed current and answered
+/// RESERVATION CONFLICT; A's PR OUTs waited 5 s for the watches of the gateways killed
+/// at the restart, which the OSD keeps until their timeout.) Then the OSD is stopped
+/// (SIGSTOP) for 4 s: B answers from its state until its lease runs out, then NOT READY
+/// 02h/04h/0Ah, never GOOD.
 #[test]
 fn reservation_sequence_two_gateways_matches_one() {
     if !have_ceph() || !have("cc") {
@@ -340,19 +346,23 @@ fn reservation_sequence_two_gateways_matches_one() {
         reserve.elapsed().as_secs_f32(),
         cut.elapsed().as_secs_f32()
     );
-    let mut fenced = 0;
-    while cut.elapsed() < Duration::from_secs(6) {
+    // B either knows it is cut off (02h/04h/0Ah) or has the new state already
+    // (RESERVATION CONFLICT): never GOOD.
+    let (mut fenced, mut conflict) = (0, 0);
+    let reserved = Instant::now();
+    while reserved.elapsed() < Duration::from_secs(3) {
         let r = send(&mut c2, write(0x22));
-        assert_ne!(
-            r.status, 0,
-            "a conflicting write passed through the cut-off gateway"
-        );
-        assert_eq!(
-            (r.status, r.sense),
-            (0x02, (0x02, 0x04, 0x0a)),
-            "B, cut off, answers LOGICAL UNIT NOT ACCESSIBLE, TRANSITIONING"
-        );
-        fenced += 1;
+        match (r.status, r.sense) {
+            (0x02, (0x02, 0x04, 0x0a)) => fenced += 1,
+            (0x18, _) => conflict += 1,
+            other => panic!("a write through the cut-off gateway answered {other:02x?}"),
+        }
+    }
+    println!(
+        "B, cut off, answered {fenced} writes NOT READY 04h/0Ah, {conflict} RESERVATION CONFLICT"
+    );
+    for line in b.log().lines().filter(|l| l.contains("reservations")) {
+        println!("B: {line}");
     }
     ceph(&["osd", "blocklist", "rm", "127.0.0.2"]);
     let back = Instant::now();
@@ -364,11 +374,46 @@ fn reservation_sequence_two_gateways_matches_one() {
         std::thread::sleep(Duration::from_millis(200));
     };
     println!(
-        "B refused {fenced} writes while cut off; current again {:.1} s after the blocklist went",
+        "B current again {:.1} s after the blocklist went",
         back.elapsed().as_secs_f32()
     );
     assert_eq!(r.status, 0x18, "B back: RESERVATION CONFLICT ({r:02x?})");
-    let data = send(&mut c1, read()).data;
+    // The OSD stopped (SIGSTOP): every gateway is cut off. B's lease runs out within 2 s
+    // and from then on B refuses the write as not knowing the state (before, it answers
+    // from the state it knows, RESERVATION CONFLICT); never GOOD.
+    let osd = run_ok(
+        "pgrep",
+        &["-f", &format!("ceph-osd -c {}", cluster.conf().display())],
+    );
+    let osd = osd.trim().to_owned();
+    run_ok("kill", &["-STOP", &osd]);
+    let stopped = Instant::now();
+    let (mut fenced, mut conflict) = (0, 0);
+    while stopped.elapsed() < Duration::from_secs(4) {
+        let r = c2.cmd(0, &write(0x44).0, &write(0x44).1).unwrap();
+        match (r.status, r.sense) {
+            (0x02, (0x02, 0x04, 0x0a)) => fenced += 1,
+            (0x18, _) => conflict += 1,
+            other => panic!("a write through a gateway cut off answered {other:02x?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_ok("kill", &["-CONT", &osd]);
+    println!("OSD stopped 4 s: B answered {conflict} RESERVATION CONFLICT, then {fenced} NOT READY 04h/0Ah");
+    assert!(
+        fenced > 0,
+        "B kept answering from a state it could not vouch for"
+    );
+    // A's lease comes back once the OSD answers again.
+    let again = Instant::now();
+    let data = loop {
+        let r = send(&mut c1, read());
+        if r.status == 0 || again.elapsed() > Duration::from_secs(60) {
+            assert_eq!(r.status, 0, "{r:02x?}");
+            break r.data;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(
         data.iter().all(|&x| x == 0x11),
         "the block holds a refused write's bytes"
