@@ -38,12 +38,14 @@ cc -O2 -o "$work/cdb" crates/testkit/src/libiscsi_cdb.c -liscsi
 coproc CDB { "$work/cdb" iqn.2026-11.org.reservoir:bench-registrant "$P2" "$IQN" 0; }
 read -r ready <&"${CDB[0]}"
 [ "$ready" = ready ] || { echo "libiscsi client: $ready" >&2; exit 1; }
-cdb() { echo "$1" >&"${CDB[1]}"; read -r answer <&"${CDB[0]}"; echo "$answer"; }
-cdb "0 n 0 000000000000 -" >/dev/null # the power-on unit attention
+# Not in $(...): a coprocess's descriptors are not open in subshells.
+cdb() { echo "$1" >&"${CDB[1]}"; read -r ANSWER <&"${CDB[0]}"; }
+cdb "0 n 0 000000000000 -" # the power-on unit attention
 KEY=000000000000abcd
 # PERSISTENT RESERVE OUT, REGISTER: key, service action key, then 8 bytes of flags.
-reg() { cdb "0 w 24 5f000000000000001800 ${1}${2}0000000000000000" | cut -d' ' -f1; }
-keys() { cdb "0 r 64 5e000000000000004000 -" | cut -d' ' -f5; }
+reg() { cdb "0 w 24 5f000000000000001800 ${1}${2}0000000000000000"; STATUS=${ANSWER%% *}; }
+# READ KEYS: the additional length (bytes 4-7) is 0 when nothing is registered.
+keys() { cdb "0 r 64 5e000000000000004000 -"; KEYS=$(echo "$ANSWER" | cut -d' ' -f5); }
 rsvw() {
   timeout $((SECS + 30)) "$RSV" bench --rw write --pattern rand --block-size 4096 \
     --queue-depth 32 --duration "$SECS" --json "$URL" 2>/dev/null |
@@ -51,11 +53,14 @@ rsvw() {
 }
 without=() with=()
 for r in $(seq "$ROUNDS"); do
-  [ "$(keys | cut -c9-16)" = 00000000 ] || { echo "a registration left: $(keys)" >&2; exit 1; }
+  keys
+  [ "$(echo "$KEYS" | cut -c9-16)" = 00000000 ] || { echo "a registration left: $KEYS" >&2; exit 1; }
   without+=("$(rsvw)")
-  [ "$(reg 0000000000000000 $KEY)" = 0 ] || { echo "REGISTER failed" >&2; exit 1; }
+  reg 0000000000000000 $KEY
+  [ "$STATUS" = 0 ] || { echo "REGISTER failed: $ANSWER" >&2; exit 1; }
   with+=("$(rsvw)")
-  [ "$(reg $KEY 0000000000000000)" = 0 ] || { echo "unregistering failed" >&2; exit 1; }
+  reg $KEY 0000000000000000
+  [ "$STATUS" = 0 ] || { echo "unregistering failed: $ANSWER" >&2; exit 1; }
   echo "round $r: without ${without[-1]} IOPS, with a registration ${with[-1]} IOPS"
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
