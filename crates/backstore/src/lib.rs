@@ -199,8 +199,11 @@ pub trait ClusterReservations: Send + Sync + std::fmt::Debug {
     fn publish(&self, seq: u64, state: &[u8], event: &[u8]) -> io::Result<()>;
     /// What runs when another target publishes: `f(event)`, after the cached state has
     /// become the published one and before the acknowledgement. Set once.
-    fn on_event(&self, f: std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>);
+    fn on_event(&self, f: ClusterEventHandler);
 }
+
+/// What [`ClusterReservations::on_event`] runs for another target's event.
+pub type ClusterEventHandler = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the
 /// buffer, and whether it was filled.

@@ -807,24 +807,20 @@ impl backstore::ClusterReservations for ClusterPr {
                     .filter(|m| *m != self.inner.me && !acks.contains(m))
                     .collect();
                 if missing.is_empty() {
-                    Ok(())
-                } else {
-                    Err(io::Error::other(format!(
-                        "no acknowledgement from {} member(s)",
-                        missing.len()
-                    )))
-                    .map_err(|e| (e, missing))
-                    .or_else(|(e, missing)| {
-                        // Waited out below; then they are members no more, so that the next
-                        // change does not wait for them (each joins again before trusting).
-                        *self
-                            .inner
-                            .waited_out
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner()) = missing;
-                        Err(e)
-                    })
+                    return Ok(());
                 }
+                // Waited out below; then they are members no more, so that the next change
+                // does not wait for them (each joins again before trusting anything).
+                let e = io::Error::other(format!(
+                    "no acknowledgement from {} member(s)",
+                    missing.len()
+                ));
+                *self
+                    .inner
+                    .waited_out
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = missing;
+                Err(e)
             });
         if let Err(e) = result {
             // Some target may not have taken the change: complete only once its lease,
