@@ -568,6 +568,10 @@ impl Backstore for Imaged {
         self.inner.on_peer_reset(f)
     }
 
+    fn cluster_reservations(&self) -> Option<Arc<dyn crate::ClusterReservations>> {
+        self.inner.cluster_reservations()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }

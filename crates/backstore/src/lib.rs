@@ -191,6 +191,12 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// `f` runs on a thread of the store's. Set once by the logical unit; stores that are
     /// not shared never call it.
     fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+    /// Where the logical unit's persistent reservations live when other targets export
+    /// this store's data too and the store keeps them in its cluster (the `rbd` kind with
+    /// `peer_portal_groups`). `None`: the logical unit keeps them itself.
+    fn cluster_reservations(&self) -> Option<std::sync::Arc<dyn ClusterReservations>> {
+        None
+    }
 }
 
 /// What [`Backstore::compare_and_write`] found.
@@ -208,6 +214,37 @@ pub enum Compared {
 pub fn within_unit(offset: u64, len: u64, unit: u64) -> bool {
     unit > 0 && len <= unit && offset % unit + len <= unit
 }
+
+/// Persistent reservation state kept in a cluster that every target exporting one store
+/// reads and changes: opaque bytes (the logical unit's rules give them meaning), a
+/// sequence number that every change moves on by one, compare-and-set on that number, and
+/// events published to the other targets.
+///
+/// What a target may trust: [`ClusterReservations::cached`] answers the state only while
+/// the store's lease holds (it has read the state, or taken a newer one from an event,
+/// recently enough, and its watch for events works); otherwise it answers an error and
+/// the logical unit lets no command that depends on reservations through.
+pub trait ClusterReservations: Send + Sync + std::fmt::Debug {
+    /// The state as this target knows it, with its sequence number; an error while the
+    /// lease does not hold (cut off from the cluster, or the watch for events broken).
+    fn cached(&self) -> io::Result<(u64, std::sync::Arc<[u8]>)>;
+    /// Reads the state from the cluster now (blocks up to the store's deadline).
+    fn load(&self) -> io::Result<(u64, Vec<u8>)>;
+    /// Writes `state` as sequence `seq + 1` if the cluster still holds `seq`: `Ok(false)`
+    /// when another target changed it first (load it again and retry). An error leaves
+    /// it unknown whether the write happened.
+    fn store(&self, seq: u64, state: &[u8]) -> io::Result<bool>;
+    /// Tells every other target that the state is now `seq` (`state`) and hands them
+    /// `event`; returns once each has acknowledged, having applied it, or once any that
+    /// did not has certainly stopped trusting its older state (its lease ran out).
+    fn publish(&self, seq: u64, state: &[u8], event: &[u8]) -> io::Result<()>;
+    /// What runs when another target publishes: `f(event)`, after the cached state has
+    /// become the published one and before the acknowledgement. Set once.
+    fn on_event(&self, f: ClusterEventHandler);
+}
+
+/// What [`ClusterReservations::on_event`] runs for another target's event.
+pub type ClusterEventHandler = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the
 /// buffer, and whether it was filled.

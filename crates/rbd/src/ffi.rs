@@ -210,3 +210,50 @@ extern "C" {
         op_flags: c_int,
     ) -> isize;
 }
+
+/// A compound write operation (`rados_create_write_op`): its actions apply atomically.
+pub type rados_write_op_t = *mut c_void;
+
+/// `rados_write_op_create`: fail with EEXIST if the object exists.
+pub const LIBRADOS_CREATE_EXCLUSIVE: c_int = 1;
+/// `rados_write_op_cmpxattr`: the xattr must equal the value.
+pub const LIBRADOS_CMPXATTR_OP_EQ: u8 = 1;
+
+// Persistent reservations kept in the cluster (`pr.rs`): a small object read whole and
+// replaced whole under a compare-and-set guard, and the health of a watch.
+#[link(name = "rados")]
+extern "C" {
+    pub fn rados_read(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        buf: *mut c_char,
+        len: usize,
+        off: u64,
+    ) -> c_int;
+    /// Milliseconds since the watch was last confirmed, or a negative errno if broken.
+    pub fn rados_watch_check(io: rados_ioctx_t, cookie: u64) -> c_int;
+    pub fn rados_create_write_op() -> rados_write_op_t;
+    pub fn rados_release_write_op(op: rados_write_op_t);
+    pub fn rados_write_op_create(op: rados_write_op_t, exclusive: c_int, category: *const c_char);
+    pub fn rados_write_op_cmpxattr(
+        op: rados_write_op_t,
+        name: *const c_char,
+        comparison_operator: u8,
+        value: *const c_char,
+        value_len: usize,
+    );
+    pub fn rados_write_op_setxattr(
+        op: rados_write_op_t,
+        name: *const c_char,
+        value: *const c_char,
+        value_len: usize,
+    );
+    pub fn rados_write_op_write_full(op: rados_write_op_t, buffer: *const c_char, len: usize);
+    pub fn rados_write_op_operate(
+        op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        mtime: *mut libc::time_t,
+        flags: c_int,
+    ) -> c_int;
+}

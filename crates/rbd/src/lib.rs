@@ -54,6 +54,7 @@ use backstore::{
 mod aio;
 mod caw;
 pub mod ffi;
+mod pr;
 
 /// Registers the `rbd` kind.
 pub fn register(registry: &mut Registry) {
@@ -735,6 +736,8 @@ pub struct RbdImage {
     peers: Option<Arc<PeerEvents>>,
     /// When connecting last failed, and why: commands within [`RETRY_AFTER`] fail so.
     failed: Mutex<Option<(Instant, String)>>,
+    /// Shared stores: the persistent reservations, kept in RADOS (`pr`).
+    reservations: Option<Arc<pr::ClusterPr>>,
 }
 
 impl std::fmt::Debug for RbdImage {
@@ -754,6 +757,10 @@ impl RbdImage {
             })
         });
         let conn = Conn::open(&cfg, read_only, &sizes, peers.as_ref())?;
+        let reservations = match cfg.shared {
+            true => Some(Arc::new(pr::ClusterPr::open(&cfg)?)),
+            false => None,
+        };
         sizes.size.store(conn.size()?, Ordering::Release);
         let conn = Arc::new(Mutex::new(Some(Arc::new(conn))));
         let sizer = {
@@ -771,6 +778,7 @@ impl RbdImage {
             conn,
             peers,
             failed: Mutex::new(None),
+            reservations,
         })
     }
 
@@ -1072,6 +1080,12 @@ impl Backstore for RbdImage {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn cluster_reservations(&self) -> Option<Arc<dyn backstore::ClusterReservations>> {
+        self.reservations
+            .clone()
+            .map(|r| r as Arc<dyn backstore::ClusterReservations>)
     }
 
     fn description(&self) -> String {

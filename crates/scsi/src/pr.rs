@@ -620,6 +620,33 @@ impl Reservations {
         s
     }
 
+    /// The whole persistent state, APTPL included, for a cluster that keeps it for every
+    /// target exporting the logical unit (whatever APTPL says: the cluster's copy is the
+    /// one every target works from). [`Reservations::load`] reads it back.
+    pub fn save_shared(&self) -> String {
+        let mut s = self.save();
+        let _ = writeln!(s, "aptpl {}", u8::from(self.aptpl));
+        s
+    }
+
+    /// Takes the persistent state another target wrote to the cluster
+    /// ([`Reservations::save_shared`]; empty: none yet) as this one's, keeping what is
+    /// this target's own: the names of its nexuses and SPC-2 reservations. False, and
+    /// nothing changed, when the bytes are not such a state.
+    pub fn adopt(&mut self, state: &[u8]) -> bool {
+        let loaded = if state.is_empty() {
+            Some(Reservations::default())
+        } else {
+            std::str::from_utf8(state).ok().and_then(Reservations::load)
+        };
+        let Some(l) = loaded else { return false };
+        self.generation = l.generation;
+        self.registrants = l.registrants;
+        self.reservation = l.reservation;
+        self.aptpl = l.aptpl;
+        true
+    }
+
     /// The state [`Reservations::save`] wrote; `None` if the text is not such a state.
     pub fn load(text: &str) -> Option<Reservations> {
         let mut lines = text.lines();
@@ -634,6 +661,7 @@ impl Reservations {
             let mut f = line.splitn(3, ' ');
             match (f.next()?, f.next(), f.next()) {
                 ("generation", Some(g), None) => r.generation = g.parse().ok()?,
+                ("aptpl", Some(a), None) => r.aptpl = a == "1",
                 ("key", Some(k), Some(port)) => r.registrants.push(Registrant {
                     key: u64::from_str_radix(k, 16).ok()?,
                     port: port.to_owned(),
@@ -650,6 +678,45 @@ impl Reservations {
         }
         Some(r)
     }
+}
+
+/// Unit attentions for other targets' nexuses, one a line: `ua KEY ASC ASCQ PORT` (hex).
+pub(crate) fn encode_notices(notices: &Notices) -> Vec<u8> {
+    let mut s = String::new();
+    for (port, sense) in notices {
+        let _ = writeln!(
+            s,
+            "ua {:02x} {:02x} {:02x} {port}",
+            sense.key, sense.asc, sense.ascq
+        );
+    }
+    s.into_bytes()
+}
+
+/// What [`encode_notices`] wrote. Only the unit attentions reservations raise are taken:
+/// the bytes come from another target through the cluster, and a line that is not one of
+/// them is skipped rather than queued for an initiator.
+pub(crate) fn decode_notices(bytes: &[u8]) -> Notices {
+    let text = String::from_utf8_lossy(bytes);
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(5, ' ');
+            if f.next()? != "ua" {
+                return None;
+            }
+            let mut byte = || u8::from_str_radix(f.next()?, 16).ok();
+            let (key, asc, ascq) = (byte()?, byte()?, byte()?);
+            let port = f.next()?.to_owned();
+            let s = Sense::new(key, asc, ascq);
+            [
+                sense::RESERVATIONS_PREEMPTED,
+                sense::RESERVATIONS_RELEASED,
+                sense::REGISTRATIONS_PREEMPTED,
+            ]
+            .contains(&s)
+            .then_some((port, s))
+        })
+        .collect()
 }
 
 /// The iSCSI name of an initiator port name ("name,i,0x<isid>", or the name alone).
@@ -942,6 +1009,36 @@ mod tests {
             r.persistent_out(B, &cdb, &p, false, &|_| true),
             Err(Fail::Check(_))
         ));
+    }
+
+    #[test]
+    fn shared_state_and_events() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        let (cdb, p) = prout(SA_REGISTER, 0, 1, 1, 0x00);
+        r.persistent_out(A, &cdb, &p, true, &|_| true).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        // Another target: its own nexus numbers, the same initiator ports.
+        let mut other = Reservations::default();
+        other.name(Nexus(9), "iqn.2000-01.a,i,0x000000000001");
+        other.name(Nexus(10), "iqn.2000-01.b,i,0x000000000001");
+        assert!(other.adopt(r.save_shared().as_bytes()));
+        assert!(!other.aptpl());
+        other.check(Nexus(9), Access::Write).unwrap();
+        assert_eq!(other.check(Nexus(10), Access::Write), Err(Fail::Conflict));
+        assert_eq!(other.save_shared(), r.save_shared());
+        // Empty: no state yet; junk changes nothing.
+        assert!(!other.adopt(b"junk"));
+        assert_eq!(other.check(Nexus(10), Access::Write), Err(Fail::Conflict));
+        assert!(other.adopt(b""));
+        other.check(Nexus(10), Access::Write).unwrap();
+        let n = vec![
+            (r.port(A), sense::REGISTRATIONS_PREEMPTED),
+            (r.port(B), sense::RESERVATIONS_RELEASED),
+        ];
+        assert_eq!(decode_notices(&encode_notices(&n)), n);
+        // Only reservations' unit attentions come through.
+        assert!(decode_notices(b"ua 06 29 00 iqn.x\nua zz\n\xff").is_empty());
     }
 
     #[test]

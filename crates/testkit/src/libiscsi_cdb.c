@@ -43,6 +43,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	iscsi_set_targetname(iscsi, argv[3]);
+	/* A fixed ISID when asked (libiscsi picks a random one): the same initiator port
+	 * after logging in again, as reservations kept across a restart need. */
+	const char *isid = getenv("LIBISCSI_CDB_ISID");
+	if (isid)
+		iscsi_set_isid_random(iscsi, (uint32_t)strtoul(isid, NULL, 16), 0);
 	iscsi_set_session_type(iscsi, ISCSI_SESSION_NORMAL);
 	iscsi_set_header_digest(iscsi, ISCSI_HEADER_DIGEST_NONE);
 	if (iscsi_full_connect_sync(iscsi, argv[2], atoi(argv[4])) != 0) {

@@ -67,10 +67,14 @@ pub(crate) enum Offered {
     Always,
     /// Only on thin-provisioned logical units (LBPME).
     Thin,
-    /// Reservations, SPC-2 and persistent, offered or not as a whole: not where other
-    /// targets export the logical unit too, since they cannot be kept consistent with
-    /// those targets' (`LuConfig::peer_port_groups`).
+    /// SPC-2 reservations: not where other targets export the logical unit too, since a
+    /// reservation of an I_T nexus cannot be kept consistent with those targets'
+    /// (`LuConfig::peer_port_groups`).
     Reservations,
+    /// Persistent reservations: wherever SPC-2's are, and where other targets export the
+    /// logical unit too if its store keeps them in its cluster
+    /// (`Backstore::cluster_reservations`).
+    Persistent,
 }
 
 /// What a handler is given: the command, the other logical units its I_T nexus may reach
@@ -105,6 +109,7 @@ pub(crate) struct Op {
 pub(crate) struct Offer {
     pub thin: bool,
     pub reservations: bool,
+    pub persistent: bool,
 }
 
 impl Op {
@@ -113,6 +118,7 @@ impl Op {
             Offered::Always => true,
             Offered::Thin => offer.thin,
             Offered::Reservations => offer.reservations,
+            Offered::Persistent => offer.persistent,
         }
     }
 
@@ -167,10 +173,6 @@ const PR_OUT_USAGE: &[u8] = &[PERSISTENT_RESERVE_OUT, 0x1f, FF, 0, 0, FF, FF, FF
 const PR_OUT_DATA: DataOut = DataOut::List { at: 5, len: 4 };
 const SANITIZE_USAGE: &[u8] = &[SANITIZE, 0x1f, 0, 0, 0, 0, 0, FF, FF, 0];
 const SANITIZE_DATA: DataOut = DataOut::List { at: 7, len: 2 };
-
-fn ptpl(lu: &LogicalUnit) -> bool {
-    lu.config.pr_file.is_some()
-}
 
 /// Every command this logical unit runs, the rows of one opcode together. The reservation
 /// rules (`access`) are SPC-5 table 70 and SBC-4 table 13; the gates SAM-5 5.14 and SBC-4
@@ -268,40 +270,40 @@ pub(crate) const COMMANDS: &[Op] = &[
         data_out: NO_DATA, access: Access::Write, gate: Gate::Ready, offered: Offered::Always, class: Class::Other,
         run: |lu, c| Ok(lu.mode_sense(c.cmd.cdb)?) },
     Op { opcode: PERSISTENT_RESERVE_IN, sa: Some(sa::persistent_reserve_in::READ_KEYS), usage: PR_IN_USAGE,
-        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
-        run: |lu, c| lu.pr().persistent_in(c.cmd.cdb, ptpl(lu)) },
+        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
+        run: |lu, c| lu.persistent_in(c.cmd.cdb) },
     Op { opcode: PERSISTENT_RESERVE_IN, sa: Some(sa::persistent_reserve_in::READ_RESERVATION), usage: PR_IN_USAGE,
-        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
-        run: |lu, c| lu.pr().persistent_in(c.cmd.cdb, ptpl(lu)) },
+        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
+        run: |lu, c| lu.persistent_in(c.cmd.cdb) },
     Op { opcode: PERSISTENT_RESERVE_IN, sa: Some(sa::persistent_reserve_in::REPORT_CAPABILITIES), usage: PR_IN_USAGE,
-        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
-        run: |lu, c| lu.pr().persistent_in(c.cmd.cdb, ptpl(lu)) },
+        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
+        run: |lu, c| lu.persistent_in(c.cmd.cdb) },
     Op { opcode: PERSISTENT_RESERVE_IN, sa: Some(sa::persistent_reserve_in::READ_FULL_STATUS), usage: PR_IN_USAGE,
-        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
-        run: |lu, c| lu.pr().persistent_in(c.cmd.cdb, ptpl(lu)) },
+        data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
+        run: |lu, c| lu.persistent_in(c.cmd.cdb) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::REGISTER), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::RESERVE), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::RELEASE), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::CLEAR), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::PREEMPT), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::PREEMPT_AND_ABORT), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::REGISTER_AND_IGNORE_EXISTING_KEY), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: PERSISTENT_RESERVE_OUT, sa: Some(sa::persistent_reserve_out::REGISTER_AND_MOVE), usage: PR_OUT_USAGE,
-        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Reservations, class: Class::Other,
+        data_out: PR_OUT_DATA, access: Access::Unreserved, gate: Gate::Ready, offered: Offered::Persistent, class: Class::Other,
         run: |lu, c| lu.persistent_out(c.cmd, c.reach) },
     Op { opcode: EXTENDED_COPY, sa: Some(sa::extended_copy::LID1),
         usage: &[EXTENDED_COPY, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],

@@ -255,7 +255,7 @@ impl LogicalUnit {
             && r.blocks.saturating_mul(self.block_size) <= max_bytes
             && self.check_range(r.lba, r.blocks).is_ok()
             && self.check_transfer(cdb, r.blocks).is_ok()
-            && self.pr().check(cmd.nexus, access).is_ok();
+            && self.check_reservations(cmd.nexus, access).is_ok();
         ok.then_some(r)
     }
 
@@ -338,7 +338,7 @@ impl LogicalUnit {
         }
         let r = block_range(cdb);
         if self.check_range(r.lba, r.blocks).is_err()
-            || self.pr().check(cmd.nexus, Access::Write).is_err()
+            || self.check_reservations(cmd.nexus, Access::Write).is_err()
         {
             return None;
         }

@@ -24,6 +24,7 @@ use crate::sense::{self, Sense};
 use crate::xcopy::{CopyStatus, Designator, OnlyItself, Reach};
 use crate::{status, Command, LuConfig, Nexus, Response};
 
+mod cluster_pr;
 mod commands;
 mod copy;
 mod fast;
@@ -66,6 +67,12 @@ pub struct LogicalUnit {
     /// all) is never seen half done, not even by a read whose bytes are still being sent.
     locks: Arc<RangeLocks>,
     reservations: Mutex<Reservations>,
+    /// Where the persistent reservations live when other targets export this LU too and
+    /// its store keeps them in the cluster (`cluster_pr`).
+    cluster: Option<Arc<dyn backstore::ClusterReservations>>,
+    /// The cluster's sequence number that `reservations` holds (`cluster_pr::UNSYNCED`
+    /// when none); changed under the `reservations` lock.
+    pr_seq: AtomicU64,
     /// VPD page 83h designators of this logical unit (association: logical unit).
     designators: Vec<Designator>,
     /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
@@ -87,9 +94,11 @@ impl LogicalUnit {
             limits.max_compare_and_write = limits.max_compare_and_write.min(most);
         }
         let designators = inquiry::lu_designators(&config);
+        let cluster = store.cluster_reservations();
         let reservations = config
             .pr_file
             .as_ref()
+            .filter(|_| cluster.is_none())
             .and_then(|p| std::fs::read_to_string(p).ok())
             .and_then(|text| Reservations::load(&text))
             .unwrap_or_default();
@@ -106,6 +115,8 @@ impl LogicalUnit {
             prevent: Mutex::new(HashSet::new()),
             locks: Arc::default(),
             reservations: Mutex::new(reservations),
+            cluster,
+            pr_seq: AtomicU64::new(cluster_pr::UNSYNCED),
             designators,
             copies: Mutex::new(HashMap::new()),
         }
@@ -143,6 +154,7 @@ impl LogicalUnit {
         Offer {
             thin: self.config.thin,
             reservations: self.config.peer_port_groups.is_empty(),
+            persistent: self.config.peer_port_groups.is_empty() || self.cluster.is_some(),
         }
     }
 
@@ -226,6 +238,7 @@ impl LogicalUnit {
     /// Takes resets that other targets exporting the same store announce (see
     /// [`Backstore::on_peer_reset`]) as this LU's own, without announcing them again.
     pub fn listen_to_peers(self: &Arc<Self>) {
+        self.listen_to_cluster();
         let lu = Arc::downgrade(self);
         self.store.on_peer_reset(Arc::new(move || {
             if let Some(lu) = lu.upgrade() {
@@ -321,7 +334,7 @@ impl LogicalUnit {
                 return Err(self.sanitizer.in_progress().into());
             }
         }
-        self.pr().check(call.cmd.nexus, op.access)?;
+        self.check_reservations(call.cmd.nexus, op.access)?;
         if op.gate == Gate::Medium {
             self.medium_present()?;
         }
@@ -329,6 +342,9 @@ impl LogicalUnit {
     }
 
     fn persistent_out(&self, cmd: &Command, reach: &dyn Reach) -> Result<Vec<u8>, Fail> {
+        if self.cluster.is_some() {
+            return self.persistent_out_cluster(cmd, reach);
+        }
         let ptpl = self.config.pr_file.is_some();
         let mut pr = self.pr();
         let admits = |initiator: &str| reach.admits(initiator, self);
