@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 pub mod buffers;
 mod file;
+pub mod groups;
 mod helpers;
 pub mod image;
 mod lend;
@@ -166,6 +167,17 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// `f` runs on a thread of the store's. Set once by the logical unit; stores that are
     /// not shared never call it.
     fn on_peer_reset(&self, _f: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+    /// For a store that other targets export too: starts keeping the ALUA states of the
+    /// target port groups `own` (this target's) and `peers` (theirs) where all of them
+    /// read and write (see [`groups::PortGroups`]). `None`: a store that cannot, whose
+    /// logical unit reports fixed states.
+    fn port_groups(
+        &self,
+        _own: u16,
+        _peers: &[u16],
+    ) -> io::Result<Option<std::sync::Arc<dyn groups::PortGroups>>> {
+        Ok(None)
+    }
 }
 
 /// What a store calls when a read started with [`Backstore::read_async`] is over: the
