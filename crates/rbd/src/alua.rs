@@ -78,6 +78,10 @@ pub struct Judge {
     /// was made with.
     last: Vec<GroupState>,
     last_chosen: HashMap<u16, AccessState>,
+    /// Groups this target has seen in their chosen state once: until then a change is
+    /// their start, which alters nothing (no status), so that every target reports alike
+    /// whichever started first.
+    settled: std::collections::HashSet<u16>,
 }
 
 impl Judge {
@@ -102,6 +106,7 @@ impl Judge {
             own_ok: None,
             last,
             last_chosen: HashMap::new(),
+            settled: Default::default(),
         }
     }
 
@@ -203,15 +208,17 @@ impl Judge {
                     .get(&group)
                     .copied()
                     .unwrap_or(AccessState::ActiveOptimized);
-                if state == self.chosen(group) && before != state {
-                    Why::Explicit
-                } else if old.state == AccessState::Transitioning && old.why == Why::None {
-                    // The first judgement after start: nothing altered it.
+                if !self.settled.contains(&group) {
                     Why::None
+                } else if state == self.chosen(group) && before != state {
+                    Why::Explicit
                 } else {
                     Why::Implicit
                 }
             };
+            if state == self.chosen(group) {
+                self.settled.insert(group);
+            }
             out.push(GroupState { group, state, why });
         }
         self.last = out.clone();
