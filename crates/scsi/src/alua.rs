@@ -98,7 +98,7 @@ pub fn parse_set_target_port_groups(
     if data.is_empty() {
         return Ok(Vec::new());
     }
-    if data.len() < 4 || (data.len() - 4) % 4 != 0 {
+    if data.len() < 4 || !(data.len() - 4).is_multiple_of(4) {
         return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
     }
     let mut out: Vec<(u16, AccessState)> = Vec::with_capacity((data.len() - 4) / 4);
