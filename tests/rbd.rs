@@ -875,6 +875,32 @@ fn two_targets_one_image_alua_and_reservations() {
     };
     let (sa, sb) = (connect(&a), connect(&b));
     rt.block_on(async {
+        // The gateways agree on their states within a few heartbeats of their start
+        // (ALUA that follows health: tests/gateway_alua.rs).
+        let t = Instant::now();
+        loop {
+            let mut all_active = true;
+            for s in [&sa, &sb] {
+                let d = s
+                    .command_ok(
+                        0,
+                        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0],
+                        initiator::DataDir::Read(1024),
+                    )
+                    .await
+                    .unwrap()
+                    .data;
+                all_active &= d[4..].chunks(12).all(|g| g[0] & 0x0f == 0);
+            }
+            if all_active {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the gateways never agreed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         drain_unit_attentions(&sa, 0).await;
         drain_unit_attentions(&sb, 0).await;
         let mut rtpg = Vec::new();
