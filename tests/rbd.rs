@@ -837,7 +837,7 @@ fn designator(page: &[u8], kind: u8) -> Option<Vec<u8>> {
 }
 
 /// Two targets export one image (the same IQN and LUN, portal groups 1 and 2, each naming
-/// the other as its peer): both say implicit ALUA in INQUIRY, give the same LU designator
+/// the other as its peer): both say implicit and explicit ALUA in INQUIRY, give the same LU designator
 /// and their own target port group in VPD 83h, and answer REPORT TARGET PORT GROUPS with
 /// the same two active/optimized groups; reservations are refused on both (ILLEGAL
 /// REQUEST, INVALID COMMAND OPERATION CODE); a write through one is read through the
@@ -875,6 +875,32 @@ fn two_targets_one_image_alua_and_reservations() {
     };
     let (sa, sb) = (connect(&a), connect(&b));
     rt.block_on(async {
+        // The gateways agree on their states within a few heartbeats of their start
+        // (ALUA that follows health: tests/gateway_alua.rs).
+        let t = Instant::now();
+        loop {
+            let mut all_active = true;
+            for s in [&sa, &sb] {
+                let d = s
+                    .command_ok(
+                        0,
+                        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0],
+                        initiator::DataDir::Read(1024),
+                    )
+                    .await
+                    .unwrap()
+                    .data;
+                all_active &= d[4..].chunks(12).all(|g| g[0] & 0x0f == 0);
+            }
+            if all_active {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the gateways never agreed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         drain_unit_attentions(&sa, 0).await;
         drain_unit_attentions(&sb, 0).await;
         let mut rtpg = Vec::new();
@@ -883,7 +909,9 @@ fn two_targets_one_image_alua_and_reservations() {
                 .command_ok(0, &[0x12, 0, 0, 0, 96, 0], initiator::DataDir::Read(96))
                 .await
                 .unwrap();
-            assert_eq!(inq.data[5] & 0x30, 0x10, "TPGS: implicit ALUA");
+            // Implicit and explicit: the gateway group keeps its states in the cluster
+            // (tests/gateway_alua.rs).
+            assert_eq!(inq.data[5] & 0x30, 0x30, "TPGS: implicit and explicit ALUA");
             let vpd = s.vpd(0, 0x83).await.unwrap();
             let tpg = designator(&vpd, 5).expect("target port group designator");
             assert_eq!(u16::from_be_bytes([tpg[2], tpg[3]]), group);

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 pub mod buffers;
 mod file;
+pub mod groups;
 mod helpers;
 pub mod image;
 mod lend;
@@ -196,6 +197,18 @@ pub trait Backstore: Send + Sync + std::fmt::Debug {
     /// `peer_portal_groups`). `None`: the logical unit keeps them itself.
     fn cluster_reservations(&self) -> Option<std::sync::Arc<dyn ClusterReservations>> {
         None
+    }
+
+    /// For a store that other targets export too: starts keeping the ALUA states of the
+    /// target port groups `own` (this target's) and `peers` (theirs) where all of them
+    /// read and write (see [`groups::PortGroups`]). `None`: a store that cannot, whose
+    /// logical unit reports fixed states.
+    fn port_groups(
+        &self,
+        _own: u16,
+        _peers: &[u16],
+    ) -> io::Result<Option<std::sync::Arc<dyn groups::PortGroups>>> {
+        Ok(None)
     }
 }
 

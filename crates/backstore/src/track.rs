@@ -997,6 +997,14 @@ impl Backstore for Tracked {
         self.inner.cluster_reservations()
     }
 
+    fn port_groups(
+        &self,
+        own: u16,
+        peers: &[u16],
+    ) -> io::Result<Option<Arc<dyn crate::groups::PortGroups>>> {
+        self.inner.port_groups(own, peers)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }

@@ -257,3 +257,29 @@ extern "C" {
         flags: c_int,
     ) -> c_int;
 }
+
+// Extended attributes of a RADOS object: the ALUA records of a gateway group (`alua`).
+pub type rados_xattrs_iter_t = *mut c_void;
+
+extern "C" {
+    pub fn rados_setxattr(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        buf: *const c_char,
+        len: usize,
+    ) -> c_int;
+    pub fn rados_getxattrs(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        iter: *mut rados_xattrs_iter_t,
+    ) -> c_int;
+    /// The next attribute; `*name` is null after the last.
+    pub fn rados_getxattrs_next(
+        iter: rados_xattrs_iter_t,
+        name: *mut *const c_char,
+        val: *mut *const c_char,
+        len: *mut usize,
+    ) -> c_int;
+    pub fn rados_getxattrs_end(iter: rados_xattrs_iter_t);
+}

@@ -53,6 +53,7 @@ use backstore::{
 
 mod aio;
 mod caw;
+pub mod alua;
 pub mod ffi;
 mod pr;
 
@@ -921,6 +922,21 @@ const LEND_MIN: usize = 64 * 1024;
 impl Backstore for RbdImage {
     fn size(&self) -> u64 {
         self.size_now()
+    }
+
+    /// A shared image keeps its gateway group's ALUA states in the cluster
+    /// ([`alua::ClusterGroups`]); an image one target exports has none to keep.
+    fn port_groups(
+        &self,
+        own: u16,
+        peers: &[u16],
+    ) -> io::Result<Option<Arc<dyn backstore::groups::PortGroups>>> {
+        if !self.cfg.shared {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(alua::ClusterGroups::start(
+            &self.cfg, own, peers,
+        )?)))
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -45,6 +45,7 @@ pub const WRITE_ATOMIC_16: u8 = 0x9c;
 pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
 pub const REPORT_LUNS: u8 = 0xa0;
 pub const MAINTENANCE_IN: u8 = 0xa3;
+pub const MAINTENANCE_OUT: u8 = 0xa4;
 pub const READ_12: u8 = 0xa8;
 pub const WRITE_12: u8 = 0xaa;
 pub const SERVICE_ACTION_IN_12: u8 = 0xab;
@@ -61,6 +62,11 @@ pub mod service_action {
     pub mod maintenance_in {
         pub const REPORT_TARGET_PORT_GROUPS: u8 = 0x0a;
         pub const REPORT_SUPPORTED_OPERATION_CODES: u8 = 0x0c;
+    }
+
+    /// MAINTENANCE OUT (A4h).
+    pub mod maintenance_out {
+        pub const SET_TARGET_PORT_GROUPS: u8 = 0x0a;
     }
 
     /// SERVICE ACTION IN (12) (ABh).

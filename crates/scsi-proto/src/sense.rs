@@ -49,6 +49,16 @@ pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 
 pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x04);
 pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x05);
 pub const CAPACITY_DATA_HAS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+/// SPC-4 5.16.2.6: a target port group's asymmetric access state changed.
+pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x06);
+/// SPC-4 5.16.2.4: what a target port in the transitioning, standby and unavailable
+/// asymmetric access states answers to the commands those states do not allow.
+pub const ASYMMETRIC_ACCESS_STATE_TRANSITION: Sense = Sense::new(key::NOT_READY, 0x04, 0x0a);
+pub const TARGET_PORT_IN_STANDBY_STATE: Sense = Sense::new(key::NOT_READY, 0x04, 0x0b);
+pub const TARGET_PORT_IN_UNAVAILABLE_STATE: Sense = Sense::new(key::NOT_READY, 0x04, 0x0c);
+/// SPC-4 6.43: a SET TARGET PORT GROUPS the device server could not carry out.
+pub const SET_TARGET_PORT_GROUPS_COMMAND_FAILED: Sense =
+    Sense::new(key::HARDWARE_ERROR, 0x67, 0x0a);
 pub const REPORTED_LUNS_DATA_HAS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3f, 0x0e);
 pub const INVALID_RELEASE_OF_PERSISTENT_RESERVATION: Sense =
     Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x04);

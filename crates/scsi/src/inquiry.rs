@@ -1,6 +1,6 @@
 //! INQUIRY: standard data and the vital product data pages.
 
-use crate::cdb::{ascii_field, be16, be32, truncate};
+use crate::cdb::{ascii_field, be16, truncate};
 use crate::sense::{self, Sense};
 use crate::{Designator, LuConfig};
 
@@ -202,47 +202,6 @@ fn device_identification(config: &LuConfig) -> Vec<u8> {
     name.truncate(252);
     body.extend(designator(0x53, 0x90 | 0x08, &name));
     body
-}
-
-/// REPORT TARGET PORT GROUPS (SPC-5 6.37): this target's group, holding the one target
-/// port every nexus uses, and those of the other targets exporting the logical unit
-/// (`LuConfig::peer_port_groups`), in the order of their ids, all active/optimized: the
-/// same answer from every target.
-///
-/// No group is marked preferred (PREF, byte 0 bit 7, stays zero, as LIO and SCST leave
-/// it unless told): with every group active/optimized there is nothing to prefer, and
-/// libiscsi from its RTPG support (release 1.20.3) until its fix of the bit fields
-/// reads byte 0's high nibble as the access state, so a set PREF reached its users (and
-/// its test suite's ReportTargetPortGroups.Simple) as the invalid state 8.
-pub(crate) fn report_target_port_groups(cdb: &[u8], config: &LuConfig) -> Result<Vec<u8>, Sense> {
-    let format = cdb[1] >> 5;
-    if format > 1 {
-        return Err(Sense::invalid_field_in_cdb(1, Some(7)));
-    }
-    let alloc = be32(&cdb[6..10]) as usize;
-    let mut groups: Vec<(u16, u16)> = config
-        .peer_port_groups
-        .iter()
-        .map(|&g| (g, g))
-        .chain([(config.target_port_group, config.relative_port)])
-        .collect();
-    groups.sort_unstable();
-    groups.dedup_by_key(|g| g.0);
-    let mut body = Vec::new();
-    for (group, port) in groups {
-        body.extend_from_slice(&[0x00, 0x01]); // active/optimized, not PREF; AO_SUP
-        body.extend_from_slice(&group.to_be_bytes());
-        body.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, one port
-        body.extend_from_slice(&[0, 0]);
-        body.extend_from_slice(&port.to_be_bytes());
-    }
-    let mut d = (body.len() as u32).to_be_bytes().to_vec();
-    if format == 1 {
-        d = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(&[0x10, 0, 0, 0]);
-    }
-    d.extend(body);
-    Ok(truncate(d, alloc))
 }
 
 fn block_limits(config: &LuConfig, limits: &Limits) -> Vec<u8> {

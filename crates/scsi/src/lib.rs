@@ -8,6 +8,7 @@
 //! threads) and gets back a [`Response`]; residuals against the expected data transfer
 //! length are the transport's business.
 
+pub mod alua;
 pub mod cdb;
 pub mod compressed;
 mod inquiry;

@@ -380,6 +380,11 @@ fn peer_port_groups_listed_and_reservations_refused() {
     // TPGS: implicit ALUA.
     let inq = exec(&lu, &[0x12, 0, 0, 0, 96, 0], &[]);
     assert_eq!(good(&inq)[5] & 0x30, 0x10);
+    // A store that keeps no states (a RAM store): the fixed answer, AO_SUP alone, and no
+    // SET TARGET PORT GROUPS (a known opcode, an unknown service action).
+    assert!(a[4..].chunks(12).all(|d| d[1] == 0x01 && d[5] == 0));
+    let stpg = [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+    assert_invalid_cdb(&exec(&lu, &stpg, &[0, 0, 0, 0, 2, 0, 0, 1]), 1);
     // Reservations: every service action, SPC-2 too.
     let prin = [0x5e, 0x00, 0, 0, 0, 0, 0, 0x10, 0, 0];
     let prout = [0x5f, 0x00, 0, 0, 0, 0, 0, 0, 24, 0];

@@ -209,6 +209,9 @@ pub(crate) fn open_target(
         );
         let lu = Arc::new(lu);
         lu.listen_to_peers();
+        // A gateway group's ALUA states, where the store keeps them in its cluster.
+        lu.follow_port_groups()
+            .with_context(|| format!("{at}: the target port groups' states"))?;
         luns.insert(l.id, lu);
     }
     Ok(TargetNode {

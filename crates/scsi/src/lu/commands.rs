@@ -10,7 +10,6 @@ use scsi_proto::opcodes::*;
 
 use super::{read_defect_data, read_media_serial_number, report_luns, LogicalUnit};
 use crate::cdb::truncate;
-use crate::inquiry;
 use crate::pr::{Access, Fail};
 use crate::sense::{self, Sense};
 use crate::xcopy::{self, Reach};
@@ -75,6 +74,8 @@ pub(crate) enum Offered {
     /// logical unit too if its store keeps them in its cluster
     /// (`Backstore::cluster_reservations`).
     Persistent,
+    /// Explicit ALUA: only where the store keeps the target port groups' states.
+    PortGroups,
 }
 
 /// What a handler is given: the command, the other logical units its I_T nexus may reach
@@ -110,6 +111,7 @@ pub(crate) struct Offer {
     pub thin: bool,
     pub reservations: bool,
     pub persistent: bool,
+    pub port_groups: bool,
 }
 
 impl Op {
@@ -119,6 +121,7 @@ impl Op {
             Offered::Thin => offer.thin,
             Offered::Reservations => offer.reservations,
             Offered::Persistent => offer.persistent,
+            Offered::PortGroups => offer.port_groups,
         }
     }
 
@@ -193,7 +196,7 @@ pub(crate) const COMMANDS: &[Op] = &[
         run: |lu, c| Ok(lu.write(c.cmd.cdb, c.cmd.data_out)?) },
     Op { opcode: INQUIRY, sa: None, usage: &[INQUIRY, 0x01, FF, FF, FF, 0],
         data_out: NO_DATA, access: Access::Always, gate: Gate::None, offered: Offered::Always, class: Class::Other,
-        run: |lu, c| Ok(inquiry::inquiry(c.cmd.cdb, &lu.config, &lu.limits)?) },
+        run: |lu, c| Ok(lu.inquiry(c.cmd.cdb)?) },
     Op { opcode: MODE_SELECT_6, sa: None, usage: &[MODE_SELECT_6, 0x11, 0, 0, FF, 0],
         data_out: DataOut::List { at: 4, len: 1 }, access: Access::Write, gate: Gate::Ready, offered: Offered::Always, class: Class::Other,
         run: |lu, c| Ok(lu.mode_select(c.cmd)?) },
@@ -363,11 +366,17 @@ pub(crate) const COMMANDS: &[Op] = &[
     Op { opcode: MAINTENANCE_IN, sa: Some(sa::maintenance_in::REPORT_TARGET_PORT_GROUPS),
         usage: &[MAINTENANCE_IN, 0x3f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
         data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Always, class: Class::Other,
-        run: |lu, c| Ok(inquiry::report_target_port_groups(c.cmd.cdb, &lu.config)?) },
+        run: |lu, c| Ok(lu.report_target_port_groups(c.cmd.cdb)?) },
     Op { opcode: MAINTENANCE_IN, sa: Some(sa::maintenance_in::REPORT_SUPPORTED_OPERATION_CODES),
         usage: &[MAINTENANCE_IN, 0x1f, 0x87, FF, FF, FF, FF, FF, FF, FF, 0, 0],
         data_out: NO_DATA, access: Access::Always, gate: Gate::Ready, offered: Offered::Always, class: Class::Other,
         run: |lu, c| Ok(report_supported_opcodes(c.cmd.cdb, lu.offer())?) },
+    // Explicit ALUA, only where the targets of a gateway group keep their states in the
+    // store (`backstore::groups`). SPC-4 table 70: allowed under every reservation.
+    Op { opcode: MAINTENANCE_OUT, sa: Some(sa::maintenance_out::SET_TARGET_PORT_GROUPS),
+        usage: &[MAINTENANCE_OUT, 0x1f, 0, 0, 0, 0, FF, FF, FF, FF, 0, 0],
+        data_out: DataOut::List { at: 6, len: 4 }, access: Access::Always, gate: Gate::Ready, offered: Offered::PortGroups, class: Class::Other,
+        run: |lu, c| Ok(lu.set_target_port_groups(c.cmd)?) },
     Op { opcode: READ_12, sa: None, usage: &[READ_12, 0x18, FF, FF, FF, FF, FF, FF, FF, FF, 0x1f, 0],
         data_out: NO_DATA, access: Access::Read, gate: Gate::Medium, offered: Offered::Always, class: Class::Read,
         run: |lu, c| Ok(lu.read(c.cmd.cdb)?) },

@@ -238,6 +238,7 @@ impl LogicalUnit {
         if cdb::check_len(cdb).is_err()
             || self.sanitizer.running()
             || self.medium_present().is_err()
+            || !self.access_state().is_active()
         {
             return None;
         }
@@ -329,6 +330,7 @@ impl LogicalUnit {
             || cdb::check_len(cdb).is_err()
             || self.sanitizer.running()
             || self.medium_present().is_err()
+            || !self.access_state().is_active()
             || self.refresh_capacity()
         {
             return None;

@@ -9,10 +9,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
+use backstore::groups::{AccessState, PortGroups};
 use backstore::Backstore;
 
+use crate::alua;
 use crate::cdb::{self, be16, be32, block_range, truncate};
 use crate::inquiry::{self, Limits};
 use crate::mode::{self, ModeState};
@@ -77,6 +79,9 @@ pub struct LogicalUnit {
     designators: Vec<Designator>,
     /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
     copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
+    /// The target port groups' states, where the store keeps them for a gateway group
+    /// (see [`LogicalUnit::follow_port_groups`]); unset, every group is active/optimized.
+    port_groups: OnceLock<Arc<dyn PortGroups>>,
 }
 
 impl LogicalUnit {
@@ -119,6 +124,7 @@ impl LogicalUnit {
             pr_seq: AtomicU64::new(cluster_pr::UNSYNCED),
             designators,
             copies: Mutex::new(HashMap::new()),
+            port_groups: OnceLock::new(),
         }
     }
 
@@ -155,6 +161,7 @@ impl LogicalUnit {
             thin: self.config.thin,
             reservations: self.config.peer_port_groups.is_empty(),
             persistent: self.config.peer_port_groups.is_empty() || self.cluster.is_some(),
+            port_groups: self.port_groups.get().is_some(),
         }
     }
 
@@ -248,6 +255,124 @@ impl LogicalUnit {
         }));
     }
 
+    /// For a logical unit that other targets export too (`LuConfig::peer_port_groups`):
+    /// asks the store to keep the target port groups' states (`Backstore::port_groups`);
+    /// from then on REPORT TARGET PORT GROUPS reports them, SET TARGET PORT GROUPS sets
+    /// them, this target refuses what its own group's state does not serve, and every
+    /// change raises ASYMMETRIC ACCESS STATE CHANGED on every nexus. A store that cannot
+    /// keep them leaves the fixed answer (every group active/optimized).
+    pub fn follow_port_groups(self: &Arc<Self>) -> io::Result<()> {
+        if self.config.peer_port_groups.is_empty() || self.port_groups.get().is_some() {
+            return Ok(());
+        }
+        let Some(groups) = self
+            .store
+            .port_groups(self.config.target_port_group, &self.config.peer_port_groups)?
+        else {
+            return Ok(());
+        };
+        let lu = Arc::downgrade(self);
+        groups.on_change(Arc::new(move || {
+            if let Some(lu) = lu.upgrade() {
+                lu.queue_everywhere(sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
+            }
+        }));
+        let _ = self.port_groups.set(groups);
+        Ok(())
+    }
+
+    /// Queues `ua` on every nexus that has not one pending already.
+    fn queue_everywhere(&self, ua: Sense) {
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for pending in nexuses.values() {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.contains(&ua) {
+                q.push_back(ua);
+            }
+        }
+    }
+
+    /// This target's own group's asymmetric access state now.
+    pub fn access_state(&self) -> AccessState {
+        self.port_groups
+            .get()
+            .map_or(AccessState::ActiveOptimized, |g| g.own())
+    }
+
+    /// INQUIRY; its TPGS field says implicit and explicit ALUA (11b) where the store keeps
+    /// the groups' states, implicit alone (01b) otherwise.
+    fn inquiry(&self, cdb: &[u8]) -> Outcome {
+        let mut d = inquiry::inquiry(cdb, &self.config, &self.limits)?;
+        if cdb[1] & 0x01 == 0 && d.len() > 5 && self.port_groups.get().is_some() {
+            d[5] |= 0x20;
+        }
+        Ok(d)
+    }
+
+    /// REPORT TARGET PORT GROUPS: this target's group, holding the one target port every
+    /// nexus uses, and those of the other targets exporting the logical unit, in the order
+    /// of their ids: the same answer from every target (the store's states, or all
+    /// active/optimized).
+    fn report_target_port_groups(&self, cdb: &[u8]) -> Outcome {
+        let c = &self.config;
+        let (groups, supported, transition_time) = match self.port_groups.get() {
+            Some(g) => (g.states(), alua::GATEWAY_SUPPORTED, g.transition_time()),
+            None => (
+                alua::fixed_states(c.target_port_group, &c.peer_port_groups),
+                alua::FIXED_SUPPORTED,
+                0,
+            ),
+        };
+        alua::report_target_port_groups(
+            cdb,
+            &alua::Report {
+                groups: &groups,
+                own_group: c.target_port_group,
+                own_port: c.relative_port,
+                supported,
+                transition_time,
+            },
+        )
+    }
+
+    /// SET TARGET PORT GROUPS (SPC-4 6.43): the states, kept by the store for every target;
+    /// every nexus but the one that asked gets ASYMMETRIC ACCESS STATE CHANGED.
+    fn set_target_port_groups(&self, cmd: &Command) -> Outcome {
+        let Some(groups) = self.port_groups.get() else {
+            return Err(sense::INVALID_COMMAND_OPERATION_CODE);
+        };
+        let c = &self.config;
+        let known: Vec<u16> = c
+            .peer_port_groups
+            .iter()
+            .copied()
+            .chain([c.target_port_group])
+            .collect();
+        let list_len = be32(&cmd.cdb[6..10]) as usize;
+        let data = &cmd.data_out[..list_len.min(cmd.data_out.len())];
+        if data.len() < list_len {
+            return Err(sense::PARAMETER_LIST_LENGTH_ERROR);
+        }
+        let changes = alua::parse_set_target_port_groups(data, &known)?;
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Err(e) = groups.set(&changes) {
+            tracing::warn!(
+                store = %self.store.description(),
+                "SET TARGET PORT GROUPS failed: {e}"
+            );
+            return Err(sense::SET_TARGET_PORT_GROUPS_COMMAND_FAILED);
+        }
+        // The change's own unit attention is not for the nexus that made it (SPC-4 5.16.2.6).
+        let nexuses = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = nexuses.get(&cmd.nexus) {
+            let mut q = pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.retain(|s| *s != sense::ASYMMETRIC_ACCESS_STATE_CHANGED);
+        }
+        Ok(Vec::new())
+    }
+
     fn reset_here(&self) {
         *self.mode.write().unwrap_or_else(|e| e.into_inner()) = ModeState::default();
         self.prevent
@@ -333,6 +458,9 @@ impl LogicalUnit {
             if self.sanitizer.running() {
                 return Err(self.sanitizer.in_progress().into());
             }
+        }
+        if let Some(groups) = self.port_groups.get() {
+            alua::serves(groups.own(), cdb)?;
         }
         self.check_reservations(call.cmd.nexus, op.access)?;
         if op.gate == Gate::Medium {
