@@ -12,6 +12,7 @@ pub mod raw;
 pub mod target;
 pub mod tgt;
 pub mod walk;
+pub mod wan;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
