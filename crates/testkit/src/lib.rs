@@ -7,6 +7,7 @@
 
 pub mod inproc;
 pub mod notify;
+pub mod output;
 pub mod proxy;
 pub mod raw;
 pub mod target;
