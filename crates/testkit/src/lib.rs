@@ -5,11 +5,13 @@
 //!
 //! A dev-dependency only: no product crate depends on it (`publish = false`).
 
+pub mod exposition;
 pub mod inproc;
 pub mod notify;
 pub mod output;
 pub mod proxy;
 pub mod raw;
+pub mod ready;
 pub mod target;
 pub mod tgt;
 pub mod walk;
