@@ -1384,7 +1384,7 @@ fn rsv_isns_counts_and_refuses_a_badly_signed_registration() {
     // Sends `bytes` on a connection of its own; what the server answered before it closed
     // (or within 10 s).
     let exchange = |bytes: &[u8], until_close: bool| -> Vec<u8> {
-        let mut s = std::net::TcpStream::connect(&server).unwrap();
+        let mut s = std::net::TcpStream::connect(server).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(bytes).unwrap();
         let mut got = Vec::new();
