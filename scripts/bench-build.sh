@@ -26,21 +26,14 @@ OUT=${OUT:-lab/bench/build.json}
 : "${RSV_A:?RSV_A=path to the first build of rsv}" "${RSV_B:?RSV_B=path to the second}"
 export RSV_PATH_CACHE=off
 
-work=$(mktemp -d /tmp/rsv-buildbench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib.sh
+scratch rsv-buildbench
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
   -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
   -keyout "$work/t.key" -out "$work/t.crt" 2>/dev/null
 chmod 600 "$work/t.key"
 pin=sha256:$(openssl x509 -in "$work/t.crt" -outform der | sha256sum | cut -d' ' -f1)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 IQN=iqn.2026-11.org.reservoir:bench-build
 
 # start NAME BINARY: the build's target; sets PID_NAME, PLAIN_NAME, TLS_NAME.

@@ -29,16 +29,9 @@ if [ -z "${RSV:-}" ]; then
 fi
 export RSV_PATH_CACHE=off
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib.sh
+scratch rsv-metricsbench
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 IQN=iqn.2026-11.org.reservoir:bench-metrics
 # start_target NAME [rsv target flags...]: sets PORTAL_NAME (and METRICS_NAME with metrics).

@@ -30,6 +30,9 @@
 #                      that name; sets WAN_JSON; wan_get EXPR prints a Python expression of v,
 #                      the parsed JSON (e.g. 'v["b"]["addr"]')
 #   lab_tcp NS...      the namespaces' TCP as the lab sets it: CUBIC, the kernel's default windows
+#   scratch PREFIX     $work (a directory under TMPDIR, named after PREFIX) and the EXIT trap
+#                      that ends the processes in the array pids (each killed, then waited
+#                      for) and removes $work
 #   rbd_work PREFIX    $work (a directory under TMPDIR, named after PREFIX) and the EXIT trap
 #                      that ends the processes in the array pids, stops the cluster in
 #                      $work/ceph and removes $work
@@ -139,17 +142,33 @@ lab_tcp() {
   done
 }
 
-rbd_work() {
+scratch() {
   work=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
   pids=()
+  trap scratch_cleanup EXIT
+}
+
+# Every process in pids killed, then each waited for.
+end_pids() {
+  local p
+  # `|| true`: under set -e a failed wait (a process that ended by the signal) would end
+  # the cleanup before the rest of it.
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+scratch_cleanup() {
+  end_pids
+  rm -rf "$work"
+}
+
+rbd_work() {
+  scratch "$1"
   trap rbd_cleanup EXIT
 }
 
 rbd_cleanup() {
-  local p
-  # `|| true`: under set -e a failed wait (a process that ended by the signal) would end
-  # the cleanup before the cluster is stopped.
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
+  end_pids
   scripts/ceph-cluster.sh stop "$work/ceph" >/dev/null 2>&1 || true
   rm -rf "$work"
 }

@@ -12,6 +12,7 @@
 //! removes from the sync agent too. Credentials in store
 //! specs and CHAP secrets are neither printed by `--check` nor logged.
 
+use testkit::output::said;
 use testkit::walk::{walk, Client, Dir, Layout, Libiscsi, Ours, RawPdus, ADMIN, MASKED};
 use testkit::{have, Target};
 
@@ -214,11 +215,7 @@ store = "stripe:?unit=64KiB&members=[file:a.img?size=4MiB,iscsi://walker%25{s1}@
             .env("RUST_LOG", "debug")
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         (out.status, text)
     };
     let (_, check) = run(&["--check"]);

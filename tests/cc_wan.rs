@@ -9,32 +9,13 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use testkit::{random_file, rsv_in, rsv_lab, run_json, wait_for};
+use testkit::wan::WanLink;
+use testkit::{random_file, rsv_in, run_json, wait_for};
 
 const LINK: &str = "cc-t";
-
-/// The link and the target in it, taken down however the test ends.
-struct Lab {
-    /// `rsv-lab`, whose `wan` brings the link up and down.
-    bench: PathBuf,
-    target: Option<Child>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Some(mut t) = self.target.take() {
-            let _ = t.kill();
-            let _ = t.wait();
-        }
-        let _ = Command::new(&self.bench)
-            .args(["wan", "down", "--name", LINK])
-            .output();
-    }
-}
 
 /// Runs `f` on a thread that has joined network namespace `ns` (setns moves only the
 /// calling thread).
@@ -81,28 +62,11 @@ fn tcp_info(s: &TcpStream) -> (u32, u64, u32) {
 
 #[test]
 fn rsv_starts_at_its_rate_and_carries_a_verified_copy() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("RESERVOIR_TEST_STRICT").is_none(),
-            "needs root"
-        );
-        eprintln!("SKIP cc_wan: needs root");
+    let Some(mut lab) = WanLink::up(LINK, "100ms", "100mbit") else {
         return;
-    }
-    let Some(bench) = rsv_lab() else { return };
-    let mut lab = Lab {
-        bench,
-        target: None,
     };
-    let _ = Command::new(&lab.bench)
-        .args(["wan", "down", "--name", LINK])
-        .output();
-    let link = run_json(Command::new(&lab.bench).args([
-        "wan", "up", "--name", LINK, "--rtt", "100ms", "--rate", "100mbit", "--json",
-    ]));
-    let addr: std::net::IpAddr = link["b"]["addr"].as_str().unwrap().parse().unwrap();
-    let (ns_a, ns_b) = (format!("{LINK}-a"), format!("{LINK}-b"));
+    let addr: std::net::IpAddr = lab.addr.parse().unwrap();
+    let (ns_a, ns_b) = (lab.ns_a(), lab.ns_b());
 
     // 1. The start: 5 MB/s told after connect reaches the window at the first ACK.
     {

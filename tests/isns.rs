@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use testkit::exposition::series;
+use testkit::ready::{spawn_ready, RsvIsns};
+
 fn rsv() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rsv"))
 }
@@ -98,6 +101,30 @@ fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 
 const PERIOD: u64 = 4;
 
+/// What a test here needs: root, the `tools` (open-isns's, openssl), a namespace of its own
+/// (`tag` tells apart those of tests running at once) and a scratch directory; `None`
+/// when one is missing (the test is skipped with a note, failed when strict).
+fn setup(tag: &str, tools: &[&str]) -> Option<(Netns, tempfile::TempDir)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("needs root for a network namespace");
+        return None;
+    }
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !have(t)).collect();
+    if !missing.is_empty() {
+        skip(&format!(
+            "{} not installed; scripts/setup.sh installs it",
+            missing.join(", ")
+        ));
+        return None;
+    }
+    let Some(ns) = Netns::create(tag) else {
+        skip("ip netns add failed");
+        return None;
+    };
+    Some((ns, tempfile::tempdir().unwrap()))
+}
+
 /// open-isns `isnsd` in the foreground in `ns`, on `dir`'s isnsd.conf, its log in
 /// isnsd.log there.
 fn spawn_isnsd(ns: &Netns, dir: &Path) -> Child {
@@ -128,17 +155,9 @@ fn isnsadm_query(ns: &Netns, dir: &Path) -> Option<String> {
 
 #[test]
 fn target_registers_and_rsv_finds_it_through_isnsd() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root for a network namespace");
-    }
-    if !have("isnsd") || !have("isnsadm") {
-        return skip("open-isns (isnsd, isnsadm) not installed; scripts/setup.sh installs it");
-    }
-    let Some(mut ns) = Netns::create("d") else {
-        return skip("ip netns add failed");
+    let Some((mut ns, dir)) = setup("d", &["isnsd", "isnsadm"]) else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // A short period: the target must refresh its registration to stay listed.
     std::fs::write(
@@ -320,7 +339,7 @@ server = "127.0.0.1"
             "--poll",
             "1s",
         ]);
-        spawn_ready(&mut c, &media_log)
+        spawn_ready(&mut c, &media_log).0
     });
     let media_targets = |ns: &Netns| -> Vec<String> {
         let o = ns
@@ -384,28 +403,6 @@ server = "127.0.0.1"
         let q = query(&ns).unwrap();
         assert!(!q.contains("Initiator"), "left registered:\n{q}");
     }
-}
-
-/// Starts `cmd` with its stderr in `log` and waits for it to print `ready`.
-fn spawn_ready(cmd: &mut Command, log: &Path) -> Child {
-    let mut child = cmd
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while line.trim() != "ready" {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!(
-                "{cmd:?} exited before ready:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-    }
-    child
 }
 
 /// A node that registered for SCNs, on a thread inside the namespace: the changes it was
@@ -494,17 +491,9 @@ fn scn_watcher(
 #[test]
 fn rsv_isns_serves_isnsadm_target_and_initiator() {
     use isns::attr::scn;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root for a network namespace");
-    }
-    if !have("isnsadm") {
-        return skip("open-isns (isnsadm) not installed; scripts/setup.sh installs it");
-    }
-    let Some(mut ns) = Netns::create("s") else {
-        return skip("ip netns add failed");
+    let Some((mut ns, dir)) = setup("s", &["isnsadm"]) else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
         d.join("isnsadm.conf"),
@@ -523,7 +512,7 @@ fn rsv_isns_serves_isnsadm_target_and_initiator() {
             "--db",
         ])
         .arg(&db);
-        spawn_ready(&mut c, &d.join("isns.log"))
+        spawn_ready(&mut c, &d.join("isns.log")).0
     };
     let s = server(&ns);
     ns.children.push(s);
@@ -574,7 +563,7 @@ fn rsv_isns_serves_isnsadm_target_and_initiator() {
     .unwrap();
     let mut tc = ns.cmd(rsv());
     tc.arg("target").arg("-c").arg(d.join("target.toml"));
-    let target = spawn_ready(&mut tc, &d.join("target.log"));
+    let target = spawn_ready(&mut tc, &d.join("target.log")).0;
     let target_pid = target.id();
     ns.children.push(target);
     expect_scn("iqn.2026-11.org.reservoir:home", scn::OBJECT_ADDED);
@@ -647,21 +636,13 @@ enum IsnsServer {
 /// removed is deregistered, one added registered, a changed alias replaced; `isnsadm
 /// --query` and `rsv ls isns://` see it long before the registration's period is up.
 fn reload_updates_the_registration(server: IsnsServer) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root for a network namespace");
-    }
-    if !have("isnsadm") || (matches!(server, IsnsServer::OpenIsns) && !have("isnsd")) {
-        return skip("open-isns (isnsd, isnsadm) not installed; scripts/setup.sh installs it");
-    }
-    let tag = match server {
-        IsnsServer::OpenIsns => "rd",
-        IsnsServer::Reservoir => "rs",
+    let (tag, tools): (&str, &[&str]) = match server {
+        IsnsServer::OpenIsns => ("rd", &["isnsd", "isnsadm"]),
+        IsnsServer::Reservoir => ("rs", &["isnsadm"]),
     };
-    let Some(mut ns) = Netns::create(tag) else {
-        return skip("ip netns add failed");
+    let Some((mut ns, dir)) = setup(tag, tools) else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
         d.join("isnsadm.conf"),
@@ -686,7 +667,7 @@ fn reload_updates_the_registration(server: IsnsServer) {
         IsnsServer::Reservoir => {
             let mut c = ns.cmd(rsv());
             c.args(["isns", "--listen", "127.0.0.1:3205", "--period", "120"]);
-            spawn_ready(&mut c, &d.join("isns.log"))
+            spawn_ready(&mut c, &d.join("isns.log")).0
         }
     };
     ns.children.push(server_process);
@@ -713,7 +694,7 @@ fn reload_updates_the_registration(server: IsnsServer) {
     .unwrap();
     let mut tc = ns.cmd(rsv());
     tc.arg("target").arg("-c").arg(d.join("target.toml"));
-    let t = spawn_ready(&mut tc, &d.join("target.log"));
+    let t = spawn_ready(&mut tc, &d.join("target.log")).0;
     let target_pid = t.id() as i32;
     ns.children.push(t);
     let log = || std::fs::read_to_string(d.join("target.log")).unwrap_or_default();
@@ -926,7 +907,7 @@ fn target_with_isns(
     std::fs::write(dir.join("target.toml"), toml).unwrap();
     let mut c = ns.cmd(rsv());
     c.arg("target").arg("-c").arg(dir.join("target.toml"));
-    spawn_ready(&mut c, &dir.join("target.log"))
+    spawn_ready(&mut c, &dir.join("target.log")).0
 }
 
 /// The intruder: `isnsadm --replace --register` of the victim's entity with its
@@ -1002,20 +983,7 @@ fn ls_with(ns: &Netns, auth: Option<(&str, &Path, &Path)>) -> Output {
 }
 
 fn auth_test_setup(tag: &str) -> Option<(Netns, tempfile::TempDir)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skip("needs root for a network namespace");
-        return None;
-    }
-    if !have("isnsd") || !have("isnsadm") || !have("openssl") {
-        skip("open-isns (isnsd, isnsadm) or openssl not installed; scripts/setup.sh installs them");
-        return None;
-    }
-    let Some(ns) = Netns::create(tag) else {
-        skip("ip netns add failed");
-        return None;
-    };
-    Some((ns, tempfile::tempdir().unwrap()))
+    setup(tag, &["isnsd", "isnsadm", "openssl"])
 }
 
 /// open-isns `isnsd` with `Security = 1`: the target's signed registration is taken, the
@@ -1137,7 +1105,7 @@ fn isnsd_with_security_takes_our_signed_clients() {
     std::fs::write(rdir.join("target.toml"), toml).unwrap();
     let mut c = ns.cmd(rsv());
     c.arg("target").arg("-c").arg(rdir.join("target.toml"));
-    let rogue = spawn_ready(&mut c, &rdir.join("target.log"));
+    let rogue = spawn_ready(&mut c, &rdir.join("target.log")).0;
     ns.children.push(rogue);
     wait_until(20, "the rogue target's failed registration", || {
         std::fs::read_to_string(rdir.join("target.log"))
@@ -1197,7 +1165,7 @@ fn rsv_isns_with_authentication_refuses_the_intruder() {
         .arg(&server_key)
         .arg("--key-store")
         .arg(&keys);
-    let s = spawn_ready(&mut c, &d.join("isns.log"));
+    let s = spawn_ready(&mut c, &d.join("isns.log")).0;
     ns.children.push(s);
     let log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
 
@@ -1314,7 +1282,7 @@ fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
     let d = dir.path();
     let mut c = ns.cmd(rsv());
     c.args(["isns", "--listen", "127.0.0.1:3205"]);
-    let s = spawn_ready(&mut c, &d.join("isns.log"));
+    let s = spawn_ready(&mut c, &d.join("isns.log")).0;
     ns.children.push(s);
     let admin = isnsadm_conf(d, "admin.conf", "iqn.2026-11.org.reservoir.admin:q", None);
     let iqn = "iqn.2026-11.org.reservoir.target:home";
@@ -1355,14 +1323,6 @@ fn rsv_isns_without_authentication_limits_a_source_to_its_own() {
     assert!(text(&ls).contains(iqn), "{}", text(&ls));
 }
 
-/// The value of the series `name` (with its labels, as written) in a text exposition; 0
-/// when absent.
-fn series(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-        .sum()
-}
-
 /// `rsv isns --auth-key --metrics`: a registration signed as an enrolled SPI but by
 /// another key is refused (no answer, the connection closed, nothing registered) and
 /// counted once in `rsv_isns_auth_refused_total`; the same registration signed by the
@@ -1388,46 +1348,16 @@ fn rsv_isns_counts_and_refuses_a_badly_signed_registration() {
     std::fs::create_dir(&keys).unwrap();
     std::fs::copy(&good_pub, keys.join(spi)).unwrap();
 
-    let mut child = Command::new(rsv())
-        .args([
-            "isns",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
-        .arg("--auth-key")
-        .arg(&server_key)
-        .arg("--key-store")
-        .arg(&keys)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(d.join("isns.log")).unwrap(),
-        ))
-        .spawn()
-        .unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let _child = Kill(child);
-    let (mut server, mut metrics) = (String::new(), String::new());
-    for line in out.lines() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("listening ") {
-            server = a.to_owned();
-        } else if let Some(a) = line.strip_prefix("metrics ") {
-            metrics = a.to_owned();
-        } else if line == "ready" {
-            break;
-        }
-    }
-    assert!(!server.is_empty() && !metrics.is_empty(), "no addresses");
+    let isns = RsvIsns::start(
+        &[
+            "--auth-key".as_ref(),
+            server_key.as_os_str(),
+            "--key-store".as_ref(),
+            keys.as_os_str(),
+        ],
+        &d.join("isns.log"),
+    );
+    let (server, metrics) = (&isns.addr, &isns.metrics);
     let log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
     let scrape = || ok(Command::new("curl").args(["-sf", &format!("http://{metrics}/metrics")]));
     let refused = "rsv_isns_auth_refused_total";
@@ -1454,7 +1384,7 @@ fn rsv_isns_counts_and_refuses_a_badly_signed_registration() {
     // Sends `bytes` on a connection of its own; what the server answered before it closed
     // (or within 10 s).
     let exchange = |bytes: &[u8], until_close: bool| -> Vec<u8> {
-        let mut s = std::net::TcpStream::connect(&server).unwrap();
+        let mut s = std::net::TcpStream::connect(server).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(bytes).unwrap();
         let mut got = Vec::new();

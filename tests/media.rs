@@ -7,12 +7,14 @@
 //! mid-stream (the stream ends, the listing drops it) and started again (back in the
 //! listing).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use testkit::exposition::{promtool_check, series};
+use testkit::ready::{spawn_ready, spawn_until_ready};
 use testkit::{have, rsv};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:med-home";
@@ -26,44 +28,6 @@ fn ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&o.stderr)
     );
     o
-}
-
-/// Starts `cmd`, stderr to `log`; waits for `ready` on stdout and returns the address of
-/// its `listening`/`portal` line.
-fn spawn_ready(cmd: &mut Command, log: &Path) -> (Child, String) {
-    let mut child = cmd
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = String::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!(
-                "{cmd:?} exited before ready:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        let l = line.trim();
-        if let Some(a) = l.strip_prefix("listening ").or(l.strip_prefix("portal ")) {
-            if addr.is_empty() {
-                addr = a.to_owned();
-            }
-        }
-        if l == "ready" {
-            break;
-        }
-    }
-    // Keep reading stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = out.read_to_end(&mut sink);
-    });
-    (child, addr)
 }
 
 fn sigterm(c: &mut Child) {
@@ -110,6 +74,54 @@ fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `rsv isns` on a port the kernel chose, its log in `dir`, kept in `kids`: its address and
+/// its port.
+fn start_isns(dir: &Path, kids: &mut Kids) -> (String, String) {
+    let (isns, addr) = spawn_ready(
+        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
+        &dir.join("isns.log"),
+    );
+    kids.0.push(isns);
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    (addr, port)
+}
+
+/// `rsv media` finding storage through the iSNS server at `isns`, listening on a port the
+/// kernel chose, polling iSNS only every 600 s (longer than a test: storage that leaves or
+/// comes back is seen through the SCNs `rsv isns` sends, not the poll), with `flags`; its
+/// log in `dir`, kept in `kids`: its address.
+fn start_media(dir: &Path, isns: &str, flags: &[&str], kids: &mut Kids) -> String {
+    let (media, addr) = spawn_ready(
+        Command::new(rsv())
+            .args(["media", "--isns", isns, "--listen", "127.0.0.1:0"])
+            .args(["--poll", "600s"])
+            .args(flags),
+        &dir.join("media.log"),
+    );
+    kids.0.push(media);
+    addr
+}
+
+/// `len` bytes of a pattern that does not repeat within a block: media larger than what
+/// the loopback's socket buffers hold.
+fn patterned(len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect()
+}
+
+/// A 64 MiB ext4 image `img` holding the files of `src` (`mkfs.ext4 -d`), with `mkfs`'s
+/// `flags`.
+fn ext4_image(img: &Path, src: &Path, flags: &[&str]) {
+    ok(Command::new("truncate").args(["-s", "64M"]).arg(img));
+    ok(Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .args(flags)
+        .arg("-d")
+        .arg(src)
+        .arg(img));
 }
 
 fn target_config(dir: &Path, isns_port: &str, portal: &str) -> PathBuf {
@@ -163,51 +175,26 @@ fn media_server_streams_to_curl_ffprobe_and_chromium() {
             "-shortest",
         ])
         .arg(src.join("clip.webm")));
-    let big: Vec<u8> = (0..24u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let big = patterned(24 << 20);
     std::fs::write(src.join("big.mp4"), &big).unwrap();
     std::fs::write(d.join("src/notes.txt"), "not media\n").unwrap();
-    let img = d.join("disk.img");
-    ok(Command::new("truncate").args(["-s", "64M"]).arg(&img));
-    ok(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", "media", "-d"])
-        .arg(d.join("src"))
-        .arg(&img));
+    ext4_image(&d.join("disk.img"), &d.join("src"), &["-L", "media"]);
     let clip = std::fs::read(src.join("clip.webm")).unwrap();
 
     let mut kids = Kids(Vec::new());
-    let (isns, isns_addr) = spawn_ready(
-        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
-        &d.join("isns.log"),
-    );
-    kids.0.push(isns);
-    let isns_port = isns_addr.rsplit_once(':').unwrap().1.to_owned();
+    let (isns_addr, isns_port) = start_isns(d, &mut kids);
     let cfg = target_config(d, &isns_port, "127.0.0.1:0");
     let (target, portal) = spawn_ready(
         Command::new(rsv()).arg("target").arg("-c").arg(&cfg),
         &d.join("target.log"),
     );
     kids.0.push(target);
-    let (media_child, media) = spawn_ready(
-        Command::new(rsv()).args([
-            "media",
-            "--isns",
-            &isns_addr,
-            "--listen",
-            "127.0.0.1:0",
-            // Longer than the test: storage that leaves or comes back is seen through
-            // the SCNs `rsv isns` sends, not the poll.
-            "--poll",
-            "600s",
-            "--idle",
-            "2s",
-            "--recovery-timeout",
-            "3s",
-        ]),
-        &d.join("media.log"),
+    let media = start_media(
+        d,
+        &isns_addr,
+        &["--idle", "2s", "--recovery-timeout", "3s"],
+        &mut kids,
     );
-    kids.0.push(media_child);
     let media_log = || std::fs::read_to_string(d.join("media.log")).unwrap_or_default();
 
     // The listing: found through iSNS, the session opened to list it.
@@ -411,27 +398,8 @@ fn media_listing_follows_isns_scns() {
     let d = dir.path();
     let me = "iqn.2026-11.org.reservoir:med-watch";
     let mut kids = Kids(Vec::new());
-    let (isns, isns_addr) = spawn_ready(
-        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
-        &d.join("isns.log"),
-    );
-    kids.0.push(isns);
-    let isns_port = isns_addr.rsplit_once(':').unwrap().1.to_owned();
-    let (media_child, media) = spawn_ready(
-        Command::new(rsv()).args([
-            "media",
-            "--isns",
-            &isns_addr,
-            "--listen",
-            "127.0.0.1:0",
-            "--poll",
-            "600s",
-            "--initiator-name",
-            me,
-        ]),
-        &d.join("media.log"),
-    );
-    kids.0.push(media_child);
+    let (isns_addr, isns_port) = start_isns(d, &mut kids);
+    let media = start_media(d, &isns_addr, &["--initiator-name", me], &mut kids);
     let isns_log = || std::fs::read_to_string(d.join("isns.log")).unwrap_or_default();
     let targets = |media: &str| -> Vec<String> {
         listing(media)["storages"]
@@ -651,37 +619,6 @@ fn base64(s: &str) -> Vec<u8> {
     out
 }
 
-/// The value of the series `name` (labels included, as written) in a text exposition; 0
-/// when absent.
-fn series(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-        .sum()
-}
-
-/// `promtool check metrics` must pass `text`.
-fn promtool_check(text: &str) {
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `rsv media --metrics`: a GET of 1000 bytes with a Range moves the file requests
 /// answered 206 by one, the bytes sent and the LUN's bytes read by 1000 and its read
 /// histogram by one read; a file being streamed (to a client that reads nothing) is in
@@ -700,24 +637,12 @@ fn media_metrics_count_a_ranged_get_exactly() {
     std::fs::create_dir_all(&src).unwrap();
     // Larger than what the loopback's socket buffers hold, so that a client that does
     // not read keeps its stream in flight.
-    let data: Vec<u8> = (0..24u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let data = patterned(24 << 20);
     std::fs::write(src.join("known.mp4"), &data).unwrap();
-    let img = d.join("disk.img");
-    ok(Command::new("truncate").args(["-s", "64M"]).arg(&img));
-    ok(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-d"])
-        .arg(&src)
-        .arg(&img));
+    ext4_image(&d.join("disk.img"), &src, &[]);
 
     let mut kids = Kids(Vec::new());
-    let (isns, isns_addr) = spawn_ready(
-        Command::new(rsv()).args(["isns", "--listen", "127.0.0.1:0", "--period", "30"]),
-        &d.join("isns.log"),
-    );
-    kids.0.push(isns);
-    let isns_port = isns_addr.rsplit_once(':').unwrap().1.to_owned();
+    let (isns_addr, isns_port) = start_isns(d, &mut kids);
     let cfg = target_config(d, &isns_port, "127.0.0.1:0");
     let (target, _) = spawn_ready(
         Command::new(rsv()).arg("target").arg("-c").arg(&cfg),
@@ -725,36 +650,20 @@ fn media_metrics_count_a_ranged_get_exactly() {
     );
     kids.0.push(target);
     // `metrics ADDR` comes before `listening ADDR` and `ready`.
-    let log = d.join("media.log");
-    let mut media_child = Command::new(rsv())
-        .args(["media", "--isns", &isns_addr, "--listen", "127.0.0.1:0"])
-        .args(["--metrics", "127.0.0.1:0", "--poll", "600s"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(media_child.stdout.take().unwrap());
+    let (media_child, said) = spawn_until_ready(
+        Command::new(rsv())
+            .args(["media", "--isns", &isns_addr, "--listen", "127.0.0.1:0"])
+            .args(["--metrics", "127.0.0.1:0", "--poll", "600s"]),
+        &d.join("media.log"),
+    );
     kids.0.push(media_child);
-    let (mut media, mut metrics) = (String::new(), String::new());
-    let mut line = String::new();
-    while line.trim() != "ready" {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "rsv media exited:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        if let Some(a) = line.trim().strip_prefix("metrics ") {
-            metrics = a.to_owned();
-        } else if let Some(a) = line.trim().strip_prefix("listening ") {
-            media = a.to_owned();
-        }
-    }
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = out.read_to_end(&mut sink);
-    });
+    let find = |word: &str| {
+        said.iter()
+            .find_map(|l| l.strip_prefix(word))
+            .unwrap_or_else(|| panic!("rsv media printed no {word}: {said:?}"))
+            .to_owned()
+    };
+    let (media, metrics) = (find("listening "), find("metrics "));
     let scrape = || {
         let o = curl(&["-f", &format!("http://{metrics}/metrics")]);
         assert!(o.status.success(), "scraping: {o:?}");

@@ -4,10 +4,11 @@
 //! `rsv bench` runs, computes a byte rate that agrees with the bench's own; each
 //! connection's series last as long as its session.
 
-use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use testkit::exposition::{promtool_check, sum};
+use testkit::ready::RsvIsns;
 use testkit::{have, rsv, run, run_ok, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:metrics";
@@ -48,36 +49,25 @@ fn bench(url: &str, rw: &str, block_size: &str, seconds: &str) -> serde_json::Va
     serde_json::from_slice(&out.stdout).expect("rsv bench --json")
 }
 
-/// The series of a text exposition whose name and labels contain every one of `parts`,
-/// summed.
-fn sum(text: &str, parts: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && parts.iter().all(|p| l.contains(p)))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
-/// `promtool check metrics` must pass `text` (it lints the Prometheus text format).
-fn promtool_check(text: &str) {
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+/// `rsv bench` reading `url` in 64 KiB reads for `seconds`, in the background: sessions
+/// held while a test looks at their series.
+fn reading(url: &str, seconds: &str) -> Child {
+    Command::new(rsv())
+        .args([
+            "bench",
+            url,
+            "--rw",
+            "read",
+            "--block-size",
+            "64k",
+            "--duration",
+            seconds,
+        ])
+        .env("RSV_PATH_CACHE", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .expect("rsv bench")
 }
 
 #[test]
@@ -128,22 +118,7 @@ fn a_sessions_connections_have_series_until_it_logs_out() {
     let t = Target::start(Some(&config()));
     let metrics = format!("http://{}/metrics", t.metrics.as_ref().expect("metrics"));
     let url = format!("{}?connections=2", t.url(0));
-    let mut held = Command::new(rsv())
-        .args([
-            "bench",
-            &url,
-            "--rw",
-            "read",
-            "--block-size",
-            "64k",
-            "--duration",
-            "6",
-        ])
-        .env("RSV_PATH_CACHE", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rsv bench");
+    let mut held = reading(&url, "6");
     let info = |text: &str| -> Vec<String> {
         text.lines()
             .filter(|l| l.starts_with("rsv_target_connection_info{"))
@@ -365,42 +340,9 @@ fn isns_counts_registrations_and_queries() {
     if !have("promtool") || !have("curl") {
         return;
     }
-    let mut isns = Command::new(rsv())
-        .args([
-            "isns",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting rsv isns");
-    let (mut server, mut metrics) = (None, None);
-    {
-        use std::io::BufRead;
-        let out = std::io::BufReader::new(isns.stdout.take().unwrap());
-        for line in out.lines() {
-            let line = line.unwrap();
-            if let Some(a) = line.strip_prefix("listening ") {
-                server = Some(a.to_owned());
-            } else if let Some(a) = line.strip_prefix("metrics ") {
-                metrics = Some(a.to_owned());
-            } else if line == "ready" {
-                break;
-            }
-        }
-    }
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _isns = Kill(isns);
-    let (server, metrics) = (server.expect("listening"), metrics.expect("metrics"));
+    let dir = tempfile::tempdir().unwrap();
+    let isns = RsvIsns::start(&[], &dir.path().join("isns.log"));
+    let (server, metrics) = (&isns.addr, &isns.metrics);
     let scrape = || run_ok("curl", &["-sf", &format!("http://{metrics}/metrics")]);
     let before = scrape();
     assert_eq!(sum(&before, &["rsv_isns_nodes"]), 0.0, "{before}");
@@ -546,24 +488,7 @@ fn a_closed_connections_series_and_descriptors_go() {
     let baseline = settle(0);
 
     let url = format!("{}?connections=2", t.url(0));
-    let bench = |seconds: &str| {
-        Command::new(rsv())
-            .args([
-                "bench",
-                &url,
-                "--rw",
-                "read",
-                "--block-size",
-                "64k",
-                "--duration",
-                seconds,
-            ])
-            .env("RSV_PATH_CACHE", "off")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("rsv bench")
-    };
+    let bench = |seconds: &str| reading(&url, seconds);
     // One session to be killed (its connections end without a logout; at the bench's
     // ERL 2 the session waits for them, without them), one that logs out at its end.
     let mut killed = bench("60");

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use testkit::notify::until;
+use testkit::output::said;
 use testkit::{have, rsv, run, run_ok};
 
 const PACKAGE: &str = "reservoir";
@@ -217,13 +218,9 @@ fn dpkg(args: &[&str]) -> String {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "dpkg {args:?} failed:\n{said}");
-    said
+    let printed = said(&out);
+    assert!(out.status.success(), "dpkg {args:?} failed:\n{printed}");
+    printed
 }
 
 fn field(name: &str) -> String {
@@ -343,12 +340,11 @@ fn verify_installed_units() {
         .args(&names)
         .output()
         .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let printed = said(&out);
+    assert!(
+        out.status.success() && printed.trim().is_empty(),
+        "{printed}"
     );
-    assert!(out.status.success() && said.trim().is_empty(), "{said}");
 }
 
 #[test]

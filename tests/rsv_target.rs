@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use initiator::{IscsiUrl, Session, SessionOptions};
+use testkit::output::said;
 use testkit::*;
 use tools::cli::{self, CpSummary, SessionFlags};
 
@@ -465,11 +466,7 @@ fn rsv_target_check(args: &[&str]) -> (bool, String) {
         .arg("--check")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = said(&out);
     (out.status.success(), text)
 }
 

@@ -7,6 +7,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use testkit::notify::{next, until};
+use testkit::output::said;
 use testkit::Target;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:service";
@@ -118,14 +119,10 @@ fn units_verify_and_are_hardened() {
             .arg(&here)
             .output()
             .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let printed = said(&out);
         assert!(
-            out.status.success() && said.trim().is_empty(),
-            "{name}: {said}"
+            out.status.success() && printed.trim().is_empty(),
+            "{name}: {printed}"
         );
         if !name.ends_with(".service") {
             continue;

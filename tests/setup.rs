@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use testkit::output::ok_stdout;
+
 fn setup_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/setup.sh")
 }
@@ -51,21 +53,17 @@ impl FakeApt {
             self.dir.path().display(),
             std::env::var("PATH").unwrap()
         );
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg(format!(
-                "source '{}' && qemu_pair_version",
-                setup_script().display()
-            ))
-            .env("PATH", path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        ok_stdout(
+            Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "source '{}' && qemu_pair_version",
+                    setup_script().display()
+                ))
+                .env("PATH", path),
+        )
+        .trim()
+        .to_string()
     }
 }
 

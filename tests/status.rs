@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use targetd::status::TargetStatus;
-use testkit::{build_libiscsi_client, have, rsv, Target};
+use testkit::{build_libiscsi_client, have, rsv, run_json, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:status";
 const ALPHA: &str = "iqn.2026-11.org.example:alpha";
@@ -243,25 +243,19 @@ fn libiscsi_logs_out_when_asked() {
     let tsih = x.tsih;
     let control = socket(&t).to_owned();
     let dropping = std::thread::spawn(move || {
-        let out = Command::new(rsv())
-            .args([
-                "target",
-                "drop",
-                &tsih.to_string(),
-                "--json",
-                "--wait",
-                "30",
-            ])
-            .arg("--control")
-            .arg(&control)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+        run_json(
+            Command::new(rsv())
+                .args([
+                    "target",
+                    "drop",
+                    &tsih.to_string(),
+                    "--json",
+                    "--wait",
+                    "30",
+                ])
+                .arg("--control")
+                .arg(&control),
+        )
     });
     // libiscsi reads the Async Message while it waits for an answer: a TEST UNIT READY
     // now and then lets it.

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use net::testcerts::{Ca, Files};
+use testkit::output::{ok_stdout, said};
 use testkit::*;
 
 /// A foreground stunnel with this configuration; killed on drop.
@@ -135,8 +136,7 @@ fn libiscsi_and_qemu_img_reach_a_tls_portal_through_an_stunnel_client() {
             &url,
         ],
     );
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text = said(&out);
     let (ran, _passed, failed) =
         cunit_summary(&text).unwrap_or_else(|| panic!("no summary:\n{text}"));
     assert!(ran >= 3, "{text}");
@@ -176,18 +176,12 @@ fn rsv_with_tls_reaches_tgt_behind_an_stunnel_server() {
     let img = dir.path().join("img");
     random_file(&img, 16 << 20, 9);
     let url = format!("iscsi://127.0.0.1:{front}/{}/1", tgt.iqn);
-    let out = Command::new(rsv())
-        .args(["cp", "--json", "--verify", "--connections", "2", "--tls-ca"])
-        .arg(&ca.cert)
-        .arg(&img)
-        .arg(&url)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = ok_stdout(
+        Command::new(rsv())
+            .args(["cp", "--json", "--verify", "--connections", "2", "--tls-ca"])
+            .arg(&ca.cert)
+            .arg(&img)
+            .arg(&url),
     );
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["verified"], true, "{stdout}");

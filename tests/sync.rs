@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use testkit::exposition::{promtool_check, scrape, series};
 use testkit::{random_file, rsv, run, run_ok};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:vol";
@@ -353,42 +354,6 @@ fn change_tracking_makes_syncs_incremental_and_resumable() {
     let back = tmp.path().join("back");
     run_ok(rsv_s, &["cp", &b_url, back.to_str().unwrap()]);
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&image2).unwrap());
-}
-
-/// The value of the series `name` (labels included, as written) in a text exposition; 0
-/// when absent.
-fn series(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-        .sum()
-}
-
-fn scrape(addr: &str) -> String {
-    run_ok("curl", &["-sf", &format!("http://{addr}/metrics")])
-}
-
-/// `promtool check metrics` must pass `text`.
-fn promtool_check(text: &str) {
-    use std::io::Write;
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// `rsv sync --metrics`: while a paced sync of two streams runs, its exposition names

@@ -9,6 +9,7 @@ use std::process::Command;
 
 use initiator::{IscsiUrl, Session};
 use net::testcerts::{self, Ca, Files};
+use testkit::output::ok_stdout;
 use testkit::*;
 use tools::cli::{self, SessionFlags};
 
@@ -318,16 +319,12 @@ fn rsv_flags_tune_and_a_key_others_may_read() {
     let t = start(&[tls_portal(&pki.selfsigned, "")]);
     let bin = rsv();
     let url = format!("iscsi://{}/{IQN}/0", t.portals[0]);
-    let out = Command::new(&bin)
-        .args(["tune", &url, "--tls-pin", &pki.selfsigned.fingerprint])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ok_stdout(Command::new(&bin).args([
+        "tune",
+        &url,
+        "--tls-pin",
+        &pki.selfsigned.fingerprint,
+    ]));
     assert!(
         stdout.contains("transport: TLS (TLSv1_3 TLS13_"),
         "{stdout}"

@@ -3,62 +3,24 @@
 //! flight, and the copy still arrives whole (`rsv cp --verify`). Needs root; elsewhere it
 //! prints SKIP. Never asserts a speed.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use testkit::{random_file, rsv_in, rsv_lab, run_json, wait_for};
-
-/// The link and the target in it, taken down however the test ends.
-struct Lab {
-    name: &'static str,
-    /// `rsv-lab`, whose `wan` brings the link up and down.
-    bench: PathBuf,
-    target: Option<Child>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Some(mut t) = self.target.take() {
-            let _ = t.kill();
-            let _ = t.wait();
-        }
-        let _ = Command::new(&self.bench)
-            .args(["wan", "down", "--name", self.name])
-            .output();
-    }
-}
+use testkit::wan::WanLink;
+use testkit::{random_file, rsv_in, run_json, wait_for};
 
 #[test]
 fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("RESERVOIR_TEST_STRICT").is_none(),
-            "needs root"
-        );
-        eprintln!("SKIP wan_session: needs root");
-        return;
-    }
-    let Some(bench) = rsv_lab() else { return };
-    let mut lab = Lab {
-        name: "tqs",
-        bench,
-        target: None,
-    };
-    let _ = Command::new(&lab.bench)
-        .args(["wan", "down", "--name", lab.name])
-        .output();
     // 20 ms and 60 Mbit/s: a long path (auto-tuning's two connections, bursts, queue
     // sized for 1 Gbit/s, that is 32 commands of 1 MiB) whose rate needs about six.
-    let link = run_json(Command::new(&lab.bench).args([
-        "wan", "up", "--name", lab.name, "--rtt", "20ms", "--rate", "60mbit", "--json",
-    ]));
-    let addr = link["b"]["addr"].as_str().unwrap().to_owned();
+    let Some(mut lab) = WanLink::up("tqs", "20ms", "60mbit") else {
+        return;
+    };
+    let addr = lab.addr.clone();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     lab.target = Some(
-        rsv_in(&format!("{}-b", lab.name))
+        rsv_in(&lab.ns_b())
             .args(["target", "--listen", &format!("{addr}:3260"), "--data-dir"])
             .arg(&data)
             .stdout(Stdio::null())
@@ -68,10 +30,7 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
     );
     let url = format!("iscsi://{addr}/iqn.2026-11.org.reservoir:target0/0");
     wait_for("the target answering", Duration::from_secs(10), || {
-        let o = rsv_in(&format!("{}-a", lab.name))
-            .args(["inq", &url])
-            .output()
-            .unwrap();
+        let o = rsv_in(&lab.ns_a()).args(["inq", &url]).output().unwrap();
         o.status.success().then_some(())
     });
 
@@ -80,7 +39,7 @@ fn long_path_copy_cuts_its_queue_back_and_arrives_whole() {
     let src = dir.path().join("src.img");
     random_file(&src, 96 << 20, 0x9e37_79b9_7f4a_7c15);
     let summary = run_json(
-        rsv_in(&format!("{}-a", lab.name))
+        rsv_in(&lab.ns_a())
             .arg("cp")
             .arg(&src)
             .args([&url, "--verify", "--json"]),

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::{buffers, check_range, Backstore, Lent};
+use crate::{buffers, check_range, Backstore};
 
 /// The copy-on-write unit when none is given: small enough that a 4 KiB random write
 /// copies little, large enough that the bitmap of a 1 TiB store is 4 MiB.
@@ -556,56 +556,13 @@ impl Image {
 }
 
 impl Backstore for Imaged {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn announce_reset(&self) -> io::Result<()> {
-        self.inner.announce_reset()
-    }
-
-    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
-        self.inner.on_peer_reset(f)
-    }
-
-    fn cluster_reservations(&self) -> Option<Arc<dyn crate::ClusterReservations>> {
-        self.inner.cluster_reservations()
-    }
-
-    fn port_groups(
-        &self,
-        own: u16,
-        peers: &[u16],
-    ) -> io::Result<Option<Arc<dyn crate::groups::PortGroups>>> {
-        self.inner.port_groups(own, peers)
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
-        self.inner.try_read_at(buf, offset)
-    }
-
-    fn reads_async(&self) -> bool {
-        self.inner.reads_async()
-    }
-
-    fn read_async(&self, buf: buffers::Buf, offset: u64, done: crate::ReadDone) {
-        self.inner.read_async(buf, offset, done)
-    }
-
-    fn reads_lent_async(&self, len: usize) -> bool {
-        self.inner.reads_lent_async(len)
-    }
-
-    fn read_lent_async(&self, offset: u64, len: usize, done: crate::LentDone) {
-        self.inner.read_lent_async(offset, len, done)
-    }
-
-    fn writes_async(&self) -> bool {
-        self.inner.writes_async()
+    crate::forward! { inner =>
+        size, announce_reset, on_peer_reset, supports_discard, read_only, description, sidecar,
+        read_at, try_read_at, reads_async, read_async, is_allocated,
+        reads_lent_async, read_lent_async,
+        lend, can_lend, lends_memory,
+        changes, flush, writes_async, flush_async,
+        cluster_reservations, port_groups, atomic_compare_and_write_unit,
     }
 
     fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: crate::WriteDone) {
@@ -625,36 +582,6 @@ impl Backstore for Imaged {
         )
     }
 
-    fn flush_async(&self, done: crate::FlushDone) {
-        self.inner.flush_async(done)
-    }
-
-    fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
-        self.inner.lend(offset, len, wait)
-    }
-
-    fn can_lend(&self) -> bool {
-        self.inner.can_lend()
-    }
-
-    fn lends_memory(&self) -> bool {
-        self.inner.lends_memory()
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.change(offset, buf.len() as u64, || {
-            self.inner.write_at(buf, offset)
-        })
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-
-    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
-        self.inner.atomic_compare_and_write_unit()
-    }
-
     /// The unit is copied aside before the compare, whatever it finds: a copy of data that
     /// then stays unchanged costs a copy, but one missing under a write that another
     /// target's compare-and-write raced to first would lose the image's bytes.
@@ -669,34 +596,6 @@ impl Backstore for Imaged {
             image.preserve(offset, verify.len() as u64);
         }
         self.inner.compare_and_write(offset, verify, write)
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.discard(offset, len))
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.write_zeroes(offset, len))
-    }
-
-    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
-        self.inner.is_allocated(offset, len)
-    }
-
-    fn supports_discard(&self) -> bool {
-        self.inner.supports_discard()
-    }
-
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
-
-    fn description(&self) -> String {
-        self.inner.description()
-    }
-
-    fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
-        self.inner.sidecar(suffix)
     }
 }
 

@@ -8,6 +8,10 @@
 use std::io;
 use std::path::PathBuf;
 
+// First: its macros are used by the modules below it.
+#[macro_use]
+mod methods;
+
 pub mod buffers;
 mod file;
 pub mod groups;
@@ -17,6 +21,7 @@ mod lend;
 mod null;
 mod ram;
 mod registry;
+mod sized;
 mod spec;
 mod stripe;
 pub mod track;

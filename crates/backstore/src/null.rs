@@ -5,7 +5,8 @@ use std::io;
 use std::sync::Arc;
 
 use crate::lend::ZEROS_LEN;
-use crate::{check_range, Backstore, Lent, OpenContext, OpenError, Param, StoreFactory, StoreSpec};
+use crate::sized::SizedFactory;
+use crate::{check_range, Backstore, Lent};
 use units::Size;
 
 /// A store of `size` bytes that keeps nothing: every read gives zeros, every write is
@@ -33,17 +34,7 @@ impl Backstore for NullBackstore {
         Ok(())
     }
 
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
-        self.read_at(buf, offset).map(|()| true)
-    }
-
-    fn can_lend(&self) -> bool {
-        true
-    }
-
-    fn lends_memory(&self) -> bool {
-        true
-    }
+    in_memory!();
 
     /// Zeros from the static page; `None` above its size (the copy serves it).
     fn lend(&self, offset: u64, len: u64, _wait: bool) -> io::Result<Option<Lent>> {
@@ -89,46 +80,10 @@ impl Backstore for NullBackstore {
 }
 
 /// `null:?size=SIZE`.
-pub(crate) struct NullFactory;
-
-impl StoreFactory for NullFactory {
-    fn kind(&self) -> &str {
-        "null"
-    }
-
-    fn summary(&self) -> &str {
-        "no data: reads return zeros and writes are dropped (to measure the network \
-         path without a disk)"
-    }
-
-    fn params(&self) -> &[Param] {
-        &[Param {
-            name: "size",
-            required: true,
-            help: "1GiB or 1G (binary), 1GB (decimal) or bytes",
-        }]
-    }
-
-    fn check(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<String, OpenError> {
-        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
-        Ok(format!(
-            "null, {} (reads return zeros, writes are dropped)",
-            Size(size)
-        ))
-    }
-
-    fn capacity(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {
-        spec.size("size")
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| spec.missing("size").to_string())
-    }
-
-    fn open(
-        &self,
-        spec: &StoreSpec,
-        _ctx: &OpenContext<'_>,
-    ) -> Result<Arc<dyn Backstore>, OpenError> {
-        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
-        Ok(Arc::new(NullBackstore::new(size)))
-    }
-}
+pub(crate) const NULL: SizedFactory = SizedFactory {
+    kind: "null",
+    summary: "no data: reads return zeros and writes are dropped (to measure the network \
+              path without a disk)",
+    note: "reads return zeros, writes are dropped",
+    open: |size| Arc::new(NullBackstore::new(size)),
+};

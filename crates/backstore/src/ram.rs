@@ -2,10 +2,8 @@ use std::io;
 use std::sync::{Arc, RwLock};
 
 use crate::lend::{LentMemory, ZEROS_LEN};
-use crate::{
-    check_range, push_extent, within_unit, Backstore, Compared, Lent, OpenContext, OpenError,
-    Param, StoreFactory, StoreSpec,
-};
+use crate::sized::SizedFactory;
+use crate::{check_range, push_extent, within_unit, Backstore, Compared, Lent};
 use units::Size;
 
 const CHUNK: u64 = 1 << 20;
@@ -140,17 +138,7 @@ impl Backstore for RamBackstore {
         })
     }
 
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
-        self.read_at(buf, offset).map(|()| true)
-    }
-
-    fn can_lend(&self) -> bool {
-        true
-    }
-
-    fn lends_memory(&self) -> bool {
-        true
-    }
+    in_memory!();
 
     /// A window on one chunk's bytes, or zeros for a chunk never written; `None` for a
     /// range across chunks (the copy serves it).
@@ -264,46 +252,13 @@ impl Backstore for RamBackstore {
 }
 
 /// `ram:?size=SIZE`.
-pub(crate) struct RamFactory;
-
-impl StoreFactory for RamFactory {
-    fn kind(&self) -> &str {
-        "ram"
-    }
-
-    fn summary(&self) -> &str {
-        "memory, allocated in 1 MiB chunks as they are first written; lost when the \
-         target stops"
-    }
-
-    fn params(&self) -> &[Param] {
-        &[Param {
-            name: "size",
-            required: true,
-            help: "1GiB or 1G (binary), 1GB (decimal) or bytes",
-        }]
-    }
-
-    fn check(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<String, OpenError> {
-        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
-        Ok(format!("ram, {} (lost when the target stops)", Size(size)))
-    }
-
-    fn capacity(&self, spec: &StoreSpec, _ctx: &OpenContext<'_>) -> Result<u64, String> {
-        spec.size("size")
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| spec.missing("size").to_string())
-    }
-
-    fn open(
-        &self,
-        spec: &StoreSpec,
-        _ctx: &OpenContext<'_>,
-    ) -> Result<Arc<dyn Backstore>, OpenError> {
-        let size = spec.size("size")?.ok_or_else(|| spec.missing("size"))?;
-        Ok(Arc::new(RamBackstore::new(size)))
-    }
-}
+pub(crate) const RAM: SizedFactory = SizedFactory {
+    kind: "ram",
+    summary: "memory, allocated in 1 MiB chunks as they are first written; lost when the \
+              target stops",
+    note: "lost when the target stops",
+    open: |size| Arc::new(RamBackstore::new(size)),
+};
 
 #[cfg(test)]
 mod tests {

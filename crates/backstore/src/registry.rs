@@ -97,8 +97,8 @@ impl Registry {
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
         r.register(crate::file::FileFactory);
-        r.register(crate::null::NullFactory);
-        r.register(crate::ram::RamFactory);
+        r.register(crate::null::NULL);
+        r.register(crate::ram::RAM);
         r.register(crate::stripe::StripeFactory);
         r
     }

@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{check_range, Backstore, Lent};
+use crate::{check_range, Backstore};
 use units::Size;
 
 /// The unit when none is given: a 1 MiB command marks one unit, and a map of a 1 TiB
@@ -979,76 +979,21 @@ impl Tracked {
 }
 
 impl Backstore for Tracked {
+    // What is left out keeps the trait's default: the asynchronous writes, so that every
+    // write passes through `change` (the defaults call `write_at` and `flush`), and the
+    // lent asynchronous reads.
+    crate::forward! { inner =>
+        announce_reset, on_peer_reset, supports_discard, read_only, sidecar,
+        read_at, try_read_at, reads_async, read_async, is_allocated,
+        lend, can_lend, lends_memory,
+        changes, flush,
+        cluster_reservations, port_groups, atomic_compare_and_write_unit,
+    }
+
     /// The store's size, but no more than the map covers: a store grown since the map was
     /// made (an RBD image resized) shows its old size until the map is made again.
     fn size(&self) -> u64 {
         self.inner.size().min(self.map.size())
-    }
-
-    fn announce_reset(&self) -> io::Result<()> {
-        self.inner.announce_reset()
-    }
-
-    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
-        self.inner.on_peer_reset(f)
-    }
-
-    fn cluster_reservations(&self) -> Option<Arc<dyn crate::ClusterReservations>> {
-        self.inner.cluster_reservations()
-    }
-
-    fn port_groups(
-        &self,
-        own: u16,
-        peers: &[u16],
-    ) -> io::Result<Option<Arc<dyn crate::groups::PortGroups>>> {
-        self.inner.port_groups(own, peers)
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
-        self.inner.try_read_at(buf, offset)
-    }
-
-    fn reads_async(&self) -> bool {
-        self.inner.reads_async()
-    }
-
-    fn read_async(&self, buf: crate::buffers::Buf, offset: u64, done: crate::ReadDone) {
-        self.inner.read_async(buf, offset, done)
-    }
-
-    fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
-        self.inner.lend(offset, len, wait)
-    }
-
-    fn can_lend(&self) -> bool {
-        self.inner.can_lend()
-    }
-
-    fn lends_memory(&self) -> bool {
-        self.inner.lends_memory()
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.change(offset, buf.len() as u64, || {
-            self.inner.write_at(buf, offset)
-        })
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.discard(offset, len))
-    }
-
-    fn atomic_compare_and_write_unit(&self) -> Option<u64> {
-        self.inner.atomic_compare_and_write_unit()
     }
 
     /// Marked before the compare, as any write: a mismatch leaves a unit marked that did
@@ -1067,21 +1012,6 @@ impl Backstore for Tracked {
         Ok(out)
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.write_zeroes(offset, len))
-    }
-
-    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
-        self.inner.is_allocated(offset, len)
-    }
-
-    fn supports_discard(&self) -> bool {
-        self.inner.supports_discard()
-    }
-
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
 
     fn description(&self) -> String {
         format!(
@@ -1090,10 +1020,6 @@ impl Backstore for Tracked {
             self.map.path().display(),
             Size(self.map.unit())
         )
-    }
-
-    fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
-        self.inner.sidecar(suffix)
     }
 }
 

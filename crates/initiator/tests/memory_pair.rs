@@ -69,6 +69,40 @@ impl Pair {
 }
 
 /// Deterministic contents for `len` bytes at byte `offset` of the LUN, by block.
+/// One MiB: what each write and read of these tests moves.
+const MIB: usize = 1 << 20;
+
+/// `count` writes of a MiB each, the i-th of `pattern(i MiB, 1 MiB, seed)` at MiB i, all in
+/// flight at once.
+fn write_mibs(s: &Session, count: u64, seed: u8) -> tokio::task::JoinSet<initiator::Result<()>> {
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let s = s.clone();
+        writes.spawn(async move {
+            let off = i * MIB as u64;
+            s.write(0, off / BLOCK as u64, pattern(off, MIB, seed))
+                .await
+        });
+    }
+    writes
+}
+
+/// Reads back the first `count` MiB, each of which must hold what [`write_mibs`] wrote
+/// with `seed`; `when` says when, in the failure.
+async fn check_mibs(s: &Session, count: u64, seed: u8, when: &str) {
+    for i in 0..count {
+        let off = i * MIB as u64;
+        let got = s
+            .read(0, off / BLOCK as u64, (MIB / BLOCK) as u32)
+            .await
+            .unwrap();
+        assert!(
+            got == pattern(off, MIB, seed),
+            "MiB {i} read back differs{when}"
+        );
+    }
+}
+
 fn pattern(offset: u64, len: usize, seed: u8) -> Bytes {
     (0..len)
         .map(|i| {
@@ -97,26 +131,11 @@ async fn login_reads_and_writes_by_r2t_over_two_connections() {
     assert_eq!(info.max_burst_length, 64 << 10);
     assert_eq!(s.read_capacity(0).await.unwrap().block_size as usize, BLOCK);
 
-    let io = 1usize << 20;
-    let mut writes = tokio::task::JoinSet::new();
-    for i in 0..8u64 {
-        let s = s.clone();
-        writes.spawn(async move {
-            let off = i * io as u64;
-            s.write(0, off / BLOCK as u64, pattern(off, io, 1)).await
-        });
-    }
+    let mut writes = write_mibs(&s, 8, 1);
     while let Some(r) = writes.join_next().await {
         r.unwrap().unwrap();
     }
-    for i in 0..8u64 {
-        let off = i * io as u64;
-        let got = s
-            .read(0, off / BLOCK as u64, (io / BLOCK) as u32)
-            .await
-            .unwrap();
-        assert!(got == pattern(off, io, 1), "MiB {i} read back differs");
-    }
+    check_mibs(&s, 8, 1, "").await;
     assert_eq!(
         p.cuts.lock().unwrap().len(),
         2,
@@ -138,16 +157,8 @@ async fn a_connection_cut_mid_transfer_is_recovered_by_task_reassignment() {
     let s = Session::connect(&p.url, &opts).await.unwrap();
     assert_eq!(s.info().error_recovery_level, 2);
 
-    let io = 1usize << 20;
     let count = 48u64;
-    let mut writes = tokio::task::JoinSet::new();
-    for i in 0..count {
-        let s = s.clone();
-        writes.spawn(async move {
-            let off = i * io as u64;
-            s.write(0, off / BLOCK as u64, pattern(off, io, 7)).await
-        });
-    }
+    let mut writes = write_mibs(&s, count, 7);
     // Once one write is done the queue still holds dozens, on both connections: the cut
     // catches some of them half sent.
     writes.join_next().await.unwrap().unwrap().unwrap();
@@ -156,17 +167,7 @@ async fn a_connection_cut_mid_transfer_is_recovered_by_task_reassignment() {
         r.unwrap().unwrap();
     }
     assert!(s.reassigned_tasks() > 0, "no task was reassigned");
-    for i in 0..count {
-        let off = i * io as u64;
-        let got = s
-            .read(0, off / BLOCK as u64, (io / BLOCK) as u32)
-            .await
-            .unwrap();
-        assert!(
-            got == pattern(off, io, 7),
-            "MiB {i} read back differs after the cut"
-        );
-    }
+    check_mibs(&s, count, 7, " after the cut").await;
     // The cut connection's CID logs in again in the background, through the dialer.
     for _ in 0..100 {
         if s.reconnections() > 0 {

@@ -81,11 +81,8 @@ impl Deferred {
 }
 
 impl Backstore for Deferred {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.ram.read_at(buf, offset)
+    backstore::forward! { ram =>
+        size, read_at, write_at, flush, discard, write_zeroes, is_allocated, supports_discard,
     }
     fn reads_async(&self) -> bool {
         true
@@ -107,24 +104,6 @@ impl Backstore for Deferred {
     }
     fn flush_async(&self, done: FlushDone) {
         self.queued.lock().unwrap().push(Queued::Flush(done));
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.ram.write_at(buf, offset)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.ram.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.ram.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.ram.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
-        self.ram.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        self.ram.supports_discard()
     }
 }
 

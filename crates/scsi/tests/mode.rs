@@ -284,29 +284,11 @@ struct Resizable {
 }
 
 impl Backstore for Resizable {
+    backstore::forward! { inner =>
+        read_at, write_at, flush, discard, write_zeroes, is_allocated, supports_discard,
+    }
     fn size(&self) -> u64 {
         self.size.load(std::sync::atomic::Ordering::Acquire)
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
-        self.inner.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        true
     }
 }
 

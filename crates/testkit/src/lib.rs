@@ -6,13 +6,17 @@
 //! A dev-dependency only: no product crate depends on it (`publish = false`).
 
 pub mod ceph;
+pub mod exposition;
 pub mod inproc;
 pub mod notify;
+pub mod output;
 pub mod proxy;
 pub mod raw;
+pub mod ready;
 pub mod target;
 pub mod tgt;
 pub mod walk;
+pub mod wan;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -104,31 +104,13 @@ pub struct GatedStore {
 }
 
 impl Backstore for GatedStore {
-    fn size(&self) -> u64 {
-        self.ram.size()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.ram.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.ram.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.ram.flush()
+    backstore::forward! { ram =>
+        size, read_at, write_at, flush, write_zeroes, is_allocated, supports_discard,
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
         self.started.lock().unwrap().send(()).unwrap();
         self.go.lock().unwrap().recv().unwrap();
         self.ram.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.ram.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
-        self.ram.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        true
     }
 }
 
@@ -180,28 +162,10 @@ pub struct ReadsThrough {
 }
 
 impl Backstore for ReadsThrough {
-    fn size(&self) -> u64 {
-        self.ram.size()
+    backstore::forward! { ram =>
+        size, write_at, flush, discard, write_zeroes, is_allocated, supports_discard,
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         (self.read)(&self.ram, buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.ram.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.ram.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.ram.write_zeroes(offset, len)
-    }
-    fn is_allocated(&self, offset: u64, len: u64) -> std::io::Result<Vec<(u64, u64, bool)>> {
-        self.ram.is_allocated(offset, len)
-    }
-    fn supports_discard(&self) -> bool {
-        true
     }
 }
