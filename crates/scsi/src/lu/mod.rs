@@ -70,6 +70,8 @@ pub struct LogicalUnit {
     designators: Vec<Designator>,
     /// EXTENDED COPY status kept for RECEIVE COPY RESULTS, by nexus and list identifier.
     copies: Mutex<HashMap<(Nexus, u8), CopyStatus>>,
+    /// Who may change the medium (a replica's: only its replication streams).
+    fence: crate::Fence,
 }
 
 impl LogicalUnit {
@@ -99,6 +101,22 @@ impl LogicalUnit {
             reservations: Mutex::new(reservations),
             designators,
             copies: Mutex::new(HashMap::new()),
+            fence: crate::Fence::default(),
+        }
+    }
+
+    /// Who may change the medium; see [`crate::Fence`].
+    pub fn fence(&self) -> &crate::Fence {
+        &self.fence
+    }
+
+    /// DATA PROTECT, WRITE PROTECTED unless `nexus` may change the medium (the fence).
+    fn check_fence(&self, nexus: Nexus) -> Result<(), Sense> {
+        let pr = self.pr();
+        if self.fence.admits(nexus, pr.named(nexus)) {
+            Ok(())
+        } else {
+            Err(sense::WRITE_PROTECTED)
         }
     }
 
@@ -243,6 +261,7 @@ impl LogicalUnit {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&nexus);
+        self.fence.lost(nexus);
         self.pr().nexus_lost(nexus);
         self.prevent
             .lock()
@@ -308,6 +327,9 @@ impl LogicalUnit {
             }
         }
         self.pr().check(call.cmd.nexus, op.access)?;
+        if op.class == Class::Write || matches!(cdb[0], UNMAP | SANITIZE) {
+            self.check_fence(call.cmd.nexus)?;
+        }
         if op.gate == Gate::Medium {
             self.medium_present()?;
         }
