@@ -18,6 +18,7 @@ mod ram;
 mod registry;
 mod spec;
 mod stripe;
+pub mod role;
 pub mod track;
 
 pub use file::FileBackstore;

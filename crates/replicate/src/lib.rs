@@ -18,6 +18,7 @@ pub mod coord;
 pub mod cut;
 pub mod metrics;
 pub mod pace;
+pub mod role;
 pub mod sparse;
 pub mod squeeze;
 pub mod wire;

@@ -159,6 +159,14 @@ pub(crate) fn open_target(
             image_options(&t.iqn, l.id, &spec, &raw, &config.data_dir),
         )?);
         let store: Arc<dyn Backstore> = imaged.clone();
+        // A replica of `rsv sync` comes back fenced: only its replication streams write.
+        // A record that cannot be read keeps the LUN closed rather than writable.
+        let role_file = raw.sidecar(".role");
+        let role = match &role_file {
+            Some(p) => backstore::role::RoleRecord::load(p)
+                .with_context(|| format!("{at}: its replication role"))?,
+            None => None,
+        };
         lun_stores.insert(
             l.id,
             LunStore {
@@ -168,6 +176,7 @@ pub(crate) fn open_target(
                 stats: config.metrics.is_some().then(Default::default),
                 imaged,
                 hold: Arc::new(Hold::default()),
+                role_file,
             },
         );
         let description = store.description();
@@ -207,6 +216,14 @@ pub(crate) fn open_target(
             l.block_size,
             if l.read_only { ", read-only" } else { "" }
         );
+        if let Some(r) = &role {
+            info!(
+                "{at}: {} of rsv sync at epoch {}",
+                r.role.as_str(),
+                r.epoch
+            );
+            lu.fence().set(r.fence());
+        }
         let lu = Arc::new(lu);
         lu.listen_to_peers();
         luns.insert(l.id, lu);
