@@ -16,6 +16,8 @@ pub mod auth;
 pub mod cli;
 pub mod coord;
 pub mod cut;
+pub mod failover;
+pub mod failover_cli;
 pub mod metrics;
 pub mod pace;
 pub mod role;
