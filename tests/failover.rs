@@ -205,13 +205,22 @@ fn failover_then_failback_sends_only_what_differs() {
     app_write(&a.url(), 0, noise(4 << 20, 1)).unwrap();
     sync_ok(&key, &[&a.volume(), &b.volume(), "--json"]);
     let (sa, sb) = (status(&key, &a), status(&key, &b));
-    assert_eq!((sa["role"].as_str(), sa["epoch"].as_u64()), (Some("primary"), Some(1)));
-    assert_eq!((sb["role"].as_str(), sb["epoch"].as_u64()), (Some("replica"), Some(1)));
+    assert_eq!(
+        (sa["role"].as_str(), sa["epoch"].as_u64()),
+        (Some("primary"), Some(1))
+    );
+    assert_eq!(
+        (sb["role"].as_str(), sb["epoch"].as_u64()),
+        (Some("replica"), Some(1))
+    );
     assert_eq!(sa["image"], sb["image"], "both hold the sync's image");
     assert!(sa["image"].is_string());
     // A replica is read-only to applications.
     let e = app_write(&b.url(), 0, vec![1; 4096]).unwrap_err();
-    assert!(write_protected(&e), "an application write to the replica: {e:?}");
+    assert!(
+        write_protected(&e),
+        "an application write to the replica: {e:?}"
+    );
     assert_eq!(a.image(), b.image());
 
     // A is written more; these never reach B. Then site A is lost.
@@ -223,7 +232,10 @@ fn failover_then_failback_sends_only_what_differs() {
     // elsewhere.
     let p = sync_ok(&key, &["promote", &b.volume(), "--json"]);
     let p: serde_json::Value = serde_json::from_str(p.trim()).unwrap();
-    assert_eq!((p["role"].as_str(), p["epoch"].as_u64()), (Some("primary"), Some(2)));
+    assert_eq!(
+        (p["role"].as_str(), p["epoch"].as_u64()),
+        (Some("primary"), Some(2))
+    );
     app_write(&b.url(), (8 << 20) + (512 << 10), noise(1 << 20, 4)).unwrap();
     app_write(&b.url(), 2 << 20, noise(256 << 10, 5)).unwrap();
 
@@ -231,7 +243,10 @@ fn failover_then_failback_sends_only_what_differs() {
     a.start();
     let d = sync_ok(&key, &["demote", &a.volume(), "--json"]);
     let d: serde_json::Value = serde_json::from_str(d.trim()).unwrap();
-    assert_eq!((d["role"].as_str(), d["epoch"].as_u64()), (Some("replica"), Some(1)));
+    assert_eq!(
+        (d["role"].as_str(), d["epoch"].as_u64()),
+        (Some("replica"), Some(1))
+    );
     let (units, differ) = differing(&a.image(), &b.image());
     assert!(units > 0);
     let out = sync_ok(&key, &["resync", &b.volume(), &a.volume(), "--json"]);
@@ -246,18 +261,30 @@ fn failover_then_failback_sends_only_what_differs() {
         done["data_bytes"],
         sent as f64 / differ as f64
     );
-    assert!(a.image() == b.image(), "A equals B byte for byte after the resync");
-    assert!(sent >= differ, "sent {sent} bytes, less than the {differ} that differ");
+    assert!(
+        a.image() == b.image(),
+        "A equals B byte for byte after the resync"
+    );
+    assert!(
+        sent >= differ,
+        "sent {sent} bytes, less than the {differ} that differ"
+    );
     assert!(
         sent * 10 <= differ * 11,
         "sent {sent} bytes for {differ} that differ: more than 1.1x"
     );
     // A is B's replica now, at B's epoch, read-only to applications.
     let sa = status(&key, &a);
-    assert_eq!((sa["role"].as_str(), sa["epoch"].as_u64()), (Some("replica"), Some(2)));
+    assert_eq!(
+        (sa["role"].as_str(), sa["epoch"].as_u64()),
+        (Some("replica"), Some(2))
+    );
     assert_eq!(sa["image"], status(&key, &b)["image"]);
     let e = app_write(&a.url(), 0, vec![1; 4096]).unwrap_err();
-    assert!(write_protected(&e), "an application write to the demoted A: {e:?}");
+    assert!(
+        write_protected(&e),
+        "an application write to the demoted A: {e:?}"
+    );
 
     // Two primaries: both promoted; a sync either way is refused before any data moves,
     // naming the stale site and what to run.
@@ -272,7 +299,10 @@ fn failover_then_failback_sends_only_what_differs() {
             err.contains(&format!("{} is stale", b.volume())),
             "B (epoch 2) is stale beside A (epoch 3): {err}"
         );
-        assert!(err.contains(&format!("rsv sync demote {}", b.volume())), "{err}");
+        assert!(
+            err.contains(&format!("rsv sync demote {}", b.volume())),
+            "{err}"
+        );
     }
     assert!(a.image() == before, "a refused sync wrote A");
 }

@@ -16,9 +16,9 @@ mod lend;
 mod null;
 mod ram;
 mod registry;
+pub mod role;
 mod spec;
 mod stripe;
-pub mod role;
 pub mod track;
 
 pub use file::FileBackstore;

@@ -69,7 +69,11 @@ impl RoleRecord {
     }
 
     pub fn encode(&self) -> String {
-        let mut s = format!("{MAGIC}\nrole {}\nepoch {}\n", self.role.as_str(), self.epoch);
+        let mut s = format!(
+            "{MAGIC}\nrole {}\nepoch {}\n",
+            self.role.as_str(),
+            self.epoch
+        );
         if let Some(i) = self.image {
             s += &format!("image {} {}\n", i.id, i.unix);
         }
@@ -125,7 +129,10 @@ impl RoleRecord {
     pub fn load(path: &Path) -> io::Result<Option<RoleRecord>> {
         match std::fs::read_to_string(path) {
             Ok(text) => RoleRecord::decode(&text).map(Some).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
             }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
@@ -177,7 +184,10 @@ mod tests {
         let r = RoleRecord {
             role: Role::Replica,
             epoch: 3,
-            image: Some(ImageMark { id: 77, unix: 1_764_412_800 }),
+            image: Some(ImageMark {
+                id: 77,
+                unix: 1_764_412_800,
+            }),
             writers: vec!["iqn.2026-01.org.reservoir:sync.ab".into()],
         };
         r.store(&path).unwrap();

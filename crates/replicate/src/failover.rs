@@ -184,7 +184,9 @@ pub(crate) async fn serve(
                 .map_err(|e| refuse(409, e))?;
             if old.as_ref() != Some(&new) {
                 if let (Some(what), true) = (&busy, ask.force) {
-                    tracing::warn!("{name}: promoted with --force, abandoning what was writing it: {what}");
+                    tracing::warn!(
+                        "{name}: promoted with --force, abandoning what was writing it: {what}"
+                    );
                 }
                 put(p, &new)?;
                 tracing::info!("{name}: promoted to primary at epoch {}", new.epoch);
@@ -209,8 +211,8 @@ pub(crate) async fn serve(
                 let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
                 let old = load(p)?;
                 let name = format!("LUN {} of {}", lun.lun, lun.iqn);
-                let new = role::demote(old.as_ref(), &ask.writer, &name)
-                    .map_err(|e| refuse(409, e))?;
+                let new =
+                    role::demote(old.as_ref(), &ask.writer, &name).map_err(|e| refuse(409, e))?;
                 if old.as_ref() != Some(&new) {
                     put(p, &new)?;
                     tracing::info!("{name}: demoted to replica at epoch {}", new.epoch);
@@ -233,7 +235,9 @@ pub(crate) async fn serve(
                 let r = tokio::task::spawn_blocking(move || c.forget()).await;
                 match r {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Some(refuse(500, format!("forgetting the change map: {e}"))),
+                    Ok(Err(e)) => {
+                        return Some(refuse(500, format!("forgetting the change map: {e}")))
+                    }
                     Err(e) => return Some(refuse(500, e)),
                 }
             }
@@ -250,7 +254,10 @@ pub(crate) async fn serve(
             let c = lun.changes.as_ref().ok_or_else(|| {
                 refuse(
                     409,
-                    format!("LUN {} of {} keeps no change tracking (track = true)", ask.lun, ask.iqn),
+                    format!(
+                        "LUN {} of {} keeps no change tracking (track = true)",
+                        ask.lun, ask.iqn
+                    ),
                 )
             })?;
             Ok(answer(&Changes {
@@ -327,7 +334,10 @@ pub async fn volume_luns(v: &VolumeRef, key: &Key) -> anyhow::Result<Vec<LunAt>>
     Ok(out)
 }
 
-async fn each<T: Serialize + Send + Sync + 'static, R: serde::de::DeserializeOwned + Send + 'static>(
+async fn each<
+    T: Serialize + Send + Sync + 'static,
+    R: serde::de::DeserializeOwned + Send + 'static,
+>(
     luns: &[LunAt],
     path: &'static str,
     body: impl Fn(&LunAt) -> T,
@@ -335,7 +345,12 @@ async fn each<T: Serialize + Send + Sync + 'static, R: serde::de::DeserializeOwn
     let mut set = tokio::task::JoinSet::new();
     for (i, l) in luns.iter().enumerate() {
         let (c, b, shown) = (l.agent.clone(), body(l), l.shown());
-        set.spawn(async move { (i, c.call::<R>("POST", path, &b).await.with_context(|| shown)) });
+        set.spawn(async move {
+            (
+                i,
+                c.call::<R>("POST", path, &b).await.with_context(|| shown),
+            )
+        });
     }
     let mut out: Vec<Option<anyhow::Result<R>>> = (0..luns.len()).map(|_| None).collect();
     while let Some(r) = set.join_next().await {
@@ -492,10 +507,18 @@ pub async fn before_transfer(
         );
     }
     let (a, b) = tokio::join!(roles(&src_luns), roles(&dst_luns));
-    let (a, b) = (a.context("the source's roles")?, b.context("the destination's roles")?);
-    let vr = |s: &[RoleState]| VolumeRole::of(&s.iter().map(|l| l.record.clone()).collect::<Vec<_>>());
-    let (src_name, dst_name) = (crate::coord::shown_volume(src), crate::coord::shown_volume(dst));
-    let allowed = role::check_transfer(&vr(&a), &vr(&b), kind, &src_name, &dst_name, &new_writer())?;
+    let (a, b) = (
+        a.context("the source's roles")?,
+        b.context("the destination's roles")?,
+    );
+    let vr =
+        |s: &[RoleState]| VolumeRole::of(&s.iter().map(|l| l.record.clone()).collect::<Vec<_>>());
+    let (src_name, dst_name) = (
+        crate::coord::shown_volume(src),
+        crate::coord::shown_volume(dst),
+    );
+    let allowed =
+        role::check_transfer(&vr(&a), &vr(&b), kind, &src_name, &dst_name, &new_writer())?;
     if let Some(busy) = b.iter().find_map(|l| l.busy.clone()) {
         tracing::info!("{dst_name}: {busy} (a new sync replaces it)");
     }
@@ -565,7 +588,10 @@ mod tests {
 
     #[test]
     fn unions_of_unit_ranges() {
-        assert_eq!(union(&[(0, 2), (5, 6)], &[(1, 3), (6, 8), (10, 10)]), vec![(0, 3), (5, 8)]);
+        assert_eq!(
+            union(&[(0, 2), (5, 6)], &[(1, 3), (6, 8), (10, 10)]),
+            vec![(0, 3), (5, 8)]
+        );
         assert_eq!(union(&[], &[(4, 5)]), vec![(4, 5)]);
     }
 }

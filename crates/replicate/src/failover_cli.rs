@@ -75,7 +75,11 @@ pub struct ResyncArgs {
     pub old_primary: VolumeRef,
     /// `--key-file FILE` (or RSV_CONTROL_KEY) and any option of `rsv sync` (--rate, --json,
     /// --session, --no-verify, --cut-hold...; see `rsv sync --help`), as for a sync.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "SYNC OPTIONS")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "SYNC OPTIONS"
+    )]
     pub options: Vec<String>,
 }
 
@@ -84,7 +88,10 @@ fn print(s: &VolumeStatus, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(s)?);
         return Ok(());
     }
-    let epoch = s.epoch.map(|e| format!(" at epoch {e}")).unwrap_or_default();
+    let epoch = s
+        .epoch
+        .map(|e| format!(" at epoch {e}"))
+        .unwrap_or_default();
     let image = match (&s.image, s.image_unix) {
         (Some(i), Some(t)) => format!("; last common image {i} (completed at {t}, Unix time)"),
         _ => "; no common image".into(),
@@ -131,7 +138,9 @@ pub fn run(action: Action) -> anyhow::Result<()> {
             ];
             argv.extend(a.options);
             let cmd = crate::cli::SyncArgs::augment_args(clap::Command::new("sync"));
-            let m = cmd.try_get_matches_from(argv).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let m = cmd
+                .try_get_matches_from(argv)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let args = crate::cli::SyncArgs::from_arg_matches(&m)?;
             crate::cli::run_sync(args, true)
         }

@@ -283,8 +283,15 @@ mod tests {
 
     #[test]
     fn a_first_sync_gives_both_their_roles() {
-        let a = check_transfer(&VolumeRole::Unset, &VolumeRole::Unset, SYNC, "A", "B", "n").unwrap();
-        assert_eq!(a, Allowed { epoch: 1, writers: vec!["n".into()] });
+        let a =
+            check_transfer(&VolumeRole::Unset, &VolumeRole::Unset, SYNC, "A", "B", "n").unwrap();
+        assert_eq!(
+            a,
+            Allowed {
+                epoch: 1,
+                writers: vec!["n".into()]
+            }
+        );
         let img = ImageMark { id: 5, unix: 9 };
         assert_eq!(after_transfer(Role::Primary, &a, img).role, Role::Primary);
         assert_eq!(after_transfer(Role::Replica, &a, img).writers, ["n"]);
@@ -338,10 +345,23 @@ mod tests {
         assert!(e.0.contains("rsv sync resync B A"), "{e}");
         assert!(check_transfer(&b, &a, Transfer::Sync { full: true }, "B", "A", "n").is_ok());
         let ok = check_transfer(&b, &a, Transfer::Resync, "B", "A", "n").unwrap();
-        assert_eq!(ok, Allowed { epoch: 2, writers: vec!["w".into()] });
+        assert_eq!(
+            ok,
+            Allowed {
+                epoch: 2,
+                writers: vec!["w".into()]
+            }
+        );
         // No common image: only a full copy.
-        let e = check_transfer(&b, &set(rec(Role::Replica, 1, 8)), Transfer::Resync, "B", "A", "n")
-            .unwrap_err();
+        let e = check_transfer(
+            &b,
+            &set(rec(Role::Replica, 1, 8)),
+            Transfer::Resync,
+            "B",
+            "A",
+            "n",
+        )
+        .unwrap_err();
         assert!(e.0.contains("--full"), "{e}");
     }
 
@@ -352,7 +372,11 @@ mod tests {
         assert!(e.0.contains("--force"), "{e}");
         let p = promote(Some(&r), Some("a sync is writing"), true, "B").unwrap();
         assert_eq!((p.role, p.epoch, p.writers.len()), (Role::Primary, 5, 0));
-        assert_eq!(promote(Some(&p), None, false, "B").unwrap(), p, "idempotent");
+        assert_eq!(
+            promote(Some(&p), None, false, "B").unwrap(),
+            p,
+            "idempotent"
+        );
         assert!(promote(None, None, false, "B").is_err());
         let d = demote(Some(&p), "w2", "B").unwrap();
         assert_eq!((d.role, d.epoch, d.image), (Role::Replica, 5, p.image));
@@ -362,13 +386,25 @@ mod tests {
 
     #[test]
     fn a_volume_whose_luns_disagree_is_mixed_and_refused() {
-        let v = VolumeRole::of(&[Some(rec(Role::Primary, 2, 1)), Some(rec(Role::Replica, 1, 1))]);
+        let v = VolumeRole::of(&[
+            Some(rec(Role::Primary, 2, 1)),
+            Some(rec(Role::Replica, 1, 1)),
+        ]);
         assert!(matches!(v, VolumeRole::Mixed(_)));
         assert!(check_transfer(&v, &VolumeRole::Unset, SYNC, "A", "B", "n").is_err());
-        assert!(matches!(VolumeRole::of(&[Some(rec(Role::Primary, 2, 1)), None]), VolumeRole::Mixed(_)));
+        assert!(matches!(
+            VolumeRole::of(&[Some(rec(Role::Primary, 2, 1)), None]),
+            VolumeRole::Mixed(_)
+        ));
         assert_eq!(VolumeRole::of(&[None, None]), VolumeRole::Unset);
-        let v = VolumeRole::of(&[Some(rec(Role::Primary, 2, 1)), Some(rec(Role::Primary, 2, 3))]);
-        assert!(matches!(v, VolumeRole::Set(r) if r.image.is_none()), "images differ: none kept");
+        let v = VolumeRole::of(&[
+            Some(rec(Role::Primary, 2, 1)),
+            Some(rec(Role::Primary, 2, 3)),
+        ]);
+        assert!(
+            matches!(v, VolumeRole::Set(r) if r.image.is_none()),
+            "images differ: none kept"
+        );
     }
 
     /// One step of two sites' history.

@@ -95,7 +95,10 @@ mod tests {
         assert!(f.admits(Nexus(1), None), "open: even an unknown nexus");
         f.set(Some(vec!["iqn.2026-01.org.reservoir:sync.ab".into()]));
         assert!(!f.admits(Nexus(1), Some("iqn.app,i,0x01")));
-        assert!(!f.admits(Nexus(1), None), "fenced: an unknown nexus is refused");
+        assert!(
+            !f.admits(Nexus(1), None),
+            "fenced: an unknown nexus is refused"
+        );
         assert!(
             !f.admits(Nexus(1), Some("iqn.2026-01.org.reservoir:sync,i,0x01")),
             "a prefix of the name is another name"

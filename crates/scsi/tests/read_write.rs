@@ -450,7 +450,10 @@ fn a_fenced_lun_takes_writes_only_from_its_writers() {
     });
     let (app, writer) = (scsi::Nexus(1), scsi::Nexus(2));
     lu.name_nexus(app, "iqn.2026-01.org.example:app,i,0x000000000001");
-    lu.name_nexus(writer, "iqn.2026-01.org.reservoir:sync.0011,i,0x000000000002");
+    lu.name_nexus(
+        writer,
+        "iqn.2026-01.org.reservoir:sync.0011,i,0x000000000002",
+    );
     let _ = exec_on(&lu, writer, &[0x00, 0, 0, 0, 0, 0], &[]);
     lu.fence()
         .set(Some(vec!["iqn.2026-01.org.reservoir:sync.0011".into()]));
@@ -464,7 +467,10 @@ fn a_fenced_lun_takes_writes_only_from_its_writers() {
     good(&exec_on(&lu, app, &read10(0, 1), &[]));
     good(&exec_on(&lu, writer, &write10(0, 1), &fill(0xbb, 1)));
     assert_eq!(lu.fence().writing(), 1);
-    assert_eq!(good(&exec_on(&lu, app, &read10(0, 1), &[])), &fill(0xbb, 1)[..]);
+    assert_eq!(
+        good(&exec_on(&lu, app, &read10(0, 1), &[])),
+        &fill(0xbb, 1)[..]
+    );
     lu.fence().set(None);
     good(&exec_on(&lu, app, &write10(0, 1), &fill(0xcc, 1)));
 }

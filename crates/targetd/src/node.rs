@@ -46,7 +46,7 @@ pub struct LunStore {
     /// The LUN's write answers, held during a consistency group's cut (`conn/exec.rs`).
     pub hold: Arc<Hold>,
     /// Where its replication role is kept (`backstore::role`: the store's `.role`
-    /// sidecar), if the store has a place beside its data.
+    /// sidecar, or a file named after the LUN in the data directory).
     pub role_file: Option<std::path::PathBuf>,
 }
 
