@@ -160,6 +160,7 @@ fn the_sync_agent_serves_the_luns_the_target_has_now() {
             session: Vec::new(),
             compress: Default::default(),
             cut: None,
+            also: Vec::new(),
         };
         rt.block_on(agent.call::<replicate::api::SendStarted>("POST", "/v1/send", &req))
             .map(|_| ())

@@ -77,6 +77,26 @@ fn man_pages_cover_every_subcommand() {
         .collect();
     pages.sort();
     let mut want: Vec<String> = subcommands.iter().map(|c| format!("rsv-{c}.1")).collect();
+    // A subcommand's own subcommands (`rsv sync promote`) have pages of their own.
+    for c in &subcommands {
+        let help = run_ok(rsv().to_str().unwrap(), &[c, "--help"]);
+        let Some(list) = help.split("Commands:").nth(1) else {
+            continue;
+        };
+        want.extend(
+            list.split("Arguments:")
+                .next()
+                .unwrap()
+                .split("Options:")
+                .next()
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|&s| s != "help")
+                .map(|s| format!("rsv-{c}-{s}.1")),
+        );
+    }
     want.push("rsv.1".into());
     want.sort();
     assert_eq!(pages, want);

@@ -57,4 +57,14 @@ fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<Pace>(body);
     let _ = serde_json::from_slice::<CutRequest>(body);
     let _ = serde_json::from_slice::<CutAnswer>(body);
+    // Failover's requests and answers (`replicate::failover`).
+    let _ = serde_json::from_slice::<replicate::failover::LunAsk>(body);
+    let _ = serde_json::from_slice::<replicate::failover::PromoteAsk>(body);
+    let _ = serde_json::from_slice::<replicate::failover::DemoteAsk>(body);
+    let _ = serde_json::from_slice::<replicate::failover::SyncedAsk>(body);
+    let _ = serde_json::from_slice::<replicate::failover::RoleState>(body);
+    let _ = serde_json::from_slice::<replicate::failover::Changes>(body);
+    if let Ok(text) = std::str::from_utf8(body) {
+        let _ = backstore::role::RoleRecord::decode(text);
+    }
 });

@@ -22,6 +22,7 @@ mod null;
 mod ram;
 mod registry;
 mod sized;
+pub mod role;
 mod spec;
 mod stripe;
 pub mod track;

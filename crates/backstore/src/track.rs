@@ -579,6 +579,20 @@ impl ChangeMap {
         n
     }
 
+    /// The units the next freeze would return (frozen or written since), as ranges of
+    /// unit indices, without starting an epoch: what a failback reads of the old
+    /// primary's changes since the last image both sites hold.
+    pub fn dirty_units(&self) -> Vec<Range<u64>> {
+        let st = self.lock();
+        let union: Vec<u64> = st
+            .frozen
+            .iter()
+            .zip(&st.current)
+            .map(|(f, c)| f | c)
+            .collect();
+        ranges(&union, self.units)
+    }
+
     /// Whether unit `unit` is dirty, frozen or current (for tests and status).
     pub fn is_dirty(&self, unit: u64) -> bool {
         let st = self.lock();

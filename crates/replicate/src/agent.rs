@@ -53,6 +53,14 @@ pub trait ChangeLog: Send + Sync {
     fn release(&self, epoch: u64) -> io::Result<()>;
     /// Bytes in units marked written.
     fn dirty_bytes(&self) -> u64;
+    /// The units a freeze would return now, without freezing (ranges of indices).
+    fn dirty_units(&self) -> Vec<(u64, u64)>;
+    /// Forgets every unit marked: the LUN now equals the image the other site holds (a
+    /// replica after a completed sync).
+    fn forget(&self) -> io::Result<()> {
+        let (epoch, _) = self.freeze()?;
+        self.release(epoch)
+    }
 }
 
 /// A LUN of the local target, as the agent reaches it.
@@ -68,6 +76,9 @@ pub struct LocalLun {
     /// through) and its write answers held for a cut; absent: the LUN takes no part in
     /// consistency groups.
     pub cut: Option<CutPoint>,
+    /// Its replication role's record and fence (`crate::failover`); absent: its store
+    /// has no place beside its data, and it takes no role.
+    pub role: Option<crate::failover::RolePoint>,
 }
 
 /// A LUN's part in a consistency group: its image layer and its hold of write answers.
@@ -419,7 +430,7 @@ impl Agent {
         }))
     }
 
-    fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
+    pub(crate) fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
         (self.luns)()
             .into_iter()
             .find(|l| l.iqn == iqn && l.lun == lun)
@@ -439,6 +450,9 @@ impl Agent {
     /// Answers one authenticated request.
     pub async fn handle(self: Arc<Self>, method: String, path: String, body: Vec<u8>) -> Answer {
         let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        if let Some(a) = crate::failover::serve(&self, &method, &parts, &body).await {
+            return a;
+        }
         let r = match (method.as_str(), parts.as_slice()) {
             ("GET", ["v1", "luns"]) => Ok(self.luns_info()),
             ("POST", ["v1", "send"]) => self.clone().start_send(&body).await,
@@ -555,7 +569,9 @@ impl Agent {
                         .map_err(|e| err(500, e))?
                         .map_err(|e| err(500, format!("freezing the change map: {e}")))?,
                 };
-                (Some(epoch), ranges)
+                // A failback also sends the destination's own changes since the last
+                // image both hold (`crate::failover`).
+                (Some(epoch), crate::failover::union(&ranges, &req.also))
             }
         };
         if unit == 0 || !unit.is_multiple_of(u64::from(local.block_size)) {
@@ -671,7 +687,7 @@ impl Agent {
     /// A new send of a LUN replaces one still running (its coordinator was interrupted
     /// and the user resumes): the old one is cancelled and waited for, so that the new
     /// one's freeze sees every unit the old one made durable.
-    async fn stop_sends_of(&self, iqn: &str, lun: u16) -> Result<(), Answer> {
+    pub(crate) async fn stop_sends_of(&self, iqn: &str, lun: u16) -> Result<(), Answer> {
         let running: Vec<Arc<Job>> = self
             .jobs
             .lock()
@@ -1275,6 +1291,13 @@ impl ChangeLog for backstore::track::ChangeMap {
     fn dirty_bytes(&self) -> u64 {
         backstore::track::ChangeMap::dirty_bytes(self)
     }
+
+    fn dirty_units(&self) -> Vec<(u64, u64)> {
+        backstore::track::ChangeMap::dirty_units(self)
+            .into_iter()
+            .map(|r| (r.start, r.end))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -1305,6 +1328,7 @@ mod tests {
             block_size: 512,
             changes: None,
             cut: Some(point.clone()),
+            role: None,
         };
         let agent = Agent::new(
             Box::new(move || vec![lun.clone()]),

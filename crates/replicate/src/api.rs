@@ -74,6 +74,10 @@ pub struct SendRequest {
     /// with `what: changed`, the units are those frozen at the cut.
     #[serde(default)]
     pub cut: Option<u64>,
+    /// With `what: changed`, these units too (ranges of unit indices): a failback's
+    /// destination's own changes since the last image both sites hold.
+    #[serde(default)]
+    pub also: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

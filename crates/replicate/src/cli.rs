@@ -28,15 +28,25 @@ the units written since the last one, and an interrupted sync resumes where it s
 without it, --state FILE keeps the resume point. Every unit sent is checked by a BLAKE3
 checksum taken on each side; a unit that differs is sent again.
 
+Roles: a sync makes SOURCE the primary and DEST a replica (read-only to applications; only
+the sync's streams write it). `rsv sync promote|demote|status|resync` handle failover and
+failback; a sync between two primaries, or from a stale one, is refused before any data
+moves.
+
 Exit status: 0 done and verified, 1 failed (run the same command to resume).")]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SyncArgs {
+    #[command(subcommand)]
+    pub action: Option<crate::failover_cli::Action>,
     /// The volume to copy: [rsv://]HOST[:PORT]/IQN/LUN.
-    pub source: VolumeRef,
+    #[arg(required = true)]
+    pub source: Option<VolumeRef>,
     /// Where it goes: [rsv://]HOST[:PORT]/IQN/LUN (same layout: as many members, same stripe unit).
-    pub dest: VolumeRef,
+    #[arg(required = true)]
+    pub dest: Option<VolumeRef>,
     /// The key file every control request is signed with (owner-readable only).
-    #[arg(long, env = "RSV_CONTROL_KEY", value_name = "FILE")]
-    pub key_file: PathBuf,
+    #[arg(long, env = "RSV_CONTROL_KEY", value_name = "FILE", required = true)]
+    pub key_file: Option<PathBuf>,
     /// The bottleneck between the sites, as tc writes it (1gbit) or in bytes (125MB/s).
     /// Without it the streams find it together.
     #[arg(long)]
@@ -105,7 +115,21 @@ fn shown_rate(bytes_per_s: u64) -> String {
 }
 
 pub fn run(args: SyncArgs) -> anyhow::Result<()> {
-    let key = Key::from_file(&args.key_file)?;
+    if let Some(action) = args.action {
+        return crate::failover_cli::run(action);
+    }
+    run_sync(args, false)
+}
+
+/// A sync, or with `resync` a failback (`rsv sync resync`).
+pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
+    let (Some(source), Some(dest)) = (args.source.clone(), args.dest.clone()) else {
+        anyhow::bail!("give SOURCE and DEST");
+    };
+    let Some(key_file) = &args.key_file else {
+        anyhow::bail!("give --key-file");
+    };
+    let key = Key::from_file(key_file)?;
     let unit = units::parse_size(&args.unit).map_err(|e| anyhow!("--unit: {e}"))?;
     anyhow::ensure!(
         unit >= 4096 && unit.is_power_of_two(),
@@ -150,6 +174,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         } else {
             Some(units::parse_duration(&args.cut_hold).map_err(|e| anyhow!("--cut-hold: {e}"))?)
         },
+        resync,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -172,7 +197,7 @@ pub fn run(args: SyncArgs) -> anyhow::Result<()> {
         }
         rt.spawn(rsv_metrics::serve(l, registry));
     }
-    let report = rt.block_on(coord::run(&args.source, &args.dest, &key, &o, |t| {
+    let report = rt.block_on(coord::run(&source, &dest, &key, &o, |t| {
         metrics.progress(t);
         if json {
             if let Ok(line) = serde_json::to_string(t) {

@@ -88,6 +88,40 @@ pub struct Stream {
     pub dest_lun: LunInfo,
     /// The destination member's iSCSI URL as the source disk server dials it.
     pub dest_url: String,
+    /// The initiator name its session logs in with: the destination replica's writer
+    /// (`crate::failover`); `None`: the agent's own.
+    pub writer: Option<String>,
+    /// Units sent beside the source's changes (a resync: the destination's own).
+    pub also: Vec<(u64, u64)>,
+}
+
+impl Stream {
+    /// The options of this stream's iSCSI session: [`stream_session`]'s and its writer.
+    pub fn session(&self, o: &SyncOptions) -> Vec<(String, String)> {
+        let mut s = stream_session(o);
+        if let Some(w) = &self.writer {
+            s.retain(|(k, _)| k != "initiator_name");
+            s.push(("initiator_name".into(), w.clone()));
+        }
+        s
+    }
+}
+
+/// A volume's control endpoint, HOST:PORT.
+pub fn control_addr(v: &VolumeRef) -> String {
+    addr(&v.host, v.port)
+}
+
+/// A volume as messages name it: HOST:PORT/IQN/LUN.
+pub fn shown_volume(v: &VolumeRef) -> String {
+    format!("{}/{}/{}", addr(&v.host, v.port), v.iqn, v.lun)
+}
+
+/// The LUNs a volume's data lives on: its stripe members' (named by the file server,
+/// not asked), or the volume's own LUN.
+pub async fn member_luns(v: &VolumeRef, key: &Key) -> anyhow::Result<Vec<(Client, String, u16)>> {
+    let (m, _, _) = members(v, key, false).await?;
+    Ok(m.into_iter().map(|(c, i, _)| (c, i.iqn, i.lun)).collect())
 }
 
 /// What the coordinator does.
@@ -110,6 +144,9 @@ pub struct SyncOptions {
     /// ([`cut`]), holding write answers for this long at most; `None`: copy the live
     /// LUNs (a volume written meanwhile lands as a copy of no single moment).
     pub cut: Option<Duration>,
+    /// A failback (`rsv sync resync`): the source's changes and the destination's own
+    /// since the last image both hold.
+    pub resync: bool,
 }
 
 /// The options of the streams' iSCSI sessions: the user's, and CUBIC for paced streams
@@ -319,6 +356,8 @@ pub async fn plan(
             dest: dc,
             dest_lun: dl,
             dest_url: durl,
+            writer: None,
+            also: Vec::new(),
         });
     }
     let check = DestCheck::start(&out, unasked);
@@ -577,9 +616,18 @@ pub async fn run(
     o: &SyncOptions,
     out: impl FnMut(&Tick<'_>),
 ) -> anyhow::Result<Report> {
-    let (streams, dest_check) = plan(src, dst, key).await?;
+    let (mut streams, dest_check) = plan(src, dst, key).await?;
+    // The roles of both sides, before any data moves (two primaries, a stale source).
+    let kind = if o.resync {
+        crate::role::Transfer::Resync
+    } else {
+        crate::role::Transfer::Sync { full: o.full }
+    };
+    let gate = crate::failover::before_transfer(src, dst, key, kind, &mut streams).await?;
     let Some(hold) = o.cut else {
-        return transfer(src, dst, o, streams, dest_check, None, out).await;
+        let r = transfer(src, dst, o, streams, dest_check, None, out).await?;
+        crate::failover::after_transfer(&gate, rand::random::<u64>() | 1).await?;
+        return Ok(r);
     };
     let members: Vec<GroupMember> = streams
         .iter()
@@ -601,7 +649,9 @@ pub async fn run(
     );
     let r = transfer(src, dst, o, streams, dest_check, Some(taken.clone()), out).await;
     drop_cut(&members, taken.cut).await;
-    r
+    let r = r?;
+    crate::failover::after_transfer(&gate, taken.cut).await?;
+    Ok(r)
 }
 
 /// The transfer of a planned sync, from the live LUNs or from the images of `cut`.
@@ -639,6 +689,10 @@ async fn transfer(
         }
     }
     let incremental = !o.full && streams.iter().all(|s| s.source_lun.tracking.is_some());
+    anyhow::ensure!(
+        incremental || !o.resync,
+        "a resync sends what changed on both sides and needs change tracking on the source (track = true), without --full"
+    );
     let given = o.rate.map(payload_rate);
     let mut ctl = Controller::new(o.pacing, given, n);
     let first = ctl.tick(
@@ -646,7 +700,6 @@ async fn transfer(
         Duration::from_millis(100),
         &vec![StreamView::default(); n],
     );
-    let session = stream_session(o);
     // Start every stream, all at once.
     let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.iter().enumerate() {
@@ -662,9 +715,10 @@ async fn transfer(
             },
             skip_units: if incremental { 0 } else { resume.skip[i] },
             pacing: first.shares.get(i).copied().flatten(),
-            session: session.clone(),
+            session: s.session(o),
             compress: o.compress,
             cut: cut_id,
+            also: s.also.clone(),
         };
         let c = s.source.clone();
         set.spawn(async move {
@@ -993,9 +1047,10 @@ async fn verify(
                 what: What::Units(ranges(bad.iter().copied())),
                 skip_units: 0,
                 pacing: None,
-                session: stream_session(o),
+                session: s.session(o),
                 compress: o.compress,
                 cut,
+                also: Vec::new(),
             };
             let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
             loop {

@@ -142,6 +142,15 @@ fn start_agent(
                         imaged: s.imaged.clone(),
                         hold: s.hold.clone(),
                     }),
+                    // The role record beside the LUN and the logical unit's fence.
+                    role: s.role_file.clone().map(|file| {
+                        let (f, w) = (lu.clone(), lu.clone());
+                        replicate::failover::RolePoint {
+                            file,
+                            fence: std::sync::Arc::new(move |writers| f.fence().set(writers)),
+                            writing: std::sync::Arc::new(move || w.fence().writing()),
+                        }
+                    }),
                 });
             }
         }

@@ -1,6 +1,6 @@
 //! `rsv man DIR`: manual pages generated from the same clap definitions as `--help`, so
 //! that they cannot drift from it: rsv(1) and one page per subcommand, rsv-target(1) and
-//! so on, as git names its pages. The Debian package's build writes them (debian/rules);
+//! so on, as git names its pages (rsv-sync-promote(1) for a subcommand's own). The Debian package's build writes them (debian/rules);
 //! the subcommand is hidden from `--help`.
 
 use std::path::{Path, PathBuf};
@@ -20,6 +20,15 @@ pub fn write(mut cmd: clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>>
         .filter(|s| !s.is_hide_set() && s.get_name() != "help");
     for sub in subs {
         written.push(page(sub, &format!("rsv-{}", sub.get_name()), dir)?);
+        // A subcommand's own subcommands (`rsv sync promote`) get theirs:
+        // rsv-sync-promote(1).
+        for inner in sub
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            let title = format!("rsv-{}-{}", sub.get_name(), inner.get_name());
+            written.push(page(inner, &title, dir)?);
+        }
     }
     Ok(written)
 }

@@ -11,6 +11,7 @@
 pub mod alua;
 pub mod cdb;
 pub mod compressed;
+mod fence;
 mod inquiry;
 mod lu;
 mod mode;
@@ -22,6 +23,7 @@ mod xcopy;
 
 pub use lu::{class_of, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit};
 // The vocabulary, where the logical unit and its users have always found it.
+pub use fence::Fence;
 pub use scsi_proto::{sense, status, Sense};
 pub use xcopy::{Designator, OnlyItself, Reach};
 

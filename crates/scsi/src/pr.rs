@@ -124,6 +124,11 @@ impl Reservations {
         self.names.insert(nexus, port.to_owned());
     }
 
+    /// The initiator port a nexus was named with, if it was.
+    pub fn named(&self, n: Nexus) -> Option<&str> {
+        self.names.get(&n).map(String::as_str)
+    }
+
     fn port(&self, n: Nexus) -> String {
         self.names
             .get(&n)

@@ -576,3 +576,39 @@ fn write_compressed() {
     bad[1] = 0x10;
     assert_invalid_cdb(&exec(&lu, &bad, &frame), 1);
 }
+
+/// A replica's fence (`rsv sync demote`): only the named writer changes the medium; any
+/// other nexus gets DATA PROTECT, WRITE PROTECTED for WRITE, WRITE SAME and UNMAP, and
+/// still reads.
+#[test]
+fn a_fenced_lun_takes_writes_only_from_its_writers() {
+    let lu = lu_with(LuConfig {
+        thin: true,
+        ..LuConfig::default()
+    });
+    let (app, writer) = (scsi::Nexus(1), scsi::Nexus(2));
+    lu.name_nexus(app, "iqn.2026-01.org.example:app,i,0x000000000001");
+    lu.name_nexus(
+        writer,
+        "iqn.2026-01.org.reservoir:sync.0011,i,0x000000000002",
+    );
+    let _ = exec_on(&lu, writer, &[0x00, 0, 0, 0, 0, 0], &[]);
+    lu.fence()
+        .set(Some(vec!["iqn.2026-01.org.reservoir:sync.0011".into()]));
+    let r = exec_on(&lu, app, &write10(0, 1), &fill(0xaa, 1));
+    assert_sense(&r, 0x07, 0x27, 0x00);
+    let r = exec_on(&lu, app, &cdb16(0x93, 0, 1), &fill(0, 1));
+    assert_sense(&r, 0x07, 0x27, 0x00);
+    let list = unmap_list(&[(0, 1)]);
+    let r = exec_on(&lu, app, &unmap_cdb(list.len()), &list);
+    assert_sense(&r, 0x07, 0x27, 0x00);
+    good(&exec_on(&lu, app, &read10(0, 1), &[]));
+    good(&exec_on(&lu, writer, &write10(0, 1), &fill(0xbb, 1)));
+    assert_eq!(lu.fence().writing(), 1);
+    assert_eq!(
+        good(&exec_on(&lu, app, &read10(0, 1), &[])),
+        &fill(0xbb, 1)[..]
+    );
+    lu.fence().set(None);
+    good(&exec_on(&lu, app, &write10(0, 1), &fill(0xcc, 1)));
+}

@@ -45,6 +45,9 @@ pub struct LunStore {
     pub imaged: Arc<Imaged>,
     /// The LUN's write answers, held during a consistency group's cut (`conn/exec.rs`).
     pub hold: Arc<Hold>,
+    /// Where its replication role is kept (`backstore::role`: the store's `.role`
+    /// sidecar, or a file named after the LUN in the data directory).
+    pub role_file: Option<std::path::PathBuf>,
 }
 
 impl TargetNode {

@@ -71,6 +71,30 @@ fn open_changes(
     Ok(Arc::new(map))
 }
 
+/// A file of the LUN's beside its data (`store.sidecar`), or in the data directory for
+/// a store with no place beside it (a stripe, a RAM or remote store), named after the LUN.
+fn beside(
+    iqn: &str,
+    lun: u16,
+    store: &Arc<dyn Backstore>,
+    data_dir: &std::path::Path,
+    suffix: &str,
+) -> PathBuf {
+    store.sidecar(suffix).unwrap_or_else(|| {
+        let name: String = format!("{iqn}-lun{lun}{suffix}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        data_dir.join(name)
+    })
+}
+
 /// Where a LUN's point-in-time images keep what writes overwrite: memory for a RAM store
 /// (a quarter of its size at most), else a sparse file beside its data (or in the data
 /// directory, for a store with no place beside it) as large as the store.
@@ -85,20 +109,10 @@ fn image_options(
     let (side, limit) = if spec.kind() == "ram" {
         (SidePlace::Memory, size / 4)
     } else {
-        let path = store.sidecar(".image").unwrap_or_else(|| {
-            let name: String = format!("{iqn}-lun{lun}.image")
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            data_dir.join(name)
-        });
-        (SidePlace::File(path), size)
+        (
+            SidePlace::File(beside(iqn, lun, store, data_dir, ".image")),
+            size,
+        )
     };
     ImageOptions {
         side,
@@ -159,6 +173,11 @@ pub(crate) fn open_target(
             image_options(&t.iqn, l.id, &spec, &raw, &config.data_dir),
         )?);
         let store: Arc<dyn Backstore> = imaged.clone();
+        // A replica of `rsv sync` comes back fenced: only its replication streams write.
+        // A record that cannot be read keeps the LUN closed rather than writable.
+        let role_file = beside(&t.iqn, l.id, &raw, &config.data_dir, ".role");
+        let role = backstore::role::RoleRecord::load(&role_file)
+            .with_context(|| format!("{at}: its replication role"))?;
         lun_stores.insert(
             l.id,
             LunStore {
@@ -168,6 +187,7 @@ pub(crate) fn open_target(
                 stats: config.metrics.is_some().then(Default::default),
                 imaged,
                 hold: Arc::new(Hold::default()),
+                role_file: Some(role_file),
             },
         );
         let description = store.description();
@@ -207,6 +227,10 @@ pub(crate) fn open_target(
             l.block_size,
             if l.read_only { ", read-only" } else { "" }
         );
+        if let Some(r) = &role {
+            info!("{at}: {} of rsv sync at epoch {}", r.role.as_str(), r.epoch);
+            lu.fence().set(r.fence());
+        }
         let lu = Arc::new(lu);
         lu.listen_to_peers();
         // A gateway group's ALUA states, where the store keeps them in its cluster.

@@ -210,6 +210,7 @@ impl LogicalUnit {
             cmd.cdb.first(),
             Some(&(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16))
         ) || self.check_writable().is_err()
+            || self.check_fence(cmd.nexus).is_err()
         {
             return None;
         }

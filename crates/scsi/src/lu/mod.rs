@@ -82,6 +82,8 @@ pub struct LogicalUnit {
     /// The target port groups' states, where the store keeps them for a gateway group
     /// (see [`LogicalUnit::follow_port_groups`]); unset, every group is active/optimized.
     port_groups: OnceLock<Arc<dyn PortGroups>>,
+    /// Who may change the medium (a replica's: only its replication streams).
+    fence: crate::Fence,
 }
 
 impl LogicalUnit {
@@ -125,6 +127,22 @@ impl LogicalUnit {
             designators,
             copies: Mutex::new(HashMap::new()),
             port_groups: OnceLock::new(),
+            fence: crate::Fence::default(),
+        }
+    }
+
+    /// Who may change the medium; see [`crate::Fence`].
+    pub fn fence(&self) -> &crate::Fence {
+        &self.fence
+    }
+
+    /// DATA PROTECT, WRITE PROTECTED unless `nexus` may change the medium (the fence).
+    fn check_fence(&self, nexus: Nexus) -> Result<(), Sense> {
+        let pr = self.pr();
+        if self.fence.admits(nexus, pr.named(nexus)) {
+            Ok(())
+        } else {
+            Err(sense::WRITE_PROTECTED)
         }
     }
 
@@ -395,6 +413,7 @@ impl LogicalUnit {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&nexus);
+        self.fence.lost(nexus);
         self.pr().nexus_lost(nexus);
         self.prevent
             .lock()
@@ -463,6 +482,9 @@ impl LogicalUnit {
             alua::serves(groups.own(), cdb)?;
         }
         self.check_reservations(call.cmd.nexus, op.access)?;
+        if op.class == Class::Write || matches!(cdb[0], UNMAP | SANITIZE) {
+            self.check_fence(call.cmd.nexus)?;
+        }
         if op.gate == Gate::Medium {
             self.medium_present()?;
         }

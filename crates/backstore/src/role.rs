@@ -1,0 +1,205 @@
+//! A replicated LUN's role, kept durably beside its data (the store's `.role` sidecar):
+//! primary or replica, the epoch it holds, the last image both sites hold, and, for a
+//! replica, the initiators that may write it (its replication streams). `rsv sync`
+//! decides what a role allows (`replicate::role`); the target reads the file when it
+//! opens the LUN, so a replica comes back fenced after a restart.
+//!
+//! The file is text, one `key value` a line, written whole: `PATH.tmp`, fsync, rename
+//! over `PATH`, fsync the directory. A crash leaves the old file or the new one.
+//! ```text
+//! rsv-role 1
+//! role replica
+//! epoch 3
+//! image 8463021 1764412800
+//! writer iqn.2026-01.org.reservoir:sync.4f1c...
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &str = "rsv-role 1";
+
+/// Primary (applications write it, it is the source of syncs) or replica (read-only to
+/// applications, written by the replication streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Primary,
+    Replica,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+        }
+    }
+}
+
+/// The last image both sites hold: the sync that completed last between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageMark {
+    /// The sync's id (its cut's).
+    pub id: u64,
+    /// When it completed (Unix seconds).
+    pub unix: u64,
+}
+
+/// What the `.role` file holds.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RoleRecord {
+    pub role: Role,
+    /// Grows at every promote; a site's data belongs to the epoch it holds.
+    pub epoch: u64,
+    pub image: Option<ImageMark>,
+    /// A replica's writers (initiator names); empty for a primary.
+    pub writers: Vec<String>,
+}
+
+impl RoleRecord {
+    /// Who may change the LUN's medium under this role: everyone on a primary, only the
+    /// writers on a replica.
+    pub fn fence(&self) -> Option<Vec<String>> {
+        match self.role {
+            Role::Primary => None,
+            Role::Replica => Some(self.writers.clone()),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = format!(
+            "{MAGIC}\nrole {}\nepoch {}\n",
+            self.role.as_str(),
+            self.epoch
+        );
+        if let Some(i) = self.image {
+            s += &format!("image {} {}\n", i.id, i.unix);
+        }
+        for w in &self.writers {
+            s += &format!("writer {w}\n");
+        }
+        s
+    }
+
+    /// Reads the text of a `.role` file; `Err` says what is wrong with it.
+    pub fn decode(text: &str) -> Result<RoleRecord, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some(MAGIC) {
+            return Err(format!("does not start with {MAGIC:?}"));
+        }
+        let (mut role, mut epoch, mut image, mut writers) = (None, None, None, Vec::new());
+        for (n, line) in lines.enumerate() {
+            let bad = |why: &str| format!("line {}: {why}: {line:?}", n + 2);
+            let (key, value) = line.split_once(' ').ok_or_else(|| bad("no value"))?;
+            match key {
+                "role" => {
+                    role = Some(match value {
+                        "primary" => Role::Primary,
+                        "replica" => Role::Replica,
+                        _ => return Err(bad("unknown role")),
+                    })
+                }
+                "epoch" => epoch = Some(value.parse().map_err(|_| bad("bad epoch"))?),
+                "image" => {
+                    let (id, unix) = value.split_once(' ').ok_or_else(|| bad("image ID UNIX"))?;
+                    image = Some(ImageMark {
+                        id: id.parse().map_err(|_| bad("bad image id"))?,
+                        unix: unix.parse().map_err(|_| bad("bad image time"))?,
+                    });
+                }
+                "writer" if !value.is_empty() && !value.contains(char::is_whitespace) => {
+                    writers.push(value.to_owned())
+                }
+                _ => return Err(bad("unknown line")),
+            }
+        }
+        Ok(RoleRecord {
+            role: role.ok_or("no role line")?,
+            epoch: epoch.ok_or("no epoch line")?,
+            image,
+            writers,
+        })
+    }
+
+    /// The record at `path`; `None` when there is no file (a LUN that was never
+    /// replicated). A file that cannot be read as a record is an error: a replica must
+    /// not come back writable because its record was damaged.
+    pub fn load(path: &Path) -> io::Result<Option<RoleRecord>> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => RoleRecord::decode(&text).map(Some).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// Writes the record to `path` crash-safely (see the module documentation).
+    pub fn store(&self, path: &Path) -> io::Result<()> {
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        let tmp = tmp_path(path);
+        let written = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(self.encode().as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(named(e));
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir).and_then(|d| d.sync_all()).map_err(named)
+    }
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_a_damaged_one_is_refused() {
+        let dir = std::env::temp_dir().join(format!("rsv-role-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("disk.img.role");
+        assert_eq!(RoleRecord::load(&path).unwrap(), None);
+        let r = RoleRecord {
+            role: Role::Replica,
+            epoch: 3,
+            image: Some(ImageMark {
+                id: 77,
+                unix: 1_764_412_800,
+            }),
+            writers: vec!["iqn.2026-01.org.reservoir:sync.ab".into()],
+        };
+        r.store(&path).unwrap();
+        assert_eq!(RoleRecord::load(&path).unwrap(), Some(r.clone()));
+        assert!(!tmp_path(&path).exists());
+        assert_eq!(r.fence(), Some(r.writers.clone()));
+        std::fs::write(&path, "rsv-role 1\nrole replica\n").unwrap();
+        assert!(RoleRecord::load(&path).is_err(), "no epoch");
+        std::fs::write(&path, "rsv-role 1\nrole boss\nepoch 1\n").unwrap();
+        assert!(RoleRecord::load(&path).is_err());
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(RoleRecord::load(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,597 @@
+//! Failover and failback, the I/O around [`crate::role`]'s rules: the agent's part (each
+//! LUN's role record, its fence, its change map read for a failback) and the
+//! coordinator's (`rsv sync promote|demote|status|resync`, and the check every sync makes
+//! before any data moves).
+//!
+//! Control requests, signed as every other (`docs/replicate.md`):
+//!
+//! | request | body | answer |
+//! |---|---|---|
+//! | `POST /v1/role` | `{iqn, lun}` | [`RoleState`] |
+//! | `POST /v1/role/promote` | `{iqn, lun, force}` | [`RoleState`]; 409 with the refusal |
+//! | `POST /v1/role/demote` | `{iqn, lun, writer}` | [`RoleState`] |
+//! | `POST /v1/role/synced` | `{iqn, lun, record, forget_changes}` | [`RoleState`] |
+//! | `POST /v1/changes` | `{iqn, lun}` | `{unit, units}`: the change map's units, unfrozen |
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::{Agent, LocalLun};
+use crate::api;
+use crate::auth::Key;
+use crate::coord::{Stream, VolumeRef};
+use crate::role::{self, ImageMark, Role, RoleRecord, Transfer, VolumeRole};
+use crate::wire::Client;
+
+/// Where a LUN's role lives and how it reaches the logical unit.
+#[derive(Clone)]
+pub struct RolePoint {
+    /// The `.role` record beside the LUN's data.
+    pub file: PathBuf,
+    /// Puts a fence in force on the logical unit (`None`: every initiator writes).
+    pub fence: Arc<dyn Fn(Option<Vec<String>>) + Send + Sync>,
+    /// Sessions of the fence's writers that wrote and are still logged in.
+    pub writing: Arc<dyn Fn() -> usize + Send + Sync>,
+}
+
+/// A LUN named in a request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LunAsk {
+    pub iqn: String,
+    pub lun: u16,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PromoteAsk {
+    pub iqn: String,
+    pub lun: u16,
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DemoteAsk {
+    pub iqn: String,
+    pub lun: u16,
+    /// The initiator name the replica's streams will log in with.
+    pub writer: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SyncedAsk {
+    pub iqn: String,
+    pub lun: u16,
+    pub record: RoleRecord,
+    /// The LUN now equals the image (a replica): its change map starts over from it.
+    #[serde(default)]
+    pub forget_changes: bool,
+}
+
+/// A LUN's role as its agent keeps it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RoleState {
+    pub iqn: String,
+    pub lun: u16,
+    /// Its record (`None`: never replicated).
+    pub record: Option<RoleRecord>,
+    pub tracking: Option<api::Tracking>,
+    /// What is writing it as a replica now ([`open_cycle`]).
+    pub busy: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Changes {
+    pub unit: u64,
+    pub units: Vec<(u64, u64)>,
+}
+
+type Answer = (u16, Vec<u8>);
+
+fn answer<T: Serialize>(v: &T) -> Answer {
+    (200, serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn refuse(status: u16, message: impl std::fmt::Display) -> Answer {
+    (status, crate::wire::error_body(&message.to_string()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Answer> {
+    serde_json::from_slice(body).map_err(|e| refuse(400, format!("bad request body: {e}")))
+}
+
+/// Role changes on this agent, one at a time (a record is read, decided on and written).
+static ROLES: Mutex<()> = Mutex::new(());
+
+/// The one place a promote asks whether the LUN is in the middle of receiving an image:
+/// today, whether a replication stream is writing it (a session of its writers that
+/// wrote and is still logged in). A far-site cycle with an undo log answers here too
+/// once it exists (an open cycle: promote then rolls it back to the last complete
+/// image instead of refusing).
+pub fn open_cycle(lun: &LocalLun) -> Option<String> {
+    let point = lun.role.as_ref()?;
+    match (point.writing)() {
+        0 => None,
+        n => Some(format!(
+            "a sync is writing it ({n} replication session(s) logged in)"
+        )),
+    }
+}
+
+fn point(lun: &LocalLun) -> Result<&RolePoint, Answer> {
+    lun.role.as_ref().ok_or_else(|| {
+        refuse(
+            409,
+            format!(
+                "LUN {} of {}: its store has no place beside its data for a role record",
+                lun.lun, lun.iqn
+            ),
+        )
+    })
+}
+
+fn load(p: &RolePoint) -> Result<Option<RoleRecord>, Answer> {
+    RoleRecord::load(&p.file).map_err(|e| refuse(500, e))
+}
+
+fn state(lun: &LocalLun, record: Option<RoleRecord>) -> RoleState {
+    RoleState {
+        iqn: lun.iqn.clone(),
+        lun: lun.lun,
+        record,
+        tracking: lun.changes.as_ref().map(|c| api::Tracking {
+            unit: c.unit(),
+            dirty_bytes: c.dirty_bytes(),
+        }),
+        busy: open_cycle(lun),
+    }
+}
+
+fn put(p: &RolePoint, r: &RoleRecord) -> Result<(), Answer> {
+    r.store(&p.file).map_err(|e| refuse(500, e))?;
+    (p.fence)(r.fence());
+    Ok(())
+}
+
+/// Answers the failover requests of [`Agent::handle`]; `None` for any other path.
+pub(crate) async fn serve(
+    agent: &Arc<Agent>,
+    method: &str,
+    parts: &[&str],
+    body: &[u8],
+) -> Option<Answer> {
+    let r = match (method, parts) {
+        ("POST", ["v1", "role"]) => (|| {
+            let ask: LunAsk = parse(body)?;
+            let lun = agent.find(&ask.iqn, ask.lun)?;
+            let record = match &lun.role {
+                Some(p) => load(p)?,
+                None => None,
+            };
+            Ok(answer(&state(&lun, record)))
+        })(),
+        ("POST", ["v1", "role", "promote"]) => (|| {
+            let ask: PromoteAsk = parse(body)?;
+            let lun = agent.find(&ask.iqn, ask.lun)?;
+            let p = point(&lun)?;
+            let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+            let old = load(p)?;
+            let busy = open_cycle(&lun);
+            let name = format!("LUN {} of {}", lun.lun, lun.iqn);
+            let new = role::promote(old.as_ref(), busy.as_deref(), ask.force, &name)
+                .map_err(|e| refuse(409, e))?;
+            if old.as_ref() != Some(&new) {
+                if let (Some(what), true) = (&busy, ask.force) {
+                    tracing::warn!(
+                        "{name}: promoted with --force, abandoning what was writing it: {what}"
+                    );
+                }
+                put(p, &new)?;
+                tracing::info!("{name}: promoted to primary at epoch {}", new.epoch);
+            }
+            Ok(answer(&state(&lun, Some(new))))
+        })(),
+        ("POST", ["v1", "role", "demote"]) => {
+            let ask: DemoteAsk = match parse(body) {
+                Ok(a) => a,
+                Err(e) => return Some(e),
+            };
+            let lun = match agent.find(&ask.iqn, ask.lun) {
+                Ok(l) => l,
+                Err(e) => return Some(e),
+            };
+            // A replica is no sync's source: a send of it still running stops.
+            if let Err(e) = agent.stop_sends_of(&ask.iqn, ask.lun).await {
+                return Some(e);
+            }
+            (|| {
+                let p = point(&lun)?;
+                let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+                let old = load(p)?;
+                let name = format!("LUN {} of {}", lun.lun, lun.iqn);
+                let new =
+                    role::demote(old.as_ref(), &ask.writer, &name).map_err(|e| refuse(409, e))?;
+                if old.as_ref() != Some(&new) {
+                    put(p, &new)?;
+                    tracing::info!("{name}: demoted to replica at epoch {}", new.epoch);
+                }
+                Ok(answer(&state(&lun, Some(new))))
+            })()
+        }
+        ("POST", ["v1", "role", "synced"]) => {
+            let ask: SyncedAsk = match parse(body) {
+                Ok(a) => a,
+                Err(e) => return Some(e),
+            };
+            let lun = match agent.find(&ask.iqn, ask.lun) {
+                Ok(l) => l,
+                Err(e) => return Some(e),
+            };
+            // The map first: a crash between leaves the old image in the record, and a
+            // resync then asks for a full copy rather than trust a map that forgot.
+            if let (true, Some(c)) = (ask.forget_changes, lun.changes.clone()) {
+                let r = tokio::task::spawn_blocking(move || c.forget()).await;
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        return Some(refuse(500, format!("forgetting the change map: {e}")))
+                    }
+                    Err(e) => return Some(refuse(500, e)),
+                }
+            }
+            (|| {
+                let p = point(&lun)?;
+                let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+                put(p, &ask.record)?;
+                Ok(answer(&state(&lun, Some(ask.record.clone()))))
+            })()
+        }
+        ("POST", ["v1", "changes"]) => (|| {
+            let ask: LunAsk = parse(body)?;
+            let lun = agent.find(&ask.iqn, ask.lun)?;
+            let c = lun.changes.as_ref().ok_or_else(|| {
+                refuse(
+                    409,
+                    format!(
+                        "LUN {} of {} keeps no change tracking (track = true)",
+                        ask.lun, ask.iqn
+                    ),
+                )
+            })?;
+            Ok(answer(&Changes {
+                unit: c.unit(),
+                units: c.dirty_units(),
+            }))
+        })(),
+        _ => return None,
+    };
+    Some(r.unwrap_or_else(|e| e))
+}
+
+/// Merges unit ranges into sorted, disjoint ones.
+pub fn union(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = a.iter().chain(b).copied().filter(|(s, e)| s < e).collect();
+    all.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in all {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+// ---- the coordinator's side ----
+
+/// One LUN of a volume, at its agent.
+#[derive(Clone, Debug)]
+pub struct LunAt {
+    pub agent: Client,
+    pub iqn: String,
+    pub lun: u16,
+}
+
+impl LunAt {
+    fn ask(&self) -> LunAsk {
+        LunAsk {
+            iqn: self.iqn.clone(),
+            lun: self.lun,
+        }
+    }
+
+    fn shown(&self) -> String {
+        format!("{}/{}/{}", self.agent.addr, self.iqn, self.lun)
+    }
+}
+
+fn push_unique(out: &mut Vec<LunAt>, l: LunAt) {
+    if !out
+        .iter()
+        .any(|o| o.agent.addr == l.agent.addr && o.iqn == l.iqn && o.lun == l.lun)
+    {
+        out.push(l);
+    }
+}
+
+fn top(v: &VolumeRef, key: &Key) -> LunAt {
+    LunAt {
+        agent: Client::new(crate::coord::control_addr(v), key.clone()),
+        iqn: v.iqn.clone(),
+        lun: v.lun,
+    }
+}
+
+/// A volume's LUNs: its own (the file server's) and its stripe members'.
+pub async fn volume_luns(v: &VolumeRef, key: &Key) -> anyhow::Result<Vec<LunAt>> {
+    let members = crate::coord::member_luns(v, key).await?;
+    let mut out = vec![top(v, key)];
+    for (agent, iqn, lun) in members {
+        push_unique(&mut out, LunAt { agent, iqn, lun });
+    }
+    Ok(out)
+}
+
+async fn each<
+    T: Serialize + Send + Sync + 'static,
+    R: serde::de::DeserializeOwned + Send + 'static,
+>(
+    luns: &[LunAt],
+    path: &'static str,
+    body: impl Fn(&LunAt) -> T,
+) -> Vec<anyhow::Result<R>> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, l) in luns.iter().enumerate() {
+        let (c, b, shown) = (l.agent.clone(), body(l), l.shown());
+        set.spawn(async move {
+            (
+                i,
+                c.call::<R>("POST", path, &b).await.with_context(|| shown),
+            )
+        });
+    }
+    let mut out: Vec<Option<anyhow::Result<R>>> = (0..luns.len()).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((i, r)) => out[i] = Some(r),
+            Err(e) => tracing::warn!("a role request's task: {e}"),
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow!("no answer"))))
+        .collect()
+}
+
+/// Every LUN's role, or the first error.
+async fn roles(luns: &[LunAt]) -> anyhow::Result<Vec<RoleState>> {
+    each::<_, RoleState>(luns, "/v1/role", LunAt::ask)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// What `rsv sync status|promote|demote` print.
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeStatus {
+    pub event: &'static str,
+    pub volume: String,
+    /// `primary`, `replica`, `none` or `mixed`.
+    pub role: String,
+    pub epoch: Option<u64>,
+    /// The last image both sites hold: its id (hex) and when it completed.
+    pub image: Option<String>,
+    pub image_unix: Option<u64>,
+    /// Bytes written since that image (change tracking), all LUNs together.
+    pub dirty_bytes: Option<u64>,
+    /// What is writing it as a replica now, if anything.
+    pub busy: Option<String>,
+    pub luns: Vec<RoleState>,
+}
+
+fn summary(event: &'static str, v: &VolumeRef, luns: Vec<RoleState>) -> VolumeStatus {
+    let records: Vec<Option<RoleRecord>> = luns.iter().map(|l| l.record.clone()).collect();
+    let vr = VolumeRole::of(&records);
+    let (role, epoch, image) = match &vr {
+        VolumeRole::Unset => ("none".to_string(), None, None),
+        VolumeRole::Set(r) => (r.role.as_str().to_string(), Some(r.epoch), r.image),
+        VolumeRole::Mixed(why) => (format!("mixed ({why})"), None, None),
+    };
+    VolumeStatus {
+        event,
+        volume: crate::coord::shown_volume(v),
+        role,
+        epoch,
+        image: image.map(|i| format!("{:x}", i.id)),
+        image_unix: image.map(|i| i.unix),
+        dirty_bytes: luns
+            .iter()
+            .map(|l| l.tracking.as_ref().map(|t| t.dirty_bytes))
+            .sum(),
+        busy: luns.iter().find_map(|l| l.busy.clone()),
+        luns,
+    }
+}
+
+pub async fn status(v: &VolumeRef, key: &Key) -> anyhow::Result<VolumeStatus> {
+    let luns = volume_luns(v, key).await?;
+    Ok(summary("status", v, roles(&luns).await?))
+}
+
+/// Makes every LUN of `v` primary at a new epoch (refused while a sync writes it, unless
+/// `force`).
+pub async fn promote(v: &VolumeRef, key: &Key, force: bool) -> anyhow::Result<VolumeStatus> {
+    let luns = volume_luns(v, key).await?;
+    // Refused on every LUN or none: ask first, so that a busy member does not leave the
+    // others promoted.
+    if !force {
+        for s in roles(&luns).await? {
+            if let Some(busy) = s.busy {
+                bail!(
+                    "{}: LUN {} of {}: {busy}; promoting now would make a half-written image primary: wait for it to end, or give --force to abandon it",
+                    crate::coord::shown_volume(v),
+                    s.lun,
+                    s.iqn
+                );
+            }
+        }
+    }
+    let done = each::<_, RoleState>(&luns, "/v1/role/promote", |l| PromoteAsk {
+        iqn: l.iqn.clone(),
+        lun: l.lun,
+        force,
+    })
+    .await;
+    let states = done.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(summary("promoted", v, states))
+}
+
+/// A replica's writer name: its streams log in with it, and no application does.
+pub fn new_writer() -> String {
+    format!(
+        "iqn.2026-01.org.reservoir:sync.{:016x}",
+        rand::random::<u64>()
+    )
+}
+
+/// Makes every LUN of `v` a replica, written only by the next resync's streams.
+pub async fn demote(v: &VolumeRef, key: &Key) -> anyhow::Result<VolumeStatus> {
+    let luns = volume_luns(v, key).await?;
+    let writer = new_writer();
+    let done = each::<_, RoleState>(&luns, "/v1/role/demote", |l| DemoteAsk {
+        iqn: l.iqn.clone(),
+        lun: l.lun,
+        writer: writer.clone(),
+    })
+    .await;
+    let states = done.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(summary("demoted", v, states))
+}
+
+/// What a transfer allowed by the roles records when it completes.
+pub struct Gate {
+    allowed: role::Allowed,
+    src: Vec<LunAt>,
+    dst: Vec<LunAt>,
+}
+
+/// Before any data moves: the roles of both volumes, checked by [`role::check_transfer`];
+/// each stream gets its destination's writer name, and for a resync the destination's
+/// own changes since the last common image (its change map, read through its agent).
+pub async fn before_transfer(
+    src: &VolumeRef,
+    dst: &VolumeRef,
+    key: &Key,
+    kind: Transfer,
+    streams: &mut [Stream],
+) -> anyhow::Result<Gate> {
+    let mut src_luns = vec![top(src, key)];
+    let mut dst_luns = vec![top(dst, key)];
+    for s in streams.iter() {
+        push_unique(
+            &mut src_luns,
+            LunAt {
+                agent: s.source.clone(),
+                iqn: s.source_lun.iqn.clone(),
+                lun: s.source_lun.lun,
+            },
+        );
+        push_unique(
+            &mut dst_luns,
+            LunAt {
+                agent: s.dest.clone(),
+                iqn: s.dest_lun.iqn.clone(),
+                lun: s.dest_lun.lun,
+            },
+        );
+    }
+    let (a, b) = tokio::join!(roles(&src_luns), roles(&dst_luns));
+    let (a, b) = (
+        a.context("the source's roles")?,
+        b.context("the destination's roles")?,
+    );
+    let vr =
+        |s: &[RoleState]| VolumeRole::of(&s.iter().map(|l| l.record.clone()).collect::<Vec<_>>());
+    let (src_name, dst_name) = (
+        crate::coord::shown_volume(src),
+        crate::coord::shown_volume(dst),
+    );
+    let allowed =
+        role::check_transfer(&vr(&a), &vr(&b), kind, &src_name, &dst_name, &new_writer())?;
+    if let Some(busy) = b.iter().find_map(|l| l.busy.clone()) {
+        tracing::info!("{dst_name}: {busy} (a new sync replaces it)");
+    }
+    let writer = allowed.writers.first().cloned();
+    for s in streams.iter_mut() {
+        s.writer = writer.clone();
+    }
+    if kind == Transfer::Resync {
+        for (i, s) in streams.iter_mut().enumerate() {
+            let Some(t) = &s.source_lun.tracking else {
+                bail!("{src_name}: stream {i}'s LUN keeps no change tracking (track = true): a resync sends what changed on both sides, and knows it only from their change maps");
+            };
+            let ask = LunAsk {
+                iqn: s.dest_lun.iqn.clone(),
+                lun: s.dest_lun.lun,
+            };
+            let theirs: Changes = s
+                .dest
+                .call("POST", "/v1/changes", &ask)
+                .await
+                .with_context(|| format!("{dst_name}: stream {i}'s own changes since the last common image (a resync needs its change map: track = true)"))?;
+            if theirs.unit != t.unit {
+                bail!(
+                    "stream {i}: the change maps' units differ ({} on {src_name}, {} on {dst_name}): a resync needs the same unit on both sides",
+                    t.unit,
+                    theirs.unit
+                );
+            }
+            s.also = theirs.units;
+        }
+    }
+    Ok(Gate {
+        allowed,
+        src: src_luns,
+        dst: dst_luns,
+    })
+}
+
+/// After a completed, verified transfer: both sides record the image and epoch; the
+/// destination's change map starts over from the image it now holds.
+pub async fn after_transfer(gate: &Gate, image: u64) -> anyhow::Result<()> {
+    let mark = ImageMark {
+        id: image,
+        unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    for (luns, side) in [(&gate.dst, Role::Replica), (&gate.src, Role::Primary)] {
+        let record = role::after_transfer(side, &gate.allowed, mark);
+        let done = each::<_, RoleState>(luns, "/v1/role/synced", |l| SyncedAsk {
+            iqn: l.iqn.clone(),
+            lun: l.lun,
+            record: record.clone(),
+            forget_changes: side == Role::Replica,
+        })
+        .await;
+        for r in done {
+            r.context("recording the completed sync's image")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unions_of_unit_ranges() {
+        assert_eq!(
+            union(&[(0, 2), (5, 6)], &[(1, 3), (6, 8), (10, 10)]),
+            vec![(0, 3), (5, 8)]
+        );
+        assert_eq!(union(&[], &[(4, 5)]), vec![(4, 5)]);
+    }
+}
