@@ -47,7 +47,7 @@ pub const MAX_QUEUE_DEPTH: usize = 1024;
 pub const MAX_BURST: u32 = 16_776_192;
 
 /// What was measured before login, and what an earlier session learnt of the path.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Probe {
     /// Round-trip time of the handshake, microseconds.
     pub rtt_us: u32,
@@ -55,6 +55,9 @@ pub struct Probe {
     /// The rate an earlier session with this peer moved (`net::paths`), if one did lately.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remembered: Option<Remembered>,
+    /// The process's default congestion control, for a session given none.
+    #[serde(skip)]
+    pub congestion_default: Option<net::congestion::Choice>,
 }
 
 /// A path's rate from the path cache, and how old it is.
@@ -103,6 +106,15 @@ pub fn plan(
     kernel: &net::KernelLimits,
 ) -> (SessionOptions, Plan) {
     let mut o = opts.clone();
+    // Given no congestion control, the process's default (decided where it may load rsv).
+    let default_cc = probe
+        .congestion_default
+        .as_ref()
+        .filter(|_| opts.congestion.is_none());
+    if let Some(c) = default_cc {
+        o.congestion = c.name.clone();
+        o.congestion_default = Some(c.clone());
+    }
     let rtt = Duration::from_micros(u64::from(probe.rtt_us.max(1)));
     let remembered = probe
         .remembered
@@ -355,9 +367,10 @@ pub fn plan(
                 .into()
         });
     }
-    reasons.push(match &o.congestion {
-        Some(cc) => format!("congestion control: {cc}"),
-        None => "congestion control: the kernel's default".into(),
+    reasons.push(match (&o.congestion, default_cc) {
+        (_, Some(c)) => format!("congestion control: {}", c.why),
+        (Some(cc), None) => format!("congestion control: {cc} (set by the congestion option)"),
+        (None, None) => "congestion control: the kernel's default".into(),
     });
 
     plan.connections = o.connections;
@@ -789,7 +802,7 @@ pub async fn probe_keep(
     while let Some(r) = set.join_next().await {
         match r {
             Ok(Ok((p, s))) => {
-                if best.is_none_or(|b| p.rtt_us < b.rtt_us) {
+                if best.as_ref().is_none_or(|b| p.rtt_us < b.rtt_us) {
                     best = Some(p);
                 }
                 streams.push(s);
@@ -814,6 +827,7 @@ async fn handshake(
             rtt_us: 1,
             mss: LOOPBACK_MSS,
             remembered: None,
+            congestion_default: None,
         };
         return Ok((p, s));
     };
@@ -822,6 +836,7 @@ async fn handshake(
         rtt_us: info.rtt_us.max(1),
         mss: info.snd_mss,
         remembered: None,
+        congestion_default: None,
     };
     Ok((p, s))
 }
@@ -853,6 +868,7 @@ mod tests {
             rtt_us: ms * 1000,
             mss: 1448,
             remembered: None,
+            congestion_default: None,
         }
     }
 
@@ -906,7 +922,7 @@ mod tests {
         assert!(got.queue_depth > assumed.queue_depth);
         assert_eq!(assumed.start_rate, None);
         // A slower path remembered: started at it, still sized for the assumed rate.
-        let mut slow = probe;
+        let mut slow = probe.clone();
         slow.remembered = Some(Remembered {
             rate_bytes_per_s: 12_500_000,
             age_s: 7_200,
