@@ -640,7 +640,9 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
         let err = io::Error::from_raw_os_error(-rc);
         let log = LOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
         return Err(match -rc {
-            _ if log.contains("not found in kernel BTF") || log.contains("struct_ops init_kern") => {
+            _ if log.contains("not found in kernel BTF")
+                || log.contains("struct_ops init_kern") =>
+            {
                 Why::NoStructOps(last_lines(&log, 2))
             }
             libc::EPERM | libc::EACCES if !log.contains("processed ") => {

@@ -426,9 +426,11 @@ impl SessionOptions {
             // Unset: the process's default where it was decided (Session::connect decides
             // it), else the kernel's preferred one without loading anything (a discovery
             // session before any other).
-            congestion: self.congestion.clone().or_else(|| match net::default_congestion_decided() {
-                Some(c) => c.name.clone(),
-                None => net::preferred_congestion(),
+            congestion: self.congestion.clone().or_else(|| {
+                match net::default_congestion_decided() {
+                    Some(c) => c.name.clone(),
+                    None => net::preferred_congestion(),
+                }
             }),
             pacing_rate: self.pacing_rate,
             start_rate: self.start_rate,

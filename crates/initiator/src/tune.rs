@@ -37,6 +37,14 @@ use crate::{Error, Result, SessionOptions};
 /// Rate assumed for sizing when none is given: a fast WAN. Sizing for more than the path
 /// carries costs memory only where data actually queues.
 pub const ASSUMED_RATE: u64 = net::ASSUMED_RATE_BPS / 8;
+
+/// Bytes per second a session on `rsv` starts at when it knows no rate (none given, none
+/// remembered): 20 Mbit/s shared by its connections, a window of twice that times the RTT
+/// from the first data instead of ten packets a connection. On R0 (100 ms) that is about
+/// 345 packets for the session instead of 20: four of BBR's doublings, about 0.4 s of a
+/// copy's start. A start, not a pace: on a slower path `rsv` drops it when BBR leaves
+/// STARTUP, three rounds without delivery-rate growth.
+pub const UNKNOWN_PATH_START: u64 = 20_000_000 / 8;
 /// Below this RTT the path is a LAN: one connection, the kernel's defaults.
 pub const LAN_RTT: Duration = Duration::from_millis(10);
 /// From this RTT on, eight connections.
@@ -344,6 +352,26 @@ pub fn plan(
             } else {
                 ""
             }
+        ));
+    }
+    let on_rsv = o
+        .congestion
+        .as_deref()
+        .is_some_and(|c| c.split(',').any(|c| c.trim() == net::cc::NAME));
+    if remembered.is_none()
+        && opts.rate.is_none()
+        && on_rsv
+        && o.pacing_rate.is_none()
+        && !opts.is_pinned("start_rate")
+        && rtt >= LAN_RTT
+    {
+        let each = (UNKNOWN_PATH_START / n).max(1);
+        o.start_rate = Some(each);
+        reasons.push(format!(
+            "start: each connection at {} ({} shared by {n}: no rate given or remembered) \
+             instead of ten packets; BBR's own model takes over once the rate stops growing",
+            Rate::from_bytes_per_sec(each).approx(),
+            Rate::from_bytes_per_sec(UNKNOWN_PATH_START).approx()
         ));
     }
     if let Some(m) =
@@ -894,6 +922,56 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_long_path_on_rsv_starts_above_ten_packets() {
+        let rsv = SessionOptions {
+            congestion: Some("rsv".into()),
+            ..Default::default()
+        };
+        let (o, p) = plan(&rsv, &probe_ms(100), &kernel());
+        let n = u64::from(o.connections);
+        assert_eq!(o.start_rate, Some(UNKNOWN_PATH_START / n));
+        assert_eq!(o.pacing_rate, None, "a start, not a pace");
+        assert!(
+            p.reasons
+                .iter()
+                .any(|r| r.contains("no rate given or remembered")),
+            "{:?}",
+            p.reasons
+        );
+        // The default decided rsv: the same.
+        let mut probe = probe_ms(100);
+        probe.congestion_default = Some(net::congestion::choose(
+            &net::congestion::Host {
+                built: Ok(()),
+                cap_eff: u64::MAX,
+                btf: true,
+                available: vec!["bbr".into()],
+                allowed: vec![],
+            },
+            Ok(()),
+        ));
+        let (o, _) = plan(&SessionOptions::default(), &probe, &kernel());
+        assert_eq!(o.congestion.as_deref(), Some("rsv"));
+        assert!(o.start_rate.is_some());
+        // A LAN, another congestion control, a given rate, a start set by hand: not this.
+        assert_eq!(plan(&rsv, &probe_ms(1), &kernel()).0.start_rate, None);
+        let bbr = SessionOptions {
+            congestion: Some("bbr".into()),
+            ..Default::default()
+        };
+        assert_eq!(plan(&bbr, &probe_ms(100), &kernel()).0.start_rate, None);
+        let mut rated = rsv.clone();
+        rated.set("rate", "50mbit").unwrap();
+        assert_eq!(plan(&rated, &probe_ms(100), &kernel()).0.start_rate, None);
+        let mut by_hand = rsv.clone();
+        by_hand.set("start_rate", "80mbit").unwrap();
+        assert_eq!(
+            plan(&by_hand, &probe_ms(100), &kernel()).0.start_rate,
+            Some(10_000_000)
+        );
+    }
+
+    #[test]
     fn a_remembered_rate_sizes_the_session_and_starts_rsv_connections() {
         let mut probe = probe_ms(100);
         probe.remembered = Some(Remembered {
@@ -920,7 +998,11 @@ mod tests {
         // Sized for it: more commands in flight than for the assumed 1 Gbit/s.
         let (assumed, _) = plan(&o, &probe_ms(100), &kernel());
         assert!(got.queue_depth > assumed.queue_depth);
-        assert_eq!(assumed.start_rate, None);
+        // Nothing remembered: the start of a path whose rate is unknown.
+        assert_eq!(
+            assumed.start_rate,
+            Some(UNKNOWN_PATH_START / u64::from(assumed.connections))
+        );
         // A slower path remembered: started at it, still sized for the assumed rate.
         let mut slow = probe.clone();
         slow.remembered = Some(Remembered {

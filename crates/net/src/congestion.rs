@@ -135,9 +135,7 @@ pub fn choose(h: &Host, rsv: Result<(), Missing>) -> Choice {
     // Without CAP_NET_ADMIN a socket takes only what the kernel allows.
     let may = |n: &str| {
         h.available.iter().any(|a| a == n)
-            && (missing_caps(h.cap_eff)
-                .iter()
-                .all(|c| c != "CAP_NET_ADMIN")
+            && (missing_caps(h.cap_eff).iter().all(|c| c != "CAP_NET_ADMIN")
                 || h.allowed.iter().any(|a| a == n))
     };
     let mut skipped = Vec::new();
@@ -250,7 +248,12 @@ mod tests {
         );
         let c = choose(&h, Err(m));
         assert_eq!(c.name.as_deref(), Some("cubic"));
-        assert!(c.why.contains("missing CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN"), "{}", c.why);
+        assert!(
+            c.why
+                .contains("missing CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN"),
+            "{}",
+            c.why
+        );
         assert!(c.why.contains("bbr not allowed"), "{}", c.why);
         // CAP_NET_ADMIN alone: BBR, and the two BPF capabilities named.
         let h = host(1 << CAP_NET_ADMIN);
