@@ -132,7 +132,10 @@ fn rsv_is_the_default_where_it_loads_and_the_fallback_says_why() {
     assert_eq!(status["congestion"]["by"], "default", "{status}");
     let metrics = run_ok(
         "curl",
-        &["-sf", &format!("http://{}/metrics", t.metrics.as_ref().unwrap())],
+        &[
+            "-sf",
+            &format!("http://{}/metrics", t.metrics.as_ref().unwrap()),
+        ],
     );
     assert!(
         metrics.contains("rsv_target_congestion_info{congestion=\"rsv\",by=\"default\"} 1"),

@@ -39,7 +39,10 @@ fn a_linked_worktree_is_watched_where_git_keeps_it() {
         &main,
         &["worktree", "add", "-q", "-b", "topic", wt.to_str().unwrap()],
     );
-    assert!(wt.join(".git").is_file(), "a linked worktree's .git is a file");
+    assert!(
+        wt.join(".git").is_file(),
+        "a linked worktree's .git is a file"
+    );
 
     let d = commit::dirs(&wt.join("crates/a")).expect("inside a checkout");
     let main = main.canonicalize().unwrap();
