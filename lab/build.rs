@@ -1,25 +1,22 @@
 //! Records which commit `rsv-lab` is built from, for the lab's results: the checkout may
-//! have moved on by the time a long run writes them.
+//! have moved on by the time a long run writes them. `-dirty` when the sources the
+//! binary is built from differ from that commit; rerun when HEAD, the index, the branch or
+//! those sources change, wherever git keeps them (a linked worktree's `.git` is a file).
 
-use std::process::Command;
-
-fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
+#[path = "../build-support/commit.rs"]
+mod commit;
 
 fn main() {
-    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    // Tracked files changed since that commit: the build is not exactly it.
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    let suffix = if dirty { "-dirty" } else { "" };
-    println!("cargo:rustc-env=RSV_BUILD_COMMIT={commit}{suffix}");
-    for p in ["../.git/HEAD", "../.git/index"] {
-        if std::path::Path::new(p).exists() {
-            println!("cargo:rerun-if-changed={p}");
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let label = match commit::dirs(here) {
+        Some(d) => {
+            commit::rerun_if_changed(&d);
+            match commit::head(&d) {
+                Some(c) => commit::label(&c, commit::dirty(&d)),
+                None => "unknown".into(),
+            }
         }
-    }
+        None => "unknown".into(),
+    };
+    println!("cargo:rustc-env=RSV_BUILD_COMMIT={label}");
 }

@@ -2,7 +2,8 @@
 # Fairness check of issue 21: on one bottleneck (50 ms, 100 Mbit/s, queue one BDP) one
 # iperf3 CUBIC flow and one iperf3 BBR flow run beside a third party for SECS (30) s:
 #   kernel-bbr  iperf3 -P 2 -C bbr (the reference: as many kernel-BBR connections)
-#   $CC         a Reservoir session writing (rsv bench, 2 connections, congestion=$CC, default rsv)
+#   $CC         a Reservoir session writing (rsv bench, 2 connections, congestion=$CC, default rsv;
+#               CC=default: no congestion option at either end, the processes' default)
 #   bbr         the same session on the kernel's BBR
 # and prints what each got and the third party's share. Root; namespaces $NAME-a/-b
 # (NAME=fair). RSV=path/to/rsv (default target/debug/rsv; the link through the rsv-lab beside it,
@@ -18,7 +19,8 @@ $RSV_LAB wan up --name $N --rtt 50ms --rate 100mbit --json > $D/link.json || exi
 B=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["b"]["addr"])' $D/link.json)
 pids=()
 for p in 5301 5302 5303; do ip netns exec $N-b iperf3 -s -p $p -D -I $D/iperf-$p.pid --logfile $D/iperf-s-$p.log; done
-ip netns exec $N-b $RSV target --listen $B:3260 --congestion ${CC:-rsv} --data-dir $D/data > $D/target.log 2>&1 &
+TCC=(--congestion "${CC:-rsv}"); [ "${CC:-rsv}" = default ] && TCC=()
+ip netns exec $N-b $RSV target --listen $B:3260 "${TCC[@]}" --data-dir $D/data > $D/target.log 2>&1 &
 TPID=$!
 URL="iscsi://$B/iqn.2026-11.org.reservoir:target0/0"
 for i in $(seq 50); do ip netns exec $N-a $RSV inq "$URL" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -30,7 +32,7 @@ run() { # $1 = label of the third flow
   if [ "$1" = kernel-bbr ]; then
     ip netns exec $N-a iperf3 -c $B -p 5303 -C bbr -P 2 -t $SECS --json > $D/x-$1.json
   else
-    ip netns exec $N-a $RSV bench "$URL" --rw write --pattern seq --block-size 1m --duration $SECS --connections 2 --opt congestion=$1 --json > $D/x-$1.json 2>$D/x-$1.err
+    ip netns exec $N-a $RSV bench "$URL" --rw write --pattern seq --block-size 1m --duration $SECS --connections 2 $([ "$1" = default ] || echo --opt congestion=$1) --json > $D/x-$1.json 2>$D/x-$1.err
   fi
   wait $c $b
   python3 - "$D" "$1" <<'PY'

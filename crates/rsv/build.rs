@@ -1,18 +1,11 @@
 //! The commit `rsv version` names: RSV_BUILD_COMMIT when the build sets it (a package
 //! built from a tarball, where there is no repository), else the repository's HEAD, else
-//! none. Rebuilt when HEAD moves, so the binary never names a commit it was not built at.
+//! none. Rebuilt when HEAD, the branch or the index moves, wherever git keeps them (in a
+//! linked worktree `.git` is a file; `build-support/commit.rs`, shared with the lab), so
+//! the binary never names a commit it was not built at.
 
-use std::path::Path;
-use std::process::Command;
-
-fn git(args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let s = String::from_utf8(out.stdout).ok()?.trim().to_owned();
-    (!s.is_empty()).then_some(s)
-}
+#[path = "../../build-support/commit.rs"]
+mod commit;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=RSV_BUILD_COMMIT");
@@ -20,25 +13,9 @@ fn main() {
         .ok()
         .filter(|c| !c.is_empty())
         .or_else(|| {
-            // HEAD, and the branch it points to (loose or packed), decide the commit: in a
-            // worktree HEAD is in its own directory and the branches in the common one.
-            // Only files that exist: cargo runs a script again on every build for a path
-            // that does not.
-            let branch = git(&["symbolic-ref", "-q", "HEAD"]);
-            for dir in [
-                git(&["rev-parse", "--git-dir"]),
-                git(&["rev-parse", "--git-common-dir"]),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let dir = Path::new(&dir);
-                let files = ["HEAD", "packed-refs"].into_iter().chain(branch.as_deref());
-                for f in files.map(|f| dir.join(f)).filter(|f| f.exists()) {
-                    println!("cargo:rerun-if-changed={}", f.display());
-                }
-            }
-            git(&["rev-parse", "HEAD"])
+            let d = commit::dirs(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))?;
+            commit::rerun_if_changed(&d);
+            commit::head(&d)
         });
     println!(
         "cargo:rustc-env=RSV_BUILD_COMMIT={}",

@@ -238,6 +238,9 @@ pub enum Why {
     NotPermitted(String),
     /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which struct_ops needs.
     NoBtf,
+    /// The kernel has BTF but no `tcp_congestion_ops` struct_ops (too old, or built
+    /// without BPF_JIT): libbpf's words.
+    NoStructOps(String),
     /// The kernel's verifier refused a program: the last lines of its log.
     Verifier(String),
     /// Anything else, with libbpf's last lines.
@@ -254,6 +257,7 @@ impl fmt::Display for Why {
                 "not permitted: loading BPF needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN): {w}"
             ),
             Why::NoBtf => write!(f, "the kernel has no BTF (/sys/kernel/btf/vmlinux)"),
+            Why::NoStructOps(w) => write!(f, "the kernel has no struct_ops for it: {w}"),
             Why::Verifier(w) => write!(f, "the verifier refused it: {w}"),
             Why::Failed(w) => write!(f, "{w}"),
         }
@@ -636,6 +640,11 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
         let err = io::Error::from_raw_os_error(-rc);
         let log = LOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
         return Err(match -rc {
+            _ if log.contains("not found in kernel BTF")
+                || log.contains("struct_ops init_kern") =>
+            {
+                Why::NoStructOps(last_lines(&log, 2))
+            }
             libc::EPERM | libc::EACCES if !log.contains("processed ") => {
                 Why::NotPermitted(format!("{err}"))
             }
@@ -826,38 +835,52 @@ pub fn built() -> Result<(), String> {
 
 static GLOBAL: OnceLock<Result<Loaded, Why>> = OnceLock::new();
 
+/// Whether the outcome of the process's load has been logged (by [`get`], or by the caller
+/// of [`get_unlogged`], which logs its own line): once per process.
+static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn loaded() -> &'static Result<Loaded, Why> {
+    GLOBAL.get_or_init(load)
+}
+
 /// The process's `rsv`, loaded at the first call (when a connection asks for it); the
 /// outcome is logged once. The link closes when the process exits.
 pub fn get() -> Result<&'static Loaded, &'static Why> {
-    GLOBAL
-        .get_or_init(|| {
-            let r = load();
-            match &r {
-                Ok(l) if l.registered_here() => tracing::info!(
-                    "congestion control {NAME} loaded and registered (BPF struct_ops on BBR)"
-                ),
-                Ok(l) => tracing::info!(
-                    "congestion control {NAME} loaded; the name is held by another process{}",
-                    if l.shares_map() {
-                        ", whose settings map this one shares"
-                    } else {
-                        " and its settings map was not found: per-socket settings may not \
-                         reach it"
-                    }
-                ),
-                Err(why) => tracing::warn!(
-                    "congestion control {NAME} not loaded: {why}; connections that ask for it \
-                     run {} instead",
-                    if available() {
-                        "the rsv another process registered, without per-socket settings"
-                    } else {
-                        "the kernel's BBR (or CUBIC)"
-                    }
-                ),
-            }
-            r
-        })
-        .as_ref()
+    let r = loaded();
+    if !LOGGED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        match r {
+            Ok(l) if l.registered_here() => tracing::info!(
+                "congestion control {NAME} loaded and registered (BPF struct_ops on BBR)"
+            ),
+            Ok(l) => tracing::info!(
+                "congestion control {NAME} loaded; the name is held by another process{}",
+                if l.shares_map() {
+                    ", whose settings map this one shares"
+                } else {
+                    " and its settings map was not found: per-socket settings may not \
+                     reach it"
+                }
+            ),
+            Err(why) => tracing::warn!(
+                "congestion control {NAME} not loaded: {why}; connections that ask for it \
+                 run {} instead",
+                if available() {
+                    "the rsv another process registered, without per-socket settings"
+                } else {
+                    "the kernel's BBR (or CUBIC)"
+                }
+            ),
+        }
+    }
+    r.as_ref()
+}
+
+/// As [`get`], for a caller that logs the outcome itself (the process's default choice):
+/// [`get`] will not log it again.
+pub fn get_unlogged() -> Result<&'static Loaded, &'static Why> {
+    let r = loaded();
+    LOGGED.store(true, std::sync::atomic::Ordering::Release);
+    r.as_ref()
 }
 
 /// The process's `rsv` if an earlier [`get`] loaded it; never loads.

@@ -255,6 +255,9 @@ pub struct CopyReport {
     pub skipped_zero_bytes: u64,
     /// From the first chunk to the flush of the destination (verification not counted).
     pub seconds: f64,
+    /// Of `seconds`, the final flush (SYNCHRONIZE CACHE of a LUN) after the last chunk's
+    /// answer.
+    pub flush_seconds: f64,
     /// CRC32C over the per-chunk CRC32Cs of the source, when verified.
     pub checksum: Option<u32>,
     pub chunk_size: u64,
@@ -436,7 +439,9 @@ pub async fn copy(
             flushed,
         });
     }
+    let flush_start = Instant::now();
     dst.flush().await.map_err(CopyError::Flush)?;
+    let flush_seconds = flush_start.elapsed().as_secs_f64();
     let seconds = start.elapsed().as_secs_f64();
     let complete = copied == todo;
     let checksum = if opts.verify && complete {
@@ -451,6 +456,7 @@ pub async fn copy(
         copied_prefix_bytes,
         skipped_zero_bytes: skipped,
         seconds,
+        flush_seconds,
         checksum,
         chunk_size: io,
         queue_depth: qd,

@@ -160,8 +160,14 @@ pub struct SessionOptions {
     pub pacing_hint: bool,
     pub send_buffer: Option<usize>,
     pub recv_buffer: Option<usize>,
-    /// TCP congestion control; defaults to bbr where the kernel has it.
+    /// TCP congestion control (a name, or a list whose first the socket takes wins);
+    /// `None`: the process's default, `rsv` where it loads, else BBR, else CUBIC
+    /// (`net::default_congestion`, decided by [`Session::connect`]).
     pub congestion: Option<String>,
+    /// The process's default as [`Session::connect`] found it, when `congestion` was not
+    /// given: what `rsv tune` says was chosen and why.
+    #[serde(skip)]
+    pub congestion_default: Option<net::congestion::Choice>,
     pub notsent_lowat: Option<u32>,
     /// A command with no answer for this long is aborted and issued again.
     #[serde(with = "secs")]
@@ -250,7 +256,8 @@ impl Default for SessionOptions {
             pacing_hint: true,
             send_buffer: None,
             recv_buffer: None,
-            congestion: net::preferred_congestion(),
+            congestion: None,
+            congestion_default: None,
             notsent_lowat: Some(256 * 1024),
             command_timeout: Duration::from_secs(30),
             nop_interval: Duration::from_secs(5),
@@ -435,7 +442,15 @@ impl SessionOptions {
         net::SocketTuning {
             send_buffer: self.send_buffer,
             recv_buffer: self.recv_buffer,
-            congestion: self.congestion.clone(),
+            // Unset: the process's default where it was decided (Session::connect decides
+            // it), else the kernel's preferred one without loading anything (a discovery
+            // session before any other).
+            congestion: self.congestion.clone().or_else(|| {
+                match net::default_congestion_decided() {
+                    Some(c) => c.name.clone(),
+                    None => net::preferred_congestion(),
+                }
+            }),
             pacing_rate: self.pacing_rate,
             start_rate: self.start_rate,
             rsv_group: (self.rsv_group != 0).then_some(self.rsv_group),

@@ -37,6 +37,14 @@ use crate::{Error, Result, SessionOptions};
 /// Rate assumed for sizing when none is given: a fast WAN. Sizing for more than the path
 /// carries costs memory only where data actually queues.
 pub const ASSUMED_RATE: u64 = net::ASSUMED_RATE_BPS / 8;
+
+/// Bytes per second a session on `rsv` starts at when it knows no rate (none given, none
+/// remembered): 20 Mbit/s shared by its connections, a window of twice that times the RTT
+/// from the first data instead of ten packets a connection. On R0 (100 ms) that is about
+/// 345 packets for the session instead of 20: four of BBR's doublings, about 0.4 s of a
+/// copy's start. A start, not a pace: on a slower path `rsv` drops it when BBR leaves
+/// STARTUP, three rounds without delivery-rate growth.
+pub const UNKNOWN_PATH_START: u64 = 20_000_000 / 8;
 /// Below this RTT the path is a LAN: one connection, the kernel's defaults.
 pub const LAN_RTT: Duration = Duration::from_millis(10);
 /// From this RTT on, eight connections.
@@ -47,7 +55,7 @@ pub const MAX_QUEUE_DEPTH: usize = 1024;
 pub const MAX_BURST: u32 = 16_776_192;
 
 /// What was measured before login, and what an earlier session learnt of the path.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Probe {
     /// Round-trip time of the handshake, microseconds.
     pub rtt_us: u32,
@@ -55,6 +63,9 @@ pub struct Probe {
     /// The rate an earlier session with this peer moved (`net::paths`), if one did lately.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remembered: Option<Remembered>,
+    /// The process's default congestion control, for a session given none.
+    #[serde(skip)]
+    pub congestion_default: Option<net::congestion::Choice>,
 }
 
 /// A path's rate from the path cache, and how old it is.
@@ -103,6 +114,15 @@ pub fn plan(
     kernel: &net::KernelLimits,
 ) -> (SessionOptions, Plan) {
     let mut o = opts.clone();
+    // Given no congestion control, the process's default (decided where it may load rsv).
+    let default_cc = probe
+        .congestion_default
+        .as_ref()
+        .filter(|_| opts.congestion.is_none());
+    if let Some(c) = default_cc {
+        o.congestion = c.name.clone();
+        o.congestion_default = Some(c.clone());
+    }
     let rtt = Duration::from_micros(u64::from(probe.rtt_us.max(1)));
     let remembered = probe
         .remembered
@@ -334,6 +354,26 @@ pub fn plan(
             }
         ));
     }
+    let on_rsv = o
+        .congestion
+        .as_deref()
+        .is_some_and(|c| c.split(',').any(|c| c.trim() == net::cc::NAME));
+    if remembered.is_none()
+        && opts.rate.is_none()
+        && on_rsv
+        && o.pacing_rate.is_none()
+        && !opts.is_pinned("start_rate")
+        && rtt >= LAN_RTT
+    {
+        let each = (UNKNOWN_PATH_START / n).max(1);
+        o.start_rate = Some(each);
+        reasons.push(format!(
+            "start: each connection at {} ({} shared by {n}: no rate given or remembered) \
+             instead of ten packets; BBR's own model takes over once the rate stops growing",
+            Rate::from_bytes_per_sec(each).approx(),
+            Rate::from_bytes_per_sec(UNKNOWN_PATH_START).approx()
+        ));
+    }
     if let Some(m) =
         remembered.filter(|_| !opts.is_pinned("pacing_rate") && !opts.is_pinned("start_rate"))
     {
@@ -355,9 +395,10 @@ pub fn plan(
                 .into()
         });
     }
-    reasons.push(match &o.congestion {
-        Some(cc) => format!("congestion control: {cc}"),
-        None => "congestion control: the kernel's default".into(),
+    reasons.push(match (&o.congestion, default_cc) {
+        (_, Some(c)) => format!("congestion control: {}", c.why),
+        (Some(cc), None) => format!("congestion control: {cc} (set by the congestion option)"),
+        (None, None) => "congestion control: the kernel's default".into(),
     });
 
     plan.connections = o.connections;
@@ -789,7 +830,7 @@ pub async fn probe_keep(
     while let Some(r) = set.join_next().await {
         match r {
             Ok(Ok((p, s))) => {
-                if best.is_none_or(|b| p.rtt_us < b.rtt_us) {
+                if best.as_ref().is_none_or(|b| p.rtt_us < b.rtt_us) {
                     best = Some(p);
                 }
                 streams.push(s);
@@ -814,6 +855,7 @@ async fn handshake(
             rtt_us: 1,
             mss: LOOPBACK_MSS,
             remembered: None,
+            congestion_default: None,
         };
         return Ok((p, s));
     };
@@ -822,6 +864,7 @@ async fn handshake(
         rtt_us: info.rtt_us.max(1),
         mss: info.snd_mss,
         remembered: None,
+        congestion_default: None,
     };
     Ok((p, s))
 }
@@ -853,6 +896,7 @@ mod tests {
             rtt_us: ms * 1000,
             mss: 1448,
             remembered: None,
+            congestion_default: None,
         }
     }
 
@@ -874,6 +918,56 @@ mod tests {
             l.estimate(),
             Some((5_000_000, 100_500)),
             "the newest samples count"
+        );
+    }
+
+    #[test]
+    fn an_unknown_long_path_on_rsv_starts_above_ten_packets() {
+        let rsv = SessionOptions {
+            congestion: Some("rsv".into()),
+            ..Default::default()
+        };
+        let (o, p) = plan(&rsv, &probe_ms(100), &kernel());
+        let n = u64::from(o.connections);
+        assert_eq!(o.start_rate, Some(UNKNOWN_PATH_START / n));
+        assert_eq!(o.pacing_rate, None, "a start, not a pace");
+        assert!(
+            p.reasons
+                .iter()
+                .any(|r| r.contains("no rate given or remembered")),
+            "{:?}",
+            p.reasons
+        );
+        // The default decided rsv: the same.
+        let mut probe = probe_ms(100);
+        probe.congestion_default = Some(net::congestion::choose(
+            &net::congestion::Host {
+                built: Ok(()),
+                cap_eff: u64::MAX,
+                btf: true,
+                available: vec!["bbr".into()],
+                allowed: vec![],
+            },
+            Ok(()),
+        ));
+        let (o, _) = plan(&SessionOptions::default(), &probe, &kernel());
+        assert_eq!(o.congestion.as_deref(), Some("rsv"));
+        assert!(o.start_rate.is_some());
+        // A LAN, another congestion control, a given rate, a start set by hand: not this.
+        assert_eq!(plan(&rsv, &probe_ms(1), &kernel()).0.start_rate, None);
+        let bbr = SessionOptions {
+            congestion: Some("bbr".into()),
+            ..Default::default()
+        };
+        assert_eq!(plan(&bbr, &probe_ms(100), &kernel()).0.start_rate, None);
+        let mut rated = rsv.clone();
+        rated.set("rate", "50mbit").unwrap();
+        assert_eq!(plan(&rated, &probe_ms(100), &kernel()).0.start_rate, None);
+        let mut by_hand = rsv.clone();
+        by_hand.set("start_rate", "80mbit").unwrap();
+        assert_eq!(
+            plan(&by_hand, &probe_ms(100), &kernel()).0.start_rate,
+            Some(10_000_000)
         );
     }
 
@@ -904,9 +998,13 @@ mod tests {
         // Sized for it: more commands in flight than for the assumed 1 Gbit/s.
         let (assumed, _) = plan(&o, &probe_ms(100), &kernel());
         assert!(got.queue_depth > assumed.queue_depth);
-        assert_eq!(assumed.start_rate, None);
+        // Nothing remembered: the start of a path whose rate is unknown.
+        assert_eq!(
+            assumed.start_rate,
+            Some(UNKNOWN_PATH_START / u64::from(assumed.connections))
+        );
         // A slower path remembered: started at it, still sized for the assumed rate.
-        let mut slow = probe;
+        let mut slow = probe.clone();
         slow.remembered = Some(Remembered {
             rate_bytes_per_s: 12_500_000,
             age_s: 7_200,

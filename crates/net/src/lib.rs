@@ -12,6 +12,7 @@ use socket2::SockRef;
 /// Reservoir's own congestion control, `rsv` (a BPF struct_ops; see `docs/congestion.md`).
 pub use rsv_cc as cc;
 
+pub mod congestion;
 pub mod paths;
 pub mod record;
 pub mod sealing;
@@ -312,7 +313,67 @@ pub fn available_congestion() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The algorithm to prefer for long fat pipes: BBR where the kernel has it.
+/// What [`default_congestion`] decides from: the build, the process's capabilities and
+/// the kernel's BTF and congestion controls, read now.
+pub fn probe_host() -> congestion::Host {
+    let list = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    congestion::Host {
+        built: cc::built(),
+        cap_eff: std::fs::read_to_string("/proc/self/status")
+            .map(|s| congestion::cap_eff(&s))
+            .unwrap_or(0),
+        btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+        available: list("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+        allowed: list("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
+    }
+}
+
+static DEFAULT_CONGESTION: std::sync::OnceLock<congestion::Choice> = std::sync::OnceLock::new();
+
+/// The congestion control of every connection given none (`congestion=` unset): `rsv`
+/// where this process can load it (loaded here, once per process, and shared by all its
+/// sockets), else BBR, else CUBIC, else the kernel's default (`congestion::choose`). The
+/// first call probes, loads and logs the choice and what was missing, once; it may block
+/// for the load (libbpf and the verifier, under the host-wide turn), so async callers run
+/// it on a blocking thread.
+pub fn default_congestion() -> &'static congestion::Choice {
+    DEFAULT_CONGESTION.get_or_init(|| {
+        let host = probe_host();
+        let rsv = congestion::precheck(&host).and_then(|()| match cc::get_unlogged() {
+            Ok(_) => Ok(()),
+            Err(why) => Err(congestion::missing_from(why)),
+        });
+        let choice = congestion::choose(&host, rsv);
+        match (&choice.rsv_missing, cc::current()) {
+            (None, Some(l)) => tracing::info!(
+                "congestion control: {}{}",
+                choice.why,
+                if l.registered_here() {
+                    ""
+                } else if l.shares_map() {
+                    "; the name is held by another process, whose settings map this one shares"
+                } else {
+                    "; the name is held by another process, whose settings map was not found: \
+                     per-socket settings may not reach it"
+                }
+            ),
+            _ => tracing::warn!("congestion control: {}", choice.why),
+        }
+        choice
+    })
+}
+
+/// The default once [`default_congestion`] has decided it; never probes or loads.
+pub fn default_congestion_decided() -> Option<&'static congestion::Choice> {
+    DEFAULT_CONGESTION.get()
+}
+
+/// The kernel's algorithm to prefer for long fat pipes: BBR where the kernel has it (what
+/// a process that has not decided [`default_congestion`] falls back to, without loading).
 pub fn preferred_congestion() -> Option<String> {
     let avail = available_congestion();
     ["bbr", "cubic"]

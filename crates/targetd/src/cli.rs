@@ -225,8 +225,13 @@ pub fn act(action: TargetAction) -> anyhow::Result<()> {
 /// `status` for people: one row per session, its connections summed (bytes, delivery
 /// rate) or at their worst (RTT).
 pub fn status_table(s: &crate::status::TargetStatus) -> String {
+    let cc = s
+        .congestion
+        .as_ref()
+        .map(|c| format!("congestion control ({}): {}\n", c.by, c.why))
+        .unwrap_or_default();
     if s.sessions.is_empty() {
-        return "no sessions\n".into();
+        return format!("{cc}no sessions\n");
     }
     let header = [
         "TSIH",
@@ -600,9 +605,22 @@ mod tests {
         assert_eq!(
             status_table(&TargetStatus {
                 taken_at_ms: 0,
-                sessions: vec![]
+                sessions: vec![],
+                congestion: None,
             }),
             "no sessions\n"
+        );
+        assert_eq!(
+            status_table(&TargetStatus {
+                taken_at_ms: 0,
+                sessions: vec![],
+                congestion: Some(crate::status::CongestionStatus {
+                    name: Some("bbr".into()),
+                    by: "default".into(),
+                    why: "bbr, not rsv: no rights".into(),
+                }),
+            }),
+            "congestion control (default): bbr, not rsv: no rights\nno sessions\n"
         );
         let conn = |cid, tls: Option<&str>, srtt_us, rate| ConnStatus {
             cid,
@@ -659,6 +677,7 @@ mod tests {
                     conn(1, None, 12_000, 57_650_000),
                 ],
             }],
+            congestion: None,
         };
         let t = status_table(&s);
         let rows: Vec<&str> = t.lines().collect();

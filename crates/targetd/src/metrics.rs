@@ -119,6 +119,21 @@ impl prometheus_client::collector::Collector for LunCollector {
             None,
             MetricType::Gauge,
         )?)?;
+        let cc = crate::status::CongestionStatus::of(
+            self.shared.config.session.congestion.as_deref(),
+            net::default_congestion_decided(),
+        );
+        let mut m = enc.encode_descriptor(
+            "rsv_target_congestion_info",
+            "1, naming the congestion control the target gives its connections and who \
+             chose it (configured, or the default: rsv where it loads, else bbr or cubic)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64).encode(m.encode_family(&[
+            ("congestion", cc.name.as_deref().unwrap_or("kernel")),
+            ("by", cc.by.as_str()),
+        ])?)?;
 
         let live = self.shared.live();
         let mut luns: Vec<Lun> = live

@@ -241,6 +241,13 @@ impl Server {
             )?);
             targets.push(node);
         }
+        if config.session.congestion.is_none() {
+            // Decided (and rsv loaded, where it can be) before the first login, once: the
+            // verifier's time is not a login's, and the log says the choice at start.
+            tokio::task::spawn_blocking(net::default_congestion)
+                .await
+                .context("deciding the default congestion control")?;
+        }
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
         // Read once: the limits are the namespace's, the same for every portal.

@@ -20,6 +20,48 @@ pub struct TargetStatus {
     pub taken_at_ms: u64,
     /// In TSIH order.
     pub sessions: Vec<SessionStatus>,
+    /// The congestion control the target gives its connections, and why (absent from a
+    /// target older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congestion: Option<CongestionStatus>,
+}
+
+/// Which congestion control the target's connections are given: `by` the configuration
+/// (`[session] congestion`, `--congestion`) or the process's `default` (`rsv` where it
+/// loads, else BBR, else CUBIC), and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CongestionStatus {
+    /// The name (or list, first taken wins); `None`: the kernel's default.
+    pub name: Option<String>,
+    /// `configured` or `default`.
+    pub by: String,
+    pub why: String,
+}
+
+impl CongestionStatus {
+    /// From the configured option and the process's default (when decided).
+    pub fn of(
+        configured: Option<&str>,
+        default: Option<&net::congestion::Choice>,
+    ) -> CongestionStatus {
+        match (configured, default) {
+            (Some(c), _) => CongestionStatus {
+                name: Some(c.to_owned()),
+                by: "configured".into(),
+                why: format!("{c}: set by [session] congestion or --congestion"),
+            },
+            (None, Some(d)) => CongestionStatus {
+                name: d.name.clone(),
+                by: "default".into(),
+                why: d.why.clone(),
+            },
+            (None, None) => CongestionStatus {
+                name: net::preferred_congestion(),
+                by: "default".into(),
+                why: "the kernel's preferred (the default was not decided)".into(),
+            },
+        }
+    }
 }
 
 /// One session.
@@ -131,6 +173,14 @@ impl From<net::TcpInfo> for PathStatus {
 pub struct Source(pub(crate) Arc<Shared>);
 
 impl Source {
+    /// The congestion control the target's connections are given, and why.
+    pub fn congestion(&self) -> CongestionStatus {
+        CongestionStatus::of(
+            self.0.config.session.congestion.as_deref(),
+            net::default_congestion_decided(),
+        )
+    }
+
     /// Every session now. Byte counts and keys are read from what each connection shares
     /// with the session's registry, and TCP_INFO from a duplicate of each connection's
     /// socket, all on the calling thread: no connection is asked, so none is waited for
@@ -153,6 +203,7 @@ impl Source {
         TargetStatus {
             taken_at_ms,
             sessions,
+            congestion: Some(self.congestion()),
         }
     }
 }

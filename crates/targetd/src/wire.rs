@@ -225,8 +225,15 @@ fn socket_tuning(
     let mut t = net::SocketTuning {
         send_buffer: s.send_buffer,
         recv_buffer: s.recv_buffer,
-        // Loss must not cost a long fat pipe its rate: BBR unless configured otherwise.
-        congestion: s.congestion.clone().or_else(net::preferred_congestion),
+        // Loss must not cost a long fat pipe its rate: the process's default (rsv where
+        // it loads, decided at start, else BBR, else CUBIC) unless configured otherwise.
+        congestion: s
+            .congestion
+            .clone()
+            .or_else(|| match net::default_congestion_decided() {
+                Some(c) => c.name.clone(),
+                None => net::preferred_congestion(),
+            }),
         pacing_rate: s.pacing_rate,
         start_rate: None,
         rsv_group: None,

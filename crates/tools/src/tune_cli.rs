@@ -137,6 +137,17 @@ pub fn tune(args: TuneArgs) -> anyhow::Result<()> {
         if i.data_digest { "CRC32C" } else { "None" },
         i.error_recovery_level
     );
+    if let Some(c) = &i.congestion_choice {
+        println!(
+            "congestion control ({}): {}",
+            if c.by == "default" {
+                "the default"
+            } else {
+                "given"
+            },
+            c.why
+        );
+    }
     println!(
         "socket: congestion {}, send buffer {}, receive buffer {}",
         i.congestion.as_deref().unwrap_or("default"),

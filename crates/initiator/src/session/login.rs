@@ -206,6 +206,7 @@ impl Shared {
             queue_depth: o.queue_depth,
             congestion: tuning.congestion,
             congestion_by_connection: Vec::new(),
+            congestion_choice: None,
             rsv: net::cc::status(),
             send_buffer: tuning.send_buffer,
             recv_buffer: tuning.recv_buffer,

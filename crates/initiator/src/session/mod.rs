@@ -101,6 +101,9 @@ pub struct SessionInfo {
     /// Whether this process loaded Reservoir's own congestion control `rsv`, and if not
     /// why (`docs/congestion.md`).
     pub rsv: net::cc::Status,
+    /// Which congestion control the session's connections were given, by whom
+    /// (`option`: `congestion=`; `default`: the process's default) and why.
+    pub congestion_choice: Option<CongestionChoice>,
     pub send_buffer: usize,
     pub recv_buffer: usize,
     /// What auto-tuning measured and chose (absent when it was off).
@@ -118,6 +121,19 @@ pub struct SessionInfo {
     pub tls: Option<String>,
     /// The gateway group, when the session was given several portals (`portal=`).
     pub multipath: Option<crate::multipath::GroupReport>,
+}
+
+/// The congestion control a session asked its sockets for, and why.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CongestionChoice {
+    /// The name (or list, first taken wins) given to each socket; `None`: the kernel's.
+    pub name: Option<String>,
+    /// `option` (`congestion=` given) or `default` (the process's default).
+    pub by: &'static str,
+    pub why: String,
+    /// Why the default is not `rsv` (absent when it is, or when an option decided).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rsv_missing: Option<net::congestion::Missing>,
 }
 
 /// The session's connections' latest TCP_INFO, summed up.
@@ -207,11 +223,33 @@ pub struct Session {
 
 const MAX_ATTEMPTS: u32 = 20;
 
+/// The process's default congestion control once its blocking decision has run; a
+/// decision thread that failed (it cannot, short of a panic) leaves the kernel's choice.
+fn resolved(
+    r: std::result::Result<&'static net::congestion::Choice, tokio::task::JoinError>,
+) -> net::congestion::Choice {
+    match r {
+        Ok(c) => c.clone(),
+        Err(e) => net::congestion::Choice {
+            name: net::preferred_congestion(),
+            rsv_missing: None,
+            why: format!("the kernel's preferred: the default could not be decided ({e})"),
+        },
+    }
+}
+
 impl Session {
     /// Logs in to the target of `url` with `opts` (query-string options of the URL already
     /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
+        // Without a congestion option the process's default decides (rsv where it loads,
+        // else BBR, else CUBIC): decided once per process, its load (libbpf and the
+        // verifier) on a blocking thread while the RTT probe's handshakes run.
+        let default_cc = opts
+            .congestion
+            .is_none()
+            .then(|| tokio::task::spawn_blocking(net::default_congestion));
         let (opts, plan, probed) = if opts.auto_tune {
             let (mut probe, probed) = crate::tune::probe_keep(
                 &url.portal(),
@@ -222,13 +260,22 @@ impl Session {
             if opts.path_cache && opts.rate.is_none() {
                 probe.remembered = recall_path(&url.portal());
             }
+            if let Some(d) = default_cc {
+                probe.congestion_default = Some(resolved(d.await));
+            }
             let (o, p) = crate::tune::plan(opts, &probe, &net::KernelLimits::read());
             for r in &p.reasons {
                 tracing::info!("auto-tuning: {r}");
             }
             (o, Some(p), probed)
         } else {
-            (opts.clone(), None, Vec::new())
+            let mut o = opts.clone();
+            if let Some(d) = default_cc {
+                let c = resolved(d.await);
+                o.congestion = c.name.clone();
+                o.congestion_default = Some(c);
+            }
+            (o, None, Vec::new())
         };
         let mut opts = opts;
         if opts.rsv_group == 0 {
@@ -293,6 +340,23 @@ impl Session {
             .shared
             .multipath()
             .then(|| self.shared.group.lock().unwrap().report());
+        info.congestion_choice = Some(match &self.shared.opts.congestion_default {
+            Some(c) => CongestionChoice {
+                name: c.name.clone(),
+                by: "default",
+                why: c.why.clone(),
+                rsv_missing: c.rsv_missing.clone(),
+            },
+            None => CongestionChoice {
+                name: self.shared.opts.congestion.clone(),
+                by: "option",
+                why: match &self.shared.opts.congestion {
+                    Some(c) => format!("{c}: set by the congestion option"),
+                    None => "the kernel's default".into(),
+                },
+                rsv_missing: None,
+            },
+        });
         info.rsv.probe_rtt = net::cc::group_status(self.shared.opts.rsv_group);
         let live = st.conns.all.iter().filter(|c| c.is_alive()).count().max(1) as u64;
         let hinted = match self.shared.tuner.pace_total.load(Ordering::Relaxed) {

@@ -108,6 +108,9 @@ pub struct CpSummary {
     pub seconds: f64,
     #[serde(rename = "MB_per_s")]
     pub mb_per_s: f64,
+    /// Where the wall-clock time went: logins (with the RTT probe and the congestion
+    /// control's load), the copy (`seconds`), its final flush, and the logout.
+    pub phases: CpPhases,
     /// Commands issued again after a connection failure or timeout (ERL 0 recovery, or
     /// commands the target never received).
     pub retries: u64,
@@ -142,6 +145,9 @@ async fn open_endpoint(
         let url = target_url(spec, flags).await?;
         let mut opts = flags.options(&url)?;
         opts.io_size_hint = Some(io_size);
+        // The copy starts once the leading connection is in; the others join a round trip
+        // later (they need the session's TSIH), instead of holding the first chunk back.
+        opts.join_late = true;
         return Ok((Endpoint::Lun(Lun::open_url(&url, &opts).await?), false));
     }
     let path = Path::new(spec);
@@ -173,8 +179,23 @@ fn progress(total: u64, enabled: bool, msg: &'static str) -> indicatif::Progress
     pb
 }
 
+/// Seconds of a copy's phases, in order (`rsv cp --json`'s `.phases`).
+#[derive(Serialize, Debug, Default, Clone, Copy)]
+pub struct CpPhases {
+    /// Opening both ends: discovery, the RTT probe, the congestion control's decision and
+    /// every login.
+    pub connect_s: f64,
+    /// The copy, first chunk to the destination's flush (`seconds`).
+    pub copy_s: f64,
+    /// Of `copy_s`, the final flush (SYNCHRONIZE CACHE on a LUN).
+    pub flush_s: f64,
+    /// The sessions' logouts.
+    pub logout_s: f64,
+}
+
 /// Copies with `args`; the library entry point behind `rsv cp`.
 pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
+    let opened = Instant::now();
     let (src, _) = open_endpoint(&args.src, &args.session, args.io_size, None, false).await?;
     let size = src.size();
     let (dst, fresh) = open_endpoint(
@@ -193,6 +214,7 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
             Size(size)
         );
     }
+    let connect_s = opened.elapsed().as_secs_f64();
     // Skipping zeros is only safe where the destination already reads as zero.
     let sparse = !args.no_sparse && (args.sparse || fresh);
     let opts = CopyOptions {
@@ -246,6 +268,10 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
                 skipped_zero_bytes: 0,
                 seconds: 0.0,
                 mb_per_s: 0.0,
+                phases: CpPhases {
+                    connect_s,
+                    ..CpPhases::default()
+                },
                 retries: sessions.iter().map(|s| s.retries()).sum(),
                 reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
                 reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
@@ -298,6 +324,12 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         skipped_zero_bytes: r.skipped_zero_bytes,
         seconds: r.seconds,
         mb_per_s: r.bytes as f64 / 1e6 / r.seconds.max(1e-9),
+        phases: CpPhases {
+            connect_s,
+            copy_s: r.seconds,
+            flush_s: r.flush_seconds,
+            logout_s: 0.0,
+        },
         retries: sessions.iter().map(|s| s.retries()).sum(),
         reinstatements: sessions.iter().map(|s| s.reinstatements()).sum(),
         reassigned_tasks: sessions.iter().map(|s| s.reassigned_tasks()).sum(),
@@ -310,9 +342,12 @@ pub async fn copy(args: &CpArgs) -> anyhow::Result<CpSummary> {
         sessions: sessions.iter().map(|s| s.info()).collect(),
         error: None,
     };
+    let mut summary = summary;
+    let logout = Instant::now();
     for s in sessions {
         let _ = s.logout().await;
     }
+    summary.phases.logout_s = logout.elapsed().as_secs_f64();
     Ok(summary)
 }
 
