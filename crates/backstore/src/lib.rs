@@ -19,6 +19,7 @@ mod registry;
 mod spec;
 mod stripe;
 pub mod track;
+pub mod undo;
 
 pub use file::FileBackstore;
 pub use image::{Hold, Image, ImageOptions, Imaged, SidePlace};
@@ -29,6 +30,7 @@ pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
 pub use spec::{SpecError, StoreSpec};
 pub use stripe::StripeBackstore;
 pub use track::{ChangeMap, Frozen, NewMap, Tracked};
+pub use undo::{CycleState, Undo};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backstore::{Backstore, ChangeMap, Hold, Imaged};
+use backstore::{Backstore, ChangeMap, Hold, Imaged, Undo};
 use scsi::{Designator, LogicalUnit, Reach};
 
 use std::net::SocketAddr;
@@ -45,6 +45,9 @@ pub struct LunStore {
     pub imaged: Arc<Imaged>,
     /// The LUN's write answers, held during a consistency group's cut (`conn/exec.rs`).
     pub hold: Arc<Hold>,
+    /// The layer that keeps the LUN whole as a replica (`backstore::undo`; `undo = true`):
+    /// `cycle_open()` says whether a sync is writing its next image now.
+    pub undo: Option<Arc<Undo>>,
 }
 
 impl TargetNode {
