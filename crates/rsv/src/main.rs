@@ -142,6 +142,7 @@ fn start_agent(
                         imaged: s.imaged.clone(),
                         hold: s.hold.clone(),
                     }),
+                    undo: s.undo.clone(),
                 });
             }
         }
