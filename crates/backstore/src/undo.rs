@@ -8,8 +8,13 @@
 //!   header says no cycle is open. The store holds the image it held when the cycle opened.
 //!
 //! An open cycle found when the store is opened ([`Undo::open`]: the target restarting
-//! after a crash, the link lost, the coordinator killed) is rolled back before the store
-//! serves anything; so is one found by the next cycle's open.
+//! after a crash with a sync cut off) is rolled back before the store serves anything.
+//! One found open by the next cycle's open (the link lost, the source site lost, the
+//! coordinator killed, the far target still up) goes on instead: the source counted the
+//! units it wrote as sent, and sends the rest, so the cycle ends with the new image; its
+//! saved units are still the image before it. A roll back is remembered until the next
+//! commit ([`CycleState::rolled_back`]): the source's count of what it sent is then wrong,
+//! and the next cycle sends every unit.
 //!
 //! # The rules, and why they are crash-safe
 //! The decisions are in [`rules`] (sans-IO: what to save, the log's format, what a log
@@ -73,6 +78,9 @@ pub mod rules {
         pub committed_cut_ms: u64,
         pub unit: u64,
         pub size: u64,
+        /// A cycle rolled back since the last commit (0: none): the source may have
+        /// counted some of its units as sent, so the next cycle sends every unit again.
+        pub rolled_back: u64,
     }
 
     impl Header {
@@ -87,7 +95,7 @@ pub mod rules {
                 self.committed_cut_ms,
                 self.unit,
                 self.size,
-                0,
+                self.rolled_back,
             ] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
@@ -115,6 +123,7 @@ pub mod rules {
                 committed_cut_ms: v(4),
                 unit: v(5),
                 size: v(6),
+                rolled_back: v(7),
             })
         }
 
@@ -436,6 +445,29 @@ pub struct CycleState {
     pub committed: Option<(u64, u64)>,
     /// Bytes of old content saved by the open cycle.
     pub saved_bytes: u64,
+    /// A cycle rolled back since the last commit: what the source counted as sent in it
+    /// is gone, so the next cycle must send every unit.
+    pub rolled_back: Option<u64>,
+}
+
+/// What [`Undo::open_cycle`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// A new cycle opened.
+    New,
+    /// Cycle `0` was open already (cut off, its streams gone) and goes on: what it saved
+    /// stays, and it now ends with the new image (the source sends what it had not).
+    Continued(u64),
+}
+
+impl Opened {
+    /// The id of the cycle open now, `asked` being the one asked for.
+    pub fn id(self, asked: u64) -> u64 {
+        match self {
+            Opened::New => asked,
+            Opened::Continued(c) => c,
+        }
+    }
 }
 
 /// A store whose changes during a cycle can be undone. See the module documentation.
@@ -683,31 +715,43 @@ impl Undo {
             open_cut_ms: h.open_cut_ms,
             committed: (h.committed != 0).then_some((h.committed, h.committed_cut_ms)),
             saved_bytes: log.end - RECORDS_AT,
+            rolled_back: (h.rolled_back != 0).then_some(h.rolled_back),
         }
     }
 
     /// Opens cycle `cycle` (its image cut at its source at `cut_ms`, ms since the Unix
-    /// epoch): from now on the first change of each unit is saved first. Another open
-    /// cycle is rolled back first; the same cycle open already is no change. Returns
-    /// whether a cycle was rolled back.
-    pub fn open_cycle(&self, cycle: u64, cut_ms: u64) -> io::Result<bool> {
+    /// epoch): from now on the first change of each unit is saved first. A cycle open
+    /// already (cut off: its coordinator or its source gone) goes on instead, to end with
+    /// the new image: what it saved is the image before it, and the units its streams
+    /// wrote are counted as sent at the source. Its cut moment becomes `cut_ms`. A cycle
+    /// whose log failed is rolled back first, and a new one opens.
+    pub fn open_cycle(&self, cycle: u64, cut_ms: u64) -> io::Result<Opened> {
         if cycle == 0 {
             return Err(UndoError::ZeroId.into());
         }
         let _alone = self.shared.exclusive();
         let mut log = self.shared.log();
-        if log.header.open == cycle && log.broken.is_none() && log.saved.is_some() {
-            return Ok(false);
+        let open = log.header.open;
+        if open != 0 && log.broken.is_none() && log.saved.is_some() {
+            if log.header.open_cut_ms != cut_ms {
+                let h = Header {
+                    open_cut_ms: cut_ms,
+                    ..log.header
+                };
+                log.write_header(h)?;
+            }
+            return Ok(if open == cycle {
+                Opened::New
+            } else {
+                Opened::Continued(open)
+            });
         }
-        let mut rolled = false;
-        if log.header.open != 0 {
+        if open != 0 {
             tracing::warn!(
-                "{}: cycle {} was left open; rolled back before cycle {cycle} opens",
+                "{}: cycle {open} cannot go on (its undo log failed); rolled back before cycle {cycle} opens",
                 self.inner.description(),
-                log.header.open
             );
             roll_back(&mut log, &self.inner)?;
-            rolled = true;
         }
         // Records of an older cycle would not fit this one's header; cleared anyway so
         // that the log holds only what the cycle saves.
@@ -721,7 +765,7 @@ impl Undo {
         log.end = RECORDS_AT;
         log.saved = Some(Saved::new(h.unit, h.size));
         log.broken = None;
-        Ok(rolled)
+        Ok(Opened::New)
     }
 
     /// Commits cycle `cycle`: the store's writes are made durable, then the log says the
@@ -752,6 +796,7 @@ impl Undo {
             open_cut_ms: 0,
             committed: cycle,
             committed_cut_ms: log.header.open_cut_ms,
+            rolled_back: 0,
             ..log.header
         };
         log.write_header(h)?;
@@ -868,6 +913,7 @@ fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
     let h = Header {
         open: 0,
         open_cut_ms: 0,
+        rolled_back: cycle,
         ..log.header
     };
     log.write_header(h)?;

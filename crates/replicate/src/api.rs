@@ -260,8 +260,8 @@ pub struct CycleAnswer {
     /// Bytes of old content the open cycle saved.
     #[serde(default)]
     pub saved_bytes: u64,
-    /// The cycle this request rolled back, if it did (`open` found another open, or
-    /// `rollback`).
+    /// A cycle rolled back since the last commit (at the target's start, or asked): what
+    /// the source counted as sent in it is gone, so the next cycle sends every unit.
     #[serde(default)]
     pub rolled_back: Option<u64>,
 }

@@ -29,8 +29,9 @@ without it, --state FILE keeps the resume point. Every unit sent is checked by a
 checksum taken on each side; a unit that differs is sent again.
 
 With --every INTERVAL it runs continuously: one cycle per interval (cut, send what changed,
-commit at the far site, release), until SIGTERM or SIGINT. A cycle that fails is logged and
-the next interval tries again; the far site keeps its last committed image meanwhile.
+commit at the far site, release), until SIGTERM or SIGINT (the cycle running finishes; a
+second signal abandons it). A cycle that fails is logged and the next interval tries again;
+the far site keeps its last committed image meanwhile.
 
 Exit status: 0 done and verified (with --every: stopped by a signal), 1 failed (run the same
 command to resume).")]
@@ -105,7 +106,7 @@ pub struct SyncArgs {
     pub cut_hold: String,
     /// Continuous mode: a cycle every DURATION (from the start of one to the start of the
     /// next; a cycle longer than that is followed by the next at once) until SIGTERM or
-    /// SIGINT. Each prints a `cycle` line (with --json: its number, cut moment, bytes,
+    /// SIGINT, which let the cycle running finish (a second one abandons it). Each prints a `cycle` line (with --json: its number, cut moment, bytes,
     /// duration, whether it committed, and the replica's lag, rpo_seconds).
     #[arg(long, value_name = "DURATION")]
     pub every: Option<String>,

@@ -3,8 +3,9 @@
 //! cycle (the change maps), commits at the far site and releases the image
 //! ([`coord::run`]). A cycle that fails is logged and leaves the far copy whole (rolled
 //! back when abandoned, else by the next cycle's open); the next interval tries again.
-//! A signal abandons the cycle running (its streams cancelled and waited for, the far
-//! site's cycle rolled back) and ends the command with status 0.
+//! A signal lets the cycle running finish (it commits, or fails as any other) and ends the
+//! command with status 0; a second signal abandons it (its streams cancelled and waited
+//! for, the far site's cycle rolled back, so the next run sends every unit again).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -62,27 +63,37 @@ pub fn run(
     json: bool,
 ) -> anyhow::Result<()> {
     let stop = o.stop.clone();
+    let finishing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let wake = Arc::new(tokio::sync::Notify::new());
     {
-        let (stop, wake) = (stop.clone(), wake.clone());
+        let (stop, wake, finishing) = (stop.clone(), wake.clone(), finishing.clone());
         let mut term = rt
             .block_on(async {
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             })
             .map_err(|e| anyhow::anyhow!("listening for SIGTERM: {e}"))?;
         rt.spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+            for first in [true, false] {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                if first {
+                    tracing::info!(
+                        "asked to stop: the cycle running finishes (a second signal abandons it)"
+                    );
+                    finishing.store(true, Ordering::SeqCst);
+                } else {
+                    tracing::warn!("asked again: the cycle running is abandoned and rolled back");
+                    stop.store(true, Ordering::SeqCst);
+                }
+                wake.notify_one();
             }
-            tracing::info!("asked to stop: the cycle running is abandoned");
-            stop.store(true, Ordering::SeqCst);
-            wake.notify_one();
         });
     }
     let mut committed_cut: Option<f64> = None;
     let mut n = 0u64;
-    while !stop.load(Ordering::SeqCst) {
+    while !finishing.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
         n += 1;
         let start = Instant::now();
         let r = rt.block_on(coord::run(&args.source, &args.dest, key, o, |t| {

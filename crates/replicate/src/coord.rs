@@ -713,7 +713,14 @@ async fn transfer(
             }
         }
     }
-    let incremental = !o.full && streams.iter().all(|s| s.source_lun.tracking.is_some());
+    // A far site that rolled a cycle back lost units the source counted as sent: every
+    // unit goes again, and a resume point is no good.
+    let far_lost = cycle.is_some_and(|c| c.full);
+    if far_lost {
+        resume.skip = vec![0; n];
+    }
+    let incremental =
+        !o.full && !far_lost && streams.iter().all(|s| s.source_lun.tracking.is_some());
     let given = o.rate.map(payload_rate);
     let mut ctl = Controller::new(o.pacing, given, n);
     let first = ctl.tick(
@@ -965,7 +972,7 @@ async fn transfer(
         compressed_units: statuses.iter().flatten().map(|s| s.compressed_units).sum(),
         cut: taken,
         cycle: cycle.map(|c| CycleReport {
-            cycle: c.cycle,
+            cycle: c.ids.iter().copied().max().unwrap_or(c.cycle),
             cut_unix_ms: c.cut_ms,
             whole: c.whole,
         }),

@@ -4,8 +4,11 @@
 //! saves what the streams overwrite. Once every stream is done and verified, the
 //! coordinator commits the cycle on every member (`POST /v1/cycle/commit`), and only then
 //! releases the source's change-tracking epochs. A cycle cut off (link lost, source site
-//! lost, coordinator killed) is rolled back by the next cycle's open, or when the far
-//! target starts: the far LUNs hold the last committed image.
+//! lost, coordinator killed) is rolled back when the far target starts: the far LUNs hold
+//! the last committed image. If the far target stays up, the next cycle's open continues
+//! it instead (the source sends what it had not: a cut-off sync resumes), and ends it
+//! with the next image. After a roll back the source's count of what it sent is wrong
+//! (the far site lost it), so the next cycle sends every unit ([`Opened::full`]).
 //!
 //! # A commit that reaches some members and not others
 //! A commit is sent only once every member's stream is verified, so the cycle's data is
@@ -37,7 +40,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// A member's state as its undo layer says it.
-pub fn answer(undo: Option<&Undo>, rolled_back: Option<u64>) -> CycleAnswer {
+pub fn answer(undo: Option<&Undo>) -> CycleAnswer {
     let Some(u) = undo else {
         return CycleAnswer::default();
     };
@@ -48,7 +51,7 @@ pub fn answer(undo: Option<&Undo>, rolled_back: Option<u64>) -> CycleAnswer {
         committed: s.committed.map(|c| c.0),
         committed_cut_ms: s.committed.map(|c| c.1),
         saved_bytes: s.saved_bytes,
-        rolled_back,
+        rolled_back: s.rolled_back,
     }
 }
 
@@ -60,7 +63,7 @@ pub async fn serve(
     req: CycleRequest,
 ) -> Result<CycleAnswer, (u16, String)> {
     if what == "state" {
-        return Ok(answer(undo.as_deref(), None));
+        return Ok(answer(undo.as_deref()));
     }
     let Some(undo) = undo else {
         return Err((
@@ -78,13 +81,9 @@ pub async fn serve(
     let u = undo.clone();
     // Roll back and commit write and flush the store: off the runtime's threads.
     let r = tokio::task::spawn_blocking(move || match what.as_str() {
-        "open" => {
-            let before = u.cycle_open();
-            u.open_cycle(req.cycle, req.cut_ms)
-                .map(|rolled| before.filter(|_| rolled))
-        }
-        "commit" => u.commit(req.cycle).map(|()| None),
-        "rollback" => u.roll_back(),
+        "open" => u.open_cycle(req.cycle, req.cut_ms).map(|_| ()),
+        "commit" => u.commit(req.cycle),
+        "rollback" => u.roll_back().map(|_| ()),
         _ => Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("no such cycle request: {what}"),
@@ -93,7 +92,7 @@ pub async fn serve(
     .await
     .map_err(|e| (500, e.to_string()))?;
     match r {
-        Ok(rolled) => Ok(answer(Some(&undo), rolled)),
+        Ok(()) => Ok(answer(Some(&undo))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err((404, e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Err((409, e.to_string())),
         Err(e) => Err((500, e.to_string())),
@@ -168,7 +167,12 @@ pub struct FarMember {
 #[derive(Clone, Debug)]
 pub struct Opened {
     pub members: Vec<FarMember>,
+    /// The cycle asked for (the cut's id).
     pub cycle: u64,
+    /// The cycle open on each member: the one asked for, or one cut off that goes on.
+    pub ids: Vec<u64>,
+    /// A member rolled a cycle back since its last commit: send every unit.
+    pub full: bool,
     pub cut_ms: u64,
     /// Whether every member keeps the copy whole (an undo log).
     pub whole: bool,
@@ -180,7 +184,8 @@ async fn ask(
     members: &[FarMember],
     which: &[usize],
     what: &str,
-    cycle: u64,
+    // By member index.
+    cycles: &[u64],
     cut_ms: u64,
 ) -> Vec<(usize, anyhow::Result<CycleAnswer>)> {
     let mut set = tokio::task::JoinSet::new();
@@ -189,7 +194,7 @@ async fn ask(
         let req = CycleRequest {
             iqn: m.iqn.clone(),
             lun: m.lun,
-            cycle,
+            cycle: cycles.get(i).copied().unwrap_or(0),
             cut_ms,
         };
         let path = format!("/v1/cycle/{what}");
@@ -210,7 +215,7 @@ async fn ask(
 pub async fn states(members: &[FarMember]) -> anyhow::Result<Vec<CycleAnswer>> {
     let all: Vec<usize> = (0..members.len()).collect();
     let mut out = Vec::new();
-    for (i, r) in ask(members, &all, "state", 0, 0).await {
+    for (i, r) in ask(members, &all, "state", &[], 0).await {
         let m = members.get(i).map_or("?", |m| m.agent.addr.as_str());
         match r {
             Ok(a) => out.push(a),
@@ -240,8 +245,10 @@ pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::R
             members[i].iqn
         );
         return Ok(Opened {
+            ids: vec![cycle; members.len()],
             members,
             cycle,
+            full: false,
             cut_ms,
             whole: false,
             before: FarImage::Unknown,
@@ -252,24 +259,39 @@ pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::R
             "cycle {c} was committed on part of the far site; committing it on {} too",
             members[i].agent.addr
         );
-        for (_, r) in ask(&members, &[i], "commit", c, 0).await {
+        for (_, r) in ask(&members, &[i], "commit", &vec![c; members.len()], 0).await {
             r.with_context(|| format!("rolling cycle {c} forward on {}", members[i].agent.addr))?;
         }
     }
     let before = far_image(&states(&members).await?);
     let all: Vec<usize> = (0..members.len()).collect();
-    for (i, r) in ask(&members, &all, "open", cycle, cut_ms).await {
+    let mut ids = vec![cycle; members.len()];
+    let mut full = false;
+    for (i, r) in ask(&members, &all, "open", &vec![cycle; members.len()], cut_ms).await {
         let a = r.with_context(|| format!("opening cycle {cycle} on the far site"))?;
-        if a.rolled_back.is_some() {
-            tracing::warn!(
-                "{}: a cycle cut off was rolled back before cycle {cycle}",
+        let id = a.open.unwrap_or(cycle);
+        if id != cycle {
+            tracing::info!(
+                "{}: cycle {id}, cut off, goes on with the image of cycle {cycle}",
                 members[i].agent.addr
             );
+        }
+        if let Some(r) = a.rolled_back {
+            tracing::warn!(
+                "{}: cycle {r} was rolled back since the last commit; every unit is sent again",
+                members[i].agent.addr
+            );
+            full = true;
+        }
+        if let Some(slot) = ids.get_mut(i) {
+            *slot = id;
         }
     }
     Ok(Opened {
         members,
         cycle,
+        ids,
+        full,
         cut_ms,
         whole: true,
         before,
@@ -291,7 +313,7 @@ impl Opened {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let mut failed = Vec::new();
-            for (i, r) in ask(&self.members, &left, "commit", self.cycle, 0).await {
+            for (i, r) in ask(&self.members, &left, "commit", &self.ids, 0).await {
                 if let Err(e) = r {
                     tracing::warn!("committing cycle {} on member {i}: {e:#}", self.cycle);
                     failed.push(i);
@@ -320,7 +342,7 @@ impl Opened {
             return;
         }
         let all: Vec<usize> = (0..self.members.len()).collect();
-        for (i, r) in ask(&self.members, &all, "rollback", self.cycle, 0).await {
+        for (i, r) in ask(&self.members, &all, "rollback", &[], 0).await {
             if let Err(e) = r {
                 tracing::warn!("rolling cycle {} back on member {i}: {e:#}", self.cycle);
             }

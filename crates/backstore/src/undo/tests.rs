@@ -210,7 +210,9 @@ fn apply(undo: &Undo, op: &Op, cycle: &mut u64) -> io::Result<()> {
     match *op {
         Op::Open => {
             *cycle += 1;
-            undo.open_cycle(*cycle, *cycle * 1000).map(|_| ())
+            let o = undo.open_cycle(*cycle, *cycle * 1000)?;
+            *cycle = o.id(*cycle);
+            Ok(())
         }
         Op::Write { at, len, byte } => undo.write_at(&vec![byte; len as usize], at),
         Op::Zero { at, len } => undo.write_zeroes(at, len),
@@ -265,10 +267,10 @@ proptest! {
             match *o {
                 Op::Open => {
                     prop_assert!(r.is_ok(), "{r:?}");
-                    if let Some(before) = at_open.take() {
-                        live = before;
+                    // A cycle open already goes on: its image before stays the one.
+                    if at_open.is_none() {
+                        at_open = Some(live.clone());
                     }
-                    at_open = Some(live.clone());
                 }
                 Op::Write { at, len, byte } => {
                     prop_assert!(r.is_ok(), "{r:?}");
@@ -330,7 +332,10 @@ fn a_committed_cycle_stays_and_an_open_one_goes_at_restart() {
     undo.commit(7).unwrap();
     undo.commit(7).expect("a commit asked again is no change");
     assert_eq!(undo.state().committed, Some((7, 7000)));
-    undo.open_cycle(8, 8000).unwrap();
+    assert_eq!(undo.open_cycle(8, 7900).unwrap(), Opened::New);
+    // Its coordinator gone, the next one's open goes on with it.
+    undo.write_at(&[3; 100], 60_000).unwrap();
+    assert_eq!(undo.open_cycle(9, 8000).unwrap(), Opened::Continued(8));
     undo.write_at(&[3; 20_000], 1000).unwrap();
     undo.discard(40_000, 8192).unwrap();
     assert_eq!(undo.cycle_open(), Some(8));
@@ -341,12 +346,20 @@ fn a_committed_cycle_stays_and_an_open_one_goes_at_restart() {
     let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
     assert_eq!(undo.cycle_open(), None);
     assert_eq!(undo.state().committed, Some((7, 7000)));
+    assert_eq!(
+        undo.state().rolled_back,
+        Some(8),
+        "remembered until a commit"
+    );
     let mut b = vec![0u8; 10_000];
     undo.read_at(&mut b, 0).unwrap();
     let mut want = vec![1u8; 10_000];
     want[3000..8000].fill(2);
     assert_eq!(b, want);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), RECORDS_AT);
+    undo.open_cycle(10, 10_000).unwrap();
+    undo.commit(10).unwrap();
+    assert_eq!(undo.state().rolled_back, None);
 }
 
 #[test]
