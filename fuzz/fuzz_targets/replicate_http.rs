@@ -2,13 +2,16 @@
 //! hyper has parsed them (here with httparse, hyper's own parser; the body is what
 //! follows the head): the `Authorization` header through `auth::Verifier` (a forged or
 //! malformed one refused, a correctly signed one accepted once and then refused as a
-//! replay), and the JSON bodies the agent decodes. Properties: no panic; only a request
+//! replay), and the JSON bodies the agent decodes (the cycle requests too, and the
+//! coordinator's decisions on the far site's cycle states). Properties: no panic; only a request
 //! signed with the key passes (the input's header checked against a key it cannot know);
 //! a nonce passes once.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use replicate::api::{CutAnswer, CutRequest, Pace, Release, SendRequest, SumsRequest};
+use replicate::api::{
+    CutAnswer, CutRequest, CycleAnswer, CycleRequest, Pace, Release, SendRequest, SumsRequest,
+};
 use replicate::auth::{AuthError, Key, Verifier};
 
 const NOW: u64 = 1_780_000_000;
@@ -66,5 +69,15 @@ fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<replicate::failover::Changes>(body);
     if let Ok(text) = std::str::from_utf8(body) {
         let _ = backstore::role::RoleRecord::decode(text);
+    }
+    let _ = serde_json::from_slice::<CycleRequest>(body);
+    // The far site's states as a coordinator decides on them: any answers, no panic, and
+    // a roll forward only of a cycle that is open where it is asked and committed elsewhere.
+    if let Ok(states) = serde_json::from_slice::<Vec<CycleAnswer>>(body) {
+        for (i, c) in replicate::cycle::roll_forward(&states) {
+            assert_eq!(states[i].open, Some(c));
+            assert!(states.iter().any(|s| s.committed == Some(c)));
+        }
+        let _ = replicate::cycle::far_image(&states);
     }
 });

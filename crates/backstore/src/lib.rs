@@ -21,11 +21,12 @@ mod lend;
 mod null;
 mod ram;
 mod registry;
-mod sized;
 pub mod role;
+mod sized;
 mod spec;
 mod stripe;
 pub mod track;
+pub mod undo;
 
 pub use file::FileBackstore;
 pub use image::{Hold, Image, ImageOptions, Imaged, SidePlace};
@@ -36,6 +37,7 @@ pub use registry::{OpenContext, OpenError, Param, Registry, StoreFactory};
 pub use spec::{SpecError, StoreSpec};
 pub use stripe::StripeBackstore;
 pub use track::{ChangeMap, Frozen, NewMap, Tracked};
+pub use undo::{CycleState, Undo};
 
 /// Byte-addressed storage of a fixed size.
 pub trait Backstore: Send + Sync + std::fmt::Debug {

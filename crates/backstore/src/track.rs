@@ -1026,7 +1026,6 @@ impl Backstore for Tracked {
         Ok(out)
     }
 
-
     fn description(&self) -> String {
         format!(
             "{}, changes tracked in {} (units of {})",

@@ -387,6 +387,7 @@ mod tests {
             rtt_us: rtt_ms * 1000,
             mss: 1448,
             remembered: None,
+            congestion_default: None,
         };
         // The lab's namespaces: the kernel's defaults, autotuning up to 4 and 32 MiB.
         let kernel = net::KernelLimits {

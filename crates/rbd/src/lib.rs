@@ -52,8 +52,8 @@ use backstore::{
 };
 
 mod aio;
-mod caw;
 pub mod alua;
+mod caw;
 pub mod ffi;
 mod pr;
 

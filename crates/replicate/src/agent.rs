@@ -79,6 +79,9 @@ pub struct LocalLun {
     /// Its replication role's record and fence (`crate::failover`); absent: its store
     /// has no place beside its data, and it takes no role.
     pub role: Option<crate::failover::RolePoint>,
+    /// The layer that keeps the LUN whole as a replica (`crate::cycle`); absent: a sync
+    /// cut off halfway leaves it holding no single image.
+    pub undo: Option<Arc<backstore::Undo>>,
 }
 
 /// A LUN's part in a consistency group: its image layer and its hold of write answers.
@@ -430,6 +433,17 @@ impl Agent {
         }))
     }
 
+    /// `POST /v1/cycle/{state,open,commit,rollback}`: the far copy kept whole
+    /// (`crate::cycle`).
+    async fn cycle(&self, what: &str, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::CycleRequest = parse(body)?;
+        let local = self.find(&req.iqn, req.lun)?;
+        crate::cycle::serve(local.undo.clone(), what, req)
+            .await
+            .map(|a| ok(&a))
+            .map_err(|(status, m)| err(status, m))
+    }
+
     pub(crate) fn find(&self, iqn: &str, lun: u16) -> Result<LocalLun, Answer> {
         (self.luns)()
             .into_iter()
@@ -467,6 +481,7 @@ impl Agent {
             ("POST", ["v1", "cut", "image"]) => self.cut_image(&body).await,
             ("POST", ["v1", "cut", "release"]) => self.cut_release(&body),
             ("POST", ["v1", "cut", "drop"]) => self.cut_drop(&body),
+            ("POST", ["v1", "cycle", what]) => self.cycle(what, &body).await,
             ("GET", ["v1", "jobs", id, "sums"]) => self.job(id).map(|j| {
                 let p = j.progress.lock().unwrap();
                 ok(&api::Sums {
@@ -1329,6 +1344,7 @@ mod tests {
             changes: None,
             cut: Some(point.clone()),
             role: None,
+            undo: None,
         };
         let agent = Agent::new(
             Box::new(move || vec![lun.clone()]),

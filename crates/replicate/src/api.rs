@@ -232,3 +232,40 @@ pub fn unit_range(i: u64, unit: u64, size: u64) -> (u64, u64) {
     let start = i * unit;
     (start, (start + unit).min(size))
 }
+
+/// `POST /v1/cycle/{state,open,commit,rollback}`: a destination member's part in keeping
+/// the far copy whole (`crate::cycle`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct CycleRequest {
+    pub iqn: String,
+    pub lun: u16,
+    /// `open`, `commit`: the cycle's id (the cut's), not 0.
+    #[serde(default)]
+    pub cycle: u64,
+    /// `open`: when the cycle's image was cut at the source, ms since the Unix epoch.
+    #[serde(default)]
+    pub cut_ms: u64,
+}
+
+/// The answer to a cycle request: the member's state after it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+pub struct CycleAnswer {
+    /// Whether the LUN keeps an undo log (`undo = true`): without one, a cycle cut off
+    /// leaves it holding no single image.
+    pub undo: bool,
+    /// The cycle open now: the LUN holds no whole image until it commits or rolls back.
+    #[serde(default)]
+    pub open: Option<u64>,
+    /// The last committed cycle, and when its image was cut (ms since the Unix epoch).
+    #[serde(default)]
+    pub committed: Option<u64>,
+    #[serde(default)]
+    pub committed_cut_ms: Option<u64>,
+    /// Bytes of old content the open cycle saved.
+    #[serde(default)]
+    pub saved_bytes: u64,
+    /// A cycle rolled back since the last commit (at the target's start, or asked): what
+    /// the source counted as sent in it is gone, so the next cycle sends every unit.
+    #[serde(default)]
+    pub rolled_back: Option<u64>,
+}

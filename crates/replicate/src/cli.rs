@@ -33,7 +33,13 @@ the sync's streams write it). `rsv sync promote|demote|status|resync` handle fai
 failback; a sync between two primaries, or from a stale one, is refused before any data
 moves.
 
-Exit status: 0 done and verified, 1 failed (run the same command to resume).")]
+With --every INTERVAL it runs continuously: one cycle per interval (cut, send what changed,
+commit at the far site, release), until SIGTERM or SIGINT (the cycle running finishes; a
+second signal abandons it). A cycle that fails is logged and the next interval tries again;
+the far site keeps its last committed image meanwhile.
+
+Exit status: 0 done and verified (with --every: stopped by a signal), 1 failed (run the same
+command to resume).")]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SyncArgs {
     #[command(subcommand)]
@@ -108,6 +114,12 @@ pub struct SyncArgs {
     /// cut aborts past it).
     #[arg(long, default_value = "5s", value_name = "DURATION")]
     pub cut_hold: String,
+    /// Continuous mode: a cycle every DURATION (from the start of one to the start of the
+    /// next; a cycle longer than that is followed by the next at once) until SIGTERM or
+    /// SIGINT, which let the cycle running finish (a second one abandons it). Each prints a `cycle` line (with --json: its number, cut moment, bytes,
+    /// duration, whether it committed, and the replica's lag, rpo_seconds).
+    #[arg(long, value_name = "DURATION")]
+    pub every: Option<String>,
 }
 
 fn shown_rate(bytes_per_s: u64) -> String {
@@ -175,6 +187,15 @@ pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
             Some(units::parse_duration(&args.cut_hold).map_err(|e| anyhow!("--cut-hold: {e}"))?)
         },
         resync,
+        stop: Default::default(),
+    };
+    let every = match &args.every {
+        Some(e) => {
+            let d = units::parse_duration(e).map_err(|e| anyhow!("--every: {e}"))?;
+            anyhow::ensure!(!d.is_zero(), "--every: give a duration above zero");
+            Some(d)
+        }
+        None => None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -196,6 +217,11 @@ pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
             eprintln!("metrics {at}");
         }
         rt.spawn(rsv_metrics::serve(l, registry));
+    }
+    if let Some(every) = every {
+        let r = crate::continuous::run(&rt, &args, &source, &dest, &key, &o, every, &metrics, json);
+        hold_metrics(&rt, args.metrics.is_some(), metrics_hold);
+        return r;
     }
     let report = rt.block_on(coord::run(&source, &dest, &key, &o, |t| {
         metrics.progress(t);
@@ -227,7 +253,12 @@ pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
         eprintln!();
     }
     match &report {
-        Ok(_) => metrics.completed(),
+        Ok(r) => {
+            metrics.completed();
+            if let Some(c) = r.cycle.as_ref().filter(|c| c.whole) {
+                metrics.committed(c.cut_unix_ms as f64 / 1e3);
+            }
+        }
         Err(_) => metrics.failed(),
     }
     let report = match report {
@@ -266,7 +297,7 @@ pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
 
 /// With --metrics, serves on for `hold` after the sync (SIGTERM or SIGINT end it early),
 /// so that the last scrape sees its end.
-fn hold_metrics(rt: &tokio::runtime::Runtime, metrics: bool, hold: Duration) {
+pub(crate) fn hold_metrics(rt: &tokio::runtime::Runtime, metrics: bool, hold: Duration) {
     if !metrics || hold.is_zero() {
         return;
     }

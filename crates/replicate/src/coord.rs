@@ -147,6 +147,9 @@ pub struct SyncOptions {
     /// A failback (`rsv sync resync`): the source's changes and the destination's own
     /// since the last image both hold.
     pub resync: bool,
+    /// Set to abandon the sync cleanly (SIGTERM in continuous mode): the streams are
+    /// cancelled and waited for, and the far site's cycle rolled back.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The options of the streams' iSCSI sessions: the user's, and CUBIC for paced streams
@@ -436,6 +439,27 @@ pub struct Report {
     pub compressed_units: u64,
     /// The point-in-time cut the copy is of, and its holds (absent: the live LUNs).
     pub cut: Option<CutReport>,
+    /// The cycle at the far site (`crate::cycle`): committed when the report is made.
+    pub cycle: Option<CycleReport>,
+}
+
+/// A sync's cycle at the far site.
+#[derive(Serialize, Debug, Clone)]
+pub struct CycleReport {
+    pub cycle: u64,
+    /// When the image was cut at the source, ms since the Unix epoch (the start of the
+    /// cut: every write acknowledged before it is in the image).
+    pub cut_unix_ms: u64,
+    /// Whether every destination member keeps the copy whole (an undo log).
+    pub whole: bool,
+}
+
+/// Why a sync ended without an error of its own: it was asked to stop.
+#[derive(Debug, thiserror::Error)]
+#[error("abandoned: asked to stop")]
+pub struct Abandoned {
+    /// Whether every stream was seen ended (none writes to the far site any more).
+    pub ended: bool,
 }
 
 #[derive(Serialize, serde::Deserialize, Default, Clone)]
@@ -624,9 +648,24 @@ pub async fn run(
         crate::role::Transfer::Sync { full: o.full }
     };
     let gate = crate::failover::before_transfer(src, dst, key, kind, &mut streams).await?;
+    let far: Vec<crate::cycle::FarMember> = streams
+        .iter()
+        .map(|s| crate::cycle::FarMember {
+            agent: s.dest.clone(),
+            iqn: s.dest_lun.iqn.clone(),
+            lun: s.dest_lun.lun,
+        })
+        .collect();
     let Some(hold) = o.cut else {
-        let r = transfer(src, dst, o, streams, dest_check, None, out).await?;
-        crate::failover::after_transfer(&gate, rand::random::<u64>() | 1).await?;
+        // A live copy is of no single moment, but the image the far site held before it
+        // is still kept until it completes.
+        let id = rand::random::<u64>() | 1;
+        let opened = crate::cycle::open(far, id, crate::cycle::now_ms())
+            .await
+            .context("opening the cycle at the far site")?;
+        let r = transfer(src, dst, o, streams, dest_check, None, Some(&opened), out).await;
+        let r = finish_cycle(r, &opened).await?;
+        crate::failover::after_transfer(&gate, id).await?;
         return Ok(r);
     };
     let members: Vec<GroupMember> = streams
@@ -637,6 +676,7 @@ pub async fn run(
             lun: s.source_lun.lun,
         })
         .collect();
+    let cut_ms = crate::cycle::now_ms();
     let taken = cut(&members, hold)
         .await
         .context("the point-in-time cut of the source")?;
@@ -647,14 +687,51 @@ pub async fn run(
         taken.took_ms,
         taken.max_held_us()
     );
-    let r = transfer(src, dst, o, streams, dest_check, Some(taken.clone()), out).await;
+    let opened = match crate::cycle::open(far, taken.cut, cut_ms).await {
+        Ok(c) => c,
+        Err(e) => {
+            drop_cut(&members, taken.cut).await;
+            return Err(e.context("opening the cycle at the far site"));
+        }
+    };
+    let r = transfer(
+        src,
+        dst,
+        o,
+        streams,
+        dest_check,
+        Some(taken.clone()),
+        Some(&opened),
+        out,
+    )
+    .await;
+    let r = finish_cycle(r, &opened).await;
     drop_cut(&members, taken.cut).await;
     let r = r?;
     crate::failover::after_transfer(&gate, taken.cut).await?;
     Ok(r)
 }
 
+/// After a transfer: a cycle abandoned on request (its streams ended) is rolled back at
+/// once; one that failed otherwise is left to the next open (a stream may still write),
+/// or to the far target's start.
+async fn finish_cycle(
+    r: anyhow::Result<Report>,
+    opened: &crate::cycle::Opened,
+) -> anyhow::Result<Report> {
+    match r {
+        Err(e) if e.downcast_ref::<Abandoned>().is_some_and(|a| a.ended) => {
+            opened.roll_back().await;
+            Err(e)
+        }
+        r => r,
+    }
+}
+
 /// The transfer of a planned sync, from the live LUNs or from the images of `cut`.
+// The plan, the cut and the far site's cycle are what a transfer is of; bundling them
+// would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn transfer(
     src: &VolumeRef,
     dst: &VolumeRef,
@@ -662,6 +739,7 @@ async fn transfer(
     mut streams: Vec<Stream>,
     dest_check: DestCheck,
     taken: Option<CutReport>,
+    cycle: Option<&crate::cycle::Opened>,
     mut out: impl FnMut(&Tick<'_>),
 ) -> anyhow::Result<Report> {
     let cut_id = taken.as_ref().map(|c| c.cut);
@@ -688,7 +766,14 @@ async fn transfer(
             }
         }
     }
-    let incremental = !o.full && streams.iter().all(|s| s.source_lun.tracking.is_some());
+    // A far site that rolled a cycle back lost units the source counted as sent: every
+    // unit goes again, and a resume point is no good.
+    let far_lost = cycle.is_some_and(|c| c.full);
+    if far_lost {
+        resume.skip = vec![0; n];
+    }
+    let incremental =
+        !o.full && !far_lost && streams.iter().all(|s| s.source_lun.tracking.is_some());
     anyhow::ensure!(
         incremental || !o.resync,
         "a resync sends what changed on both sides and needs change tracking on the source (track = true), without --full"
@@ -808,6 +893,11 @@ async fn transfer(
             if std::fs::write(&tmp, serde_json::to_vec(&save)?).is_ok() {
                 let _ = std::fs::rename(&tmp, path);
             }
+        }
+        if o.stop.load(std::sync::atomic::Ordering::SeqCst) {
+            cancel_all(&streams, &jobs).await;
+            let ended = wait_ended(&streams, &jobs).await;
+            return Err(Abandoned { ended }.into());
         }
         if let Some((i, e)) = failed {
             cancel_all(&streams, &jobs).await;
@@ -938,11 +1028,21 @@ async fn transfer(
         zero_bytes: statuses.iter().flatten().map(|s| s.zero_bytes).sum(),
         compressed_units: statuses.iter().flatten().map(|s| s.compressed_units).sum(),
         cut: taken,
+        cycle: cycle.map(|c| CycleReport {
+            cycle: c.ids.iter().copied().max().unwrap_or(c.cycle),
+            cut_unix_ms: c.cut_ms,
+            whole: c.whole,
+        }),
     };
     if o.verify {
         let (verified, repaired) = verify(&streams, &jobs, o, cut_id).await?;
         report.verified_units = verified;
         report.repaired_units = repaired;
+    }
+    // Committed before the source lets go of what it sent: a commit that fails leaves
+    // the epochs frozen, and the next cycle sends their units again.
+    if let Some(c) = cycle {
+        c.commit().await?;
     }
     for (s, j) in streams.iter().zip(&jobs) {
         if let Some(epoch) = j.epoch {
@@ -961,6 +1061,31 @@ async fn transfer(
         let _ = std::fs::remove_file(path);
     }
     Ok(report)
+}
+
+/// Waits (10 s at most) until no stream runs: none writes to the far site any more.
+/// Whether they all ended.
+async fn wait_ended(streams: &[Stream], jobs: &[api::SendStarted]) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        let mut running = false;
+        for (s, j) in streams.iter().zip(jobs) {
+            match s
+                .source
+                .call::<JobStatus>("GET", &format!("/v1/jobs/{}", j.job), &())
+                .await
+            {
+                Ok(st) => running |= matches!(st.state, JobState::Connecting | JobState::Running),
+                Err(_) => running = true,
+            }
+        }
+        if !running {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!("streams still running 10 s after they were cancelled");
+    false
 }
 
 async fn cancel_all(streams: &[Stream], jobs: &[api::SendStarted]) {

@@ -111,6 +111,12 @@ static ROLES: Mutex<()> = Mutex::new(());
 /// once it exists (an open cycle: promote then rolls it back to the last complete
 /// image instead of refusing).
 pub fn open_cycle(lun: &LocalLun) -> Option<String> {
+    // A cycle open in the undo log: the far copy is between two images until it commits.
+    if let Some(id) = lun.undo.as_ref().and_then(|u| u.cycle_open()) {
+        return Some(format!(
+            "cycle {id} is open here (a sync's next image, not committed)"
+        ));
+    }
     let point = lun.role.as_ref()?;
     match (point.writing)() {
         0 => None,
@@ -187,6 +193,15 @@ pub(crate) async fn serve(
                     tracing::warn!(
                         "{name}: promoted with --force, abandoning what was writing it: {what}"
                     );
+                }
+                // The copy promoted is the last complete image: an open cycle's changes
+                // are undone first.
+                if let Some(u) = &lun.undo {
+                    if let Some(id) = u.roll_back().map_err(|e| {
+                        refuse(500, format!("{name}: rolling back the open cycle: {e}"))
+                    })? {
+                        tracing::warn!("{name}: cycle {id} rolled back before the promotion");
+                    }
                 }
                 put(p, &new)?;
                 tracing::info!("{name}: promoted to primary at epoch {}", new.epoch);

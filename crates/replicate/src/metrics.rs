@@ -49,6 +49,11 @@ struct Snapshot {
     started_unix: Option<f64>,
     completed_unix: Option<f64>,
     failed_unix: Option<f64>,
+    /// When the image the far site last committed was cut at the source (Unix time).
+    committed_cut_unix: Option<f64>,
+    /// Bytes sent by the runs before this one (continuous mode): the counters go on.
+    sent_base: u64,
+    stream_sent_base: Vec<u64>,
 }
 
 /// What `/metrics` shows of the sync; cheap to clone, shared with the collector.
@@ -73,26 +78,38 @@ impl SyncMetrics {
         if !s.running {
             s.running = true;
             s.started_unix = Some(t.unix - t.t);
+            // A new run (the next cycle): its bytes add to the counters.
+            s.sent_base = s.sent;
+            s.stream_sent_base = s.streams.iter().map(|m| m.sent).collect();
         }
         s.bytes = t.bytes;
-        s.sent = s.sent.max(t.done_bytes);
+        s.sent = s.sent.max(s.sent_base + t.done_bytes);
         s.left = t.left_bytes;
         s.rate = t.rate_bytes_per_s;
         s.eta_s = t.eta_s;
         s.pacing_total = t.pacing_total;
         s.streams.resize(t.streams.len(), Stream::default());
-        for (m, st) in s.streams.iter_mut().zip(&t.streams) {
+        let bases = std::mem::take(&mut s.stream_sent_base);
+        for (i, (m, st)) in s.streams.iter_mut().zip(&t.streams).enumerate() {
+            let base = bases.get(i).copied().unwrap_or(0);
             *m = Stream {
                 source: st.source.to_owned(),
                 dest: st.dest.to_owned(),
                 bytes: st.bytes,
-                sent: m.sent.max(st.done_bytes),
+                sent: m.sent.max(base + st.done_bytes),
                 left: st.left_bytes,
                 rate: st.rate_bytes_per_s,
                 eta_s: st.eta_s,
                 pacing: st.pacing,
             };
         }
+        s.stream_sent_base = bases;
+    }
+
+    /// The far site committed the image cut at `cut_unix` (Unix time): the replica's lag
+    /// (`rsv_sync_rpo_seconds`) runs from it.
+    pub fn committed(&self, cut_unix: f64) {
+        self.lock().committed_cut_unix = Some(cut_unix);
     }
 
     /// The sync completed (sent, verified, the epoch released): now is the replica's
@@ -179,10 +196,26 @@ impl Collector for SyncCollector {
                 "When a sync last failed (Unix time)",
                 s.failed_unix,
             ),
+            (
+                "rsv_sync_committed_cut_timestamp",
+                "When the image the far site last committed was cut at the source (Unix time)",
+                s.committed_cut_unix,
+            ),
         ] {
             if let Some(at) = at {
                 gauge(&mut enc, name, help, Some(Unit::Seconds), at)?;
             }
+        }
+        if let Some(cut) = s.committed_cut_unix {
+            // At scrape time: the lag grows between cycles, and a scrape must see it grow.
+            gauge(
+                &mut enc,
+                "rsv_sync_rpo",
+                "The replica's lag: now minus the moment the far site's last committed \
+                 image was cut at the source",
+                Some(Unit::Seconds),
+                (unix_now() - cut).max(0.0),
+            )?;
         }
         ConstGauge::new(s.streams.len() as i64).encode(enc.encode_descriptor(
             "rsv_sync_streams",
@@ -377,6 +410,24 @@ mod tests {
         }
         assert!(!t.contains("stream=\"2\""), "past the cap:\n{t}");
         assert!(!t.contains("last_complete"), "{t}");
+        assert!(!t.contains("rsv_sync_rpo"), "nothing committed yet:\n{t}");
+        m.completed();
+        m.committed(unix_now() - 5.0);
+        let t = text(&reg);
+        let rpo: f64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix("rsv_sync_rpo_seconds "))
+            .unwrap_or_else(|| panic!("no rpo in\n{t}"))
+            .parse()
+            .unwrap();
+        assert!((5.0..60.0).contains(&rpo), "{rpo}");
+        // The next run's bytes add to the counter.
+        m.progress(&tick);
+        assert!(
+            text(&reg).contains("rsv_sync_sent_bytes_total 240"),
+            "{}",
+            text(&reg)
+        );
         m.completed();
         let t = text(&reg);
         assert!(t.contains("rsv_sync_running 0\n"), "{t}");

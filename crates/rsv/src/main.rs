@@ -151,6 +151,7 @@ fn start_agent(
                             writing: std::sync::Arc::new(move || w.fence().writing()),
                         }
                     }),
+                    undo: s.undo.clone(),
                 });
             }
         }

@@ -504,6 +504,17 @@ pub struct LunConfig {
     pub track_file: Option<PathBuf>,
     /// The change map's unit: a power of two of at least 4 KiB; 1 MiB when absent.
     pub track_unit: Option<Size>,
+    /// Keep the LUN whole as a replica of `rsv sync` (`backstore::undo`): while a sync's
+    /// cycle is open on it, the first change of each unit saves the old content in an
+    /// undo log first, and a cycle cut off is rolled back (at the next cycle, or when the
+    /// target starts). Costs nothing until a cycle opens; off: a sync cut off halfway
+    /// leaves the LUN holding no single image.
+    #[serde(default = "yes")]
+    pub undo: bool,
+    /// Where the undo log goes, relative to `data_dir` unless absolute: the store's
+    /// `.undo` file beside its data when absent (a store with no such place keeps it in
+    /// `data_dir`; a RAM store in memory).
+    pub undo_file: Option<PathBuf>,
     /// How fast a SANITIZE OVERWRITE writes the whole LUN: a rate ("128MiB/s", "1gbit"),
     /// or "unlimited"; 128 MiB/s when absent (`scsi::DEFAULT_SANITIZE_RATE`).
     #[serde(default = "default_sanitize_rate", deserialize_with = "sanitize_rate")]
@@ -663,6 +674,8 @@ impl Config {
                     track: false,
                     track_file: None,
                     track_unit: None,
+                    undo: true,
+                    undo_file: None,
                     sanitize_rate: default_sanitize_rate(),
                 }],
             }],
@@ -853,6 +866,9 @@ impl Config {
                     return Err(format!(
                         "{at}: track_file and track_unit go with track = true"
                     ));
+                }
+                if !l.undo && l.undo_file.is_some() {
+                    return Err(format!("{at}: undo_file goes with undo = true"));
                 }
                 let unit = l.track_unit();
                 if unit < backstore::track::MIN_UNIT || !unit.is_power_of_two() {

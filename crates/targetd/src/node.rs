@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backstore::{Backstore, ChangeMap, Hold, Imaged};
+use backstore::{Backstore, ChangeMap, Hold, Imaged, Undo};
 use scsi::{Designator, LogicalUnit, Reach};
 
 use std::net::SocketAddr;
@@ -48,6 +48,9 @@ pub struct LunStore {
     /// Where its replication role is kept (`backstore::role`: the store's `.role`
     /// sidecar, or a file named after the LUN in the data directory).
     pub role_file: Option<std::path::PathBuf>,
+    /// The layer that keeps the LUN whole as a replica (`backstore::undo`; `undo = true`):
+    /// `cycle_open()` says whether a sync is writing its next image now.
+    pub undo: Option<Arc<Undo>>,
 }
 
 impl TargetNode {

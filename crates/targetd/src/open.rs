@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use backstore::{
-    Backstore, ChangeMap, Hold, ImageOptions, Imaged, NewMap, Registry, SidePlace, Tracked,
+    Backstore, ChangeMap, Hold, ImageOptions, Imaged, NewMap, Registry, SidePlace, Tracked, Undo,
 };
 use scsi::{LogicalUnit, LuConfig};
 use tracing::info;
@@ -121,6 +121,58 @@ fn image_options(
     }
 }
 
+/// LUN `l`'s undo layer (`undo = true`), outermost: every change reaches it first. Its
+/// log is `undo_file`, else the store's `.undo` file beside its data, else a file in the
+/// data directory; memory for a RAM store (whose data a restart loses anyway). A cycle
+/// found open is rolled back here, before the LUN serves anything.
+fn open_undo(
+    at: &str,
+    iqn: &str,
+    l: &LunConfig,
+    spec: &backstore::StoreSpec,
+    raw: &Arc<dyn Backstore>,
+    store: Arc<dyn Backstore>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<Arc<Undo>> {
+    let unit = backstore::undo::DEFAULT_UNIT;
+    if spec.kind() == "ram" && l.undo_file.is_none() {
+        return Ok(Arc::new(Undo::open(
+            store,
+            Box::<backstore::undo::MemLog>::default(),
+            unit,
+        )?));
+    }
+    let path = match &l.undo_file {
+        Some(f) => data_dir.join(f),
+        None => raw
+            .sidecar(".undo")
+            .unwrap_or_else(|| data_dir.join(side_name(iqn, l.id, "undo"))),
+    };
+    let undo = Undo::open_file(store, &path, unit)
+        .with_context(|| format!("{at}: its undo log {}", path.display()))?;
+    if let Some((cycle, _)) = undo.state().committed {
+        info!(
+            "{at}: holds the image of cycle {cycle} ({})",
+            path.display()
+        );
+    }
+    Ok(Arc::new(undo))
+}
+
+/// A file name for LUN `lun` of `iqn` in the data directory.
+fn side_name(iqn: &str, lun: u16, ext: &str) -> String {
+    format!("{iqn}-lun{lun}.{ext}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The node of target `t`: LUNs in `keep` reused, every other one opened; `taken` holds
 /// the change maps of the LUNs opened or kept so far.
 pub(crate) fn open_target(
@@ -178,6 +230,14 @@ pub(crate) fn open_target(
         let role_file = beside(&t.iqn, l.id, &raw, &config.data_dir, ".role");
         let role = backstore::role::RoleRecord::load(&role_file)
             .with_context(|| format!("{at}: its replication role"))?;
+        let undo = l
+            .undo
+            .then(|| open_undo(&at, &t.iqn, l, &spec, &raw, store.clone(), &config.data_dir))
+            .transpose()?;
+        let store: Arc<dyn Backstore> = match &undo {
+            Some(u) => u.clone(),
+            None => store,
+        };
         lun_stores.insert(
             l.id,
             LunStore {
@@ -188,6 +248,7 @@ pub(crate) fn open_target(
                 imaged,
                 hold: Arc::new(Hold::default()),
                 role_file: Some(role_file),
+                undo,
             },
         );
         let description = store.description();

@@ -1,0 +1,1048 @@
+//! The far copy kept whole: [`Undo`] wraps a replica's store, and while a *cycle* is open
+//! (a sync writing the next image into it) the first change of each unit saves the unit's
+//! old content into an undo log beside the store, durably, before the change reaches the
+//! medium. A cycle ends in one of two ways:
+//! - [`Undo::commit`]: the medium is flushed, then the log's header says the cycle is
+//!   committed (one durable write), then its records go. The store holds the new image.
+//! - [`Undo::roll_back`]: every saved unit is written back, the medium flushed, then the
+//!   header says no cycle is open. The store holds the image it held when the cycle opened.
+//!
+//! An open cycle found when the store is opened ([`Undo::open`]: the target restarting
+//! after a crash with a sync cut off) is rolled back before the store serves anything.
+//! One found open by the next cycle's open (the link lost, the source site lost, the
+//! coordinator killed, the far target still up) goes on instead: the source counted the
+//! units it wrote as sent, and sends the rest, so the cycle ends with the new image; its
+//! saved units are still the image before it. A roll back is remembered until the next
+//! commit ([`CycleState::rolled_back`]): the source's count of what it sent is then wrong,
+//! and the next cycle sends every unit.
+//!
+//! # The rules, and why they are crash-safe
+//! The decisions are in [`rules`] (sans-IO: what to save, the log's format, what a log
+//! found at start means) and every effect goes through [`UndoFile`], so that the property
+//! tests run the real code against a model with a crash injected at every step.
+//! - A unit is saved once per cycle, on its first change, whole (the undo unit), and its
+//!   record (checksummed, with the cycle's id) is made durable (`fdatasync`) before the
+//!   change is passed on. A crash before that sync leaves at most a torn record, whose
+//!   change never reached the medium: the checksum drops it.
+//! - Roll back writes the saved units back in the reverse order of the log (each unit is
+//!   there once, but reverse order would keep the oldest content if it were not), then
+//!   flushes the medium, and only then marks the header closed. A crash during roll back
+//!   leaves the cycle open: the next roll back writes the same bytes again (idempotent).
+//! - The header is written in one of two slots, alternately, with a sequence number and a
+//!   checksum: a torn header write leaves the other slot, the state before it.
+//! - Commit flushes the medium before it marks the header: a committed cycle's data is
+//!   durable. A crash before the mark rolls the cycle back, which the coordinator sees
+//!   (its commit request did not succeed) and does not count as committed.
+//!
+//! Writes with no cycle open cost one atomic add and one atomic load (as through
+//! [`crate::Imaged`]); with a cycle open, a mutex, and the save of each first change.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::{buffers, Backstore, Lent};
+
+/// The undo unit when none is given: a 4 KiB write saves 64 KiB at most, and the map of a
+/// 1 TiB store is 2 MiB.
+pub const DEFAULT_UNIT: u64 = 64 << 10;
+
+/// The log's format and the decisions about it, with no I/O.
+pub mod rules {
+    /// Bytes of one header slot; two slots, then the records.
+    pub const SLOT: u64 = 4096;
+    /// Where the records start.
+    pub const RECORDS_AT: u64 = 2 * SLOT;
+    const MAGIC: &[u8; 8] = b"RSVUNDO1";
+    const RECORD_MAGIC: u32 = 0x5253_5655;
+    /// Bytes of a record's head, before its data.
+    pub const RECORD_HEAD: usize = 28;
+    const HEADER_LEN: usize = 8 + 8 * 8 + 4;
+
+    /// What the log says of the store.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub struct Header {
+        /// Larger in each header written; the valid slot with the larger one is the state.
+        pub seq: u64,
+        /// The cycle open now (0: none).
+        pub open: u64,
+        /// When the open cycle's image was cut at its source, ms since the Unix epoch.
+        pub open_cut_ms: u64,
+        /// The last cycle committed (0: none yet).
+        pub committed: u64,
+        /// When the committed image was cut at its source, ms since the Unix epoch.
+        pub committed_cut_ms: u64,
+        pub unit: u64,
+        pub size: u64,
+        /// A cycle rolled back since the last commit (0: none): the source may have
+        /// counted some of its units as sent, so the next cycle sends every unit again.
+        pub rolled_back: u64,
+    }
+
+    impl Header {
+        pub fn encode(&self) -> Vec<u8> {
+            let mut b = Vec::with_capacity(HEADER_LEN);
+            b.extend_from_slice(MAGIC);
+            for v in [
+                self.seq,
+                self.open,
+                self.open_cut_ms,
+                self.committed,
+                self.committed_cut_ms,
+                self.unit,
+                self.size,
+                self.rolled_back,
+            ] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            let crc = crc32c::crc32c(&b);
+            b.extend_from_slice(&crc.to_le_bytes());
+            b
+        }
+
+        /// A slot's header, if it is whole.
+        pub fn decode(b: &[u8]) -> Option<Header> {
+            let b = b.get(..HEADER_LEN)?;
+            if &b[..8] != MAGIC {
+                return None;
+            }
+            let crc = u32::from_le_bytes(b[HEADER_LEN - 4..].try_into().ok()?);
+            if crc32c::crc32c(&b[..HEADER_LEN - 4]) != crc {
+                return None;
+            }
+            let v = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+            Some(Header {
+                seq: v(0),
+                open: v(1),
+                open_cut_ms: v(2),
+                committed: v(3),
+                committed_cut_ms: v(4),
+                unit: v(5),
+                size: v(6),
+                rolled_back: v(7),
+            })
+        }
+
+        /// The slot the next header goes to (the one not holding this header).
+        pub fn next_slot(&self) -> u64 {
+            ((self.seq + 1) % 2) * SLOT
+        }
+    }
+
+    /// The state from the two slots: the whole one written last. `None`: neither is whole
+    /// (a log never written, or damaged).
+    pub fn pick(a: Option<Header>, b: Option<Header>) -> Option<Header> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if a.seq >= b.seq { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// What to do with a log found when the store opens.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum AtStart {
+        /// No cycle open: serve.
+        Serve,
+        /// Cycle `cycle` was open (cut off): roll it back before serving.
+        RollBack { cycle: u64 },
+    }
+
+    pub fn at_start(h: &Header) -> AtStart {
+        if h.open == 0 {
+            AtStart::Serve
+        } else {
+            AtStart::RollBack { cycle: h.open }
+        }
+    }
+
+    /// A record's head: which unit of which cycle, its length and checksum.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct RecordHead {
+        pub cycle: u64,
+        pub unit: u64,
+        pub len: u32,
+        pub crc: u32,
+    }
+
+    impl RecordHead {
+        pub fn new(cycle: u64, unit: u64, data: &[u8]) -> RecordHead {
+            let len = data.len() as u32;
+            RecordHead {
+                cycle,
+                unit,
+                len,
+                crc: Self::sum(cycle, unit, len, data),
+            }
+        }
+
+        fn sum(cycle: u64, unit: u64, len: u32, data: &[u8]) -> u32 {
+            let c = crc32c::crc32c(&cycle.to_le_bytes());
+            let c = crc32c::crc32c_append(c, &unit.to_le_bytes());
+            let c = crc32c::crc32c_append(c, &len.to_le_bytes());
+            crc32c::crc32c_append(c, data)
+        }
+
+        pub fn encode(&self) -> [u8; RECORD_HEAD] {
+            let mut b = [0u8; RECORD_HEAD];
+            b[..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+            b[4..12].copy_from_slice(&self.cycle.to_le_bytes());
+            b[12..20].copy_from_slice(&self.unit.to_le_bytes());
+            b[20..24].copy_from_slice(&self.len.to_le_bytes());
+            b[24..28].copy_from_slice(&self.crc.to_le_bytes());
+            b
+        }
+
+        /// A head as read; `None` if it is no record's (the log's end, or a torn one).
+        pub fn decode(b: &[u8]) -> Option<RecordHead> {
+            let b = b.get(..RECORD_HEAD)?;
+            if u32::from_le_bytes(b[..4].try_into().ok()?) != RECORD_MAGIC {
+                return None;
+            }
+            Some(RecordHead {
+                cycle: u64::from_le_bytes(b[4..12].try_into().ok()?),
+                unit: u64::from_le_bytes(b[12..20].try_into().ok()?),
+                len: u32::from_le_bytes(b[20..24].try_into().ok()?),
+                crc: u32::from_le_bytes(b[24..28].try_into().ok()?),
+            })
+        }
+
+        /// Whether the record belongs to `h`'s open cycle and fits its store: a record of
+        /// another cycle, or one beyond the store, ends the log.
+        pub fn fits(&self, h: &Header) -> bool {
+            let start = self.unit.saturating_mul(h.unit);
+            self.cycle == h.open
+                && h.open != 0
+                && start < h.size
+                && self.len as u64 == h.unit.min(h.size - start)
+        }
+
+        /// Whether `data` is the record's whole content.
+        pub fn holds(&self, data: &[u8]) -> bool {
+            data.len() == self.len as usize
+                && Self::sum(self.cycle, self.unit, self.len, data) == self.crc
+        }
+    }
+
+    /// The units of an open cycle already saved.
+    #[derive(Clone, Debug)]
+    pub struct Saved {
+        unit: u64,
+        size: u64,
+        bits: Vec<u64>,
+    }
+
+    impl Saved {
+        pub fn new(unit: u64, size: u64) -> Saved {
+            Saved {
+                unit,
+                size,
+                bits: vec![0; size.div_ceil(unit).div_ceil(64) as usize],
+            }
+        }
+
+        pub fn is_saved(&self, u: u64) -> bool {
+            self.bits
+                .get((u / 64) as usize)
+                .is_some_and(|w| w & (1 << (u % 64)) != 0)
+        }
+
+        pub fn mark(&mut self, u: u64) {
+            if let Some(w) = self.bits.get_mut((u / 64) as usize) {
+                *w |= 1 << (u % 64);
+            }
+        }
+
+        /// The units a change of `[offset, offset + len)` must save first: those it
+        /// touches (any part of) not saved yet, in order.
+        pub fn to_save(&self, offset: u64, len: u64) -> Vec<u64> {
+            if len == 0 || offset >= self.size {
+                return Vec::new();
+            }
+            let first = offset / self.unit;
+            let last = (offset.saturating_add(len) - 1).min(self.size - 1) / self.unit;
+            (first..=last).filter(|&u| !self.is_saved(u)).collect()
+        }
+
+        /// The byte range of unit `u`.
+        pub fn range(&self, u: u64) -> (u64, u64) {
+            let s = u * self.unit;
+            (s, (s + self.unit).min(self.size))
+        }
+
+        pub fn count(&self) -> u64 {
+            self.bits.iter().map(|w| w.count_ones() as u64).sum()
+        }
+    }
+}
+
+use rules::{Header, RecordHead, Saved, RECORDS_AT, RECORD_HEAD};
+
+/// Where the undo log lives: the effects its rules need. A file for stores that keep
+/// their data; memory for those that do not (a RAM store: a restart loses the data, and
+/// its log with it).
+pub trait UndoFile: Send + std::fmt::Debug {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes what was written durable (fdatasync).
+    fn sync(&mut self) -> io::Result<()>;
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// The log in a file, made at the first cycle's open (a store that is never a replica
+/// gets no file).
+#[derive(Debug)]
+pub struct DiskLog {
+    path: PathBuf,
+    file: Option<File>,
+}
+
+impl DiskLog {
+    /// The log at `path`, opened if it is there.
+    pub fn open(path: &Path) -> io::Result<DiskLog> {
+        let file = match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("undo log {}: {e}", path.display()),
+                ))
+            }
+        };
+        Ok(DiskLog {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file, made (and its directory entry made durable) on first use.
+    fn made(&mut self) -> io::Result<&File> {
+        if self.file.is_none() {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path)
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("undo log {}: {e}", self.path.display()))
+                })?;
+            f.sync_all()?;
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                File::open(dir)?.sync_all()?;
+            }
+            self.file = Some(f);
+        }
+        Ok(self.file.as_ref().expect("made"))
+    }
+}
+
+impl UndoFile for DiskLog {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let Some(file) = &self.file else {
+            return Ok(0);
+        };
+        let mut got = 0;
+        while got < buf.len() {
+            match file.read_at(&mut buf[got..], offset + got as u64)? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        Ok(got)
+    }
+
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.made()?.write_all_at(buf, offset)
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.made()?.sync_data()
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        match &self.file {
+            Some(f) => f.set_len(len),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The log in memory.
+#[derive(Debug, Default)]
+pub struct MemLog {
+    bytes: Vec<u8>,
+}
+
+impl UndoFile for MemLog {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let s = (offset as usize).min(self.bytes.len());
+        let n = buf.len().min(self.bytes.len() - s);
+        buf[..n].copy_from_slice(&self.bytes[s..s + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset as usize + buf.len();
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        self.bytes[offset as usize..end].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.bytes.resize(len as usize, 0);
+        Ok(())
+    }
+}
+
+/// Why a cycle request is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UndoError {
+    #[error("cycle {open} is open here, not cycle {asked}")]
+    OtherCycle { open: u64, asked: u64 },
+    #[error("no cycle is open here (asked to commit cycle {0})")]
+    NotOpen(u64),
+    #[error("a cycle's id is not 0")]
+    ZeroId,
+    #[error("the undo log is unusable: {0}")]
+    Broken(String),
+}
+
+impl From<UndoError> for io::Error {
+    fn from(e: UndoError) -> io::Error {
+        let kind = match e {
+            UndoError::OtherCycle { .. } | UndoError::NotOpen(_) => io::ErrorKind::InvalidInput,
+            UndoError::ZeroId => io::ErrorKind::InvalidInput,
+            UndoError::Broken(_) => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// What a replica's undo layer says of itself (for the agent, and for promote: a LUN
+/// whose cycle is open holds no whole image until it is committed or rolled back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CycleState {
+    /// The cycle open now, if any.
+    pub open: Option<u64>,
+    /// When the open cycle's image was cut at its source, ms since the Unix epoch.
+    pub open_cut_ms: u64,
+    /// The last committed cycle, and when its image was cut (ms since the Unix epoch).
+    pub committed: Option<(u64, u64)>,
+    /// Bytes of old content saved by the open cycle.
+    pub saved_bytes: u64,
+    /// A cycle rolled back since the last commit: what the source counted as sent in it
+    /// is gone, so the next cycle must send every unit.
+    pub rolled_back: Option<u64>,
+}
+
+/// What [`Undo::open_cycle`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// A new cycle opened.
+    New,
+    /// Cycle `0` was open already (cut off, its streams gone) and goes on: what it saved
+    /// stays, and it now ends with the new image (the source sends what it had not).
+    Continued(u64),
+}
+
+impl Opened {
+    /// The id of the cycle open now, `asked` being the one asked for.
+    pub fn id(self, asked: u64) -> u64 {
+        match self {
+            Opened::New => asked,
+            Opened::Continued(c) => c,
+        }
+    }
+}
+
+/// A store whose changes during a cycle can be undone. See the module documentation.
+#[derive(Debug)]
+pub struct Undo {
+    inner: Arc<dyn Backstore>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Writes in progress on the fast path (no cycle open when they started).
+    fast: AtomicU64,
+    /// A cycle is open, or an exclusive step runs: writes take the slow path.
+    active: AtomicBool,
+    gate: Mutex<Gate>,
+    gate_cv: Condvar,
+    log: Mutex<Log>,
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    /// Writes in progress on the slow path.
+    writers: u64,
+    /// Open, commit or roll back runs: no write may start.
+    exclusive: bool,
+}
+
+#[derive(Debug)]
+struct Log {
+    file: Box<dyn UndoFile>,
+    header: Header,
+    /// The open cycle's saved units.
+    saved: Option<Saved>,
+    /// Where the next record goes.
+    end: u64,
+    /// Set when an effect on the log failed halfway: nothing more is done until a roll
+    /// back (at the next open, or the next start) succeeds.
+    broken: Option<String>,
+}
+
+/// A write's pass through the gate; dropped when the write has returned.
+struct Pass {
+    shared: Arc<Shared>,
+    slow: bool,
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        if self.slow {
+            let mut g = self.shared.gate.lock().unwrap();
+            g.writers -= 1;
+            if g.writers == 0 {
+                self.shared.gate_cv.notify_all();
+            }
+        } else {
+            self.shared.fast.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Open, commit or roll back, alone: no write runs meanwhile.
+struct Exclusive<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        let open = self.shared.log.lock().unwrap().saved.is_some();
+        let mut g = self.shared.gate.lock().unwrap();
+        g.exclusive = false;
+        self.shared.active.store(open, Ordering::SeqCst);
+        self.shared.gate_cv.notify_all();
+    }
+}
+
+impl Shared {
+    fn exclusive(&self) -> Exclusive<'_> {
+        let mut g = self.gate.lock().unwrap();
+        while g.exclusive {
+            g = self.gate_cv.wait(g).unwrap();
+        }
+        g.exclusive = true;
+        self.active.store(true, Ordering::SeqCst);
+        drop(g);
+        let mut spins = 0u32;
+        while self.fast.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        let mut g = self.gate.lock().unwrap();
+        while g.writers != 0 {
+            g = self.gate_cv.wait(g).unwrap();
+        }
+        Exclusive { shared: self }
+    }
+
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap()
+    }
+}
+
+impl Log {
+    fn write_header(&mut self, mut h: Header) -> io::Result<()> {
+        h.seq = self.header.seq + 1;
+        let slot = self.header.next_slot();
+        self.file.write_all_at(&h.encode(), slot)?;
+        self.file.sync()?;
+        self.header = h;
+        Ok(())
+    }
+
+    /// Reads the open cycle's records (up to the first that is not whole).
+    fn records(&self) -> io::Result<Vec<(RecordHead, u64)>> {
+        let mut out = Vec::new();
+        let mut at = RECORDS_AT;
+        let mut head = [0u8; RECORD_HEAD];
+        let mut data = Vec::new();
+        loop {
+            if self.file.read_at(&mut head, at)? < RECORD_HEAD {
+                break;
+            }
+            let Some(h) = RecordHead::decode(&head).filter(|h| h.fits(&self.header)) else {
+                break;
+            };
+            data.resize(h.len as usize, 0);
+            if self.file.read_at(&mut data, at + RECORD_HEAD as u64)? < data.len()
+                || !h.holds(&data)
+            {
+                tracing::warn!(
+                    "undo log: a torn record of unit {} at its end ignored (its change never \
+                     reached the store)",
+                    h.unit
+                );
+                break;
+            }
+            out.push((h, at + RECORD_HEAD as u64));
+            at += RECORD_HEAD as u64 + h.len as u64;
+        }
+        Ok(out)
+    }
+}
+
+impl Undo {
+    /// Wraps `inner` with its undo log in `file` (`unit`: the undo unit, a power of two of
+    /// 512 or more). A log whose cycle is open is rolled back here, before the store
+    /// serves anything. A log of another unit or size is refused (say why: the store was
+    /// resized with a cycle open, or the file is another's).
+    pub fn open(inner: Arc<dyn Backstore>, file: Box<dyn UndoFile>, unit: u64) -> io::Result<Undo> {
+        if !unit.is_power_of_two() || unit < 512 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("undo unit {unit} is not a power of two of 512 or more"),
+            ));
+        }
+        let size = inner.size();
+        let mut a = vec![0u8; rules::SLOT as usize];
+        let mut b = vec![0u8; rules::SLOT as usize];
+        file.read_at(&mut a, 0)?;
+        file.read_at(&mut b, rules::SLOT)?;
+        let found = rules::pick(Header::decode(&a), Header::decode(&b));
+        let mut log = Log {
+            file,
+            header: Header::default(),
+            saved: None,
+            end: RECORDS_AT,
+            broken: None,
+        };
+        match found {
+            None => {
+                // A new log (or one never written whole: no cycle was ever opened in it,
+                // since opening a cycle writes a header first and syncs it). Nothing is
+                // written until a cycle opens.
+                log.header = Header {
+                    unit,
+                    size,
+                    ..Header::default()
+                };
+            }
+            Some(h) => {
+                log.header = h;
+                if let rules::AtStart::RollBack { cycle } = rules::at_start(&h) {
+                    if h.size != size {
+                        return Err(io::Error::other(format!(
+                            "the undo log of cycle {cycle} is of a store of {} bytes, this one \
+                             holds {size}: it cannot be rolled back here",
+                            h.size
+                        )));
+                    }
+                    tracing::warn!(
+                        "{}: cycle {cycle} was cut off; rolling it back to the image of cycle {}",
+                        inner.description(),
+                        h.committed
+                    );
+                    roll_back(&mut log, &inner)?;
+                }
+                if log.header.unit != unit || log.header.size != size {
+                    let h = Header {
+                        unit,
+                        size,
+                        ..log.header
+                    };
+                    log.write_header(h)?;
+                }
+            }
+        }
+        Ok(Undo {
+            inner,
+            shared: Arc::new(Shared {
+                fast: AtomicU64::new(0),
+                active: AtomicBool::new(false),
+                gate: Mutex::new(Gate::default()),
+                gate_cv: Condvar::new(),
+                log: Mutex::new(log),
+            }),
+        })
+    }
+
+    /// [`Undo::open`] with the log in the file at `path` (made if missing).
+    pub fn open_file(inner: Arc<dyn Backstore>, path: &Path, unit: u64) -> io::Result<Undo> {
+        let file = DiskLog::open(path)?;
+        Undo::open(inner, Box::new(file), unit)
+    }
+
+    pub fn inner(&self) -> &Arc<dyn Backstore> {
+        &self.inner
+    }
+
+    /// The cycle open now, if any: while it is, the store holds no whole image (a sync is
+    /// writing the next one) until [`Undo::commit`] or [`Undo::roll_back`].
+    pub fn cycle_open(&self) -> Option<u64> {
+        let log = self.shared.log();
+        (log.header.open != 0).then_some(log.header.open)
+    }
+
+    pub fn state(&self) -> CycleState {
+        let log = self.shared.log();
+        let h = &log.header;
+        CycleState {
+            open: (h.open != 0).then_some(h.open),
+            open_cut_ms: h.open_cut_ms,
+            committed: (h.committed != 0).then_some((h.committed, h.committed_cut_ms)),
+            saved_bytes: log.end - RECORDS_AT,
+            rolled_back: (h.rolled_back != 0).then_some(h.rolled_back),
+        }
+    }
+
+    /// Opens cycle `cycle` (its image cut at its source at `cut_ms`, ms since the Unix
+    /// epoch): from now on the first change of each unit is saved first. A cycle open
+    /// already (cut off: its coordinator or its source gone) goes on instead, to end with
+    /// the new image: what it saved is the image before it, and the units its streams
+    /// wrote are counted as sent at the source. Its cut moment becomes `cut_ms`. A cycle
+    /// whose log failed is rolled back first, and a new one opens.
+    pub fn open_cycle(&self, cycle: u64, cut_ms: u64) -> io::Result<Opened> {
+        if cycle == 0 {
+            return Err(UndoError::ZeroId.into());
+        }
+        let _alone = self.shared.exclusive();
+        let mut log = self.shared.log();
+        let open = log.header.open;
+        if open != 0 && log.broken.is_none() && log.saved.is_some() {
+            if log.header.open_cut_ms != cut_ms {
+                let h = Header {
+                    open_cut_ms: cut_ms,
+                    ..log.header
+                };
+                log.write_header(h)?;
+            }
+            return Ok(if open == cycle {
+                Opened::New
+            } else {
+                Opened::Continued(open)
+            });
+        }
+        if open != 0 {
+            tracing::warn!(
+                "{}: cycle {open} cannot go on (its undo log failed); rolled back before cycle {cycle} opens",
+                self.inner.description(),
+            );
+            roll_back(&mut log, &self.inner)?;
+        }
+        // Records of an older cycle would not fit this one's header; cleared anyway so
+        // that the log holds only what the cycle saves.
+        log.file.truncate(RECORDS_AT)?;
+        let h = Header {
+            open: cycle,
+            open_cut_ms: cut_ms,
+            ..log.header
+        };
+        log.write_header(h)?;
+        log.end = RECORDS_AT;
+        log.saved = Some(Saved::new(h.unit, h.size));
+        log.broken = None;
+        Ok(Opened::New)
+    }
+
+    /// Commits cycle `cycle`: the store's writes are made durable, then the log says the
+    /// cycle is committed, then its records go. A commit of the cycle committed last is no
+    /// change (a coordinator asking again).
+    pub fn commit(&self, cycle: u64) -> io::Result<()> {
+        let _alone = self.shared.exclusive();
+        let mut log = self.shared.log();
+        if log.header.open == 0 && log.header.committed == cycle && cycle != 0 {
+            return Ok(());
+        }
+        if log.header.open == 0 {
+            return Err(UndoError::NotOpen(cycle).into());
+        }
+        if log.header.open != cycle {
+            return Err(UndoError::OtherCycle {
+                open: log.header.open,
+                asked: cycle,
+            }
+            .into());
+        }
+        if let Some(why) = &log.broken {
+            return Err(UndoError::Broken(why.clone()).into());
+        }
+        self.inner.flush()?;
+        let h = Header {
+            open: 0,
+            open_cut_ms: 0,
+            committed: cycle,
+            committed_cut_ms: log.header.open_cut_ms,
+            rolled_back: 0,
+            ..log.header
+        };
+        log.write_header(h)?;
+        log.saved = None;
+        log.end = RECORDS_AT;
+        // The decision is durable; freeing the records' space may fail without harm.
+        if let Err(e) = log.file.truncate(RECORDS_AT) {
+            tracing::warn!("undo log: freeing the records of cycle {cycle}: {e}");
+        }
+        Ok(())
+    }
+
+    /// Rolls the open cycle back (none open: nothing). Returns the cycle rolled back.
+    pub fn roll_back(&self) -> io::Result<Option<u64>> {
+        let _alone = self.shared.exclusive();
+        let mut log = self.shared.log();
+        let open = log.header.open;
+        if open == 0 {
+            return Ok(None);
+        }
+        roll_back(&mut log, &self.inner)?;
+        Ok(Some(open))
+    }
+
+    fn enter(&self) -> Pass {
+        let s = &self.shared;
+        s.fast.fetch_add(1, Ordering::SeqCst);
+        if !s.active.load(Ordering::SeqCst) {
+            return Pass {
+                shared: s.clone(),
+                slow: false,
+            };
+        }
+        s.fast.fetch_sub(1, Ordering::SeqCst);
+        let mut g = s.gate.lock().unwrap();
+        while g.exclusive {
+            g = s.gate_cv.wait(g).unwrap();
+        }
+        g.writers += 1;
+        Pass {
+            shared: s.clone(),
+            slow: true,
+        }
+    }
+
+    /// Saves what a change of `[offset, offset + len)` overwrites, when a cycle is open;
+    /// fails (and the change must not go on) when the save cannot be made durable.
+    fn save(&self, pass: &Pass, offset: u64, len: u64) -> io::Result<()> {
+        if !pass.slow {
+            return Ok(());
+        }
+        let mut log = self.shared.log();
+        let log = &mut *log;
+        let Some(saved) = &log.saved else {
+            return Ok(());
+        };
+        let units = saved.to_save(offset, len);
+        if units.is_empty() {
+            return Ok(());
+        }
+        if let Some(why) = &log.broken {
+            return Err(UndoError::Broken(why.clone()).into());
+        }
+        let cycle = log.header.open;
+        let mut buf = Vec::new();
+        let mut end = log.end;
+        let r = (|| {
+            for &u in &units {
+                let (s, e) = saved.range(u);
+                buf.resize((e - s) as usize, 0);
+                self.inner.read_at(&mut buf, s)?;
+                let head = RecordHead::new(cycle, u, &buf);
+                log.file.write_all_at(&head.encode(), end)?;
+                log.file.write_all_at(&buf, end + RECORD_HEAD as u64)?;
+                end += RECORD_HEAD as u64 + buf.len() as u64;
+            }
+            log.file.sync()
+        })();
+        if let Err(e) = r {
+            // Records past `log.end` may be half there: the next save would append after
+            // them and leave a hole in the log. Nothing more until a roll back.
+            let why = format!("saving units of cycle {cycle}: {e}");
+            tracing::error!("undo log: {why}");
+            log.broken = Some(why);
+            return Err(e);
+        }
+        log.end = end;
+        let saved = log.saved.as_mut().expect("checked");
+        for u in units {
+            saved.mark(u);
+        }
+        Ok(())
+    }
+
+    fn change(&self, offset: u64, len: u64, op: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        let pass = self.enter();
+        self.save(&pass, offset, len)?;
+        op()
+    }
+}
+
+/// Writes the open cycle's saved units back (last saved first), flushes the store, then
+/// marks the log closed. Safe to repeat after a crash at any step.
+fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
+    let records = log.records()?;
+    let mut data = Vec::new();
+    for (head, at) in records.iter().rev() {
+        data.resize(head.len as usize, 0);
+        log.file.read_at(&mut data, *at)?;
+        inner.write_at(&data, head.unit * log.header.unit)?;
+    }
+    inner.flush()?;
+    let cycle = log.header.open;
+    let h = Header {
+        open: 0,
+        open_cut_ms: 0,
+        rolled_back: cycle,
+        ..log.header
+    };
+    log.write_header(h)?;
+    log.saved = None;
+    log.end = RECORDS_AT;
+    log.broken = None;
+    if let Err(e) = log.file.truncate(RECORDS_AT) {
+        tracing::warn!("undo log: freeing the records of cycle {cycle}: {e}");
+    }
+    tracing::info!(
+        "{}: cycle {cycle} rolled back ({} unit(s) restored)",
+        inner.description(),
+        records.len()
+    );
+    Ok(())
+}
+
+impl Backstore for Undo {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn announce_reset(&self) -> io::Result<()> {
+        self.inner.announce_reset()
+    }
+
+    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
+        self.inner.on_peer_reset(f)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        self.inner.try_read_at(buf, offset)
+    }
+
+    fn reads_async(&self) -> bool {
+        self.inner.reads_async()
+    }
+
+    fn read_async(&self, buf: buffers::Buf, offset: u64, done: crate::ReadDone) {
+        self.inner.read_async(buf, offset, done)
+    }
+
+    fn reads_lent_async(&self, len: usize) -> bool {
+        self.inner.reads_lent_async(len)
+    }
+
+    fn read_lent_async(&self, offset: u64, len: usize, done: crate::LentDone) {
+        self.inner.read_lent_async(offset, len, done)
+    }
+
+    fn writes_async(&self) -> bool {
+        self.inner.writes_async()
+    }
+
+    fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: crate::WriteDone) {
+        let pass = self.enter();
+        // The save is made (durably) on this thread before the write starts.
+        if let Err(e) = self.save(&pass, offset, buf.len() as u64) {
+            return done(buf, Err(e));
+        }
+        self.inner.write_async(
+            buf,
+            offset,
+            durable,
+            Box::new(move |buf, r| {
+                drop(pass);
+                done(buf, r)
+            }),
+        )
+    }
+
+    fn flush_async(&self, done: crate::FlushDone) {
+        self.inner.flush_async(done)
+    }
+
+    fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
+        self.inner.lend(offset, len, wait)
+    }
+
+    fn can_lend(&self) -> bool {
+        self.inner.can_lend()
+    }
+
+    fn lends_memory(&self) -> bool {
+        self.inner.lends_memory()
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.change(offset, buf.len() as u64, || {
+            self.inner.write_at(buf, offset)
+        })
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.change(offset, len, || self.inner.discard(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.change(offset, len, || self.inner.write_zeroes(offset, len))
+    }
+
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        self.inner.is_allocated(offset, len)
+    }
+
+    fn supports_discard(&self) -> bool {
+        self.inner.supports_discard()
+    }
+
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+
+    fn description(&self) -> String {
+        self.inner.description()
+    }
+
+    fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
+        self.inner.sidecar(suffix)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,427 @@
+//! The undo layer's rules against a model, with a crash injected at every step: after any
+//! crash (and a crash during the roll back that follows), the store holds a whole image:
+//! the one before the open cycle, or, for a crash during a commit, that one or the new.
+
+use super::*;
+use crate::RamBackstore;
+use proptest::prelude::*;
+use std::sync::atomic::AtomicI64;
+
+const SIZE: u64 = 64 << 10;
+const UNIT: u64 = 4096;
+
+/// Steps left before the crash; every effect on the log or the store takes one.
+#[derive(Clone, Debug)]
+struct Budget(Arc<AtomicI64>);
+
+impl Budget {
+    fn new(steps: i64) -> Budget {
+        Budget(Arc::new(AtomicI64::new(steps)))
+    }
+    fn step(&self) -> io::Result<()> {
+        if self.0.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            Err(io::Error::other("crashed"))
+        } else {
+            Ok(())
+        }
+    }
+    fn crashed(&self) -> bool {
+        self.0.load(Ordering::SeqCst) < 0
+    }
+}
+
+/// A log whose unsynced writes a crash loses (all, none, or the first part of each).
+#[derive(Debug)]
+struct CrashFile {
+    durable: Arc<Mutex<Vec<u8>>>,
+    volatile: Vec<u8>,
+    budget: Budget,
+}
+
+impl UndoFile for CrashFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let s = (offset as usize).min(self.volatile.len());
+        let n = buf.len().min(self.volatile.len() - s);
+        buf[..n].copy_from_slice(&self.volatile[s..s + n]);
+        Ok(n)
+    }
+    fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.budget.step()?;
+        let end = offset as usize + buf.len();
+        if self.volatile.len() < end {
+            self.volatile.resize(end, 0);
+        }
+        self.volatile[offset as usize..end].copy_from_slice(buf);
+        Ok(())
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.budget.step()?;
+        *self.durable.lock().unwrap() = self.volatile.clone();
+        Ok(())
+    }
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.budget.step()?;
+        self.volatile.resize(len as usize, 0);
+        Ok(())
+    }
+}
+
+/// What survives a crash of `file`: its durable bytes, with `keep` of what was not synced
+/// (0: nothing, 1: all of it, 2: the first half of each differing byte run).
+fn survivor(durable: &[u8], volatile: &[u8], keep: u8) -> Vec<u8> {
+    match keep {
+        0 => durable.to_vec(),
+        1 => volatile.to_vec(),
+        _ => {
+            let mut out = durable.to_vec();
+            let n = volatile.len().max(durable.len());
+            out.resize(n, 0);
+            let diff: Vec<usize> = (0..volatile.len())
+                .filter(|&i| durable.get(i) != Some(&volatile[i]))
+                .collect();
+            for &i in &diff[..diff.len() / 2] {
+                out[i] = volatile[i];
+            }
+            out.truncate(volatile.len().max(durable.len()));
+            out
+        }
+    }
+}
+
+/// A store whose changes land at once (a crash keeps them, flushed or not: the worst
+/// case for an undo log), each one a step.
+#[derive(Debug)]
+struct CrashStore {
+    ram: Arc<RamBackstore>,
+    budget: Mutex<Budget>,
+}
+
+impl CrashStore {
+    fn step(&self) -> io::Result<()> {
+        self.budget.lock().unwrap().step()
+    }
+}
+
+impl Backstore for CrashStore {
+    fn size(&self) -> u64 {
+        self.ram.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.ram.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.step()?;
+        self.ram.write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.step()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.step()?;
+        self.ram.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.step()?;
+        self.ram.write_zeroes(offset, len)
+    }
+    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        self.ram.is_allocated(offset, len)
+    }
+    fn supports_discard(&self) -> bool {
+        true
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Open,
+    Write { at: u64, len: u64, byte: u8 },
+    Zero { at: u64, len: u64 },
+    Discard { at: u64, len: u64 },
+    Commit,
+    RollBack,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..SIZE, 1..20_000u64).prop_map(|(at, len)| (at, len.min(SIZE - at)));
+    prop_oneof![
+        2 => Just(Op::Open),
+        6 => (range.clone(), 1..=255u8).prop_map(|((at, len), byte)| Op::Write { at, len, byte }),
+        1 => range.clone().prop_map(|(at, len)| Op::Zero { at, len }),
+        1 => range.prop_map(|(at, len)| Op::Discard { at, len }),
+        2 => Just(Op::Commit),
+        1 => Just(Op::RollBack),
+    ]
+}
+
+struct Rig {
+    ram: Arc<RamBackstore>,
+    durable: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig {
+            ram: Arc::new(RamBackstore::new(SIZE)),
+            durable: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// The layer as a (re)started target opens it, `steps` effects from a crash, over
+    /// the log bytes `log`.
+    fn open(&self, log: Vec<u8>, steps: i64) -> (io::Result<Undo>, Budget) {
+        let budget = Budget::new(steps);
+        *self.durable.lock().unwrap() = log.clone();
+        let file = CrashFile {
+            durable: self.durable.clone(),
+            volatile: log,
+            budget: budget.clone(),
+        };
+        let store = Arc::new(CrashStore {
+            ram: self.ram.clone(),
+            budget: Mutex::new(budget.clone()),
+        });
+        (Undo::open(store, Box::new(file), UNIT), budget)
+    }
+
+    fn content(&self) -> Vec<u8> {
+        let mut b = vec![0; SIZE as usize];
+        self.ram.read_at(&mut b, 0).unwrap();
+        b
+    }
+}
+
+/// The log bytes a crash leaves from `undo`'s file.
+fn crashed_log(rig: &Rig, undo: Undo, keep: u8) -> Vec<u8> {
+    let log = Arc::try_unwrap(undo.shared)
+        .expect("one handle")
+        .log
+        .into_inner()
+        .unwrap();
+    // The file's volatile bytes, read through its trait.
+    let mut volatile = vec![0u8; 64 << 20];
+    let n = log.file.read_at(&mut volatile, 0).unwrap();
+    volatile.truncate(n);
+    let durable = rig.durable.lock().unwrap().clone();
+    survivor(&durable, &volatile, keep)
+}
+
+fn apply(undo: &Undo, op: &Op, cycle: &mut u64) -> io::Result<()> {
+    match *op {
+        Op::Open => {
+            *cycle += 1;
+            let o = undo.open_cycle(*cycle, *cycle * 1000)?;
+            *cycle = o.id(*cycle);
+            Ok(())
+        }
+        Op::Write { at, len, byte } => undo.write_at(&vec![byte; len as usize], at),
+        Op::Zero { at, len } => undo.write_zeroes(at, len),
+        Op::Discard { at, len } => undo.discard(at, len),
+        Op::Commit => undo.commit(*cycle),
+        Op::RollBack => undo.roll_back().map(|_| ()),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// A run of cycles with a crash after `steps` effects, then a restart that may crash
+    /// after `again` effects of its roll back, then one that does not: the store holds the
+    /// image the model says is whole.
+    #[test]
+    fn a_crash_at_any_step_leaves_a_whole_image(
+        ops in proptest::collection::vec(op(), 1..30),
+        steps in 0..160i64,
+        again in 0..40i64,
+        keep in 0..3u8,
+    ) {
+        let rig = Rig::new();
+        let (undo, budget) = rig.open(Vec::new(), steps);
+        let Ok(undo) = undo else {
+            // Crashed making the log: nothing was written to the store.
+            prop_assert!(rig.content().iter().all(|&b| b == 0));
+            return Ok(());
+        };
+        let mut live = vec![0u8; SIZE as usize];
+        // The image before the open cycle, while one is open.
+        let mut at_open: Option<Vec<u8>> = None;
+        let mut cycle = 0u64;
+        let mut committed = 0u64;
+        // What the store may hold after recovery (any of these).
+        let mut whole: Option<Vec<Vec<u8>>> = None;
+        for o in &ops {
+            let r = apply(&undo, o, &mut cycle);
+            if budget.crashed() {
+                whole = match o {
+                    Op::Open | Op::RollBack => Some(vec![at_open.clone().unwrap_or(live.clone())]),
+                    Op::Commit => Some(match &at_open {
+                        // Rolled back, or committed: both whole.
+                        Some(before) => vec![before.clone(), live.clone()],
+                        None => vec![live.clone()],
+                    }),
+                    // A change with no cycle open has no guarantee; with one, the image
+                    // before it.
+                    _ => at_open.clone().map(|b| vec![b]),
+                };
+                break;
+            }
+            match *o {
+                Op::Open => {
+                    prop_assert!(r.is_ok(), "{r:?}");
+                    // A cycle open already goes on: its image before stays the one.
+                    if at_open.is_none() {
+                        at_open = Some(live.clone());
+                    }
+                }
+                Op::Write { at, len, byte } => {
+                    prop_assert!(r.is_ok(), "{r:?}");
+                    live[at as usize..(at + len) as usize].fill(byte);
+                }
+                Op::Zero { at, len } | Op::Discard { at, len } => {
+                    prop_assert!(r.is_ok(), "{r:?}");
+                    live[at as usize..(at + len) as usize].fill(0);
+                }
+                Op::Commit => {
+                    // Asked again for the cycle committed last: no change, and fine.
+                    let again = at_open.is_none() && committed == cycle && cycle != 0;
+                    prop_assert_eq!(r.is_ok(), at_open.is_some() || again, "{:?}", r);
+                    if at_open.take().is_some() {
+                        committed = cycle;
+                    }
+                }
+                Op::RollBack => {
+                    prop_assert!(r.is_ok(), "{r:?}");
+                    if let Some(before) = at_open.take() {
+                        live = before;
+                    }
+                }
+            }
+            prop_assert_eq!(rig.content(), live.clone(), "after {:?}", o);
+            prop_assert_eq!(undo.cycle_open(), at_open.as_ref().map(|_| cycle));
+        }
+        if !budget.crashed() {
+            // Power lost at the end, nothing in flight.
+            whole = Some(vec![at_open.clone().unwrap_or(live.clone())]);
+        }
+        let log = crashed_log(&rig, undo, keep);
+        // A restart that crashes during its roll back, then one that does not.
+        let (first, _) = rig.open(log.clone(), again);
+        let log = match first {
+            Ok(u) => crashed_log(&rig, u, keep),
+            // The log went with the failed open: what it had synced survives.
+            Err(_) => rig.durable.lock().unwrap().clone(),
+        };
+        let (last, _) = rig.open(log, i64::MAX);
+        let last = last.expect("a restart with no crash opens");
+        prop_assert_eq!(last.cycle_open(), None, "rolled back at start");
+        if let Some(whole) = whole {
+            let got = rig.content();
+            prop_assert!(whole.contains(&got), "the store holds no whole image after {:?}", ops);
+        }
+    }
+}
+
+#[test]
+fn a_committed_cycle_stays_and_an_open_one_goes_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun.undo");
+    let ram = Arc::new(RamBackstore::new(SIZE));
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    undo.write_at(&[1; 10_000], 0).unwrap();
+    undo.open_cycle(7, 7000).unwrap();
+    undo.write_at(&[2; 5000], 3000).unwrap();
+    undo.commit(7).unwrap();
+    undo.commit(7).expect("a commit asked again is no change");
+    assert_eq!(undo.state().committed, Some((7, 7000)));
+    assert_eq!(undo.open_cycle(8, 7900).unwrap(), Opened::New);
+    // Its coordinator gone, the next one's open goes on with it.
+    undo.write_at(&[3; 100], 60_000).unwrap();
+    assert_eq!(undo.open_cycle(9, 8000).unwrap(), Opened::Continued(8));
+    undo.write_at(&[3; 20_000], 1000).unwrap();
+    undo.discard(40_000, 8192).unwrap();
+    assert_eq!(undo.cycle_open(), Some(8));
+    assert!(undo.state().saved_bytes >= 5 * UNIT);
+    assert!(matches!(undo.commit(9), Err(e) if e.kind() == io::ErrorKind::InvalidInput));
+    drop(undo);
+    // The target restarts: cycle 8 is rolled back before anything is served.
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    assert_eq!(undo.cycle_open(), None);
+    assert_eq!(undo.state().committed, Some((7, 7000)));
+    assert_eq!(
+        undo.state().rolled_back,
+        Some(8),
+        "remembered until a commit"
+    );
+    let mut b = vec![0u8; 10_000];
+    undo.read_at(&mut b, 0).unwrap();
+    let mut want = vec![1u8; 10_000];
+    want[3000..8000].fill(2);
+    assert_eq!(b, want);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), RECORDS_AT);
+    undo.open_cycle(10, 10_000).unwrap();
+    undo.commit(10).unwrap();
+    assert_eq!(undo.state().rolled_back, None);
+}
+
+#[test]
+fn writes_with_no_cycle_save_nothing_and_concurrent_writers_are_safe() {
+    let ram = Arc::new(RamBackstore::new(1 << 20));
+    let undo = Arc::new(Undo::open(ram, Box::new(MemLog::default()), UNIT).unwrap());
+    undo.write_at(&[9; 8192], 0).unwrap();
+    assert_eq!(undo.state().saved_bytes, 0);
+    let before = {
+        let mut b = vec![0; 1 << 20];
+        undo.read_at(&mut b, 0).unwrap();
+        b
+    };
+    // Writers run while cycles open and roll back under them: whenever no write runs
+    // and a cycle is rolled back, the store is the image at its open.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (undo, stop) = (undo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = ((n * 7 + w * 13) % 120) * 8192;
+                    let _ = undo.write_at(&[(n % 200) as u8 + 1; 8192], at);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut image = vec![0; 1 << 20];
+    undo.read_at(&mut image, 0).unwrap();
+    assert_ne!(image, before);
+    undo.open_cycle(1, 0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (undo, stop) = (undo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = ((n * 5 + w * 11) % 120) * 8192 + 100;
+                    undo.write_at(&[(n % 200) as u8 + 1; 9000], at).unwrap();
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert_eq!(undo.roll_back().unwrap(), Some(1));
+    let mut after = vec![0; 1 << 20];
+    undo.read_at(&mut after, 0).unwrap();
+    assert!(
+        after == image,
+        "the roll back restored the image at the open"
+    );
+}
