@@ -37,6 +37,7 @@ fn gateway_pair(image: &str) -> (Cluster, Target, Target, [tempfile::TempDir; 2]
         &luns,
         false,
     );
+    testkit::ceph::wait_until_all_active(&[a.url(0, 0), b.url(0, 0)], Duration::from_secs(30));
     (cluster, a, b, [da, db])
 }
 

@@ -932,44 +932,13 @@ fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
 }
 
 impl Backstore for Undo {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn announce_reset(&self) -> io::Result<()> {
-        self.inner.announce_reset()
-    }
-
-    fn on_peer_reset(&self, f: Arc<dyn Fn() + Send + Sync>) {
-        self.inner.on_peer_reset(f)
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
-        self.inner.try_read_at(buf, offset)
-    }
-
-    fn reads_async(&self) -> bool {
-        self.inner.reads_async()
-    }
-
-    fn read_async(&self, buf: buffers::Buf, offset: u64, done: crate::ReadDone) {
-        self.inner.read_async(buf, offset, done)
-    }
-
-    fn reads_lent_async(&self, len: usize) -> bool {
-        self.inner.reads_lent_async(len)
-    }
-
-    fn read_lent_async(&self, offset: u64, len: usize, done: crate::LentDone) {
-        self.inner.read_lent_async(offset, len, done)
-    }
-
-    fn writes_async(&self) -> bool {
-        self.inner.writes_async()
+    crate::forward! { inner =>
+        size, announce_reset, on_peer_reset, supports_discard, read_only, description, sidecar,
+        read_at, try_read_at, reads_async, read_async, is_allocated,
+        reads_lent_async, read_lent_async,
+        lend, can_lend, lends_memory,
+        changes, flush, writes_async, flush_async,
+        cluster_reservations, port_groups, atomic_compare_and_write_unit,
     }
 
     fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: crate::WriteDone) {
@@ -989,58 +958,20 @@ impl Backstore for Undo {
         )
     }
 
-    fn flush_async(&self, done: crate::FlushDone) {
-        self.inner.flush_async(done)
-    }
-
-    fn lend(&self, offset: u64, len: u64, wait: bool) -> io::Result<Option<Lent>> {
-        self.inner.lend(offset, len, wait)
-    }
-
-    fn can_lend(&self) -> bool {
-        self.inner.can_lend()
-    }
-
-    fn lends_memory(&self) -> bool {
-        self.inner.lends_memory()
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.change(offset, buf.len() as u64, || {
-            self.inner.write_at(buf, offset)
-        })
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.discard(offset, len))
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.change(offset, len, || self.inner.write_zeroes(offset, len))
-    }
-
-    fn is_allocated(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, u64, bool)>> {
-        self.inner.is_allocated(offset, len)
-    }
-
-    fn supports_discard(&self) -> bool {
-        self.inner.supports_discard()
-    }
-
-    fn read_only(&self) -> bool {
-        self.inner.read_only()
-    }
-
-    fn description(&self) -> String {
-        self.inner.description()
-    }
-
-    fn sidecar(&self, suffix: &str) -> Option<PathBuf> {
-        self.inner.sidecar(suffix)
+    /// Saved before the compare, as any change: a mismatch leaves a unit saved that did not
+    /// change (restored to the same bytes by a roll back), never a changed one unsaved.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        verify: &[u8],
+        write: &[u8],
+    ) -> io::Result<crate::Compared> {
+        let mut out = crate::Compared::Written;
+        self.change(offset, verify.len() as u64, || {
+            out = self.inner.compare_and_write(offset, verify, write)?;
+            Ok(())
+        })?;
+        Ok(out)
     }
 }
 

@@ -219,7 +219,7 @@ pub(crate) fn run_sync(args: SyncArgs, resync: bool) -> anyhow::Result<()> {
         rt.spawn(rsv_metrics::serve(l, registry));
     }
     if let Some(every) = every {
-        let r = crate::continuous::run(&rt, &args, &source, &dest, &key, &o, every, &metrics, json);
+        let r = crate::continuous::run(&rt, &source, &dest, &key, &o, every, &metrics, json);
         hold_metrics(&rt, args.metrics.is_some(), metrics_hold);
         return r;
     }

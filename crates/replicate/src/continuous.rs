@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::auth::Key;
-use crate::cli::SyncArgs;
 use crate::coord::{self, Abandoned, SyncOptions};
 use crate::metrics::SyncMetrics;
 
@@ -56,7 +55,6 @@ fn unix_now() -> f64 {
 #[allow(clippy::too_many_arguments)] // the one-shot sync's pieces, handed on whole
 pub fn run(
     rt: &tokio::runtime::Runtime,
-    args: &SyncArgs,
     source: &crate::coord::VolumeRef,
     dest: &crate::coord::VolumeRef,
     key: &Key,

@@ -218,7 +218,7 @@ pub(crate) fn open_target(
             Some(map) => Arc::new(Tracked::new(store, map.clone())?),
             None => store,
         };
-        // Outermost, so that an image's cut and a change map's freeze can be one moment
+        // Outside change tracking, so that an image's cut and a change map's freeze can be one moment
         // (the agent freezes at the cut).
         let imaged = Arc::new(Imaged::new(
             store,

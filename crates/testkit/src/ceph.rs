@@ -231,3 +231,56 @@ pub fn failures(out: &str) -> (Vec<String>, usize, usize) {
     failed.dedup();
     (failed, ran, skipped)
 }
+
+/// Waits until every gateway of a group (`urls`, LUN 0 of each) reports every target port
+/// group active/optimized in REPORT TARGET PORT GROUPS. The gateways judge each other from
+/// heartbeats in the cluster, so for a few seconds after they start a peer is reported
+/// transitioning, and its change to active raises ASYMMETRIC ACCESS STATE CHANGED on the
+/// nexuses then logged in; a client that logs in after this wait meets none of that (a
+/// test comparing exact answers, or libiscsi's suite, would count it as a failure).
+pub fn wait_until_all_active(urls: &[String], limit: std::time::Duration) {
+    crate::rt().block_on(async {
+        let mut sessions = Vec::new();
+        for u in urls {
+            let url = initiator::IscsiUrl::parse(u).expect("a gateway's URL");
+            // One of libiscsi's names: a gateway started with `suite_acl` admits only those.
+            let opts = initiator::SessionOptions {
+                initiator_name: INITIATOR_2.into(),
+                ..Default::default()
+            };
+            let s = initiator::Session::connect(&url, &opts)
+                .await
+                .expect("login to a gateway");
+            sessions.push(s);
+        }
+        let t = Instant::now();
+        loop {
+            let mut all = true;
+            for s in &sessions {
+                // REPORT TARGET PORT GROUPS, length-only format: a 4-byte header, then a
+                // descriptor of 8 bytes and 4 per port (one port each here).
+                let d = s
+                    .command_ok(
+                        0,
+                        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0],
+                        initiator::DataDir::Read(1024),
+                    )
+                    .await
+                    .expect("REPORT TARGET PORT GROUPS")
+                    .data;
+                all &= d.len() > 4 && d[4..].chunks(12).all(|g| g[0] & 0x0f == 0);
+            }
+            if all {
+                break;
+            }
+            assert!(
+                t.elapsed() < limit,
+                "the gateways did not all report active/optimized within {limit:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        for s in sessions {
+            let _ = s.logout().await;
+        }
+    });
+}
