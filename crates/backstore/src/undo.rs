@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{buffers, Backstore, Lent};
+use crate::{buffers, Backstore};
 
 /// The undo unit when none is given: a 4 KiB write saves 64 KiB at most, and the map of a
 /// 1 TiB store is 2 MiB.
