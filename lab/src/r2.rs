@@ -641,6 +641,21 @@ fn gridftp_row(
     Ok(row)
 }
 
+/// `rsv sync promote --force VOLUME`: makes a replica that the sync rows left behind the
+/// primary, writable to applications (a volume with no role yet is left as it is).
+fn promote(link: &Link, key_file: &Path, volume: &str, dir: &Path) -> Result<()> {
+    let a = &link.a[0];
+    let mut cmd = in_ns(&a.ns, rsv_bin());
+    cmd.args(["sync", "promote", "--force", "--json", "--key-file"])
+        .arg(key_file)
+        .arg(volume);
+    let out = proc::run(cmd, Duration::from_secs(60), dir)?;
+    if !out.ok() {
+        return Err(anyhow!("rsv sync promote {volume}: {}", out.stderr.trim()));
+    }
+    Ok(())
+}
+
 /// `qemu-img convert` from site A's file server to site B's, iSCSI to iSCSI, stopped after
 /// `timeout` if it has not finished (then its payload is estimated from the wire).
 fn qemu_row(
@@ -891,6 +906,9 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             measure(&mut || gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout))?;
         }
         if wanted("qemu-img") {
+            // The syncs above left site B a read-only replica of A (`rsv sync`'s roles);
+            // qemu-img writes to it as an application would, so B is promoted first.
+            promote(&link, &key, &dst, dir)?;
             let cap = Duration::from_secs_f64(p.link_seconds as f64 * p.overtime);
             measure(&mut || qemu_row(&link, dir, rate_bps, rtt, volume, cap))?;
         }

@@ -144,6 +144,11 @@ impl RoleRecord {
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         let tmp = tmp_path(path);
         let written = (|| {
+            // The data directory of a target whose LUNs keep nothing there (a stripe over
+            // disk servers) may not exist yet.
+            if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(d)?;
+            }
             let mut f = OpenOptions::new()
                 .write(true)
                 .create(true)

@@ -452,7 +452,9 @@ pub(crate) fn offered(cdb: &[u8], offer: Offer) -> Result<&'static Op, Sense> {
     let opcode = cdb[0];
     // Reservations a LU does not offer are refused as a whole, whatever the service
     // action (see `LuConfig::peer_port_groups`).
-    if !offer.reservations && rows(opcode).any(|o| o.offered == Offered::Reservations) {
+    if (!offer.reservations && rows(opcode).any(|o| o.offered == Offered::Reservations))
+        || (!offer.persistent && rows(opcode).any(|o| o.offered == Offered::Persistent))
+    {
         return Err(sense::INVALID_COMMAND_OPERATION_CODE);
     }
     match find(cdb).filter(|o| o.is_offered(offer)) {
