@@ -15,7 +15,9 @@
 /// each named method as a call of the same method of `self.inner`. `changes` writes
 /// `write_at`, `discard` and `write_zeroes` as the inner call run inside `W`'s own
 /// `fn change(&self, offset, len, op)`, which does the wrapper's work around the write (a
-/// unit copied aside, a unit marked changed).
+/// unit copied aside, a unit marked changed); `changes_compare_and_write` writes
+/// `compare_and_write` the same way (the wrapper's work done before the compare, whatever
+/// it finds).
 #[macro_export]
 macro_rules! forward {
     ($inner:ident => $($method:ident),* $(,)?) => {
@@ -53,6 +55,21 @@ macro_rules! forward {
     (@ $inner:ident atomic_compare_and_write_unit) => {
         fn atomic_compare_and_write_unit(&self) -> Option<u64> {
             self.$inner.atomic_compare_and_write_unit()
+        }
+    };
+    (@ $inner:ident changes_compare_and_write) => {
+        fn compare_and_write(
+            &self,
+            offset: u64,
+            verify: &[u8],
+            write: &[u8],
+        ) -> std::io::Result<$crate::Compared> {
+            let mut out = $crate::Compared::Written;
+            self.change(offset, verify.len() as u64, || {
+                out = self.$inner.compare_and_write(offset, verify, write)?;
+                Ok(())
+            })?;
+            Ok(out)
         }
     };
     (@ $inner:ident size) => {

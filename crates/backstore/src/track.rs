@@ -1001,29 +1001,13 @@ impl Backstore for Tracked {
         read_at, try_read_at, reads_async, read_async, is_allocated,
         lend, can_lend, lends_memory,
         changes, flush,
-        cluster_reservations, port_groups, atomic_compare_and_write_unit,
+        cluster_reservations, port_groups, atomic_compare_and_write_unit, changes_compare_and_write,
     }
 
     /// The store's size, but no more than the map covers: a store grown since the map was
     /// made (an RBD image resized) shows its old size until the map is made again.
     fn size(&self) -> u64 {
         self.inner.size().min(self.map.size())
-    }
-
-    /// Marked before the compare, as any write: a mismatch leaves a unit marked that did
-    /// not change (sent once more by the next sync), never a changed one unmarked.
-    fn compare_and_write(
-        &self,
-        offset: u64,
-        verify: &[u8],
-        write: &[u8],
-    ) -> io::Result<crate::Compared> {
-        let mut out = crate::Compared::Written;
-        self.change(offset, verify.len() as u64, || {
-            out = self.inner.compare_and_write(offset, verify, write)?;
-            Ok(())
-        })?;
-        Ok(out)
     }
 
     fn description(&self) -> String {

@@ -938,7 +938,7 @@ impl Backstore for Undo {
         reads_lent_async, read_lent_async,
         lend, can_lend, lends_memory,
         changes, flush, writes_async, flush_async,
-        cluster_reservations, port_groups, atomic_compare_and_write_unit,
+        cluster_reservations, port_groups, atomic_compare_and_write_unit, changes_compare_and_write,
     }
 
     fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: crate::WriteDone) {
@@ -956,22 +956,6 @@ impl Backstore for Undo {
                 done(buf, r)
             }),
         )
-    }
-
-    /// Saved before the compare, as any change: a mismatch leaves a unit saved that did not
-    /// change (restored to the same bytes by a roll back), never a changed one unsaved.
-    fn compare_and_write(
-        &self,
-        offset: u64,
-        verify: &[u8],
-        write: &[u8],
-    ) -> io::Result<crate::Compared> {
-        let mut out = crate::Compared::Written;
-        self.change(offset, verify.len() as u64, || {
-            out = self.inner.compare_and_write(offset, verify, write)?;
-            Ok(())
-        })?;
-        Ok(out)
     }
 }
 
