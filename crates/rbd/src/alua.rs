@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use backstore::groups::{AccessState, GroupState, PortGroups, Why};
 
-use crate::{cstr, errno, ffi, RbdConfig};
+use crate::{cstr, errno, ffi, open_ioctx, RbdConfig};
 
 /// How often a target writes its heartbeat and reads the others'.
 pub const BEAT: Duration = Duration::from_secs(1);
@@ -298,21 +298,7 @@ impl Client {
         if r < 0 {
             return Err(errno(r.into(), format!("{shown}: connecting for ALUA")));
         }
-        let pool = cstr(&cfg.pool)?;
-        // SAFETY: a connected handle; out-pointer to the context.
-        let r = unsafe { ffi::rados_ioctx_create(cluster, pool.as_ptr(), &mut c.io) };
-        if r < 0 {
-            c.io = ptr::null_mut();
-            return Err(errno(
-                r.into(),
-                format!("{shown}: opening pool {:?}", cfg.pool),
-            ));
-        }
-        if let Some(ns) = &cfg.namespace {
-            let ns = cstr(ns)?;
-            // SAFETY: a valid context; librados copies the name.
-            unsafe { ffi::rados_ioctx_set_namespace(c.io, ns.as_ptr()) };
-        }
+        c.io = open_ioctx(cluster, cfg, &shown)?;
         Ok(c)
     }
 

@@ -276,6 +276,32 @@ fn rand_id() -> u64 {
     (std::process::id() as u64) << 32 ^ t.as_nanos() as u64
 }
 
+/// The I/O context of `cfg`'s pool, in its namespace if it names one, on a connected
+/// `cluster`: what the image, the reservations and the ALUA states each open.
+pub(crate) fn open_ioctx(
+    cluster: ffi::rados_t,
+    cfg: &RbdConfig,
+    shown: &str,
+) -> io::Result<ffi::rados_ioctx_t> {
+    // Both names first, so that nothing is left open when one is refused.
+    let pool = cstr(&cfg.pool)?;
+    let ns = cfg.namespace.as_deref().map(cstr).transpose()?;
+    let mut io = ptr::null_mut();
+    // SAFETY: a connected handle; out-pointer to the context.
+    let r = unsafe { ffi::rados_ioctx_create(cluster, pool.as_ptr(), &mut io) };
+    if r < 0 {
+        return Err(errno(
+            r.into(),
+            format!("{shown}: opening pool {:?}", cfg.pool),
+        ));
+    }
+    if let Some(ns) = &ns {
+        // SAFETY: a valid context; librados copies the name.
+        unsafe { ffi::rados_ioctx_set_namespace(io, ns.as_ptr()) };
+    }
+    Ok(io)
+}
+
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|e: NulError| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
@@ -426,21 +452,7 @@ impl Conn {
                 ),
             ));
         }
-        let pool = cstr(&cfg.pool)?;
-        // SAFETY: a connected handle; out-pointer to the context.
-        let r = unsafe { ffi::rados_ioctx_create(cluster, pool.as_ptr(), &mut conn.io) };
-        if r < 0 {
-            conn.io = ptr::null_mut();
-            return Err(errno(
-                r.into(),
-                format!("{shown}: opening pool {:?}", cfg.pool),
-            ));
-        }
-        if let Some(ns) = &cfg.namespace {
-            let ns = cstr(ns)?;
-            // SAFETY: a valid context; librados copies the name.
-            unsafe { ffi::rados_ioctx_set_namespace(conn.io, ns.as_ptr()) };
-        }
+        conn.io = open_ioctx(cluster, cfg, &shown)?;
         let name = cstr(&cfg.image)?;
         // SAFETY: a valid context; out-pointer to the image handle; no snapshot.
         let r = unsafe {

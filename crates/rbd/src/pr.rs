@@ -31,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{cstr, errno, ffi, lost, rand_id, Errno, RbdConfig};
+use crate::{cstr, errno, ffi, lost, open_ioctx, rand_id, Errno, RbdConfig};
 
 /// How often the state is read again to keep the lease.
 pub(crate) const RENEW: Duration = Duration::from_millis(500);
@@ -172,21 +172,7 @@ impl Client {
                 format!("{shown}: reservations: connecting"),
             ));
         }
-        let pool = cstr(&cfg.pool)?;
-        // SAFETY: a connected handle; out-pointer to the context.
-        let r = unsafe { ffi::rados_ioctx_create(cluster, pool.as_ptr(), &mut c.io) };
-        if r < 0 {
-            c.io = ptr::null_mut();
-            return Err(errno(
-                r.into(),
-                format!("{shown}: opening pool {:?}", cfg.pool),
-            ));
-        }
-        if let Some(ns) = &cfg.namespace {
-            let ns = cstr(ns)?;
-            // SAFETY: a valid context; librados copies the name.
-            unsafe { ffi::rados_ioctx_set_namespace(c.io, ns.as_ptr()) };
-        }
+        c.io = open_ioctx(cluster, cfg, &shown)?;
         Ok(c)
     }
 
