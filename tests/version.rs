@@ -85,3 +85,30 @@ fn version_names_the_build_and_its_kinds() {
     let help = run_ok(bin, &["version", "--help"]);
     assert!(help.contains("--json"), "{help}");
 }
+
+/// A reader that stops reading (`rsv version | grep -q rsv`) is no failure of rsv's: it
+/// exits 0 and prints no error (it printed "Error: Broken pipe" and exited 1, which broke
+/// a script that asked `rsv version | grep -q rbd`).
+#[test]
+fn version_into_a_closed_pipe_is_quiet() {
+    use std::process::{Command, Stdio};
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader); // closed before rsv writes a byte
+    let out = Command::new(rsv())
+        .arg("version")
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

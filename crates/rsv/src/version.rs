@@ -2,7 +2,7 @@
 //! (when known), its cargo features, the store kinds it opens and the congestion controls
 //! a connection may ask for here.
 
-use std::io::Write as _;
+use std::io::Write;
 
 use clap::Args;
 
@@ -47,8 +47,21 @@ pub fn report(stores: &backstore::Registry) -> Report {
 }
 
 pub fn run(args: VersionArgs, stores: &backstore::Registry) -> anyhow::Result<()> {
+    match print(args, stores, &mut std::io::stdout().lock()) {
+        // A reader that stopped early (`rsv version | grep -q rbd`) is not a failure: end
+        // quietly, as a command killed by SIGPIPE would (Rust ignores the signal, so the
+        // write fails with EPIPE instead).
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+fn print(
+    args: VersionArgs,
+    stores: &backstore::Registry,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let r = report(stores);
-    let mut out = std::io::stdout().lock();
     if args.json {
         let v = serde_json::json!({
             "version": r.version,
