@@ -12,7 +12,9 @@
 #      meet RESERVATION CONFLICT); then libiscsi's PR families with one URL per gateway;
 #   2. COMPARE AND WRITE atomicity: PER increments of a counter block from each of two
 #      initiators, one per gateway, each a READ and a COMPARE AND WRITE old -> old + 1,
-#      again on MISCOMPARE: the final counter against 2 x PER (lost updates);
+#      again on MISCOMPARE: the final counter against the increments acknowledged (lost
+#      updates); then the same race with a plain WRITE in place of COMPARE AND WRITE,
+#      which must lose some (else the count could not tell);
 #   3. ALUA: INQUIRY's TPGS, REPORT and SET TARGET PORT GROUPS, then gateway 2 SIGKILLed
 #      and what gateway 1 reports of it (polled 30 s), and whether it still serves a READ;
 #   4. failover: `rsv load` (4 sessions, verified mixed I/O, 3 s) through gateway 1 with
@@ -30,7 +32,7 @@
 # package that scripts/setup.sh does not install: apt-get install tgt-rbd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 . scripts/lib.sh
 PER=${1:-500}
 ROUNDS=${2:-3}
@@ -140,6 +142,9 @@ for kind in $KINDS; do
   echo "-- COMPARE AND WRITE counter race, 2 x $PER"
   timeout 1200 "${DRIVE[@]}" caw "$CDB" "$IQN" "$LUN" "$P1" "$P2" "$PER" >"$d/caw.json" || true
   cat "$d/caw.json"
+  echo "-- the same race with READ + WRITE (no COMPARE AND WRITE): the count must see losses"
+  timeout 1200 "${DRIVE[@]}" caw "$CDB" "$IQN" "$LUN" "$P1" "$P2" "$PER" rcw >"$d/rcw.json" || true
+  cat "$d/rcw.json"
 
   echo "-- ALUA"
   timeout 120 "${DRIVE[@]}" alua "$CDB" "$IQN" "$LUN" "$P1" "$P2" >"$d/alua.json" || true
@@ -223,6 +228,7 @@ for k in kinds.split():
         "pr": read(f"{d}/pr.json"),
         "pr_suite": read(f"{d}/suite.json"),
         "caw": read(f"{d}/caw.json"),
+        "rcw": read(f"{d}/rcw.json"),
         "alua": read(f"{d}/alua.json"),
         "alua_after_kill": read(f"{d}/watch.json"),
         "failover": {"rounds": rounds_out},
@@ -245,8 +251,11 @@ if not (r["pr"] or {}).get("holds_across_gateways"):
     bad.append("a reservation did not hold across the gateways")
 if (r["pr_suite"] or {}).get("failed", 1) or (r["pr_suite"] or {}).get("ran", 0) < 20:
     bad.append(f"libiscsi's PR families: {r['pr_suite']}")
-if (r["caw"] or {}).get("lost", 1) != 0:
-    bad.append(f"COMPARE AND WRITE lost updates: {r['caw']}")
+c = r["caw"] or {}
+if c.get("lost", 1) != 0 or c.get("refused") or c.get("acknowledged", 0) != c.get("increments_asked"):
+    bad.append(f"COMPARE AND WRITE: {c}")
+if (r["rcw"] or {}).get("lost", 0) <= 0:
+    bad.append(f"the race without COMPARE AND WRITE lost nothing: the count cannot tell ({r['rcw']})")
 for q in r["failover"]["rounds"]:
     if q["errors"] != 0 or q["mismatches"] != 0:
         bad.append(f"a failover round: {q}")

@@ -6,7 +6,7 @@ and kills the gateways; this program only sends commands and judges the answers,
 same way for every kind of gateway, so that a row of the table is one code path.
 
     gateway-peers.py pr    CDB IQN LUN PORTAL1 PORTAL2           reservations across gateways
-    gateway-peers.py caw   CDB IQN LUN PORTAL1 PORTAL2 N         the counter race, N a side
+    gateway-peers.py caw   CDB IQN LUN PORTAL1 PORTAL2 N [rcw]   the counter race, N a side
     gateway-peers.py alua  CDB IQN LUN PORTAL1 PORTAL2           RTPG, STPG, INQUIRY's TPGS
     gateway-peers.py watch CDB IQN LUN PORTAL SECONDS             RTPG polled after a kill
     gateway-peers.py active CDB IQN LUN SECONDS PORTAL...         waits until all are AO
@@ -198,10 +198,15 @@ def caw16(lba, blocks=1):
     return bytes(c)
 
 
-def caw(cdb, iqn, lun, p1, p2, per):
+def caw(cdb, iqn, lun, p1, p2, per, mode="caw"):
     """The counter race: `per` increments from each of two initiators, one per gateway,
     each a READ then COMPARE AND WRITE old -> old + 1, again from the READ on MISCOMPARE.
-    An atomic COMPARE AND WRITE across the gateways ends at exactly 2 * per."""
+    An increment is acknowledged when its COMPARE AND WRITE ends GOOD; an atomic COMPARE
+    AND WRITE across the gateways ends with the counter at exactly the acknowledged
+    count. With mode "rcw" the initiators compare themselves and send a plain WRITE (what
+    is left without COMPARE AND WRITE): the same race, which loses updates, shows that the
+    count can tell. A gateway that refuses the opcode (INVALID COMMAND OPERATION CODE) ends
+    the race at once."""
     a = Client(cdb, I1, p1, iqn, lun)
     b = Client(cdb, I2, p2, iqn, lun)
     a.settle()
@@ -212,38 +217,47 @@ def caw(cdb, iqn, lun, p1, p2, per):
         r = c.cmd_past_ua(bytes([0x12, 1, 0xB0, 0, 64, 0]), 64)
         limits.append(r[2][5] if r[0] == 0 and len(r[2]) > 5 else None)
     a.cmd_past_ua(rw10(0x2A, COUNTER_LBA), 0, counter_block(0))
-    tally = {"miscompares": 0, "other": {}, "torn": 0, "gave_up": 0}
+    tally = {"acknowledged": 0, "miscompares": 0, "other": {}, "torn": 0, "refused": None}
     lock = threading.Lock()
+
+    def other(what, r):
+        """Counts an answer that is neither GOOD nor MISCOMPARE; whether to stop."""
+        key = f"{what} {answer(r).get('status')} {answer(r).get('sense', '')}".strip()
+        with lock:
+            tally["other"][key] = tally["other"].get(key, 0) + 1
+            if r[0] == 2 and r[1][:2] == (5, 0x20):
+                tally["refused"] = key
+            return tally["refused"] is not None or sum(tally["other"].values()) > 1000
 
     def run(c):
         done = 0
         while done < per:
-            st, sense, cur = c.cmd(rw10(0x28, COUNTER_LBA), BLOCK)
-            if st != 0 or len(cur) != BLOCK:
-                key = f"READ {answer((st, sense, b''))}"
-                with lock:
-                    tally["other"][key] = tally["other"].get(key, 0) + 1
-                    if sum(tally["other"].values()) > 1000:
-                        tally["gave_up"] += 1
-                        return
+            r = c.cmd(rw10(0x28, COUNTER_LBA), BLOCK)
+            cur = r[2]
+            if r[0] != 0 or len(cur) != BLOCK:
+                if other("READ", r):
+                    return
                 continue
             v = int.from_bytes(cur[:8], "little")
             if cur != counter_block(v):
                 with lock:
                     tally["torn"] += 1
-            st, sense, _ = c.cmd(caw16(COUNTER_LBA), 0, cur + counter_block(v + 1))
-            if st == 0:
+            if mode == "caw":
+                r = c.cmd(caw16(COUNTER_LBA), 0, cur + counter_block(v + 1))
+            else:
+                r = c.cmd(rw10(0x2A, COUNTER_LBA), 0, counter_block(v + 1))
+            if r[0] == 0:
                 done += 1
-            elif st == 2 and sense[0] == 0x0E:
+                with lock:
+                    tally["acknowledged"] += 1
+            elif r[0] == 2 and r[1][0] == 0x0E:
                 with lock:
                     tally["miscompares"] += 1
-            else:
-                key = f"COMPARE AND WRITE {answer((st, sense, b''))}"
-                with lock:
-                    tally["other"][key] = tally["other"].get(key, 0) + 1
-                    if sum(tally["other"].values()) > 1000:
-                        tally["gave_up"] += 1
-                        return
+            elif other("COMPARE AND WRITE" if mode == "caw" else "WRITE", r):
+                return
+            with lock:
+                if tally["refused"] is not None:
+                    return
 
     t = time.monotonic()
     threads = [threading.Thread(target=run, args=(c,)) for c in (a, b)]
@@ -257,12 +271,13 @@ def caw(cdb, iqn, lun, p1, p2, per):
     a.close()
     b.close()
     return {
-        "increments": 2 * per,
+        "mode": "COMPARE AND WRITE" if mode == "caw" else "READ, compare in the initiator, WRITE",
+        "increments_asked": 2 * per,
         "final_counter": final,
-        "lost": 2 * per - final,
+        "lost": tally["acknowledged"] - final,
         "max_compare_and_write_blocks": limits,
         "seconds": round(secs, 2),
-        "increments_per_s": round(2 * per / secs, 1),
+        "acknowledged_per_s": round(tally["acknowledged"] / secs, 1) if secs > 0 else None,
         **tally,
     }
 
@@ -402,12 +417,16 @@ def report(path):
 
     def caw_cell(x):
         c = x["caw"]
-        other = sum(c["other"].values())
+        if c["refused"]:
+            return f"refused: {c['refused']} (Block Limits says {c['max_compare_and_write_blocks'][0]} blocks)"
         return (
-            f"{c['final_counter']:,} of {c['increments']:,}: **{c['lost']:,} lost**, {c['miscompares']:,} miscompares"
-            + (f", {other} other answers" if other else "")
-            + f" ({c['increments_per_s']:.0f}/s)"
+            f"{c['final_counter']:,} of {c['acknowledged']:,} acknowledged: **{c['lost']:,} lost**, "
+            f"{c['miscompares']:,} miscompares ({c['acknowledged_per_s']:.0f}/s)"
         )
+
+    def rcw_cell(x):
+        c = x["rcw"]
+        return f"{c['final_counter']:,} of {c['acknowledged']:,} acknowledged: {c['lost']:,} lost"
 
     def alua_cell(x):
         a = x["alua"]["gateway_1"]
@@ -441,6 +460,7 @@ def report(path):
         ("Reservations across gateways (A registers and reserves WE via gw1, B on gw2)", pr_cell),
         ("libiscsi PR families, one URL per gateway", suite_cell),
         ("COMPARE AND WRITE counter race, one initiator per gateway", caw_cell),
+        ("The same race with READ + WRITE from the initiators (no COMPARE AND WRITE: the check that the count can tell)", rcw_cell),
         ("ALUA (gw1)", alua_cell),
         ("gw1 after gw2's SIGKILL", after_kill),
         ("Failover: `rsv load` with both portals, the gateway in use SIGKILLed", fo_cell),
@@ -460,7 +480,7 @@ def main():
     if cmd == "pr":
         out = pr(a[1], a[2], int(a[3]), a[4], a[5])
     elif cmd == "caw":
-        out = caw(a[1], a[2], int(a[3]), a[4], a[5], int(a[6]))
+        out = caw(a[1], a[2], int(a[3]), a[4], a[5], int(a[6]), a[7] if len(a) > 7 else "caw")
     elif cmd == "alua":
         out = alua(a[1], a[2], int(a[3]), a[4], a[5])
     elif cmd == "watch":
