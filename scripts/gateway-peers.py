@@ -12,6 +12,7 @@ same way for every kind of gateway, so that a row of the table is one code path.
     gateway-peers.py active CDB IQN LUN SECONDS PORTAL...         waits until all are AO
     gateway-peers.py suite LOG                                    iscsi-test-cu's verdicts
     gateway-peers.py report JSON                                  the table, from the JSON
+    gateway-peers.py check JSON KIND                              1 if KIND broke a promise
 
 Each measuring command prints one JSON object on stdout. Nothing here asserts: a gateway
 that lets a conflicting write through, or loses an increment, is a figure of the table.
@@ -471,6 +472,30 @@ def report(path):
     return "\n".join(lines)
 
 
+def check(path, kind):
+    """What a gateway group promises, checked on one kind's figures: a reservation holds
+    across the gateways, libiscsi's PR families pass, COMPARE AND WRITE is served and
+    loses no acknowledged update (while the race without it does lose some: else the
+    count could not tell), and failover costs no application error and no write. The
+    problems found, one a line; none when it keeps them all."""
+    r = json.load(open(path))["kinds"][kind]
+    bad = []
+    if not (r["pr"] or {}).get("holds_across_gateways"):
+        bad.append(f"the reservation made through gateway 1 did not hold through gateway 2: {r['pr'] and {k: v for k, v in r['pr'].items() if k != 'steps'}}")
+    s = r["pr_suite"] or {}
+    if s.get("failed", 1) or s.get("ran", 0) < 20:
+        bad.append(f"libiscsi's PR families: {s.get('failed')} failed of {s.get('ran')}: {s.get('failed_tests')}")
+    c = r["caw"] or {}
+    if c.get("refused") or c.get("lost", 1) != 0 or c.get("acknowledged") != c.get("increments_asked"):
+        bad.append(f"COMPARE AND WRITE: refused {c.get('refused')}, {c.get('lost')} lost, {c.get('acknowledged')} of {c.get('increments_asked')} acknowledged")
+    if (r["rcw"] or {}).get("lost", 0) <= 0:
+        bad.append("the race without COMPARE AND WRITE lost nothing: the count cannot tell")
+    for i, q in enumerate(r["failover"]["rounds"], 1):
+        if q["errors"] != 0 or q["mismatches"] != 0:
+            bad.append(f"failover round {i}: {q['errors']} errors, {q['mismatches']} lost writes")
+    return bad
+
+
 def main():
     a = sys.argv[1:]
     if not a or a[0] in ("-h", "--help"):
@@ -492,6 +517,11 @@ def main():
     elif cmd == "report":
         print(report(a[1]))
         return 0
+    elif cmd == "check":
+        bad = check(a[1], a[2])
+        for b in bad:
+            print(f"{a[2]}: {b}", file=sys.stderr)
+        return 1 if bad else 0
     else:
         print(f"unknown command {cmd!r}; see --help", file=sys.stderr)
         return 2
