@@ -409,8 +409,10 @@ def report(path):
     def pr_cell(x):
         p = x["pr"]
         res = p["reservation_via_gateway_2"]
-        seen = "none" if res is None else f"key 0x{res['key']:x} type {res['type']}"
-        return f"B's write via gw2: **{p['write_via_gateway_2']}**; READ RESERVATION via gw2: {seen}; READ KEYS via gw2: {p['keys_via_gateway_2']}"
+        seen = "none" if res is None else f"key 0x{res['key']:x}, type {res['type']}"
+        keys = p["keys_via_gateway_2"]
+        keys = "none" if not keys else ", ".join(f"0x{k:x}" for k in keys)
+        return f"B's write via gw2: **{p['write_via_gateway_2']}**; via gw2 READ RESERVATION: {seen}, READ KEYS: {keys}"
 
     def suite_cell(x):
         s = x["pr_suite"]
@@ -438,13 +440,14 @@ def report(path):
 
     def after_kill(x):
         w = x["alua_after_kill"]
-        ch = w["changes"]
-        if not ch:
-            return "no answer"
-        last = ch[-1]
-        ans = last["answer"]
-        txt = ", ".join(f"{g['group']}: {g['state']}" for g in ans) if isinstance(ans, list) else f"{ans['status']} {ans.get('sense', '')}"
-        return f"{txt} (after {last['after_s']} s); READ: {w['read_after']['status']}"
+
+        def show(ans):
+            if isinstance(ans, list):
+                return ", ".join(f"{g['group']}: {g['state']}" for g in ans)
+            return f"{ans['status']} {ans.get('sense', '')}".strip()
+
+        steps = " → ".join(f"{show(c['answer'])} ({c['after_s']} s)" for c in w["changes"]) or "no answer"
+        return f"RTPG: {steps}; a READ: {w['read_after']['status']}"
 
     def fo_cell(x):
         f = x["failover"]
