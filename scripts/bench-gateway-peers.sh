@@ -218,10 +218,13 @@ for k in kinds.split():
             rounds_out.append({"stall_s": None, "errors": None, "mismatches": None, "writes": 0,
                                "no_report": read(f"{d}/load{i}.err", "")[-500:]})
             continue
+        # The initiator's own account of the failover (a warning per session that moved).
+        moved = [l.strip() for l in read(f"{d}/load{i}.err", "").splitlines() if "moved from" in l]
         rounds_out.append({"stall_s": r["latency_us_max"] / 1e6, "errors": r["errors"],
                            "mismatches": r["mismatches"], "writes": r["writes"],
                            "verified_reads": r["verified_reads"],
-                           "first_errors": r["first_errors"][:5]})
+                           "first_errors": r["first_errors"][:5],
+                           "sessions_moved": len(moved), "first_move": moved[0][-160:] if moved else None})
     result["kinds"][k] = {
         "load_before": read(f"{d}/load-before"),
         "load_after": read(f"{d}/load-after"),

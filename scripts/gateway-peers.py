@@ -457,7 +457,8 @@ def report(path):
         stalls = sorted(q["stall_s"] for q in rs)
         return (
             f"{len(rs)} kills: stall max {stalls[-1]:.2f} s (median {stalls[len(stalls) // 2]:.2f}); "
-            f"{sum(q['errors'] for q in rs)} errors, {sum(q['mismatches'] for q in rs)} lost writes, {sum(q['writes'] for q in rs):,} writes"
+            f"{sum(q['errors'] for q in rs)} errors, {sum(q['mismatches'] for q in rs)} lost writes, {sum(q['writes'] for q in rs):,} writes; "
+            f"{sum(q.get('sessions_moved', 0) for q in rs)} session moves logged"
         )
 
     rows = [
@@ -496,6 +497,8 @@ def check(path, kind):
     for i, q in enumerate(r["failover"]["rounds"], 1):
         if q["errors"] != 0 or q["mismatches"] != 0:
             bad.append(f"failover round {i}: {q['errors']} errors, {q['mismatches']} lost writes")
+        if q.get("sessions_moved", 1) == 0:
+            bad.append(f"failover round {i}: no session moved (the kill missed the gateway in use?)")
     return bad
 
 
