@@ -9,7 +9,8 @@
 # crates/testkit):
 #   1. reservations across gateways: A registers and reserves WRITE EXCLUSIVE through
 #      gateway 1; B, on gateway 2, reads the keys and the reservation and writes (it must
-#      meet RESERVATION CONFLICT); then libiscsi's PR families with one URL per gateway;
+#      meet RESERVATION CONFLICT); then libiscsi's PR families with one URL per gateway,
+#      and with both URLs on gateway 1 (the kind's own failures);
 #   2. COMPARE AND WRITE atomicity: PER increments of a counter block from each of two
 #      initiators, one per gateway, each a READ and a COMPARE AND WRITE old -> old + 1,
 #      again on MISCOMPARE: the final counter against the increments acknowledged (lost
@@ -32,7 +33,7 @@
 # package that scripts/setup.sh does not install: apt-get install tgt-rbd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 . scripts/lib.sh
 PER=${1:-500}
 ROUNDS=${2:-3}
@@ -137,6 +138,12 @@ for kind in $KINDS; do
     >"$d/suite.txt" 2>&1 || true
   "${DRIVE[@]}" suite "$d/suite.txt" >"$d/suite.json"
   cat "$d/suite.json"
+  # The same families with both URLs on gateway 1: the kind's own failures, apart from
+  # those of two gateways that do not share their state.
+  timeout 900 iscsi-test-cu -d -S -t "$FAMILIES" "iscsi://$P1/$IQN/$LUN" "iscsi://$P1/$IQN/$LUN" \
+    >"$d/suite-one.txt" 2>&1 || true
+  "${DRIVE[@]}" suite "$d/suite-one.txt" >"$d/suite-one.json"
+  cat "$d/suite-one.json"
   active >/dev/null
 
   echo "-- COMPARE AND WRITE counter race, 2 x $PER"
@@ -230,6 +237,7 @@ for k in kinds.split():
         "load_after": read(f"{d}/load-after"),
         "pr": read(f"{d}/pr.json"),
         "pr_suite": read(f"{d}/suite.json"),
+        "pr_suite_one_gateway": read(f"{d}/suite-one.json"),
         "caw": read(f"{d}/caw.json"),
         "rcw": read(f"{d}/rcw.json"),
         "alua": read(f"{d}/alua.json"),

@@ -415,8 +415,12 @@ def report(path):
         return f"B's write via gw2: **{p['write_via_gateway_2']}**; via gw2 READ RESERVATION: {seen}, READ KEYS: {keys}"
 
     def suite_cell(x):
-        s = x["pr_suite"]
-        return f"{s['failed']} failed of {s['ran']}"
+        s, one = x["pr_suite"], x.get("pr_suite_one_gateway")
+        out = f"{s['failed']} failed of {s['ran']}"
+        if one:
+            only = sorted(set(s["failed_tests"]) - set(one["failed_tests"]))
+            out += f" (both URLs on one gateway: {one['failed']} failed; failing only across two: {', '.join(only) or 'none'})"
+        return out
 
     def caw_cell(x):
         c = x["caw"]
