@@ -42,7 +42,8 @@ RSV=${RSV:-target/debug/rsv}
 OUT=${OUT:-lab/bench/gateway-peers.json}
 DRIVE=(python3 scripts/gateway-peers.py)
 [ -x "$RSV" ] || { echo "no $RSV; build it (cargo build -p rsv --features rbd) or set RSV" >&2; exit 2; }
-"$RSV" version | grep -q '^store kinds:.*rbd' || { echo "$RSV has no rbd store (build with --features rbd)" >&2; exit 2; }
+# Read whole, not piped into grep -q: rsv would meet a closed pipe and fail.
+case $("$RSV" version) in *"store kinds:"*rbd*) ;; *) echo "$RSV has no rbd store (build with --features rbd)" >&2; exit 2 ;; esac
 [ -e /usr/lib/tgt/backing-store/bs_rbd.so ] ||
   { echo "tgt's rbd backing store is not installed (apt-get install tgt-rbd)" >&2; exit 2; }
 for t in tgtd tgtadm iscsi-test-cu cc python3; do
