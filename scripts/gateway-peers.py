@@ -372,8 +372,10 @@ def active(cdb, iqn, lun, seconds, portals):
 
 
 def suite(log):
-    """iscsi-test-cu's output: tests run, the names of those that FAILED, skip notes."""
+    """iscsi-test-cu's output: tests run, the names of those that FAILED, skip notes, and
+    each failed test's own lines (its messages say why)."""
     name_suite, current, failed, ran, skipped = "", "", [], 0, 0
+    lines_of, why = {}, {}
     for line in open(log, errors="replace"):
         line = line.rstrip("\n")
         if line.startswith("Suite: "):
@@ -383,14 +385,22 @@ def suite(log):
             rest = line.lstrip()[6:]
             name, _, tail = rest.partition(" ...")
             current = f"{name_suite}.{name}"
+            lines_of[current] = []
             if tail.lstrip().startswith("FAILED"):
                 failed.append(current)
         elif line.startswith("FAILED"):
             failed.append(current)
+        if current in lines_of and len(lines_of[current]) < 400:
+            lines_of[current].append(line)
         if "[SKIPPED]" in line:
             skipped += 1
     failed = sorted(set(failed))
-    return {"ran": ran, "failed": len(failed), "failed_tests": failed, "skip_notes": skipped}
+    for f in failed:
+        # The lines that say what went wrong, else the test's last lines.
+        ls = lines_of.get(f, [])
+        bad = [x.strip() for x in ls if "[FAILED]" in x or "Expected" in x or "FAILED" in x]
+        why[f] = (bad or [x.strip() for x in ls])[-8:]
+    return {"ran": ran, "failed": len(failed), "failed_tests": failed, "skip_notes": skipped, "why": why}
 
 
 def report(path):
