@@ -10,6 +10,7 @@ same way for every kind of gateway, so that a row of the table is one code path.
     gateway-peers.py alua  CDB IQN LUN PORTAL1 PORTAL2           RTPG, STPG, INQUIRY's TPGS
     gateway-peers.py watch CDB IQN LUN PORTAL SECONDS             RTPG polled after a kill
     gateway-peers.py active CDB IQN LUN SECONDS PORTAL...         waits until all are AO
+    gateway-peers.py zero  CDB IQN LUN PORTAL LBA                 zeros one block
     gateway-peers.py suite LOG                                    iscsi-test-cu's verdicts
     gateway-peers.py report JSON                                  the table, from the JSON
     gateway-peers.py check JSON KIND                              1 if KIND broke a promise
@@ -532,6 +533,11 @@ def main():
         out = watch(a[1], a[2], int(a[3]), a[4], float(a[5]))
     elif cmd == "active":
         out = active(a[1], a[2], int(a[3]), float(a[4]), a[5:])
+    elif cmd == "zero":
+        c = Client(a[1], I1, a[4], a[2], int(a[3]))
+        c.settle()
+        out = answer(c.cmd_past_ua(rw10(0x2A, int(a[5])), 0, bytes(BLOCK)))
+        c.close()
     elif cmd == "suite":
         out = suite(a[1])
     elif cmd == "report":
