@@ -767,14 +767,8 @@ async fn transfer(
         }
     }
     // A far site that rolled a cycle back lost units the source counted as sent: every
-    // unit goes again, and a resume point is no good. Not for a resync: it sends the union
-    // of both sides' change maps since the last image both hold, and a unit a rolled-back
-    // cycle wrote is in the destination's own map (a replica's map marks its replication
-    // writes, which is why a completed sync makes it forget them). The mark also outlives
-    // a promote (`promote --force` rolls back, and the mark stays until the LUN next commits
-    // a cycle as a far member), so without this the second failover of a pair refused its
-    // resync (`rsv-lab run dr`: every other round).
-    let far_lost = cycle.is_some_and(|c| c.full) && !o.resync;
+    // unit goes again, and a resume point is no good.
+    let far_lost = cycle.is_some_and(|c| c.full);
     if far_lost {
         resume.skip = vec![0; n];
     }
