@@ -169,7 +169,7 @@ impl Args {
         }
         if let Some(m) = self.member_size {
             anyhow::ensure!(
-                m >= 1 << 20 && m % (1 << 20) == 0,
+                m >= 1 << 20 && m.is_multiple_of(1 << 20),
                 "--member-size: whole MiB, at least 1MiB (the stripe's unit)"
             );
             p.member_bytes = m;
@@ -231,6 +231,9 @@ pub struct Resync {
     pub seconds: f64,
     /// The two volumes equal after it (read back).
     pub equal_after: Option<bool>,
+    /// The resync was refused (why) and `rsv sync --full` ran instead, as the refusal says.
+    #[serde(default)]
+    pub full_instead: Option<String>,
 }
 
 /// One failover.
@@ -440,12 +443,10 @@ pub fn judge(copy: &[u8], ring: &Ring, run: u64, record_bytes: usize) -> Verdict
         })
     };
     match mismatch(m, None) {
-        None => {
-            return Verdict::Prefix {
-                last: m,
-                torn: false,
-            }
-        }
+        None => Verdict::Prefix {
+            last: m,
+            torn: false,
+        },
         Some((b, want, got)) => {
             if m >= 1 && mismatch(m - 1, Some(ring.slot(m))).is_none() {
                 return Verdict::Prefix {
@@ -455,7 +456,7 @@ pub fn judge(copy: &[u8], ring: &Ring, run: u64, record_bytes: usize) -> Verdict
             }
             Verdict::Violation(format!(
                 "it holds write {m} but block {b} (slot {}) holds write {got} where every write up to {m} leaves write {want}",
-                b / blocks as usize
+                b / blocks
             ))
         }
     }
@@ -499,7 +500,7 @@ pub struct WriterArgs {
 /// out before the next write, so a SIGKILL loses none that was acknowledged but the last).
 pub fn writer(a: WriterArgs) -> Result<()> {
     anyhow::ensure!(
-        a.record >= UNIT as u64 && a.record % UNIT as u64 == 0,
+        a.record >= UNIT as u64 && a.record.is_multiple_of(UNIT as u64),
         "--record: whole 4 KiB blocks"
     );
     anyhow::ensure!(a.rate > 0.0 && a.slots > 0, "--rate and --slots above zero");
@@ -818,13 +819,28 @@ impl Bench<'_> {
         let differ_units = differing(&far, &old, unit as usize);
         drop(old);
         let t = Instant::now();
-        let out = rsv_sync(
+        let mut full_instead = None;
+        let out = match rsv_sync(
             &yh.ns,
             &["resync", &yvol, &xvol, "--json", "--rate", &rate_arg],
             self.key,
             self.dir,
             Duration::from_secs(600),
-        )?;
+        ) {
+            Ok(out) => out,
+            // Refused (a member rolled a cycle back since its last commit, so the units the
+            // source counted as sent are gone there): a full copy, as the refusal says.
+            Err(e) => {
+                full_instead = Some(format!("{e:#}"));
+                rsv_sync(
+                    &yh.ns,
+                    &[&yvol, &xvol, "--full", "--json", "--rate", &rate_arg],
+                    self.key,
+                    self.dir,
+                    Duration::from_secs(600),
+                )?
+            }
+        };
         let seconds = t.elapsed().as_secs_f64();
         let done = out
             .lines()
@@ -844,7 +860,18 @@ impl Bench<'_> {
             ratio: (differ_bytes > 0).then(|| sent as f64 / differ_bytes as f64),
             seconds,
             equal_after: Some(after == far),
+            full_instead,
         });
+        // A failback that leaves the sites different is a consistency failure too: the old
+        // primary, a replica now, holds what the new one never wrote.
+        if after != far && r.violation.is_empty() {
+            r.violation = format!(
+                "after the resync the old primary differs from the new one in {} of {} units",
+                differing(&far, &after, unit as usize),
+                far.len() as u64 / unit
+            );
+            r.consistent = false;
+        }
         r.round_s = started.elapsed().as_secs_f64();
         Ok((r, next))
     }
@@ -1347,7 +1374,10 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
                 r.promote_s,
                 rs.map_or("–".into(), |s| s.differ_units.to_string()),
                 rs.map_or("–".into(), |s| format!("{:.1}", s.sent_bytes as f64 / 1048576.0)),
-                rs.and_then(|s| s.ratio).map_or("–".into(), |x| format!("{x:.3}")),
+                rs.and_then(|s| s.ratio).map_or("–".into(), |x| format!(
+                    "{x:.3}{}",
+                    if rs.is_some_and(|s| s.full_instead.is_some()) { " (resync refused: `--full`)" } else { "" }
+                )),
                 rs.map_or("–".into(), |s| format!("{:.1}", s.seconds)),
                 rs.and_then(|s| s.equal_after).map_or("–".into(), |e| String::from(if e { "yes" } else { "**no**" })),
                 r.round_s,
