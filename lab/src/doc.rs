@@ -66,6 +66,7 @@ const COMMITTED: &[(Document, &str, &str)] = &[
         "lab/results/r4-windows",
         "docs/lab-r4-windows.md",
     ),
+    (Document::Dr, "lab/results/dr", "docs/lab-dr.md"),
 ];
 
 /// Rewrites every committed document from its results (run from the repository's top).
