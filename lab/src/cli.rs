@@ -26,6 +26,9 @@ pub enum LabCommand {
     /// Rewrite result documents from results already on disk: with no arguments, every
     /// document in docs/ from its results under lab/results.
     Doc(DocArgs),
+    /// The DR scenario's application, run by `run dr` inside a site's namespace.
+    #[command(hide = true)]
+    DrWriter(crate::dr::WriterArgs),
 }
 
 /// The scenarios; `rsv-lab list` prints their names and first lines.
@@ -60,6 +63,11 @@ pub enum Scenario {
     /// Mbit/s): fresh rsv processes against null LUNs, in round trips over a process's start
     /// (not part of `all`)
     Login(crate::login::Args),
+    /// DR: failovers of a striped volume replicated continuously (rsv sync --every) over
+    /// 350 ms at 800 Mbit/s: the primary site killed at random moments, the far copy
+    /// promoted and checked for a prefix of the application's writes, the old site
+    /// resynced; RPO, write latency, barrier hold, resync bytes (not part of `all`)
+    Dr(crate::dr::Args),
     /// RTT sweep 1-300 ms at 500 Mbit/s, no loss: iperf3 BBR and Reservoir's defaults
     /// writing and reading, as a share of the link
     Rtt(crate::rtt::Args),
@@ -219,6 +227,7 @@ pub fn run(command: LabCommand) -> Result<()> {
             (Some(d), Some(out)) => d.write(&results.unwrap_or_else(|| "lab/results".into()), &out),
             _ => crate::doc::write_committed(),
         },
+        LabCommand::DrWriter(a) => crate::dr::writer(a),
         LabCommand::Run { scenario } => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
@@ -290,6 +299,38 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
             let out = a.common.out_dir();
             crate::login::run(a.params(), a.common.quick, &out, command)?;
             (out, None)
+        }
+        Scenario::Dr(a) => {
+            // Its results have a directory of their own (lab/results/dr).
+            let quick = a.flags.common.quick;
+            let out = a.flags.common.out.clone().unwrap_or_else(|| {
+                PathBuf::from(if quick {
+                    "lab/results-quick"
+                } else {
+                    "lab/results/dr"
+                })
+            });
+            let r = crate::dr::run(a.params()?, quick, &out, command)?;
+            let doc = a.flags.doc.target(&a.flags.common, Document::Dr);
+            if let Some((d, document)) = &doc {
+                document.write(&out, d)?;
+                eprintln!("lab: wrote {}", d.display());
+            }
+            eprintln!("lab: results in {}", out.display());
+            let bad = r.violations();
+            if bad > 0 {
+                bail!("{bad} failover(s) left a far copy of no single moment (see the rounds)");
+            }
+            let failed = r
+                .configs
+                .iter()
+                .flat_map(|c| &c.rounds)
+                .filter(|x| !x.error.is_empty())
+                .count();
+            if failed > 0 {
+                bail!("{failed} round(s) could not finish (see the rounds)");
+            }
+            return Ok(());
         }
         Scenario::All(a) => return run_all(a, &command),
     };
@@ -373,6 +414,23 @@ mod tests {
         };
         let p = a.params();
         assert_eq!((p.rtt_ms, p.tries), (vec![100], 3));
+        let Scenario::Dr(a) =
+            scenario("run dr --quick --failovers 3 --app-share 30,70 --rtt 100 --interval 2s")
+                .unwrap()
+        else {
+            panic!("not dr");
+        };
+        let p = a.params().unwrap();
+        assert_eq!(
+            (
+                p.failovers,
+                p.app_shares,
+                p.rtt_ms,
+                p.interval_ms,
+                p.disk_servers
+            ),
+            (3, vec![0.3, 0.7], 100, 2000, 2)
+        );
     }
 
     #[test]
@@ -386,6 +444,9 @@ mod tests {
             "run r2 --rows before",
             "run login --repeat 2",
             "run login --doc docs/x.md",
+            "run dr --rows one",
+            "run dr --repeat 2",
+            "run dr --app-share 0",
         ] {
             assert!(scenario(wrong).is_err(), "{wrong} was taken");
         }

@@ -21,6 +21,8 @@ pub enum Document {
     R2,
     R3,
     R4,
+    /// The DR scenario (dr.json).
+    Dr,
 }
 
 impl Document {
@@ -31,6 +33,7 @@ impl Document {
             Document::R2 => "lab-r2.md",
             Document::R3 => "lab-r3.md",
             Document::R4 => "lab-r4.md",
+            Document::Dr => "lab-dr.md",
         }
     }
 
@@ -41,6 +44,7 @@ impl Document {
             Document::R2 => crate::r2::write_doc(results, out),
             Document::R3 => crate::r3::write_doc(results, out),
             Document::R4 => crate::r4::write_doc(results, out),
+            Document::Dr => crate::dr::write_doc(results, out),
         }
     }
 }
@@ -62,6 +66,7 @@ const COMMITTED: &[(Document, &str, &str)] = &[
         "lab/results/r4-windows",
         "docs/lab-r4-windows.md",
     ),
+    (Document::Dr, "lab/results/dr", "docs/lab-dr.md"),
 ];
 
 /// Rewrites every committed document from its results (run from the repository's top).

@@ -21,16 +21,15 @@
 
 use crate::busy::{self, Sample};
 use crate::env::Environment;
-use crate::peers::{rsv_target, ISCSI_PORT};
+use crate::peers::ISCSI_PORT;
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
+use crate::sites::{Layout, Site, CONTROL_PORT, IQN};
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const IQN: &str = "iqn.2026-11.org.reservoir:dr";
-const CONTROL_PORT: u16 = 3262;
 const GRIDFTP_PORT: u16 = 2811;
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -185,85 +184,6 @@ pub struct Results {
 
 fn payload_capacity(rate_bps: u64) -> f64 {
     rate_bps as f64 * 1448.0 / 1500.0 / 8.0
-}
-
-/// What a site runs: N disk servers (hosts 2..N+1 of the site) and a file server (host 1).
-/// Its processes, stopped when it goes.
-struct Site {
-    _file_server: Proc,
-    _disks: Vec<Proc>,
-}
-
-fn disk_toml(addr: std::net::Ipv4Addr, key: &Path, members: &[String]) -> String {
-    let mut t = format!(
-        "portals = [\"{addr}:{ISCSI_PORT}\"]\n[control]\nlisten = \"{addr}:{CONTROL_PORT}\"\n\
-         key_file = \"{}\"\n[session]\nmax_connections = 16\n[[target]]\niqn = \"{IQN}\"\n",
-        key.display()
-    );
-    for (i, m) in members.iter().enumerate() {
-        t += &format!("[[target.lun]]\nid = {i}\nstore = \"{m}\"\n");
-    }
-    t
-}
-
-fn start_site(
-    link_hosts: &[proc::Host],
-    tag: &str,
-    key: &Path,
-    dir: &Path,
-    member: u64,
-    one: u64,
-    fill: bool,
-) -> Result<Site> {
-    let n = link_hosts.len() - 1;
-    let mut disks = Vec::new();
-    for (i, h) in link_hosts[1..].iter().enumerate() {
-        let data = dir.join(format!("{tag}-disk{i}"));
-        std::fs::create_dir_all(&data)?;
-        let img = data.join("member.img");
-        let one_img = data.join("one.img");
-        if fill {
-            proc::random_file(&img, member)?;
-        } else {
-            std::fs::File::create(&img)?.set_len(member)?;
-        }
-        let mut luns = vec![format!("file:{}", img.display())];
-        if i == 0 {
-            if fill {
-                proc::random_file(&one_img, one)?;
-            } else {
-                std::fs::File::create(&one_img)?.set_len(one)?;
-            }
-            luns.push(format!("file:{}", one_img.display()));
-        }
-        let cfg = disk_toml(h.addr, key, &luns);
-        disks.push(rsv_target(
-            &h.ns,
-            h.addr,
-            &cfg,
-            dir,
-            &format!("{tag}-disk{i}"),
-        )?);
-    }
-    let members: Vec<String> = link_hosts[1..]
-        .iter()
-        .map(|h| format!("iscsi://{}:{ISCSI_PORT}/{IQN}/0", h.addr))
-        .collect();
-    let fs = &link_hosts[0];
-    let cfg = disk_toml(
-        fs.addr,
-        key,
-        &[format!("stripe:?unit=1M&members=[{}]", members.join(","))],
-    );
-    let file_server = rsv_target(&fs.ns, fs.addr, &cfg, dir, &format!("{tag}-fs"))?;
-    eprintln!(
-        "r2: site {tag}: file server {} over {n} disk servers",
-        fs.addr
-    );
-    Ok(Site {
-        _file_server: file_server,
-        _disks: disks,
-    })
 }
 
 /// The bottleneck's samples between two Unix times, as Mbit/s over 1-s steps.
@@ -736,15 +656,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     let n = p.disk_servers;
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r2")?;
     let dir = &scratch.0;
-    let key = dir.join("control.key");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mut secret = [0u8; 16];
-        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut secret)?;
-        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        std::fs::write(&key, hex)?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
-    }
+    let key = crate::sites::control_key(dir)?;
     let link = Link::up(
         "lr2",
         &[
@@ -814,8 +726,14 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         volume >> 20,
         one >> 20
     );
-    let site_a = start_site(&link.a, "a", &key, dir, member, one, true)?;
-    let site_b = start_site(&link.b, "b", &key, dir, member, one, false)?;
+    let layout = |fill| Layout {
+        member,
+        one: Some(one),
+        fill,
+        disk_lun_options: "",
+    };
+    let site_a = Site::start(&link.a, "a", &key, dir, &layout(true))?;
+    let site_b = Site::start(&link.b, "b", &key, dir, &layout(false))?;
     let src = format!("{}:{CONTROL_PORT}/{IQN}/0", link.a[0].addr);
     let dst = format!("{}:{CONTROL_PORT}/{IQN}/0", link.b[0].addr);
     let src_one = format!("{}:{CONTROL_PORT}/{IQN}/1", link.a[1].addr);
@@ -959,10 +877,10 @@ impl Drop for NetnsHosts {
 }
 
 /// Host-wide sysctls raised for the run and put back as they were when it ends.
-struct HostSysctl(Vec<(String, String)>);
+pub(crate) struct HostSysctl(Vec<(String, String)>);
 
 impl HostSysctl {
-    fn raise(settings: &[(&str, u64)]) -> Result<HostSysctl> {
+    pub(crate) fn raise(settings: &[(&str, u64)]) -> Result<HostSysctl> {
         let mut old = Vec::new();
         for (k, want) in settings {
             let path = format!("/proc/sys/{}", k.replace('.', "/"));

@@ -93,6 +93,7 @@ mod tests {
                 "r4.json" => crate::r4::load(dir).map(drop),
                 "rtt.json" => crate::rtt::load(dir).map(drop),
                 "login.json" => crate::login::load(dir).map(drop),
+                "dr.json" => crate::dr::load(dir).map(drop),
                 // Other JSON (path caches, coordinator logs) is no scenario's results.
                 _ => continue,
             };

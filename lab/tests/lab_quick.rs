@@ -493,3 +493,77 @@ fn lab_quick_login() {
     assert_eq!(json_str(&json, "scenario"), Some("login"));
     assert!(!links_left("llogin-"), "the lab left namespaces behind");
 }
+
+/// `rsv-lab run dr --quick`: two failovers of a striped volume replicated continuously;
+/// each far copy promoted holds a prefix of the application's writes (the run fails
+/// otherwise: with `RSV_DR_LIVE=1`, which copies the live LUNs instead of images, it
+/// does), and each resync leaves the old primary equal to the new one. Ignored until the
+/// product passes it: on 2026-11-29 one of three quick runs left the sites different after a
+/// resync (`cargo test -p rsv -p rsv-lab --test lab_quick lab_quick_dr -- --ignored`).
+#[test]
+#[ignore = "a failover can still leave the sites different after the resync: docs/replicate.md, What the lab found"]
+fn lab_quick_dr() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP lab_quick_dr: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    lab("dr", out);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("dr.json")).unwrap()).unwrap();
+    assert_eq!(v["scenario"], "dr");
+    let configs = v["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 1, "{v}");
+    let c = &configs[0];
+    assert_eq!(c["violations"], 0, "{c}");
+    let rounds = c["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{c}");
+    let mut from = 1;
+    for (i, r) in rounds.iter().enumerate() {
+        assert_eq!(r["error"], "", "{r}");
+        assert_eq!(r["consistent"], true, "{r}");
+        // Sites alternate: a fails, then b (the promoted one, primary since).
+        assert_eq!(r["failed_site"], ["a", "b"][i % 2], "{r}");
+        // The round goes on from the write after the copy the last one promoted.
+        assert_eq!(r["from"], from, "{r}");
+        let (acked, far) = (
+            r["acked"].as_u64().unwrap(),
+            r["far_last"].as_u64().unwrap(),
+        );
+        assert!(
+            far >= r["acked_before_cut"].as_u64().unwrap() && far <= acked + 1,
+            "{r}"
+        );
+        assert!(r["cycles_committed"].as_u64().unwrap() >= 1, "{r}");
+        assert!(r["rpo_at_failure_s"].as_f64().unwrap() >= 0.0, "{r}");
+        let rs = &r["resync"];
+        assert_eq!(rs["equal_after"], true, "{r}");
+        assert!(
+            rs["sent_bytes"].as_u64().unwrap() >= rs["differ_bytes"].as_u64().unwrap(),
+            "the resync sent less than differed and still ended equal? {r}"
+        );
+        from = far + 1;
+    }
+    for k in [
+        "rpo_cycles_s",
+        "rpo_failure_s",
+        "latency_alone_us",
+        "latency_replicated_us",
+        "hold_us",
+    ] {
+        assert!(c[k]["n"].as_u64().unwrap_or(0) > 0, "{k} in {c}");
+    }
+    // RSV_LAB_PREFIX keeps this run's link apart from another run's on the machine.
+    let prefix = std::env::var("RSV_LAB_PREFIX").unwrap_or_default();
+    assert!(
+        !links_left(&format!("{prefix}ldr-")),
+        "the lab left namespaces behind"
+    );
+    let d = doc("dr", out);
+    assert!(
+        d.contains("## Application at 30 % of the link") && d.contains("the **quick** variant"),
+        "{d}"
+    );
+}
