@@ -161,8 +161,8 @@ PY
 URL="iscsi://${P[1]}/$IQN/0?recovery_timeout=30&portal=${P[2]}&pr_key=$KEY&pr_type=we_ro"
 case $WRITER in
 load) RUST_LOG=info "$RSV" load "$URL" --sessions 4 --connections 1 --region 4MiB \
-  --duration 24h --slow 50ms --json >"$work/writer.json" 2>"$work/writer.err" & ;;
-crash) RUST_LOG=info "$RSV" crash --url "$URL" --writers 8 --size 32MiB --duration 24h \
+  --duration 86400s --slow 50ms --json >"$work/writer.json" 2>"$work/writer.err" & ;;
+crash) RUST_LOG=info "$RSV" crash --url "$URL" --writers 8 --size 32MiB --duration 86400s \
   --slow 50ms --json >"$work/writer.json" 2>"$work/writer.err" & ;;
 esac
 writer=$!

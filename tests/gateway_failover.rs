@@ -271,8 +271,8 @@ fn the_reservation_holds_while_the_active_gateway_is_killed_under_writes() {
         let until = kills.get(k + 1).copied();
         let mut last = times
             .iter()
-            .filter(|t| *t < killed)
-            .last()
+            .rev()
+            .find(|t| *t < killed)
             .copied()
             .unwrap_or(*killed);
         let mut stall = Duration::ZERO;
