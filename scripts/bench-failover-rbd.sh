@@ -16,7 +16,8 @@
 # then the killed gateway is started again on its port, and the next kill waits until
 # both report every group active/optimized. At the end the writer is stopped (SIGTERM)
 # and reports. Prints each kill, the stalls' p50/p99/max (a kill's stall: the longest
-# write or read across it, from the writer's `slow_commands`, 50 ms and up; a kill with
+# write or read answered after it and before the next, from the writer's `slow_commands`,
+# 50 ms and up; a kill with
 # none is counted as 0.05 s, an upper bound), the application's errors, lost writes, the
 # reservation checks passed and failed, and the load average at the start and end;
 # writes the JSON result to OUT; exits 1 on any violation.
@@ -222,8 +223,11 @@ slow = r.get("slow_commands", [])
 stalls = []
 for i, t in enumerate(kills):
     until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+    # Each slow command counts for the last kill before its answer: the one it waited
+    # on (a command issued before a kill and answered after the next would otherwise
+    # count for both).
     s = [c["seconds"] for c in slow
-         if c["start_unix_s"] + c["seconds"] >= t and c["start_unix_s"] < until]
+         if t <= c["start_unix_s"] + c["seconds"] < until]
     stalls.append(max(s) if s else 0.05)
 ss = sorted(stalls) or [0.0]
 q = lambda p: ss[min(len(ss) - 1, int(round(p * (len(ss) - 1))))]
