@@ -17,10 +17,9 @@
 # both report every group active/optimized. At the end the writer is stopped (SIGTERM)
 # and reports. Prints each kill, the stalls' p50/p99/max (a kill's stall: the longest
 # write or read answered after it and before the next, from the writer's `slow_commands`,
-# 50 ms and up; a kill with
-# none is counted as 0.05 s, an upper bound), the application's errors, lost writes, the
-# reservation checks passed and failed, and the load average at the start and end;
-# writes the JSON result to OUT; exits 1 on any violation.
+# 50 ms and up; a kill with none is counted as 0.05 s, an upper bound), the application's
+# errors, lost writes, the reservation checks passed and failed, and the load average at
+# the start and end; writes the JSON result to OUT; exits 1 on any violation.
 #
 #   scripts/bench-failover-rbd.sh [KILLS] [load|crash]      (defaults: 100, load)
 #
