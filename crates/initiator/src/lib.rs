@@ -108,6 +108,9 @@ pub enum Error {
     Timeout(String),
     #[error("session is closed")]
     Closed,
+    /// The persistent reservation `pr_key`/`pr_type` asked for could not be made.
+    #[error("persistent reservation: {0}")]
+    Reservation(String),
     #[error("SCSI command 0x{opcode:02x} was in flight when the session moved to another gateway and is not issued again: {why}")]
     Indeterminate { opcode: u8, why: &'static str },
     #[error("session could not be recovered after {attempts} attempts: {last}")]
@@ -131,6 +134,17 @@ pub struct SessionOptions {
     /// group is active/optimized and moves to another when its gateway fails
     /// (`multipath`). Query string `?portal=HOST:PORT`, repeated.
     pub portals: Vec<String>,
+    /// A persistent-reservation key: each session registers it on the LU at login
+    /// (REGISTER AND IGNORE EXISTING KEY, on the URL's LUN) and, after moving to another
+    /// gateway, again if the registration does not hold there (`multipath`). The
+    /// registration stays when the session ends, as a cluster node's key does. Query
+    /// string `?pr_key=0xKEY` (hex with 0x, else decimal; not 0).
+    pub pr_key: Option<u64>,
+    /// With `pr_key`: the reservation to hold (SPC-5 table 182: `we`, `ea`, `we_ro`,
+    /// `ea_ro`, `we_ar`, `ea_ar` or the number), taken at login unless the key already
+    /// holds it; a login fails when another key holds a reservation. Query string
+    /// `?pr_type=we_ro`.
+    pub pr_type: Option<u8>,
     pub header_digest: bool,
     pub data_digest: bool,
     pub initiator_name: String,
@@ -240,6 +254,8 @@ impl Default for SessionOptions {
             connections: 1,
             queue_depth: 32,
             portals: Vec::new(),
+            pr_key: None,
+            pr_type: None,
             header_digest: false,
             data_digest: false,
             initiator_name: default_initiator_name(),
@@ -348,6 +364,25 @@ impl SessionOptions {
                     self.portals.push(p);
                 }
             }
+            "pr_key" => {
+                let t = v.trim();
+                let k = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                    Some(h) => u64::from_str_radix(h, 16).ok(),
+                    None => t.parse::<u64>().ok(),
+                };
+                self.pr_key = Some(k.filter(|k| *k != 0).ok_or_else(|| {
+                    Error::Option(format!(
+                        "{key}={v}: expected a key other than 0 (0xHEX or decimal)"
+                    ))
+                })?);
+            }
+            "pr_type" => {
+                self.pr_type = Some(crate::multipath::pr_type(v).ok_or_else(|| {
+                    Error::Option(format!(
+                        "{key}={v}: expected we, ea, we_ro, ea_ro, we_ar or ea_ar (or 1, 3, 5-8)"
+                    ))
+                })?)
+            }
             "header_digest" => self.header_digest = parse_bool_opt(key, v)?,
             "data_digest" => self.data_digest = parse_bool_opt(key, v)?,
             "initiator_name" => self.initiator_name = v.to_owned(),
@@ -406,7 +441,7 @@ impl SessionOptions {
             }
             _ => {
                 return Err(Error::Option(format!(
-                    "unknown option {key}; known: connections, queue_depth, portal, header_digest, \
+                    "unknown option {key}; known: connections, queue_depth, portal, pr_key, pr_type, header_digest, \
                      data_digest, initiator_name, target_password, chap_algorithms, \
                      max_recv_data_segment, \
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \

@@ -259,6 +259,175 @@ pub fn reregister(key: u64) -> ([u8; 10], Vec<u8>) {
     (c, p)
 }
 
+/// PERSISTENT RESERVE OUT, RESERVE of `kind` (a type of SPC-5 table 182) by `key`, scope
+/// LU_SCOPE: its CDB and parameter list.
+pub fn reserve(key: u64, kind: u8) -> ([u8; 10], Vec<u8>) {
+    let mut c = [0u8; 10];
+    c[0] = 0x5f;
+    c[1] = 0x01;
+    c[2] = kind & 0x0f;
+    c[5..9].copy_from_slice(&24u32.to_be_bytes());
+    let mut p = vec![0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    (c, p)
+}
+
+/// PERSISTENT RESERVE IN, READ RESERVATION.
+pub fn read_reservation_cdb(alloc: u16) -> [u8; 10] {
+    let mut c = read_keys_cdb(alloc);
+    c[1] = 0x01;
+    c
+}
+
+/// PERSISTENT RESERVE IN, READ FULL STATUS.
+pub fn read_full_status_cdb(alloc: u16) -> [u8; 10] {
+    let mut c = read_keys_cdb(alloc);
+    c[1] = 0x03;
+    c
+}
+
+/// The reservation a READ RESERVATION answer shows: its key (0 for the all-registrants
+/// types, SPC-5 6.16.3.3) and type; `None` when there is none or the answer is cut short.
+pub fn parse_read_reservation(data: &[u8]) -> Option<(u64, u8)> {
+    let len = u32::from_be_bytes(data.get(4..8)?.try_into().ok()?);
+    if len < 16 {
+        return None;
+    }
+    let key = u64::from_be_bytes(data.get(8..16)?.try_into().ok()?);
+    let kind = data.get(21)? & 0x0f;
+    Some((key, kind))
+}
+
+/// The persistent reservation types, by the names `pr_type=` takes (SPC-5 table 182).
+pub const PR_TYPES: [(&str, u8); 6] = [
+    ("we", 1),
+    ("ea", 3),
+    ("we_ro", 5),
+    ("ea_ro", 6),
+    ("we_ar", 7),
+    ("ea_ar", 8),
+];
+
+/// A type by its name (`we_ro`) or number (`5`).
+pub fn pr_type(name: &str) -> Option<u8> {
+    let name = name.trim().to_ascii_lowercase();
+    PR_TYPES
+        .iter()
+        .find(|(n, c)| *n == name || c.to_string() == name)
+        .map(|(_, c)| *c)
+}
+
+/// Whether the type is one of the all-registrants types (the reservation is every
+/// registrant's, and READ RESERVATION shows key 0).
+pub fn all_registrants_type(kind: u8) -> bool {
+    matches!(kind, 7 | 8)
+}
+
+/// One registration of a READ FULL STATUS answer (SPC-5 6.16.5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FullStatus {
+    pub key: u64,
+    /// ALL_TG_PT: the registration holds through every target port.
+    pub all_target_ports: bool,
+    /// R_HOLDER: this registration holds the reservation.
+    pub holder: bool,
+    pub kind: u8,
+    pub relative_port: u16,
+    /// The initiator port of an iSCSI transport ID (`name,i,0xISID`, or the name alone
+    /// for format 00b); `None` for another protocol's or one that does not read.
+    pub port: Option<String>,
+}
+
+/// The registrations of a READ FULL STATUS answer, as far as whole descriptors arrived
+/// (an allocation length shorter than the list cuts it: the rest is not guessed at).
+pub fn parse_full_status(data: &[u8]) -> Vec<FullStatus> {
+    let Some(len) = data.get(4..8) else {
+        return Vec::new();
+    };
+    let len = u32::from_be_bytes(len.try_into().unwrap()) as usize;
+    let end = 8usize.saturating_add(len).min(data.len());
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at + 24 <= end {
+        let d = &data[at..end];
+        let tid_len = u32::from_be_bytes(d[20..24].try_into().unwrap()) as usize;
+        let Some(tid) = d.get(24..24usize.saturating_add(tid_len)) else {
+            break;
+        };
+        out.push(FullStatus {
+            key: u64::from_be_bytes(d[..8].try_into().unwrap()),
+            all_target_ports: d[12] & 0x02 != 0,
+            holder: d[12] & 0x01 != 0,
+            kind: d[13] & 0x0f,
+            relative_port: u16::from_be_bytes([d[18], d[19]]),
+            port: iscsi_transport_id(tid),
+        });
+        at += 24 + tid_len;
+    }
+    out
+}
+
+/// The name in an iSCSI transport ID (protocol 5, SPC-5 7.6.4.6), up to its first NUL.
+fn iscsi_transport_id(t: &[u8]) -> Option<String> {
+    if t.len() < 4 || t[0] & 0x0f != 0x05 {
+        return None;
+    }
+    let len = usize::from(u16::from_be_bytes([t[2], t[3]]));
+    let raw = t.get(4..4 + len)?;
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let name = std::str::from_utf8(&raw[..end]).ok()?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// Whether two iSCSI initiator port names (`name,i,0xISID`) are the same port: names
+/// compare without case (RFC 3722 folds them to lower case), ISIDs as numbers.
+pub fn same_initiator_port(a: &str, b: &str) -> bool {
+    let split = |p: &str| {
+        let (name, isid) = p.split_once(",i,0x").or_else(|| p.split_once(",I,0X"))?;
+        Some((
+            name.to_ascii_lowercase(),
+            u64::from_str_radix(isid, 16).ok()?,
+        ))
+    };
+    match (split(a), split(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// What a session that moved to another gateway does about its registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnNewNexus {
+    /// The registration already holds on the new I_T nexus: its initiator port is
+    /// registered with ALL_TG_PT (a gateway group keeps registrations per initiator port,
+    /// across its gateways). Nothing to send: a PERSISTENT RESERVE OUT right after a
+    /// gateway died would wait in the cluster for the dead gateway's acknowledgement.
+    Holds,
+    /// The key is registered through some other nexus but not this one: register again
+    /// (REGISTER AND IGNORE EXISTING KEY).
+    Register,
+    /// The key is registered nowhere (preempted or cleared meanwhile): stay away.
+    Gone,
+}
+
+/// The decision on a READ FULL STATUS answer, for `key` and this session's initiator port
+/// `me` (`name,i,0xISID`).
+pub fn on_new_nexus(status: &[FullStatus], key: u64, me: &str) -> OnNewNexus {
+    let ours = |s: &&FullStatus| s.key == key;
+    if status.iter().filter(ours).any(|s| {
+        s.all_target_ports
+            && s.port
+                .as_deref()
+                .is_some_and(|p| same_initiator_port(p, me))
+    }) {
+        OnNewNexus::Holds
+    } else if status.iter().any(|s| s.key == key) {
+        OnNewNexus::Register
+    } else {
+        OnNewNexus::Gone
+    }
+}
+
 /// What the session should do about its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -573,6 +742,96 @@ mod tests {
         assert_eq!(read_keys_cdb(100)[0], 0x5e);
     }
 
+    fn full_status_entry(key: u64, flags: u8, port: &str) -> Vec<u8> {
+        let mut e = key.to_be_bytes().to_vec();
+        e.extend_from_slice(&[0, 0, 0, 0, flags, 5, 0, 0, 0, 0, 0, 1]);
+        let mut name = port.as_bytes().to_vec();
+        name.push(0);
+        name.resize(name.len().div_ceil(4) * 4, 0);
+        let mut tid = vec![0x45, 0];
+        tid.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        tid.extend(name);
+        e.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+        e.extend(tid);
+        e
+    }
+
+    fn full_status(entries: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = entries.concat();
+        let mut d = vec![0, 0, 0, 9];
+        d.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        d.extend(body);
+        d
+    }
+
+    #[test]
+    fn a_registration_held_through_every_port_is_not_made_again() {
+        let me = "iqn.2026-01.org.reservoir:initiator.h,i,0x80a1b2c30001";
+        let other = "iqn.2026-01.org.reservoir:initiator.h,i,0x80a1b2c30003";
+        // Our port, ALL_TG_PT and holder: nothing to do.
+        let d = full_status(&[full_status_entry(0xabc, 0x03, me)]);
+        let s = parse_full_status(&d);
+        assert_eq!(s.len(), 1);
+        assert!(s[0].all_target_ports && s[0].holder);
+        assert_eq!(s[0].kind, 5);
+        assert_eq!(s[0].port.as_deref(), Some(me));
+        assert_eq!(on_new_nexus(&s, 0xabc, me), OnNewNexus::Holds);
+        // The ISID written in capitals and the name in another case is the same port.
+        assert_eq!(
+            on_new_nexus(&s, 0xabc, &me.to_uppercase().replace(",I,0X", ",i,0x")),
+            OnNewNexus::Holds
+        );
+        // Our port without ALL_TG_PT (a target that keeps registrations per nexus), or
+        // only another port with the key: register again.
+        let d = full_status(&[full_status_entry(0xabc, 0x00, me)]);
+        assert_eq!(
+            on_new_nexus(&parse_full_status(&d), 0xabc, me),
+            OnNewNexus::Register
+        );
+        let d = full_status(&[full_status_entry(0xabc, 0x02, other)]);
+        assert_eq!(
+            on_new_nexus(&parse_full_status(&d), 0xabc, me),
+            OnNewNexus::Register
+        );
+        // Our port registered with another key only: ours is gone.
+        let d = full_status(&[full_status_entry(0xdef, 0x02, me)]);
+        assert_eq!(
+            on_new_nexus(&parse_full_status(&d), 0xabc, me),
+            OnNewNexus::Gone
+        );
+        // An answer cut inside the second descriptor keeps the first only.
+        let d = full_status(&[
+            full_status_entry(0xdef, 0x02, other),
+            full_status_entry(0xabc, 0x02, me),
+        ]);
+        assert_eq!(parse_full_status(&d[..d.len() - 3]).len(), 1);
+        assert_eq!(
+            on_new_nexus(&parse_full_status(&d[..d.len() - 3]), 0xabc, me),
+            OnNewNexus::Gone
+        );
+        assert_eq!(read_full_status_cdb(100)[1], 3);
+    }
+
+    #[test]
+    fn reservations_are_read_and_taken() {
+        let (c, p) = reserve(0xabc, 5);
+        assert_eq!((c[0], c[1], c[2]), (0x5f, 1, 5));
+        assert_eq!(u64::from_be_bytes(p[..8].try_into().unwrap()), 0xabc);
+        let mut d = vec![0, 0, 0, 3, 0, 0, 0, 16];
+        d.extend_from_slice(&0xabcu64.to_be_bytes());
+        d.extend_from_slice(&[0, 0, 0, 0, 0, 5, 0, 0]);
+        assert_eq!(parse_read_reservation(&d), Some((0xabc, 5)));
+        assert_eq!(parse_read_reservation(&d[..8]), None);
+        assert_eq!(parse_read_reservation(&[0, 0, 0, 3, 0, 0, 0, 0]), None);
+        assert_eq!(read_reservation_cdb(64)[1], 1);
+        assert_eq!(pr_type("WE_RO"), Some(5));
+        assert_eq!(pr_type("3"), Some(3));
+        assert_eq!(pr_type("2"), None);
+        assert!(same_initiator_port("a,i,0x0001", "A,i,0x1"));
+        assert!(!same_initiator_port("a,i,0x0001", "a,i,0x2"));
+        assert!(!same_initiator_port("a", "a"));
+    }
+
     #[test]
     fn login_prefers_the_active_optimized_group() {
         let mut g = Group::new(vec!["a:1".into(), "b:1".into(), "c:1".into()]);
@@ -724,6 +983,9 @@ mod tests {
             let _ = parse_rtpg(&data);
             let _ = vpd83_port_group(&data);
             let _ = parse_read_keys(&data);
+            let _ = parse_read_reservation(&data);
+            let s = parse_full_status(&data);
+            let _ = on_new_nexus(&s, 1, "a,i,0x1");
         }
     }
 }

@@ -119,6 +119,32 @@ impl Target {
 
     /// With `top` (keys of the configuration's top level) before the target's table.
     pub fn start_with(dir: &Path, top: &str, luns: &str, suite_acl: bool) -> Target {
+        Target::start_listening(dir, top, luns, suite_acl, &["127.0.0.1:0", "127.0.0.1:0"])
+    }
+
+    /// As [`Target::start_with`], on one portal `listen` (`127.0.0.1:PORT`): a gateway
+    /// killed and started again where its initiators' `?portal=` lists expect it. The
+    /// port of a process just killed may take a moment to be free: tried for 10 s.
+    pub fn start_at(dir: &Path, top: &str, luns: &str, listen: &str) -> Target {
+        let t = Instant::now();
+        loop {
+            match std::panic::catch_unwind(|| {
+                Target::start_listening(dir, top, luns, false, &[listen])
+            }) {
+                Ok(t) => return t,
+                Err(e) if t.elapsed().as_secs() >= 10 => std::panic::resume_unwind(e),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
+    }
+
+    fn start_listening(
+        dir: &Path,
+        top: &str,
+        luns: &str,
+        suite_acl: bool,
+        listen: &[&str],
+    ) -> Target {
         let cfg = dir.join("target.toml");
         let acl = if suite_acl {
             format!("allowed_initiators = [\"{INITIATOR_1}\", \"{INITIATOR_2}\"]\n")
@@ -131,21 +157,26 @@ impl Target {
         )
         .unwrap();
         let log = dir.join("target.log");
-        let mut child = Command::new(rsv())
-            .args([
-                "target",
-                "--listen",
-                "127.0.0.1:0",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+        let mut cmd = Command::new(rsv());
+        cmd.arg("target");
+        for l in listen {
+            cmd.args(["--listen", l]);
+        }
+        let mut child = cmd
             .arg("--data-dir")
             .arg(dir.join("data"))
             .arg("--config")
             .arg(&cfg)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            // Appended: a gateway started again keeps its earlier runs' lines.
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            ))
             .spawn()
             .expect("starting rsv target");
         let mut out = BufReader::new(child.stdout.take().unwrap());

@@ -3,7 +3,7 @@
 //! last acknowledged there), for a set time. Reports errors, mismatches, latency
 //! percentiles and, given the target's process id, its peak resident memory and file
 //! descriptors with a sample every second (memory after warm-up against the end says
-//! whether it stays flat).
+//! whether it stays flat). SIGINT or SIGTERM ends the load early, with its report.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,8 @@ pub struct LoadArgs {
     /// TCP connections per session.
     #[arg(long, default_value_t = 2)]
     pub connections: u16,
-    /// How long the load runs (600s, 30s).
+    /// How long the load runs (600s, 30s); SIGINT or SIGTERM ends it sooner, and the
+    /// report is printed all the same.
     #[arg(long, default_value = "600s")]
     pub duration: String,
     /// Bytes of the LUN each session works in.
@@ -40,10 +41,28 @@ pub struct LoadArgs {
     /// The target's process: its memory and descriptors are sampled every second.
     #[arg(long)]
     pub target_pid: Option<u32>,
+    /// List every command that took at least this long (start time and duration) in the
+    /// report's `slow_commands`, up to 100,000: a failover bench finds the stall of each
+    /// gateway it killed there (100ms, 1s).
+    #[arg(long)]
+    pub slow: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
 }
+
+/// One command at least `--slow` long.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SlowCommand {
+    /// When it was issued, in seconds since the Unix epoch.
+    pub start_unix_s: f64,
+    /// How long it took until its answer (or error).
+    pub seconds: f64,
+    pub write: bool,
+}
+
+/// How many slow commands a report keeps.
+const SLOW_KEPT: usize = 100_000;
 
 #[derive(Debug, Default, Serialize)]
 pub struct LoadReport {
@@ -71,6 +90,8 @@ pub struct LoadReport {
     /// The target's memory and descriptors over the run: the sample nearest each tenth
     /// of it (memory flat after warm-up shows as the same figure from the second on).
     pub target_over_time: Vec<TargetSample>,
+    /// Commands at least `--slow` long, in the order they ended (empty without it).
+    pub slow_commands: Vec<SlowCommand>,
 }
 
 /// One sample of the target's process.
@@ -91,6 +112,11 @@ struct Tally {
     mismatches: AtomicU64,
     first: Mutex<Vec<String>>,
     hist: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// Set by SIGINT or SIGTERM: the sessions end after their command in flight.
+    stop: std::sync::atomic::AtomicBool,
+    /// `--slow`, and the commands found so.
+    slow_from: Option<Duration>,
+    slow: Mutex<Vec<SlowCommand>>,
 }
 
 impl Tally {
@@ -122,12 +148,20 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
     if region == 0 || args.sessions == 0 {
         bail!("--region and --sessions must be above zero");
     }
+    let slow_from = args
+        .slow
+        .as_deref()
+        .map(|s| units::parse_duration(s).map_err(|e| anyhow!("--slow: {e}")))
+        .transpose()?;
     let url = IscsiUrl::parse(&args.url)?;
     let base = url.options(&SessionOptions::default())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let tally = Arc::new(Tally::default());
+    let tally = Arc::new(Tally {
+        slow_from,
+        ..Tally::default()
+    });
     *tally.hist.lock().unwrap() =
         Some(hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 3).unwrap());
     let logged_in = Arc::new(AtomicU64::new(0));
@@ -150,6 +184,27 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
             })
         });
         let deadline = Instant::now() + duration;
+        // A signal ends the load as its deadline would: each session finishes the command
+        // it has in flight, and the report is made (a bench stops a load so, after its
+        // last event).
+        let stopper = {
+            let tally = tally.clone();
+            tokio::spawn(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    return;
+                };
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                tracing::info!("signal: ending the load");
+                tally.stop.store(true, Ordering::Relaxed);
+            })
+        };
         let mut tasks = Vec::new();
         for i in 0..args.sessions {
             let url = url.clone();
@@ -188,10 +243,12 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
         if let Some(s) = sampler {
             s.abort();
         }
+        stopper.abort();
     });
     let h = tally.hist.lock().unwrap().take().unwrap();
     let samples = samples.lock().unwrap().clone();
     let first_errors = tally.first.lock().unwrap().clone();
+    let slow_commands = std::mem::take(&mut *tally.slow.lock().unwrap());
     let at = |f: f64| {
         samples
             .get(((samples.len() as f64) * f) as usize)
@@ -224,6 +281,7 @@ pub fn run(args: LoadArgs) -> anyhow::Result<LoadReport> {
         target_rss_kib_at_quarter: at(0.25),
         target_rss_kib_at_end: samples.last().map(|s| s.rss_kib),
         target_over_time,
+        slow_commands,
     })
 }
 
@@ -243,14 +301,14 @@ async fn session(
     let mut gen = 0u64;
     let mut rng = StdRng::seed_from_u64(i as u64);
     let run = 0x10ad_0000 + i as u64;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !tally.stop.load(Ordering::Relaxed) {
         let n = rng.gen_range(1..=4u64).min(units);
         let first = rng.gen_range(0..=units - n);
         let offset = base + first * UNIT as u64;
         let t = Instant::now();
         if rng.gen_range(0..100) < read_percent {
             let r = lun.read_at(offset, n as usize * UNIT).await;
-            record(tally, t);
+            record(tally, t, false);
             match r {
                 Ok(data) => {
                     tally.reads.fetch_add(1, Ordering::Relaxed);
@@ -285,7 +343,7 @@ async fn session(
                 model::stamp(chunk, run, base / UNIT as u64 + first + k as u64, gen);
             }
             let r = lun.write_at(offset, Bytes::from(buf)).await;
-            record(tally, t);
+            record(tally, t, true);
             match r {
                 Ok(()) => {
                     tally.writes.fetch_add(1, Ordering::Relaxed);
@@ -302,9 +360,24 @@ async fn session(
     }
 }
 
-fn record(tally: &Tally, t: Instant) {
+fn record(tally: &Tally, t: Instant, write: bool) {
     tally.ios.fetch_add(1, Ordering::Relaxed);
-    let us = t.elapsed().as_micros().max(1) as u64;
+    let took = t.elapsed();
+    if tally.slow_from.is_some_and(|s| took >= s) {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(took);
+        let mut slow = tally.slow.lock().unwrap();
+        if slow.len() < SLOW_KEPT {
+            slow.push(SlowCommand {
+                start_unix_s: start.as_secs_f64(),
+                seconds: took.as_secs_f64(),
+                write,
+            });
+        }
+    }
+    let us = took.as_micros().max(1) as u64;
     if let Some(h) = tally.hist.lock().unwrap().as_mut() {
         let _ = h.record(us.min(600_000_000));
     }

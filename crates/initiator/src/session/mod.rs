@@ -243,6 +243,9 @@ impl Session {
     /// applied by the caller, see [`IscsiUrl::options`]) and opens all connections.
     pub async fn connect(url: &IscsiUrl, opts: &SessionOptions) -> Result<Session> {
         let target = url.target_required()?.to_owned();
+        if opts.pr_type.is_some() && opts.pr_key.is_none() {
+            return Err(Error::Option("pr_type needs pr_key".into()));
+        }
         // Without a congestion option the process's default decides (rsv where it loads,
         // else BBR, else CUBIC): decided once per process, its load (libbpf and the
         // verifier) on a blocking thread while the RTT probe's handshakes run.
@@ -315,7 +318,17 @@ impl Session {
             shared.choose_path().await;
         }
         tokio::spawn(keepalive(Arc::downgrade(&shared)));
-        Ok(Session { shared })
+        let session = Session { shared };
+        if let Some(key) = session.shared.opts.pr_key {
+            if let Err(e) = session
+                .hold_reservation(key, session.shared.opts.pr_type)
+                .await
+            {
+                let _ = session.logout().await;
+                return Err(e);
+            }
+        }
+        Ok(session)
     }
 
     pub fn info(&self) -> SessionInfo {

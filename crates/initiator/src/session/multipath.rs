@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{DataDir, ScsiResult, Shared};
-use crate::multipath::{self, Action, AluaSense, PortGroup};
+use super::{DataDir, ScsiResult, Session, Shared};
+use crate::multipath::{self, Action, AluaSense, OnNewNexus, PortGroup};
 use crate::{Error, Result};
 use scsi_proto::status;
 
@@ -85,13 +85,25 @@ impl Shared {
         }
     }
 
+    /// This session's initiator port as targets name it in transport IDs
+    /// (`name,i,0xISID`, RFC 7143 / SPC-5 7.6.4.6).
+    pub(super) fn initiator_port(&self) -> String {
+        let isid: String = self.isid.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{},i,0x{isid}", self.opts.initiator_name)
+    }
+
     /// After a login on another gateway (the session moved), before any command is
-    /// reissued: read the ALUA states there, then make the session's registration again
-    /// for the new I_T nexus (SPC-5 5.14.7: a registration belongs to one I_T nexus
-    /// unless it was made with ALL_TG_PT). Only if the key is still registered through
+    /// reissued: read the ALUA states there, then make sure the session's registration
+    /// holds on the new I_T nexus (SPC-5 5.14.7: a registration belongs to one I_T nexus
+    /// unless it was made with ALL_TG_PT). READ FULL STATUS says whether this initiator
+    /// port is registered through every target port already (a gateway group keeps
+    /// registrations per initiator port, across its gateways): then nothing is sent,
+    /// which matters because a PERSISTENT RESERVE OUT right after a gateway died waits
+    /// in the cluster for that gateway's acknowledgement (up to 5 s). Otherwise the
+    /// registration is made again, but only if the key is still registered through
     /// another nexus: a key that another initiator preempted meanwhile (fenced) stays
     /// away, and the writes reissued here meet their RESERVATION CONFLICT as they would
-    /// have on the lost gateway.
+    /// have on the lost gateway. A target without READ FULL STATUS is asked READ KEYS.
     pub(super) async fn after_move(self: &Arc<Self>) -> Result<()> {
         let (group, groups) = self.probe().await;
         self.group.lock().unwrap().logged_in(group, &groups);
@@ -99,12 +111,38 @@ impl Shared {
         let Some(reg) = reg.filter(|r| !r.all_target_ports) else {
             return Ok(());
         };
-        let keys = self
-            .own_command(&multipath::read_keys_cdb(8192), DataDir::Read(8192))
+        let me = self.initiator_port();
+        let full = self
+            .own_command(
+                &multipath::read_full_status_cdb(32768),
+                DataDir::Read(32768),
+            )
             .await
-            .map(|r| multipath::parse_read_keys(&r.data));
-        match keys {
-            Some(keys) if keys.contains(&reg.key) => {
+            .map(|r| multipath::on_new_nexus(&multipath::parse_full_status(&r.data), reg.key, &me));
+        let decision = match full {
+            Some(d) => Some(d),
+            None => self
+                .own_command(&multipath::read_keys_cdb(8192), DataDir::Read(8192))
+                .await
+                .map(|r| {
+                    if multipath::parse_read_keys(&r.data).contains(&reg.key) {
+                        OnNewNexus::Register
+                    } else {
+                        OnNewNexus::Gone
+                    }
+                }),
+        };
+        match decision {
+            Some(OnNewNexus::Holds) => {
+                tracing::info!(
+                    "multipath: registration 0x{:x} holds through {} (registered through \
+                     every target port)",
+                    reg.key,
+                    self.portal()
+                );
+                Ok(())
+            }
+            Some(OnNewNexus::Register) => {
                 let (cdb, params) = multipath::reregister(reg.key);
                 match self.own_command(&cdb, DataDir::Write(params.into())).await {
                     Some(_) => {
@@ -122,7 +160,7 @@ impl Shared {
                     ))),
                 }
             }
-            Some(_) => {
+            Some(OnNewNexus::Gone) => {
                 tracing::warn!(
                     "multipath: registration 0x{:x} is gone (preempted or cleared): not \
                      made again through {}",
@@ -133,7 +171,8 @@ impl Shared {
                 Ok(())
             }
             None => Err(Error::Protocol(format!(
-                "READ KEYS through {} failed: the registration 0x{:x} cannot be checked",
+                "READ FULL STATUS and READ KEYS through {} failed: the registration 0x{:x} \
+                 cannot be checked",
                 self.portal(),
                 reg.key
             ))),
@@ -191,5 +230,81 @@ impl Shared {
             }
             _ => Ok(false),
         }
+    }
+}
+
+impl Session {
+    /// At login with `pr_key`: registers the key for this session's I_T nexus (REGISTER
+    /// AND IGNORE EXISTING KEY, so that a key left by an earlier session of the same
+    /// initiator port is no obstacle) and, with `pr_type`, makes sure a reservation of
+    /// that type is held by the key: taken when there is none, accepted when the key
+    /// holds it already (another session of the same application took it), refused when
+    /// another key holds one. Registrations are per I_T nexus, so every session of an
+    /// application registers; under a registrants-only or all-registrants type all of
+    /// them may write, whichever holds it.
+    pub(super) async fn hold_reservation(&self, key: u64, kind: Option<u8>) -> Result<()> {
+        let lun = self.shared.alua_lun;
+        let refused = |what: &str, r: &ScsiResult| {
+            Error::Reservation(format!(
+                "{what} with key 0x{key:x} answered status 0x{:02x}{}",
+                r.status,
+                r.sense
+                    .as_ref()
+                    .map(|s| format!(", sense {:02x}/{:02x}/{:02x}", s.key, s.asc, s.ascq))
+                    .unwrap_or_default()
+            ))
+        };
+        let (cdb, params) = multipath::reregister(key);
+        // `command` records the registration (`registration_after`) for `after_move`.
+        let r = self
+            .command(lun, &cdb, DataDir::Write(params.into()))
+            .await?;
+        if !r.is_good() {
+            return Err(refused("REGISTER", &r));
+        }
+        let Some(kind) = kind else {
+            tracing::info!("registered key 0x{key:x} through {}", self.shared.portal());
+            return Ok(());
+        };
+        // Twice: a RESERVE that lost a race with another session of ours meets a
+        // RESERVATION CONFLICT, and the second READ RESERVATION shows it ours.
+        for _ in 0..2 {
+            let r = self
+                .command(lun, &multipath::read_reservation_cdb(64), DataDir::Read(64))
+                .await?;
+            if !r.is_good() {
+                return Err(refused("READ RESERVATION", &r));
+            }
+            match multipath::parse_read_reservation(&r.data) {
+                Some((k, t))
+                    if t == kind && (k == key || multipath::all_registrants_type(kind)) =>
+                {
+                    return Ok(());
+                }
+                Some((k, t)) => {
+                    return Err(Error::Reservation(format!(
+                        "the LU is reserved (type {t}) by key 0x{k:x}, not 0x{key:x} with type {kind}"
+                    )));
+                }
+                None => {}
+            }
+            let (cdb, params) = multipath::reserve(key, kind);
+            let r = self
+                .command(lun, &cdb, DataDir::Write(params.into()))
+                .await?;
+            if r.is_good() {
+                tracing::info!(
+                    "reservation of type {kind} taken with key 0x{key:x} through {}",
+                    self.shared.portal()
+                );
+                return Ok(());
+            }
+            if r.status != status::RESERVATION_CONFLICT {
+                return Err(refused("RESERVE", &r));
+            }
+        }
+        Err(Error::Reservation(format!(
+            "no reservation of type {kind} could be taken or found with key 0x{key:x}"
+        )))
     }
 }

@@ -17,6 +17,12 @@
 //! 4. the victim is started again on its port, the checker logs in anew, reads the whole
 //!    LUN and judges every unit, then SYNCHRONIZE CACHE: what it read is the new baseline.
 //!
+//! With `--url`, no target is run: the writers write to that LUN (a gateway group's, its
+//! `?portal=` and `?pr_key=` options in the URL) until `--duration` or a signal, while
+//! something else kills the gateways (scripts/bench-failover-rbd.sh), and the whole
+//! region is then read back through the same session and judged once. There a writer's
+//! error counts: the application must see none across a failover.
+//!
 //! A SIGKILL leaves the page cache alone, so a file store keeps every write that reached
 //! it: the rounds find data lost in the target's own hands (a write acknowledged before
 //! it reached the store, a member's write the file server acknowledged too early, a
@@ -47,7 +53,9 @@ use model::{Model, Verdict, UNIT};
 Exits 0 when every round verified with no loss and no phantom, 1 otherwise (or on an
 error). The README names the long run:
   rsv crash --rounds 100
-  rsv crash --rounds 100 --stripe 2")]
+  rsv crash --rounds 100 --stripe 2
+Against a gateway group that something else fails over (no target run here):
+  rsv crash --url 'iscsi://GW1/IQN/0?portal=GW2&pr_key=0xabc&pr_type=we_ro' --duration 10m")]
 pub struct CrashArgs {
     /// Rounds of write, kill, restart, verify.
     #[arg(long, default_value_t = 10)]
@@ -82,6 +90,19 @@ pub struct CrashArgs {
     /// The `rsv` that runs the targets (default: this one).
     #[arg(long)]
     pub rsv: Option<PathBuf>,
+    /// Write to this LUN instead of running targets (iscsi://HOST[:PORT]/IQN/LUN with its
+    /// options: `portal=` for a gateway group, `pr_key=`/`pr_type=` for a reservation);
+    /// the first --size of it is read as the baseline, written until --duration or
+    /// SIGINT/SIGTERM, then read back and judged. Writers' errors count as failures.
+    #[arg(long, conflicts_with_all = ["stripe", "store", "rounds", "rsv", "dir"])]
+    pub url: Option<String>,
+    /// With --url: how long the writers run (SIGINT or SIGTERM ends it sooner).
+    #[arg(long, default_value = "60s", requires = "url")]
+    pub duration: String,
+    /// With --url: list every write or flush that took at least this long in the JSON
+    /// summary's `slow_commands` (a failover bench finds each kill's stall there).
+    #[arg(long, requires = "url")]
+    pub slow: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -107,6 +128,10 @@ pub struct Summary {
     pub findings: Vec<String>,
     /// Rounds whose writers did not finish within a minute of a disk server's return.
     pub stuck_rounds: u32,
+    /// With --url: errors the writers saw (each ends its writer).
+    pub errors: u64,
+    /// With --url and --slow: the slow writes and flushes, in the order they ended.
+    pub slow_commands: Vec<crate::load::SlowCommand>,
     pub seconds: f64,
 }
 
@@ -116,6 +141,30 @@ struct Counters {
     acked: AtomicU64,
     fua: AtomicU64,
     flushes: AtomicU64,
+    /// --slow, and the commands found so (at most 100,000).
+    slow_from: Option<Duration>,
+    slow: Mutex<Vec<crate::load::SlowCommand>>,
+}
+
+impl Counters {
+    /// A write (or flush) begun at `t` has its answer.
+    fn took(&self, t: Instant, write: bool) {
+        let took = t.elapsed();
+        if self.slow_from.is_some_and(|s| took >= s) {
+            let start = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .saturating_sub(took);
+            let mut slow = self.slow.lock().unwrap();
+            if slow.len() < 100_000 {
+                slow.push(crate::load::SlowCommand {
+                    start_unix_s: start.as_secs_f64(),
+                    seconds: took.as_secs_f64(),
+                    write,
+                });
+            }
+        }
+    }
 }
 
 /// One `rsv target` process, started again on the same port after a kill.
@@ -236,6 +285,9 @@ fn lun_config(iqn: &str, store: &str) -> String {
 }
 
 pub fn run(args: CrashArgs) -> anyhow::Result<bool> {
+    if let Some(url) = args.url.clone() {
+        return run_url(&url, &args);
+    }
     let size = units::parse_size(&args.size).map_err(|e| anyhow!("--size: {e}"))?;
     let min_run = units::parse_duration(&args.min_run).map_err(|e| anyhow!("--min-run: {e}"))?;
     let max_run = units::parse_duration(&args.max_run).map_err(|e| anyhow!("--max-run: {e}"))?;
@@ -497,12 +549,14 @@ async fn write_and_kill(
     Ok(stuck)
 }
 
-async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+async fn futures_join<T>(tasks: Vec<tokio::task::JoinHandle<T>>) {
     for t in tasks {
         let _ = t.await;
     }
 }
 
+/// One writer's loop until `stop`; the error that ended it, if one did (expected when
+/// its target is killed, a failure with --url), as a line for people.
 async fn writer(
     lun: Arc<Lun>,
     model: Arc<Mutex<Model>>,
@@ -511,7 +565,7 @@ async fn writer(
     units: Range<u64>,
     seed: u64,
     stop: Arc<AtomicBool>,
-) {
+) -> Option<String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let run = model.lock().unwrap().run();
     let mut pending: Vec<(Range<u64>, u64)> = Vec::new();
@@ -529,13 +583,15 @@ async fn writer(
         model.lock().unwrap().issue(span.clone(), g);
         counters.issued.fetch_add(1, Ordering::Relaxed);
         let offset = first * UNIT as u64;
+        let t = Instant::now();
         let r = if fua {
             lun.write_fua(offset, Bytes::from(buf)).await
         } else {
             lun.write_at(offset, Bytes::from(buf)).await
         };
-        if r.is_err() {
-            return;
+        counters.took(t, true);
+        if let Err(e) = r {
+            return Some(format!("write of units {span:?}: {e}"));
         }
         counters.acked.fetch_add(1, Ordering::Relaxed);
         if fua {
@@ -547,8 +603,11 @@ async fn writer(
         if pending.len() >= flush_after {
             // Everything acknowledged before the flush was issued is durable once it is.
             let before = std::mem::take(&mut pending);
-            if lun.flush().await.is_err() {
-                return;
+            let t = Instant::now();
+            let r = lun.flush().await;
+            counters.took(t, false);
+            if let Err(e) = r {
+                return Some(format!("SYNCHRONIZE CACHE: {e}"));
             }
             counters.flushes.fetch_add(1, Ordering::Relaxed);
             let mut m = model.lock().unwrap();
@@ -558,6 +617,7 @@ async fn writer(
             flush_after = rng.gen_range(1..6);
         }
     }
+    None
 }
 
 /// Reads every unit back and judges it; then SYNCHRONIZE CACHE and what was read becomes
@@ -623,4 +683,194 @@ async fn verify(
         m.settle(u as u64, f);
     }
     Ok((checked, lost, phantom, findings))
+}
+
+/// `--url`: the writers against a LUN this process does not run (see the module's
+/// documentation); true when no writer saw an error and nothing was lost or phantom.
+fn run_url(url: &str, args: &CrashArgs) -> anyhow::Result<bool> {
+    let size = units::parse_size(&args.size).map_err(|e| anyhow!("--size: {e}"))?;
+    let duration = units::parse_duration(&args.duration).map_err(|e| anyhow!("--duration: {e}"))?;
+    let slow_from = args
+        .slow
+        .as_deref()
+        .map(|s| units::parse_duration(s).map_err(|e| anyhow!("--slow: {e}")))
+        .transpose()?;
+    if args.writers == 0 {
+        bail!("--writers must be at least 1");
+    }
+    let url = IscsiUrl::parse(url)?;
+    let opts = url.options(&options())?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    rt.block_on(async {
+        let lun = Arc::new(
+            Lun::open_url(&url, &opts)
+                .await
+                .with_context(|| format!("login to {url}"))?,
+        );
+        let units_n = size.min(lun.size()) / UNIT as u64;
+        if units_n < args.writers as u64 * 8 {
+            bail!(
+                "--size (or the LUN) is too small for {} writers",
+                args.writers
+            );
+        }
+        if !args.json {
+            println!(
+                "rsv crash: seed {seed}, {units_n} units of {UNIT} bytes of {url}, {} writers \
+                 for up to {}",
+                args.writers, args.duration
+            );
+        }
+        // The baseline: whatever the region holds now is where the run starts.
+        let model = Arc::new(Mutex::new(Model::new(seed, units_n)));
+        let found = read_all(&lun, units_n).await?;
+        {
+            let mut m = model.lock().unwrap();
+            for (u, f) in found.into_iter().enumerate() {
+                m.settle(u as u64, f);
+            }
+        }
+        let counters = Arc::new(Counters {
+            slow_from,
+            ..Counters::default()
+        });
+        let gen = Arc::new(AtomicU64::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let per = units_n / args.writers as u64;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut tasks: Vec<_> = (0..args.writers as u64)
+            .map(|w| {
+                tokio::spawn(writer(
+                    lun.clone(),
+                    model.clone(),
+                    gen.clone(),
+                    counters.clone(),
+                    w * per..(w + 1) * per,
+                    rng.gen::<u64>(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        // Until the duration, a signal, or every writer ended (each only on an error).
+        let mut ended = Vec::new();
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut int = signal(SignalKind::interrupt())?;
+            let mut term = signal(SignalKind::terminate())?;
+            let all = async {
+                for t in tasks.iter_mut() {
+                    ended.push(t.await.ok().flatten());
+                }
+            };
+            tokio::pin!(all);
+            let all_ended = tokio::select! {
+                _ = tokio::time::sleep(duration) => false,
+                _ = int.recv() => false,
+                _ = term.recv() => false,
+                _ = &mut all => true,
+            };
+            stop.store(true, Ordering::Release);
+            if !all_ended {
+                all.await;
+            }
+        }
+        let errors: Vec<String> = ended.into_iter().flatten().collect();
+        let found = read_all(&lun, units_n).await?;
+        let (mut lost, mut phantom, mut checked, mut findings) = (0u64, 0u64, 0u64, Vec::new());
+        {
+            let m = model.lock().unwrap();
+            for (u, f) in found.iter().enumerate() {
+                let u = u as u64;
+                if m.durable_gen(u) != 0 {
+                    checked += 1;
+                }
+                match m.verdict(u, *f) {
+                    Verdict::Ok => {}
+                    Verdict::Lost { durable, found } => {
+                        lost += 1;
+                        if findings.len() < 10 {
+                            findings.push(format!(
+                                "unit {u}: lost durable generation {durable}, holds {found}"
+                            ));
+                        }
+                    }
+                    Verdict::Phantom(what) => {
+                        phantom += 1;
+                        if findings.len() < 10 {
+                            findings.push(format!("unit {u}: phantom {what:?}"));
+                        }
+                    }
+                }
+            }
+        }
+        let _ = lun.session().logout().await;
+        for e in &errors {
+            if findings.len() < 20 {
+                findings.push(format!("writer error: {e}"));
+            }
+        }
+        let summary = Summary {
+            seed,
+            units: units_n,
+            writes_issued: counters.issued.load(Ordering::Relaxed),
+            writes_acknowledged: counters.acked.load(Ordering::Relaxed),
+            fua_writes: counters.fua.load(Ordering::Relaxed),
+            flushes_acknowledged: counters.flushes.load(Ordering::Relaxed),
+            durable_units_checked: checked,
+            losses: lost,
+            phantoms: phantom,
+            findings,
+            errors: errors.len() as u64,
+            slow_commands: std::mem::take(&mut *counters.slow.lock().unwrap()),
+            seconds: started.elapsed().as_secs_f64(),
+            ..Default::default()
+        };
+        let clean = summary.errors == 0 && lost == 0 && phantom == 0;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        } else {
+            println!(
+                "{:.1} s: {} writes issued, {} acknowledged ({} FUA), {} flushes; {} durable \
+                 units checked; {} lost, {} phantom, {} writer errors",
+                summary.seconds,
+                summary.writes_issued,
+                summary.writes_acknowledged,
+                summary.fua_writes,
+                summary.flushes_acknowledged,
+                summary.durable_units_checked,
+                summary.losses,
+                summary.phantoms,
+                summary.errors
+            );
+            for f in &summary.findings {
+                println!("  {f}");
+            }
+        }
+        Ok(clean)
+    })
+}
+
+/// Every unit of the first `units_n`, read in 1 MiB commands.
+async fn read_all(lun: &Lun, units_n: u64) -> anyhow::Result<Vec<model::Found>> {
+    let per_read = (1 << 20) / UNIT as u64;
+    let mut found = Vec::with_capacity(units_n as usize);
+    let mut at = 0;
+    while at < units_n {
+        let n = per_read.min(units_n - at);
+        let data = lun
+            .read_at(at * UNIT as u64, (n as usize) * UNIT)
+            .await
+            .with_context(|| format!("reading unit {at}"))?;
+        found.extend(data.chunks(UNIT).map(model::parse));
+        at += n;
+    }
+    Ok(found)
 }
