@@ -11,7 +11,6 @@
 #   env: RSV, RSV_LAB (default target/debug/...), OUT (default lab/bench/rbd-mirror.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib.sh
 RTT=${1:-350ms}
 RATE=${2:-300mbit}
 SIZE=${3:-256}
@@ -146,6 +145,7 @@ cmp <(ina "${RA[@]}" export --no-progress vol -) <(inb "${RB[@]}" export --no-pr
     { echo "rbd-mirror: A's image differs from B's after the resync"; exit 1; }
 
 # --- rsv sync: the same volume and the same change, file LUNs at each site. ---
+. scripts/lib.sh
 site_key "$WORK/key"
 cp "$WORK/vol.img" "$WORK/a.img"
 truncate -s "${SIZE}M" "$WORK/b.img"
@@ -155,8 +155,7 @@ target() { # side, address
         site_toml "$2" "$WORK" "$WORK/key" "$IQN"
         printf '[[target.lun]]\nid = 0\nstore = "file:%s"\ntrack = true\n' "$WORK/$1.img"
     } >"$cfg"
-    start_ready "$WORK/$1.out" "$WORK/$1.log" ip netns exec $NAME-$1 "$RSV" target --config "$cfg" ||
-        { echo "target $1 did not start"; exit 1; }
+    site_target $NAME-$1 "$cfg" "$WORK/$1"
     PIDS+=("$STARTED_PID")
 }
 target a "$A"

@@ -11,7 +11,6 @@
 #        OUT (default lab/bench/sync-sparse.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib.sh
 RTT=${1:-350ms}
 RATE=${2:-300mbit}
 SIZE=${3:-256}
@@ -60,6 +59,7 @@ B=$(python3 -c "import json; print(json.load(open('$WORK/link.json'))['b']['addr
 for ns in $NAME-a $NAME-b; do
     ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 268435456" net.ipv4.tcp_wmem="4096 16384 268435456"
 done
+. scripts/lib.sh
 site_key "$WORK/key"
 target() { # side, address
     local cfg="$WORK/$1.toml" i=0
@@ -70,8 +70,7 @@ target() { # side, address
             i=$((i + 1))
         done
     } >"$cfg"
-    start_ready "$WORK/$1.out" "$WORK/$1.log" ip netns exec $NAME-$1 "$RSV" target --config "$cfg" ||
-        { echo "target $1 did not start"; exit 1; }
+    site_target $NAME-$1 "$cfg" "$WORK/$1"
     PIDS+=("$STARTED_PID")
 }
 target a "$A"

@@ -36,6 +36,10 @@
 #                      the top of a replicated site's target configuration: its portal
 #                      ADDR:3260, data in DIR, the sync agent on ADDR:3262 signing with KEY, and
 #                      the [[target]] IQN, whose [[target.lun]] tables the caller appends
+#   site_target NS CFG OUT
+#                      `rsv target --config CFG` ($RSV) in the network namespace NS, stdout to
+#                      OUT.out and stderr to OUT.log, waited for until ready (start_ready: sets
+#                      STARTED_PID); the script ends, saying so, if it is not
 #   scratch PREFIX     $work (a directory under TMPDIR, named after PREFIX) and the EXIT trap
 #                      that ends the processes in the array pids (each killed, then waited
 #                      for) and removes $work
@@ -156,6 +160,11 @@ site_key() {
 site_toml() {
   printf 'portals = ["%s:3260"]\ndata_dir = "%s"\n[control]\nlisten = "%s:3262"\nkey_file = "%s"\n[[target]]\niqn = "%s"\n' \
     "$1" "$2" "$1" "$3" "$4"
+}
+
+site_target() {
+  start_ready "$3.out" "$3.log" ip netns exec "$1" "$RSV" target --config "$2" ||
+    { echo "rsv target in $1 did not start"; exit 1; }
 }
 
 scratch() {

@@ -116,36 +116,11 @@ fn a_sync_cut_off_halfway_leaves_the_far_copy_whole() {
     let image2 = tmp.path().join("image2");
     random_file(&image2, 32 << 20, 2);
     run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a.url()]);
-    let mut slow = hosts
-        .sync(&[
-            "--json",
-            "--interval",
-            "100ms",
-            "--rate",
-            "40mbit",
-            &src,
-            &dst,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(slow.stdout.take().unwrap()).lines();
-    let done_at_cut = loop {
-        let line = lines
-            .next()
-            .expect("the slow sync ended before a quarter was sent")
-            .unwrap();
-        let tick: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(tick["event"], "progress", "{tick}");
-        let (done, bytes) = (
-            tick["done_bytes"].as_u64().unwrap(),
-            tick["bytes"].as_u64().unwrap(),
-        );
-        if done * 4 >= bytes {
-            break done;
-        }
-    };
+    let args = ["--json", "--interval", "100ms", "--rate", "40mbit", &src, &dst];
+    let (mut slow, done_at_cut) = hosts.sync_until(&args, "a quarter was sent", |tick| {
+        let done = tick["done_bytes"].as_u64().unwrap();
+        (done * 4 >= tick["bytes"].as_u64().unwrap()).then_some(done)
+    });
     a.kill();
     std::thread::sleep(Duration::from_millis(300));
     let _ = slow.kill();

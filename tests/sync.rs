@@ -180,45 +180,31 @@ fn change_tracking_makes_syncs_incremental_and_resumable() {
     let image2 = tmp.path().join("image2");
     random_file(&image2, 16 << 20, 12);
     run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a_url]);
-    let mut slow = hosts
-        .sync(&[
-            "--json",
-            "--interval",
-            "200ms",
-            "--pacing",
-            "unpaced",
-            "--session",
-            "connections=1",
-            "--session",
-            "pacing_rate=8mbit",
-            // Two units in flight a stream, so that flushes come while it runs.
-            "--session",
-            "queue_depth=4",
-            &src,
-            &dst,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(slow.stdout.take().unwrap()).lines();
-    let durable = loop {
-        let line = lines
-            .next()
-            .expect("the slow sync ended before anything was durable")
-            .unwrap();
-        let tick: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(tick["event"], "progress", "{tick}");
+    let args = [
+        "--json",
+        "--interval",
+        "200ms",
+        "--pacing",
+        "unpaced",
+        "--session",
+        "connections=1",
+        "--session",
+        "pacing_rate=8mbit",
+        // Two units in flight a stream, so that flushes come while it runs.
+        "--session",
+        "queue_depth=4",
+        &src,
+        &dst,
+    ];
+    let (mut slow, durable) = hosts.sync_until(&args, "anything was durable", |tick| {
         let d: Vec<u64> = tick["streams"]
             .as_array()
             .unwrap()
             .iter()
             .map(|s| s["durable_bytes"].as_u64().unwrap())
             .collect();
-        if d.iter().any(|&b| b > 0) {
-            break d.iter().sum::<u64>();
-        }
-    };
+        d.iter().any(|&b| b > 0).then(|| d.iter().sum::<u64>())
+    });
     slow.kill().unwrap();
     slow.wait().unwrap();
     let resumed = synced(&[]);

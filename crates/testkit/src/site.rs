@@ -13,6 +13,7 @@
 //! let out = hosts.sync_ok(&["--json", &a.volume(), &b.volume()]);
 //! ```
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -137,6 +138,36 @@ impl Hosts {
         let mut c = Command::new(rsv());
         c.arg("sync").args(args).arg("--key-file").arg(&self.key);
         c
+    }
+
+    /// Spawns [`Hosts::sync`] with `args` (which hold `--json`; its stderr dropped) and
+    /// reads its progress lines until `until` picks one: the sync, still running, and what
+    /// `until` gave. Panics if it ends before (`what` says what was awaited) or prints
+    /// another event.
+    pub fn sync_until<T>(
+        &self,
+        args: &[&str],
+        what: &str,
+        mut until: impl FnMut(&serde_json::Value) -> Option<T>,
+    ) -> (Child, T) {
+        let mut child = self
+            .sync(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("rsv sync ended before {what}"))
+                .unwrap();
+            let tick: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(tick["event"], "progress", "{tick}");
+            if let Some(v) = until(&tick) {
+                return (child, v);
+            }
+        }
     }
 
     /// Runs [`Hosts::sync`], which must succeed; what it printed.
