@@ -731,6 +731,16 @@ mod tests {
 
     use AccessState::*;
 
+    /// A judge of group 1 with peer 2 that saw both beat at `t0` and a second later.
+    fn beating(t0: Instant) -> Judge {
+        let mut j = Judge::new(1, &[2]);
+        for (n, at) in [(1, t0), (2, t0 + Duration::from_secs(1))] {
+            let (a, b) = (format!("a.{n}"), format!("b.{n}"));
+            j.observe(&beats(&[(1, &a), (2, &b)]), HashMap::new(), true, at);
+        }
+        j
+    }
+
     #[test]
     fn a_peer_is_judged_by_its_moving_heartbeat() {
         let t0 = Instant::now();
@@ -803,14 +813,7 @@ mod tests {
     fn a_target_cut_off_judges_itself_not_the_others() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut j = Judge::new(1, &[2]);
-        j.observe(&beats(&[(1, "a.1"), (2, "b.1")]), HashMap::new(), true, t0);
-        j.observe(
-            &beats(&[(1, "a.2"), (2, "b.2")]),
-            HashMap::new(),
-            true,
-            t0 + s(1),
-        );
+        let mut j = beating(t0);
         states(&mut j, t0 + s(1));
         // No read succeeds any more.
         assert_eq!(j.own_state(t0 + s(4)), ActiveOptimized);
@@ -825,14 +828,7 @@ mod tests {
     fn chosen_states_apply_to_live_groups_explicitly() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut j = Judge::new(1, &[2]);
-        j.observe(&beats(&[(1, "a.1"), (2, "b.1")]), HashMap::new(), true, t0);
-        j.observe(
-            &beats(&[(1, "a.2"), (2, "b.2")]),
-            HashMap::new(),
-            true,
-            t0 + s(1),
-        );
+        let mut j = beating(t0);
         let (_, changed) = j.judge(t0 + s(1));
         assert!(changed);
         assert!(!j.judge(t0 + s(1)).1, "no change, no news");
