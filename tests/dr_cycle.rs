@@ -116,7 +116,15 @@ fn a_sync_cut_off_halfway_leaves_the_far_copy_whole() {
     let image2 = tmp.path().join("image2");
     random_file(&image2, 32 << 20, 2);
     run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a.url()]);
-    let args = ["--json", "--interval", "100ms", "--rate", "40mbit", &src, &dst];
+    let args = [
+        "--json",
+        "--interval",
+        "100ms",
+        "--rate",
+        "40mbit",
+        &src,
+        &dst,
+    ];
     let (mut slow, done_at_cut) = hosts.sync_until(&args, "a quarter was sent", |tick| {
         let done = tick["done_bytes"].as_u64().unwrap();
         (done * 4 >= tick["bytes"].as_u64().unwrap()).then_some(done)

@@ -418,7 +418,9 @@ mod tests {
         // The next run's bytes add to the counter.
         m.progress(&tick);
         assert!(
-            rsv_metrics::text(&reg).unwrap().contains("rsv_sync_sent_bytes_total 240"),
+            rsv_metrics::text(&reg)
+                .unwrap()
+                .contains("rsv_sync_sent_bytes_total 240"),
             "{}",
             rsv_metrics::text(&reg).unwrap()
         );

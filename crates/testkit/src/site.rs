@@ -150,6 +150,9 @@ impl Hosts {
         what: &str,
         mut until: impl FnMut(&serde_json::Value) -> Option<T>,
     ) -> (Child, T) {
+        // The sync is returned running, the caller's to end; a panic here (it ended first,
+        // or printed something else) leaves it to end on its own.
+        #[allow(clippy::zombie_processes)]
         let mut child = self
             .sync(args)
             .stdout(Stdio::piped())

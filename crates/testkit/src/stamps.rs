@@ -76,7 +76,10 @@ impl Writer {
     /// Waits until `n` writes were acknowledged; panics if the writer ended before.
     pub fn wait_for(&self, n: u64) {
         while self.acked() < n {
-            let ended = self.thread.as_ref().map_or(true, |t| t.is_finished());
+            let ended = match &self.thread {
+                Some(t) => t.is_finished(),
+                None => true,
+            };
             assert!(
                 !ended || self.acked() >= n,
                 "the writer ended after {} writes, before {n}",
