@@ -145,18 +145,18 @@ cmp <(ina "${RA[@]}" export --no-progress vol -) <(inb "${RB[@]}" export --no-pr
     { echo "rbd-mirror: A's image differs from B's after the resync"; exit 1; }
 
 # --- rsv sync: the same volume and the same change, file LUNs at each site. ---
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/key"
-chmod 600 "$WORK/key"
+. scripts/lib.sh
+site_key "$WORK/key"
 cp "$WORK/vol.img" "$WORK/a.img"
 truncate -s "${SIZE}M" "$WORK/b.img"
 target() { # side, address
     local cfg="$WORK/$1.toml"
-    printf 'portals = ["%s:3260"]\ndata_dir = "%s"\n[control]\nlisten = "%s:3262"\nkey_file = "%s"\n[[target]]\niqn = "%s"\n[[target.lun]]\nid = 0\nstore = "file:%s"\ntrack = true\n' \
-        "$2" "$WORK" "$2" "$WORK/key" "$IQN" "$WORK/$1.img" >"$cfg"
-    ip netns exec $NAME-$1 "$RSV" target --config "$cfg" >"$WORK/$1.out" 2>"$WORK/$1.log" &
-    PIDS+=($!)
-    for _ in $(seq 100); do grep -q '^ready' "$WORK/$1.out" 2>/dev/null && return; sleep 0.1; done
-    echo "target $1 did not start:"; cat "$WORK/$1.log"; exit 1
+    {
+        site_toml "$2" "$WORK" "$WORK/key" "$IQN"
+        printf '[[target.lun]]\nid = 0\nstore = "file:%s"\ntrack = true\n' "$WORK/$1.img"
+    } >"$cfg"
+    site_target $NAME-$1 "$cfg" "$WORK/$1"
+    PIDS+=("$STARTED_PID")
 }
 target a "$A"
 target b "$B"

@@ -59,23 +59,19 @@ B=$(python3 -c "import json; print(json.load(open('$WORK/link.json'))['b']['addr
 for ns in $NAME-a $NAME-b; do
     ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 268435456" net.ipv4.tcp_wmem="4096 16384 268435456"
 done
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/key"
-chmod 600 "$WORK/key"
+. scripts/lib.sh
+site_key "$WORK/key"
 target() { # side, address
     local cfg="$WORK/$1.toml" i=0
     {
-        echo "portals = [\"$2:3260\"]"
-        echo "data_dir = \"$WORK\""
-        printf '[control]\nlisten = "%s:3262"\nkey_file = "%s"\n[[target]]\niqn = "%s"\n' "$2" "$WORK/key" "$IQN"
+        site_toml "$2" "$WORK" "$WORK/key" "$IQN"
         for v in "${VOLS[@]}"; do
             printf '[[target.lun]]\nid = %d\nstore = "file:%s"\n' $i "$WORK/$1-$v.img"
             i=$((i + 1))
         done
     } >"$cfg"
-    ip netns exec $NAME-$1 "$RSV" target --config "$cfg" >"$WORK/$1.out" 2>"$WORK/$1.log" &
-    PIDS+=($!)
-    for _ in $(seq 100); do grep -q '^ready' "$WORK/$1.out" 2>/dev/null && return; sleep 0.1; done
-    echo "target $1 did not start:"; cat "$WORK/$1.log"; exit 1
+    site_target $NAME-$1 "$cfg" "$WORK/$1"
+    PIDS+=("$STARTED_PID")
 }
 target a "$A"
 target b "$B"

@@ -30,6 +30,16 @@
 #                      that name; sets WAN_JSON; wan_get EXPR prints a Python expression of v,
 #                      the parsed JSON (e.g. 'v["b"]["addr"]')
 #   lab_tcp NS...      the namespaces' TCP as the lab sets it: CUBIC, the kernel's default windows
+#   site_key FILE      a random key (32 bytes, as hex) in FILE, readable by its owner only: what
+#                      `rsv sync` and the sites' agents sign their requests with
+#   site_toml ADDR DIR KEY IQN
+#                      the top of a replicated site's target configuration: its portal
+#                      ADDR:3260, data in DIR, the sync agent on ADDR:3262 signing with KEY, and
+#                      the [[target]] IQN, whose [[target.lun]] tables the caller appends
+#   site_target NS CFG OUT
+#                      `rsv target --config CFG` ($RSV) in the network namespace NS, stdout to
+#                      OUT.out and stderr to OUT.log, waited for until ready (start_ready: sets
+#                      STARTED_PID); the script ends, saying so, if it is not
 #   scratch PREFIX     $work (a directory under TMPDIR, named after PREFIX) and the EXIT trap
 #                      that ends the processes in the array pids (each killed, then waited
 #                      for) and removes $work
@@ -140,6 +150,21 @@ lab_tcp() {
     ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control=cubic \
       net.ipv4.tcp_wmem="4096 16384 4194304" net.ipv4.tcp_rmem="4096 131072 33554432"
   done
+}
+
+site_key() {
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1"
+  chmod 600 "$1"
+}
+
+site_toml() {
+  printf 'portals = ["%s:3260"]\ndata_dir = "%s"\n[control]\nlisten = "%s:3262"\nkey_file = "%s"\n[[target]]\niqn = "%s"\n' \
+    "$1" "$2" "$1" "$3" "$4"
+}
+
+site_target() {
+  start_ready "$3.out" "$3.log" ip netns exec "$1" "$RSV" target --config "$2" ||
+    { echo "rsv target in $1 did not start"; exit 1; }
 }
 
 scratch() {

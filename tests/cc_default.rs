@@ -94,6 +94,16 @@ fn tune(
     (v["session"].clone(), lines)
 }
 
+/// `rsv target status --json` of `t`, through its control socket.
+fn status(t: &Target) -> serde_json::Value {
+    let socket = t.control_socket.as_deref().unwrap();
+    run_json(
+        Command::new(rsv())
+            .args(["target", "status", "--json", "--control"])
+            .arg(socket),
+    )
+}
+
 fn by_connection(s: &serde_json::Value) -> Vec<String> {
     s["congestion_by_connection"]
         .as_array()
@@ -114,20 +124,14 @@ fn rsv_is_the_default_where_it_loads_and_the_fallback_says_why() {
     let url = t.url(0);
 
     // The target decided at start, once, and says so in its log, status and metrics.
-    let log = std::fs::read_to_string(t.dir.path().join("target.log")).unwrap();
+    let log = t.log();
     let said: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("congestion control"))
         .collect();
     assert_eq!(said.len(), 1, "one line: {log}");
     assert!(said[0].contains("congestion control: rsv"), "{log}");
-    let status = run_json(Command::new(rsv()).args([
-        "target",
-        "status",
-        "--json",
-        "--control",
-        t.control_socket.as_deref().unwrap().to_str().unwrap(),
-    ]));
+    let status = status(&t);
     assert_eq!(status["congestion"]["name"], "rsv", "{status}");
     assert_eq!(status["congestion"]["by"], "default", "{status}");
     let metrics = run_ok(
@@ -194,15 +198,9 @@ fn a_configured_congestion_control_wins_on_the_target() {
     let dir = tempfile::tempdir().unwrap();
     let c = format!("{}[session]\ncongestion = \"cubic\"\n", config(dir.path()));
     let t = Target::start_in(dir, Some(&c));
-    let status = run_json(Command::new(rsv()).args([
-        "target",
-        "status",
-        "--json",
-        "--control",
-        t.control_socket.as_deref().unwrap().to_str().unwrap(),
-    ]));
+    let status = status(&t);
     assert_eq!(status["congestion"]["name"], "cubic", "{status}");
     assert_eq!(status["congestion"]["by"], "configured", "{status}");
-    let log = std::fs::read_to_string(t.dir.path().join("target.log")).unwrap();
+    let log = t.log();
     assert!(!log.contains("congestion control: rsv"), "{log}");
 }

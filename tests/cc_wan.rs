@@ -40,24 +40,8 @@ fn cwnd_and_pacing(s: &TcpStream) -> (u32, u64) {
 
 /// snd_cwnd, pacing rate and unacknowledged packets from TCP_INFO.
 fn tcp_info(s: &TcpStream) -> (u32, u64, u32) {
-    let mut buf = [0u8; 232];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: buf/len describe a writable buffer.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    assert_eq!(rc, 0);
-    (
-        u32::from_ne_bytes(buf[80..84].try_into().unwrap()),
-        u64::from_ne_bytes(buf[104..112].try_into().unwrap()),
-        u32::from_ne_bytes(buf[24..28].try_into().unwrap()),
-    )
+    let i = net::tcp_info(s).expect("TCP_INFO");
+    (i.snd_cwnd, i.pacing_rate, i.unacked)
 }
 
 #[test]

@@ -9,239 +9,55 @@
 //! Also the barrier on its own: cuts taken over and over across the two disk servers while
 //! the writer writes, each one's longest hold of write answers printed (p50, p99).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use testkit::{rsv, run_ok};
-use tools::crash::model::{self, Found, UNIT};
+use testkit::site::{key_file, read_lun, result_line, Hosts, KEY};
+use testkit::stamps::{holes, writes_in, Writer};
+use testkit::{free_port, rsv, run_ok};
+use tools::crash::model::UNIT;
 
 const IQN: &str = "iqn.2026-11.org.reservoir:dr";
 
-/// An `rsv target` on its own loopback address with its agent on `control_port`.
-struct Host {
-    child: Child,
-    portal: String,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn host(addr: &str, control_port: u16, key: &Path, luns: &str) -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("target.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "portals = [\"{addr}:0\"]\ndata_dir = \"{}\"\n[control]\nlisten = \"{addr}:{control_port}\"\n\
-             key_file = \"{}\"\n[[target]]\niqn = \"{IQN}\"\n{luns}",
-            dir.path().display(),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(rsv())
-        .args(["target", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.path().join("log")).unwrap(),
-        ))
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut portal = String::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!(
-                "rsv target on {addr} exited:\n{}",
-                std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
-            );
-        }
-        match line.trim() {
-            l if l.starts_with("portal ") => portal = l[7..].to_owned(),
-            "ready" => break,
-            _ => {}
-        }
-    }
-    Host { child, portal, dir }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn key_file(dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join("key");
-    std::fs::write(&p, "a shared key of more than 16 bytes").unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
-struct Site {
-    file_server: Host,
-    disks: Vec<Host>,
+/// The hosts of a test: agents on one free port, signing with a key in `tmp`.
+fn hosts(tmp: &std::path::Path) -> Hosts {
+    Hosts::new(IQN, free_port(), &key_file(&tmp.join("key"), KEY))
 }
 
 /// Two disk servers of `size` each at 127.0.0.{base+1}.., a file server striping over
 /// them in 64 KiB units at 127.0.0.{base}.
-fn site(base: u8, size: &str, port: u16, key: &Path) -> Site {
-    let disks: Vec<Host> = (0..2)
-        .map(|i| {
-            host(
-                &format!("127.0.0.{}", base + 1 + i),
-                port,
-                key,
-                &format!("[[target.lun]]\nid = 0\nstore = \"file:disk.img?size={size}\"\n"),
-            )
-        })
-        .collect();
-    let members: Vec<String> = disks
-        .iter()
-        .map(|d| format!("iscsi://{}/{IQN}/0", d.portal))
-        .collect();
-    let file_server = host(
-        &format!("127.0.0.{base}"),
-        port,
-        key,
-        &format!(
-            "[[target.lun]]\nid = 0\nstore = \"stripe:?unit=64K&members=[{}]\"\n",
-            members.join(",")
-        ),
-    );
-    Site { file_server, disks }
-}
-
-/// Where write `n` (from 1) goes: units spread over the whole volume (both members, ahead
-/// of and behind the sync's reading), each written once.
-fn unit_of(n: u64, units: u64) -> u64 {
-    (n * 2473) % units
-}
-
-/// Writes stamped units one after the other (each after the last was acknowledged) until
-/// `stop`, or the units run out; `acked` counts the writes acknowledged.
-fn writer(
-    url: String,
-    units: u64,
-    stop: Arc<AtomicBool>,
-    acked: Arc<AtomicU64>,
-    pause: Duration,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let url = initiator::IscsiUrl::parse(&url).unwrap();
-            let lun = initiator::Lun::open_url(&url, &initiator::SessionOptions::default())
-                .await
-                .unwrap();
-            let mut n = 1;
-            while !stop.load(Ordering::Relaxed) && n < units {
-                let mut buf = vec![0u8; UNIT];
-                model::stamp(&mut buf, 1, n, n);
-                let at = unit_of(n, units) * UNIT as u64;
-                lun.write_at(at, Bytes::from(buf)).await.unwrap();
-                acked.store(n, Ordering::SeqCst);
-                n += 1;
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-            }
-            let _ = lun.session().logout().await;
-        })
-    })
-}
-
-/// The writes a copy holds, by sequence number, from its units; panics on a unit that
-/// holds anything but a stamp of the writer's or zeros.
-fn writes_in(copy: &[u8], units: u64) -> Vec<u64> {
-    let mut found = Vec::new();
-    for u in 0..units {
-        let at = (u as usize) * UNIT;
-        match model::parse(&copy[at..at + UNIT]) {
-            Found::Empty => {}
-            Found::Stamp { unit: n, gen, .. } => {
-                assert_eq!(n, gen);
-                assert_eq!(unit_of(n, units), u, "write {n} found in unit {u}");
-                found.push(n);
-            }
-            Found::Garbage => panic!("unit {u} of the copy is torn or foreign"),
-        }
-    }
-    found.sort_unstable();
-    found
+fn site(hosts: &Hosts, base: u8, size: &str) -> testkit::site::Site {
+    hosts.site(None, base, 2, &format!("file:disk.img?size={size}"), "")
 }
 
 #[test]
 fn a_volume_in_use_lands_as_one_moment() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let port = free_port();
-    let a = site(30, "16M", port, &key);
-    let b = site(40, "16M", port, &key);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 30, "16M");
+    let b = site(&hosts, 40, "16M");
     let units = (32u64 << 20) / UNIT as u64;
-    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicU64::new(0));
-    let w = writer(
-        a_url,
-        units,
-        stop.clone(),
-        acked.clone(),
-        Duration::from_micros(300),
-    );
+    let w = Writer::start(&a.url(), units, Duration::from_micros(300));
     // Some writes before the sync starts: the copy must hold them all.
-    while acked.load(Ordering::SeqCst) < 200 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let before = acked.load(Ordering::SeqCst);
-    let source = format!("127.0.0.30:{port}/{IQN}/0");
-    let dest = format!("127.0.0.40:{port}/{IQN}/0");
-    let mut args = vec!["sync", "--json", "--rate", "40mbit", "--unit", "256KiB"];
+    w.wait_for(200);
+    let before = w.acked();
+    let mut args = vec!["--json", "--rate", "40mbit", "--unit", "256KiB"];
     if std::env::var_os("RSV_DR_LIVE").is_some() {
         args.push("--live");
     }
-    let out = Command::new(rsv())
-        .args(&args)
-        .arg("--key-file")
-        .arg(&key)
-        .args([&source, &dest])
-        .output()
-        .unwrap();
-    let after = acked.load(Ordering::SeqCst);
-    stop.store(true, Ordering::SeqCst);
-    w.join().unwrap();
+    let (source, dest) = (a.volume(), b.volume());
+    args.extend([source.as_str(), dest.as_str()]);
+    let out = hosts.sync(&args).output().unwrap();
+    let after = w.acked();
+    w.stop();
     assert!(
         out.status.success(),
         "rsv sync failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let done: serde_json::Value = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .next_back()
-        .expect("a result line");
+    let done = result_line(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(done["event"], "done", "{done}");
     eprintln!("sync: {done}");
     // The writes went on through the sync: they must have had a chance to cut across it.
@@ -252,19 +68,10 @@ fn a_volume_in_use_lands_as_one_moment() {
     );
 
     // Read the far copy back through site B's file server.
-    let back = tmp.path().join("back");
-    let b_url = format!("iscsi://{}/{IQN}/0", b.file_server.portal);
-    run_ok(
-        rsv().to_str().unwrap(),
-        &["cp", &b_url, back.to_str().unwrap()],
-    );
-    let copy = std::fs::read(&back).unwrap();
+    let copy = read_lun(&b.url(), &tmp.path().join("back"));
     let found = writes_in(&copy, units);
     let k = found.len() as u64;
-    let holes: Vec<u64> = (1..=found.last().copied().unwrap_or(0))
-        .filter(|n| found.binary_search(n).is_err())
-        .take(10)
-        .collect();
+    let holes = holes(&found);
     eprintln!(
         "far copy: {k} writes, last {:?}; {before} acknowledged before the sync, {after} by its end",
         found.last()
@@ -281,7 +88,7 @@ fn a_volume_in_use_lands_as_one_moment() {
     assert!(k <= after, "more writes than were issued");
     // The side stores went with the images.
     for d in &a.disks {
-        let leftover: Vec<_> = std::fs::read_dir(d.dir.path())
+        let leftover: Vec<_> = std::fs::read_dir(&d.dir)
             .unwrap()
             .filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().ends_with(".image"))
@@ -294,26 +101,16 @@ fn a_volume_in_use_lands_as_one_moment() {
 #[test]
 fn cuts_hold_write_answers_briefly_and_release_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let port = free_port();
-    let a = site(50, "8M", port, &key);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 50, "8M");
     let units = (16u64 << 20) / UNIT as u64;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(AtomicU64::new(0));
-    let w = writer(
-        format!("iscsi://{}/{IQN}/0", a.file_server.portal),
-        units,
-        stop.clone(),
-        acked.clone(),
-        Duration::ZERO,
-    );
-    let k = replicate::auth::Key::from_file(&key).unwrap();
+    let w = Writer::start(&a.url(), units, Duration::ZERO);
+    let k = replicate::auth::Key::from_file(&hosts.key).unwrap();
     let members: Vec<replicate::coord::GroupMember> = a
         .disks
         .iter()
-        .enumerate()
-        .map(|(i, _)| replicate::coord::GroupMember {
-            agent: replicate::wire::Client::new(format!("127.0.0.{}:{port}", 51 + i), k.clone()),
+        .map(|d| replicate::coord::GroupMember {
+            agent: replicate::wire::Client::new(d.control.clone(), k.clone()),
             iqn: IQN.into(),
             lun: 0,
         })
@@ -323,7 +120,7 @@ fn cuts_hold_write_answers_briefly_and_release_them() {
     let mut held = Vec::new();
     let mut took = Vec::new();
     for _ in 0..rounds {
-        let before = acked.load(Ordering::SeqCst);
+        let before = w.acked();
         let c = rt
             .block_on(replicate::coord::cut(&members, Duration::from_secs(5)))
             .expect("a cut");
@@ -333,12 +130,10 @@ fn cuts_hold_write_answers_briefly_and_release_them() {
         took.push((c.took_ms * 1000.0) as u64);
         rt.block_on(replicate::coord::drop_cut(&members, c.cut));
         // The writer goes on after the cut: its answers were released.
-        while acked.load(Ordering::SeqCst) <= before + 5 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        w.wait_for(before + 6);
     }
-    stop.store(true, Ordering::SeqCst);
-    w.join().unwrap();
+    let acked = w.acked();
+    w.stop();
     held.sort_unstable();
     took.sort_unstable();
     let pct = |v: &[u64], p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
@@ -352,7 +147,7 @@ fn cuts_hold_write_answers_briefly_and_release_them() {
         pct(&took, 99)
     );
     // An image left behind would refuse the next cut's image: every one was dropped.
-    assert!(acked.load(Ordering::SeqCst) > rounds as u64 * 5);
+    assert!(acked > rounds as u64 * 5);
 }
 
 /// `rsv bench` 4 KiB random writes against a file LUN with no image and with an image
@@ -402,15 +197,13 @@ fn bench_image_write_overhead() {
     let (alone, through) = (best(&alone), best(&through));
 
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let port = free_port();
-    let h = host(
+    let hosts = hosts(tmp.path());
+    let h = hosts.host(
+        None,
         "127.0.0.60",
-        port,
-        &key,
         "[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=256MiB\"\n",
     );
-    let url = format!("iscsi://{}/{IQN}/0", h.portal);
+    let url = h.url(0);
     // Write the whole LUN once, so that neither run writes to holes.
     let fill = tmp.path().join("fill");
     testkit::random_file(&fill, 256 << 20, 3);
@@ -419,9 +212,9 @@ fn bench_image_write_overhead() {
         &["cp", fill.to_str().unwrap(), &url],
     );
     std::fs::remove_file(&fill).unwrap();
-    let k = replicate::auth::Key::from_file(&key).unwrap();
+    let k = replicate::auth::Key::from_file(&hosts.key).unwrap();
     let member = [replicate::coord::GroupMember {
-        agent: replicate::wire::Client::new(format!("127.0.0.60:{port}"), k),
+        agent: replicate::wire::Client::new(h.control.clone(), k),
         iqn: IQN.into(),
         lun: 0,
     }];

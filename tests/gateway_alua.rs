@@ -139,10 +139,8 @@ fn gateway_group_alua_follows_health_and_set_target_port_groups() {
     cluster.create("alua", "64M");
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let luns = lun(0, &cluster.spec("alua"), "");
-    let top_a = "portal_group = 1\npeer_portal_groups = [2]\n";
-    let top_b = "portal_group = 2\npeer_portal_groups = [1]\n";
-    let a = Target::start_with(da.path(), top_a, &luns, false);
-    let mut b = Target::start_with(db.path(), top_b, &luns, false);
+    let a = Target::gateway(da.path(), 1, &[2], &luns, false);
+    let mut b = Target::gateway(db.path(), 2, &[1], &luns, false);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let opts = initiator::SessionOptions::default();
     let connect = |t: &Target| {
@@ -298,7 +296,7 @@ fn gateway_group_alua_follows_health_and_set_target_port_groups() {
 
     // B back: active again in A's answer.
     let restarted = Instant::now();
-    let b = Target::start_with(db.path(), top_b, &luns, false);
+    let b = Target::gateway(db.path(), 2, &[1], &luns, false);
     let back = rt.block_on(until_state(&sa, 2, AO, Duration::from_secs(30)));
     println!(
         "gateway B restarted: A reports its group active/optimized {:.1} s after the start \

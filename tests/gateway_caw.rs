@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use initiator::{DataDir, IscsiUrl, Session, SessionOptions};
-use testkit::ceph::{failures, have_ceph, lun, Cluster, Target};
+use testkit::ceph::{failures, have_ceph, lun, Cluster, Pair, Target};
 use testkit::{have, libiscsi_suite};
 
 const BLOCK: usize = 512;
@@ -19,26 +19,12 @@ const BLOCK: usize = 512;
 /// that every increment must keep).
 const COUNTER_LBA: u64 = 4097;
 
-/// Two gateways on one image: `(cluster, a, b, dirs)`.
-fn gateway_pair(image: &str) -> (Cluster, Target, Target, [tempfile::TempDir; 2]) {
+/// A cluster, and two gateways of a group on its image `image` of 64 MiB.
+fn gateway_pair(image: &str) -> (Cluster, Pair) {
     let cluster = Cluster::start(false);
     cluster.create(image, "64M");
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let luns = lun(0, &cluster.spec(image), "");
-    let a = Target::start_with(
-        da.path(),
-        "portal_group = 1\npeer_portal_groups = [2]\n",
-        &luns,
-        false,
-    );
-    let b = Target::start_with(
-        db.path(),
-        "portal_group = 2\npeer_portal_groups = [1]\n",
-        &luns,
-        false,
-    );
-    testkit::ceph::wait_until_all_active(&[a.url(0, 0), b.url(0, 0)], Duration::from_secs(30));
-    (cluster, a, b, [da, db])
+    let pair = testkit::ceph::gateway_pair(&lun(0, &cluster.spec(image), ""), false);
+    (cluster, pair)
 }
 
 async fn connect(t: &Target, portal: usize) -> Session {
@@ -186,7 +172,7 @@ fn compare_and_write_is_atomic_across_two_gateways() {
     if !peers_present() {
         return;
     }
-    let (_cluster, a, b, dirs) = gateway_pair("caw");
+    let (_cluster, Pair { a, b, dirs }) = gateway_pair("caw");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (sa, sb) = (connect(&a, 0).await, connect(&b, 0).await);
@@ -286,7 +272,7 @@ fn compare_and_write_counter_full_run() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     let per = total / 2;
-    let (_cluster, a, b, _dirs) = gateway_pair("cawfull");
+    let (_cluster, Pair { a, b, dirs: _dirs }) = gateway_pair("cawfull");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let outcome = race(&rt, &a, &b, per);
     report("CAW counter race (full)", per, outcome);

@@ -272,15 +272,7 @@ fn reservation_sequence_two_gateways_matches_one() {
     );
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let start = |dir: &Path, group: u16, spec: &str| {
-        Target::start_with(
-            dir,
-            &format!(
-                "portal_group = {group}\npeer_portal_groups = [{}]\n",
-                3 - group
-            ),
-            &lun(0, spec, ""),
-            false,
-        )
+        Target::gateway(dir, group, &[3 - group], &lun(0, spec, ""), false)
     };
     let mut gws = Some((start(da.path(), 1, &spec_a), start(db.path(), 2, &spec_b)));
     if let Some((a, b)) = &gws {
@@ -441,21 +433,8 @@ fn libiscsi_reservation_families_across_two_gateways() {
     }
     let cluster = Cluster::start(false);
     cluster.create("suite", "64M");
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let luns = lun(0, &cluster.spec("suite"), "");
-    let a = Target::start_with(
-        da.path(),
-        "portal_group = 1\npeer_portal_groups = [2]\n",
-        &luns,
-        true,
-    );
-    let b = Target::start_with(
-        db.path(),
-        "portal_group = 2\npeer_portal_groups = [1]\n",
-        &luns,
-        true,
-    );
-    testkit::ceph::wait_until_all_active(&[a.url(0, 0), b.url(0, 0)], Duration::from_secs(30));
+    let testkit::ceph::Pair { a, b, dirs } =
+        testkit::ceph::gateway_pair(&lun(0, &cluster.spec("suite"), ""), true);
     let families = "ALL.PrinReadKeys,ALL.PrinServiceactionRange,ALL.PrinReportCapabilities,\
                     ALL.ProutRegister,ALL.ProutReserve,ALL.ProutClear,ALL.ProutPreempt,\
                     ALL.ProutRegisterAndMove,ALL.PersistentReserveIn,ALL.PersistentReserveOut,\
@@ -464,7 +443,7 @@ fn libiscsi_reservation_families_across_two_gateways() {
     let out = libiscsi_suite(
         &["-d", "-S", "-t", families, &a.url(0, 0), &b.url(0, 0)],
         Duration::from_secs(600),
-        &da.path().join("suite.txt"),
+        &dirs[0].path().join("suite.txt"),
     );
     let (failed, ran, skipped) = failures(&out);
     println!(

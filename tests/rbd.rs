@@ -852,20 +852,10 @@ fn two_targets_one_image_alua_and_reservations() {
     }
     let cluster = Cluster::start(false);
     cluster.create("mp", "64M");
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let luns = lun(0, &cluster.spec("mp"), "");
-    let a = Target::start_with(
-        da.path(),
-        "portal_group = 1\npeer_portal_groups = [2]\n",
-        &luns,
-        false,
-    );
-    let b = Target::start_with(
-        db.path(),
-        "portal_group = 2\npeer_portal_groups = [1]\n",
-        &luns,
-        false,
-    );
+    // Started once the gateways agree on their states, within a few heartbeats of their
+    // start (ALUA that follows health: tests/gateway_alua.rs).
+    let testkit::ceph::Pair { a, b, dirs } =
+        testkit::ceph::gateway_pair(&lun(0, &cluster.spec("mp"), ""), false);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let opts = initiator::SessionOptions::default();
     let connect = |t: &Target| {
@@ -875,32 +865,6 @@ fn two_targets_one_image_alua_and_reservations() {
     };
     let (sa, sb) = (connect(&a), connect(&b));
     rt.block_on(async {
-        // The gateways agree on their states within a few heartbeats of their start
-        // (ALUA that follows health: tests/gateway_alua.rs).
-        let t = Instant::now();
-        loop {
-            let mut all_active = true;
-            for s in [&sa, &sb] {
-                let d = s
-                    .command_ok(
-                        0,
-                        &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0],
-                        initiator::DataDir::Read(1024),
-                    )
-                    .await
-                    .unwrap()
-                    .data;
-                all_active &= d[4..].chunks(12).all(|g| g[0] & 0x0f == 0);
-            }
-            if all_active {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "the gateways never agreed"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
         drain_unit_attentions(&sa, 0).await;
         drain_unit_attentions(&sb, 0).await;
         let mut rtpg = Vec::new();
@@ -993,7 +957,7 @@ fn two_targets_one_image_alua_and_reservations() {
             &b.url(0, 0),
         ],
         Duration::from_secs(300),
-        &da.path().join("suite.txt"),
+        &dirs[0].path().join("suite.txt"),
     );
     let (failed, ran, skipped) = failures(&out);
     println!("iscsi-test-cu, one path through each target: {ran} tests, failed {failed:?}, {skipped} skip notes");

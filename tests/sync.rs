@@ -4,169 +4,60 @@
 //! server and read back through the destination's file server.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Output, Stdio};
 
 use testkit::exposition::{promtool_check, scrape, series};
+use testkit::site::{json_lines, key_file, read_lun, result_line, Hosts, Site, KEY};
 use testkit::{random_file, rsv, run, run_ok};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:vol";
 
-/// An `rsv target` on its own address with the control endpoint on `port`.
-struct Host {
-    child: Child,
-    portal: String,
-    dir: tempfile::TempDir,
+/// The hosts of a test: agents on one port, free on 127.0.0.1 (the hosts use other
+/// loopback addresses, where it is free too unless something listens on all of them),
+/// signing with a key in `tmp`.
+fn hosts(tmp: &Path) -> Hosts {
+    Hosts::new(IQN, testkit::free_port(), &key_file(&tmp.join("key"), KEY))
 }
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn host(addr: &str, control_port: u16, key: &Path, luns: &str) -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("target.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "portals = [\"{addr}:0\"]\ndata_dir = \"{}\"\n[control]\nlisten = \"{addr}:{control_port}\"\n\
-             key_file = \"{}\"\n[[target]]\niqn = \"{IQN}\"\n{luns}",
-            dir.path().display(),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(rsv())
-        .args(["target", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.path().join("log")).unwrap(),
-        ))
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut portal = String::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!(
-                "rsv target on {addr} exited:\n{}",
-                std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
-            );
-        }
-        match line.trim() {
-            l if l.starts_with("portal ") => portal = l[7..].to_owned(),
-            "ready" => break,
-            _ => {}
-        }
-    }
-    Host { child, portal, dir }
-}
-
-fn free_port() -> u16 {
-    // Free on 127.0.0.1; the hosts use other loopback addresses, where it is free too
-    // unless something listens on all of them.
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn key_file(dir: &Path, text: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join(format!("key-{}", text.len()));
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
-
-struct Site {
-    file_server: Host,
-    disks: Vec<Host>,
-}
-
-/// A site at 127.0.0.{base}..: `n` disk servers with `size` each, and a file server
-/// striping over them in 64 KiB units.
-fn site(base: u8, n: u8, size: &str, port: u16, key: &Path, track: bool) -> Site {
+/// A site at 127.0.0.{base}..: `n` disk servers with `size` each (change tracking on
+/// with `track`), and a file server striping over them in 64 KiB units.
+fn site(hosts: &Hosts, base: u8, n: u8, size: &str, track: bool) -> Site {
     let track = if track { "track = true\n" } else { "" };
-    let disks: Vec<Host> = (0..n)
-        .map(|i| {
-            host(
-                &format!("127.0.0.{}", base + 1 + i),
-                port,
-                key,
-                &format!("[[target.lun]]\nid = 0\nstore = \"file:disk.img?size={size}\"\n{track}"),
-            )
-        })
-        .collect();
-    let members: Vec<String> = disks
-        .iter()
-        .map(|d| format!("iscsi://{}/{IQN}/0", d.portal))
-        .collect();
-    let file_server = host(
-        &format!("127.0.0.{base}"),
-        port,
-        key,
-        &format!(
-            "[[target.lun]]\nid = 0\nstore = \"stripe:?unit=64K&members=[{}]\"\n",
-            members.join(",")
-        ),
-    );
-    Site { file_server, disks }
+    hosts.site(None, base, n, &format!("file:disk.img?size={size}"), track)
 }
 
-fn volume(base: u8, port: u16) -> String {
-    format!("127.0.0.{base}:{port}/{IQN}/0")
+/// `rsv sync ARGS`, run to its end.
+fn sync(hosts: &Hosts, args: &[&str]) -> Output {
+    hosts.sync(args).output().unwrap()
 }
 
-fn sync(key: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(rsv())
-        .arg("sync")
-        .arg("--key-file")
-        .arg(key)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(out)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
 fn a_striped_volume_goes_disk_server_to_disk_server() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
-    let port = free_port();
-    let a = site(10, 2, "8M", port, &key, false);
-    let b = site(20, 2, "8M", port, &key, false);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 10, 2, "8M", false);
+    let b = site(&hosts, 20, 2, "8M", false);
     // 16 MiB of data written through site A's file server, so it lands striped.
     let image = tmp.path().join("image");
     random_file(&image, 16 << 20, 7);
-    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
     run_ok(
         rsv().to_str().unwrap(),
-        &["cp", image.to_str().unwrap(), &a_url],
+        &["cp", image.to_str().unwrap(), &a.url()],
     );
 
-    let out = sync(&key, &["--json", &volume(10, port), &volume(20, port)]);
+    let out = sync(&hosts, &["--json", &a.volume(), &b.volume()]);
     assert!(
         out.status.success(),
         "rsv sync failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let lines = json_lines(&out.stdout);
+    let lines = json_lines(&stdout(&out));
     let done = lines.last().expect("a result line");
     assert_eq!(done["event"], "done", "{done}");
     assert_eq!(done["streams"], 2);
@@ -180,41 +71,36 @@ fn a_striped_volume_goes_disk_server_to_disk_server() {
 
     // Each destination disk server holds exactly its source's member.
     for (s, d) in a.disks.iter().zip(&b.disks) {
-        let sb = std::fs::read(s.dir.path().join("disk.img")).unwrap();
-        let db = std::fs::read(d.dir.path().join("disk.img")).unwrap();
+        let sb = std::fs::read(s.dir.join("disk.img")).unwrap();
+        let db = std::fs::read(d.dir.join("disk.img")).unwrap();
         assert!(sb == db, "member {} differs from {}", s.portal, d.portal);
     }
     // And site B's file server reads back the image.
-    let back = tmp.path().join("back");
-    let b_url = format!("iscsi://{}/{IQN}/0", b.file_server.portal);
-    run_ok(
-        rsv().to_str().unwrap(),
-        &["cp", &b_url, back.to_str().unwrap()],
-    );
-    assert!(std::fs::read(&back).unwrap() == std::fs::read(&image).unwrap());
+    let back = read_lun(&b.url(), &tmp.path().join("back"));
+    assert!(back == std::fs::read(&image).unwrap());
 }
 
 #[test]
 fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
-    let port = free_port();
-    let a = site(30, 2, "4M", port, &key, false);
-    let b = site(40, 1, "8M", port, &key, false);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 30, 2, "4M", false);
+    let b = site(&hosts, 40, 1, "8M", false);
 
-    let wrong = key_file(tmp.path(), "another key, also long enough!!");
-    let out = sync(&wrong, &[&volume(30, port), &volume(40, port)]);
+    let wrong = Hosts {
+        key: key_file(&tmp.path().join("wrong"), "another key, also long enough!!"),
+        ..hosts.clone()
+    };
+    let out = sync(&wrong, &[&a.volume(), &b.volume()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("authentication refused: wrong key"), "{err}");
     assert!(
-        std::fs::read_to_string(a.file_server.dir.path().join("log"))
-            .unwrap()
-            .contains("refused: wrong key"),
+        a.file_server.log().contains("refused: wrong key"),
         "the agent logs the refusal"
     );
 
-    let out = sync(&key, &[&volume(30, port), &volume(40, port)]);
+    let out = sync(&hosts, &[&a.volume(), &b.volume()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -225,8 +111,8 @@ fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
     // Destination members smaller than their sources: their agents are asked while the
     // streams start (two round trips saved on a long path), and the sync still fails with
     // the sizes, before any source writes (each source agent refuses a smaller LUN too).
-    let c = site(50, 2, "1M", port, &key, false);
-    let out = sync(&key, &[&volume(30, port), &volume(50, port)]);
+    let c = site(&hosts, 50, 2, "1M", false);
+    let out = sync(&hosts, &[&a.volume(), &c.volume()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("less than"), "{err}");
@@ -238,8 +124,8 @@ fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
 
     // A key file others may read is refused before anything is sent.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = sync(&key, &[&volume(30, port), &volume(40, port)]);
+    std::fs::set_permissions(&hosts.key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = sync(&hosts, &[&a.volume(), &b.volume()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("chmod 600"), "{err}");
 
@@ -257,29 +143,21 @@ fn a_wrong_key_or_mismatched_layout_is_refused_clearly() {
 #[test]
 fn change_tracking_makes_syncs_incremental_and_resumable() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
-    let port = free_port();
-    let a = site(50, 2, "8M", port, &key, true);
-    let b = site(60, 2, "8M", port, &key, false);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 50, 2, "8M", true);
+    let b = site(&hosts, 60, 2, "8M", false);
     let image = tmp.path().join("image");
     random_file(&image, 16 << 20, 11);
-    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
-    let b_url = format!("iscsi://{}/{IQN}/0", b.file_server.portal);
+    let (a_url, b_url) = (a.url(), b.url());
     let rsv_path = rsv();
     let rsv_s = rsv_path.to_str().unwrap();
     run_ok(rsv_s, &["cp", image.to_str().unwrap(), &a_url]);
-    let (src, dst) = (volume(50, port), volume(60, port));
+    let (src, dst) = (a.volume(), b.volume());
     let synced = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec!["--json"];
         args.extend_from_slice(extra);
         args.extend([src.as_str(), dst.as_str()]);
-        let out = sync(&key, &args);
-        assert!(
-            out.status.success(),
-            "rsv sync failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json_lines(&out.stdout).pop().unwrap()
+        result_line(&hosts.sync_ok(&args))
     };
     let first = synced(&[]);
     assert_eq!(first["incremental"], true);
@@ -302,47 +180,31 @@ fn change_tracking_makes_syncs_incremental_and_resumable() {
     let image2 = tmp.path().join("image2");
     random_file(&image2, 16 << 20, 12);
     run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a_url]);
-    let mut slow = Command::new(rsv())
-        .arg("sync")
-        .arg("--key-file")
-        .arg(&key)
-        .args([
-            "--json",
-            "--interval",
-            "200ms",
-            "--pacing",
-            "unpaced",
-            "--session",
-            "connections=1",
-            "--session",
-            "pacing_rate=8mbit",
-            // Two units in flight a stream, so that flushes come while it runs.
-            "--session",
-            "queue_depth=4",
-        ])
-        .args([&src, &dst])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(slow.stdout.take().unwrap()).lines();
-    let durable = loop {
-        let line = lines
-            .next()
-            .expect("the slow sync ended before anything was durable")
-            .unwrap();
-        let tick: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(tick["event"], "progress", "{tick}");
+    let args = [
+        "--json",
+        "--interval",
+        "200ms",
+        "--pacing",
+        "unpaced",
+        "--session",
+        "connections=1",
+        "--session",
+        "pacing_rate=8mbit",
+        // Two units in flight a stream, so that flushes come while it runs.
+        "--session",
+        "queue_depth=4",
+        &src,
+        &dst,
+    ];
+    let (mut slow, durable) = hosts.sync_until(&args, "anything was durable", |tick| {
         let d: Vec<u64> = tick["streams"]
             .as_array()
             .unwrap()
             .iter()
             .map(|s| s["durable_bytes"].as_u64().unwrap())
             .collect();
-        if d.iter().any(|&b| b > 0) {
-            break d.iter().sum::<u64>();
-        }
-    };
+        d.iter().any(|&b| b > 0).then(|| d.iter().sum::<u64>())
+    });
     slow.kill().unwrap();
     slow.wait().unwrap();
     let resumed = synced(&[]);
@@ -351,9 +213,8 @@ fn change_tracking_makes_syncs_incremental_and_resumable() {
         sent > 0 && sent <= (16 << 20) - durable,
         "the resumed sync sends what had not arrived ({durable} bytes were durable): {resumed}"
     );
-    let back = tmp.path().join("back");
-    run_ok(rsv_s, &["cp", &b_url, back.to_str().unwrap()]);
-    assert!(std::fs::read(&back).unwrap() == std::fs::read(&image2).unwrap());
+    let back = read_lun(&b_url, &tmp.path().join("back"));
+    assert!(back == std::fs::read(&image2).unwrap());
 }
 
 /// `rsv sync --metrics`: while a paced sync of two streams runs, its exposition names
@@ -367,25 +228,31 @@ fn sync_metrics_follow_the_streams_to_the_end() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
-    let port = free_port();
-    let a = site(70, 2, "8M", port, &key, false);
-    let _b = site(80, 2, "8M", port, &key, false);
+    let hosts = hosts(tmp.path());
+    let a = site(&hosts, 70, 2, "8M", false);
+    let b = site(&hosts, 80, 2, "8M", false);
     let image = tmp.path().join("image");
     random_file(&image, 16 << 20, 5);
-    let a_url = format!("iscsi://{}/{IQN}/0", a.file_server.portal);
     run_ok(
         rsv().to_str().unwrap(),
-        &["cp", image.to_str().unwrap(), &a_url],
+        &["cp", image.to_str().unwrap(), &a.url()],
     );
     // 40 Mbit/s over the two streams: a few seconds for 16 MiB.
-    let mut child = Command::new(rsv())
-        .arg("sync")
-        .arg("--key-file")
-        .arg(&key)
-        .args(["--json", "--rate", "40mbit", "--interval", "200ms"])
-        .args(["--metrics", "127.0.0.1:0", "--metrics-hold", "120s"])
-        .args([volume(70, port), volume(80, port)])
+    let (src, dst) = (a.volume(), b.volume());
+    let mut child = hosts
+        .sync(&[
+            "--json",
+            "--rate",
+            "40mbit",
+            "--interval",
+            "200ms",
+            "--metrics",
+            "127.0.0.1:0",
+            "--metrics-hold",
+            "120s",
+            &src,
+            &dst,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::from(
             std::fs::File::create(tmp.path().join("sync.log")).unwrap(),
@@ -538,8 +405,7 @@ fn a_sparse_volume_sends_what_it_holds_and_compresses() {
     use std::io::{Seek, SeekFrom, Write};
     const MIB: u64 = 1 << 20;
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path(), "a shared key of more than 16 bytes");
-    let port = free_port();
+    let hosts = hosts(tmp.path());
     let luns = "[[target.lun]]\nid = 0\nstore = \"file:big.img?size=1G\"\n\
                 [[target.lun]]\nid = 1\nstore = \"file:small.img?size=64M\"\n";
     // The images are made before the targets open them.
@@ -588,20 +454,19 @@ fn a_sparse_volume_sends_what_it_holds_and_compresses() {
     write_at(&b_dir.path().join("small.img"), 64 * MIB, &old[..64]);
     let start = |addr: &str, dir: &tempfile::TempDir| {
         let abs = format!("file:{}/", dir.path().display());
-        host(addr, port, &key, &luns.replace("file:", &abs))
+        hosts.host(None, addr, &luns.replace("file:", &abs))
     };
-    let _a = start("127.0.0.50", &a_dir);
-    let _b = start("127.0.0.60", &b_dir);
-    let vol = |base: u8, lun: u16| format!("127.0.0.{base}:{port}/{IQN}/{lun}");
+    let a = start("127.0.0.50", &a_dir);
+    let b = start("127.0.0.60", &b_dir);
 
-    let out = sync(&key, &["--json", &vol(50, 0), &vol(60, 0)]);
+    let out = sync(&hosts, &["--json", &a.volume(0), &b.volume(0)]);
     assert!(
         out.status.success(),
         "rsv sync failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let done = json_lines(&out.stdout).pop().expect("a result line");
+    let done = result_line(&stdout(&out));
     assert_eq!(done["event"], "done", "{done}");
     let data = done["data_bytes"].as_u64().unwrap();
     let wire = done["wire_bytes"].as_u64().unwrap();
@@ -625,8 +490,8 @@ fn a_sparse_volume_sends_what_it_holds_and_compresses() {
 
     // Compressed, with every unit that shrinks sent so.
     let out = sync(
-        &key,
-        &["--json", "--compress", "on", &vol(50, 1), &vol(60, 1)],
+        &hosts,
+        &["--json", "--compress", "on", &a.volume(1), &b.volume(1)],
     );
     assert!(
         out.status.success(),
@@ -634,7 +499,7 @@ fn a_sparse_volume_sends_what_it_holds_and_compresses() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let done = json_lines(&out.stdout).pop().expect("a result line");
+    let done = result_line(&stdout(&out));
     let data = done["data_bytes"].as_u64().unwrap();
     let wire = done["wire_bytes"].as_u64().unwrap();
     // 40 MiB of text, 8 MiB random, 16 MiB never written.

@@ -149,6 +149,24 @@ impl StripeBackstore {
 }
 
 impl StripeBackstore {
+    /// Runs `op` on every piece of `buf` (the volume's bytes from `offset`: read into, or
+    /// written) with the member that holds it and the piece's offset there.
+    fn on_pieces<'b, B: SplitAt<'b>>(
+        &self,
+        offset: u64,
+        buf: B,
+        op: impl Fn(&dyn Backstore, B, u64) -> io::Result<()> + Sync,
+    ) -> io::Result<()> {
+        let len = buf.len() as u64;
+        check_range(offset, len, self.size())?;
+        let work = split_by_member(self.members.len(), self.pieces(offset, len), buf);
+        self.on_members(work, |m, pieces| {
+            pieces
+                .into_iter()
+                .try_for_each(|(off, piece)| op(m, piece, off))
+        })
+    }
+
     /// Runs `op` on every member range of `[offset, offset + len)`, merged where adjacent.
     fn on_ranges(
         &self,
@@ -192,17 +210,24 @@ fn split_by_member<'b, B: SplitAt<'b>>(
 /// A buffer that can be cut in two: `&[u8]` for writes, `&mut [u8]` for reads.
 trait SplitAt<'b>: Sized + Send {
     fn split(self, at: usize) -> (Self, Self);
+    fn len(&self) -> usize;
 }
 
 impl<'b> SplitAt<'b> for &'b [u8] {
     fn split(self, at: usize) -> (Self, Self) {
         self.split_at(at)
     }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
 }
 
 impl<'b> SplitAt<'b> for &'b mut [u8] {
     fn split(self, at: usize) -> (Self, Self) {
         self.split_at_mut(at)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
 }
 
@@ -212,17 +237,7 @@ impl Backstore for StripeBackstore {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size())?;
-        let work = split_by_member(
-            self.members.len(),
-            self.pieces(offset, buf.len() as u64),
-            buf,
-        );
-        self.on_members(work, |m, pieces| {
-            pieces
-                .into_iter()
-                .try_for_each(|(off, slice)| m.read_at(slice, off))
-        })
+        self.on_pieces(offset, buf, |m, slice, off| m.read_at(slice, off))
     }
 
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
@@ -257,17 +272,7 @@ impl Backstore for StripeBackstore {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size())?;
-        let work = split_by_member(
-            self.members.len(),
-            self.pieces(offset, buf.len() as u64),
-            buf,
-        );
-        self.on_members(work, |m, pieces| {
-            pieces
-                .into_iter()
-                .try_for_each(|(off, slice)| m.write_at(slice, off))
-        })
+        self.on_pieces(offset, buf, |m, slice, off| m.write_at(slice, off))
     }
 
     fn flush(&self) -> io::Result<()> {

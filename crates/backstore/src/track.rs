@@ -137,6 +137,17 @@ struct State {
     committing: bool,
 }
 
+impl State {
+    /// The units frozen or written since, a bit a unit: what the next freeze returns.
+    fn dirty(&self) -> Vec<u64> {
+        self.frozen
+            .iter()
+            .zip(&self.current)
+            .map(|(f, c)| f | c)
+            .collect()
+    }
+}
+
 /// The units a sync sends: those dirty when [`ChangeMap::freeze`] was called, with any
 /// frozen set not released before.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -560,14 +571,7 @@ impl ChangeMap {
     /// Bytes the next sync would send: units frozen or written since (the last unit cut
     /// at the store's end).
     pub fn dirty_bytes(&self) -> u64 {
-        let st = self.lock();
-        let union: Vec<u64> = st
-            .frozen
-            .iter()
-            .zip(&st.current)
-            .map(|(f, c)| f | c)
-            .collect();
-        self.bytes_of(&union)
+        self.bytes_of(&self.lock().dirty())
     }
 
     fn bytes_of(&self, words: &[u64]) -> u64 {
@@ -583,14 +587,7 @@ impl ChangeMap {
     /// unit indices, without starting an epoch: what a failback reads of the old
     /// primary's changes since the last image both sites hold.
     pub fn dirty_units(&self) -> Vec<Range<u64>> {
-        let st = self.lock();
-        let union: Vec<u64> = st
-            .frozen
-            .iter()
-            .zip(&st.current)
-            .map(|(f, c)| f | c)
-            .collect();
-        ranges(&union, self.units)
+        ranges(&self.lock().dirty(), self.units)
     }
 
     /// Whether unit `unit` is dirty, frozen or current (for tests and status).
@@ -726,12 +723,7 @@ impl ChangeMap {
         let mut st = self.idle()?;
         let old = st.epoch;
         let epoch = old + 1;
-        let frozen: Vec<u64> = st
-            .frozen
-            .iter()
-            .zip(&st.current)
-            .map(|(f, c)| f | c)
-            .collect();
+        let frozen = st.dirty();
         let current = vec![0u64; frozen.len()];
         let header = self.header(epoch, epoch);
         let (file, done) = write_whole(&self.path, &header, &frozen, &current);

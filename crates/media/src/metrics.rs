@@ -222,12 +222,6 @@ impl Collector for StorageCollector {
 mod tests {
     use super::*;
 
-    fn text(reg: &Registry) -> String {
-        let mut s = String::new();
-        prometheus_client::encoding::text::encode(&mut s, reg).unwrap();
-        s
-    }
-
     #[test]
     fn counts_and_the_cap_on_storage_luns() {
         let catalog = Catalog::new(initiator::SessionOptions::default(), None);
@@ -246,7 +240,7 @@ mod tests {
         catalog.stats().sent.inc_by(1000);
         // Room for two LUNs' series.
         let reg = registry(&catalog, 2 * SERIES_PER_LUN);
-        let t = text(&reg);
+        let t = rsv_metrics::text(&reg).unwrap();
         assert!(
             t.contains("rsv_media_http_requests_total{route=\"file\",status=\"206\"} 1\n"),
             "{t}"

@@ -20,6 +20,13 @@ pub use prometheus_client;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// `registry` as OpenMetrics text: what `/metrics` answers a scraper that asks for it.
+pub fn text(registry: &prometheus_client::registry::Registry) -> Result<String, std::fmt::Error> {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, registry)?;
+    Ok(s)
+}
+
 /// A bound on the number of series one scrape carries, so that what a peer can make
 /// many of (LUNs a configuration lists, sessions an initiator opens) cannot grow the
 /// exposition, and every scraper's storage, without end. Those over the cap are left

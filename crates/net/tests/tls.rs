@@ -317,6 +317,38 @@ async fn each_tls13_suite_is_negotiated_when_the_initiator_offers_only_it() {
     assert!(e.contains("unknown TLS 1.3 suite \"rc4\""), "{e}");
 }
 
+/// rustls's own client (TLS 1.3 over `provider`, trusting `ca`) connected on loopback to
+/// our server on `leaf`'s certificate: (their stream, ours as accepted).
+async fn stock_client_to_ours(
+    provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
+    ca: &Ca,
+    leaf: &testcerts::Files,
+) -> (tokio_rustls::client::TlsStream<TcpStream>, Stream) {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in net::tls::read_certs(&ca.cert).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let stock_client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(stock_client));
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let ours = server(&leaf.cert, &leaf.key, None);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (theirs, accepted) = tokio::join!(
+        async {
+            connector
+                .connect(name, TcpStream::connect(addr).await.unwrap())
+                .await
+        },
+        async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
+    );
+    (theirs.unwrap(), accepted.unwrap())
+}
+
 fn pattern(len: usize, seed: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 7 + seed) % 251) as u8).collect()
 }
@@ -330,32 +362,10 @@ async fn a_stock_rustls_peer_reads_and_writes_our_records_through_key_updates() 
     let d = dir("stock");
     let ca = Ca::new(d.path(), "ca");
     let leaf = ca.issue(d.path(), "target", &["127.0.0.1"], false);
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in net::tls::read_certs(&ca.cert).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let stock_client = rustls::ClientConfig::builder_with_provider(net::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(stock_client));
 
     // Ours as the server, theirs as the client.
-    let ours = server(&leaf.cert, &leaf.key, None);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let (theirs, accepted) = tokio::join!(
-        async {
-            connector
-                .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
-                .await
-        },
-        async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
-    );
-    let mut theirs = theirs.unwrap();
-    let (mut rd, mut wr) = accepted.unwrap().into_split();
+    let (mut theirs, accepted) = stock_client_to_ours(net::tls::provider(), &ca, &leaf).await;
+    let (mut rd, mut wr) = accepted.into_split();
     let up = pattern(300 << 10, 1);
     theirs.write_all(&up[..100 << 10]).await.unwrap();
     // A KeyUpdate that asks for ours in return.
@@ -433,36 +443,14 @@ async fn records_sealed_on_other_threads_reach_a_stock_peer_in_order() {
     let d = dir("sealing");
     let ca = Ca::new(d.path(), "ca");
     let leaf = ca.issue(d.path(), "target", &["127.0.0.1"], false);
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in net::tls::read_certs(&ca.cert).unwrap() {
-        roots.add(c).unwrap();
-    }
     for suite in [
         rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
         rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
     ] {
         let mut provider = (*net::tls::provider()).clone();
         provider.cipher_suites.retain(|s| s.suite() == suite);
-        let stock_client = rustls::ClientConfig::builder_with_provider(provider.into())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .unwrap()
-            .with_root_certificates(roots.clone())
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(stock_client));
-        let ours = server(&leaf.cert, &leaf.key, None);
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (theirs, accepted) = tokio::join!(
-            async {
-                connector
-                    .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
-                    .await
-            },
-            async { Stream::tls_accept(l.accept().await.unwrap().0, &ours).await }
-        );
-        let mut theirs = theirs.unwrap();
-        let (_rd, mut wr) = accepted.unwrap().into_split();
+        let (mut theirs, accepted) = stock_client_to_ours(provider.into(), &ca, &leaf).await;
+        let (_rd, mut wr) = accepted.into_split();
         assert!(wr.seals_elsewhere());
         // PDU-like: a 48-byte header, then payloads from 0 to 1 MiB; 24 MiB in all.
         let mut pieces = Vec::new();

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use backstore::groups::{AccessState, GroupState, PortGroups, Why};
 
-use crate::{cstr, errno, ffi, open_ioctx, RbdConfig};
+use crate::{cstr, errno, ffi, Rados, RbdConfig};
 
 /// How often a target writes its heartbeat and reads the others'.
 pub const BEAT: Duration = Duration::from_secs(1);
@@ -234,72 +234,21 @@ impl Judge {
 /// One RADOS client of the heartbeat's own, so that its deadlines are its own (short)
 /// and the data path's reconnections leave it alone.
 struct Client {
-    cluster: ffi::rados_t,
-    io: ffi::rados_ioctx_t,
+    rados: Rados,
     oid: CString,
 }
 
-// SAFETY: librados handles may be used from many threads at once; closed only in Drop.
-unsafe impl Send for Client {}
-unsafe impl Sync for Client {}
-
 impl Client {
     fn connect(cfg: &RbdConfig) -> io::Result<Client> {
-        let shown = cfg.shown();
-        let id = cstr(&cfg.id)?;
-        let mut cluster: ffi::rados_t = ptr::null_mut();
-        // SAFETY: out-pointer to a handle; `id` outlives the call.
-        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ptr()) };
-        if r < 0 {
-            return Err(errno(r.into(), format!("{shown}: creating a client")));
-        }
-        let mut c = Client {
-            cluster,
-            io: ptr::null_mut(),
-            oid: cstr(&format!("reservoir.{}.alua", cfg.image))?,
-        };
-        let path = cfg
-            .conf
-            .as_ref()
-            .map(|p| cstr(&p.to_string_lossy()))
-            .transpose()?;
-        // SAFETY: a handle not yet connected; NULL asks for the default search.
-        let r = unsafe {
-            ffi::rados_conf_read_file(cluster, path.as_ref().map_or(ptr::null(), |p| p.as_ptr()))
-        };
-        if r < 0 && (cfg.conf.is_some() || cfg.mon_host.is_none()) {
-            return Err(errno(
-                r.into(),
-                format!("{shown}: reading the configuration"),
-            ));
-        }
-        let mount = cfg.timeout.as_secs().max(1).to_string();
-        let mut set: Vec<(&str, String)> = vec![
-            ("rados_osd_op_timeout", OP_TIMEOUT_S.into()),
-            ("rados_mon_op_timeout", OP_TIMEOUT_S.into()),
-            ("client_mount_timeout", mount),
-        ];
-        if let Some(m) = &cfg.mon_host {
-            set.push(("mon_host", m.clone()));
-        }
-        if let Some(k) = &cfg.keyring {
-            set.push(("keyring", k.to_string_lossy().into_owned()));
-        }
-        for (k, v) in set {
-            let (ck, cv) = (cstr(k)?, cstr(&v)?);
-            // SAFETY: a handle not yet connected; both strings outlive the call.
-            let r = unsafe { ffi::rados_conf_set(cluster, ck.as_ptr(), cv.as_ptr()) };
-            if r < 0 {
-                return Err(errno(r.into(), format!("{shown}: setting {k}={v}")));
-            }
-        }
-        // SAFETY: a configured handle; blocks at most client_mount_timeout.
-        let r = unsafe { ffi::rados_connect(cluster) };
-        if r < 0 {
-            return Err(errno(r.into(), format!("{shown}: connecting for ALUA")));
-        }
-        c.io = open_ioctx(cluster, cfg, &shown)?;
-        Ok(c)
+        let oid = cstr(&format!("reservoir.{}.alua", cfg.image))?;
+        // The operations' deadline shorter than the store's (the mount keeps the store's).
+        let rados = Rados::connect(cfg, "ALUA: ", |_| {
+            vec![
+                ("rados_osd_op_timeout", OP_TIMEOUT_S.into()),
+                ("rados_mon_op_timeout", OP_TIMEOUT_S.into()),
+            ]
+        })?;
+        Ok(Client { rados, oid })
     }
 
     fn object(&self) -> String {
@@ -312,7 +261,7 @@ impl Client {
             // SAFETY: a valid context; the name and value outlive the call.
             unsafe {
                 ffi::rados_setxattr(
-                    self.io,
+                    self.rados.io,
                     self.oid.as_ptr(),
                     n.as_ptr(),
                     value.as_ptr().cast(),
@@ -322,11 +271,7 @@ impl Client {
         };
         let mut r = put();
         if r == -libc::ENOENT {
-            // SAFETY: a valid context; an empty write creates the object.
-            let c = unsafe { ffi::rados_write_full(self.io, self.oid.as_ptr(), ptr::null(), 0) };
-            if c < 0 {
-                return Err(errno(c.into(), format!("creating {}", self.object())));
-            }
+            self.rados.create(&self.oid)?;
             r = put();
         }
         if r < 0 {
@@ -342,7 +287,7 @@ impl Client {
     fn xattrs(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
         let mut iter: ffi::rados_xattrs_iter_t = ptr::null_mut();
         // SAFETY: a valid context; out-pointer to the iterator, ended below.
-        let r = unsafe { ffi::rados_getxattrs(self.io, self.oid.as_ptr(), &mut iter) };
+        let r = unsafe { ffi::rados_getxattrs(self.rados.io, self.oid.as_ptr(), &mut iter) };
         if r == -libc::ENOENT {
             return Ok(Vec::new());
         }
@@ -379,40 +324,8 @@ impl Client {
     /// Tells the object's watchers that the chosen states changed; returns once they have
     /// acknowledged (or the deadline passed).
     fn notify(&self, payload: &[u8]) -> io::Result<()> {
-        let mut reply: *mut std::os::raw::c_char = ptr::null_mut();
-        let mut reply_len = 0usize;
-        // SAFETY: a valid context; the payload outlives the call; the reply is freed below.
-        let r = unsafe {
-            ffi::rados_notify2(
-                self.io,
-                self.oid.as_ptr(),
-                payload.as_ptr().cast(),
-                payload.len() as c_int,
-                NOTIFY_TIMEOUT_MS,
-                &mut reply,
-                &mut reply_len,
-            )
-        };
-        if !reply.is_null() {
-            // SAFETY: librados allocated it for us.
-            unsafe { ffi::rados_buffer_free(reply) };
-        }
-        if r < 0 {
-            return Err(errno(r.into(), format!("{}: notifying", self.object())));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        // SAFETY: each handle closed once, context before client.
-        unsafe {
-            if !self.io.is_null() {
-                ffi::rados_ioctx_destroy(self.io);
-            }
-            ffi::rados_shutdown(self.cluster);
-        }
+        self.rados
+            .notify(&self.oid, payload, NOTIFY_TIMEOUT_MS, "notifying")
     }
 }
 
@@ -562,7 +475,7 @@ extern "C" fn changed_event(
     // SAFETY: a valid context and the watched object's name; no reply payload.
     unsafe {
         ffi::rados_notify_ack(
-            s.client.io,
+            s.client.rados.io,
             s.client.oid.as_ptr(),
             notify_id,
             cookie,
@@ -637,7 +550,7 @@ fn watch(s: &Arc<Shared>) -> io::Result<u64> {
     // watch (ClusterGroups' Drop unwatches and flushes before its last reference goes).
     let r = unsafe {
         ffi::rados_watch2(
-            s.client.io,
+            s.client.rados.io,
             s.client.oid.as_ptr(),
             &mut cookie,
             changed_event,
@@ -691,7 +604,7 @@ fn beat(s: &Arc<Shared>, watch_slot: &Arc<Mutex<Option<u64>>>) {
             let old = watch_slot.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(c) = old {
                 // SAFETY: a cookie of this context's, unwatched once.
-                unsafe { ffi::rados_unwatch2(s.client.io, c) };
+                unsafe { ffi::rados_unwatch2(s.client.rados.io, c) };
             }
             match watch(s) {
                 Ok(c) => {
@@ -793,8 +706,8 @@ impl Drop for ClusterGroups {
             // SAFETY: a cookie of this context's; flushed so that no callback still runs
             // on `shared` once it goes.
             unsafe {
-                ffi::rados_unwatch2(self.shared.client.io, c);
-                ffi::rados_watch_flush(self.shared.client.cluster);
+                ffi::rados_unwatch2(self.shared.client.rados.io, c);
+                ffi::rados_watch_flush(self.shared.client.rados.cluster);
             }
         }
     }
@@ -817,6 +730,16 @@ mod tests {
     }
 
     use AccessState::*;
+
+    /// A judge of group 1 with peer 2 that saw both beat at `t0` and a second later.
+    fn beating(t0: Instant) -> Judge {
+        let mut j = Judge::new(1, &[2]);
+        for (n, at) in [(1, t0), (2, t0 + Duration::from_secs(1))] {
+            let (a, b) = (format!("a.{n}"), format!("b.{n}"));
+            j.observe(&beats(&[(1, &a), (2, &b)]), HashMap::new(), true, at);
+        }
+        j
+    }
 
     #[test]
     fn a_peer_is_judged_by_its_moving_heartbeat() {
@@ -890,14 +813,7 @@ mod tests {
     fn a_target_cut_off_judges_itself_not_the_others() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut j = Judge::new(1, &[2]);
-        j.observe(&beats(&[(1, "a.1"), (2, "b.1")]), HashMap::new(), true, t0);
-        j.observe(
-            &beats(&[(1, "a.2"), (2, "b.2")]),
-            HashMap::new(),
-            true,
-            t0 + s(1),
-        );
+        let mut j = beating(t0);
         states(&mut j, t0 + s(1));
         // No read succeeds any more.
         assert_eq!(j.own_state(t0 + s(4)), ActiveOptimized);
@@ -912,14 +828,7 @@ mod tests {
     fn chosen_states_apply_to_live_groups_explicitly() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut j = Judge::new(1, &[2]);
-        j.observe(&beats(&[(1, "a.1"), (2, "b.1")]), HashMap::new(), true, t0);
-        j.observe(
-            &beats(&[(1, "a.2"), (2, "b.2")]),
-            HashMap::new(),
-            true,
-            t0 + s(1),
-        );
+        let mut j = beating(t0);
         let (_, changed) = j.judge(t0 + s(1));
         assert!(changed);
         assert!(!j.judge(t0 + s(1)).1, "no change, no news");

@@ -36,7 +36,7 @@
 //! client cut off (timed out, blocklisted, not connected) drops the connection, and the
 //! next command connects again, so the store comes back without restarting the target.
 
-use std::ffi::{CString, NulError};
+use std::ffi::{CStr, CString, NulError};
 use std::io;
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
@@ -302,6 +302,164 @@ pub(crate) fn open_ioctx(
     Ok(io)
 }
 
+/// A librados client connected to `cfg`'s cluster, with the I/O context of its pool: the
+/// image's connection, the reservations and the ALUA states each hold one of their own, so
+/// that one's watches, deadlines and reconnections leave the others alone. Closed when
+/// dropped, context before client (a holder closes what it opened on them first).
+pub(crate) struct Rados {
+    pub(crate) cluster: ffi::rados_t,
+    pub(crate) io: ffi::rados_ioctx_t,
+}
+
+// SAFETY: librados clients and I/O contexts may be used from many threads at once; the
+// handles are only closed in `drop`.
+unsafe impl Send for Rados {}
+unsafe impl Sync for Rados {}
+
+impl Rados {
+    /// Creates a client as `cfg` says (its configuration file or librados' default search,
+    /// its `timeout` as the deadline of every operation and of the mount, its monitors and
+    /// keyring), sets the options `more` gives over those (it is handed the client, to read
+    /// what the file said), connects and opens the pool. `purpose` ("reservations: ", or
+    /// "" for the image's client) says in an error which client failed.
+    pub(crate) fn connect(
+        cfg: &RbdConfig,
+        purpose: &str,
+        more: impl FnOnce(ffi::rados_t) -> Vec<(&'static str, String)>,
+    ) -> io::Result<Rados> {
+        let shown = cfg.shown();
+        let id = cstr(&cfg.id)?;
+        let mut cluster: ffi::rados_t = ptr::null_mut();
+        // SAFETY: out-pointer to a handle; `id` outlives the call.
+        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ptr()) };
+        if r < 0 {
+            return Err(errno(
+                r.into(),
+                format!("{shown}: {purpose}creating a client"),
+            ));
+        }
+        // From here the partial client is closed by Drop.
+        let mut rados = Rados {
+            cluster,
+            io: ptr::null_mut(),
+        };
+        let path = cfg
+            .conf
+            .as_ref()
+            .map(|p| cstr(&p.to_string_lossy()))
+            .transpose()?;
+        // SAFETY: a handle not yet connected; NULL asks for the default search.
+        let r = unsafe {
+            ffi::rados_conf_read_file(cluster, path.as_ref().map_or(ptr::null(), |p| p.as_ptr()))
+        };
+        if r < 0 && (cfg.conf.is_some() || cfg.mon_host.is_none()) {
+            let which = cfg
+                .conf
+                .as_ref()
+                .map_or("the default ceph.conf".into(), |p| p.display().to_string());
+            return Err(errno(r.into(), format!("{shown}: reading {which}")));
+        }
+        let secs = cfg.timeout.as_secs().max(1).to_string();
+        let mut set: Vec<(&str, String)> = vec![
+            ("rados_osd_op_timeout", secs.clone()),
+            ("rados_mon_op_timeout", secs.clone()),
+            ("client_mount_timeout", secs),
+        ];
+        if let Some(m) = &cfg.mon_host {
+            set.push(("mon_host", m.clone()));
+        }
+        if let Some(k) = &cfg.keyring {
+            set.push(("keyring", k.to_string_lossy().into_owned()));
+        }
+        set.extend(more(cluster));
+        for (k, v) in set {
+            let (ck, cv) = (cstr(k)?, cstr(&v)?);
+            // SAFETY: a handle not yet connected; both strings outlive the call.
+            let r = unsafe { ffi::rados_conf_set(cluster, ck.as_ptr(), cv.as_ptr()) };
+            if r < 0 {
+                return Err(errno(r.into(), format!("{shown}: setting {k}={v}")));
+            }
+        }
+        let started = Instant::now();
+        // SAFETY: a configured handle; blocks at most client_mount_timeout.
+        let r = unsafe { ffi::rados_connect(cluster) };
+        if r < 0 {
+            let waited = started.elapsed().as_secs_f32();
+            return Err(errno(
+                r.into(),
+                format!(
+                    "{shown}: {purpose}cannot reach the cluster's monitors (gave up after \
+                     {waited:.1} s)"
+                ),
+            ));
+        }
+        rados.io = open_ioctx(cluster, cfg, &shown)?;
+        Ok(rados)
+    }
+
+    /// Makes the object `oid` by an empty write (called where it was found missing).
+    pub(crate) fn create(&self, oid: &CStr) -> io::Result<()> {
+        // SAFETY: a valid context; an empty write creates the object.
+        let r = unsafe { ffi::rados_write_full(self.io, oid.as_ptr(), ptr::null(), 0) };
+        if r < 0 {
+            return Err(errno(
+                r.into(),
+                format!("creating {}", oid.to_string_lossy()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tells the watchers of `oid` `payload`; returns once they have acknowledged or
+    /// `timeout_ms` passed. `what` names the announcement in an error.
+    pub(crate) fn notify(
+        &self,
+        oid: &CStr,
+        payload: &[u8],
+        timeout_ms: u64,
+        what: &str,
+    ) -> io::Result<()> {
+        let mut reply: *mut std::os::raw::c_char = ptr::null_mut();
+        let mut reply_len = 0usize;
+        // SAFETY: a valid context; the payload outlives the call; the reply is freed below.
+        let r = unsafe {
+            ffi::rados_notify2(
+                self.io,
+                oid.as_ptr(),
+                payload.as_ptr().cast(),
+                payload.len() as c_int,
+                timeout_ms,
+                &mut reply,
+                &mut reply_len,
+            )
+        };
+        if !reply.is_null() {
+            // SAFETY: librados allocated it for us.
+            unsafe { ffi::rados_buffer_free(reply) };
+        }
+        if r < 0 {
+            return Err(errno(
+                r.into(),
+                format!("{}: {what}", oid.to_string_lossy()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rados {
+    fn drop(&mut self) {
+        // SAFETY: each handle closed once, context before client; a null context was
+        // never opened.
+        unsafe {
+            if !self.io.is_null() {
+                ffi::rados_ioctx_destroy(self.io);
+            }
+            ffi::rados_shutdown(self.cluster);
+        }
+    }
+}
+
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|e: NulError| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
@@ -351,8 +509,7 @@ fn lost(e: &io::Error) -> bool {
 
 /// One connected client with the image open.
 struct Conn {
-    cluster: ffi::rados_t,
-    io: ffi::rados_ioctx_t,
+    rados: Rados,
     image: ffi::rbd_image_t,
     /// The update watch on the image's header and what its callback wakes.
     watch: Option<(u64, Arc<SizeWatch>)>,
@@ -373,93 +530,40 @@ impl Conn {
         peers: Option<&Arc<PeerEvents>>,
     ) -> io::Result<Conn> {
         let shown = cfg.shown();
-        let id = cstr(&cfg.id)?;
-        let mut cluster: ffi::rados_t = ptr::null_mut();
-        // SAFETY: out-pointer to a handle; `id` outlives the call.
-        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ptr()) };
-        if r < 0 {
-            return Err(errno(r.into(), format!("{shown}: creating a client")));
-        }
+        let rados = Rados::connect(cfg, "", |cluster| {
+            let mut set = Vec::new();
+            // One completion thread rather than librados' two unless the LUN or the
+            // configuration file says otherwise (a file that says 2, the default, is not
+            // told from one that says nothing): each hop through librados'
+            // `io_context_pool` costs a wake-up, and one thread does the completions of a
+            // single client. Not for a store shared with other targets: see the `threads`
+            // parameter.
+            let threads = cfg.threads.or_else(|| {
+                let file = conf_get(cluster, "librados_thread_count");
+                (!cfg.shared && file.as_deref() == Some("2")).then_some(1)
+            });
+            if let Some(n) = threads {
+                set.push(("librados_thread_count", n.to_string()));
+            }
+            if let Some(c) = cfg.cache {
+                set.push(("rbd_cache", c.to_string()));
+            }
+            set
+        })?;
         // From here the partial connection is closed by Drop.
         let mut conn = Conn {
-            cluster,
-            io: ptr::null_mut(),
+            rados,
             image: ptr::null_mut(),
             watch: None,
             peers: None,
         };
-        let path = cfg
-            .conf
-            .as_ref()
-            .map(|p| cstr(&p.to_string_lossy()))
-            .transpose()?;
-        // SAFETY: a handle not yet connected; NULL asks for the default search.
-        let r = unsafe {
-            ffi::rados_conf_read_file(cluster, path.as_ref().map_or(ptr::null(), |p| p.as_ptr()))
-        };
-        if r < 0 && (cfg.conf.is_some() || cfg.mon_host.is_none()) {
-            let which = cfg
-                .conf
-                .as_ref()
-                .map_or("the default ceph.conf".into(), |p| p.display().to_string());
-            return Err(errno(r.into(), format!("{shown}: reading {which}")));
-        }
-        let secs = cfg.timeout.as_secs().max(1).to_string();
-        let mut set: Vec<(&str, String)> = Vec::new();
-        // One completion thread rather than librados' two unless the LUN or the
-        // configuration file says otherwise (a file that says 2, the default, is not told
-        // from one that says nothing): each hop through librados' `io_context_pool` costs a
-        // wake-up, and one thread does the completions of a single client. Not for a store
-        // shared with other targets: see the `threads` parameter.
-        let threads = cfg.threads.or_else(|| {
-            let file = conf_get(cluster, "librados_thread_count");
-            (!cfg.shared && file.as_deref() == Some("2")).then_some(1)
-        });
-        if let Some(n) = threads {
-            set.push(("librados_thread_count", n.to_string()));
-        }
-        set.extend([
-            ("rados_osd_op_timeout", secs.clone()),
-            ("rados_mon_op_timeout", secs.clone()),
-            ("client_mount_timeout", secs),
-        ]);
-        if let Some(m) = &cfg.mon_host {
-            set.push(("mon_host", m.clone()));
-        }
-        if let Some(k) = &cfg.keyring {
-            set.push(("keyring", k.to_string_lossy().into_owned()));
-        }
-        if let Some(c) = cfg.cache {
-            set.push(("rbd_cache", c.to_string()));
-        }
-        for (k, v) in set {
-            let (ck, cv) = (cstr(k)?, cstr(&v)?);
-            // SAFETY: a handle not yet connected; both strings outlive the call.
-            let r = unsafe { ffi::rados_conf_set(cluster, ck.as_ptr(), cv.as_ptr()) };
-            if r < 0 {
-                return Err(errno(r.into(), format!("{shown}: setting {k}={v}")));
-            }
-        }
-        let started = Instant::now();
-        // SAFETY: a configured handle; blocks at most client_mount_timeout.
-        let r = unsafe { ffi::rados_connect(cluster) };
-        if r < 0 {
-            let waited = started.elapsed().as_secs_f32();
-            return Err(errno(
-                r.into(),
-                format!(
-                    "{shown}: cannot reach the cluster's monitors (gave up after {waited:.1} s)"
-                ),
-            ));
-        }
-        conn.io = open_ioctx(cluster, cfg, &shown)?;
         let name = cstr(&cfg.image)?;
         // SAFETY: a valid context; out-pointer to the image handle; no snapshot.
         let r = unsafe {
             if read_only {
-                ffi::rbd_open_read_only(conn.io, name.as_ptr(), &mut conn.image, ptr::null())
+                ffi::rbd_open_read_only(conn.rados.io, name.as_ptr(), &mut conn.image, ptr::null())
             } else {
-                ffi::rbd_open(conn.io, name.as_ptr(), &mut conn.image, ptr::null())
+                ffi::rbd_open(conn.rados.io, name.as_ptr(), &mut conn.image, ptr::null())
             }
         };
         if r < 0 {
@@ -509,7 +613,7 @@ impl Conn {
         let oid = Self::events_object(cfg)?;
         let mut cookie = 0u64;
         let w = Box::new(PeerWatch {
-            io: self.io,
+            io: self.rados.io,
             oid: oid.clone(),
             events: events.clone(),
         });
@@ -518,7 +622,7 @@ impl Conn {
             // keeps until after rados_unwatch2 and rados_watch_flush (Drop).
             unsafe {
                 ffi::rados_watch2(
-                    self.io,
+                    self.rados.io,
                     oid.as_ptr(),
                     cookie,
                     peer_event,
@@ -529,14 +633,9 @@ impl Conn {
         };
         let mut r = watch(&mut cookie);
         if r == -libc::ENOENT {
-            // SAFETY: a valid context; an empty write creates the object.
-            let c = unsafe { ffi::rados_write_full(self.io, oid.as_ptr(), ptr::null(), 0) };
-            if c < 0 {
-                return Err(errno(
-                    c.into(),
-                    format!("{shown}: creating {}", oid.to_string_lossy()),
-                ));
-            }
+            self.rados
+                .create(&oid)
+                .map_err(|e| io::Error::new(e.kind(), format!("{shown}: {e}")))?;
             r = watch(&mut cookie);
         }
         if r < 0 {
@@ -558,31 +657,8 @@ impl Conn {
         let oid = Self::events_object(cfg)?;
         let mut payload = RESET_EVENT.to_vec();
         payload.extend_from_slice(me.to_string().as_bytes());
-        let mut reply: *mut std::os::raw::c_char = ptr::null_mut();
-        let mut reply_len = 0usize;
-        // SAFETY: a valid context; the payload outlives the call; the reply is freed below.
-        let r = unsafe {
-            ffi::rados_notify2(
-                self.io,
-                oid.as_ptr(),
-                payload.as_ptr().cast(),
-                payload.len() as c_int,
-                NOTIFY_TIMEOUT_MS,
-                &mut reply,
-                &mut reply_len,
-            )
-        };
-        if !reply.is_null() {
-            // SAFETY: librados allocated it for us.
-            unsafe { ffi::rados_buffer_free(reply) };
-        }
-        if r < 0 {
-            return Err(errno(
-                r.into(),
-                format!("announcing a reset on {}", oid.to_string_lossy()),
-            ));
-        }
-        Ok(())
+        self.rados
+            .notify(&oid, &payload, NOTIFY_TIMEOUT_MS, "announcing a reset")
     }
 
     fn size(&self) -> io::Result<u64> {
@@ -699,17 +775,14 @@ impl Drop for Conn {
                 ffi::rbd_update_unwatch(self.image, *handle);
             }
             if let Some((cookie, _)) = &self.peers {
-                ffi::rados_unwatch2(self.io, *cookie);
-                ffi::rados_watch_flush(self.cluster);
+                ffi::rados_unwatch2(self.rados.io, *cookie);
+                ffi::rados_watch_flush(self.rados.cluster);
             }
             if !self.image.is_null() {
                 ffi::rbd_close(self.image);
             }
-            if !self.io.is_null() {
-                ffi::rados_ioctx_destroy(self.io);
-            }
-            ffi::rados_shutdown(self.cluster);
         }
+        // `rados` closes the context, then the client.
     }
 }
 

@@ -31,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::{cstr, errno, ffi, lost, open_ioctx, rand_id, Errno, RbdConfig};
+use crate::{cstr, errno, ffi, lost, rand_id, Errno, Rados, RbdConfig};
 
 /// How often the state is read again to keep the lease.
 pub(crate) const RENEW: Duration = Duration::from_millis(500);
@@ -89,91 +89,34 @@ struct WatchArg {
 }
 
 struct Client {
-    cluster: ffi::rados_t,
-    io: ffi::rados_ioctx_t,
+    rados: Rados,
     watch: Mutex<Option<(u64, Box<WatchArg>)>>,
 }
 
-// SAFETY: librados handles may be used from many threads; closed only in Drop.
+// SAFETY: the watch's argument holds the I/O context, which librados lets many threads
+// use; the box is only freed after the watch is flushed (Drop).
 unsafe impl Send for Client {}
 unsafe impl Sync for Client {}
 
 impl Drop for Client {
     fn drop(&mut self) {
-        // SAFETY: handles this client made; the watch's box lives until after the flush.
+        // SAFETY: a watch this client made; its box lives until after the flush. `rados`
+        // closes the context and the client after.
         unsafe {
             if let Some((cookie, _)) = self.watch.get_mut().unwrap_or_else(|e| e.into_inner()) {
-                ffi::rados_unwatch2(self.io, *cookie);
-                ffi::rados_watch_flush(self.cluster);
+                ffi::rados_unwatch2(self.rados.io, *cookie);
+                ffi::rados_watch_flush(self.rados.cluster);
             }
-            if !self.io.is_null() {
-                ffi::rados_ioctx_destroy(self.io);
-            }
-            ffi::rados_shutdown(self.cluster);
         }
     }
 }
 
 impl Client {
     fn connect(cfg: &RbdConfig) -> io::Result<Client> {
-        let shown = cfg.shown();
-        let id = cstr(&cfg.id)?;
-        let mut cluster: ffi::rados_t = ptr::null_mut();
-        // SAFETY: out-pointer to a handle; `id` outlives the call.
-        let r = unsafe { ffi::rados_create(&mut cluster, id.as_ptr()) };
-        if r < 0 {
-            return Err(errno(
-                r.into(),
-                format!("{shown}: reservations: creating a client"),
-            ));
-        }
-        let mut c = Client {
-            cluster,
-            io: ptr::null_mut(),
+        Ok(Client {
+            rados: Rados::connect(cfg, "reservations: ", |_| Vec::new())?,
             watch: Mutex::new(None),
-        };
-        let path = cfg
-            .conf
-            .as_ref()
-            .map(|p| cstr(&p.to_string_lossy()))
-            .transpose()?;
-        // SAFETY: a handle not yet connected; NULL asks for the default search.
-        let r = unsafe {
-            ffi::rados_conf_read_file(cluster, path.as_ref().map_or(ptr::null(), |p| p.as_ptr()))
-        };
-        if r < 0 && (cfg.conf.is_some() || cfg.mon_host.is_none()) {
-            return Err(errno(r.into(), format!("{shown}: reading the ceph.conf")));
-        }
-        let secs = cfg.timeout.as_secs().max(1).to_string();
-        let mut set = vec![
-            ("rados_osd_op_timeout", secs.clone()),
-            ("rados_mon_op_timeout", secs.clone()),
-            ("client_mount_timeout", secs),
-        ];
-        if let Some(m) = &cfg.mon_host {
-            set.push(("mon_host", m.clone()));
-        }
-        if let Some(k) = &cfg.keyring {
-            set.push(("keyring", k.to_string_lossy().into_owned()));
-        }
-        for (k, v) in set {
-            let (ck, cv) = (cstr(k)?, cstr(&v)?);
-            // SAFETY: a handle not yet connected; both strings outlive the call.
-            let r = unsafe { ffi::rados_conf_set(cluster, ck.as_ptr(), cv.as_ptr()) };
-            if r < 0 {
-                return Err(errno(r.into(), format!("{shown}: setting {k}={v}")));
-            }
-        }
-        // SAFETY: a configured handle; blocks at most client_mount_timeout.
-        let r = unsafe { ffi::rados_connect(cluster) };
-        if r < 0 {
-            return Err(errno(
-                r.into(),
-                format!("{shown}: reservations: connecting"),
-            ));
-        }
-        c.io = open_ioctx(cluster, cfg, &shown)?;
-        Ok(c)
+        })
     }
 
     /// Makes the object with sequence 0 and no state, unless it exists.
@@ -219,7 +162,8 @@ impl Client {
             }
             ffi::rados_write_op_write_full(op, content.as_ptr().cast(), content.len());
             ffi::rados_write_op_setxattr(op, name.as_ptr(), new_seq.as_ptr().cast(), new_seq.len());
-            let r = ffi::rados_write_op_operate(op, self.io, oid.as_ptr(), ptr::null_mut(), 0);
+            let r =
+                ffi::rados_write_op_operate(op, self.rados.io, oid.as_ptr(), ptr::null_mut(), 0);
             ffi::rados_release_write_op(op);
             r
         };
@@ -236,7 +180,13 @@ impl Client {
         let mut buf = vec![0u8; MAX_STATE];
         // SAFETY: a valid context; `buf` holds `len` bytes.
         let r = unsafe {
-            ffi::rados_read(self.io, oid.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), 0)
+            ffi::rados_read(
+                self.rados.io,
+                oid.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+            )
         };
         if r < 0 {
             return Err(errno(
@@ -265,13 +215,13 @@ impl Client {
         if let Some((cookie, _)) = slot.take() {
             // SAFETY: a watch of this context; its box is dropped after the flush.
             unsafe {
-                ffi::rados_unwatch2(self.io, cookie);
-                ffi::rados_watch_flush(self.cluster);
+                ffi::rados_unwatch2(self.rados.io, cookie);
+                ffi::rados_watch_flush(self.rados.cluster);
             }
         }
         let arg = Box::new(WatchArg {
             inner: Arc::downgrade(inner),
-            io: self.io,
+            io: self.rados.io,
             oid: inner.oid.clone(),
         });
         let mut cookie = 0u64;
@@ -279,7 +229,7 @@ impl Client {
         // until after rados_unwatch2 and rados_watch_flush.
         let r = unsafe {
             ffi::rados_watch2(
-                self.io,
+                self.rados.io,
                 inner.oid.as_ptr(),
                 &mut cookie,
                 on_notify,
@@ -304,7 +254,7 @@ impl Client {
             return false;
         };
         // SAFETY: a watch of this context.
-        let r = unsafe { ffi::rados_watch_check(self.io, *cookie) };
+        let r = unsafe { ffi::rados_watch_check(self.rados.io, *cookie) };
         r >= 0 && (r as u128) < LEASE.as_millis()
     }
 }
@@ -765,7 +715,7 @@ impl backstore::ClusterReservations for ClusterPr {
                 // SAFETY: a valid context; the payload outlives the call; the reply is freed.
                 let r = unsafe {
                     ffi::rados_notify2(
-                        client.io,
+                        client.rados.io,
                         self.inner.oid.as_ptr(),
                         payload.as_ptr().cast(),
                         payload.len() as c_int,

@@ -350,12 +350,6 @@ mod tests {
     use crate::api::JobState;
     use crate::coord::StreamTick;
 
-    fn text(reg: &Registry) -> String {
-        let mut s = String::new();
-        prometheus_client::encoding::text::encode(&mut s, reg).unwrap();
-        s
-    }
-
     fn stream(done: u64, left: u64, rate: u64) -> StreamTick<'static> {
         StreamTick {
             source: "127.0.0.11:3262",
@@ -394,7 +388,7 @@ mod tests {
         m.progress(&tick);
         // Room for two streams' series.
         let reg = m.registry(2 * SERIES_PER_STREAM);
-        let t = text(&reg);
+        let t = rsv_metrics::text(&reg).unwrap();
         for line in [
             "rsv_sync_running 1",
             "rsv_sync_started_timestamp_seconds 998.0",
@@ -413,7 +407,7 @@ mod tests {
         assert!(!t.contains("rsv_sync_rpo"), "nothing committed yet:\n{t}");
         m.completed();
         m.committed(unix_now() - 5.0);
-        let t = text(&reg);
+        let t = rsv_metrics::text(&reg).unwrap();
         let rpo: f64 = t
             .lines()
             .find_map(|l| l.strip_prefix("rsv_sync_rpo_seconds "))
@@ -424,12 +418,14 @@ mod tests {
         // The next run's bytes add to the counter.
         m.progress(&tick);
         assert!(
-            text(&reg).contains("rsv_sync_sent_bytes_total 240"),
+            rsv_metrics::text(&reg)
+                .unwrap()
+                .contains("rsv_sync_sent_bytes_total 240"),
             "{}",
-            text(&reg)
+            rsv_metrics::text(&reg).unwrap()
         );
         m.completed();
-        let t = text(&reg);
+        let t = rsv_metrics::text(&reg).unwrap();
         assert!(t.contains("rsv_sync_running 0\n"), "{t}");
         assert!(
             t.contains("rsv_sync_last_complete_timestamp_seconds "),

@@ -2,11 +2,11 @@
 //! exporting its images: what the tests of the `rbd` store and of gateway groups (several
 //! targets exporting one image) share.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::target::Printed;
 use crate::{have, rsv, run_ok};
 
 /// The target name every [`Target`] here serves.
@@ -117,6 +117,13 @@ impl Target {
         Target::start_with(dir, "", luns, suite_acl)
     }
 
+    /// A gateway of a group: portal group `group`, whose peers are the portal groups
+    /// `peers` (other gateways exporting the same image).
+    pub fn gateway(dir: &Path, group: u16, peers: &[u16], luns: &str, suite_acl: bool) -> Target {
+        let top = format!("portal_group = {group}\npeer_portal_groups = {peers:?}\n");
+        Target::start_with(dir, &top, luns, suite_acl)
+    }
+
     /// With `top` (keys of the configuration's top level) before the target's table.
     pub fn start_with(dir: &Path, top: &str, luns: &str, suite_acl: bool) -> Target {
         Target::start_listening(dir, top, luns, suite_acl, &["127.0.0.1:0", "127.0.0.1:0"])
@@ -179,27 +186,7 @@ impl Target {
             ))
             .spawn()
             .expect("starting rsv target");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut portals = Vec::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if out.read_line(&mut line).unwrap() == 0 {
-                let _ = child.wait();
-                panic!(
-                    "rsv target exited before ready:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            match line.trim() {
-                "ready" => break,
-                l => {
-                    if let Some(p) = l.strip_prefix("portal ") {
-                        portals.push(p.to_owned());
-                    }
-                }
-            }
-        }
+        let portals = Printed::until_ready(&mut child, &log).portals;
         Target {
             child: Some(child),
             portals,
@@ -227,6 +214,25 @@ impl Drop for Target {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Two gateways of one group exporting `luns` (portal groups 1 and 2, each the other's
+/// peer), each in a directory of its own, once both report every group active/optimized
+/// ([`wait_until_all_active`]).
+pub struct Pair {
+    pub a: Target,
+    pub b: Target,
+    /// Their directories, `a`'s then `b`'s (for a test's own files too).
+    pub dirs: [tempfile::TempDir; 2],
+}
+
+/// Starts a [`Pair`] (with `suite_acl`: only libiscsi's initiators may log in).
+pub fn gateway_pair(luns: &str, suite_acl: bool) -> Pair {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let a = Target::gateway(dirs[0].path(), 1, &[2], luns, suite_acl);
+    let b = Target::gateway(dirs[1].path(), 2, &[1], luns, suite_acl);
+    wait_until_all_active(&[a.url(0, 0), b.url(0, 0)], Duration::from_secs(30));
+    Pair { a, b, dirs }
 }
 
 /// A `[[target.lun]]` table: LUN `id` on store `spec`, with `extra` keys.
@@ -269,7 +275,7 @@ pub fn failures(out: &str) -> (Vec<String>, usize, usize) {
 /// transitioning, and its change to active raises ASYMMETRIC ACCESS STATE CHANGED on the
 /// nexuses then logged in; a client that logs in after this wait meets none of that (a
 /// test comparing exact answers, or libiscsi's suite, would count it as a failure).
-pub fn wait_until_all_active(urls: &[String], limit: std::time::Duration) {
+pub fn wait_until_all_active(urls: &[String], limit: Duration) {
     crate::rt().block_on(async {
         let mut sessions = Vec::new();
         for u in urls {
@@ -308,7 +314,7 @@ pub fn wait_until_all_active(urls: &[String], limit: std::time::Duration) {
                 t.elapsed() < limit,
                 "the gateways did not all report active/optimized within {limit:?}"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for s in sessions {
             let _ = s.logout().await;

@@ -1,7 +1,9 @@
 //! The harness Reservoir's tests share, one copy of each piece: `rsv target` as a process
 //! ([`Target`]) or in this process ([`inproc`], [`raw`]), the real peers (tgt, libiscsi,
 //! the tools' presence: [`have`], [`skip`]), a connection-cutting proxy, the notify socket,
-//! the LUN-masking walk, files of random bytes and the waits around them.
+//! the LUN-masking walk, replicated sites of targets with their sync agents ([`site`]), a
+//! writer of sequence-stamped units ([`stamps`]), files of random bytes and the waits
+//! around them.
 //!
 //! A dev-dependency only: no product crate depends on it (`publish = false`).
 
@@ -13,6 +15,8 @@ pub mod output;
 pub mod proxy;
 pub mod raw;
 pub mod ready;
+pub mod site;
+pub mod stamps;
 pub mod target;
 pub mod tgt;
 pub mod walk;

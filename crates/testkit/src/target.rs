@@ -2,7 +2,7 @@
 //! endpoints and IQNs read from what it prints, its log in a file of its directory.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,55 @@ pub struct Spawn<'a> {
     pub listen: Option<&'a str>,
     /// No `--listen`: the configuration's own portals (TLS portals, several).
     pub config_portals: bool,
+}
+
+/// What `rsv target` prints on its standard output before `ready`, one line each: its
+/// portals, the sync agent's and the local control socket's endpoints, `/metrics`, its
+/// targets.
+#[derive(Debug, Default)]
+pub struct Printed {
+    /// Every `portal ADDR` line, in order.
+    pub portals: Vec<String>,
+    pub control: Option<String>,
+    pub control_socket: Option<PathBuf>,
+    pub metrics: Option<String>,
+    /// Every `target IQN` line, in order.
+    pub iqns: Vec<String>,
+}
+
+impl Printed {
+    /// Reads what the just spawned `child` (its stdout piped, its stderr to the file
+    /// `log`) prints until `ready`; if it ends before, waits for it and panics with `log`.
+    /// Its stdout is not read after: the target prints nothing more.
+    pub fn until_ready(child: &mut Child, log: &Path) -> Printed {
+        let mut out = BufReader::new(child.stdout.take().expect("a piped stdout"));
+        let mut p = Printed::default();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap() == 0 {
+                let _ = child.wait();
+                panic!(
+                    "rsv target exited before ready:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            let l = line.trim();
+            if let Some(v) = l.strip_prefix("portal ") {
+                p.portals.push(v.to_owned());
+            } else if let Some(v) = l.strip_prefix("control ") {
+                p.control = Some(v.to_owned());
+            } else if let Some(v) = l.strip_prefix("control-socket ") {
+                p.control_socket = Some(PathBuf::from(v));
+            } else if let Some(v) = l.strip_prefix("metrics ") {
+                p.metrics = Some(v.to_owned());
+            } else if let Some(v) = l.strip_prefix("target ") {
+                p.iqns.push(v.to_owned());
+            } else if l == "ready" {
+                return p;
+            }
+        }
+    }
 }
 
 pub struct Target {
@@ -106,45 +155,15 @@ impl Target {
             ))
             .spawn()
             .expect("starting rsv target");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut portal = String::new();
-        let mut control = None;
-        let mut control_socket = None;
-        let mut metrics = None;
-        let mut iqns = Vec::new();
-        let mut portals = Vec::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if out.read_line(&mut line).unwrap() == 0 {
-                let log =
-                    std::fs::read_to_string(dir.path().join("target.log")).unwrap_or_default();
-                panic!("rsv target exited before ready:\n{log}");
-            }
-            let l = line.trim();
-            if let Some(p) = l.strip_prefix("portal ") {
-                portal = p.to_owned();
-                portals.push(portal.clone());
-            } else if let Some(c) = l.strip_prefix("control ") {
-                control = Some(c.to_owned());
-            } else if let Some(c) = l.strip_prefix("control-socket ") {
-                control_socket = Some(PathBuf::from(c));
-            } else if let Some(m) = l.strip_prefix("metrics ") {
-                metrics = Some(m.to_owned());
-            } else if let Some(t) = l.strip_prefix("target ") {
-                iqns.push(t.to_owned());
-            } else if l == "ready" {
-                break;
-            }
-        }
+        let p = Printed::until_ready(&mut child, &dir.path().join("target.log"));
         Target {
             child: Some(child),
-            portal,
-            control,
-            control_socket,
-            metrics,
-            iqns,
-            portals,
+            portal: p.portals.last().cloned().unwrap_or_default(),
+            control: p.control,
+            control_socket: p.control_socket,
+            metrics: p.metrics,
+            iqns: p.iqns,
+            portals: p.portals,
             dir,
         }
     }

@@ -362,6 +362,29 @@ fn a_committed_cycle_stays_and_an_open_one_goes_at_restart() {
     assert_eq!(undo.state().rolled_back, None);
 }
 
+/// Three threads writing through `undo` for `time`: `write(undo, w, n)` is writer `w`'s
+/// write number `n`.
+fn write_for(undo: &Arc<Undo>, time: Duration, write: fn(&Undo, u64, u64)) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (undo, stop) = (undo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    write(&undo, w, n);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(time);
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+}
+
 #[test]
 fn writes_with_no_cycle_save_nothing_and_concurrent_writers_are_safe() {
     let ram = Arc::new(RamBackstore::new(1 << 20));
@@ -375,48 +398,18 @@ fn writes_with_no_cycle_save_nothing_and_concurrent_writers_are_safe() {
     };
     // Writers run while cycles open and roll back under them: whenever no write runs
     // and a cycle is rolled back, the store is the image at its open.
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..3u64)
-        .map(|w| {
-            let (undo, stop) = (undo.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let at = ((n * 7 + w * 13) % 120) * 8192;
-                    let _ = undo.write_at(&[(n % 200) as u8 + 1; 8192], at);
-                    n += 1;
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(20));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().unwrap();
-    }
+    write_for(&undo, Duration::from_millis(20), |undo, w, n| {
+        let at = ((n * 7 + w * 13) % 120) * 8192;
+        let _ = undo.write_at(&[(n % 200) as u8 + 1; 8192], at);
+    });
     let mut image = vec![0; 1 << 20];
     undo.read_at(&mut image, 0).unwrap();
     assert_ne!(image, before);
     undo.open_cycle(1, 0).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..3u64)
-        .map(|w| {
-            let (undo, stop) = (undo.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let at = ((n * 5 + w * 11) % 120) * 8192 + 100;
-                    undo.write_at(&[(n % 200) as u8 + 1; 9000], at).unwrap();
-                    n += 1;
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(50));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().unwrap();
-    }
+    write_for(&undo, Duration::from_millis(50), |undo, w, n| {
+        let at = ((n * 5 + w * 11) % 120) * 8192 + 100;
+        undo.write_at(&[(n % 200) as u8 + 1; 9000], at).unwrap();
+    });
     assert_eq!(undo.roll_back().unwrap(), Some(1));
     let mut after = vec![0; 1 << 20];
     undo.read_at(&mut after, 0).unwrap();
