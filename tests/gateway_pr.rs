@@ -631,45 +631,57 @@ fn check_aborted(what: &str, r: &Aborted) {
         r.unit_attentions,
         r.after,
     );
-    assert_eq!(
-        r.prout.status, 0,
-        "{what}: PREEMPT AND ABORT {:02x?}",
-        r.prout
+    // Every check is made and every failure said, so that a run shows all that went
+    // wrong (with the abort left out: writes answered, and landing after the PR OUT).
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, why: String| {
+        if !ok {
+            failed.push(why);
+        }
+    };
+    check(
+        r.prout.status == 0,
+        format!("PREEMPT AND ABORT {:02x?}", r.prout),
     );
-    assert!(
+    check(
         r.stream.good > 0,
-        "{what}: the stream never flowed: {:?}",
-        r.stream
+        format!("the stream never flowed: {:?}", r.stream),
     );
-    assert!(
+    check(
         r.stream.unanswered > 0,
-        "{what}: every write in flight was answered, none aborted: {:?}",
-        r.stream
+        format!(
+            "every write in flight was answered, none aborted: {:?}",
+            r.stream
+        ),
     );
-    assert!(
+    check(
         r.after.iter().all(|s| s.is_some()),
-        "{what}: a slot torn or unreadable: {:?}",
-        r.after
+        format!("a slot torn or unreadable: {:?}", r.after),
     );
-    assert_eq!(
-        r.before, r.after,
-        "{what}: writes of the preempted initiator landed after the PR OUT completed"
+    check(
+        r.before == r.after,
+        format!(
+            "writes of the preempted initiator landed after the PR OUT completed: \
+             {:?} then {:?}",
+            r.before, r.after
+        ),
     );
-    assert!(
+    check(
         r.unit_attentions.contains(&(0x06, 0x2a, 0x05)),
-        "{what}: no REGISTRATIONS PREEMPTED: {:02x?}",
-        r.unit_attentions
+        format!("no REGISTRATIONS PREEMPTED: {:02x?}", r.unit_attentions),
     );
-    assert!(
+    check(
         r.unit_attentions.contains(&(0x06, 0x2f, 0x00)),
-        "{what}: no COMMANDS CLEARED BY ANOTHER INITIATOR: {:02x?}",
-        r.unit_attentions
+        format!(
+            "no COMMANDS CLEARED BY ANOTHER INITIATOR: {:02x?}",
+            r.unit_attentions
+        ),
     );
-    assert_eq!(
-        r.late_write.status, 0x18,
-        "{what}: a later write {:02x?}",
-        r.late_write
+    check(
+        r.late_write.status == 0x18,
+        format!("a later write {:02x?}", r.late_write),
     );
+    assert!(failed.is_empty(), "{what}:\n{}", failed.join("\n"));
 }
 
 /// PREEMPT AND ABORT on one target with a file LUN: the preempted initiator's writes in
