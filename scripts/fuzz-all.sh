@@ -13,8 +13,9 @@
 # arithmetic overflow, which a release build wraps silently, is a crash here) but without
 # AddressSanitizer (-s none): the code fuzzed (iscsi, isns, scsi, backstore's RAM store,
 # media's and replicate's HTTP parsing and the control channel's authentication, timing's
-# capture reading and analysis) has no unsafe block, so ASan would find nothing Rust
-# does not, at a cost of executions a second.
+# capture reading and analysis, rbd's parsers of what gateways write to the cluster, built
+# without librados) has no unsafe block, so ASan would find nothing Rust does not, at a
+# cost of executions a second.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 RUNS=${RUNS:-10000000}

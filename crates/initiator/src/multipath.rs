@@ -247,15 +247,19 @@ pub fn parse_read_keys(data: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-/// PERSISTENT RESERVE OUT, REGISTER AND IGNORE EXISTING KEY of `key` for this nexus:
+/// PERSISTENT RESERVE OUT, REGISTER AND IGNORE EXISTING KEY of `key` for this nexus, or
+/// with `all_target_ports` (ALL_TG_PT) for this initiator port through every target port:
 /// its CDB and parameter list (24 bytes, SPC-5 6.17.3).
-pub fn reregister(key: u64) -> ([u8; 10], Vec<u8>) {
+pub fn reregister(key: u64, all_target_ports: bool) -> ([u8; 10], Vec<u8>) {
     let mut c = [0u8; 10];
     c[0] = 0x5f;
     c[1] = 0x06;
     c[5..9].copy_from_slice(&24u32.to_be_bytes());
     let mut p = vec![0u8; 24];
     p[8..16].copy_from_slice(&key.to_be_bytes());
+    if all_target_ports {
+        p[20] = 0x04;
+    }
     (c, p)
 }
 
@@ -713,7 +717,7 @@ mod tests {
 
     #[test]
     fn registrations_are_followed() {
-        let (cdb, mut p) = reregister(0xabc);
+        let (cdb, mut p) = reregister(0xabc, false);
         assert_eq!(
             registration_after(&cdb, &p),
             Some(Some(Registration {

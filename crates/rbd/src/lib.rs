@@ -36,6 +36,15 @@
 //! client cut off (timed out, blocklisted, not connected) drops the connection, and the
 //! next command connects again, so the store comes back without restarting the target.
 
+pub mod wire;
+
+/// Everything but [`wire`] needs librbd and librados: only with the `ceph` feature (on by
+/// default; the fuzz targets build without it, so without Ceph's libraries).
+macro_rules! with_ceph {
+    ($($item:item)*) => { $(#[cfg(feature = "ceph")] $item)* };
+}
+
+with_ceph! {
 use std::ffi::{CStr, CString, NulError};
 use std::io;
 use std::os::raw::{c_int, c_void};
@@ -1377,3 +1386,5 @@ mod tests {
         assert!(!lost(&errno(-(libc::EROFS as i64), "ro")));
     }
 }
+
+} // with_ceph!

@@ -49,6 +49,10 @@ pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 
 pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x04);
 pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x05);
 pub const CAPACITY_DATA_HAS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+/// SAM-5 5.6: commands of this I_T nexus were aborted by another one (PREEMPT AND ABORT)
+/// and, the Control mode page's TAS being zero, got no answer.
+pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: Sense =
+    Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
 /// SPC-4 5.16.2.6: a target port group's asymmetric access state changed.
 pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x06);
 /// SPC-4 5.16.2.4: what a target port in the transitioning, standby and unavailable

@@ -21,7 +21,12 @@ mod range_lock;
 mod sanitize;
 mod xcopy;
 
-pub use lu::{class_of, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit};
+pub use lu::{
+    class_of, AbortTasks, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit,
+};
+// What one target of a gateway group tells the others with a reservation change, as text
+// through the cluster (public for the fuzz target that reads it as another target wrote it).
+pub use pr::{decode_notices, encode_notices, Event as ReservationEvent};
 // The vocabulary, where the logical unit and its users have always found it.
 pub use fence::Fence;
 pub use scsi_proto::{sense, status, Sense};

@@ -53,6 +53,17 @@ struct Registrant {
     /// Initiator port name, `iqn...,i,0x<isid>`.
     port: String,
     key: u64,
+    /// The relative identifier of the target port it registered through, and whether it
+    /// registered with ALL_TG_PT; `None` for a registration kept by an older version,
+    /// which recorded neither (reported with ALL_TG_PT set, as that version did).
+    via: Option<Via>,
+}
+
+/// Where a registration was made (READ FULL STATUS, SPC-5 6.16.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Via {
+    relative_port: u16,
+    all_tg_pt: bool,
 }
 
 /// Everything reservations keep for one logical unit.
@@ -67,10 +78,26 @@ pub(crate) struct Reservations {
     aptpl: bool,
     /// Initiator port names of the nexuses seen, as the transport told them.
     names: HashMap<Nexus, String>,
+    /// The relative identifier of the target port every nexus here arrives through, and
+    /// those of the other targets' ports that export the logical unit too (a gateway
+    /// group): where registrations are recorded as made.
+    relative_port: u16,
+    peer_ports: Vec<u16>,
 }
 
 /// Unit attentions a reservation change raises, by initiator port.
-pub(crate) type Notices = Vec<(String, Sense)>;
+pub type Notices = Vec<(String, Sense)>;
+
+/// What a PERSISTENT RESERVE OUT changed beyond the state itself, for every target that
+/// exports the logical unit: the unit attentions it raises, and the initiator ports whose
+/// tasks are to be aborted (PREEMPT AND ABORT: SPC-5 5.14.11.2.6, the preempted I_T
+/// nexuses' task sets aborted as by ABORT TASK SET). The rules only name them; the
+/// transport aborts the tasks (`LogicalUnit::on_abort_tasks`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub notices: Notices,
+    pub abort: Vec<String>,
+}
 
 /// How a command meets reservations that another I_T nexus holds: SPC-2's RESERVE, and
 /// persistent reservations (SPC-5 5.14.3, table 70; SBC-4 4.17.3, table 13).
@@ -119,6 +146,21 @@ fn fallback_name(n: Nexus) -> String {
 }
 
 impl Reservations {
+    /// Sets the target port the nexuses arrive through (its relative identifier), and
+    /// those of the other targets that export the logical unit (see
+    /// `LuConfig::peer_port_groups`).
+    pub fn set_ports(&mut self, relative_port: u16, peer_ports: &[u16]) {
+        self.relative_port = relative_port;
+        self.peer_ports = peer_ports.to_vec();
+    }
+
+    fn here(&self, all_tg_pt: bool) -> Option<Via> {
+        Some(Via {
+            relative_port: self.relative_port,
+            all_tg_pt,
+        })
+    }
+
     /// Tells which initiator port a nexus belongs to.
     pub fn name(&mut self, nexus: Nexus, port: &str) {
         self.names.insert(nexus, port.to_owned());
@@ -293,12 +335,18 @@ impl Reservations {
                         Some((_, k)) if self.is_holder(&r.port) => (true, *k),
                         _ => (false, 0),
                     };
-                    // ALL_TG_PT: there is one target port, so every registration covers
-                    // all of them.
-                    body.push(0x02 | u8::from(holder));
+                    // Where it registered: ALL_TG_PT as it asked, and the relative
+                    // identifier of the target port it came through (the gateway's, in a
+                    // gateway group). A registration of an older version recorded
+                    // neither: ALL_TG_PT set, as it reported then.
+                    let (all, rtp) = match r.via {
+                        Some(v) => (v.all_tg_pt, v.relative_port),
+                        None => (true, self.relative_port),
+                    };
+                    body.push(if all { 0x02 } else { 0 } | u8::from(holder));
                     body.push(kind & 0x0f);
                     body.extend_from_slice(&[0; 4]);
-                    body.extend_from_slice(&1u16.to_be_bytes());
+                    body.extend_from_slice(&rtp.to_be_bytes());
                     let tid = transport_id(&r.port);
                     body.extend_from_slice(&(tid.len() as u32).to_be_bytes());
                     body.extend(tid);
@@ -311,10 +359,33 @@ impl Reservations {
         Ok(truncate(d, alloc))
     }
 
-    /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise. `admits` says
-    /// whether an initiator (by iSCSI name) may reach this logical unit at all: a
-    /// reservation is moved only to one that may (REGISTER AND MOVE).
+    /// PERSISTENT RESERVE OUT. Returns the unit attentions to raise and, for PREEMPT AND
+    /// ABORT, the initiator ports whose tasks are to be aborted: those whose
+    /// registrations it removed. `admits` says whether an initiator (by iSCSI name) may
+    /// reach this logical unit at all: a reservation is moved only to one that may
+    /// (REGISTER AND MOVE).
     pub fn persistent_out(
+        &mut self,
+        nexus: Nexus,
+        cdb: &[u8],
+        data: &[u8],
+        ptpl_capable: bool,
+        admits: &dyn Fn(&str) -> bool,
+    ) -> Result<Event, Fail> {
+        let notices = self.persistent_out_notices(nexus, cdb, data, ptpl_capable, admits)?;
+        let abort = if cdb[1] & 0x1f == SA_PREEMPT_AND_ABORT {
+            notices
+                .iter()
+                .filter(|(_, s)| *s == sense::REGISTRATIONS_PREEMPTED)
+                .map(|(p, _)| p.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Event { notices, abort })
+    }
+
+    fn persistent_out_notices(
         &mut self,
         nexus: Nexus,
         cdb: &[u8],
@@ -350,6 +421,7 @@ impl Reservations {
         }
         let flags = p[20];
         let spec_i_pt = flags & 0x08 != 0;
+        let all_tg_pt = flags & 0x04 != 0;
         let aptpl = flags & 0x01 != 0;
         if spec_i_pt {
             // Registering other initiator ports in one go is not offered (SIP_C clear).
@@ -377,9 +449,12 @@ impl Reservations {
                         .find(|r| r.port.eq_ignore_ascii_case(&port))
                     {
                         Some(r) => r.key = sa_key,
+                        // A new key for a registration keeps where it was made (ALL_TG_PT
+                        // is ignored then: the registration exists).
                         None => self.registrants.push(Registrant {
                             port: port.clone(),
                             key: sa_key,
+                            via: self.here(all_tg_pt),
                         }),
                     }
                     self.generation = self.generation.wrapping_add(1);
@@ -574,6 +649,15 @@ impl Reservations {
         if aptpl && !ptpl_capable {
             return Err(Sense::invalid_field_in_parameter_list(17, Some(0)).into());
         }
+        // The destination I_T nexus's target port: one of this logical unit's (here or
+        // another gateway's); any other value is taken as this one, where the command
+        // came (initiators that leave the field zero mean the port they use).
+        let asked = be16(&p[18..20]);
+        let dest_port = if asked == self.relative_port || self.peer_ports.contains(&asked) {
+            asked
+        } else {
+            self.relative_port
+        };
         let tid_len = be32(&p[20..24]) as usize;
         let tid = p
             .get(24..24 + tid_len)
@@ -595,6 +679,10 @@ impl Reservations {
             None => self.registrants.push(Registrant {
                 port: dest.clone(),
                 key: sa_key,
+                via: Some(Via {
+                    relative_port: dest_port,
+                    all_tg_pt: false,
+                }),
             }),
         }
         self.reservation = Some((dest, kind));
@@ -618,6 +706,11 @@ impl Reservations {
         let _ = writeln!(s, "generation {}", self.generation);
         for r in &self.registrants {
             let _ = writeln!(s, "key {:016x} {}", r.key, r.port);
+            if let Some(v) = r.via {
+                // Its own line, after the key's: an older version refuses the state
+                // (unknown line) rather than taking it wrong.
+                let _ = writeln!(s, "via {} {}", v.relative_port, u8::from(v.all_tg_pt));
+            }
         }
         if let Some((holder, kind)) = &self.reservation {
             let _ = writeln!(s, "reservation {kind} {holder}");
@@ -670,7 +763,19 @@ impl Reservations {
                 ("key", Some(k), Some(port)) => r.registrants.push(Registrant {
                     key: u64::from_str_radix(k, 16).ok()?,
                     port: port.to_owned(),
+                    via: None,
                 }),
+                ("via", Some(rtp), Some(all)) => {
+                    let last = r.registrants.last_mut()?;
+                    last.via = Some(Via {
+                        relative_port: rtp.parse().ok()?,
+                        all_tg_pt: match all {
+                            "0" => false,
+                            "1" => true,
+                            _ => return None,
+                        },
+                    });
+                }
                 ("reservation", Some(k), holder) => {
                     let kind: u8 = k.parse().ok()?;
                     if !valid_kind(kind) {
@@ -685,33 +790,55 @@ impl Reservations {
     }
 }
 
-/// Unit attentions for other targets' nexuses, one a line: `ua KEY ASC ASCQ PORT` (hex).
-pub(crate) fn encode_notices(notices: &Notices) -> Vec<u8> {
+/// A change's [`Event`] for the other targets, one item a line: `ua KEY ASC ASCQ PORT`
+/// (hex) for a unit attention, `abort PORT` for an initiator port whose tasks are to be
+/// aborted. A target that does not know a kind of line skips it.
+pub fn encode_notices(event: &Event) -> Vec<u8> {
     let mut s = String::new();
-    for (port, sense) in notices {
+    for (port, sense) in &event.notices {
         let _ = writeln!(
             s,
             "ua {:02x} {:02x} {:02x} {port}",
             sense.key, sense.asc, sense.ascq
         );
     }
+    for port in &event.abort {
+        let _ = writeln!(s, "abort {port}");
+    }
     s.into_bytes()
+}
+
+/// Whether `port` could be an initiator port name: an iSCSI name (at most 223 bytes, no
+/// white space or control characters, RFC 3722) with ",i,0x" and the ISID, or a nexus's
+/// fallback name.
+fn plausible_port(port: &str) -> bool {
+    !port.is_empty()
+        && port.len() <= 256
+        && !port.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
 /// What [`encode_notices`] wrote. Only the unit attentions reservations raise are taken:
 /// the bytes come from another target through the cluster, and a line that is not one of
-/// them is skipped rather than queued for an initiator.
-pub(crate) fn decode_notices(bytes: &[u8]) -> Notices {
+/// them is skipped rather than queued for an initiator; so is a line whose port could not
+/// be an initiator port's name.
+pub fn decode_notices(bytes: &[u8]) -> Event {
     let text = String::from_utf8_lossy(bytes);
-    text.lines()
-        .filter_map(|line| {
+    let mut event = Event::default();
+    for line in text.lines() {
+        if let Some(port) = line.strip_prefix("abort ") {
+            if plausible_port(port) {
+                event.abort.push(port.to_owned());
+            }
+            continue;
+        }
+        let notice = (|| {
             let mut f = line.splitn(5, ' ');
             if f.next()? != "ua" {
                 return None;
             }
             let mut byte = || u8::from_str_radix(f.next()?, 16).ok();
             let (key, asc, ascq) = (byte()?, byte()?, byte()?);
-            let port = f.next()?.to_owned();
+            let port = f.next().filter(|p| plausible_port(p))?.to_owned();
             let s = Sense::new(key, asc, ascq);
             [
                 sense::RESERVATIONS_PREEMPTED,
@@ -720,8 +847,10 @@ pub(crate) fn decode_notices(bytes: &[u8]) -> Notices {
             ]
             .contains(&s)
             .then_some((port, s))
-        })
-        .collect()
+        })();
+        event.notices.extend(notice);
+    }
+    event
 }
 
 /// The iSCSI name of an initiator port name ("name,i,0x<isid>", or the name alone).
@@ -786,6 +915,7 @@ mod tests {
     ) -> Result<Notices, Fail> {
         let (cdb, p) = prout(sa, kind, key, sa_key, 0);
         r.persistent_out(n, &cdb, &p, true, &|_| true)
+            .map(|e| e.notices)
     }
 
     fn keys(r: &Reservations) -> Vec<u64> {
@@ -807,6 +937,7 @@ mod tests {
 
     fn setup() -> Reservations {
         let mut r = Reservations::default();
+        r.set_ports(1, &[2]);
         r.name(A, "iqn.2000-01.a,i,0x000000000001");
         r.name(B, "iqn.2000-01.b,i,0x000000000001");
         r
@@ -910,6 +1041,35 @@ mod tests {
         .unwrap();
         assert!(r.is_holder(&r.port(B)));
         assert_eq!(r.check(A, Access::Read), Err(Fail::Conflict));
+    }
+
+    #[test]
+    fn preempt_and_abort_names_the_preempted_ports() {
+        let mut r = setup();
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        out(&mut r, B, SA_REGISTER, 0, 0, 2).unwrap();
+        out(&mut r, A, SA_RESERVE, kind::WRITE_EXCLUSIVE, 1, 0).unwrap();
+        // PREEMPT alone aborts nothing.
+        let (cdb, p) = prout(SA_PREEMPT, kind::WRITE_EXCLUSIVE, 2, 1, 0);
+        let e = r.persistent_out(B, &cdb, &p, true, &|_| true).unwrap();
+        assert!(e.abort.is_empty());
+        assert_eq!(e.notices, vec![(r.port(A), sense::REGISTRATIONS_PREEMPTED)]);
+        out(&mut r, A, SA_REGISTER, 0, 0, 1).unwrap();
+        // PREEMPT AND ABORT: the preempted port's tasks, not the preempting one's.
+        let (cdb, p) = prout(SA_PREEMPT_AND_ABORT, kind::EXCLUSIVE_ACCESS, 2, 1, 0);
+        let e = r.persistent_out(B, &cdb, &p, true, &|_| true).unwrap();
+        assert_eq!(e.abort, vec![r.port(A)]);
+        assert_eq!(r.check(A, Access::Write), Err(Fail::Conflict));
+        // A refused one aborts nothing (and changes nothing).
+        let (cdb, p) = prout(SA_PREEMPT_AND_ABORT, kind::EXCLUSIVE_ACCESS, 2, 77, 0);
+        assert_eq!(
+            r.persistent_out(B, &cdb, &p, true, &|_| true),
+            Err(Fail::Conflict)
+        );
+        // Its own key: nobody else is preempted, nothing aborted.
+        let (cdb, p) = prout(SA_PREEMPT_AND_ABORT, kind::EXCLUSIVE_ACCESS, 2, 2, 0);
+        let e = r.persistent_out(B, &cdb, &p, true, &|_| true).unwrap();
+        assert!(e.abort.is_empty());
     }
 
     #[test]
@@ -1037,13 +1197,82 @@ mod tests {
         assert_eq!(other.check(Nexus(10), Access::Write), Err(Fail::Conflict));
         assert!(other.adopt(b""));
         other.check(Nexus(10), Access::Write).unwrap();
-        let n = vec![
-            (r.port(A), sense::REGISTRATIONS_PREEMPTED),
-            (r.port(B), sense::RESERVATIONS_RELEASED),
+        let e = Event {
+            notices: vec![
+                (r.port(A), sense::REGISTRATIONS_PREEMPTED),
+                (r.port(B), sense::RESERVATIONS_RELEASED),
+            ],
+            abort: vec![r.port(A)],
+        };
+        assert_eq!(decode_notices(&encode_notices(&e)), e);
+        // Only reservations' unit attentions come through, and aborts of a port name.
+        assert_eq!(
+            decode_notices(b"ua 06 29 00 iqn.x\nua zz\n\xff\nabort \nabort a b\nabort"),
+            Event::default()
+        );
+    }
+
+    /// READ FULL STATUS per target port: where each registration was made, ALL_TG_PT as
+    /// asked; the same from another gateway that adopted the state; kept across a save.
+    #[test]
+    fn full_status_names_the_port_registered_through() {
+        let full = |r: &Reservations| {
+            let cdb = [
+                PERSISTENT_RESERVE_IN,
+                SA_READ_FULL_STATUS,
+                0,
+                0,
+                0,
+                0,
+                0,
+                4,
+                0,
+                0,
+            ];
+            let d = r.persistent_in(&cdb, true).unwrap();
+            let mut at = 8;
+            let mut v = Vec::new();
+            while at + 24 <= d.len() {
+                let len = be32(&d[at + 20..at + 24]) as usize;
+                let tid = parse_transport_id(&d[at + 24..at + 24 + len]).unwrap();
+                v.push((tid, d[at + 12] & 0x02 != 0, be16(&d[at + 18..at + 20])));
+                at += 24 + len;
+            }
+            v
+        };
+        // Gateway 1: A registers without ALL_TG_PT.
+        let mut g1 = setup();
+        out(&mut g1, A, SA_REGISTER, 0, 0, 1).unwrap();
+        // Gateway 2 takes the state and B registers there, with ALL_TG_PT.
+        let mut g2 = Reservations::default();
+        g2.set_ports(2, &[1]);
+        g2.name(B, "iqn.2000-01.b,i,0x000000000001");
+        assert!(g2.adopt(g1.save_shared().as_bytes()));
+        let (cdb, p) = prout(SA_REGISTER, 0, 0, 2, 0x04);
+        g2.persistent_out(B, &cdb, &p, true, &|_| true).unwrap();
+        assert!(g1.adopt(g2.save_shared().as_bytes()));
+        let want = vec![
+            ("iqn.2000-01.a,i,0x000000000001".to_owned(), false, 1),
+            ("iqn.2000-01.b,i,0x000000000001".to_owned(), true, 2),
         ];
-        assert_eq!(decode_notices(&encode_notices(&n)), n);
-        // Only reservations' unit attentions come through.
-        assert!(decode_notices(b"ua 06 29 00 iqn.x\nua zz\n\xff").is_empty());
+        assert_eq!(full(&g1), want);
+        assert_eq!(full(&g2), want);
+        // A new key keeps where the registration was made.
+        let (cdb, p) = prout(SA_REGISTER, 0, 2, 3, 0x00);
+        g2.persistent_out(B, &cdb, &p, true, &|_| true).unwrap();
+        assert_eq!(full(&g2)[1], want[1]);
+        // Kept by save and load (APTPL, a sidecar file), as by the cluster.
+        assert_eq!(full(&Reservations::load(&g2.save()).unwrap())[..], want[..]);
+        // A state from before: no `via` lines; reported with ALL_TG_PT as then.
+        let old = "reservoir-pr 1\ngeneration 1\nkey 0000000000000001 iqn.x,i,0x000000000001\n";
+        let mut o = Reservations::load(old).unwrap();
+        o.set_ports(1, &[]);
+        assert_eq!(
+            full(&o),
+            vec![("iqn.x,i,0x000000000001".to_owned(), true, 1)]
+        );
+        assert!(Reservations::load("reservoir-pr 1\nvia 1 1\n").is_none());
+        assert!(Reservations::load(&format!("{old}via 1 2\n")).is_none());
     }
 
     #[test]
@@ -1082,8 +1311,10 @@ mod tests {
         ];
         let d = r.persistent_in(&cdb, true).unwrap();
         assert_eq!(be64(&d[8..16]), 1);
-        assert_eq!(d[20] & 0x01, 1);
+        // The holder, registered without ALL_TG_PT, through relative port 1.
+        assert_eq!(d[20], 0x01);
         assert_eq!(d[21], kind::WRITE_EXCLUSIVE);
+        assert_eq!(be16(&d[26..28]), 1);
         let tid = &d[32..];
         assert_eq!(parse_transport_id(tid).unwrap(), r.port(A));
         let bad = [PERSISTENT_RESERVE_IN, 9, 0, 0, 0, 0, 0, 1, 0, 0];

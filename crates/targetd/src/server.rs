@@ -179,10 +179,13 @@ impl Reloader {
         }
         // Everything opened: from here on nothing fails.
         let registered = isns_targets(&targets);
-        let dropped = self.shared.replace_live(Live {
+        let live = Live {
             targets,
             discovery_chap: plan.config.discovery.chap.clone(),
-        });
+        };
+        // Before the LUs it adds are reachable: they abort tasks as the others do.
+        self.shared.lend_aborter(&live);
+        let dropped = self.shared.replace_live(live);
         self.isns_targets.send_if_modified(|t| {
             let changed = *t != registered;
             *t = registered;
@@ -302,8 +305,10 @@ impl Server {
             }
         };
         let (isns_targets, _) = watch::channel(isns_targets(&targets));
+        let shared = Arc::new(Shared::new(config, targets, portals, shutdown, cores));
+        shared.lend_aborter(&shared.live());
         Ok(Server {
-            shared: Arc::new(Shared::new(config, targets, portals, shutdown, cores)),
+            shared,
             listeners,
             shutdown_tx,
             isns_targets: Arc::new(isns_targets),

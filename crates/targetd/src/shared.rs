@@ -177,6 +177,64 @@ impl Shared {
         s
     }
 
+    /// Gives every logical unit of `live` this target's way to abort the tasks of I_T
+    /// nexuses (`LogicalUnit::on_abort_tasks`), which PREEMPT AND ABORT uses; a unit
+    /// that has one keeps it.
+    pub(crate) fn lend_aborter(self: &Arc<Self>, live: &Live) {
+        for lu in live.targets.iter().flat_map(|t| t.luns.values()) {
+            let shared = Arc::downgrade(self);
+            lu.on_abort_tasks(Arc::new(move |lu: &LogicalUnit, nexuses: &[Nexus]| {
+                shared
+                    .upgrade()
+                    .map_or_else(Vec::new, |s| s.abort_tasks_of(lu, nexuses))
+            }));
+        }
+    }
+
+    /// PREEMPT AND ABORT's edge: aborts every task that sessions of `nexuses` have on
+    /// `lu` as ABORT TASK SET does (`conn/tmf.rs`): one not yet running is dropped by its
+    /// connection, one running finishes with its answer suppressed, and this returns only
+    /// once those have finished, so that none of them changes the medium afterwards.
+    /// Blocks: called from a blocking worker (the PERSISTENT RESERVE OUT) or the
+    /// cluster's notification thread, never from a connection's task. Returns the nexuses
+    /// that had a task aborted.
+    pub(crate) fn abort_tasks_of(&self, lu: &LogicalUnit, nexuses: &[Nexus]) -> Vec<Nexus> {
+        let mut hit = Vec::new();
+        let mut running = Vec::new();
+        for s in self.all_sessions() {
+            if !nexuses.contains(&s.nexus) {
+                continue;
+            }
+            let Some(view) = s.target() else { continue };
+            for (lun, _) in view
+                .luns
+                .iter()
+                .filter(|(_, l)| std::ptr::eq(Arc::as_ptr(l), lu))
+            {
+                for (itt, cid, ctl) in s.tasks_on(Some(*lun)) {
+                    // False: it answered already, so its change (if any) is done.
+                    if !ctl.abort() {
+                        continue;
+                    }
+                    if !hit.contains(&s.nexus) {
+                        hit.push(s.nexus);
+                    }
+                    // Paired with `TaskCtl::start`: either the task sees itself aborted
+                    // before it runs, or it is seen running here and waited for.
+                    if ctl.running() {
+                        running.push(ctl);
+                    } else {
+                        s.send_to(cid, ConnEvent::Abort(itt));
+                    }
+                }
+            }
+        }
+        for ctl in running {
+            ctl.wait_finished();
+        }
+        hit
+    }
+
     /// Ends a session: for its logical units that is the loss of its I_T nexus.
     pub(crate) fn remove_session(&self, tsih: u16) {
         let gone = self.sessions.lock().unwrap().remove(&tsih);

@@ -69,10 +69,12 @@ impl TaskCtl {
     }
 
     /// Aborts the task; false if its status was already claimed (it completed).
+    /// Sequentially consistent, with [`TaskCtl::start`] and [`TaskCtl::running`]: an abort
+    /// from another thread and the task's start cannot both miss each other.
     pub(crate) fn abort(&self) -> bool {
         match self
             .outcome
-            .compare_exchange(UNDECIDED, ABORTED, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(UNDECIDED, ABORTED, Ordering::SeqCst, Ordering::SeqCst)
         {
             Ok(_) => true,
             Err(prev) => prev == ABORTED,
@@ -80,7 +82,58 @@ impl TaskCtl {
     }
 
     pub(crate) fn is_aborted(&self) -> bool {
-        self.outcome.load(Ordering::Acquire) == ABORTED
+        self.outcome.load(Ordering::SeqCst) == ABORTED
+    }
+
+    /// Marks the task running; false when it was aborted first, and then it must not
+    /// run (it is marked finished for whoever waits). An abort that comes after this
+    /// sees [`TaskCtl::running`] and waits for [`TaskCtl::finished`].
+    pub(crate) fn start(&self) -> bool {
+        self.executing.store(true, Ordering::SeqCst);
+        if self.is_aborted() {
+            self.finished.store(true, Ordering::Release);
+            self.done.notify_waiters();
+            return false;
+        }
+        true
+    }
+
+    /// Whether the task has started running (see [`TaskCtl::start`]).
+    pub(crate) fn running(&self) -> bool {
+        self.executing.load(Ordering::SeqCst)
+    }
+
+    /// Blocks the calling thread until the task has finished (its answer sent or
+    /// suppressed). For threads outside the runtime (a blocking worker, the cluster's
+    /// notification thread): the runtime's own tasks await `done` instead.
+    pub(crate) fn wait_finished(&self) {
+        let done = self.done.notified();
+        let mut done = std::pin::pin!(done);
+        done.as_mut().enable();
+        if self.finished.load(Ordering::Acquire) {
+            return;
+        }
+        block_on(done);
+    }
+}
+
+/// Runs a future to completion on this thread, parking it between polls: the few waits
+/// of blocking threads on the runtime's `Notify`s, which need no reactor.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
     }
 }
 

@@ -312,6 +312,90 @@ impl Libiscsi {
         );
         Libiscsi { child, to, from }
     }
+
+    /// Starts a stream of writes (`libiscsi_cdb.c`'s `stream`): one WRITE(16) of `blocks`
+    /// 512-byte blocks in flight per slot, each write's bytes its own sequence number,
+    /// for at most `submit_ms`, stopping at the first answer that is not GOOD, then up to
+    /// `grace_ms` for the writes still out. Returns once a first write answered GOOD (the
+    /// stream is flowing); [`Libiscsi::stream_result`] waits for its end. No other
+    /// request may be sent meanwhile.
+    pub fn start_stream(
+        &mut self,
+        lun: u16,
+        slots: u32,
+        blocks: u32,
+        submit_ms: u32,
+        grace_ms: u32,
+    ) {
+        writeln!(
+            self.to,
+            "stream {lun} {slots} {blocks} {submit_ms} {grace_ms}"
+        )
+        .unwrap();
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "streaming", "libiscsi client's stream: {line}");
+    }
+
+    /// How the stream [`Libiscsi::start_stream`] began ended.
+    pub fn stream_result(&mut self) -> Stream {
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert!(
+            f.len() == 7 && f[0] == "stream",
+            "libiscsi client's stream: {line}"
+        );
+        let n = |i: usize| f[i].parse::<u64>().unwrap();
+        let senses = if f[6] == "-" {
+            Vec::new()
+        } else {
+            f[6].split(',')
+                .map(|s| {
+                    let b: Vec<u8> = s
+                        .split('/')
+                        .map(|x| u8::from_str_radix(x, 16).unwrap())
+                        .collect();
+                    (b[0], b[1], b[2])
+                })
+                .collect()
+        };
+        Stream {
+            good: n(1),
+            conflict: n(2),
+            check: n(3),
+            other: n(4),
+            unanswered: n(5),
+            senses,
+        }
+    }
+
+    /// Each slot of a stream, read back: the sequence number of the write its blocks
+    /// hold (`Some(0)` never written), `None` when they do not all hold the same one or
+    /// the read failed.
+    pub fn seqs(&mut self, lun: u16, slots: u32, blocks: u32) -> Vec<Option<u64>> {
+        writeln!(self.to, "seqs {lun} {slots} {blocks}").unwrap();
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        let mut f = line.split_whitespace();
+        assert_eq!(f.next(), Some("seqs"), "libiscsi client's seqs: {line}");
+        f.map(|x| x.parse().ok()).collect()
+    }
+}
+
+/// What a stream of writes ([`Libiscsi::start_stream`]) met.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stream {
+    pub good: u64,
+    pub conflict: u64,
+    pub check: u64,
+    /// Neither GOOD, RESERVATION CONFLICT nor CHECK CONDITION (TASK ABORTED among them),
+    /// or lost with the connection.
+    pub other: u64,
+    /// Writes never answered by the end of the grace: aborted by the target with TAS 0.
+    pub unanswered: u64,
+    /// Sense key, ASC, ASCQ of each CHECK CONDITION, in order.
+    pub senses: Vec<(u8, u8, u8)>,
 }
 
 fn hex(b: &[u8]) -> String {

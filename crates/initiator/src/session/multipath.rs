@@ -143,7 +143,7 @@ impl Shared {
                 Ok(())
             }
             Some(OnNewNexus::Register) => {
-                let (cdb, params) = multipath::reregister(reg.key);
+                let (cdb, params) = multipath::reregister(reg.key, reg.all_target_ports);
                 match self.own_command(&cdb, DataDir::Write(params.into())).await {
                     Some(_) => {
                         tracing::info!(
@@ -254,11 +254,25 @@ impl Session {
                     .unwrap_or_default()
             ))
         };
-        let (cdb, params) = multipath::reregister(key);
+        // With ALL_TG_PT: the registration is to hold through every gateway the session may
+        // move to, so that a move needs no PERSISTENT RESERVE OUT (which, right after a
+        // gateway died, waits in the cluster for the dead one's acknowledgement). A target
+        // that does not offer ALL_TG_PT (ATP_C 0) refuses it with INVALID FIELD IN
+        // PARAMETER LIST: then this nexus alone, and a move registers again.
         // `command` records the registration (`registration_after`) for `after_move`.
-        let r = self
+        let (cdb, params) = multipath::reregister(key, true);
+        let mut r = self
             .command(lun, &cdb, DataDir::Write(params.into()))
             .await?;
+        if r.sense
+            .as_ref()
+            .is_some_and(|s| s.key == 0x05 && s.asc == 0x26)
+        {
+            let (cdb, params) = multipath::reregister(key, false);
+            r = self
+                .command(lun, &cdb, DataDir::Write(params.into()))
+                .await?;
+        }
         if !r.is_good() {
             return Err(refused("REGISTER", &r));
         }

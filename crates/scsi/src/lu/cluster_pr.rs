@@ -103,7 +103,7 @@ impl LogicalUnit {
             }
             self.pr_seq.store(seq, Ordering::Release);
             // An answer other than GOOD changes nothing: it goes back as it is.
-            let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, true, &admits)?;
+            let event = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, true, &admits)?;
             let new = pr.save_shared();
             if new.as_bytes() == &state[..] {
                 // Nothing changed (a RELEASE by a non-holder): nothing to write or tell.
@@ -112,7 +112,7 @@ impl LogicalUnit {
             match cluster.store(seq, new.as_bytes()) {
                 Ok(true) => {
                     self.pr_seq.store(seq + 1, Ordering::Release);
-                    done = Some((seq + 1, new, notices));
+                    done = Some((seq + 1, new, event));
                     break;
                 }
                 Ok(false) => continue,
@@ -125,34 +125,38 @@ impl LogicalUnit {
                 }
             }
         }
-        let Some((seq, new, notices)) = done else {
+        let Some((seq, new, event)) = done else {
             tracing::warn!("reservations: other targets kept changing the state; gave up");
             return Err(Fail::Check(RESERVATIONS_UNKNOWN));
         };
-        self.notify(&pr, notices.clone());
         // Not under the lock: this target's own watch may be taking another target's
-        // event, which needs it.
+        // event, which needs it, and so may a task being aborted.
         drop(pr);
+        // PREEMPT AND ABORT: this target's tasks of the preempted nexuses first; the
+        // others abort theirs before they acknowledge the event, and the command completes
+        // only once every member acknowledged (or was waited out, docs/gateway.md).
+        let encoded = pr::encode_notices(&event);
+        self.apply_event(event);
         cluster
-            .publish(seq, new.as_bytes(), &pr::encode_notices(&notices))
+            .publish(seq, new.as_bytes(), &encoded)
             .map_err(|e| unknown("telling the other targets", e))?;
         Ok(Vec::new())
     }
 
     /// Takes the changes other targets publish: the state is the store's already; here
-    /// this target's nexuses get the unit attentions the change raised for them.
+    /// this target's nexuses get the unit attentions the change raised for them, and
+    /// PREEMPT AND ABORT's preempted nexuses lose their tasks. The store acknowledges
+    /// the event only once this returns, so the other target's command completes after.
     pub(super) fn listen_to_cluster(self: &Arc<Self>) {
         let Some(cluster) = &self.cluster else { return };
         let lu = Arc::downgrade(self);
         cluster.on_event(Arc::new(move |event: &[u8]| {
             let Some(lu) = lu.upgrade() else { return };
-            let notices = pr::decode_notices(event);
-            // Without the state, the names of the nexuses are still this target's.
-            let pr = match lu.pr_synced() {
-                Ok(pr) => pr,
-                Err(_) => lu.pr(),
-            };
-            lu.notify(&pr, notices);
+            let event = pr::decode_notices(event);
+            // Brought up to the state the event came with (the store has it already);
+            // without it, the names of the nexuses are still this target's.
+            drop(lu.pr_synced());
+            lu.apply_event(event);
         }));
     }
 }

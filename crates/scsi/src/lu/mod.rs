@@ -46,6 +46,13 @@ const COPY_CHUNK: u64 = 1 << 20;
 /// Per-nexus state: unit attentions not yet reported.
 type Pending = Mutex<VecDeque<Sense>>;
 
+/// How the transport aborts tasks for the logical unit (PREEMPT AND ABORT): every task of
+/// the given I_T nexuses on this logical unit is aborted as ABORT TASK SET would (those
+/// not started are dropped, those running finish with no answer); the call returns once
+/// none of them can change the medium any more, with the nexuses that had a task aborted.
+/// It may block, and is never called with the reservations' lock held.
+pub type AbortTasks = Arc<dyn Fn(&LogicalUnit, &[Nexus]) -> Vec<Nexus> + Send + Sync>;
+
 /// A direct-access logical unit over a [`Backstore`].
 #[derive(Debug)]
 pub struct LogicalUnit {
@@ -84,6 +91,16 @@ pub struct LogicalUnit {
     port_groups: OnceLock<Arc<dyn PortGroups>>,
     /// Who may change the medium (a replica's: only its replication streams).
     fence: crate::Fence,
+    /// The transport's way to abort tasks (see [`LogicalUnit::on_abort_tasks`]).
+    aborter: OnceLock<Aborter>,
+}
+
+struct Aborter(AbortTasks);
+
+impl std::fmt::Debug for Aborter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortTasks")
+    }
 }
 
 impl LogicalUnit {
@@ -102,13 +119,14 @@ impl LogicalUnit {
         }
         let designators = inquiry::lu_designators(&config);
         let cluster = store.cluster_reservations();
-        let reservations = config
+        let mut reservations = config
             .pr_file
             .as_ref()
             .filter(|_| cluster.is_none())
             .and_then(|p| std::fs::read_to_string(p).ok())
             .and_then(|text| Reservations::load(&text))
             .unwrap_or_default();
+        reservations.set_ports(config.relative_port, &config.peer_port_groups);
         Self {
             config,
             store,
@@ -128,7 +146,71 @@ impl LogicalUnit {
             copies: Mutex::new(HashMap::new()),
             port_groups: OnceLock::new(),
             fence: crate::Fence::default(),
+            aborter: OnceLock::new(),
         }
+    }
+
+    /// Gives the logical unit the transport's way to abort the tasks of I_T nexuses,
+    /// which PREEMPT AND ABORT uses (here, and when another target of a gateway group
+    /// tells of one). The first one given stays. Without one, no task is aborted.
+    pub fn on_abort_tasks(&self, f: AbortTasks) {
+        let _ = self.aborter.set(Aborter(f));
+    }
+
+    /// Queues a reservation change's unit attentions and, for PREEMPT AND ABORT, aborts
+    /// the tasks of every nexus of the preempted initiator ports; as the Control mode
+    /// page's TAS is zero, each nexus that had a task aborted then gets COMMANDS CLEARED
+    /// BY ANOTHER INITIATOR (SAM-5 5.6). Returns once none of those tasks can change the
+    /// medium any more. Call it without the reservations' lock: a running task may be
+    /// waiting for it.
+    ///
+    /// The preempted ports' unit attentions are queued only after the abort: a task
+    /// aborted while it ran would take a pending one with it (its answer suppressed), and
+    /// the initiator would never see REGISTRATIONS PREEMPTED.
+    fn apply_event(&self, event: crate::pr::Event) {
+        let (later, now): (Notices, Notices) = event
+            .notices
+            .into_iter()
+            .partition(|(p, _)| event.abort.iter().any(|a| a.eq_ignore_ascii_case(p)));
+        self.notify(&self.pr(), now);
+        if event.abort.is_empty() {
+            return;
+        }
+        let hit = self.abort_tasks(&event.abort);
+        self.notify(&self.pr(), later);
+        let pending = self.nexuses.read().unwrap_or_else(|e| e.into_inner());
+        for n in hit {
+            if let Some(q) = pending.get(&n) {
+                let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+                if !q.contains(&sense::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR) {
+                    q.push_back(sense::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR);
+                }
+            }
+        }
+    }
+
+    /// Aborts the tasks of every nexus of `ports` on this logical unit through the
+    /// transport (see [`AbortTasks`]); the nexuses that had one.
+    fn abort_tasks(&self, ports: &[String]) -> Vec<Nexus> {
+        let nexuses: Vec<Nexus> = {
+            let pr = self.pr();
+            let mut v: Vec<Nexus> = ports.iter().flat_map(|p| pr.nexuses_of(p)).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let Some(abort) = self.aborter.get() else {
+            tracing::warn!("PREEMPT AND ABORT: no transport to abort tasks with");
+            return Vec::new();
+        };
+        let hit = (abort.0)(self, &nexuses);
+        if !hit.is_empty() {
+            tracing::info!(
+                nexuses = ?hit,
+                "PREEMPT AND ABORT: the preempted nexuses' tasks aborted"
+            );
+        }
+        hit
     }
 
     /// Who may change the medium; see [`crate::Fence`].
@@ -498,7 +580,7 @@ impl LogicalUnit {
         let ptpl = self.config.pr_file.is_some();
         let mut pr = self.pr();
         let admits = |initiator: &str| reach.admits(initiator, self);
-        let notices = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl, &admits)?;
+        let event = pr.persistent_out(cmd.nexus, cmd.cdb, cmd.data_out, ptpl, &admits)?;
         if let Some(path) = &self.config.pr_file {
             let result = if pr.aptpl() {
                 let tmp = path.with_extension("tmp");
@@ -513,7 +595,9 @@ impl LogicalUnit {
                 tracing::warn!(error = %e, path = %path.display(), "keeping reservations");
             }
         }
-        self.notify(&pr, notices);
+        // Not under the lock: a task being aborted may be about to take it.
+        drop(pr);
+        self.apply_event(event);
         Ok(Vec::new())
     }
 

@@ -36,7 +36,12 @@ impl Conn {
             return;
         }
         let target = self.session.target().expect("normal session");
-        task.ctl.executing.store(true, Ordering::Release);
+        // An abort from another thread (PREEMPT AND ABORT) may have come since the check
+        // above; from here on it waits for this task instead.
+        if !task.ctl.start() {
+            self.session.unregister_task(itt);
+            return;
+        }
         self.shared.task_started();
         self.executing.count.fetch_add(1, Ordering::AcqRel);
         // The LUN's counters, when metrics are on: held by the job, counted at its answer.

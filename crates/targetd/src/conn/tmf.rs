@@ -92,7 +92,7 @@ impl Conn {
         let mut all = true;
         for (itt, cid, ctl) in &tasks {
             all &= ctl.abort();
-            if !ctl.executing.load(Ordering::Acquire) {
+            if !ctl.running() {
                 if *cid == self.cid {
                     self.drop_task(*itt);
                 } else {
@@ -101,7 +101,7 @@ impl Conn {
             }
         }
         for (_, _, ctl) in tasks {
-            if ctl.executing.load(Ordering::Acquire) {
+            if ctl.running() {
                 let done = ctl.done.notified();
                 tokio::pin!(done);
                 done.as_mut().enable();
