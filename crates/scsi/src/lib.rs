@@ -11,7 +11,7 @@
 pub mod alua;
 pub mod cdb;
 pub mod compressed;
-mod fence;
+pub mod fence;
 mod inquiry;
 mod lu;
 mod mode;
@@ -23,7 +23,7 @@ mod xcopy;
 
 pub use lu::{class_of, AsyncFlush, AsyncRead, AsyncWrite, Class, LentRead, LogicalUnit};
 // The vocabulary, where the logical unit and its users have always found it.
-pub use fence::Fence;
+pub use fence::{Fence, FencePass};
 pub use scsi_proto::{sense, status, Sense};
 pub use xcopy::{Designator, OnlyItself, Reach};
 
