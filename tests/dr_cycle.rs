@@ -624,6 +624,9 @@ type Printed = std::io::Lines<BufReader<std::process::ChildStdout>>;
 /// Starts `rsv sync --rate 40mbit SRC DST` and returns once the far site has
 /// acknowledged a `1/part` of it: the child (still running), its output, and how much
 /// was done.
+// The child is returned running: its caller kills and waits for it (a panic here fails
+// the test, and the child's own run ends with the sync).
+#[allow(clippy::zombie_processes)]
 fn sync_until(key: &Path, src: &str, dst: &str, part: u64) -> (Child, Printed, u64) {
     let mut slow = Command::new(rsv())
         .arg("sync")
@@ -944,9 +947,9 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!("the orphaned sends ended: {ended:?}");
-    for i in 0..2 {
+    for (i, want) in far1.iter().enumerate() {
         let got = b.member(i, tmp.path());
-        if let Some(at) = first_difference(&got, &far1[i]) {
+        if let Some(at) = first_difference(&got, want) {
             panic!(
                 "far member {i} changed after its cycle was rolled back (byte {at})\n{}",
                 b.disks[i].log()
