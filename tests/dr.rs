@@ -301,3 +301,126 @@ fn bench_image_write_overhead() {
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
     }
 }
+
+/// What a far cycle's undo log costs a write: one `rsv target` on loopback with a 256 MiB
+/// file LUN (written whole first) and its agent; `rsv bench` 4 KiB random writes at queue
+/// depth 1 and 32 with no cycle open, then with one opened through the agent (as a sync
+/// opens it at the far site; each unit's first change saves its old 64 KiB durably before
+/// the write goes on), rolled back after each run; ROUNDS times alternating. Prints p50 and
+/// p99; with `RSV_BENCH_JSON=PATH` also writes them there. Run by `scripts/bench-undo.sh`.
+#[test]
+#[ignore = "a benchmark: scripts/bench-undo.sh"]
+fn bench_undo_write_overhead() {
+    let secs: f64 = std::env::var("RSV_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let rounds: usize = std::env::var("RSV_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path());
+    let port = free_port();
+    let h = host(
+        "127.0.0.61",
+        port,
+        &key,
+        "[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=256MiB\"\n",
+    );
+    let url = format!("iscsi://{}/{IQN}/0", h.portal);
+    let fill = tmp.path().join("fill");
+    testkit::random_file(&fill, 256 << 20, 4);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", fill.to_str().unwrap(), &url],
+    );
+    std::fs::remove_file(&fill).unwrap();
+    let agent = replicate::wire::Client::new(
+        format!("127.0.0.61:{port}"),
+        replicate::auth::Key::from_file(&key).unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cycle = |what: &str, id: u64| -> replicate::api::CycleAnswer {
+        let req = replicate::api::CycleRequest {
+            iqn: IQN.into(),
+            lun: 0,
+            cycle: id,
+            cut_ms: 0,
+        };
+        rt.block_on(agent.call("POST", &format!("/v1/cycle/{what}"), &req))
+            .unwrap_or_else(|e| panic!("cycle {what}: {e:#}"))
+    };
+    let bench = |what: &str, depth: usize| -> serde_json::Value {
+        let out = run_ok(
+            rsv().to_str().unwrap(),
+            &[
+                "bench",
+                &url,
+                "--rw",
+                "write",
+                "--pattern",
+                "rand",
+                "--block-size",
+                "4k",
+                "--queue-depth",
+                &depth.to_string(),
+                "--duration",
+                &format!("{secs}"),
+                "--json",
+            ],
+        );
+        let v: serde_json::Value = out
+            .find('{')
+            .and_then(|at| serde_json::from_str(&out[at..]).ok())
+            .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
+        eprintln!(
+            "{what}, queue depth {depth}: {:.0} IOPS, p50 {} µs, p99 {} µs",
+            v["iops"].as_f64().unwrap_or(0.0),
+            v["latency_us_p50"],
+            v["latency_us_p99"]
+        );
+        v
+    };
+    let mut rows = Vec::new();
+    for depth in [1usize, 32] {
+        let (mut closed, mut open, mut saved) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rounds {
+            closed.push(bench("no cycle", depth));
+            cycle("open", 1000 + r as u64);
+            open.push(bench("cycle open", depth));
+            let st = cycle("state", 0);
+            saved.push(st.saved_bytes);
+            cycle("rollback", 0);
+        }
+        let median = |v: &[serde_json::Value], k: &str| {
+            let mut x: Vec<u64> = v.iter().map(|r| r[k].as_u64().unwrap_or(0)).collect();
+            x.sort_unstable();
+            x[x.len() / 2]
+        };
+        let row = serde_json::json!({
+            "queue_depth": depth,
+            "no_cycle_p50_us": median(&closed, "latency_us_p50"),
+            "no_cycle_p99_us": median(&closed, "latency_us_p99"),
+            "cycle_open_p50_us": median(&open, "latency_us_p50"),
+            "cycle_open_p99_us": median(&open, "latency_us_p99"),
+            "saved_bytes": saved,
+            "runs": {"no_cycle": closed, "cycle_open": open},
+        });
+        eprintln!(
+            "4 KiB random write, queue depth {depth}: p50 {} -> {} µs, p99 {} -> {} µs (no cycle -> cycle open); saved {:?} bytes",
+            row["no_cycle_p50_us"], row["cycle_open_p50_us"], row["no_cycle_p99_us"], row["cycle_open_p99_us"], row["saved_bytes"]
+        );
+        rows.push(row);
+    }
+    let summary = serde_json::json!({
+        "bench": "undo",
+        "rsv_bench": format!("rsv bench URL --rw write --pattern rand --block-size 4k --queue-depth D --duration {secs}"),
+        "lun": "file, 256 MiB, written whole first; undo unit 64 KiB",
+        "rounds": rounds,
+        "rows": rows,
+    });
+    if let Some(path) = std::env::var_os("RSV_BENCH_JSON") {
+        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
+    }
+}

@@ -328,3 +328,348 @@ fn continuous_mode_commits_whole_images_and_stops_on_sigterm() {
     );
     assert!(k <= acks.len() as u64);
 }
+
+/// What a running `rsv sync --json` prints, kept open so that it never writes to a
+/// closed pipe.
+type Printed = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// Starts `rsv sync --rate 40mbit SRC DST` and returns once the far site has
+/// acknowledged a `1/part` of it: the child (still running), its output, and how much
+/// was done.
+// The child is returned running: its caller kills and waits for it (a panic here fails
+// the test, and the child's own run ends with the sync).
+#[allow(clippy::zombie_processes)]
+fn sync_until(key: &Path, src: &str, dst: &str, part: u64) -> (Child, Printed, u64) {
+    let mut slow = Command::new(rsv())
+        .arg("sync")
+        .arg("--key-file")
+        .arg(key)
+        .args(["--json", "--interval", "100ms", "--rate", "40mbit"])
+        .args([src, dst])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(slow.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("the slow sync ended before its part was sent")
+            .unwrap();
+        let tick: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(tick["event"], "progress", "{tick}");
+        let (done, bytes) = (
+            tick["done_bytes"].as_u64().unwrap(),
+            tick["bytes"].as_u64().unwrap(),
+        );
+        if done * part >= bytes {
+            return (slow, lines, done);
+        }
+    }
+}
+
+/// `rsv sync ARGS --key-file KEY` (a failover command): exit status, stdout, stderr.
+fn sync_cmd(key: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(rsv())
+        .arg("sync")
+        .args(args)
+        .arg("--key-file")
+        .arg(key)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[track_caller]
+fn sync_cmd_ok(key: &Path, args: &[&str]) -> serde_json::Value {
+    let (ok, out, err) = sync_cmd(key, args);
+    assert!(ok, "rsv sync {args:?} failed:\n{out}\n{err}");
+    // One JSON object (status, promote, demote), or JSON lines ending with the report.
+    serde_json::from_str(out.trim()).unwrap_or_else(|_| {
+        out.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .next_back()
+            .unwrap_or_else(|| panic!("no JSON from rsv sync {args:?}:\n{out}"))
+    })
+}
+
+/// Writes `data` at `offset` of the LUN at `url`, logged in as `name` (`None`: the
+/// initiator's own name, an application's); the SCSI error if refused.
+fn write_as(
+    url: &str,
+    name: Option<&str>,
+    offset: u64,
+    data: Vec<u8>,
+) -> Result<(), initiator::Error> {
+    testkit::rt().block_on(async {
+        let url = initiator::IscsiUrl::parse(url).unwrap();
+        let mut opts = initiator::SessionOptions::default();
+        if let Some(n) = name {
+            opts.set("initiator_name", n).unwrap();
+        }
+        let lun = initiator::Lun::open_url(&url, &opts).await.unwrap();
+        let mut r = lun.write_at(offset, Bytes::from(data)).await;
+        if r.is_ok() {
+            r = lun.flush().await;
+        }
+        let _ = lun.session().logout().await;
+        r
+    })
+}
+
+fn write_protected(e: &initiator::Error) -> bool {
+    matches!(e, initiator::Error::Scsi { sense: Some(s), .. } if s.key == 0x07 && s.asc == 0x27)
+}
+
+/// Disk server `i`'s agent at site `base`.
+fn member_agent(base: u8, i: u8, port: u16, key: &Path) -> replicate::wire::Client {
+    replicate::wire::Client::new(
+        format!("127.0.0.{}:{port}", base + 1 + i),
+        replicate::auth::Key::from_file(key).unwrap(),
+    )
+}
+
+/// The newest send on disk server `i`'s agent at site `base`.
+fn newest_send(base: u8, i: u8, port: u16, key: &Path) -> replicate::api::JobStatus {
+    let agent = member_agent(base, i, port, key);
+    testkit::rt().block_on(async {
+        let mut last = None;
+        for id in 1..20 {
+            match agent
+                .call::<replicate::api::JobStatus>("GET", &format!("/v1/jobs/{id}"), &())
+                .await
+            {
+                Ok(s) => last = Some(s),
+                Err(_) => break,
+            }
+        }
+        last.expect("a send on the source agent")
+    })
+}
+
+#[test]
+fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path());
+    let (iscsi, control) = (free_port("127.0.0.91"), free_port("127.0.0.91"));
+    let mut a = site(
+        &tmp.path().join("a"),
+        91,
+        iscsi,
+        control,
+        &key,
+        "track = true\n",
+    );
+    // B keeps change tracking too: the resync after the failback sends its changes.
+    let b = site(
+        &tmp.path().join("b"),
+        95,
+        iscsi,
+        control,
+        &key,
+        "track = true\n",
+    );
+    let (src, dst) = (a.volume(control), b.volume(control));
+    let rsv_s = rsv();
+    let rsv_s = rsv_s.to_str().unwrap();
+
+    let image1 = tmp.path().join("image1");
+    random_file(&image1, 32 << 20, 11);
+    run_ok(rsv_s, &["cp", image1.to_str().unwrap(), &a.url()]);
+    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
+    let image1 = std::fs::read(&image1).unwrap();
+
+    // The next sync is cut off at a quarter: site A lost, then its coordinator.
+    let image2 = tmp.path().join("image2");
+    random_file(&image2, 32 << 20, 12);
+    run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a.url()]);
+    let (mut slow, _printed, done) = sync_until(&key, &src, &dst, 4);
+    for d in &mut a.disks {
+        d.kill();
+    }
+    a.file_server.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = slow.kill();
+    slow.wait().unwrap();
+    eprintln!("cut off with {done} bytes acknowledged at the far site");
+    let open: Vec<u64> = far_states(95, control, &key)
+        .iter()
+        .map(|s| s.open.expect("the cycle is open on every far member"))
+        .collect();
+    assert!(
+        b.volume_bytes(tmp.path()) != image1,
+        "the cut-off sync wrote nothing to B: the test proves nothing"
+    );
+
+    // A plain promote is refused, naming the open cycle and the way out.
+    let (ok, out, err) = sync_cmd(&key, &["promote", &dst, "--json"]);
+    assert!(!ok, "promote with a cycle open succeeded:\n{out}");
+    assert!(
+        open.iter()
+            .any(|c| err.contains(&format!("cycle {c} is open"))),
+        "the refusal names the open cycle ({open:?}): {err}"
+    );
+    assert!(err.contains("--force"), "{err}");
+    let st = sync_cmd_ok(&key, &["status", &dst, "--json"]);
+    assert_eq!(st["role"], "replica", "a refused promote changed B: {st}");
+
+    // --force rolls the cycle back and promotes: B holds the first image, byte for byte.
+    let p = sync_cmd_ok(&key, &["promote", &dst, "--force", "--json"]);
+    assert_eq!(
+        (p["role"].as_str(), p["epoch"].as_u64()),
+        (Some("primary"), Some(2)),
+        "{p}"
+    );
+    assert!(
+        far_states(95, control, &key)
+            .iter()
+            .all(|s| s.open.is_none() && s.rolled_back.is_some()),
+        "the cycle is rolled back on every member"
+    );
+    let mut promoted = b.volume_bytes(tmp.path());
+    if let Some(at) = first_difference(&promoted, &image1) {
+        panic!("the promoted volume differs from the last committed image at byte {at}");
+    }
+
+    // An application writes B.
+    let written = (4u64 << 20) + 12_288;
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    write_as(&b.url(), None, written, data.clone()).unwrap();
+    promoted[written as usize..written as usize + data.len()].copy_from_slice(&data);
+    assert!(b.volume_bytes(tmp.path()) == promoted, "B lost the write");
+
+    // Site A comes back, still a primary at epoch 1 as it knows: demoted, then resynced
+    // from B, it holds B's data.
+    for d in &mut a.disks {
+        d.restart();
+    }
+    a.file_server.restart();
+    let d = sync_cmd_ok(&key, &["demote", &src, "--json"]);
+    assert_eq!(d["role"], "replica", "{d}");
+    let r = sync_cmd_ok(&key, &["resync", &dst, &src, "--json"]);
+    eprintln!("resync: {r}");
+    let back = a.volume_bytes(tmp.path());
+    if let Some(at) = first_difference(&back, &promoted) {
+        panic!("A differs from B after the resync at byte {at}");
+    }
+    let sa = sync_cmd_ok(&key, &["status", &src, "--json"]);
+    assert_eq!(
+        (sa["role"].as_str(), sa["epoch"].as_u64()),
+        (Some("replica"), Some(2)),
+        "{sa}"
+    );
+}
+
+#[test]
+fn a_stream_that_outlives_its_cycle_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = key_file(tmp.path());
+    let (iscsi, control) = (free_port("127.0.0.101"), free_port("127.0.0.101"));
+    let a = site(
+        &tmp.path().join("a"),
+        101,
+        iscsi,
+        control,
+        &key,
+        "track = true\n",
+    );
+    let b = site(&tmp.path().join("b"), 105, iscsi, control, &key, "");
+    let (src, dst) = (a.volume(control), b.volume(control));
+    let rsv_s = rsv();
+    let rsv_s = rsv_s.to_str().unwrap();
+
+    let image1 = tmp.path().join("image1");
+    random_file(&image1, 32 << 20, 21);
+    run_ok(rsv_s, &["cp", image1.to_str().unwrap(), &a.url()]);
+    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
+    let far1: Vec<Vec<u8>> = (0..2).map(|i| b.member(i, tmp.path())).collect();
+
+    // The next sync's coordinator dies at a tenth; its streams (in the source disk
+    // servers' agents) go on writing. The far site rolls the cycle back meanwhile.
+    let image2 = tmp.path().join("image2");
+    random_file(&image2, 32 << 20, 22);
+    run_ok(rsv_s, &["cp", image2.to_str().unwrap(), &a.url()]);
+    let (mut slow, _printed, done) = sync_until(&key, &src, &dst, 10);
+    let _ = slow.kill();
+    slow.wait().unwrap();
+    let states = far_states(105, control, &key);
+    let cycle = states[0].open.expect("the cycle is open at the far site");
+    let running: Vec<replicate::api::JobStatus> =
+        (0..2).map(|i| newest_send(101, i, control, &key)).collect();
+    let writer = {
+        let st = sync_cmd_ok(&key, &["status", &dst, "--json"]);
+        st["luns"][1]["record"]["writers"][0]
+            .as_str()
+            .expect("the far member's writer")
+            .to_owned()
+    };
+    testkit::rt().block_on(async {
+        for i in 0..2u8 {
+            let req = replicate::api::CycleRequest {
+                iqn: IQN.into(),
+                lun: 0,
+                cycle: 0,
+                cut_ms: 0,
+            };
+            member_agent(105, i, control, &key)
+                .call::<replicate::api::CycleAnswer>("POST", "/v1/cycle/rollback", &req)
+                .await
+                .unwrap();
+        }
+    });
+    eprintln!("coordinator killed at {done} bytes; cycle {cycle} rolled back with the sends at {running:?}");
+    assert!(
+        running
+            .iter()
+            .any(|s| s.state == replicate::api::JobState::Running && s.done_bytes < s.bytes),
+        "no stream was still writing after the roll back: the test proves nothing"
+    );
+
+    // A stream of the cycle that logs in again is refused too.
+    let member = format!("iscsi://127.0.0.106:{iscsi}/{IQN}/0");
+    let tagged = backstore::role::cycle_writer(&writer, cycle);
+    let e = write_as(&member, Some(&tagged), 0, vec![0x5a; 65536]).unwrap_err();
+    assert!(
+        write_protected(&e),
+        "a write of the rolled-back cycle: {e:?}"
+    );
+
+    // Once the streams have ended, the far members hold the last committed image.
+    let until = Instant::now() + Duration::from_secs(90);
+    let ended: Vec<replicate::api::JobStatus> = loop {
+        let s: Vec<_> = (0..2).map(|i| newest_send(101, i, control, &key)).collect();
+        if s.iter().all(|s| {
+            !matches!(
+                s.state,
+                replicate::api::JobState::Running | replicate::api::JobState::Connecting
+            )
+        }) {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the orphaned sends never ended: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("the orphaned sends ended: {ended:?}");
+    for (i, want) in far1.iter().enumerate() {
+        let got = b.member(i, tmp.path());
+        if let Some(at) = first_difference(&got, want) {
+            panic!(
+                "far member {i} changed after its cycle was rolled back (byte {at})\n{}",
+                b.disks[i].log()
+            );
+        }
+    }
+
+    // The next sync goes through the fence, in its own cycle.
+    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
+    assert!(b.volume_bytes(tmp.path()) == std::fs::read(&image2).unwrap());
+}

@@ -58,6 +58,31 @@ pub struct RoleRecord {
     pub writers: Vec<String>,
 }
 
+/// What a replica's writer appends to its name to say which cycle its stream writes.
+const CYCLE_TAG: &str = ".cycle-";
+
+/// The initiator name a replication stream of cycle `cycle` logs in with: its replica's
+/// writer name, tagged with the cycle. A replica that keeps cycles (an undo log) admits
+/// the stream's writes only while that cycle is open there (`scsi::Fence`), so a stream
+/// left running after its cycle was rolled back or committed changes nothing.
+pub fn cycle_writer(writer: &str, cycle: u64) -> String {
+    format!("{writer}{CYCLE_TAG}{cycle:016x}")
+}
+
+/// An initiator name as [`cycle_writer`] makes it: the writer's name and the cycle; a
+/// name with no (well-formed) tag is the writer's name alone.
+pub fn writer_and_cycle(name: &str) -> (&str, Option<u64>) {
+    if let Some(at) = name.rfind(CYCLE_TAG) {
+        let hex = &name[at + CYCLE_TAG.len()..];
+        if hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if let Ok(c) = u64::from_str_radix(hex, 16) {
+                return (&name[..at], Some(c));
+            }
+        }
+    }
+    (name, None)
+}
+
 impl RoleRecord {
     /// Who may change the LUN's medium under this role: everyone on a primary, only the
     /// writers on a replica.
@@ -206,5 +231,26 @@ mod tests {
         std::fs::write(&path, "garbage").unwrap();
         assert!(RoleRecord::load(&path).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cycle_writer_name_reads_back() {
+        let w = "iqn.2026-01.org.reservoir:sync.00ab";
+        let n = cycle_writer(w, 0xdead_beef);
+        assert_eq!(
+            n,
+            "iqn.2026-01.org.reservoir:sync.00ab.cycle-00000000deadbeef"
+        );
+        assert_eq!(writer_and_cycle(&n), (w, Some(0xdead_beef)));
+        assert_eq!(writer_and_cycle(w), (w, None));
+        // Only a whole tag counts: anything else is a name of its own.
+        for odd in [
+            "iqn.x:sync.1.cycle-12",
+            "iqn.x:sync.1.cycle-00000000deadbeeg",
+            "iqn.x:sync.1.cycle-00000000deadbeef0",
+            ".cycle-",
+        ] {
+            assert_eq!(writer_and_cycle(odd), (odd, None), "{odd}");
+        }
     }
 }

@@ -438,7 +438,8 @@ impl Agent {
     async fn cycle(&self, what: &str, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::CycleRequest = parse(body)?;
         let local = self.find(&req.iqn, req.lun)?;
-        crate::cycle::serve(local.undo.clone(), what, req)
+        let fence = local.role.as_ref().map(|r| r.cycle.clone());
+        crate::cycle::serve(local.undo.clone(), fence, what, req)
             .await
             .map(|a| ok(&a))
             .map_err(|(status, m)| err(status, m))
@@ -1437,5 +1438,124 @@ mod tests {
         assert_eq!(ask(&agent, "release", 15, 0, 0).await, 200);
         assert_eq!(agent.images.lock().unwrap().len(), 1);
         assert!(point.imaged.held().is_some());
+    }
+
+    mod discarded_after_the_cut {
+        use super::*;
+        use proptest::prelude::*;
+
+        const SIZE: u64 = 2 << 20;
+        const UNIT: u64 = 64 << 10;
+
+        /// A change of the source LUN: what UNMAP (`discard`), WRITE SAME of zeros or with
+        /// UNMAP (`write_zeroes`, `discard`) and WRITE do to its store.
+        #[derive(Clone, Debug)]
+        enum Change {
+            Discard(u64, u64),
+            Zeroes(u64, u64),
+            Write(u64, u64, u8),
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            // Whole blocks of 512, up to three send units long, anywhere.
+            let range = (0..SIZE / 512, 1..3 * UNIT / 512).prop_map(|(b, n)| {
+                let at = b * 512;
+                (at, (n * 512).min(SIZE - at))
+            });
+            prop_oneof![
+                3 => range.clone().prop_map(|(a, l)| Change::Discard(a, l)),
+                1 => range.clone().prop_map(|(a, l)| Change::Zeroes(a, l)),
+                2 => (range, 1..=255u8).prop_map(|((a, l), b)| Change::Write(a, l, b)),
+            ]
+        }
+
+        fn apply(store: &dyn Backstore, c: &Change) {
+            match *c {
+                Change::Discard(a, l) => store.discard(a, l).unwrap(),
+                Change::Zeroes(a, l) => store.write_zeroes(a, l).unwrap(),
+                Change::Write(a, l, b) => store.write_at(&vec![b; l as usize], a).unwrap(),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(24))]
+            /// The layers a source LUN has in the target (a file store that punches holes,
+            /// the image layer, the undo layer), a cut, then the source's blocks
+            /// discarded, zeroed and written before the send plans (its plan asks the
+            /// image what it holds) and while it sends: the far copy the plan and the
+            /// image's reads make is the LUN at the cut, byte for byte.
+            #[test]
+            fn a_send_carries_what_was_discarded_after_the_cut(
+                before in proptest::collection::vec(change(), 1..24),
+                planned in proptest::collection::vec(change(), 0..24),
+                sending in proptest::collection::vec(change(), 0..24),
+            ) {
+                let dir = tempfile::tempdir().unwrap();
+                let file: Arc<dyn Backstore> = Arc::new(
+                    backstore::FileBackstore::open(dir.path().join("disk.img"), Some(SIZE), true, false)
+                        .unwrap(),
+                );
+                let imaged = Arc::new(
+                    backstore::Imaged::new(
+                        file,
+                        backstore::ImageOptions {
+                            side: backstore::SidePlace::File(dir.path().join("disk.img.image")),
+                            unit: backstore::image::DEFAULT_UNIT,
+                            limit: u64::MAX,
+                        },
+                    )
+                    .unwrap(),
+                );
+                let lun: Arc<dyn Backstore> = Arc::new(
+                    backstore::Undo::open(
+                        imaged.clone(),
+                        Box::<backstore::undo::MemLog>::default(),
+                        backstore::undo::DEFAULT_UNIT,
+                    )
+                    .unwrap(),
+                );
+                for c in &before {
+                    apply(&*lun, c);
+                }
+                let image = imaged.take().unwrap();
+                let mut at_cut = vec![0u8; SIZE as usize];
+                lun.read_at(&mut at_cut, 0).unwrap();
+                // Between the cut and the send's plan.
+                for c in &planned {
+                    apply(&*lun, c);
+                }
+                let source = Source::Image(image.clone());
+                let plan: Vec<u64> = (0..api::unit_count(SIZE, UNIT)).collect();
+                let extents = allocation(&source, &plan, UNIT, SIZE);
+                let ops = sparse::ops(&plan, UNIT, SIZE, &extents, MAX_CLEAR);
+                // The far LUN held older data everywhere.
+                let mut far = vec![0xeeu8; SIZE as usize];
+                let mut more = sending.iter();
+                for op in &ops {
+                    // While the send runs, the source changes between its steps.
+                    if let Some(c) = more.next() {
+                        apply(&*lun, c);
+                    }
+                    match op {
+                        Op::Clear { positions } => {
+                            let (s, _) = api::unit_range(plan[positions.start], UNIT, SIZE);
+                            let (_, e) = api::unit_range(plan[positions.end - 1], UNIT, SIZE);
+                            far[s as usize..e as usize].fill(0);
+                        }
+                        Op::Data(pos) => {
+                            let (s, e) = api::unit_range(plan[*pos], UNIT, SIZE);
+                            source.read_at(&mut far[s as usize..e as usize], s).unwrap();
+                        }
+                    }
+                }
+                if let Some(at) = far.iter().zip(&at_cut).position(|(a, b)| a != b) {
+                    prop_assert!(
+                        false,
+                        "the far copy differs from the cut at byte {} (unit {}): {:#x} != {:#x}",
+                        at, at as u64 / UNIT, far[at], at_cut[at]
+                    );
+                }
+            }
+        }
     }
 }

@@ -663,6 +663,7 @@ pub async fn run(
         let opened = crate::cycle::open(far, id, crate::cycle::now_ms())
             .await
             .context("opening the cycle at the far site")?;
+        opened.tag_writers(&mut streams);
         let r = transfer(src, dst, o, streams, dest_check, None, Some(&opened), out).await;
         let r = finish_cycle(r, &opened).await?;
         crate::failover::after_transfer(&gate, id).await?;
@@ -694,6 +695,7 @@ pub async fn run(
             return Err(e.context("opening the cycle at the far site"));
         }
     };
+    opened.tag_writers(&mut streams);
     let r = transfer(
         src,
         dst,

@@ -55,10 +55,19 @@ pub fn answer(undo: Option<&Undo>) -> CycleAnswer {
     }
 }
 
-/// Serves `POST /v1/cycle/WHAT` for a LUN with undo layer `undo` (none: `undo = false`).
-/// Errors: (HTTP status, message).
+/// Sets the cycle a replica's fence admits streams of (`scsi::Fence::set_cycle`), once
+/// the writes it admitted before are made; an error says what still runs.
+pub type CycleFence = Arc<dyn Fn(Option<u64>) -> Result<(), String> + Send + Sync>;
+
+/// Serves `POST /v1/cycle/WHAT` for a LUN with undo layer `undo` (none: `undo = false`)
+/// and, on a replica, its fence (`fence`). The fence admits the streams of cycle `c`
+/// (their initiator names carry it: `backstore::role::cycle_writer`) from the moment `c`
+/// is open in the undo log until it is committed or rolled back, and it is closed (its
+/// admitted writes waited for) before either: a stream that outlives its cycle changes
+/// nothing. Errors: (HTTP status, message).
 pub async fn serve(
     undo: Option<Arc<Undo>>,
+    fence: Option<CycleFence>,
     what: &str,
     req: CycleRequest,
 ) -> Result<CycleAnswer, (u16, String)> {
@@ -79,15 +88,43 @@ pub async fn serve(
     }
     let what = what.to_owned();
     let u = undo.clone();
-    // Roll back and commit write and flush the store: off the runtime's threads.
-    let r = tokio::task::spawn_blocking(move || match what.as_str() {
-        "open" => u.open_cycle(req.cycle, req.cut_ms).map(|_| ()),
-        "commit" => u.commit(req.cycle),
-        "rollback" => u.roll_back().map(|_| ()),
-        _ => Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("no such cycle request: {what}"),
-        )),
+    // Roll back and commit write and flush the store, and closing the fence waits for
+    // writes: off the runtime's threads.
+    let r = tokio::task::spawn_blocking(move || {
+        let close = || match &fence {
+            Some(f) => f(None).map_err(std::io::Error::other),
+            None => Ok(()),
+        };
+        match what.as_str() {
+            "open" => {
+                // The streams of an earlier cycle (cut off, going on as this one) are
+                // shut out first; this cycle's are admitted once its log is open.
+                close()?;
+                u.open_cycle(req.cycle, req.cut_ms)?;
+                match &fence {
+                    Some(f) => f(Some(req.cycle)).map_err(std::io::Error::other),
+                    None => Ok(()),
+                }
+            }
+            "commit" => {
+                // The image committed is what the streams wrote until now: none after.
+                if u.cycle_open() == Some(req.cycle) {
+                    close()?;
+                }
+                u.commit(req.cycle)
+            }
+            "rollback" => {
+                if let Err(e) = close() {
+                    // The undo layer still waits for each write that reached it.
+                    tracing::warn!("rolling back the cycle: {e}");
+                }
+                u.roll_back().map(|_| ())
+            }
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no such cycle request: {what}"),
+            )),
+        }
     })
     .await
     .map_err(|e| (500, e.to_string()))?;
@@ -299,6 +336,20 @@ pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::R
 }
 
 impl Opened {
+    /// The streams log in as writers of this cycle (`backstore::role::cycle_writer`): the
+    /// far members admit their writes only while it is open there. A copy not kept whole
+    /// opened no cycle, and its streams use the writer's name alone.
+    pub fn tag_writers(&self, streams: &mut [crate::coord::Stream]) {
+        if !self.whole {
+            return;
+        }
+        for s in streams {
+            if let Some(w) = &s.writer {
+                s.writer = Some(backstore::role::cycle_writer(w, self.cycle));
+            }
+        }
+    }
+
     /// Commits the cycle on every member; a member that fails is asked again (three
     /// times, a second apart). Fails when some member still has not committed: the
     /// next open rolls it forward if another did.

@@ -35,6 +35,9 @@ pub struct RolePoint {
     pub fence: Arc<dyn Fn(Option<Vec<String>>) + Send + Sync>,
     /// Sessions of the fence's writers that wrote and are still logged in.
     pub writing: Arc<dyn Fn() -> usize + Send + Sync>,
+    /// Sets the cycle the fence admits streams of ([`crate::cycle`]), returning once the
+    /// writes it admitted before are made (blocking: call it off the runtime's threads).
+    pub cycle: crate::cycle::CycleFence,
 }
 
 /// A LUN named in a request.
@@ -195,8 +198,11 @@ pub(crate) async fn serve(
                     );
                 }
                 // The copy promoted is the last complete image: an open cycle's changes
-                // are undone first.
+                // are undone first, once no stream of it may write any more.
                 if let Some(u) = &lun.undo {
+                    if let Err(e) = (p.cycle)(None) {
+                        tracing::warn!("{name}: closing the fence's cycle: {e}");
+                    }
                     if let Some(id) = u.roll_back().map_err(|e| {
                         refuse(500, format!("{name}: rolling back the open cycle: {e}"))
                     })? {

@@ -144,11 +144,16 @@ fn start_agent(
                     }),
                     // The role record beside the LUN and the logical unit's fence.
                     role: s.role_file.clone().map(|file| {
-                        let (f, w) = (lu.clone(), lu.clone());
+                        let (f, w, c) = (lu.clone(), lu.clone(), lu.clone());
                         replicate::failover::RolePoint {
                             file,
                             fence: std::sync::Arc::new(move |writers| f.fence().set(writers)),
                             writing: std::sync::Arc::new(move || w.fence().writing()),
+                            // Within the coordinator's 30 s wait for an answer.
+                            cycle: std::sync::Arc::new(move |cycle| {
+                                c.fence()
+                                    .set_cycle(cycle, std::time::Duration::from_secs(20))
+                            }),
                         }
                     }),
                     undo: s.undo.clone(),

@@ -11,7 +11,7 @@
 pub mod alua;
 pub mod cdb;
 pub mod compressed;
-mod fence;
+pub mod fence;
 mod inquiry;
 mod lu;
 mod mode;
@@ -28,7 +28,7 @@ pub use lu::{
 // through the cluster (public for the fuzz target that reads it as another target wrote it).
 pub use pr::{decode_notices, encode_notices, Event as ReservationEvent};
 // The vocabulary, where the logical unit and its users have always found it.
-pub use fence::Fence;
+pub use fence::{Fence, FencePass};
 pub use scsi_proto::{sense, status, Sense};
 pub use xcopy::{Designator, OnlyItself, Reach};
 

@@ -292,6 +292,11 @@ pub(crate) fn open_target(
             info!("{at}: {} of rsv sync at epoch {}", r.role.as_str(), r.epoch);
             lu.fence().set(r.fence());
         }
+        // A LUN with an undo log is written by syncs in cycles: its fence admits a stream
+        // only in the cycle the stream names (no cycle is open at start: the undo layer
+        // rolled back any it found).
+        lu.fence()
+            .keep_cycles(lun_stores.get(&l.id).is_some_and(|s| s.undo.is_some()));
         let lu = Arc::new(lu);
         lu.listen_to_peers();
         // A gateway group's ALUA states, where the store keeps them in its cluster.

@@ -169,7 +169,8 @@ impl LogicalUnit {
         dst.check_range(seg.destination_lba, bytes / dst.block_size)
             .map_err(aborted)?;
         dst.check_writable().map_err(aborted)?;
-        dst.check_fence(nexus).map_err(aborted)?;
+        // Held until the copy's writes are made.
+        let _pass = dst.check_fence(nexus).map_err(aborted)?;
         // This logical unit checked the EXTENDED COPY itself against its reservations;
         // other ones are asked as for a READ or WRITE from the same nexus.
         for (lu, access) in [(src, Access::Read), (dst, Access::Write)] {

@@ -109,6 +109,8 @@ fn read_failed(lba: u64, e: &dyn std::fmt::Display) -> Response {
 pub struct AsyncWrite {
     store: Arc<dyn Backstore>,
     guard: RangeGuard,
+    /// The fence's admission, held until the store has written.
+    pass: crate::FencePass,
     lba: u64,
     offset: u64,
     len: usize,
@@ -137,13 +139,14 @@ impl AsyncWrite {
         let AsyncWrite {
             store,
             guard,
+            pass,
             lba,
             offset,
             len,
             durable,
         } = self;
         if data.len() != len {
-            drop(guard);
+            drop((guard, pass));
             return done(Response::check_condition(
                 &sense::INVALID_FIELD_IN_COMMAND_INFORMATION_UNIT,
             ));
@@ -153,7 +156,7 @@ impl AsyncWrite {
             offset,
             durable,
             Box::new(move |_buf, result| {
-                drop(guard);
+                drop((guard, pass));
                 done(match result {
                     Ok(()) => Response::good(Vec::new()),
                     Err(e) => {
@@ -205,17 +208,22 @@ impl LogicalUnit {
     /// with GOOD unless the store fails), changing nothing else; `None` as for
     /// [`LogicalUnit::plain_read`], and for a LU that refuses writes or data of another
     /// length than the CDB's.
-    pub(super) fn plain_write(&self, cmd: &Command, max_bytes: u64) -> Option<BlockRange> {
+    /// The fence's pass comes with it, to hold until the write is made.
+    pub(super) fn plain_write(
+        &self,
+        cmd: &Command,
+        max_bytes: u64,
+    ) -> Option<(BlockRange, crate::FencePass)> {
         if !matches!(
             cmd.cdb.first(),
             Some(&(WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16))
         ) || self.check_writable().is_err()
-            || self.check_fence(cmd.nexus).is_err()
         {
             return None;
         }
+        let pass = self.check_fence(cmd.nexus).ok()?;
         let r = self.plain_block(cmd, max_bytes, Access::Write)?;
-        (cmd.data_out.len() as u64 == r.blocks * self.block_size).then_some(r)
+        (cmd.data_out.len() as u64 == r.blocks * self.block_size).then_some((r, pass))
     }
 
     /// What [`LogicalUnit::plain_read`] and [`LogicalUnit::plain_write`] share: the checks
@@ -309,12 +317,13 @@ impl LogicalUnit {
         if !self.store.writes_async() {
             return None;
         }
-        let r = self.plain_write(cmd, max_bytes)?;
+        let (r, pass) = self.plain_write(cmd, max_bytes)?;
         let guard = self.locks.try_lock(r.lba, r.lba + r.blocks, true)?;
         let wce = self.mode.read().unwrap_or_else(|e| e.into_inner()).wce;
         Some(AsyncWrite {
             store: self.store.clone(),
             guard,
+            pass,
             lba: r.lba,
             offset: r.lba * self.block_size,
             len: (r.blocks * self.block_size) as usize,

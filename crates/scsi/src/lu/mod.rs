@@ -218,14 +218,13 @@ impl LogicalUnit {
         &self.fence
     }
 
-    /// DATA PROTECT, WRITE PROTECTED unless `nexus` may change the medium (the fence).
-    fn check_fence(&self, nexus: Nexus) -> Result<(), Sense> {
+    /// DATA PROTECT, WRITE PROTECTED unless `nexus` may change the medium (the fence);
+    /// the pass is held until the change is made (see [`crate::Fence::set_cycle`]).
+    fn check_fence(&self, nexus: Nexus) -> Result<crate::FencePass, Sense> {
         let pr = self.pr();
-        if self.fence.admits(nexus, pr.named(nexus)) {
-            Ok(())
-        } else {
-            Err(sense::WRITE_PROTECTED)
-        }
+        self.fence
+            .admits(nexus, pr.named(nexus))
+            .ok_or(sense::WRITE_PROTECTED)
     }
 
     /// Whether `d` is one of this logical unit's designators (VPD page 83h).
@@ -564,9 +563,12 @@ impl LogicalUnit {
             alua::serves(groups.own(), cdb)?;
         }
         self.check_reservations(call.cmd.nexus, op.access)?;
-        if op.class == Class::Write || matches!(cdb[0], UNMAP | SANITIZE) {
-            self.check_fence(call.cmd.nexus)?;
-        }
+        // Held until the handler has changed the medium.
+        let _pass = if op.class == Class::Write || matches!(cdb[0], UNMAP | SANITIZE) {
+            Some(self.check_fence(call.cmd.nexus)?)
+        } else {
+            None
+        };
         if op.gate == Gate::Medium {
             self.medium_present()?;
         }
