@@ -320,12 +320,11 @@ fn bench_undo_write_overhead() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let port = free_port();
-    let h = host(
+    let hosts = hosts(tmp.path());
+    let (key, port) = (hosts.key.clone(), hosts.control_port);
+    let h = hosts.host(
+        None,
         "127.0.0.61",
-        port,
-        &key,
         "[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=256MiB\"\n",
     );
     let url = format!("iscsi://{}/{IQN}/0", h.portal);

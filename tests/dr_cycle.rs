@@ -13,7 +13,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, Command, Stdio};
+
+use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 use testkit::site::{key_file, read_lun, result_line, Hosts, Site, KEY};
@@ -454,33 +456,19 @@ fn newest_send(base: u8, i: u8, port: u16, key: &Path) -> replicate::api::JobSta
 #[test]
 fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let (iscsi, control) = (free_port("127.0.0.91"), free_port("127.0.0.91"));
-    let mut a = site(
-        &tmp.path().join("a"),
-        91,
-        iscsi,
-        control,
-        &key,
-        "track = true\n",
-    );
+    let hosts = hosts(tmp.path(), 91);
+    let key = hosts.key.clone();
+    let mut a = site(&hosts, &tmp.path().join("a"), 91, "track = true\n");
     // B keeps change tracking too: the resync after the failback sends its changes.
-    let b = site(
-        &tmp.path().join("b"),
-        95,
-        iscsi,
-        control,
-        &key,
-        "track = true\n",
-    );
-    let (src, dst) = (a.volume(control), b.volume(control));
+    let b = site(&hosts, &tmp.path().join("b"), 95, "track = true\n");
+    let (src, dst) = (a.volume(), b.volume());
     let rsv_s = rsv();
     let rsv_s = rsv_s.to_str().unwrap();
 
     let image1 = tmp.path().join("image1");
     random_file(&image1, 32 << 20, 11);
     run_ok(rsv_s, &["cp", image1.to_str().unwrap(), &a.url()]);
-    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
+    sync_ok(&hosts, &["--pacing", "unpaced"], &src, &dst);
     let image1 = std::fs::read(&image1).unwrap();
 
     // The next sync is cut off at a quarter: site A lost, then its coordinator.
@@ -496,12 +484,12 @@ fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
     let _ = slow.kill();
     slow.wait().unwrap();
     eprintln!("cut off with {done} bytes acknowledged at the far site");
-    let open: Vec<u64> = far_states(95, control, &key)
+    let open: Vec<u64> = far_states(&hosts, &b)
         .iter()
         .map(|s| s.open.expect("the cycle is open on every far member"))
         .collect();
     assert!(
-        b.volume_bytes(tmp.path()) != image1,
+        volume_bytes(&b, tmp.path()) != image1,
         "the cut-off sync wrote nothing to B: the test proves nothing"
     );
 
@@ -525,12 +513,12 @@ fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
         "{p}"
     );
     assert!(
-        far_states(95, control, &key)
+        far_states(&hosts, &b)
             .iter()
             .all(|s| s.open.is_none() && s.rolled_back.is_some()),
         "the cycle is rolled back on every member"
     );
-    let mut promoted = b.volume_bytes(tmp.path());
+    let mut promoted = volume_bytes(&b, tmp.path());
     if let Some(at) = first_difference(&promoted, &image1) {
         panic!("the promoted volume differs from the last committed image at byte {at}");
     }
@@ -542,7 +530,7 @@ fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
         .collect();
     write_as(&b.url(), None, written, data.clone()).unwrap();
     promoted[written as usize..written as usize + data.len()].copy_from_slice(&data);
-    assert!(b.volume_bytes(tmp.path()) == promoted, "B lost the write");
+    assert!(volume_bytes(&b, tmp.path()) == promoted, "B lost the write");
 
     // Site A comes back, still a primary at epoch 1 as it knows: demoted, then resynced
     // from B, it holds B's data.
@@ -554,7 +542,7 @@ fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
     assert_eq!(d["role"], "replica", "{d}");
     let r = sync_cmd_ok(&key, &["resync", &dst, &src, "--json"]);
     eprintln!("resync: {r}");
-    let back = a.volume_bytes(tmp.path());
+    let back = volume_bytes(&a, tmp.path());
     if let Some(at) = first_difference(&back, &promoted) {
         panic!("A differs from B after the resync at byte {at}");
     }
@@ -569,26 +557,19 @@ fn promote_force_rolls_a_cut_off_cycle_back_then_the_old_source_fails_back() {
 #[test]
 fn a_stream_that_outlives_its_cycle_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = key_file(tmp.path());
-    let (iscsi, control) = (free_port("127.0.0.101"), free_port("127.0.0.101"));
-    let a = site(
-        &tmp.path().join("a"),
-        101,
-        iscsi,
-        control,
-        &key,
-        "track = true\n",
-    );
-    let b = site(&tmp.path().join("b"), 105, iscsi, control, &key, "");
-    let (src, dst) = (a.volume(control), b.volume(control));
+    let hosts = hosts(tmp.path(), 101);
+    let (key, control) = (hosts.key.clone(), hosts.control_port);
+    let a = site(&hosts, &tmp.path().join("a"), 101, "track = true\n");
+    let b = site(&hosts, &tmp.path().join("b"), 105, "");
+    let (src, dst) = (a.volume(), b.volume());
     let rsv_s = rsv();
     let rsv_s = rsv_s.to_str().unwrap();
 
     let image1 = tmp.path().join("image1");
     random_file(&image1, 32 << 20, 21);
     run_ok(rsv_s, &["cp", image1.to_str().unwrap(), &a.url()]);
-    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
-    let far1: Vec<Vec<u8>> = (0..2).map(|i| b.member(i, tmp.path())).collect();
+    sync_ok(&hosts, &["--pacing", "unpaced"], &src, &dst);
+    let far1: Vec<Vec<u8>> = (0..2).map(|i| member(&b, i, tmp.path())).collect();
 
     // The next sync's coordinator dies at a tenth; its streams (in the source disk
     // servers' agents) go on writing. The far site rolls the cycle back meanwhile.
@@ -598,7 +579,7 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
     let (mut slow, _printed, done) = sync_until(&key, &src, &dst, 10);
     let _ = slow.kill();
     slow.wait().unwrap();
-    let states = far_states(105, control, &key);
+    let states = far_states(&hosts, &b);
     let cycle = states[0].open.expect("the cycle is open at the far site");
     let running: Vec<replicate::api::JobStatus> =
         (0..2).map(|i| newest_send(101, i, control, &key)).collect();
@@ -632,9 +613,9 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
     );
 
     // A stream of the cycle that logs in again is refused too.
-    let member = format!("iscsi://127.0.0.106:{iscsi}/{IQN}/0");
+    let member0 = b.disks[0].url(0);
     let tagged = backstore::role::cycle_writer(&writer, cycle);
-    let e = write_as(&member, Some(&tagged), 0, vec![0x5a; 65536]).unwrap_err();
+    let e = write_as(&member0, Some(&tagged), 0, vec![0x5a; 65536]).unwrap_err();
     assert!(
         write_protected(&e),
         "a write of the rolled-back cycle: {e:?}"
@@ -660,7 +641,7 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
     };
     eprintln!("the orphaned sends ended: {ended:?}");
     for (i, want) in far1.iter().enumerate() {
-        let got = b.member(i, tmp.path());
+        let got = member(&b, i, tmp.path());
         if let Some(at) = first_difference(&got, want) {
             panic!(
                 "far member {i} changed after its cycle was rolled back (byte {at})\n{}",
@@ -670,6 +651,6 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
     }
 
     // The next sync goes through the fence, in its own cycle.
-    sync_ok(&key, &["--pacing", "unpaced"], &src, &dst);
-    assert!(b.volume_bytes(tmp.path()) == std::fs::read(&image2).unwrap());
+    sync_ok(&hosts, &["--pacing", "unpaced"], &src, &dst);
+    assert!(volume_bytes(&b, tmp.path()) == std::fs::read(&image2).unwrap());
 }
