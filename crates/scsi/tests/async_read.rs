@@ -7,7 +7,6 @@ mod support;
 
 use std::io;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
 
 use backstore::buffers::Buf;
 use backstore::{Backstore, FlushDone, RamBackstore, ReadDone, WriteDone};
