@@ -27,7 +27,7 @@
 
 use crate::env::Environment;
 use crate::peers::ISCSI_PORT;
-use crate::proc::{self, check_interrupt, in_ns, lab_bin, rsv_bin, sysctl, unix_now, Link, Proc};
+use crate::proc::{self, check_interrupt, in_ns, lab_bin, rsv_bin, unix_now, Link, Proc};
 use crate::sites::{Layout, Site, CONTROL_PORT, IQN};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -1049,42 +1049,8 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     let scratch = proc::Scratch::new(Path::new("/dev/shm"), "dr")?;
     let dir = &scratch.0;
     let key = crate::sites::control_key(dir)?;
-    let link = Link::up(
-        "ldr",
-        &[
-            "--rtt".into(),
-            format!("{}ms", p.rtt_ms),
-            "--rate".into(),
-            format!("{}bit", p.rate_bps),
-            "--hosts-b".into(),
-            (n + 1).to_string(),
-        ],
-        (n + 1) as u32,
-    )?;
-    if link.a.len() < n + 1 || link.b.len() < n + 1 {
-        bail!(
-            "rsv-lab wan up gave {} + {} hosts, not {} each",
-            link.a.len(),
-            link.b.len(),
-            n + 1
-        );
-    }
-    // TCP buffers that hold the path's BDP (as R2's).
-    let mut tcp = crate::r0::linux_default_tcp();
-    for (k, v) in &mut tcp {
-        if k.ends_with("tcp_rmem") {
-            *v = "4096 131072 268435456".into();
-        } else if k.ends_with("tcp_wmem") {
-            *v = "4096 16384 268435456".into();
-        }
-    }
-    for ns in link.all_ns() {
-        sysctl(ns, &tcp).with_context(|| format!("sysctls in {ns}"))?;
-    }
-    let _buffers = crate::r2::HostSysctl::raise(&[
-        ("net.core.rmem_max", 268_435_456),
-        ("net.core.wmem_max", 268_435_456),
-    ])?;
+    // The same WAN and TCP buffers as R2's.
+    let (link, _buffers) = crate::r2::wan_up("ldr", p.rtt_ms, p.rate_bps, n)?;
     let volume = p.member_bytes * n as u64;
     let ring = Ring::new(volume / p.record_bytes);
     let cap = payload_capacity(p.rate_bps);

@@ -769,26 +769,27 @@ fn qemu(
 }
 
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
-    crate::results::save(out, "r0.json", r)?;
-    let mut csv = String::from(
-        "scenario,loss_pct,direction,config,tool,repeat,bytes,seconds,mbit_per_s,complete,error\n",
-    );
-    for x in &r.rows {
-        csv += &format!(
-            "r0,{},{},{},{},{},{},{:.3},{:.3},{},{}\n",
-            x.loss_pct,
-            x.direction,
-            x.config,
-            x.tool,
-            x.repeat,
-            x.bytes,
-            x.seconds,
-            x.mbit_per_s,
-            x.complete,
-            x.error
-        );
-    }
-    std::fs::write(out.join("r0.csv"), csv)?;
+    crate::results::save_with_csv(
+        out,
+        "r0",
+        r,
+        "scenario,loss_pct,direction,config,tool,repeat,bytes,seconds,mbit_per_s,complete,error",
+        r.rows.iter().map(|x| {
+            format!(
+                "r0,{},{},{},{},{},{},{:.3},{:.3},{},{}",
+                x.loss_pct,
+                x.direction,
+                x.config,
+                x.tool,
+                x.repeat,
+                x.bytes,
+                x.seconds,
+                x.mbit_per_s,
+                x.complete,
+                x.error
+            )
+        }),
+    )?;
     for dir in ["write", "read"] {
         // Each row's median over its repetitions.
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();

@@ -536,14 +536,18 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
          total_mb_per_s,link_use_pct,wire_use_pct,jain,queue_drops,error\n",
     );
     for m in &r.modes {
-        let pacing = m.pacing_bps.map(|x| x.to_string()).unwrap_or_default();
+        // The columns a mode's stream lines and its total line share.
+        let mode = format!(
+            "r1,{},{},{},{},{}",
+            m.label.replace(',', ";"),
+            m.tool,
+            m.congestion,
+            m.pacing_bps.map(|x| x.to_string()).unwrap_or_default(),
+            m.repeat
+        );
         for (i, s) in m.streams.iter().enumerate() {
             csv += &format!(
-                "r1,{},{},{},{pacing},{},{},{},{},{:.3},{:.3},,,,,,{}\n",
-                m.label.replace(',', ";"),
-                m.tool,
-                m.congestion,
-                m.repeat,
+                "{mode},{},{},{},{:.3},{:.3},,,,,,{}\n",
                 i + 1,
                 s.host,
                 s.bytes,
@@ -554,11 +558,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
         }
         let bytes: u64 = m.streams.iter().map(|s| s.bytes).sum();
         csv += &format!(
-            "r1,{},{},{},{pacing},{},total,,{bytes},{:.3},{:.3},{:.3},{:.2},{:.2},{:.4},{},\n",
-            m.label.replace(',', ";"),
-            m.tool,
-            m.congestion,
-            m.repeat,
+            "{mode},total,,{bytes},{:.3},{:.3},{:.3},{:.2},{:.2},{:.4},{},\n",
             m.wall_seconds,
             m.total_mb_per_s,
             m.total_mb_per_s,

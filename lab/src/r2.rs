@@ -650,20 +650,23 @@ fn calibrate(link: &Link, p: &Params, dir: &Path, n: usize) -> Result<(u64, Vec<
     Ok((last, seen))
 }
 
-pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
-    let environment = crate::env::collect();
-    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
-    let n = p.disk_servers;
-    let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r2")?;
-    let dir = &scratch.0;
-    let key = crate::sites::control_key(dir)?;
+/// Brings up the emulated WAN with `n` disk servers plus an initiator on each site, and
+/// TCP buffers that hold the path's BDP for every tool: the network's ceiling must not be
+/// a host's. The guard keeps the host-wide socket buffer maxima raised (SO_SNDBUF and
+/// SO_RCVBUF, e.g. GridFTP's -tcp-bs, are capped by them) until it is dropped.
+pub(crate) fn wan_up(
+    name: &str,
+    rtt_ms: u64,
+    rate_bps: u64,
+    n: usize,
+) -> Result<(Link, HostSysctl)> {
     let link = Link::up(
-        "lr2",
+        name,
         &[
             "--rtt".into(),
-            "20ms".into(),
+            format!("{rtt_ms}ms"),
             "--rate".into(),
-            format!("{}bit", p.candidate_rates[0]),
+            format!("{rate_bps}bit"),
             "--hosts-b".into(),
             (n + 1).to_string(),
         ],
@@ -677,7 +680,6 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             n + 1
         ));
     }
-    // Large enough TCP buffers for every tool: the network's ceiling must not be a host's.
     let mut tcp = crate::r0::linux_default_tcp();
     for (k, v) in &mut tcp {
         if k.ends_with("tcp_rmem") {
@@ -689,11 +691,21 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
     for ns in link.all_ns() {
         sysctl(ns, &tcp).with_context(|| format!("sysctls in {ns}"))?;
     }
-    // SO_SNDBUF/SO_RCVBUF (GridFTP's -tcp-bs) are capped by the host-wide maxima.
-    let _buffers = HostSysctl::raise(&[
+    let buffers = HostSysctl::raise(&[
         ("net.core.rmem_max", 268_435_456),
         ("net.core.wmem_max", 268_435_456),
     ])?;
+    Ok((link, buffers))
+}
+
+pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
+    let environment = crate::env::collect();
+    let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
+    let n = p.disk_servers;
+    let scratch = proc::Scratch::new(Path::new("/dev/shm"), "r2")?;
+    let dir = &scratch.0;
+    let key = crate::sites::control_key(dir)?;
+    let (link, _buffers) = wan_up("lr2", 20, p.candidate_rates[0], n)?;
     let _hosts = NetnsHosts::write(&link)?;
     // The volume's size from the largest candidate: sized again below once the rate is known.
     let (rate_bps, calibration) = match p.link_rate {

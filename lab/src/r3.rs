@@ -303,30 +303,31 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         load_after,
         rows,
     };
-    crate::results::save(out, "r3.json", &results)?;
-    let mut csv = String::from(
-        "scenario,path,direction,config,suite,bytes,seconds,mb_per_s,target_cpu_s_per_gb,tunnel_cpu_s_per_gb,initiator_cpu_s_per_gb,burst_median_segments,burst_p90_segments,error\n",
-    );
-    for r in &results.rows {
-        let b = r.bursts.clone().unwrap_or_default();
-        csv += &format!(
-            "r3,{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},{:.3},{},{},{}\n",
-            r.path,
-            r.direction,
-            r.config,
-            r.suite,
-            r.bytes,
-            r.seconds,
-            r.mb_per_s,
-            r.target_cpu_s_per_gb,
-            r.tunnel_cpu_s_per_gb,
-            r.initiator_cpu_s_per_gb,
-            b.median_segments,
-            b.p90_segments,
-            r.error.replace(',', ";")
-        );
-    }
-    std::fs::write(out.join("r3.csv"), csv)?;
+    crate::results::save_with_csv(
+        out,
+        "r3",
+        &results,
+        "scenario,path,direction,config,suite,bytes,seconds,mb_per_s,target_cpu_s_per_gb,tunnel_cpu_s_per_gb,initiator_cpu_s_per_gb,burst_median_segments,burst_p90_segments,error",
+        results.rows.iter().map(|r| {
+            let b = r.bursts.clone().unwrap_or_default();
+            format!(
+                "r3,{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},{:.3},{},{},{}",
+                r.path,
+                r.direction,
+                r.config,
+                r.suite,
+                r.bytes,
+                r.seconds,
+                r.mb_per_s,
+                r.target_cpu_s_per_gb,
+                r.tunnel_cpu_s_per_gb,
+                r.initiator_cpu_s_per_gb,
+                b.median_segments,
+                b.p90_segments,
+                r.error.replace(',', ";")
+            )
+        }),
+    )?;
     // Plaintext and TLS reads over the emulated link, side by side.
     let opts = timing::Options {
         burst: timing::BurstRule::Link {

@@ -308,26 +308,27 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         rows,
         starts,
     };
-    crate::results::save(out, "r4.json", &results)?;
-    let mut csv = String::from(
-        "scenario,delay_ms,rtt_ms,window,client,bytes,seconds,mbit_per_s,link_pct,complete,error\n",
-    );
-    for r in &results.rows {
-        csv += &format!(
-            "r4,{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
-            r.delay_ms,
-            r.rtt_ms,
-            r.window,
-            r.client,
-            r.bytes,
-            r.seconds,
-            r.mbit_per_s,
-            r.link_pct,
-            r.complete,
-            r.error.replace(',', ";")
-        );
-    }
-    std::fs::write(out.join("r4.csv"), csv)?;
+    crate::results::save_with_csv(
+        out,
+        "r4",
+        &results,
+        "scenario,delay_ms,rtt_ms,window,client,bytes,seconds,mbit_per_s,link_pct,complete,error",
+        results.rows.iter().map(|r| {
+            format!(
+                "r4,{},{},{},{},{},{:.3},{:.3},{:.1},{},{}",
+                r.delay_ms,
+                r.rtt_ms,
+                r.window,
+                r.client,
+                r.bytes,
+                r.seconds,
+                r.mbit_per_s,
+                r.link_pct,
+                r.complete,
+                r.error.replace(',', ";")
+            )
+        }),
+    )?;
     let mut s = String::from("scenario,delay_ms,rtt_ms,cold_ms,warm_ms,cold_rtts,warm_rtts\n");
     for st in &results.starts {
         let f = |x: Option<f64>| x.map_or(String::new(), |v| format!("{v:.1}"));

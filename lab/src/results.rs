@@ -48,6 +48,25 @@ pub fn save<T: Serialize>(dir: &Path, file: &str, results: &T) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Writes `dir/{scenario}.json` (the whole results) and `dir/{scenario}.csv`: `header`,
+/// then one line per row; the scenarios' spreadsheets all come out this way.
+pub fn save_with_csv<T: Serialize>(
+    dir: &Path,
+    scenario: &str,
+    results: &T,
+    header: &str,
+    lines: impl IntoIterator<Item = String>,
+) -> Result<()> {
+    save(dir, &format!("{scenario}.json"), results)?;
+    let mut csv = format!("{header}\n");
+    for line in lines {
+        csv += &line;
+        csv.push('\n');
+    }
+    let path = dir.join(format!("{scenario}.csv"));
+    std::fs::write(&path, csv).with_context(|| format!("writing {}", path.display()))
+}
+
 /// Reads `dir/file` back.
 pub fn load<T: DeserializeOwned>(dir: &Path, file: &str) -> Result<T> {
     let path = dir.join(file);

@@ -287,29 +287,30 @@ pub fn run(params: Params, quick: bool, out: &Path, command: String) -> Result<R
         points,
         summary,
     };
-    crate::results::save(out, "rtt.json", &results)?;
-    let mut csv = String::from(
+    crate::results::save_with_csv(
+        out,
+        "rtt",
+        &results,
         "scenario,rtt_ms,direction,config,tool,repeat,bytes,seconds,mbit_per_s,link_pct,complete,\
-         error\n",
-    );
-    for p in &results.points {
-        let r = &p.row;
-        csv += &format!(
-            "rtt,{},{},{},{},{},{},{:.3},{:.3},{:.1},{},{}\n",
-            p.rtt_ms,
-            r.direction,
-            r.config,
-            r.tool,
-            r.repeat,
-            r.bytes,
-            r.seconds,
-            r.mbit_per_s,
-            p.link_pct,
-            r.complete,
-            r.error
-        );
-    }
-    std::fs::write(out.join("rtt.csv"), csv)?;
+         error",
+        results.points.iter().map(|p| {
+            let r = &p.row;
+            format!(
+                "rtt,{},{},{},{},{},{},{:.3},{:.3},{:.1},{},{}",
+                p.rtt_ms,
+                r.direction,
+                r.config,
+                r.tool,
+                r.repeat,
+                r.bytes,
+                r.seconds,
+                r.mbit_per_s,
+                p.link_pct,
+                r.complete,
+                r.error
+            )
+        }),
+    )?;
     Ok(results)
 }
 

@@ -23,29 +23,59 @@ fn tool_missing(tools: &[&str]) -> Option<String> {
         .map(|t| t.to_string())
 }
 
-fn can_run() -> bool {
+fn is_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP lab_quick: needs root");
-        return false;
-    }
-    if let Some(t) = tool_missing(&["ip", "iperf3", "qemu-img", "tgtd", "tgtadm"]) {
-        if std::env::var_os("CI").is_some() {
-            panic!("{t} is not installed; scripts/setup.sh should have installed it");
-        }
-        eprintln!("SKIP lab_quick: {t} not installed");
+        eprintln!("SKIP {test}: needs root");
         return false;
     }
     true
+}
+
+/// Whether `tools` are all installed: when one is not, the test is skipped, or fails under
+/// CI or RESERVOIR_TEST_STRICT (there scripts/setup.sh should have installed it).
+fn tools_ready(test: &str, tools: &[&str]) -> bool {
+    let Some(t) = tool_missing(tools) else {
+        return true;
+    };
+    if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
+        panic!("{t} is not installed; scripts/setup.sh should have installed it");
+    }
+    eprintln!("SKIP {test}: {t} not installed");
+    false
+}
+
+/// Root and the peers every scenario uses.
+fn can_run() -> bool {
+    is_root("lab_quick")
+        && tools_ready("lab_quick", &["ip", "iperf3", "qemu-img", "tgtd", "tgtadm"])
 }
 
 fn lab(scenario: &str, out: &Path) {
     lab_with(scenario, out, &[]);
 }
 
+/// Runs `scenario`, checks that it wrote `files`, and returns the rows of its CSV.
+fn lab_files(
+    scenario: &str,
+    out: &Path,
+    files: &[&str],
+) -> Vec<std::collections::HashMap<String, String>> {
+    lab(scenario, out);
+    for f in files {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    csv(&out.join(format!("{scenario}.csv")))
+}
+
 fn lab_with(scenario: &str, out: &Path, extra: &[&str]) {
+    run_quick(scenario, out, &[&["--no-doc"], extra].concat());
+}
+
+/// `rsv-lab run SCENARIO --quick --out OUT EXTRA...`, which must succeed.
+fn run_quick(scenario: &str, out: &Path, extra: &[&str]) {
     let o = Command::new(rsv_lab())
-        .args(["run", scenario, "--quick", "--no-doc", "--out"])
+        .args(["run", scenario, "--quick", "--out"])
         .arg(out)
         .args(extra)
         .output()
@@ -56,6 +86,14 @@ fn lab_with(scenario: &str, out: &Path, extra: &[&str]) {
         o.status.success(),
         "rsv-lab run {scenario} --quick failed:\n{err}"
     );
+}
+
+/// Checks that `rsv-lab doc DOCUMENT`, drawn from the results in `out`, says each of `says`.
+fn doc_has(document: &str, out: &Path, says: &[&str]) {
+    let d = doc(document, out);
+    for s in says {
+        assert!(d.contains(s), "no {s:?} in\n{d}");
+    }
 }
 
 /// `rsv-lab doc DOCUMENT` drawn from the results in `out`: the run's JSON reads back.
@@ -121,11 +159,11 @@ fn lab_quick_r0_and_r1() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
 
-    lab("r0", out);
-    for f in ["r0.csv", "r0.json", "r0-write.png", "r0-read.png"] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
-    let rows = csv(&out.join("r0.csv"));
+    let rows = lab_files(
+        "r0",
+        out,
+        &["r0.csv", "r0.json", "r0-write.png", "r0-read.png"],
+    );
     for col in [
         "loss_pct",
         "direction",
@@ -175,11 +213,7 @@ fn lab_quick_r0_and_r1() {
         );
     }
 
-    lab("r1", out);
-    for f in ["r1.csv", "r1.json", "r1.png"] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
-    let rows = csv(&out.join("r1.csv"));
+    let rows = lab_files("r1", out, &["r1.csv", "r1.json", "r1.png"]);
     let totals: Vec<_> = rows.iter().filter(|r| r["stream"] == "total").collect();
     assert_eq!(
         totals.len(),
@@ -270,41 +304,30 @@ fn lab_quick_repeat() {
 
 #[test]
 fn lab_quick_r2() {
-    if !can_run() {
-        return;
-    }
-    if let Some(t) = tool_missing(&["globus-url-copy", "globus-gridftp-server"]) {
-        if std::env::var_os("CI").is_some() {
-            panic!("{t} is not installed; scripts/setup.sh should have installed it");
-        }
-        eprintln!("SKIP lab_quick_r2: {t} not installed");
+    if !can_run()
+        || !tools_ready(
+            "lab_quick_r2",
+            &["globus-url-copy", "globus-gridftp-server"],
+        )
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    lab("r2", out);
-    for f in [
-        "r2.csv",
-        "r2.json",
-        "r2-50ms-reservoir.png",
-        "r2-50ms-iperf3.png",
-    ] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
-    let rows = csv(&out.join("r2.csv"));
+    let rows = lab_files(
+        "r2",
+        out,
+        &[
+            "r2.csv",
+            "r2.json",
+            "r2-50ms-reservoir.png",
+            "r2-50ms-iperf3.png",
+        ],
+    );
     let keys: Vec<&str> = rows.iter().map(|r| r["row"].as_str()).collect();
     assert_eq!(
-        keys,
-        [
-            "one",
-            "unpaced",
-            "static",
-            "reservoir",
-            "reservoir-rate",
-            "iperf3",
-            "gridftp",
-            "qemu-img"
-        ],
+        keys.join(" "),
+        "one unpaced static reservoir reservoir-rate iperf3 gridftp qemu-img",
         "every row of the scenario, in order"
     );
     for r in &rows {
@@ -332,32 +355,17 @@ fn lab_quick_r2() {
         })
         .unwrap_or(false);
     assert!(!netns_files, "the lab left /etc/netns files behind");
-    let d = doc("r2", out);
-    assert!(
-        d.contains("## RTT 50 ms") && d.contains("the **quick** variant"),
-        "{d}"
-    );
+    doc_has("r2", out, &["## RTT 50 ms", "the **quick** variant"]);
 }
 
 #[test]
 fn lab_quick_r4() {
-    if !can_run() {
-        return;
-    }
-    if let Some(t) = tool_missing(&["smbd", "smbclient", "mkfs.ext4", "curl"]) {
-        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
-            panic!("{t} is not installed; scripts/setup.sh should have installed it");
-        }
-        eprintln!("SKIP lab_quick_r4: {t} not installed");
+    if !can_run() || !tools_ready("lab_quick_r4", &["smbd", "smbclient", "mkfs.ext4", "curl"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    lab("r4", out);
-    for f in ["r4.csv", "r4.json", "r4-start.csv", "r4.png"] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
-    let rows = csv(&out.join("r4.csv"));
+    let rows = lab_files("r4", out, &["r4.csv", "r4.json", "r4-start.csv", "r4.png"]);
     // One delay, two windows, three readers; each read the whole file.
     assert_eq!(rows.len(), 6, "{rows:?}");
     for client in ["reservoir", "smb-32k", "smb-get"] {
@@ -385,32 +393,17 @@ fn lab_quick_r4() {
         "cold {cold} ms, warm {warm} ms"
     );
     assert!(!links_left("lr4-"), "the lab left namespaces behind");
-    let d = doc("r4", out);
-    assert!(
-        d.contains("| 4 | 64K | ") && d.contains("| 4 | 8 | "),
-        "{d}"
-    );
+    doc_has("r4", out, &["| 4 | 64K | ", "| 4 | 8 | "]);
 }
 
 #[test]
 fn lab_quick_r3() {
-    if !can_run() {
-        return;
-    }
-    if let Some(t) = tool_missing(&["tcpdump", "stunnel", "openssl"]) {
-        if std::env::var_os("CI").is_some() || std::env::var_os("RESERVOIR_TEST_STRICT").is_some() {
-            panic!("{t} is not installed; scripts/setup.sh should have installed it");
-        }
-        eprintln!("SKIP lab_quick_r3: {t} not installed");
+    if !can_run() || !tools_ready("lab_quick_r3", &["tcpdump", "stunnel", "openssl"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    lab("r3", out);
-    for f in ["r3.csv", "r3.json", "r3-timeline.png"] {
-        assert!(out.join(f).exists(), "{f} missing");
-    }
-    let rows = csv(&out.join("r3.csv"));
+    let rows = lab_files("r3", out, &["r3.csv", "r3.json", "r3-timeline.png"]);
     // Two paths, reads, four configurations (one TLS suite).
     assert_eq!(rows.len(), 8, "{rows:?}");
     for path in ["loopback", "1gbit-1ms"] {
@@ -442,31 +435,18 @@ fn lab_quick_r3() {
         }
     }
     assert!(!links_left("r3-"), "the lab left namespaces behind");
-    let d = doc("r3", out);
-    assert!(d.contains("## loopback") && d.contains("| read | "), "{d}");
+    doc_has("r3", out, &["## loopback", "| read | "]);
 }
 
 #[test]
 fn lab_quick_login() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP lab_quick_login: needs root");
+    if !is_root("lab_quick_login") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     // No document, so no --no-doc (which `lab` passes).
-    let o = Command::new(rsv_lab())
-        .args(["run", "login", "--quick", "--out"])
-        .arg(out)
-        .output()
-        .expect("running rsv-lab");
-    let err = String::from_utf8_lossy(&o.stderr);
-    println!("{err}");
-    assert!(
-        o.status.success(),
-        "rsv-lab run login --quick failed:\n{err}"
-    );
+    run_quick("login", out, &[]);
     for f in ["login.csv", "login.json"] {
         assert!(out.join(f).exists(), "{f} missing");
     }
@@ -502,9 +482,7 @@ fn lab_quick_login() {
 /// quick runs left the sites different after a resync; with it, three of three were clean.
 #[test]
 fn lab_quick_dr() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP lab_quick_dr: needs root");
+    if !is_root("lab_quick_dr") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -560,9 +538,12 @@ fn lab_quick_dr() {
         !links_left(&format!("{prefix}ldr-")),
         "the lab left namespaces behind"
     );
-    let d = doc("dr", out);
-    assert!(
-        d.contains("## Application at 30 % of the link") && d.contains("the **quick** variant"),
-        "{d}"
+    doc_has(
+        "dr",
+        out,
+        &[
+            "## Application at 30 % of the link",
+            "the **quick** variant",
+        ],
     );
 }

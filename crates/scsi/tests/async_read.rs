@@ -3,9 +3,10 @@
 //! `execute`, blocks held against writes until the store is done, store errors as CHECK
 //! CONDITION, and nothing at all for stores whose reads block.
 
+mod support;
+
 use std::io;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
 
 use backstore::buffers::Buf;
 use backstore::{Backstore, FlushDone, RamBackstore, ReadDone, WriteDone};
@@ -211,22 +212,7 @@ fn a_write_waits_for_the_async_read_of_its_blocks_and_errors_are_medium_errors()
         },
     )
     .expect("a plain read starts asynchronously");
-    let (tx, written) = mpsc::channel();
-    let writer = {
-        let lu = lu.clone();
-        std::thread::spawn(move || {
-            let r = lu.execute(&Command {
-                cdb: &rw10(0x2a, 20, 8),
-                data_out: &[7; 8 * 512],
-                nexus: Nexus(1),
-            });
-            tx.send(r.status).unwrap();
-        })
-    };
-    assert!(
-        written.recv_timeout(Duration::from_millis(300)).is_err(),
-        "the overlapping write waited"
-    );
+    let writer = support::HeldWrite::start(&lu);
     // A waiting write holds off new asynchronous reads of its blocks.
     let overlapping = rw10(0x28, 24, 1);
     assert!(start_read(
@@ -247,8 +233,7 @@ fn a_write_waits_for_the_async_read_of_its_blocks_and_errors_are_medium_errors()
         (0, vec![0; 16 * 512]),
         "the old bytes"
     );
-    assert_eq!(written.recv_timeout(Duration::from_secs(10)), Ok(0));
-    writer.join().unwrap();
+    writer.finishes();
 
     store.fail.store(true, std::sync::atomic::Ordering::Relaxed);
     let rx = start_read(

@@ -1,5 +1,7 @@
 //! Reads whose data the store lends rather than copies (`LogicalUnit::try_read_lent`).
 
+mod support;
+
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -105,22 +107,7 @@ fn a_write_waits_for_the_lent_read_of_its_blocks() {
         0,
         "blocks 0..8 are free"
     );
-    let (tx, rx) = mpsc::channel();
-    let writer = {
-        let lu = lu.clone();
-        std::thread::spawn(move || {
-            let r = lu.execute(&Command {
-                cdb: &rw10(0x2a, 20, 8),
-                data_out: &[7; 8 * 512],
-                nexus: Nexus(1),
-            });
-            tx.send(r.status).unwrap();
-        })
-    };
-    assert!(
-        rx.recv_timeout(Duration::from_millis(300)).is_err(),
-        "the overlapping write waited"
-    );
+    let writer = support::HeldWrite::start(&lu);
     assert!(
         lent.as_ref().iter().all(|&b| b == 0),
         "the lent bytes did not change"
@@ -135,8 +122,7 @@ fn a_write_waits_for_the_lent_read_of_its_blocks() {
     assert!(lu.try_read_now(&c, u64::MAX).is_none());
     assert!(lu.try_read_lent(&c, u64::MAX, false).is_none());
     drop(lent);
-    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(0));
-    writer.join().unwrap();
+    writer.finishes();
     let after = cmd(&rw10(0x28, 20, 8), &[]);
     assert_eq!(after.data_in, vec![7; 8 * 512]);
 }

@@ -3,7 +3,7 @@
 
 use backstore::buffers::Buf;
 
-use crate::cdb::{be16, be32, be64, block_range, truncate};
+use crate::cdb::{be16, be32, be64, block_range, truncate, BlockRange};
 use crate::opcodes::service_action::sanitize as sa;
 use crate::opcodes::*;
 use crate::sanitize;
@@ -61,15 +61,18 @@ impl LogicalUnit {
         if blocks == 0 {
             return Ok(Vec::new());
         }
-        {
-            let _guards = self.lock_range(lba, blocks);
-            self.write_blocks(lba, data)?;
-        }
-        self.write_through(flags & 0x08 != 0)?;
-        Ok(Vec::new())
+        self.write_range(lba, blocks, data, flags & 0x08 != 0)
     }
 
-    pub(super) fn write(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+    /// What WRITE, WRITE AND VERIFY and ORWRITE check before they touch the medium:
+    /// WRPROTECT (no protection information here), the range, the transfer length, that
+    /// the LU takes writes, and a Data-Out buffer that holds the range. `None`: no blocks,
+    /// nothing to do.
+    fn write_start<'a>(
+        &self,
+        cdb: &[u8],
+        data_out: &'a [u8],
+    ) -> Result<Option<(BlockRange, &'a [u8])>, Sense> {
         let r = block_range(cdb);
         if r.flags & 0xe0 != 0 {
             return Err(Sense::invalid_field_in_cdb(1, Some(7)));
@@ -78,15 +81,25 @@ impl LogicalUnit {
         self.check_transfer(cdb, r.blocks)?;
         self.check_writable()?;
         let data = self.data(data_out, r.blocks * self.block_size)?;
-        if r.blocks == 0 {
-            return Ok(Vec::new());
-        }
+        Ok((r.blocks != 0).then_some((r, data)))
+    }
+
+    /// Writes `data` at `lba` under the blocks' locks, then makes it durable when
+    /// `durable` (FUA) or the write cache is off.
+    fn write_range(&self, lba: u64, blocks: u64, data: &[u8], durable: bool) -> Outcome {
         {
-            let _guards = self.lock_range(r.lba, r.blocks);
-            self.write_blocks(r.lba, data)?;
+            let _guards = self.lock_range(lba, blocks);
+            self.write_blocks(lba, data)?;
         }
-        self.write_through(r.flags & 0x08 != 0)?;
+        self.write_through(durable)?;
         Ok(Vec::new())
+    }
+
+    pub(super) fn write(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
+        match self.write_start(cdb, data_out)? {
+            Some((r, data)) => self.write_range(r.lba, r.blocks, data, r.flags & 0x08 != 0),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// WRITE COMPRESSED (16): as WRITE (16), its blocks sent as one zstd frame
@@ -115,27 +128,16 @@ impl LogicalUnit {
     }
 
     pub(super) fn write_verify(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
-        let r = block_range(cdb);
-        if r.flags & 0xe0 != 0 {
-            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
-        }
-        if (r.flags >> 1) & 0x03 > 1 {
+        // BYTCHK 2 and 3 are reserved; a CDB that sets WRPROTECT too is refused for
+        // WRPROTECT, by write_start.
+        if cdb[1] & 0xe0 == 0 && (cdb[1] >> 1) & 0x03 > 1 {
             return Err(Sense::invalid_field_in_cdb(1, Some(2)));
         }
-        self.check_range(r.lba, r.blocks)?;
-        self.check_transfer(cdb, r.blocks)?;
-        self.check_writable()?;
-        let data = self.data(data_out, r.blocks * self.block_size)?;
-        if r.blocks == 0 {
-            return Ok(Vec::new());
+        match self.write_start(cdb, data_out)? {
+            // Verification means the data is on the medium, not in a cache.
+            Some((r, data)) => self.write_range(r.lba, r.blocks, data, true),
+            None => Ok(Vec::new()),
         }
-        {
-            let _guards = self.lock_range(r.lba, r.blocks);
-            self.write_blocks(r.lba, data)?;
-        }
-        // Verification means the data is on the medium, not in a cache.
-        self.write_through(true)?;
-        Ok(Vec::new())
     }
 
     pub(super) fn verify(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
@@ -175,17 +177,9 @@ impl LogicalUnit {
     }
 
     pub(super) fn orwrite(&self, cdb: &[u8], data_out: &[u8]) -> Outcome {
-        let r = block_range(cdb);
-        if r.flags & 0xe0 != 0 {
-            return Err(Sense::invalid_field_in_cdb(1, Some(7)));
-        }
-        self.check_range(r.lba, r.blocks)?;
-        self.check_transfer(cdb, r.blocks)?;
-        self.check_writable()?;
-        let data = self.data(data_out, r.blocks * self.block_size)?;
-        if r.blocks == 0 {
+        let Some((r, data)) = self.write_start(cdb, data_out)? else {
             return Ok(Vec::new());
-        }
+        };
         {
             let _guards = self.lock_range(r.lba, r.blocks);
             let mut media = self.read_blocks(r.lba, r.blocks)?;

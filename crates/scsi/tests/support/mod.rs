@@ -2,7 +2,9 @@
 //! attention consumed, commands executed on a nexus, answers checked, CDBs built.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use backstore::{Backstore, RamBackstore};
 use scsi::{Command, LogicalUnit, LuConfig, Nexus, Response};
@@ -167,5 +169,41 @@ impl Backstore for ReadsThrough {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         (self.read)(&self.ram, buf, offset)
+    }
+}
+
+/// A WRITE(10) of blocks 20..28 from nexus 1 on another thread, for the tests of what
+/// holds a write back (blocks a read still holds).
+pub struct HeldWrite {
+    status: mpsc::Receiver<u8>,
+    thread: JoinHandle<()>,
+}
+
+impl HeldWrite {
+    /// Starts the write and checks that it waits.
+    #[track_caller]
+    pub fn start(lu: &Arc<LogicalUnit>) -> HeldWrite {
+        let (tx, status) = mpsc::channel();
+        let lu = lu.clone();
+        let thread = std::thread::spawn(move || {
+            let r = lu.execute(&Command {
+                cdb: &write10(20, 8),
+                data_out: &[7; 8 * 512],
+                nexus: Nexus(1),
+            });
+            tx.send(r.status).unwrap();
+        });
+        assert!(
+            status.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the overlapping write waited"
+        );
+        HeldWrite { status, thread }
+    }
+
+    /// Checks that, let go, the write ends with GOOD.
+    #[track_caller]
+    pub fn finishes(self) {
+        assert_eq!(self.status.recv_timeout(Duration::from_secs(10)), Ok(0));
+        self.thread.join().unwrap();
     }
 }

@@ -135,6 +135,32 @@ pub struct Summary {
     pub seconds: f64,
 }
 
+impl Summary {
+    /// Prints the summary: as JSON, or as one line of counts (`head`: the run's length,
+    /// `tail`: what only that mode counts) and the findings, one a line.
+    fn print(&self, json: bool, head: &str, tail: &str) -> anyhow::Result<()> {
+        if json {
+            println!("{}", serde_json::to_string_pretty(self)?);
+            return Ok(());
+        }
+        println!(
+            "{head}: {} writes issued, {} acknowledged ({} FUA), {} flushes; {} durable units \
+             checked; {} lost, {} phantom, {tail}",
+            self.writes_issued,
+            self.writes_acknowledged,
+            self.fua_writes,
+            self.flushes_acknowledged,
+            self.durable_units_checked,
+            self.losses,
+            self.phantoms,
+        );
+        for f in &self.findings {
+            println!("  {f}");
+        }
+        Ok(())
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     issued: AtomicU64,
@@ -435,27 +461,11 @@ pub fn run(args: CrashArgs) -> anyhow::Result<bool> {
     summary.flushes_acknowledged = counters.flushes.load(Ordering::Relaxed);
     summary.seconds = started.elapsed().as_secs_f64();
     let clean = summary.losses == 0 && summary.phantoms == 0 && summary.stuck_rounds == 0;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        println!(
-            "{} rounds in {:.1} s: {} writes issued, {} acknowledged ({} FUA), {} flushes; \
-             {} durable units checked; {} lost, {} phantom, {} rounds stuck",
-            summary.rounds,
-            summary.seconds,
-            summary.writes_issued,
-            summary.writes_acknowledged,
-            summary.fua_writes,
-            summary.flushes_acknowledged,
-            summary.durable_units_checked,
-            summary.losses,
-            summary.phantoms,
-            summary.stuck_rounds
-        );
-        for f in &summary.findings {
-            println!("  {f}");
-        }
-    }
+    summary.print(
+        args.json,
+        &format!("{} rounds in {:.1} s", summary.rounds, summary.seconds),
+        &format!("{} rounds stuck", summary.stuck_rounds),
+    )?;
     drop(daemons);
     if let (Some(t), true) = (temp, clean) {
         let _ = std::fs::remove_dir_all(t);
@@ -620,6 +630,55 @@ async fn writer(
     None
 }
 
+/// What reading every unit back showed against the model.
+struct Tally {
+    /// Units with a durable generation, i.e. that had something to lose.
+    checked: u64,
+    lost: u64,
+    phantom: u64,
+    /// The first `limit` losses and phantoms, in words.
+    findings: Vec<String>,
+}
+
+/// Judges every unit read back; both modes (a LUN this process runs, `--url`) use the
+/// same verdicts so that their reports mean the same.
+fn tally(m: &Model, found: &[model::Found], limit: usize) -> Tally {
+    let mut t = Tally {
+        checked: 0,
+        lost: 0,
+        phantom: 0,
+        findings: Vec::new(),
+    };
+    for (u, f) in found.iter().enumerate() {
+        let u = u as u64;
+        if m.durable_gen(u) != 0 {
+            t.checked += 1;
+        }
+        let finding = match m.verdict(u, *f) {
+            Verdict::Ok => continue,
+            Verdict::Lost { durable, found } => {
+                t.lost += 1;
+                format!(
+                    "unit {u}: lost durable generation {durable}, holds {}",
+                    if found == 0 {
+                        "nothing".to_owned()
+                    } else {
+                        format!("generation {found}")
+                    }
+                )
+            }
+            Verdict::Phantom(what) => {
+                t.phantom += 1;
+                format!("unit {u}: phantom {what:?}")
+            }
+        };
+        if t.findings.len() < limit {
+            t.findings.push(finding);
+        }
+    }
+    t
+}
+
 /// Reads every unit back and judges it; then SYNCHRONIZE CACHE and what was read becomes
 /// the baseline. Returns (durable units checked, lost, phantom, findings).
 async fn verify(
@@ -643,38 +702,12 @@ async fn verify(
         found.extend(data.chunks(UNIT).map(model::parse));
         at += n;
     }
-    let (mut checked, mut lost, mut phantom, mut findings) = (0, 0, 0, Vec::new());
-    {
-        let m = model.lock().unwrap();
-        for (u, f) in found.iter().enumerate() {
-            let u = u as u64;
-            if m.durable_gen(u) != 0 {
-                checked += 1;
-            }
-            match m.verdict(u, *f) {
-                Verdict::Ok => {}
-                Verdict::Lost { durable, found } => {
-                    lost += 1;
-                    if findings.len() < 5 {
-                        findings.push(format!(
-                            "unit {u}: lost durable generation {durable}, holds {}",
-                            if found == 0 {
-                                "nothing".to_owned()
-                            } else {
-                                format!("generation {found}")
-                            }
-                        ));
-                    }
-                }
-                Verdict::Phantom(what) => {
-                    phantom += 1;
-                    if findings.len() < 5 {
-                        findings.push(format!("unit {u}: phantom {what:?}"));
-                    }
-                }
-            }
-        }
-    }
+    let Tally {
+        checked,
+        lost,
+        phantom,
+        findings,
+    } = tally(&model.lock().unwrap(), &found, 5);
     lun.flush()
         .await
         .context("SYNCHRONIZE CACHE after the check")?;
@@ -784,33 +817,12 @@ fn run_url(url: &str, args: &CrashArgs) -> anyhow::Result<bool> {
         }
         let errors: Vec<String> = ended.into_iter().flatten().collect();
         let found = read_all(&lun, units_n).await?;
-        let (mut lost, mut phantom, mut checked, mut findings) = (0u64, 0u64, 0u64, Vec::new());
-        {
-            let m = model.lock().unwrap();
-            for (u, f) in found.iter().enumerate() {
-                let u = u as u64;
-                if m.durable_gen(u) != 0 {
-                    checked += 1;
-                }
-                match m.verdict(u, *f) {
-                    Verdict::Ok => {}
-                    Verdict::Lost { durable, found } => {
-                        lost += 1;
-                        if findings.len() < 10 {
-                            findings.push(format!(
-                                "unit {u}: lost durable generation {durable}, holds {found}"
-                            ));
-                        }
-                    }
-                    Verdict::Phantom(what) => {
-                        phantom += 1;
-                        if findings.len() < 10 {
-                            findings.push(format!("unit {u}: phantom {what:?}"));
-                        }
-                    }
-                }
-            }
-        }
+        let Tally {
+            checked,
+            lost,
+            phantom,
+            mut findings,
+        } = tally(&model.lock().unwrap(), &found, 10);
         let _ = lun.session().logout().await;
         for e in &errors {
             if findings.len() < 20 {
@@ -834,26 +846,11 @@ fn run_url(url: &str, args: &CrashArgs) -> anyhow::Result<bool> {
             ..Default::default()
         };
         let clean = summary.errors == 0 && lost == 0 && phantom == 0;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary)?);
-        } else {
-            println!(
-                "{:.1} s: {} writes issued, {} acknowledged ({} FUA), {} flushes; {} durable \
-                 units checked; {} lost, {} phantom, {} writer errors",
-                summary.seconds,
-                summary.writes_issued,
-                summary.writes_acknowledged,
-                summary.fua_writes,
-                summary.flushes_acknowledged,
-                summary.durable_units_checked,
-                summary.losses,
-                summary.phantoms,
-                summary.errors
-            );
-            for f in &summary.findings {
-                println!("  {f}");
-            }
-        }
+        summary.print(
+            args.json,
+            &format!("{:.1} s", summary.seconds),
+            &format!("{} writer errors", summary.errors),
+        )?;
         Ok(clean)
     })
 }
