@@ -23,12 +23,10 @@
 //! gateway it moved to), reads stay open to others, and the reservation does not depend
 //! on which nexus took it (as `fence_scsi` and Windows clustering use it).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use initiator::{IscsiUrl, Lun, SessionOptions};
+use testkit::blocks::{ReadBack, Writers};
 use testkit::ceph::{have_ceph, lun, wait_until_all_active, Cluster, Target as Gateway, IQN};
 use testkit::walk::{Client, Dir, Libiscsi};
 
@@ -38,17 +36,7 @@ const WE_RO: u8 = 5;
 const KILLS: usize = 2;
 const WRITERS: u64 = 4;
 const BLOCKS_EACH: u64 = 64;
-const BS: usize = 4096;
 const INTRUDER: &str = "iqn.2026-11.org.reservoir:intruder";
-
-fn stamp(writer: u64, seq: u64) -> Bytes {
-    let mut b = vec![0u8; BS];
-    for chunk in b.chunks_exact_mut(16) {
-        chunk[..8].copy_from_slice(&writer.to_be_bytes());
-        chunk[8..].copy_from_slice(&seq.to_be_bytes());
-    }
-    Bytes::from(b)
-}
 
 /// A command again while it meets a UNIT ATTENTION (the new nexus's power-on, a
 /// reservation change).
@@ -154,41 +142,7 @@ fn the_reservation_holds_while_the_active_gateway_is_killed_under_writes() {
     let f = intruder_refused(&bin, &portals[0]);
     assert!(f.is_empty(), "before any kill: {f:?}");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let acked: Arc<Vec<AtomicU64>> = Arc::new(
-        (0..WRITERS * BLOCKS_EACH)
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-    );
-    let completions = Arc::new(Mutex::new(Vec::<Instant>::new()));
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (lun, stop, errors, acked, completions) = (
-            lun.clone(),
-            stop.clone(),
-            errors.clone(),
-            acked.clone(),
-            completions.clone(),
-        );
-        writers.push(rt.spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let block = w * BLOCKS_EACH + seq % BLOCKS_EACH;
-                match lun.write_at(block * BS as u64, stamp(w, seq)).await {
-                    Ok(()) => {
-                        acked[block as usize].store(seq, Ordering::Relaxed);
-                        completions.lock().unwrap().push(Instant::now());
-                    }
-                    Err(e) => {
-                        errors.lock().unwrap().push(format!("writer {w}: {e}"));
-                        return;
-                    }
-                }
-            }
-        }));
-    }
+    let mut writers = Writers::start(&rt, &lun, WRITERS, BLOCKS_EACH);
 
     let mut kills = Vec::new();
     for k in 0..KILLS {
@@ -206,15 +160,11 @@ fn the_reservation_holds_while_the_active_gateway_is_killed_under_writes() {
         let t = Instant::now();
         loop {
             let g = lun.session().group();
-            let written = completions
-                .lock()
-                .unwrap()
-                .last()
-                .is_some_and(|c| *c > killed);
+            let written = writers.completions().last().is_some_and(|c| *c > killed);
             if g.failovers == group.failovers + 1 && g.current == portals[other] && written {
                 break;
             }
-            let errs = errors.lock().unwrap().clone();
+            let errs = writers.errors();
             assert!(
                 errs.is_empty(),
                 "kill {k}: the application saw errors: {errs:?}"
@@ -232,40 +182,32 @@ fn the_reservation_holds_while_the_active_gateway_is_killed_under_writes() {
         wait_until_all_active(&urls, Duration::from_secs(30));
     }
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        rt.block_on(w).unwrap();
-    }
-    let errs = errors.lock().unwrap().clone();
+    let (errs, times) = writers.stop(&rt);
     assert!(
         errs.is_empty(),
         "the application saw errors: {errs:?}\ninitiator group: {:?}",
         lun.session().group()
     );
     // Every acknowledged write reads back.
-    for w in 0..WRITERS {
-        for i in 0..BLOCKS_EACH {
-            let block = w * BLOCKS_EACH + i;
-            let want = acked[block as usize].load(Ordering::Relaxed);
-            if want == 0 {
-                continue;
-            }
-            let got = rt.block_on(lun.read_at(block * BS as u64, BS)).unwrap();
-            let writer = u64::from_be_bytes(got[..8].try_into().unwrap());
-            let seq = u64::from_be_bytes(got[8..16].try_into().unwrap());
-            assert!(
-                writer == w && seq == want,
-                "block {block}: acknowledged write {want} of writer {w} lost (reads writer \
-                 {writer} seq {seq})"
-            );
-        }
+    for ReadBack {
+        block,
+        owner: w,
+        want,
+        writer,
+        seq,
+    } in writers.read_back(&rt, &lun)
+    {
+        assert!(
+            writer == w && seq == want,
+            "block {block}: acknowledged write {want} of writer {w} lost (reads writer \
+             {writer} seq {seq})"
+        );
     }
     // The registration and the reservation are still the owner's, through both.
     for p in &portals {
         let f = intruder_refused(&bin, p);
         assert!(f.is_empty(), "after the kills: {f:?}");
     }
-    let times = completions.lock().unwrap().clone();
     let mut stalls = Vec::new();
     for (k, killed) in kills.iter().enumerate() {
         let until = kills.get(k + 1).copied();

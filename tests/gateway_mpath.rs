@@ -14,12 +14,10 @@
 //! group: then the writers fail (the test's check that it can).
 
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use initiator::{IscsiUrl, Lun, SessionOptions};
+use testkit::blocks::{ReadBack, Writers};
 use testkit::{Spawn, Target};
 
 const IQN: &str = "iqn.2026-11.org.reservoir:mpath";
@@ -54,16 +52,6 @@ fn url(first: u16, second: u16) -> String {
 
 const WRITERS: u64 = 4;
 const BLOCKS_EACH: u64 = 64;
-const BS: usize = 4096;
-
-fn stamp(writer: u64, seq: u64) -> Bytes {
-    let mut b = vec![0u8; BS];
-    for chunk in b.chunks_exact_mut(16) {
-        chunk[..8].copy_from_slice(&writer.to_be_bytes());
-        chunk[8..].copy_from_slice(&seq.to_be_bytes());
-    }
-    Bytes::from(b)
-}
 
 /// Four writers of stamped blocks through a session given `url` (two portals), the
 /// gateway of the first killed by `kill` after 1.5 s and left down: no writer error,
@@ -86,57 +74,17 @@ fn writes_across_a_kill(url: &str, first: &str, second: &str, kill: impl FnOnce(
         // Both groups active/optimized (today's answer), the first's group is 1.
         assert_eq!(group.paths[0].group, Some(1), "{group:?}");
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    // Per block, the last sequence number acknowledged.
-    let acked: Arc<Vec<AtomicU64>> = Arc::new(
-        (0..WRITERS * BLOCKS_EACH)
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-    );
-    let completions = Arc::new(Mutex::new(Vec::<Instant>::new()));
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (lun, stop, errors, acked, completions) = (
-            lun.clone(),
-            stop.clone(),
-            errors.clone(),
-            acked.clone(),
-            completions.clone(),
-        );
-        writers.push(rt.spawn(async move {
-            let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let block = w * BLOCKS_EACH + seq % BLOCKS_EACH;
-                match lun.write_at(block * BS as u64, stamp(w, seq)).await {
-                    Ok(()) => {
-                        acked[block as usize].store(seq, Ordering::Relaxed);
-                        completions.lock().unwrap().push(Instant::now());
-                    }
-                    Err(e) => {
-                        errors.lock().unwrap().push(format!("writer {w}: {e}"));
-                        return;
-                    }
-                }
-            }
-        }));
-    }
+    let mut writers = Writers::start(&rt, &lun, WRITERS, BLOCKS_EACH);
     std::thread::sleep(Duration::from_millis(1500));
     let killed = Instant::now();
     kill();
     std::thread::sleep(Duration::from_secs(4));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        rt.block_on(w).unwrap();
-    }
-    let errors = errors.lock().unwrap().clone();
+    let (errors, times) = writers.stop(&rt);
     assert!(
         errors.is_empty(),
         "the application saw errors: {errors:?}\ninitiator group: {:?}",
         lun.session().group()
     );
-    let times = completions.lock().unwrap().clone();
     let before = times.iter().filter(|t| **t < killed).count();
     let after = times.len() - before;
     // The longest gap between completed writes from just before the kill on.
@@ -156,23 +104,20 @@ fn writes_across_a_kill(url: &str, first: &str, second: &str, kill: impl FnOnce(
     );
     assert!(after > 0, "no write completed after the kill");
     // Every acknowledged write reads back (through the gateway left).
-    for w in 0..WRITERS {
-        for i in 0..BLOCKS_EACH {
-            let block = w * BLOCKS_EACH + i;
-            let want = acked[block as usize].load(Ordering::Relaxed);
-            if want == 0 {
-                continue;
-            }
-            let got = rt.block_on(lun.read_at(block * BS as u64, BS)).unwrap();
-            let writer = u64::from_be_bytes(got[..8].try_into().unwrap());
-            let seq = u64::from_be_bytes(got[8..16].try_into().unwrap());
-            // One write per writer in flight: a later, unacknowledged one may be there.
-            assert!(
-                writer == w && seq >= want,
-                "block {block}: acknowledged write {want} of writer {w} lost (reads \
-                 writer {writer} seq {seq})"
-            );
-        }
+    for ReadBack {
+        block,
+        owner: w,
+        want,
+        writer,
+        seq,
+    } in writers.read_back(&rt, &lun)
+    {
+        // One write per writer in flight: a later, unacknowledged one may be there.
+        assert!(
+            writer == w && seq >= want,
+            "block {block}: acknowledged write {want} of writer {w} lost (reads \
+             writer {writer} seq {seq})"
+        );
     }
     let group = lun.session().group();
     assert_eq!(group.current, second, "{group:?}");

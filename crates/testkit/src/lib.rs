@@ -7,6 +7,7 @@
 //!
 //! A dev-dependency only: no product crate depends on it (`publish = false`).
 
+pub mod blocks;
 pub mod ceph;
 pub mod exposition;
 pub mod inproc;
