@@ -150,6 +150,58 @@ fn cuts_hold_write_answers_briefly_and_release_them() {
     assert!(acked > rounds as u64 * 5);
 }
 
+/// The benchmarks' seconds per measurement and rounds: `RSV_BENCH_SECS` (default 5),
+/// `RSV_BENCH_ROUNDS` (default 2).
+fn bench_env() -> (f64, usize) {
+    let var = |k: &str| std::env::var(k).ok();
+    (
+        var("RSV_BENCH_SECS")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5.0),
+        var("RSV_BENCH_ROUNDS")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2),
+    )
+}
+
+/// `rsv bench` of 4 KiB random writes on `url` for `secs` (at `depth`, else its default
+/// queue depth): its JSON report, with IOPS and latencies printed under `what`.
+fn rand_write_bench(url: &str, secs: f64, depth: Option<usize>, what: &str) -> serde_json::Value {
+    let secs = format!("{secs}");
+    let depth = depth.map(|d| d.to_string());
+    let mut args = vec![
+        "bench",
+        url,
+        "--rw",
+        "write",
+        "--pattern",
+        "rand",
+        "--block-size",
+        "4k",
+    ];
+    if let Some(d) = &depth {
+        args.extend(["--queue-depth", d]);
+    }
+    args.extend(["--duration", &secs, "--json"]);
+    let out = run_ok(rsv().to_str().unwrap(), &args);
+    // One pretty-printed JSON object, after any lines of notes.
+    let v: serde_json::Value = out
+        .find('{')
+        .and_then(|at| serde_json::from_str(&out[at..]).ok())
+        .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
+    let what = match &depth {
+        Some(d) => format!("{what}, queue depth {d}"),
+        None => what.to_owned(),
+    };
+    eprintln!(
+        "{what}: {:.0} IOPS, p50 {} µs, p99 {} µs",
+        v["iops"].as_f64().unwrap_or(0.0),
+        v["latency_us_p50"],
+        v["latency_us_p99"]
+    );
+    v
+}
+
 /// `rsv bench` 4 KiB random writes against a file LUN with no image and with an image
 /// held, alternating in one sitting; and, in process, the write path through the image
 /// layer with no image against the store alone. Prints the figures; with
@@ -158,14 +210,7 @@ fn cuts_hold_write_answers_briefly_and_release_them() {
 #[ignore = "a benchmark: scripts/bench-image.sh"]
 fn bench_image_write_overhead() {
     use backstore::Backstore;
-    let secs: f64 = std::env::var("RSV_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5.0);
-    let rounds: usize = std::env::var("RSV_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let (secs, rounds) = bench_env();
 
     // In process: 4 KiB writes to a RAM store, alone and through the layer (no image).
     let ram: Arc<dyn Backstore> = Arc::new(backstore::RamBackstore::new(64 << 20));
@@ -219,36 +264,7 @@ fn bench_image_write_overhead() {
         lun: 0,
     }];
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let bench = |what: &str| -> serde_json::Value {
-        let out = run_ok(
-            rsv().to_str().unwrap(),
-            &[
-                "bench",
-                &url,
-                "--rw",
-                "write",
-                "--pattern",
-                "rand",
-                "--block-size",
-                "4k",
-                "--duration",
-                &format!("{secs}"),
-                "--json",
-            ],
-        );
-        // One pretty-printed JSON object, after any lines of notes.
-        let v: serde_json::Value = out
-            .find('{')
-            .and_then(|at| serde_json::from_str(&out[at..]).ok())
-            .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
-        eprintln!(
-            "{what}: {:.0} IOPS, p50 {} µs, p99 {} µs",
-            v["iops"].as_f64().unwrap_or(0.0),
-            v["latency_us_p50"],
-            v["latency_us_p99"]
-        );
-        v
-    };
+    let bench = |what: &str| rand_write_bench(&url, secs, None, what);
     let mut none = Vec::new();
     let mut held = Vec::new();
     let mut holds = Vec::new();
@@ -311,14 +327,7 @@ fn bench_image_write_overhead() {
 #[test]
 #[ignore = "a benchmark: scripts/bench-undo.sh"]
 fn bench_undo_write_overhead() {
-    let secs: f64 = std::env::var("RSV_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5.0);
-    let rounds: usize = std::env::var("RSV_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let (secs, rounds) = bench_env();
     let tmp = tempfile::tempdir().unwrap();
     let hosts = hosts(tmp.path());
     let (key, port) = (hosts.key.clone(), hosts.control_port);
@@ -350,37 +359,7 @@ fn bench_undo_write_overhead() {
         rt.block_on(agent.call("POST", &format!("/v1/cycle/{what}"), &req))
             .unwrap_or_else(|e| panic!("cycle {what}: {e:#}"))
     };
-    let bench = |what: &str, depth: usize| -> serde_json::Value {
-        let out = run_ok(
-            rsv().to_str().unwrap(),
-            &[
-                "bench",
-                &url,
-                "--rw",
-                "write",
-                "--pattern",
-                "rand",
-                "--block-size",
-                "4k",
-                "--queue-depth",
-                &depth.to_string(),
-                "--duration",
-                &format!("{secs}"),
-                "--json",
-            ],
-        );
-        let v: serde_json::Value = out
-            .find('{')
-            .and_then(|at| serde_json::from_str(&out[at..]).ok())
-            .unwrap_or_else(|| panic!("no JSON from rsv bench ({what}):\n{out}"));
-        eprintln!(
-            "{what}, queue depth {depth}: {:.0} IOPS, p50 {} µs, p99 {} µs",
-            v["iops"].as_f64().unwrap_or(0.0),
-            v["latency_us_p50"],
-            v["latency_us_p99"]
-        );
-        v
-    };
+    let bench = |what: &str, depth: usize| rand_write_bench(&url, secs, Some(depth), what);
     let mut rows = Vec::new();
     for depth in [1usize, 32] {
         let (mut closed, mut open, mut saved) = (Vec::new(), Vec::new(), Vec::new());
