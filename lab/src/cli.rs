@@ -320,14 +320,14 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
                 })
             });
             let r = crate::dr::run(a.params()?, quick, &out, command)?;
-            let doc = a
-                .flags
-                .doc
-                .target(&a.flags.common, Document::Dr)
-                .map(|(d, document)| match (ext4, &a.flags.doc.doc) {
-                    (true, None) => (d.with_file_name("lab-dr-ext4.md"), document),
-                    _ => (d, document),
-                });
+            let doc =
+                a.flags
+                    .doc
+                    .target(&a.flags.common, Document::Dr)
+                    .map(|(d, document)| match (ext4, &a.flags.doc.doc) {
+                        (true, None) => (d.with_file_name("lab-dr-ext4.md"), document),
+                        _ => (d, document),
+                    });
             if let Some((d, document)) = &doc {
                 document.write(&out, d)?;
                 eprintln!("lab: wrote {}", d.display());
@@ -335,7 +335,7 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
             eprintln!("lab: results in {}", out.display());
             let bad = r.violations();
             if bad > 0 {
-                bail!("{bad} failover(s) left a far copy of no single moment (see the rounds)");
+                bail!("{bad} failover(s) left a far copy of no single moment, or one that failed its check (see the rounds)");
             }
             let failed = r
                 .configs

@@ -1318,6 +1318,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             Path::new("/dev/fuse").exists() && Path::new("/dev/loop-control").exists(),
             "dr --app ext4 needs /dev/fuse and loop devices (/dev/loop-control)"
         );
+        crate::drfs::own_mount_namespace()?;
     }
     let _cc = proc::AllowedCc::ensure(&["cubic", "bbr"])?;
     let n = p.disk_servers;
