@@ -29,6 +29,10 @@ pub enum LabCommand {
     /// The DR scenario's application, run by `run dr` inside a site's namespace.
     #[command(hide = true)]
     DrWriter(crate::dr::WriterArgs),
+    /// The DR scenario's file-system application (`run dr --app ext4`), run against the
+    /// file system mounted at the primary site.
+    #[command(hide = true)]
+    DrFsWriter(crate::drfs::FsWriterArgs),
 }
 
 /// The scenarios; `rsv-lab list` prints their names and first lines.
@@ -228,6 +232,7 @@ pub fn run(command: LabCommand) -> Result<()> {
             _ => crate::doc::write_committed(),
         },
         LabCommand::DrWriter(a) => crate::dr::writer(a),
+        LabCommand::DrFsWriter(a) => crate::drfs::fs_writer(a),
         LabCommand::Run { scenario } => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
@@ -303,15 +308,26 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
         Scenario::Dr(a) => {
             // Its results have a directory of their own (lab/results/dr).
             let quick = a.flags.common.quick;
+            // The ext4 application's results and document sit beside the stamps' own.
+            let ext4 = a.app == crate::dr::App::Ext4;
             let out = a.flags.common.out.clone().unwrap_or_else(|| {
                 PathBuf::from(if quick {
                     "lab/results-quick"
+                } else if ext4 {
+                    "lab/results/dr-ext4"
                 } else {
                     "lab/results/dr"
                 })
             });
             let r = crate::dr::run(a.params()?, quick, &out, command)?;
-            let doc = a.flags.doc.target(&a.flags.common, Document::Dr);
+            let doc =
+                a.flags
+                    .doc
+                    .target(&a.flags.common, Document::Dr)
+                    .map(|(d, document)| match (ext4, &a.flags.doc.doc) {
+                        (true, None) => (d.with_file_name("lab-dr-ext4.md"), document),
+                        _ => (d, document),
+                    });
             if let Some((d, document)) = &doc {
                 document.write(&out, d)?;
                 eprintln!("lab: wrote {}", d.display());
@@ -319,7 +335,7 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
             eprintln!("lab: results in {}", out.display());
             let bad = r.violations();
             if bad > 0 {
-                bail!("{bad} failover(s) left a far copy of no single moment (see the rounds)");
+                bail!("{bad} failover(s) left a far copy of no single moment, or one that failed its check (see the rounds)");
             }
             let failed = r
                 .configs
@@ -431,6 +447,13 @@ mod tests {
             ),
             (3, vec![0.3, 0.7], 100, 2000, 2)
         );
+        assert_eq!(p.app, crate::dr::App::Stamps);
+        let Scenario::Dr(a) = scenario("run dr --app ext4 --outage 0s").unwrap() else {
+            panic!("not dr");
+        };
+        let p = a.params().unwrap();
+        assert_eq!((p.app, p.outage_s), (crate::dr::App::Ext4, 0.0));
+        assert!(scenario("run dr --app zfs").is_err());
     }
 
     #[test]

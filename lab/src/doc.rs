@@ -21,7 +21,8 @@ pub enum Document {
     R2,
     R3,
     R4,
-    /// The DR scenario (dr.json).
+    /// The DR scenario (dr.json; `lab/results/dr-ext4` to `docs/lab-dr-ext4.md` for its
+    /// ext4 application).
     Dr,
 }
 
@@ -67,6 +68,7 @@ const COMMITTED: &[(Document, &str, &str)] = &[
         "docs/lab-r4-windows.md",
     ),
     (Document::Dr, "lab/results/dr", "docs/lab-dr.md"),
+    (Document::Dr, "lab/results/dr-ext4", "docs/lab-dr-ext4.md"),
 ];
 
 /// Rewrites every committed document from its results (run from the repository's top).

@@ -11,6 +11,7 @@ pub mod cli;
 mod cuts;
 mod doc;
 mod dr;
+mod drfs;
 mod env;
 mod login;
 mod peers;

@@ -33,6 +33,21 @@ pub fn rsv_target_on(
     dir: &Path,
     tag: &str,
 ) -> Result<Proc> {
+    let mut p = rsv_target_spawn(ns, addr, port, config, dir, tag)?;
+    target_ready(&mut p)?;
+    Ok(p)
+}
+
+/// As [`rsv_target_on`] without waiting for it: several targets then start at once
+/// ([`target_ready`] for each after).
+pub fn rsv_target_spawn(
+    ns: &str,
+    addr: Ipv4Addr,
+    port: u16,
+    config: &str,
+    dir: &Path,
+    tag: &str,
+) -> Result<Proc> {
     let cfg = dir.join(format!("target-{tag}.toml"));
     std::fs::write(&cfg, config)?;
     let mut cmd = in_ns(ns, rsv_bin());
@@ -49,11 +64,14 @@ pub fn rsv_target_on(
             "RUST_LOG",
             std::env::var("RSV_LAB_TARGET_LOG").unwrap_or_else(|_| "warn".into()),
         );
-    let mut p = Proc::spawn(cmd, "rsv target", &dir.join(format!("target-{tag}.log")))?;
+    Proc::spawn(cmd, "rsv target", &dir.join(format!("target-{tag}.log")))
+}
+
+/// Waits until a target started by [`rsv_target_spawn`] says it is ready.
+pub fn target_ready(p: &mut Proc) -> Result<()> {
     p.wait_log(Duration::from_secs(20), |l| {
         l.lines().any(|x| x.trim() == "ready")
-    })?;
-    Ok(p)
+    })
 }
 
 pub struct Tgt {

@@ -4,7 +4,7 @@
 //! the control port and the run's key. A site can be SIGKILLed whole and started again on
 //! the same data (DR's failovers).
 
-use crate::peers::{rsv_target, ISCSI_PORT};
+use crate::peers::{rsv_target, rsv_target_spawn, target_ready, ISCSI_PORT};
 use crate::proc::{self, Host, Proc};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -132,17 +132,25 @@ impl Site {
     }
 
     /// Starts every target that is not running, disk servers first (the file server opens
-    /// its members as it starts), on the data they left.
+    /// its members as it starts), on the data they left. The disk servers start together
+    /// (a failover's restart waits for the slowest, not for their sum).
     pub fn restart(&mut self) -> Result<()> {
         let dir = self.dir.clone();
-        for (r, p) in self
-            .disks
-            .iter_mut()
-            .chain(std::iter::once(&mut self.file_server))
-        {
+        for (r, p) in self.disks.iter_mut() {
             if p.is_none() {
-                *p = Some(rsv_target(&r.ns, r.addr, &r.config, &dir, &r.tag)?);
+                *p = Some(rsv_target_spawn(
+                    &r.ns, r.addr, ISCSI_PORT, &r.config, &dir, &r.tag,
+                )?);
             }
+        }
+        for (_, p) in self.disks.iter_mut() {
+            if let Some(p) = p {
+                target_ready(p)?;
+            }
+        }
+        let (r, p) = &mut self.file_server;
+        if p.is_none() {
+            *p = Some(rsv_target(&r.ns, r.addr, &r.config, &dir, &r.tag)?);
         }
         Ok(())
     }
