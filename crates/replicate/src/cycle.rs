@@ -731,7 +731,7 @@ mod tests {
         for (an, a) in &states {
             for (bn, b) in &states {
                 let got = settle(&[a.clone(), b.clone()]);
-                match (want(*an, *bn), &got) {
+                match (want(an, bn), &got) {
                     (Ok(w), Ok(g)) => assert_eq!(g, &w, "{an} + {bn}"),
                     (Err("lost"), Err(Unsettled::Lost { cycle: 5, .. })) => {}
                     (Err("mixed"), Err(Unsettled::Mixed { .. })) => {}
