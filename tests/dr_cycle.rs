@@ -654,3 +654,250 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
     sync_ok(&hosts, &["--pacing", "unpaced"], &src, &dst);
     assert!(volume_bytes(&b, tmp.path()) == std::fs::read(&image2).unwrap());
 }
+
+/// A site of two 8 MiB disk servers whose LUNs track changes in 64 KiB units (the stripe
+/// unit), so that a unit of the volume is a unit of one member's map.
+fn small_site(hosts: &Hosts, dir: &Path, base: u8) -> Site {
+    hosts.site(
+        Some(dir),
+        base,
+        2,
+        "file:disk.img?size=8M",
+        "track = true\ntrack_unit = \"64KiB\"\n",
+    )
+}
+
+/// Writes `len` bytes of noise (from `seed`) at `offset` of the volume, as an application
+/// does, and into `model`.
+fn app_writes(site: &Site, model: &mut [u8], offset: usize, len: usize, seed: u64) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    write_as(&site.url(), None, offset as u64, data.clone()).unwrap();
+    model[offset..offset + len].copy_from_slice(&data);
+}
+
+/// Starts `rsv sync --rate 16mbit SRC DST` and SIGKILLs the source site, then the
+/// coordinator, once every stream has units durable at the far site (made durable by a
+/// periodic flush, so counted as sent at the source: `ChangeMap::sent`) and before it
+/// ends. Returns the far cycle left open on each member.
+fn cut_off_with_units_sent(hosts: &Hosts, src: &mut Site, dst: &Site) -> Vec<u64> {
+    let args = [
+        "--json",
+        "--interval",
+        "100ms",
+        "--rate",
+        "16mbit",
+        &src.volume(),
+        &dst.volume(),
+    ];
+    let (mut slow, durable) = hosts.sync_until(&args, "units durable on every stream", |t| {
+        let streams = t["streams"].as_array()?;
+        let durable: Vec<u64> = streams
+            .iter()
+            .map(|s| s["durable_bytes"].as_u64().unwrap_or(0))
+            .collect();
+        durable.iter().all(|&d| d > 0).then_some(durable)
+    });
+    src.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = slow.kill();
+    slow.wait().unwrap();
+    eprintln!("cut off with {durable:?} bytes durable at the far members");
+    far_states(hosts, dst)
+        .iter()
+        .map(|s| {
+            s.open
+                .expect("the cut-off cycle is open on every far member")
+        })
+        .collect()
+}
+
+/// Units of 64 KiB in which `a` and `b` differ, and their bytes.
+fn differing(a: &[u8], b: &[u8]) -> (u64, u64) {
+    let n = a
+        .chunks(64 << 10)
+        .zip(b.chunks(64 << 10))
+        .filter(|(x, y)| x != y)
+        .count() as u64;
+    (n, n << 16)
+}
+
+/// Issue 39: a commit cut off between two members (the coordinator killed by the fault
+/// point after the first member's commit) leaves one member committed and the other
+/// prepared; the prepared cycle survives the far disk servers' restart, a plain promote is
+/// refused saying --force rolls it forward, and `promote --force` commits it there: the
+/// far site equals the source's image of that cycle byte for byte.
+#[test]
+fn promote_rolls_forward_a_cycle_its_coordinator_committed_on_one_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hosts(tmp.path(), 131);
+    let key = hosts.key.clone();
+    let a = small_site(&hosts, &tmp.path().join("a"), 131);
+    let mut b = small_site(&hosts, &tmp.path().join("b"), 135);
+    let (src, dst) = (a.volume(), b.volume());
+    let mut image = vec![0u8; 16 << 20];
+    app_writes(&a, &mut image, 0, 16 << 20, 1);
+    sync_ok(&hosts, &["--pacing", "unpaced"], &src, &dst);
+
+    // The next image, half the volume rewritten; its sync's coordinator exits right after
+    // the first member's commit.
+    app_writes(&a, &mut image, 4 << 20, 8 << 20, 2);
+    let out = hosts
+        .sync(&["--json", "--pacing", "unpaced", &src, &dst])
+        .env("RSV_SYNC_FAULT_EXIT_AFTER_COMMITS", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(86),
+        "the coordinator exits at the fault point:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states = far_states(&hosts, &b);
+    eprintln!("far members after the coordinator's exit: {states:?}");
+    let n = states
+        .iter()
+        .find_map(|s| {
+            s.committed
+                .filter(|_| s.open.is_none() && s.rolled_back.is_none())
+        })
+        .filter(|&c| states.iter().any(|s| s.open == Some(c)))
+        .unwrap_or_else(|| panic!("one member committed the cycle, one has it open: {states:?}"));
+    assert_eq!(
+        states.iter().filter(|s| s.prepared == Some(n)).count(),
+        1,
+        "the other member holds cycle {n} prepared: {states:?}"
+    );
+
+    // The far site's disk servers crash and come back: a prepared cycle is kept.
+    b.kill();
+    b.restart();
+    let after = far_states(&hosts, &b);
+    assert_eq!(
+        after, states,
+        "the restart changed the members' cycle states"
+    );
+
+    // A plain promote is refused, saying what --force does.
+    let (ok, out, err) = sync_cmd(&key, &["promote", &dst, "--json"]);
+    assert!(!ok, "promote with a cycle open succeeded:\n{out}");
+    assert!(err.contains(&format!("cycle {n} is open")), "{err}");
+    assert!(
+        err.contains(&format!("--force commits cycle {n}")),
+        "the refusal says --force rolls the cycle forward: {err}"
+    );
+    let p = sync_cmd_ok(&key, &["promote", &dst, "--force", "--json"]);
+    assert_eq!(p["role"], "primary", "{p}");
+    assert_eq!(p["rolled_forward"], n, "{p}");
+    let states = far_states(&hosts, &b);
+    assert!(
+        states
+            .iter()
+            .all(|s| s.open.is_none() && s.committed == Some(n)),
+        "every member committed cycle {n}: {states:?}"
+    );
+    let got = volume_bytes(&b, tmp.path());
+    if let Some(at) = first_difference(&got, &image) {
+        panic!("the promoted far site differs from the source's image of cycle {n} at byte {at}");
+    }
+}
+
+/// Issue 39: two failovers in a row, each abandoning a cycle cut off after units of it
+/// were durable at the far site (so counted as sent at its source). A to B, cut off and
+/// rolled back by `promote B --force`; B resynced onto A; B to A, cut off and rolled back
+/// by `promote A --force`; then the resync A to B, onto a B that still carries the mark
+/// of the first roll back. It stays incremental, sends at most 1.1 x the bytes of the
+/// units that differ, and leaves both sites equal byte for byte: the units A's roll back
+/// restored are in A's change map.
+#[test]
+fn a_resync_after_a_second_forced_failover_stays_incremental() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hosts(tmp.path(), 141);
+    let key = hosts.key.clone();
+    let mut a = small_site(&hosts, &tmp.path().join("a"), 141);
+    let mut b = small_site(&hosts, &tmp.path().join("b"), 145);
+    let (va, vb) = (a.volume(), b.volume());
+    let mut on_a = vec![0u8; 16 << 20];
+    app_writes(&a, &mut on_a, 0, 16 << 20, 11);
+    sync_ok(&hosts, &["--pacing", "unpaced"], &va, &vb);
+
+    // First failover: A's next image cut off, B promoted by rolling it back.
+    app_writes(&a, &mut on_a, 0, 8 << 20, 12);
+    cut_off_with_units_sent(&hosts, &mut a, &b);
+    let p = sync_cmd_ok(&key, &["promote", &vb, "--force", "--json"]);
+    assert_eq!(
+        (p["role"].as_str(), p["epoch"].as_u64()),
+        (Some("primary"), Some(2))
+    );
+    let mut on_b = volume_bytes(&b, tmp.path());
+    app_writes(&b, &mut on_b, 10 << 20, 1 << 20, 13);
+    a.restart();
+    sync_cmd_ok(&key, &["demote", &va, "--json"]);
+    let r = sync_cmd_ok(&key, &["resync", &vb, &va, "--json"]);
+    assert_eq!(r["incremental"], true, "{r}");
+    assert!(
+        volume_bytes(&a, tmp.path()) == on_b,
+        "A equals B after the first resync"
+    );
+    assert!(
+        far_states(&hosts, &b)
+            .iter()
+            .all(|s| s.rolled_back.is_some()),
+        "B still carries the first roll back's mark"
+    );
+
+    // Second failover: B's next image cut off, A promoted by rolling it back.
+    app_writes(&b, &mut on_b, 4 << 20, 8 << 20, 14);
+    cut_off_with_units_sent(&hosts, &mut b, &a);
+    let p = sync_cmd_ok(&key, &["promote", &va, "--force", "--json"]);
+    assert_eq!(
+        (p["role"].as_str(), p["epoch"].as_u64()),
+        (Some("primary"), Some(3))
+    );
+    let mut on_a = volume_bytes(&a, tmp.path());
+    app_writes(&a, &mut on_a, 14 << 20, 1 << 20, 15);
+
+    // B comes back, is demoted, and resynced from A.
+    b.restart();
+    sync_cmd_ok(&key, &["demote", &vb, "--json"]);
+    let before_b = volume_bytes(&b, tmp.path());
+    let (units, differ) = differing(&on_a, &before_b);
+    assert!(units > 0);
+    let r = sync_cmd_ok(&key, &["resync", &va, &vb, "--json"]);
+    let sent = r["data_bytes"].as_u64().unwrap() + r["zero_bytes"].as_u64().unwrap();
+    println!(
+        "second resync: {units} unit(s) of 64 KiB differed ({differ} bytes); sent {sent} bytes, {:.3}x; incremental {}",
+        sent as f64 / differ as f64,
+        r["incremental"]
+    );
+    assert_eq!(r["incremental"], true, "{r}");
+    let got = volume_bytes(&b, tmp.path());
+    if let Some(at) = first_difference(&got, &on_a) {
+        panic!(
+            "B differs from A after the resync at byte {at} (unit {}): a unit A's roll back \
+             restored was not sent",
+            at >> 16
+        );
+    }
+    assert!(
+        sent >= differ,
+        "sent {sent} bytes, less than the {differ} that differ"
+    );
+    assert!(
+        sent * 10 <= differ * 11,
+        "sent {sent} bytes for {differ} that differ: more than 1.1x"
+    );
+    let st = sync_cmd_ok(&key, &["status", &vb, "--json"]);
+    assert_eq!(
+        (st["role"].as_str(), st["epoch"].as_u64()),
+        (Some("replica"), Some(3)),
+        "{st}"
+    );
+}

@@ -72,12 +72,32 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = serde_json::from_slice::<CycleRequest>(body);
     // The far site's states as a coordinator decides on them: any answers, no panic, and
-    // a roll forward only of a cycle that is open where it is asked and committed elsewhere.
+    // a roll forward only of a cycle that is prepared where it is asked and committed elsewhere.
     if let Ok(states) = serde_json::from_slice::<Vec<CycleAnswer>>(body) {
         for (i, c) in replicate::cycle::roll_forward(&states) {
             assert_eq!(states[i].open, Some(c));
+            assert_eq!(states[i].prepared, Some(c), "only a prepared cycle rolls forward");
             assert!(states.iter().any(|s| s.committed == Some(c)));
         }
         let _ = replicate::cycle::far_image(&states);
+        // A promote's decision: a roll back only of an open cycle, a roll forward only of
+        // a prepared one that another member committed.
+        match replicate::cycle::settle(&states) {
+            Ok(s) => {
+                for &i in &s.back {
+                    assert!(states[i].open.is_some(), "only an open cycle rolls back");
+                }
+                if let Some((c, members)) = &s.forward {
+                    for &i in members {
+                        assert_eq!(states[i].prepared, Some(*c));
+                        assert_eq!(states[i].open, Some(*c));
+                    }
+                    assert!(states.iter().any(|o| o.committed == Some(*c)));
+                }
+            }
+            Err(u) => {
+                let _ = u.shown(|i| i.to_string());
+            }
+        }
     }
 });

@@ -7,8 +7,15 @@
 //! - [`Undo::roll_back`]: every saved unit is written back, the medium flushed, then the
 //!   header says no cycle is open. The store holds the image it held when the cycle opened.
 //!
+//! - [`Undo::prepare`], before a commit across several members: the medium is flushed,
+//!   then the header says the cycle is *prepared* (whole here). It stays open until it is
+//!   committed or rolled back, and a restart keeps it: another member may have committed it
+//!   (see `replicate::cycle`).
+//!
 //! An open cycle found when the store is opened ([`Undo::open`]: the target restarting
-//! after a crash with a sync cut off) is rolled back before the store serves anything.
+//! after a crash with a sync cut off) is rolled back before the store serves anything,
+//! unless it is prepared. Every roll back marks the units it restores in the LUN's change
+//! map first, when it is given one ([`Undo::open_with`]).
 //! One found open by the next cycle's open (the link lost, the source site lost, the
 //! coordinator killed, the far target still up) goes on instead: the source counted the
 //! units it wrote as sent, and sends the rest, so the cycle ends with the new image; its
@@ -45,7 +52,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{buffers, Backstore};
+use crate::{buffers, Backstore, ChangeMap};
 
 /// The undo unit when none is given: a 4 KiB write saves 64 KiB at most, and the map of a
 /// 1 TiB store is 2 MiB.
@@ -57,11 +64,15 @@ pub mod rules {
     pub const SLOT: u64 = 4096;
     /// Where the records start.
     pub const RECORDS_AT: u64 = 2 * SLOT;
-    const MAGIC: &[u8; 8] = b"RSVUNDO1";
+    /// The header before the prepared state; still read (its `prepared` is 0), never
+    /// written.
+    const MAGIC_V1: &[u8; 8] = b"RSVUNDO1";
+    const MAGIC: &[u8; 8] = b"RSVUNDO2";
     const RECORD_MAGIC: u32 = 0x5253_5655;
     /// Bytes of a record's head, before its data.
     pub const RECORD_HEAD: usize = 28;
-    const HEADER_LEN: usize = 8 + 8 * 8 + 4;
+    const HEADER_V1_LEN: usize = 8 + 8 * 8 + 4;
+    const HEADER_LEN: usize = 8 + 9 * 8 + 4;
 
     /// What the log says of the store.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -81,6 +92,12 @@ pub mod rules {
         /// A cycle rolled back since the last commit (0: none): the source may have
         /// counted some of its units as sent, so the next cycle sends every unit again.
         pub rolled_back: u64,
+        /// The open cycle is *prepared* (0: not): every unit of it was received and made
+        /// durable, and its streams are shut out. The first phase of a commit across
+        /// several members: a prepared cycle is kept at a restart (not rolled back), since
+        /// another member may have committed it, and only the coordinator, or a promote
+        /// asking every member, decides whether it commits or rolls back.
+        pub prepared: u64,
     }
 
     impl Header {
@@ -96,6 +113,7 @@ pub mod rules {
                 self.unit,
                 self.size,
                 self.rolled_back,
+                self.prepared,
             ] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
@@ -104,14 +122,16 @@ pub mod rules {
             b
         }
 
-        /// A slot's header, if it is whole.
+        /// A slot's header, if it is whole (either version).
         pub fn decode(b: &[u8]) -> Option<Header> {
-            let b = b.get(..HEADER_LEN)?;
-            if &b[..8] != MAGIC {
-                return None;
-            }
-            let crc = u32::from_le_bytes(b[HEADER_LEN - 4..].try_into().ok()?);
-            if crc32c::crc32c(&b[..HEADER_LEN - 4]) != crc {
+            let len = match b.get(..8)? {
+                m if m == MAGIC => HEADER_LEN,
+                m if m == MAGIC_V1 => HEADER_V1_LEN,
+                _ => return None,
+            };
+            let b = b.get(..len)?;
+            let crc = u32::from_le_bytes(b[len - 4..].try_into().ok()?);
+            if crc32c::crc32c(&b[..len - 4]) != crc {
                 return None;
             }
             let v = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap());
@@ -124,6 +144,7 @@ pub mod rules {
                 unit: v(5),
                 size: v(6),
                 rolled_back: v(7),
+                prepared: if len == HEADER_LEN { v(8) } else { 0 },
             })
         }
 
@@ -149,11 +170,16 @@ pub mod rules {
         Serve,
         /// Cycle `cycle` was open (cut off): roll it back before serving.
         RollBack { cycle: u64 },
+        /// Cycle `cycle` was prepared: whole here, and perhaps committed on another
+        /// member. Kept open for the coordinator (or a promote) to commit or roll back.
+        Keep { cycle: u64 },
     }
 
     pub fn at_start(h: &Header) -> AtStart {
         if h.open == 0 {
             AtStart::Serve
+        } else if h.prepared == h.open {
+            AtStart::Keep { cycle: h.open }
         } else {
             AtStart::RollBack { cycle: h.open }
         }
@@ -448,6 +474,9 @@ pub struct CycleState {
     /// A cycle rolled back since the last commit: what the source counted as sent in it
     /// is gone, so the next cycle must send every unit.
     pub rolled_back: Option<u64>,
+    /// The open cycle, when it is prepared ([`Undo::prepare`]): whole here, waiting to be
+    /// committed or rolled back.
+    pub prepared: Option<u64>,
 }
 
 /// What [`Undo::open_cycle`] did.
@@ -507,6 +536,9 @@ struct Log {
     /// Set when an effect on the log failed halfway: nothing more is done until a roll
     /// back (at the next open, or the next start) succeeds.
     broken: Option<String>,
+    /// The LUN's change map: a roll back marks the units it restores there, durably,
+    /// before it writes them back (see [`Undo::open_with`]).
+    changes: Option<Arc<ChangeMap>>,
 }
 
 /// A write's pass through the gate; dropped when the write has returned.
@@ -621,6 +653,23 @@ impl Undo {
     /// serves anything. A log of another unit or size is refused (say why: the store was
     /// resized with a cycle open, or the file is another's).
     pub fn open(inner: Arc<dyn Backstore>, file: Box<dyn UndoFile>, unit: u64) -> io::Result<Undo> {
+        Undo::open_with(inner, file, unit, None)
+    }
+
+    /// [`Undo::open`], and every roll back (this one's at start included) marks the units
+    /// it restores in `changes`, the LUN's change map, before writing them back. Those
+    /// units hold again what the last committed image held, but the source of the cycle
+    /// rolled back counted them as sent (`ChangeMap::sent`) and no longer has them in its
+    /// own map: marked here, they count as changed since the last image both sides hold,
+    /// so that a resync from this side (after a promote), or onto it, sends them. The
+    /// layers under the undo layer may mark them too (a change-tracking layer sees the
+    /// writes back); this does not depend on it.
+    pub fn open_with(
+        inner: Arc<dyn Backstore>,
+        file: Box<dyn UndoFile>,
+        unit: u64,
+        changes: Option<Arc<ChangeMap>>,
+    ) -> io::Result<Undo> {
         if !unit.is_power_of_two() || unit < 512 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -639,6 +688,7 @@ impl Undo {
             saved: None,
             end: RECORDS_AT,
             broken: None,
+            changes,
         };
         match found {
             None => {
@@ -653,7 +703,36 @@ impl Undo {
             }
             Some(h) => {
                 log.header = h;
-                if let rules::AtStart::RollBack { cycle } = rules::at_start(&h) {
+                let at_start = rules::at_start(&h);
+                if let rules::AtStart::Keep { cycle } = at_start {
+                    if h.size != size || h.unit != unit {
+                        return Err(io::Error::other(format!(
+                            "the undo log of prepared cycle {cycle} is of a store of {} bytes \
+                             in units of {}, this one holds {size} in units of {unit}: it \
+                             cannot be committed or rolled back here",
+                            h.size, h.unit
+                        )));
+                    }
+                    // Its records are the image before it: found again, so that a roll
+                    // back (or a continuing cycle's next first changes) has them.
+                    let records = log.records()?;
+                    let mut saved = Saved::new(h.unit, h.size);
+                    let mut end = RECORDS_AT;
+                    for (head, at) in &records {
+                        saved.mark(head.unit);
+                        end = at + head.len as u64;
+                    }
+                    log.saved = Some(saved);
+                    log.end = end;
+                    tracing::warn!(
+                        "{}: cycle {cycle} is prepared (whole here, perhaps committed on \
+                         another member): kept for the coordinator or a promote to commit or \
+                         roll back ({} unit(s) saved)",
+                        inner.description(),
+                        records.len()
+                    );
+                }
+                if let rules::AtStart::RollBack { cycle } = at_start {
                     if h.size != size {
                         return Err(io::Error::other(format!(
                             "the undo log of cycle {cycle} is of a store of {} bytes, this one \
@@ -678,11 +757,13 @@ impl Undo {
                 }
             }
         }
+        // A prepared cycle kept open: its first changes are still saved.
+        let active = log.saved.is_some();
         Ok(Undo {
             inner,
             shared: Arc::new(Shared {
                 fast: AtomicU64::new(0),
-                active: AtomicBool::new(false),
+                active: AtomicBool::new(active),
                 gate: Mutex::new(Gate::default()),
                 gate_cv: Condvar::new(),
                 log: Mutex::new(log),
@@ -692,8 +773,18 @@ impl Undo {
 
     /// [`Undo::open`] with the log in the file at `path` (made if missing).
     pub fn open_file(inner: Arc<dyn Backstore>, path: &Path, unit: u64) -> io::Result<Undo> {
+        Undo::open_file_with(inner, path, unit, None)
+    }
+
+    /// [`Undo::open_with`] with the log in the file at `path` (made if missing).
+    pub fn open_file_with(
+        inner: Arc<dyn Backstore>,
+        path: &Path,
+        unit: u64,
+        changes: Option<Arc<ChangeMap>>,
+    ) -> io::Result<Undo> {
         let file = DiskLog::open(path)?;
-        Undo::open(inner, Box::new(file), unit)
+        Undo::open_with(inner, Box::new(file), unit, changes)
     }
 
     pub fn inner(&self) -> &Arc<dyn Backstore> {
@@ -716,6 +807,7 @@ impl Undo {
             committed: (h.committed != 0).then_some((h.committed, h.committed_cut_ms)),
             saved_bytes: log.end - RECORDS_AT,
             rolled_back: (h.rolled_back != 0).then_some(h.rolled_back),
+            prepared: (h.open != 0 && h.prepared == h.open).then_some(h.open),
         }
     }
 
@@ -733,9 +825,11 @@ impl Undo {
         let mut log = self.shared.log();
         let open = log.header.open;
         if open != 0 && log.broken.is_none() && log.saved.is_some() {
-            if log.header.open_cut_ms != cut_ms {
+            // Going on, the cycle takes new writes: prepared no more (until prepared again).
+            if log.header.open_cut_ms != cut_ms || log.header.prepared != 0 {
                 let h = Header {
                     open_cut_ms: cut_ms,
+                    prepared: 0,
                     ..log.header
                 };
                 log.write_header(h)?;
@@ -759,6 +853,7 @@ impl Undo {
         let h = Header {
             open: cycle,
             open_cut_ms: cut_ms,
+            prepared: 0,
             ..log.header
         };
         log.write_header(h)?;
@@ -766,6 +861,39 @@ impl Undo {
         log.saved = Some(Saved::new(h.unit, h.size));
         log.broken = None;
         Ok(Opened::New)
+    }
+
+    /// Prepares cycle `cycle`, the first phase of a commit across members: the store's
+    /// writes are made durable, then the log says the cycle is prepared (one durable
+    /// write). A prepared cycle is whole here and stays open until [`Undo::commit`] or
+    /// [`Undo::roll_back`]; a restart keeps it (see [`rules::AtStart::Keep`]). The caller
+    /// shuts the cycle's writers out first (the fence), so that what is prepared is all
+    /// they write. Asked again: no change.
+    pub fn prepare(&self, cycle: u64) -> io::Result<()> {
+        let _alone = self.shared.exclusive();
+        let mut log = self.shared.log();
+        if log.header.open == 0 {
+            return Err(UndoError::NotOpen(cycle).into());
+        }
+        if log.header.open != cycle {
+            return Err(UndoError::OtherCycle {
+                open: log.header.open,
+                asked: cycle,
+            }
+            .into());
+        }
+        if let Some(why) = &log.broken {
+            return Err(UndoError::Broken(why.clone()).into());
+        }
+        if log.header.prepared == cycle {
+            return Ok(());
+        }
+        self.inner.flush()?;
+        let h = Header {
+            prepared: cycle,
+            ..log.header
+        };
+        log.write_header(h)
     }
 
     /// Commits cycle `cycle`: the store's writes are made durable, then the log says the
@@ -797,6 +925,7 @@ impl Undo {
             committed: cycle,
             committed_cut_ms: log.header.open_cut_ms,
             rolled_back: 0,
+            prepared: 0,
             ..log.header
         };
         log.write_header(h)?;
@@ -902,6 +1031,28 @@ impl Undo {
 /// marks the log closed. Safe to repeat after a crash at any step.
 fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
     let records = log.records()?;
+    if let Some(map) = &log.changes {
+        // Durably in the map before any unit goes back: a crash between leaves a unit
+        // marked for nothing, never one restored and not marked.
+        let mut units: Vec<u64> = records.iter().map(|(h, _)| h.unit).collect();
+        units.sort_unstable();
+        units.dedup();
+        let unit = log.header.unit;
+        let size = log.header.size;
+        let mut i = 0;
+        while i < units.len() {
+            let mut j = i + 1;
+            while j < units.len() && units[j] == units[j - 1] + 1 {
+                j += 1;
+            }
+            let start = units[i] * unit;
+            let end = ((units[j - 1] + 1) * unit).min(size).min(map.size());
+            if start < end {
+                map.mark(start, end - start)?;
+            }
+            i = j;
+        }
+    }
     let mut data = Vec::new();
     for (head, at) in records.iter().rev() {
         data.resize(head.len as usize, 0);
@@ -914,6 +1065,7 @@ fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
         open: 0,
         open_cut_ms: 0,
         rolled_back: cycle,
+        prepared: 0,
         ..log.header
     };
     log.write_header(h)?;

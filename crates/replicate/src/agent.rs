@@ -433,7 +433,7 @@ impl Agent {
         }))
     }
 
-    /// `POST /v1/cycle/{state,open,commit,rollback}`: the far copy kept whole
+    /// `POST /v1/cycle/{state,open,prepare,commit,rollback}`: the far copy kept whole
     /// (`crate::cycle`).
     async fn cycle(&self, what: &str, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::CycleRequest = parse(body)?;

@@ -268,4 +268,9 @@ pub struct CycleAnswer {
     /// the source counted as sent in it is gone, so the next cycle sends every unit.
     #[serde(default)]
     pub rolled_back: Option<u64>,
+    /// The open cycle, when it is prepared (`POST /v1/cycle/prepare`): every unit of it
+    /// received and durable here, its streams shut out; it waits to be committed or
+    /// rolled back, and a restart keeps it.
+    #[serde(default)]
+    pub prepared: Option<u64>,
 }

@@ -664,6 +664,10 @@ pub async fn run(
             .await
             .context("opening the cycle at the far site")?;
         opened.tag_writers(&mut streams);
+        if o.resync {
+            crate::failover::far_changes(&mut streams, &shown_volume(src), &shown_volume(dst))
+                .await?;
+        }
         let r = transfer(src, dst, o, streams, dest_check, None, Some(&opened), out).await;
         let r = finish_cycle(r, &opened).await?;
         crate::failover::after_transfer(&gate, id).await?;
@@ -696,6 +700,16 @@ pub async fn run(
         }
     };
     opened.tag_writers(&mut streams);
+    if o.resync {
+        // The destination's map once its cycle is open (`failover::far_changes`); on a
+        // failure the cycle stays open, as any sync's that failed, for the next open.
+        if let Err(e) =
+            crate::failover::far_changes(&mut streams, &shown_volume(src), &shown_volume(dst)).await
+        {
+            drop_cut(&members, taken.cut).await;
+            return Err(e);
+        }
+    }
     let r = transfer(
         src,
         dst,
@@ -769,8 +783,13 @@ async fn transfer(
         }
     }
     // A far site that rolled a cycle back lost units the source counted as sent: every
-    // unit goes again, and a resume point is no good.
-    let far_lost = cycle.is_some_and(|c| c.full);
+    // unit goes again, and a resume point is no good. Not for a resync: it sends the
+    // destination's own change map beside the source's (`also`, read once the cycle was
+    // open), and a roll back marks every unit it restores in the map of the side that
+    // rolled back (`backstore::Undo::open_with`). So a resync onto a site that rolled a
+    // cycle back (a promote --force of it, then a failover the other way) stays
+    // incremental, and still sends the units the roll back restored.
+    let far_lost = cycle.is_some_and(|c| c.full) && !o.resync;
     if far_lost {
         resume.skip = vec![0; n];
     }

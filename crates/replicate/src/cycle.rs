@@ -10,18 +10,32 @@
 //! with the next image. After a roll back the source's count of what it sent is wrong
 //! (the far site lost it), so the next cycle sends every unit ([`Opened::full`]).
 //!
-//! # A commit that reaches some members and not others
-//! A commit is sent only once every member's stream is verified, so the cycle's data is
-//! whole on every member before any commits: a member that committed proves the cycle
-//! complete. The next open therefore first asks every member's state, and commits the
-//! cycle on the members where it is still open when another member committed it (roll
-//! forward, [`roll_forward`]); only then does it open the new cycle (which rolls back
-//! what is still open: a cycle no member committed). A far target restarted between the
-//! two steps has rolled its member back already: the members then hold different cycles
-//! ([`far_image`] says no whole image) until the next cycle commits, which sends the
-//! units again (the source released no epoch, since the commit did not complete).
+//! # Two phases: prepare, then commit
+//! Once every member's stream is verified, the coordinator first *prepares* the cycle on
+//! every member (`POST /v1/cycle/prepare`: the member shuts the cycle's streams out,
+//! flushes its LUN, and marks the cycle prepared in its undo log, one durable write), and
+//! only once all are prepared does it commit on each. A prepared cycle is whole on its
+//! member and survives a restart (the undo layer keeps it open instead of rolling it
+//! back), so a coordinator killed between two members' commits leaves every member either
+//! committed or prepared: the cycle can be finished (rolled forward) everywhere. Who
+//! finishes it: the next open, or a promote of the far site, both from every member's
+//! state through one rule, [`settle`]:
+//! - some member committed cycle N: every other must be prepared for N, and commits it;
+//! - no member committed the open cycle: it is rolled back on every member (a promote) or
+//!   goes on as the next (an open);
+//! - a member neither prepared nor committed N while another committed it: the members
+//!   cannot be brought to one image, and a promote is refused naming them. With prepare
+//!   before every commit this cannot happen (a member commits only once all prepared, and
+//!   a prepared member keeps N until told); it is checked all the same, since the states
+//!   come over the network from agents of any age.
 //!
-//! The decisions ([`roll_forward`], [`far_image`]) are sans-IO; the requests are below.
+//! The decisions ([`settle`], [`roll_forward`], [`far_image`]) are sans-IO; the requests
+//! are below.
+//!
+//! **A fault point, for tests only**: with `RSV_SYNC_FAULT_EXIT_AFTER_COMMITS=K` in its
+//! environment, the coordinator commits the members one at a time and exits at once
+//! (status 86, no clean-up) after the K-th commit, as a coordinator killed there would.
+//! Unset (always, in production), nothing changes.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -52,6 +66,7 @@ pub fn answer(undo: Option<&Undo>) -> CycleAnswer {
         committed_cut_ms: s.committed.map(|c| c.1),
         saved_bytes: s.saved_bytes,
         rolled_back: s.rolled_back,
+        prepared: s.prepared,
     }
 }
 
@@ -83,7 +98,7 @@ pub async fn serve(
             ),
         ));
     };
-    if matches!(what, "open" | "commit") && req.cycle == 0 {
+    if matches!(what, "open" | "prepare" | "commit") && req.cycle == 0 {
         return Err((400, "a cycle's id is not 0".into()));
     }
     let what = what.to_owned();
@@ -105,6 +120,13 @@ pub async fn serve(
                     Some(f) => f(Some(req.cycle)).map_err(std::io::Error::other),
                     None => Ok(()),
                 }
+            }
+            "prepare" => {
+                // What is prepared is all the cycle's streams will ever write here.
+                if u.cycle_open() == Some(req.cycle) {
+                    close()?;
+                }
+                u.prepare(req.cycle)
             }
             "commit" => {
                 // The image committed is what the streams wrote until now: none after.
@@ -136,21 +158,182 @@ pub async fn serve(
     }
 }
 
-/// Which members must commit which cycle before a new one opens: those where cycle `c`
-/// is open while another member committed `c` (it was verified whole everywhere before
-/// any commit went out).
-pub fn roll_forward(states: &[CycleAnswer]) -> Vec<(usize, u64)> {
-    states
+/// What brings the far site's members to one image ([`settle`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settle {
+    /// Cycle N, committed on some members and prepared on these: commit it on them.
+    pub forward: Option<(u64, Vec<usize>)>,
+    /// Members whose open cycle no member committed: roll it back on them (a promote; the
+    /// next open continues it instead).
+    pub back: Vec<usize>,
+}
+
+impl Settle {
+    /// Nothing to do: no cycle open on any member.
+    pub fn is_nothing(&self) -> bool {
+        self.forward.is_none() && self.back.is_empty()
+    }
+}
+
+/// Why the members cannot be brought to one image ([`settle`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unsettled {
+    /// Cycle `cycle` was committed on `committed`, while `lost` neither prepared nor
+    /// committed it (each with its state, for people): rolling those forward would commit
+    /// an image that may lack units, rolling the others back is impossible.
+    Lost {
+        cycle: u64,
+        committed: Vec<usize>,
+        lost: Vec<(usize, String)>,
+    },
+    /// The members hold different committed images and no open cycle joins them.
+    Mixed { images: Vec<(usize, Option<u64>)> },
+}
+
+/// A member's cycle state in words (in a refusal).
+fn shown_state(s: &CycleAnswer) -> String {
+    let holds = s.committed.map_or("no committed image".to_string(), |c| {
+        format!("holds cycle {c}")
+    });
+    match (s.open, s.prepared, s.rolled_back) {
+        (Some(o), Some(p), _) if o == p => format!("{holds}, cycle {o} open and prepared"),
+        (Some(o), _, _) => format!("{holds}, cycle {o} open and not prepared"),
+        (None, _, Some(r)) => format!("{holds}, cycle {r} rolled back"),
+        (None, _, None) => holds,
+    }
+}
+
+/// Decides, from every far member's cycle state (by member index; members that keep no
+/// undo log have no cycles and are passed over), how the far site comes to one image:
+/// see the module documentation. Sans-IO.
+pub fn settle(states: &[CycleAnswer]) -> Result<Settle, Unsettled> {
+    let idx: Vec<usize> = (0..states.len()).filter(|&i| states[i].undo).collect();
+    // The newest commit: a cycle committed on some member and open, or rolled back, on
+    // another. Cycle ids are cut ids, in no order: only this tells which is newer.
+    let mut newest: Vec<u64> = idx
         .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            let c = s.open?;
-            states
-                .iter()
-                .any(|o| o.committed == Some(c))
-                .then_some((i, c))
+        .filter_map(|&i| states[i].committed)
+        .filter(|&c| {
+            idx.iter().any(|&j| {
+                states[j].committed != Some(c)
+                    && (states[j].open == Some(c) || states[j].rolled_back == Some(c))
+            })
         })
-        .collect()
+        .collect();
+    newest.sort_unstable();
+    newest.dedup();
+    let images = || {
+        idx.iter()
+            .map(|&i| (i, states[i].committed))
+            .collect::<Vec<_>>()
+    };
+    match newest[..] {
+        [] => {
+            let first = idx.first().map(|&i| states[i].committed);
+            if idx.iter().any(|&i| Some(states[i].committed) != first) {
+                return Err(Unsettled::Mixed { images: images() });
+            }
+            Ok(Settle {
+                forward: None,
+                back: idx
+                    .iter()
+                    .copied()
+                    .filter(|&i| states[i].open.is_some())
+                    .collect(),
+            })
+        }
+        [n] => {
+            let (mut forward, mut back, mut lost, mut committed) = (vec![], vec![], vec![], vec![]);
+            for &i in &idx {
+                let s = &states[i];
+                if s.committed == Some(n) {
+                    committed.push(i);
+                    if s.open.is_some() {
+                        back.push(i);
+                    }
+                } else if s.open == Some(n) && s.prepared == Some(n) {
+                    forward.push(i);
+                } else {
+                    lost.push((i, shown_state(s)));
+                }
+            }
+            if !lost.is_empty() {
+                return Err(Unsettled::Lost {
+                    cycle: n,
+                    committed,
+                    lost,
+                });
+            }
+            Ok(Settle {
+                forward: (!forward.is_empty()).then_some((n, forward)),
+                back,
+            })
+        }
+        _ => Err(Unsettled::Mixed { images: images() }),
+    }
+}
+
+impl Unsettled {
+    /// One line for people, `name(i)` naming member `i`.
+    pub fn shown(&self, name: impl Fn(usize) -> String) -> String {
+        match self {
+            Unsettled::Lost {
+                cycle,
+                committed,
+                lost,
+            } => format!(
+                "cycle {cycle} was committed on {} but {} neither prepared nor committed it: \
+                 the members cannot be brought to one image (every member prepares before \
+                 any commits, so this should not happen: an agent of another version, or a \
+                 damaged undo log); no whole image is here to promote. If the source site \
+                 is alive, sync it again (its next cycle commits a whole image on every \
+                 member)",
+                committed
+                    .iter()
+                    .map(|&i| name(i))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                lost.iter()
+                    .map(|(i, s)| format!("{} ({s})", name(*i)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Unsettled::Mixed { images } => format!(
+                "the members hold different images and no open cycle joins them ({}): no \
+                 whole image is here to promote. If the source site is alive, sync it again",
+                images
+                    .iter()
+                    .map(|(i, c)| format!(
+                        "{}: {}",
+                        name(*i),
+                        c.map_or("none".to_string(), |c| format!("cycle {c}"))
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// Which members must commit which cycle before a new one opens: those where cycle `c`
+/// is prepared while another member committed `c` ([`settle`]'s roll forward). Members
+/// that cannot be settled are left as they are (the open then continues or rolls back
+/// their cycle, and the rolled-back mark makes the next cycle send every unit).
+pub fn roll_forward(states: &[CycleAnswer]) -> Vec<(usize, u64)> {
+    match settle(states) {
+        Ok(Settle {
+            forward: Some((c, members)),
+            ..
+        }) => members.into_iter().map(|i| (i, c)).collect(),
+        Ok(_) => Vec::new(),
+        Err(u) => {
+            tracing::warn!(
+                "the far site's members are at different images: {}",
+                u.shown(|i| format!("member {i}"))
+            );
+            Vec::new()
+        }
+    }
 }
 
 /// What the far site holds, from its members' states.
@@ -248,6 +431,17 @@ async fn ask(
     out
 }
 
+/// Asks `POST /v1/cycle/WHAT` of the members `which` (indices into `members`), each of
+/// cycle `cycles[i]` (0 when `cycles` is shorter); the answers by member index.
+pub async fn ask_members(
+    members: &[FarMember],
+    which: &[usize],
+    what: &str,
+    cycles: &[u64],
+) -> Vec<(usize, anyhow::Result<CycleAnswer>)> {
+    ask(members, which, what, cycles, 0).await
+}
+
 /// Every member's state.
 pub async fn states(members: &[FarMember]) -> anyhow::Result<Vec<CycleAnswer>> {
     let all: Vec<usize> = (0..members.len()).collect();
@@ -315,7 +509,8 @@ pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::R
         }
         if let Some(r) = a.rolled_back {
             tracing::warn!(
-                "{}: cycle {r} was rolled back since the last commit; every unit is sent again",
+                "{}: cycle {r} was rolled back since the last commit: a sync sends every unit \
+                 again, a resync the units it restored (in the destination's change map)",
                 members[i].agent.addr
             );
             full = true;
@@ -350,36 +545,94 @@ impl Opened {
         }
     }
 
-    /// Commits the cycle on every member; a member that fails is asked again (three
-    /// times, a second apart). Fails when some member still has not committed: the
-    /// next open rolls it forward if another did.
-    pub async fn commit(&self) -> anyhow::Result<()> {
-        if !self.whole {
-            return Ok(());
-        }
+    /// Asks `what` (`prepare` or `commit`) of every member; a member that fails is asked
+    /// again (three times, a second apart). Returns the members that still failed, and
+    /// the last error. `one_by_one`: each member's answer before the next is asked, and
+    /// `after(done)` called after each success (the fault point).
+    async fn each(
+        &self,
+        what: &str,
+        one_by_one: bool,
+        mut after: impl FnMut(usize),
+    ) -> (Vec<usize>, Option<anyhow::Error>) {
         let mut left: Vec<usize> = (0..self.members.len()).collect();
         let mut last = None;
+        let mut done = 0;
         for attempt in 0..3 {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let mut failed = Vec::new();
-            for (i, r) in ask(&self.members, &left, "commit", &self.ids, 0).await {
-                if let Err(e) = r {
-                    tracing::warn!("committing cycle {} on member {i}: {e:#}", self.cycle);
-                    failed.push(i);
-                    last = Some(e);
+            let batches: Vec<Vec<usize>> = if one_by_one {
+                left.iter().map(|&i| vec![i]).collect()
+            } else {
+                vec![left.clone()]
+            };
+            for batch in batches {
+                for (i, r) in ask(&self.members, &batch, what, &self.ids, 0).await {
+                    match r {
+                        Ok(_) => {
+                            done += 1;
+                            after(done);
+                        }
+                        Err(e) => {
+                            tracing::warn!("{what} of cycle {} on member {i}: {e:#}", self.cycle);
+                            failed.push(i);
+                            last = Some(e);
+                        }
+                    }
                 }
             }
             left = failed;
             if left.is_empty() {
-                return Ok(());
+                break;
             }
+        }
+        (left, last)
+    }
+
+    /// Commits the cycle on every member, in two phases: prepared on every member first
+    /// (each whole and durable, its streams shut out), then committed on each. A member
+    /// that fails is asked again (three times, a second apart). A prepare that fails
+    /// leaves nothing committed (the next open continues the cycle); a commit that fails
+    /// on some members leaves them prepared, and the next open, or a promote, rolls the
+    /// cycle forward there.
+    pub async fn commit(&self) -> anyhow::Result<()> {
+        if !self.whole {
+            return Ok(());
+        }
+        let (left, last) = self.each("prepare", false, |_| {}).await;
+        if !left.is_empty() {
+            let e = last.map(|e| format!("{e:#}")).unwrap_or_default();
+            bail!(
+                "cycle {} prepared on {} of {} destination member(s) ({e}); committed on none, \
+                 the next cycle goes on with it",
+                self.cycle,
+                self.members.len() - left.len(),
+                self.members.len()
+            );
+        }
+        // For tests only (module documentation): exit after the K-th commit.
+        let exit_after: Option<usize> = std::env::var("RSV_SYNC_FAULT_EXIT_AFTER_COMMITS")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let (left, last) = self
+            .each("commit", exit_after.is_some(), |done| {
+                if exit_after == Some(done) {
+                    tracing::error!(
+                        "RSV_SYNC_FAULT_EXIT_AFTER_COMMITS={done}: exiting after {done} commit(s)"
+                    );
+                    std::process::exit(86);
+                }
+            })
+            .await;
+        if left.is_empty() {
+            return Ok(());
         }
         let e = last.map(|e| format!("{e:#}")).unwrap_or_default();
         bail!(
-            "cycle {} committed on {} of {} destination member(s) ({e}); the next cycle \
-             commits it on the others",
+            "cycle {} committed on {} of {} destination member(s) ({e}); the others hold it \
+             prepared, and the next cycle (or a promote) commits it there",
             self.cycle,
             self.members.len() - left.len(),
             self.members.len()
@@ -415,15 +668,160 @@ mod tests {
         }
     }
 
+    /// Open and prepared.
+    fn prep(c: u64, committed: Option<u64>) -> CycleAnswer {
+        CycleAnswer {
+            prepared: Some(c),
+            ..st(Some(c), committed, 30)
+        }
+    }
+
+    fn rolled(r: u64, committed: Option<u64>) -> CycleAnswer {
+        CycleAnswer {
+            rolled_back: Some(r),
+            ..st(None, committed, 30)
+        }
+    }
+
+    fn forward(c: u64, m: &[usize]) -> Settle {
+        Settle {
+            forward: Some((c, m.to_vec())),
+            back: vec![],
+        }
+    }
+
+    fn back(m: &[usize]) -> Settle {
+        Settle {
+            forward: None,
+            back: m.to_vec(),
+        }
+    }
+
     #[test]
-    fn a_commit_that_reached_one_member_rolls_forward_on_the_others() {
-        // Member 0 committed 5; 1 and 2 still have 5 open: they commit it.
+    fn settle_every_combination_of_two_members() {
+        // Each member: committed 3 (the image before), open 5 not prepared, open 5
+        // prepared, committed 5, rolled 5 back; and the decision for each pair.
+        let states = [
+            ("at 3", st(None, Some(3), 30)),
+            ("open", st(Some(5), Some(3), 30)),
+            ("prepared", prep(5, Some(3))),
+            ("committed", st(None, Some(5), 50)),
+            ("rolled back", rolled(5, Some(3))),
+        ];
+        type Want = Result<Settle, &'static str>;
+        let want = |a: &str, b: &str| -> Want {
+            match (a, b) {
+                ("at 3", "at 3") => Ok(Settle::default()),
+                ("at 3" | "rolled back", "open" | "prepared") => Ok(back(&[1])),
+                ("open" | "prepared", "at 3" | "rolled back") => Ok(back(&[0])),
+                ("open" | "prepared", "open" | "prepared") => Ok(back(&[0, 1])),
+                ("at 3" | "rolled back", "at 3" | "rolled back") => Ok(Settle::default()),
+                ("committed", "committed") => Ok(Settle::default()),
+                // A commit that reached one member: the other must be prepared.
+                ("committed", "prepared") => Ok(forward(5, &[1])),
+                ("prepared", "committed") => Ok(forward(5, &[0])),
+                ("committed", "open" | "rolled back") | ("open" | "rolled back", "committed") => {
+                    Err("lost")
+                }
+                // Committed 5 beside a member at 3 that never saw 5: nothing joins them.
+                ("committed", "at 3") | ("at 3", "committed") => Err("mixed"),
+                _ => unreachable!("{a} {b}"),
+            }
+        };
+        for (an, a) in &states {
+            for (bn, b) in &states {
+                let got = settle(&[a.clone(), b.clone()]);
+                match (want(an, bn), &got) {
+                    (Ok(w), Ok(g)) => assert_eq!(g, &w, "{an} + {bn}"),
+                    (Err("lost"), Err(Unsettled::Lost { cycle: 5, .. })) => {}
+                    (Err("mixed"), Err(Unsettled::Mixed { .. })) => {}
+                    (w, g) => panic!("{an} + {bn}: wanted {w:?}, got {g:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn settle_names_the_members_that_lost_the_cycle() {
         let s = [
             st(None, Some(5), 50),
+            prep(5, Some(3)),
             st(Some(5), Some(3), 30),
-            st(Some(5), Some(3), 30),
+            rolled(5, Some(3)),
         ];
+        let e = settle(&s).unwrap_err();
+        assert_eq!(
+            e,
+            Unsettled::Lost {
+                cycle: 5,
+                committed: vec![0],
+                lost: vec![
+                    (2, "holds cycle 3, cycle 5 open and not prepared".into()),
+                    (3, "holds cycle 3, cycle 5 rolled back".into())
+                ],
+            }
+        );
+        let line = e.shown(|i| format!("ds{i}"));
+        assert!(
+            line.contains("cycle 5 was committed on ds0 but ds2"),
+            "{line}"
+        );
+        assert!(
+            line.contains("ds3 (holds cycle 3, cycle 5 rolled back)"),
+            "{line}"
+        );
+        assert!(!line.contains("ds1"), "the prepared member is fine: {line}");
+    }
+
+    #[test]
+    fn settle_more_cases() {
+        // Three members, one committed, two prepared; and a member that committed 5 and
+        // opened the next cycle 7 (rolled back: no one committed 7).
+        assert_eq!(
+            settle(&[st(None, Some(5), 50), prep(5, Some(3)), prep(5, Some(3))]),
+            Ok(forward(5, &[1, 2]))
+        );
+        assert_eq!(
+            settle(&[st(Some(7), Some(5), 50), prep(5, Some(3))]),
+            Ok(Settle {
+                forward: Some((5, vec![1])),
+                back: vec![0]
+            })
+        );
+        // The first cycle ever: nothing committed before it.
+        assert_eq!(
+            settle(&[st(None, Some(5), 50), prep(5, None)]),
+            Ok(forward(5, &[1]))
+        );
+        assert_eq!(settle(&[prep(5, None), prep(5, None)]), Ok(back(&[0, 1])));
+        // A member that keeps no undo log has no cycles: passed over.
+        let none = CycleAnswer::default();
+        assert_eq!(
+            settle(&[none.clone(), st(None, Some(5), 50), prep(5, Some(3))]),
+            Ok(forward(5, &[2]))
+        );
+        assert_eq!(settle(&[]), Ok(Settle::default()));
+        assert_eq!(settle(&[none]), Ok(Settle::default()));
+        // Two different newest commits: nothing decides.
+        assert!(matches!(
+            settle(&[
+                st(None, Some(5), 50),
+                st(Some(5), Some(6), 60),
+                st(Some(6), Some(5), 50)
+            ]),
+            Err(Unsettled::Mixed { .. })
+        ));
+    }
+
+    #[test]
+    fn a_commit_that_reached_one_member_rolls_forward_on_the_others() {
+        // Member 0 committed 5; 1 and 2 still have 5 open and prepared: they commit it.
+        let s = [st(None, Some(5), 50), prep(5, Some(3)), prep(5, Some(3))];
         assert_eq!(roll_forward(&s), vec![(1, 5), (2, 5)]);
+        // Open but not prepared: not rolled forward.
+        let s = [st(None, Some(5), 50), st(Some(5), Some(3), 30)];
+        assert!(roll_forward(&s).is_empty());
+        let s = [st(None, Some(5), 50), prep(5, Some(3)), prep(5, Some(3))];
         assert_eq!(far_image(&s), FarImage::Open);
         // No member committed 5: nothing rolls forward (the open rolls it back).
         let s = [st(Some(5), Some(3), 30), st(Some(5), Some(3), 30)];

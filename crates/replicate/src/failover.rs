@@ -115,10 +115,15 @@ static ROLES: Mutex<()> = Mutex::new(());
 /// image instead of refusing).
 pub fn open_cycle(lun: &LocalLun) -> Option<String> {
     // A cycle open in the undo log: the far copy is between two images until it commits.
-    if let Some(id) = lun.undo.as_ref().and_then(|u| u.cycle_open()) {
-        return Some(format!(
-            "cycle {id} is open here (a sync's next image, not committed)"
-        ));
+    if let Some(u) = &lun.undo {
+        let st = u.state();
+        if let Some(id) = st.open {
+            return Some(if st.prepared == Some(id) {
+                format!("cycle {id} is open here, prepared (whole here, not committed)")
+            } else {
+                format!("cycle {id} is open here (a sync's next image, not committed)")
+            });
+        }
     }
     let point = lun.role.as_ref()?;
     match (point.writing)() {
@@ -408,6 +413,13 @@ pub struct VolumeStatus {
     pub dirty_bytes: Option<u64>,
     /// What is writing it as a replica now, if anything.
     pub busy: Option<String>,
+    /// A promote only: the cycle it committed on the members where it was prepared (a
+    /// commit the coordinator did not finish: rolled forward), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_forward: Option<u64>,
+    /// A promote only: the members whose open cycle it rolled back (none had committed it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rolled_back: Vec<String>,
     pub luns: Vec<RoleState>,
 }
 
@@ -431,6 +443,8 @@ fn summary(event: &'static str, v: &VolumeRef, luns: Vec<RoleState>) -> VolumeSt
             .map(|l| l.tracking.as_ref().map(|t| t.dirty_bytes))
             .sum(),
         busy: luns.iter().find_map(|l| l.busy.clone()),
+        rolled_forward: None,
+        rolled_back: Vec::new(),
         luns,
     }
 }
@@ -440,22 +454,90 @@ pub async fn status(v: &VolumeRef, key: &Key) -> anyhow::Result<VolumeStatus> {
     Ok(summary("status", v, roles(&luns).await?))
 }
 
-/// Makes every LUN of `v` primary at a new epoch (refused while a sync writes it, unless
-/// `force`).
+/// The far members of a volume's cycles: its stripe members, or the LUN itself when it
+/// is no stripe of remote members (as a sync's streams go).
+async fn cycle_members(v: &VolumeRef, key: &Key) -> anyhow::Result<Vec<LunAt>> {
+    let members = crate::coord::member_luns(v, key).await?;
+    if members.is_empty() {
+        return Ok(vec![top(v, key)]);
+    }
+    Ok(members
+        .into_iter()
+        .map(|(agent, iqn, lun)| LunAt { agent, iqn, lun })
+        .collect())
+}
+
+/// Makes every LUN of `v` primary at a new epoch. First the far site's cycles are brought
+/// to one image, from every member's cycle state ([`crate::cycle::settle`]): a cycle
+/// committed on some members and prepared on the others is committed on those (rolled
+/// forward: the coordinator died between the members' commits); an open cycle no member
+/// committed is rolled back everywhere; members that cannot be brought to one image refuse
+/// the promote, named. Anything open (or a sync writing) refuses it unless `force`, which
+/// says what it will do.
 pub async fn promote(v: &VolumeRef, key: &Key, force: bool) -> anyhow::Result<VolumeStatus> {
     let luns = volume_luns(v, key).await?;
+    let shown_v = crate::coord::shown_volume(v);
+    let far = cycle_members(v, key).await?;
+    let far_members: Vec<crate::cycle::FarMember> = far
+        .iter()
+        .map(|l| crate::cycle::FarMember {
+            agent: l.agent.clone(),
+            iqn: l.iqn.clone(),
+            lun: l.lun,
+        })
+        .collect();
+    let states = crate::cycle::states(&far_members)
+        .await
+        .context("the far members' cycle states")?;
+    let plan = crate::cycle::settle(&states)
+        .map_err(|u| anyhow!("{shown_v}: {}", u.shown(|i| far[i].shown())))?;
+    let action = match &plan.forward {
+        Some((c, m)) => format!(
+            "--force commits cycle {c} on {} (prepared there, committed on the other members)",
+            m.iter()
+                .map(|&i| far[i].shown())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => "give --force to abandon it".to_string(),
+    };
     // Refused on every LUN or none: ask first, so that a busy member does not leave the
     // others promoted.
     if !force {
         for s in roles(&luns).await? {
             if let Some(busy) = s.busy {
                 bail!(
-                    "{}: LUN {} of {}: {busy}; promoting now would make a half-written image primary: wait for it to end, or give --force to abandon it",
-                    crate::coord::shown_volume(v),
+                    "{shown_v}: LUN {} of {}: {busy}; promoting now would make a half-written image primary: wait for it to end, or {action}",
                     s.lun,
                     s.iqn
                 );
             }
+        }
+    }
+    let mut rolled_forward = None;
+    let mut rolled_back = Vec::new();
+    if force && !plan.is_nothing() {
+        if let Some((c, members)) = &plan.forward {
+            let which: Vec<usize> = members.clone();
+            let ids = vec![*c; far_members.len()];
+            for (i, r) in crate::cycle::ask_members(&far_members, &which, "commit", &ids).await {
+                r.with_context(|| {
+                    format!(
+                        "{shown_v}: rolling cycle {c} forward on {}",
+                        far.get(i).map_or("?".into(), LunAt::shown)
+                    )
+                })?;
+                tracing::warn!(
+                    "{}: cycle {c} rolled forward (committed here, as on the other members)",
+                    far[i].shown()
+                );
+            }
+            rolled_forward = Some(*c);
+        }
+        for (i, r) in crate::cycle::ask_members(&far_members, &plan.back, "rollback", &[]).await {
+            let name = far.get(i).map_or("?".into(), LunAt::shown);
+            r.with_context(|| format!("{shown_v}: rolling the open cycle back on {name}"))?;
+            rolled_back.push(name);
         }
     }
     let done = each::<_, RoleState>(&luns, "/v1/role/promote", |l| PromoteAsk {
@@ -465,7 +547,10 @@ pub async fn promote(v: &VolumeRef, key: &Key, force: bool) -> anyhow::Result<Vo
     })
     .await;
     let states = done.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(summary("promoted", v, states))
+    let mut out = summary("promoted", v, states);
+    out.rolled_forward = rolled_forward;
+    out.rolled_back = rolled_back;
+    Ok(out)
 }
 
 /// A replica's writer name: its streams log in with it, and no application does.
@@ -548,34 +633,50 @@ pub async fn before_transfer(
         s.writer = writer.clone();
     }
     if kind == Transfer::Resync {
-        for (i, s) in streams.iter_mut().enumerate() {
-            let Some(t) = &s.source_lun.tracking else {
-                bail!("{src_name}: stream {i}'s LUN keeps no change tracking (track = true): a resync sends what changed on both sides, and knows it only from their change maps");
-            };
-            let ask = LunAsk {
-                iqn: s.dest_lun.iqn.clone(),
-                lun: s.dest_lun.lun,
-            };
-            let theirs: Changes = s
-                .dest
-                .call("POST", "/v1/changes", &ask)
-                .await
-                .with_context(|| format!("{dst_name}: stream {i}'s own changes since the last common image (a resync needs its change map: track = true)"))?;
-            if theirs.unit != t.unit {
-                bail!(
-                    "stream {i}: the change maps' units differ ({} on {src_name}, {} on {dst_name}): a resync needs the same unit on both sides",
-                    t.unit,
-                    theirs.unit
-                );
-            }
-            s.also = theirs.units;
-        }
+        // Checked here, before any cut or cycle; read again once the cycle is open
+        // ([`far_changes`]).
+        far_changes(streams, &src_name, &dst_name).await?;
     }
     Ok(Gate {
         allowed,
         src: src_luns,
         dst: dst_luns,
     })
+}
+
+/// A resync's destination's own changes since the last common image, per stream (its
+/// change map, read through its agent), into each stream's `also`. Read once the far
+/// cycle is open: a roll back there (of a cycle cut off, at the far target's start, at a
+/// promote, or by the open itself) has marked the units it restored in that map by then
+/// (`backstore::Undo::open_with`), and no other roll back comes until this cycle ends.
+pub async fn far_changes(
+    streams: &mut [Stream],
+    src_name: &str,
+    dst_name: &str,
+) -> anyhow::Result<()> {
+    for (i, s) in streams.iter_mut().enumerate() {
+        let Some(t) = &s.source_lun.tracking else {
+            bail!("{src_name}: stream {i}'s LUN keeps no change tracking (track = true): a resync sends what changed on both sides, and knows it only from their change maps");
+        };
+        let ask = LunAsk {
+            iqn: s.dest_lun.iqn.clone(),
+            lun: s.dest_lun.lun,
+        };
+        let theirs: Changes = s
+            .dest
+            .call("POST", "/v1/changes", &ask)
+            .await
+            .with_context(|| format!("{dst_name}: stream {i}'s own changes since the last common image (a resync needs its change map: track = true)"))?;
+        if theirs.unit != t.unit {
+            bail!(
+                "stream {i}: the change maps' units differ ({} on {src_name}, {} on {dst_name}): a resync needs the same unit on both sides",
+                t.unit,
+                theirs.unit
+            );
+        }
+        s.also = theirs.units;
+    }
+    Ok(())
 }
 
 /// After a completed, verified transfer: both sides record the image and epoch; the

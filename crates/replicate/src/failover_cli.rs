@@ -19,6 +19,14 @@ Every LUN of the volume (the file server's and each stripe member's) becomes pri
 Applications may write it at once. Run on the far site after the primary site is lost;
 when the old primary comes back, demote it and resync it from this one.
 
+First every stripe member's cycle state is asked, and the members are brought to one
+image: a cycle committed on some members and prepared on the others (the sync's
+coordinator lost between two members' commits) is committed on those (rolled forward);
+an open cycle no member committed is rolled back on every member. Either needs --force,
+and the refusal without it says which. Members that cannot be brought to one image (one
+committed a cycle another neither prepared nor committed) refuse the promote, named,
+even with --force.
+
 Exit status: 0 promoted (or primary already), 1 refused or failed.")]
     Promote(PromoteArgs),
     /// Make VOLUME (the old primary) a replica: read-only to applications, written only
@@ -61,8 +69,9 @@ pub struct VolumeArgs {
 pub struct PromoteArgs {
     #[command(flatten)]
     pub volume: VolumeArgs,
-    /// Promote even while a sync is writing the volume: the image it was sending is
-    /// abandoned, and the volume holds part of it.
+    /// Promote even while a sync's cycle is open on the volume: a cycle committed on some
+    /// members and prepared on the others is committed on those; one no member committed
+    /// is rolled back (the volume holds the last committed image).
     #[arg(long)]
     pub force: bool,
 }
@@ -103,6 +112,12 @@ fn print(s: &VolumeStatus, json: bool) -> anyhow::Result<()> {
     println!("{}: {} {}{epoch}{image}{dirty}", s.volume, s.event, s.role);
     if let Some(b) = &s.busy {
         println!("  {b}");
+    }
+    if let Some(c) = s.rolled_forward {
+        println!("  cycle {c} rolled forward: committed where it was prepared");
+    }
+    for m in &s.rolled_back {
+        println!("  {m}: the open cycle rolled back");
     }
     Ok(())
 }

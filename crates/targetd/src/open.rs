@@ -124,7 +124,10 @@ fn image_options(
 /// LUN `l`'s undo layer (`undo = true`), outermost: every change reaches it first. Its
 /// log is `undo_file`, else the store's `.undo` file beside its data, else a file in the
 /// data directory; memory for a RAM store (whose data a restart loses anyway). A cycle
-/// found open is rolled back here, before the LUN serves anything.
+/// found open is rolled back here, before the LUN serves anything; a roll back marks the
+/// units it restores in the LUN's change map (`changes`), so that they count as changed
+/// since the last image both sites hold.
+#[allow(clippy::too_many_arguments)]
 fn open_undo(
     at: &str,
     iqn: &str,
@@ -132,14 +135,16 @@ fn open_undo(
     spec: &backstore::StoreSpec,
     raw: &Arc<dyn Backstore>,
     store: Arc<dyn Backstore>,
+    changes: Option<Arc<backstore::ChangeMap>>,
     data_dir: &std::path::Path,
 ) -> anyhow::Result<Arc<Undo>> {
     let unit = backstore::undo::DEFAULT_UNIT;
     if spec.kind() == "ram" && l.undo_file.is_none() {
-        return Ok(Arc::new(Undo::open(
+        return Ok(Arc::new(Undo::open_with(
             store,
             Box::<backstore::undo::MemLog>::default(),
             unit,
+            changes,
         )?));
     }
     let path = match &l.undo_file {
@@ -148,7 +153,7 @@ fn open_undo(
             .sidecar(".undo")
             .unwrap_or_else(|| data_dir.join(side_name(iqn, l.id, "undo"))),
     };
-    let undo = Undo::open_file(store, &path, unit)
+    let undo = Undo::open_file_with(store, &path, unit, changes)
         .with_context(|| format!("{at}: its undo log {}", path.display()))?;
     if let Some((cycle, _)) = undo.state().committed {
         info!(
@@ -232,7 +237,18 @@ pub(crate) fn open_target(
             .with_context(|| format!("{at}: its replication role"))?;
         let undo = l
             .undo
-            .then(|| open_undo(&at, &t.iqn, l, &spec, &raw, store.clone(), &config.data_dir))
+            .then(|| {
+                open_undo(
+                    &at,
+                    &t.iqn,
+                    l,
+                    &spec,
+                    &raw,
+                    store.clone(),
+                    changes.clone(),
+                    &config.data_dir,
+                )
+            })
             .transpose()?;
         let store: Arc<dyn Backstore> = match &undo {
             Some(u) => u.clone(),

@@ -138,6 +138,7 @@ enum Op {
     Write { at: u64, len: u64, byte: u8 },
     Zero { at: u64, len: u64 },
     Discard { at: u64, len: u64 },
+    Prepare,
     Commit,
     RollBack,
 }
@@ -149,6 +150,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (range.clone(), 1..=255u8).prop_map(|((at, len), byte)| Op::Write { at, len, byte }),
         1 => range.clone().prop_map(|(at, len)| Op::Zero { at, len }),
         1 => range.prop_map(|(at, len)| Op::Discard { at, len }),
+        1 => Just(Op::Prepare),
         2 => Just(Op::Commit),
         1 => Just(Op::RollBack),
     ]
@@ -217,6 +219,7 @@ fn apply(undo: &Undo, op: &Op, cycle: &mut u64) -> io::Result<()> {
         Op::Write { at, len, byte } => undo.write_at(&vec![byte; len as usize], at),
         Op::Zero { at, len } => undo.write_zeroes(at, len),
         Op::Discard { at, len } => undo.discard(at, len),
+        Op::Prepare => undo.prepare(*cycle),
         Op::Commit => undo.commit(*cycle),
         Op::RollBack => undo.roll_back().map(|_| ()),
     }
@@ -252,7 +255,9 @@ proptest! {
             let r = apply(&undo, o, &mut cycle);
             if budget.crashed() {
                 whole = match o {
-                    Op::Open | Op::RollBack => Some(vec![at_open.clone().unwrap_or(live.clone())]),
+                    Op::Open | Op::RollBack | Op::Prepare => {
+                        Some(vec![at_open.clone().unwrap_or(live.clone())])
+                    }
                     Op::Commit => Some(match &at_open {
                         // Rolled back, or committed: both whole.
                         Some(before) => vec![before.clone(), live.clone()],
@@ -279,6 +284,9 @@ proptest! {
                 Op::Zero { at, len } | Op::Discard { at, len } => {
                     prop_assert!(r.is_ok(), "{r:?}");
                     live[at as usize..(at + len) as usize].fill(0);
+                }
+                Op::Prepare => {
+                    prop_assert_eq!(r.is_ok(), at_open.is_some(), "{:?}", r);
                 }
                 Op::Commit => {
                     // Asked again for the cycle committed last: no change, and fine.
@@ -312,6 +320,12 @@ proptest! {
         };
         let (last, _) = rig.open(log, i64::MAX);
         let last = last.expect("a restart with no crash opens");
+        // A prepared cycle is kept at start (another member may have committed it); its
+        // records must still bring the image before it back.
+        if let Some(c) = last.cycle_open() {
+            prop_assert_eq!(last.state().prepared, Some(c), "only a prepared cycle is kept");
+            prop_assert_eq!(last.roll_back().unwrap(), Some(c));
+        }
         prop_assert_eq!(last.cycle_open(), None, "rolled back at start");
         if let Some(whole) = whole {
             let got = rig.content();
@@ -417,4 +431,118 @@ fn writes_with_no_cycle_save_nothing_and_concurrent_writers_are_safe() {
         after == image,
         "the roll back restored the image at the open"
     );
+}
+
+#[test]
+fn a_prepared_cycle_is_kept_at_restart_then_commits_or_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lun.undo");
+    let ram = Arc::new(RamBackstore::new(SIZE));
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    undo.write_at(&[1; 20_000], 0).unwrap();
+    undo.open_cycle(3, 3000).unwrap();
+    undo.commit(3).unwrap();
+    assert!(
+        matches!(undo.prepare(4), Err(e) if e.kind() == io::ErrorKind::InvalidInput),
+        "nothing open to prepare"
+    );
+    undo.open_cycle(4, 4000).unwrap();
+    undo.write_at(&[2; 9000], 5000).unwrap();
+    assert_eq!(undo.state().prepared, None);
+    assert!(matches!(undo.prepare(5), Err(e) if e.kind() == io::ErrorKind::InvalidInput));
+    undo.prepare(4).unwrap();
+    undo.prepare(4).expect("asked again: no change");
+    assert_eq!(undo.state().prepared, Some(4));
+    drop(undo);
+    // Restarted: the prepared cycle stays open, whole, and the next open goes on with it.
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    assert_eq!(undo.cycle_open(), Some(4));
+    assert_eq!(undo.state().prepared, Some(4));
+    let mut b = vec![0u8; 20_000];
+    undo.read_at(&mut b, 0).unwrap();
+    assert!(
+        b[5000..14_000].iter().all(|&x| x == 2),
+        "kept, not rolled back"
+    );
+    // A change after the restart still saves its unit first.
+    undo.write_at(&[3; 100], 30_000).unwrap();
+    assert_eq!(undo.open_cycle(9, 9000).unwrap(), Opened::Continued(4));
+    assert_eq!(undo.state().prepared, None, "going on: prepared no more");
+    drop(undo);
+    // Not prepared any more: a restart rolls it back, the unit written after the first
+    // restart included.
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    assert_eq!(undo.cycle_open(), None);
+    assert_eq!(undo.state().rolled_back, Some(4));
+    undo.read_at(&mut b, 0).unwrap();
+    assert!(b.iter().all(|&x| x == 1), "the image of cycle 3");
+    let mut c = vec![9u8; 100];
+    undo.read_at(&mut c, 30_000).unwrap();
+    assert!(c.iter().all(|&x| x == 0));
+    // Prepared, then committed after a restart.
+    undo.open_cycle(10, 10_000).unwrap();
+    undo.write_at(&[5; 4096], 0).unwrap();
+    undo.prepare(10).unwrap();
+    drop(undo);
+    let undo = Undo::open_file(ram.clone(), &path, UNIT).unwrap();
+    undo.commit(10).unwrap();
+    assert_eq!(undo.state().committed, Some((10, 10_000)));
+    assert_eq!(undo.state().prepared, None);
+    undo.read_at(&mut b, 0).unwrap();
+    assert!(b[..4096].iter().all(|&x| x == 5));
+}
+
+#[test]
+fn a_log_of_the_first_format_still_reads() {
+    // A header as the first format wrote it (no prepared state): an open cycle in it is
+    // still found, and rolled back at start.
+    let h = Header {
+        seq: 1,
+        open: 6,
+        unit: UNIT,
+        size: SIZE,
+        ..Header::default()
+    };
+    let mut v1 = b"RSVUNDO1".to_vec();
+    for v in [h.seq, h.open, 0, 0, 0, h.unit, h.size, 0] {
+        v1.extend_from_slice(&v.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(Header::decode(&v1), Some(h));
+    assert_eq!(rules::at_start(&h), rules::AtStart::RollBack { cycle: 6 });
+    let prepared = Header { prepared: 6, ..h };
+    assert_eq!(Header::decode(&prepared.encode()), Some(prepared));
+    assert_eq!(
+        rules::at_start(&prepared),
+        rules::AtStart::Keep { cycle: 6 }
+    );
+}
+
+#[test]
+fn a_roll_back_marks_the_units_it_restores_in_the_change_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let ram = Arc::new(RamBackstore::new(SIZE));
+    let map = Arc::new(
+        ChangeMap::open(dir.path().join("map"), SIZE, 4096, crate::NewMap::Clean).unwrap(),
+    );
+    // No tracking layer under the undo layer here: only the roll back marks.
+    let undo = Undo::open_with(
+        ram.clone(),
+        Box::new(MemLog::default()),
+        8192,
+        Some(map.clone()),
+    )
+    .unwrap();
+    undo.open_cycle(1, 0).unwrap();
+    undo.write_at(&[7; 100], 8192 * 2 + 10).unwrap();
+    undo.write_at(&[7; 8192], 8192 * 5).unwrap();
+    undo.write_at(&[7; 10], 8192 * 6).unwrap();
+    assert!(
+        map.dirty_units().is_empty(),
+        "the cycle's writes mark nothing here"
+    );
+    undo.roll_back().unwrap();
+    // Units of 8 KiB restored: 2, 5 and 6, that is map units (4 KiB) 4-5 and 10-13.
+    assert_eq!(map.dirty_units(), vec![4..6, 10..14]);
 }
