@@ -7,7 +7,11 @@
 #
 # Rows ($ROWS, default "read:1m write:1m read:4k"), each QD32, sequential at 1 MiB and
 # random at 4 KiB, one connection unless the row names a count (`read:4k:8`: `rsv bench`
-# over 8 connections; the libiscsi tools, which open one, skip such rows):
+# over 8 connections; the libiscsi tools, which open one, skip such rows), and after the
+# count, joined by `+`, `erl0` (`rsv bench --erl 0`; it proposes 2 otherwise) and `tgt`
+# (against tgt, started beside the target over a copy of its data, instead of Reservoir's
+# target: `read:4k:1:erl0`, `write:4k:1:tgt`; the libiscsi tools skip `erl0` rows, which
+# are theirs anyway: libiscsi proposes 0):
 #   - `rsv bench` of build A ($RSV_A) and of build B ($RSV_B), alternated ROUNDS times
 #     (default 3), B first in even rounds;
 #   - libiscsi's iscsi-perf (reads only: it has no write mode) and `qemu-img bench` over
@@ -47,17 +51,23 @@ RSV=${RSV:-$RSV_A}
 peers_work rsv-cost
 
 head -c 1G /dev/urandom >"$work/rsv.img"
-: >"$work/tgt.img"
-truncate -s 1G "$work/tgt.img"
+if [[ " $ROWS" == *tgt* ]]; then
+  # tgt reads the same data, not holes.
+  cp "$work/rsv.img" "$work/tgt.img"
+else
+  : >"$work/tgt.img"
+  truncate -s 1G "$work/tgt.img"
+fi
 start_peers cost
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
-QURL=$RSV_URL
 
-# Runs a command measured: "initiator-cpu target-cpu wall" to $work/cpu, and with STAT=1
-# "syscalls ctxsw" to $work/stat.
+# Runs a command measured: "initiator-cpu target-cpu wall" to $work/cpu (the target: the
+# process $tpid, Reservoir's or tgt), and with STAT=1 "syscalls ctxsw" to $work/stat.
+tpid=
+url=
 measured() { # command...
   if [ "$STAT" = 1 ]; then
-    with_cpu "$rsv_pid" perf stat -x, -o "$work/perf.txt" \
+    with_cpu "$tpid" perf stat -x, -o "$work/perf.txt" \
       -e raw_syscalls:sys_enter,context-switches -- "$@"
     python3 - "$work/perf.txt" >"$work/stat" <<'PY'
 import sys
@@ -69,7 +79,7 @@ for line in open(sys.argv[1]):
 print(int(v.get("raw_syscalls:sys_enter", 0)), int(v.get("context-switches", 0)))
 PY
   else
-    with_cpu "$rsv_pid" "$@"
+    with_cpu "$tpid" "$@"
     echo "0 0" >"$work/stat"
   fi
 }
@@ -80,7 +90,7 @@ run_rsv() { # binary rw bytes connections [extra flags]
   [ "$3" = 4096 ] && pat=rand
   # shellcheck disable=SC2086
   measured timeout $((SECS + 30)) "$1" bench --json --rw "$2" --pattern "$pat" --block-size "$3" \
-    --queue-depth "$QD" --connections "$4" --duration "$SECS" ${5:-} "$RSV_URL" 2>"$work/err" |
+    --queue-depth "$QD" --connections "$4" --duration "$SECS" ${5:-} "$url" 2>"$work/err" |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["iops"]), d["ios"]*d["block_size"])' ||
     { cat "$work/err" >&2; echo 0 0; }
 }
@@ -89,7 +99,7 @@ run_perf() { # rw bytes
   local args=(-b $(($2 / 512)) -m "$QD" -t "$SECS")
   [ "$2" = 4096 ] && args+=(-r)
   local iops
-  iops=$(measured timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$RSV_URL" 2>&1 | tr '\r' '\n' |
+  iops=$(measured timeout $((SECS + 20)) iscsi-perf "${args[@]}" "$url" 2>&1 | tr '\r' '\n' |
     grep -o 'iops average [0-9]*' | tail -1 | grep -o '[0-9]*$' || echo 0)
   echo "$iops $((iops * SECS * $2))"
 }
@@ -104,7 +114,7 @@ run_qemu() { # rw bytes iops-guess
   [ "$2" = 4096 ] && pat=(-S $((7919 * 4096)))
   t0=$(date +%s.%N)
   measured timeout $((SECS * 4 + 30)) qemu-img bench -f raw "${w[@]}" "${pat[@]}" -s "$2" -d "$QD" \
-    -c "$count" "$QURL" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; echo 0 0; return; }
+    -c "$count" "$url" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; echo 0 0; return; }
   t1=$(date +%s.%N)
   python3 -c "print(round($count/($t1-$t0)), $count*$2)"
 }
@@ -119,19 +129,22 @@ record() { # row side "iops bytes"
 
 for r in $(seq "$ROUNDS"); do
   for row in $ROWS; do
-    IFS=: read -r rw sz conns <<<"$row"
-    bs=$(size_of "$sz") conns=${conns:-1}
+    IFS=: read -r rw sz conns flags <<<"$row"
+    bs=$(size_of "$sz") conns=${conns:-1} flags=+${flags:-}+
+    url=$RSV_URL tpid=$rsv_pid erl=
+    [[ $flags == *+tgt+* ]] && url=$TGT_URL tpid=$tgt_pid
+    [[ $flags == *+erl0+* ]] && erl="--erl 0"
     sides=(A)
     [ -n "$RSV_B" ] && { [ $((r % 2)) = 0 ] && sides=(B A) || sides=(A B); }
     guess=0
     for s in "${sides[@]}"; do
       bin=$RSV_A extra=${RSV_A_ARGS:-}
       [ "$s" = B ] && bin=$RSV_B extra=${RSV_B_ARGS:-}
-      got=$(run_rsv "$bin" "$rw" "$bs" "$conns" "$extra")
+      got=$(run_rsv "$bin" "$rw" "$bs" "$conns" "$extra $erl")
       record "$row" "rsv-$s" "$got"
       [ "$guess" = 0 ] && guess=${got%% *}
     done
-    [ "$conns" = 1 ] || continue
+    [ "$conns" = 1 ] && [ -z "$erl" ] || continue
     got=$(run_perf "$rw" "$bs")
     [ "$got" != skip ] && record "$row" iscsi-perf "$got"
     [ "${QEMU:-1}" = 1 ] && { got=$(run_qemu "$rw" "$bs" "$guess"); record "$row" qemu-img "$got"; }

@@ -169,7 +169,9 @@ impl Lun {
                 .await?;
             return Ok(data.slice(span.head..span.head + len));
         }
-        let pieces = self.read_blocks(span.first, span.count).await?;
+        // Boxed: a read longer than the maximum transfer length is rare, and its
+        // future (the commands' join) is larger than the one command's above.
+        let pieces = Box::pin(self.read_blocks(span.first, span.count)).await?;
         let mut out = BytesMut::with_capacity(len);
         gather(&pieces, span.head, len, |part| out.extend_from_slice(part));
         Ok(out.freeze())

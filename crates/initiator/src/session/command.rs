@@ -178,10 +178,9 @@ impl Shared {
                     }
                     Err(_) => {
                         tracing::warn!(itt, "command 0x{:02x} timed out; aborting it", cdb[0]);
-                        return match self
-                            .task_mgmt(&conn, tmf::ABORT_TASK, lun, itt, cmdsn, 0)
-                            .await
-                        {
+                        // Boxed: a rare branch, kept out of every command's future.
+                        let abort = self.task_mgmt(&conn, tmf::ABORT_TASK, lun, itt, cmdsn, 0);
+                        return match Box::pin(abort).await {
                             Ok(_) => Err(Attempt::Aborted),
                             Err(_) => {
                                 conn.kill();

@@ -488,7 +488,15 @@ impl Session {
                     }
                     return Ok(r);
                 }
-                Ok(r) if self.shared.alua_moved(&r, gen, moves, began).await? => {}
+                // Only a CHECK CONDITION can carry an ALUA sense, and the check is boxed:
+                // its future holds a whole reinstatement (the logins, then READ FULL
+                // STATUS on the new nexus), 5,112 bytes that every command built and
+                // moved on completion when it was called for every status, and that made
+                // every command's future 5.5 KiB instead of 1 (4 KiB random reads: 13.7 %
+                // of `rsv bench`'s CPU in memmove; docs/bench-connections.md).
+                Ok(r)
+                    if r.status == status::CHECK_CONDITION
+                        && Box::pin(self.shared.alua_moved(&r, gen, moves, began)).await? => {}
                 Ok(r) => {
                     let ua = r.status == status::CHECK_CONDITION
                         && r.sense
@@ -507,26 +515,9 @@ impl Session {
                 }
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Aborted) => {}
+                // Boxed, as the ALUA check above: recovery is rare and its future large.
                 Err(Attempt::Lost { gen, why, sent }) => {
-                    let was_sent = sent.is_some();
-                    match self.shared.after_conn_loss(sent).await {
-                        Some(p) => plug = p,
-                        None => {
-                            let before = self.shared.group.lock().unwrap().failovers();
-                            self.shared.recover(gen, &why, began).await?;
-                            let moved = self.shared.group.lock().unwrap().failovers() != before;
-                            // COMPARE AND WRITE is not idempotent: if the lost gateway
-                            // did it, the same command again miscompares against its own
-                            // write. Only the caller, re-reading, can tell.
-                            if moved && was_sent && cdb.first() == Some(&0x89) {
-                                return Err(Error::Indeterminate {
-                                    opcode: 0x89,
-                                    why: "it may or may not have taken effect at the lost \
-                                          gateway; read the blocks again and decide",
-                                });
-                            }
-                        }
-                    }
+                    plug = Box::pin(self.after_lost(cdb, gen, &why, sent, began)).await?;
                 }
             }
             attempts += 1;
@@ -538,6 +529,38 @@ impl Session {
                 });
             }
         }
+    }
+
+    /// A command's connection was lost (generation `gen`): recovers the connection or
+    /// the session, and answers the CmdSN to send the command again with (a plug), if
+    /// any. Apart from [`Session::command_retrying`] so that its future, which holds a
+    /// reinstatement's, is not part of every command's.
+    async fn after_lost(
+        &self,
+        cdb: &[u8],
+        gen: u64,
+        why: &str,
+        sent: Option<(u64, u32)>,
+        began: Instant,
+    ) -> Result<Option<u32>> {
+        let was_sent = sent.is_some();
+        if let Some(plug) = self.shared.after_conn_loss(sent).await {
+            return Ok(plug);
+        }
+        let before = self.shared.group.lock().unwrap().failovers();
+        self.shared.recover(gen, why, began).await?;
+        let moved = self.shared.group.lock().unwrap().failovers() != before;
+        // COMPARE AND WRITE is not idempotent: if the lost gateway did it, the same
+        // command again miscompares against its own write. Only the caller, re-reading,
+        // can tell.
+        if moved && was_sent && cdb.first() == Some(&0x89) {
+            return Err(Error::Indeterminate {
+                opcode: 0x89,
+                why: "it may or may not have taken effect at the lost gateway; read the \
+                      blocks again and decide",
+            });
+        }
+        Ok(None)
     }
 
     /// LOGICAL UNIT RESET; returns the TMF response code (0 = function complete).
@@ -642,4 +665,86 @@ impl Shared {
             Err(e) => tracing::debug!("path cache {}: {e}", file.display()),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lun;
+
+    /// The size of the future that `f` returns, from its type alone: no session is made
+    /// and nothing runs.
+    fn future_size<A, F: std::future::Future>(_f: impl FnOnce(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// A command's future is built, moved into its caller's and polled once per command,
+    /// at every layer from `Lun` down to `Shared::attempt`: what it holds is copied that
+    /// often. The recovery paths (reinstatement, a gateway group's checks after a move,
+    /// an abort) are boxed so that their much larger futures are not part of it; when
+    /// they were, 4 KiB random reads spent 13.7 % of `rsv bench`'s CPU in memmove
+    /// (docs/bench-connections.md). Run with `--nocapture` to see the sizes.
+    #[test]
+    fn the_command_paths_futures_stay_small() {
+        type S = &'static Shared;
+        type A = &'static Arc<Shared>;
+        let hot = [
+            (
+                "Shared::attempt",
+                future_size(|(s, d): (S, &'static DataDir)| s.attempt(0, &[], d, None, false)),
+            ),
+            (
+                "Session::command",
+                future_size(|s: &'static Session| s.command(0, &[], DataDir::None)),
+            ),
+            (
+                "Session::read",
+                future_size(|s: &'static Session| s.read(0, 0, 1)),
+            ),
+            (
+                "Session::write",
+                future_size(|s: &'static Session| s.write(0, 0, Bytes::new())),
+            ),
+            (
+                "Lun::read_at",
+                future_size(|l: &'static Lun| l.read_at(0, 4096)),
+            ),
+            (
+                "Lun::write_at",
+                future_size(|l: &'static Lun| l.write_at(0, Bytes::new())),
+            ),
+        ];
+        let cold = [
+            (
+                "Shared::recover",
+                future_size(|s: A| s.recover(0, "", Instant::now())),
+            ),
+            (
+                "Shared::alua_moved",
+                future_size(|(s, r): (A, &'static ScsiResult)| {
+                    s.alua_moved(r, 0, 0, Instant::now())
+                }),
+            ),
+            ("Shared::after_move", future_size(|s: A| s.after_move())),
+            ("Shared::establish", future_size(|s: A| s.establish())),
+            (
+                "Shared::after_conn_loss",
+                future_size(|s: S| s.after_conn_loss(None)),
+            ),
+        ];
+        for (name, size) in hot.iter().chain(&cold) {
+            println!("{name}: {size} bytes");
+        }
+        for (name, size) in hot {
+            assert!(
+                size <= HOT_LIMIT,
+                "{name}'s future is {size} bytes, more than {HOT_LIMIT}: a large await on \
+                 the command path (box it if it is a rare one)"
+            );
+        }
+    }
+
+    /// Twice what the fix left (960 bytes for `Session::command`, 1,192 for
+    /// `Lun::read_at` in the test profile); before it they were 5,544 and 6,000.
+    const HOT_LIMIT: usize = 2048;
 }

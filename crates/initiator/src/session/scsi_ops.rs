@@ -98,7 +98,9 @@ impl Session {
         if let Some(c) = self.shared.capacity.lock().unwrap().get(&lun) {
             return Ok(c.block_size);
         }
-        Ok(self.read_capacity(lun).await?.block_size)
+        // Boxed: asked once per LUN, and READ CAPACITY's two commands would otherwise
+        // be part of every read's and write's future.
+        Ok(Box::pin(self.read_capacity(lun)).await?.block_size)
     }
 
     /// Reads `blocks` blocks at `lba`.
