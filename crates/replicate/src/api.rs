@@ -268,4 +268,10 @@ pub struct CycleAnswer {
     /// the source counted as sent in it is gone, so the next cycle sends every unit.
     #[serde(default)]
     pub rolled_back: Option<u64>,
+    /// Units the open cycle saved, and the syncs (fdatasync) of its undo log that made
+    /// them durable: concurrent saves share syncs, so fewer syncs than units.
+    #[serde(default)]
+    pub saved_units: u64,
+    #[serde(default)]
+    pub log_syncs: u64,
 }

@@ -52,6 +52,8 @@ pub fn answer(undo: Option<&Undo>) -> CycleAnswer {
         committed_cut_ms: s.committed.map(|c| c.1),
         saved_bytes: s.saved_bytes,
         rolled_back: s.rolled_back,
+        saved_units: s.saved_units,
+        log_syncs: s.log_syncs,
     }
 }
 
