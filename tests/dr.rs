@@ -381,7 +381,10 @@ fn bench_undo_write_overhead() {
             x[x.len() / 2]
         };
         let iops = |v: &[serde_json::Value]| {
-            let mut x: Vec<f64> = v.iter().map(|r| r["iops"].as_f64().unwrap_or(0.0)).collect();
+            let mut x: Vec<f64> = v
+                .iter()
+                .map(|r| r["iops"].as_f64().unwrap_or(0.0))
+                .collect();
             x.sort_by(f64::total_cmp);
             x[x.len() / 2]
         };

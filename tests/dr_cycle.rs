@@ -699,7 +699,14 @@ fn a_far_target_killed_with_writes_in_flight_rolls_its_cycle_back_whole() {
     let url = far.url(0);
     let mut bench = Command::new(rsv_s)
         .args(["bench", &url, "--rw", "write", "--pattern", "rand"])
-        .args(["--block-size", "4k", "--queue-depth", "32", "--duration", "60"])
+        .args([
+            "--block-size",
+            "4k",
+            "--queue-depth",
+            "32",
+            "--duration",
+            "60",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -458,7 +458,11 @@ fn pieces_cut_runs_of_consecutive_units() {
     );
     assert_eq!(rules::pieces(&[4, 5, 6, 7], 16), vec![(4, 4)]);
     assert!(rules::pieces(&[], 16).is_empty());
-    assert_eq!(rules::pieces(&[0, 1], 0), vec![(0, 1), (1, 1)], "at least one a piece");
+    assert_eq!(
+        rules::pieces(&[0, 1], 0),
+        vec![(0, 1), (1, 1)],
+        "at least one a piece"
+    );
 }
 
 #[test]
@@ -477,7 +481,11 @@ fn one_sync_covers_every_writer_whose_records_were_written_before_it() {
     g.appended(RECORDS_AT + 300);
     assert_eq!(g.turn(RECORDS_AT + 200), Turn::Wait);
     assert_eq!(g.turn(RECORDS_AT + 300), Turn::Wait);
-    assert_eq!(g.turn(RECORDS_AT + 100), Turn::Wait, "not before its sync returns");
+    assert_eq!(
+        g.turn(RECORDS_AT + 100),
+        Turn::Wait,
+        "not before its sync returns"
+    );
     g.synced(RECORDS_AT + 100);
     assert_eq!(g.turn(RECORDS_AT + 100), Turn::Go);
     // A's sync began before B's and C's records were written: it does not cover them.
@@ -507,8 +515,16 @@ fn a_failed_sync_fails_every_writer_it_did_not_cover_for_good() {
     assert_eq!(g.turn(RECORDS_AT + 30), Turn::Wait);
     g.sync_failed();
     assert_eq!(g.turn(RECORDS_AT + 20), Turn::Fail);
-    assert_eq!(g.turn(RECORDS_AT + 30), Turn::Fail, "no second try after a failure");
-    assert_eq!(g.turn(RECORDS_AT + 10), Turn::Go, "durable before the failure");
+    assert_eq!(
+        g.turn(RECORDS_AT + 30),
+        Turn::Fail,
+        "no second try after a failure"
+    );
+    assert_eq!(
+        g.turn(RECORDS_AT + 10),
+        Turn::Go,
+        "durable before the failure"
+    );
     // Records never written whole cannot be waited for.
     let mut g = Group::new(RECORDS_AT);
     g.appended(RECORDS_AT + 10);
