@@ -368,7 +368,11 @@ fn bench_undo_write_overhead() {
             cycle("open", 1000 + r as u64);
             open.push(bench("cycle open", depth));
             let st = cycle("state", 0);
-            saved.push(st.saved_bytes);
+            saved.push(serde_json::json!({
+                "bytes": st.saved_bytes,
+                "units": st.saved_units,
+                "log_syncs": st.log_syncs,
+            }));
             cycle("rollback", 0);
         }
         let median = |v: &[serde_json::Value], k: &str| {
@@ -376,18 +380,28 @@ fn bench_undo_write_overhead() {
             x.sort_unstable();
             x[x.len() / 2]
         };
+        let iops = |v: &[serde_json::Value]| {
+            let mut x: Vec<f64> = v
+                .iter()
+                .map(|r| r["iops"].as_f64().unwrap_or(0.0))
+                .collect();
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
         let row = serde_json::json!({
             "queue_depth": depth,
+            "no_cycle_iops": iops(&closed),
+            "cycle_open_iops": iops(&open),
             "no_cycle_p50_us": median(&closed, "latency_us_p50"),
             "no_cycle_p99_us": median(&closed, "latency_us_p99"),
             "cycle_open_p50_us": median(&open, "latency_us_p50"),
             "cycle_open_p99_us": median(&open, "latency_us_p99"),
-            "saved_bytes": saved,
+            "saved": saved,
             "runs": {"no_cycle": closed, "cycle_open": open},
         });
         eprintln!(
-            "4 KiB random write, queue depth {depth}: p50 {} -> {} µs, p99 {} -> {} µs (no cycle -> cycle open); saved {:?} bytes",
-            row["no_cycle_p50_us"], row["cycle_open_p50_us"], row["no_cycle_p99_us"], row["cycle_open_p99_us"], row["saved_bytes"]
+            "4 KiB random write, queue depth {depth}: {:.0} -> {:.0} IOPS, p50 {} -> {} µs, p99 {} -> {} µs (no cycle -> cycle open); saved {}",
+            iops(&closed), iops(&open), row["no_cycle_p50_us"], row["cycle_open_p50_us"], row["no_cycle_p99_us"], row["cycle_open_p99_us"], row["saved"]
         );
         rows.push(row);
     }
@@ -399,6 +413,101 @@ fn bench_undo_write_overhead() {
         "rows": rows,
     });
     if let Some(path) = std::env::var_os("RSV_BENCH_JSON") {
+        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
+    }
+}
+
+/// What a far cycle costs the sync itself: `rsv sync --full --pacing unpaced` of a 256 MiB
+/// file LUN (random data: nothing to skip or compress) over loopback into a far LUN that
+/// keeps an undo log (each sync a cycle: every 64 KiB unit's first write saves its old
+/// content durably first) and into one that does not (`undo = false`), alternating
+/// ROUNDS times; the sync's own rate (bytes over its transfer's seconds) and its wall
+/// time with verify and commit. With `RSV_BENCH_SYNC_JSON=PATH` writes them there. Run by
+/// `scripts/bench-undo.sh` after the write benchmark.
+#[test]
+#[ignore = "a benchmark: scripts/bench-undo.sh"]
+fn bench_undo_sync_rate() {
+    let (_, rounds) = bench_env();
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hosts(tmp.path());
+    let lun = |extra: &str| {
+        format!("[[target.lun]]\nid = 0\nstore = \"file:lun.img?size=256MiB\"\n{extra}")
+    };
+    let pairs = [
+        ("undo", "127.0.0.62", "127.0.0.63", ""),
+        ("no undo", "127.0.0.64", "127.0.0.65", "undo = false\n"),
+    ];
+    let fill = tmp.path().join("fill");
+    testkit::random_file(&fill, 256 << 20, 9);
+    let hosts_of: Vec<_> = pairs
+        .iter()
+        .map(|(what, src, dst, extra)| {
+            let s = hosts.host(None, src, &lun("track = true\n"));
+            let d = hosts.host(None, dst, &lun(extra));
+            run_ok(
+                rsv().to_str().unwrap(),
+                &["cp", fill.to_str().unwrap(), &s.url(0)],
+            );
+            (*what, s, d)
+        })
+        .collect();
+    let mut rows: Vec<serde_json::Value> = Vec::new();
+    for r in 0..rounds {
+        for (what, s, d) in &hosts_of {
+            let t0 = std::time::Instant::now();
+            let out = hosts.sync_ok(&[
+                "--json",
+                "--full",
+                "--pacing",
+                "unpaced",
+                &s.volume(0),
+                &d.volume(0),
+            ]);
+            let wall = t0.elapsed().as_secs_f64();
+            let done = result_line(&out);
+            let rate = done["rate_bytes_per_s"].as_u64().unwrap_or(0);
+            eprintln!(
+                "round {r}, {what}: {:.1} MB/s over {:.2} s of transfer, {wall:.2} s in all (cycle {})",
+                rate as f64 / 1e6,
+                done["seconds"].as_f64().unwrap_or(0.0),
+                done["cycle"]
+            );
+            rows.push(serde_json::json!({
+                "far": what,
+                "round": r,
+                "rate_bytes_per_s": rate,
+                "transfer_s": done["seconds"],
+                "wall_s": wall,
+                "cycle": done["cycle"],
+            }));
+        }
+    }
+    let median = |what: &str| {
+        let mut x: Vec<u64> = rows
+            .iter()
+            .filter(|r| r["far"] == what)
+            .map(|r| r["rate_bytes_per_s"].as_u64().unwrap_or(0))
+            .collect();
+        x.sort_unstable();
+        x[x.len() / 2]
+    };
+    let (u, n) = (median("undo"), median("no undo"));
+    eprintln!(
+        "sync of 256 MiB unpaced on loopback: {:.1} MB/s into a far cycle, {:.1} MB/s with no undo log (ratio {:.3})",
+        u as f64 / 1e6,
+        n as f64 / 1e6,
+        u as f64 / n.max(1) as f64
+    );
+    if let Some(path) = std::env::var_os("RSV_BENCH_SYNC_JSON") {
+        let summary = serde_json::json!({
+            "bench": "undo-sync",
+            "sync": "rsv sync --json --full --pacing unpaced SRC DST",
+            "lun": "file, 256 MiB of random data; far undo unit 64 KiB",
+            "rounds": rounds,
+            "undo_rate_median": u,
+            "no_undo_rate_median": n,
+            "runs": rows,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
     }
 }

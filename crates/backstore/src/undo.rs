@@ -23,14 +23,55 @@
 //! commit ([`CycleState::rolled_back`]): the source's count of what it sent is then wrong,
 //! and the next cycle sends every unit.
 //!
+//! # The invariant that keeps the far copy whole
+//! **A unit's old content is durable in the log before any byte of its new content can
+//! become durable in the store.** "Can become", not "is made": the store's writes go to
+//! the page cache (or a device's volatile cache), and the kernel writes dirty pages back
+//! whenever it likes, long before any flush is asked for. So the ordering point is the
+//! moment the change is *issued* to the store, not the store's flush: the record's
+//! fdatasync must have returned before the write below this layer even starts. From it:
+//! - A crash of the far site (power lost: the page cache gone, the store holding any
+//!   mixture of the writes issued so far) finds in the log every unit any issued change
+//!   touched, followed perhaps by a torn tail of records whose changes were never issued.
+//!   Roll back restores them all: the image before the cycle.
+//! - FUA and SYNCHRONIZE CACHE only make the store's writes durable sooner; they come
+//!   after the save, so they change nothing here (the log never needs them).
+//! - Commit flushes the store before its header says committed: a committed image is
+//!   durable whole. Roll back writes the saved units back and flushes the store before
+//!   its header says closed: until then a crash rolls back again (the same bytes).
+//! - A unit is saved once per cycle, by the first change that touches it; every later
+//!   change of it in the cycle, concurrent ones too, goes on only once that first save is
+//!   durable (a unit whose record is written but not synced is *pending*, and its writers
+//!   wait for it as its saver does).
+//! - What a cycle writes whole still needs its old content saved: a cycle cut off is
+//!   rolled back (at the far target's start always, and at the next open when its log
+//!   failed), and nothing else holds the image before it (the source dropped it at the
+//!   last commit). Only a roll forward (the next open continuing the cycle, the source
+//!   sending the rest) would not need it, and whether one comes is not known when the
+//!   unit is written.
+//!
+//! # What a save costs, and the group commit
+//! The fdatasync is the cost (a journal commit and a cache flush each: milliseconds),
+//! not the read and the log write (page cache). So the saves of concurrent writers share
+//! their syncs ([`rules::Group`]): each writer, under the log's lock, reads the units it
+//! must save (a piece of consecutive units per read) and appends their records (a piece per
+//! write); then, without the lock, one writer (the leader) syncs everything appended by
+//! then while the others append behind it and wait; when it ends, the writers it covered
+//! go on, and one of the rest leads the next sync. A failed sync fails every writer it did
+//! not cover, for good (after a failed fdatasync the kernel may drop the dirty pages: a
+//! later one succeeding proves nothing), until a roll back. At queue depth 1 there is
+//! nothing to group: each first change of a unit still waits one sync.
+//!
 //! # The rules, and why they are crash-safe
 //! The decisions are in [`rules`] (sans-IO: what to save, the log's format, what a log
 //! found at start means) and every effect goes through [`UndoFile`], so that the property
 //! tests run the real code against a model with a crash injected at every step.
 //! - A unit is saved once per cycle, on its first change, whole (the undo unit), and its
 //!   record (checksummed, with the cycle's id) is made durable (`fdatasync`) before the
-//!   change is passed on. A crash before that sync leaves at most a torn record, whose
-//!   change never reached the medium: the checksum drops it.
+//!   change is passed on. A crash before that sync leaves at most a torn tail, whose
+//!   changes never reached the medium: the checksum drops it, and the log ends there.
+//!   Records are written in the log's order and a sync covers every record written
+//!   before it began, so no record a change went on for lies past a torn one.
 //! - Roll back writes the saved units back in the reverse order of the log (each unit is
 //!   there once, but reverse order would keep the oldest content if it were not), then
 //!   flushes the medium, and only then marks the header closed. A crash during roll back
@@ -44,6 +85,7 @@
 //! Writes with no cycle open cost one atomic add and one atomic load (as through
 //! [`crate::Imaged`]); with a cycle open, a mutex, and the save of each first change.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -282,15 +324,24 @@ pub mod rules {
             }
         }
 
-        /// The units a change of `[offset, offset + len)` must save first: those it
-        /// touches (any part of) not saved yet, in order.
-        pub fn to_save(&self, offset: u64, len: u64) -> Vec<u64> {
+        /// The first and last units a change of `[offset, offset + len)` touches (any
+        /// part of); `None` when it touches none.
+        pub fn touched(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
             if len == 0 || offset >= self.size {
-                return Vec::new();
+                return None;
             }
             let first = offset / self.unit;
             let last = (offset.saturating_add(len) - 1).min(self.size - 1) / self.unit;
-            (first..=last).filter(|&u| !self.is_saved(u)).collect()
+            Some((first, last))
+        }
+
+        /// The units a change of `[offset, offset + len)` must save first: those it
+        /// touches (any part of) not saved yet, in order.
+        pub fn to_save(&self, offset: u64, len: u64) -> Vec<u64> {
+            match self.touched(offset, len) {
+                Some((first, last)) => (first..=last).filter(|&u| !self.is_saved(u)).collect(),
+                None => Vec::new(),
+            }
         }
 
         /// The byte range of unit `u`.
@@ -303,9 +354,134 @@ pub mod rules {
             self.bits.iter().map(|w| w.count_ones() as u64).sum()
         }
     }
+
+    /// Units in ascending order cut into the pieces one read of the store and one write
+    /// of the log take: `(first, count)`, each piece consecutive units, at most `most` of
+    /// them (a write that saves a thousand units reads and logs them a piece at a time,
+    /// never a thousand units' memory at once).
+    pub fn pieces(units: &[u64], most: u64) -> Vec<(u64, u64)> {
+        let most = most.max(1);
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &u in units {
+            match out.last_mut() {
+                Some((first, n)) if *first + *n == u && *n < most => *n += 1,
+                _ => out.push((u, 1)),
+            }
+        }
+        out
+    }
+
+    /// Group commit of the log's records: the writers of a cycle append their saves one
+    /// after another (under the log's lock), then each needs the log durable up to the end
+    /// of its own records before its change may go on. One writer at a time syncs (the
+    /// leader), for every record appended until it starts; the others wait, and find
+    /// their records durable when it ends, or lead the next sync for what was appended
+    /// meanwhile. So N writers arriving together cost two fdatasyncs at most, not N.
+    ///
+    /// Positions are byte offsets in the log; a record counts as appended once it is
+    /// written whole (to the page cache), and as durable once a sync that began after it
+    /// was written has returned.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Group {
+        /// The end of the records written whole.
+        appended: u64,
+        /// The end of the records a finished sync covers.
+        durable: u64,
+        /// The end a sync running now covers (its leader's `upto`).
+        syncing: Option<u64>,
+        /// A sync failed: what it did not cover may never be durable (after a failed
+        /// fdatasync the kernel may drop the dirty pages), so no writer still waiting
+        /// may go on, and none may sync again until a roll back.
+        failed: bool,
+        /// Syncs begun in this cycle.
+        syncs: u64,
+    }
+
+    /// What a writer whose records end at `need` does next ([`Group::turn`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Turn {
+        /// Its records are durable: its change may go on.
+        Go,
+        /// It leads: sync the log (without its lock), then [`Group::synced`]`(upto)`, or
+        /// [`Group::sync_failed`].
+        Sync { upto: u64 },
+        /// Another writer's sync runs: wait for it to end, then ask again.
+        Wait,
+        /// A sync failed before its records were durable: its change must not go on.
+        Fail,
+    }
+
+    impl Group {
+        /// A group whose log holds nothing to sync past `at` (the records' start).
+        pub fn new(at: u64) -> Group {
+            Group {
+                appended: at,
+                durable: at,
+                syncing: None,
+                failed: false,
+                syncs: 0,
+            }
+        }
+
+        /// Records were written whole up to `end`.
+        pub fn appended(&mut self, end: u64) {
+            self.appended = self.appended.max(end);
+        }
+
+        /// What a writer whose records (and those of the units it waits for) end at `need`
+        /// does now.
+        pub fn turn(&mut self, need: u64) -> Turn {
+            if need <= self.durable {
+                Turn::Go
+            } else if self.failed || need > self.appended {
+                // (The second cannot be: a writer waits only for records written whole.
+                // Were it so, no sync could cover them, and failing beats waiting forever.)
+                Turn::Fail
+            } else if self.syncing.is_some() {
+                Turn::Wait
+            } else {
+                // Everything written whole by now, this writer's records among them
+                // (need <= appended: it appended, or waits for a unit appended before).
+                self.syncing = Some(self.appended);
+                self.syncs += 1;
+                Turn::Sync {
+                    upto: self.appended,
+                }
+            }
+        }
+
+        /// The leader's sync of everything up to `upto` returned.
+        pub fn synced(&mut self, upto: u64) {
+            self.durable = self.durable.max(upto);
+            self.syncing = None;
+        }
+
+        /// The leader's sync failed.
+        pub fn sync_failed(&mut self) {
+            self.syncing = None;
+            self.failed = true;
+        }
+
+        /// Where the durable records end.
+        pub fn durable(&self) -> u64 {
+            self.durable
+        }
+
+        /// Syncs begun since the group was made.
+        pub fn syncs(&self) -> u64 {
+            self.syncs
+        }
+    }
 }
 
-use rules::{Header, RecordHead, Saved, RECORDS_AT, RECORD_HEAD};
+use rules::{Group, Header, RecordHead, Saved, Turn, RECORDS_AT, RECORD_HEAD};
+
+/// The most consecutive units one read of the store and one write of the log carry
+/// (1 MiB of the default unit).
+const PIECE_UNITS: u64 = 16;
+
+/// A sync of the log that runs without its lock ([`UndoFile::syncer`]).
+pub type Syncer = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
 /// Where the undo log lives: the effects its rules need. A file for stores that keep
 /// their data; memory for those that do not (a RAM store: a restart loses the data, and
@@ -315,6 +491,10 @@ pub trait UndoFile: Send + std::fmt::Debug {
     fn write_all_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes what was written durable (fdatasync).
     fn sync(&mut self) -> io::Result<()>;
+    /// A sync to run later without the log's lock, while other writers append to it (the
+    /// group commit's leader): when it returns `Ok`, every write made before it was
+    /// called is durable (fdatasync of the same file).
+    fn syncer(&mut self) -> io::Result<Syncer>;
     fn truncate(&mut self, len: u64) -> io::Result<()>;
 }
 
@@ -323,14 +503,15 @@ pub trait UndoFile: Send + std::fmt::Debug {
 #[derive(Debug)]
 pub struct DiskLog {
     path: PathBuf,
-    file: Option<File>,
+    /// Shared with the syncs running without the log's lock ([`UndoFile::syncer`]).
+    file: Option<Arc<File>>,
 }
 
 impl DiskLog {
     /// The log at `path`, opened if it is there.
     pub fn open(path: &Path) -> io::Result<DiskLog> {
         let file = match OpenOptions::new().read(true).write(true).open(path) {
-            Ok(f) => Some(f),
+            Ok(f) => Some(Arc::new(f)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => {
                 return Err(io::Error::new(
@@ -365,9 +546,9 @@ impl DiskLog {
             if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 File::open(dir)?.sync_all()?;
             }
-            self.file = Some(f);
+            self.file = Some(Arc::new(f));
         }
-        Ok(self.file.as_ref().expect("made"))
+        Ok(self.file.as_deref().expect("made"))
     }
 }
 
@@ -392,6 +573,12 @@ impl UndoFile for DiskLog {
 
     fn sync(&mut self) -> io::Result<()> {
         self.made()?.sync_data()
+    }
+
+    fn syncer(&mut self) -> io::Result<Syncer> {
+        self.made()?;
+        let file = self.file.clone().expect("made");
+        Ok(Box::new(move || file.sync_data()))
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
@@ -427,6 +614,10 @@ impl UndoFile for MemLog {
 
     fn sync(&mut self) -> io::Result<()> {
         Ok(())
+    }
+
+    fn syncer(&mut self) -> io::Result<Syncer> {
+        Ok(Box::new(|| Ok(())))
     }
 
     fn truncate(&mut self, len: u64) -> io::Result<()> {
@@ -477,6 +668,10 @@ pub struct CycleState {
     /// The open cycle, when it is prepared ([`Undo::prepare`]): whole here, waiting to be
     /// committed or rolled back.
     pub prepared: Option<u64>,
+    /// Units the open cycle saved, and the syncs (fdatasync) of the log that made their
+    /// records durable: fewer syncs than units when concurrent saves were grouped.
+    pub saved_units: u64,
+    pub log_syncs: u64,
 }
 
 /// What [`Undo::open_cycle`] did.
@@ -515,6 +710,8 @@ struct Shared {
     gate: Mutex<Gate>,
     gate_cv: Condvar,
     log: Mutex<Log>,
+    /// A sync of the log's records ended (with the log's lock): its followers look again.
+    synced: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -539,6 +736,11 @@ struct Log {
     /// The LUN's change map: a roll back marks the units it restores there, durably,
     /// before it writes them back (see [`Undo::open_with`]).
     changes: Option<Arc<ChangeMap>>,
+    /// The open cycle's group commit: which records are durable, who syncs.
+    group: Group,
+    /// Units whose records were written but may not be durable yet, and where each
+    /// record ends: a write to one waits until its record is durable, as its saver does.
+    pending: BTreeMap<u64, u64>,
 }
 
 /// A write's pass through the gate; dropped when the write has returned.
@@ -607,6 +809,12 @@ impl Shared {
 }
 
 impl Log {
+    /// No record written yet: at a cycle's open, commit and roll back (no writer runs).
+    fn restart_group(&mut self) {
+        self.group = Group::new(RECORDS_AT);
+        self.pending.clear();
+    }
+
     fn write_header(&mut self, mut h: Header) -> io::Result<()> {
         h.seq = self.header.seq + 1;
         let slot = self.header.next_slot();
@@ -689,6 +897,8 @@ impl Undo {
             end: RECORDS_AT,
             broken: None,
             changes,
+            group: Group::new(RECORDS_AT),
+            pending: BTreeMap::new(),
         };
         match found {
             None => {
@@ -724,6 +934,8 @@ impl Undo {
                     }
                     log.saved = Some(saved);
                     log.end = end;
+                    // Read back from the file: durable already.
+                    log.group = Group::new(end);
                     tracing::warn!(
                         "{}: cycle {cycle} is prepared (whole here, perhaps committed on \
                          another member): kept for the coordinator or a promote to commit or \
@@ -767,6 +979,7 @@ impl Undo {
                 gate: Mutex::new(Gate::default()),
                 gate_cv: Condvar::new(),
                 log: Mutex::new(log),
+                synced: Condvar::new(),
             }),
         })
     }
@@ -808,6 +1021,8 @@ impl Undo {
             saved_bytes: log.end - RECORDS_AT,
             rolled_back: (h.rolled_back != 0).then_some(h.rolled_back),
             prepared: (h.open != 0 && h.prepared == h.open).then_some(h.open),
+            saved_units: log.saved.as_ref().map_or(0, Saved::count),
+            log_syncs: log.group.syncs(),
         }
     }
 
@@ -860,6 +1075,7 @@ impl Undo {
         log.end = RECORDS_AT;
         log.saved = Some(Saved::new(h.unit, h.size));
         log.broken = None;
+        log.restart_group();
         Ok(Opened::New)
     }
 
@@ -931,6 +1147,7 @@ impl Undo {
         log.write_header(h)?;
         log.saved = None;
         log.end = RECORDS_AT;
+        log.restart_group();
         // The decision is durable; freeing the records' space may fail without harm.
         if let Err(e) = log.file.truncate(RECORDS_AT) {
             tracing::warn!("undo log: freeing the records of cycle {cycle}: {e}");
@@ -971,53 +1188,125 @@ impl Undo {
         }
     }
 
-    /// Saves what a change of `[offset, offset + len)` overwrites, when a cycle is open;
-    /// fails (and the change must not go on) when the save cannot be made durable.
+    /// Saves what a change of `[offset, offset + len)` overwrites, when a cycle is open,
+    /// and returns once that is durable; fails (and the change must not go on) when it
+    /// cannot be made durable. The units it saves are read and logged under the log's
+    /// lock (so a unit is saved once, before anyone changes it); the sync that makes them
+    /// durable runs without it, shared with every writer whose records are in the log by
+    /// then ([`rules::Group`]). A unit another writer saved, whose record is not durable
+    /// yet, is waited for as if saved here.
     fn save(&self, pass: &Pass, offset: u64, len: u64) -> io::Result<()> {
         if !pass.slow {
             return Ok(());
         }
         let mut log = self.shared.log();
-        let log = &mut *log;
         let Some(saved) = &log.saved else {
             return Ok(());
         };
-        let units = saved.to_save(offset, len);
-        if units.is_empty() {
+        let Some((first, last)) = saved.touched(offset, len) else {
             return Ok(());
+        };
+        let units = saved.to_save(offset, len);
+        // The records of the units another writer is saving, not durable yet.
+        let mut need = log
+            .pending
+            .range(first..=last)
+            .map(|(_, &end)| end)
+            .max()
+            .unwrap_or(0);
+        if !units.is_empty() {
+            need = need.max(self.append(&mut log, &units)?);
         }
+        self.durable(log, need)
+    }
+
+    /// Reads `units` (not saved, ascending) from the store and writes their records at
+    /// the log's end, a piece of consecutive units per read and per write; marks them
+    /// saved, their records pending. Returns where the records end. Under the log's lock.
+    fn append(&self, log: &mut Log, units: &[u64]) -> io::Result<u64> {
         if let Some(why) = &log.broken {
             return Err(UndoError::Broken(why.clone()).into());
         }
         let cycle = log.header.open;
-        let mut buf = Vec::new();
+        let saved = log.saved.as_ref().expect("a cycle is open");
+        let mut old = Vec::new();
+        let mut out = Vec::new();
         let mut end = log.end;
-        let r = (|| {
-            for &u in &units {
-                let (s, e) = saved.range(u);
-                buf.resize((e - s) as usize, 0);
-                self.inner.read_at(&mut buf, s)?;
-                let head = RecordHead::new(cycle, u, &buf);
-                log.file.write_all_at(&head.encode(), end)?;
-                log.file.write_all_at(&buf, end + RECORD_HEAD as u64)?;
-                end += RECORD_HEAD as u64 + buf.len() as u64;
+        let r = (|| -> io::Result<()> {
+            for (first, n) in rules::pieces(units, PIECE_UNITS) {
+                let (s, _) = saved.range(first);
+                let (_, e) = saved.range(first + n - 1);
+                old.resize((e - s) as usize, 0);
+                self.inner.read_at(&mut old, s)?;
+                out.clear();
+                for u in first..first + n {
+                    let (us, ue) = saved.range(u);
+                    let data = &old[(us - s) as usize..(ue - s) as usize];
+                    out.extend_from_slice(&RecordHead::new(cycle, u, data).encode());
+                    out.extend_from_slice(data);
+                }
+                log.file.write_all_at(&out, end)?;
+                end += out.len() as u64;
             }
-            log.file.sync()
+            Ok(())
         })();
         if let Err(e) = r {
             // Records past `log.end` may be half there: the next save would append after
-            // them and leave a hole in the log. Nothing more until a roll back.
+            // them and leave a hole in the log. Nothing more until a roll back; the
+            // records before `log.end` stay whole, and their writers may still sync them.
             let why = format!("saving units of cycle {cycle}: {e}");
             tracing::error!("undo log: {why}");
             log.broken = Some(why);
             return Err(e);
         }
         log.end = end;
+        log.group.appended(end);
         let saved = log.saved.as_mut().expect("checked");
-        for u in units {
+        for &u in units {
             saved.mark(u);
+            log.pending.insert(u, end);
         }
-        Ok(())
+        Ok(end)
+    }
+
+    /// Returns once the log is durable up to `need`: as the group's leader, syncing
+    /// without the lock, or as a follower, waiting for the leader.
+    fn durable<'a>(&'a self, mut log: MutexGuard<'a, Log>, need: u64) -> io::Result<()> {
+        loop {
+            match log.group.turn(need) {
+                Turn::Go => return Ok(()),
+                Turn::Fail => {
+                    let why = log.broken.clone().unwrap_or_else(|| "a sync failed".into());
+                    return Err(UndoError::Broken(why).into());
+                }
+                Turn::Wait => log = self.shared.synced.wait(log).unwrap(),
+                Turn::Sync { upto } => {
+                    let r = match log.file.syncer() {
+                        Ok(sync) => {
+                            drop(log);
+                            let r = sync();
+                            log = self.shared.log();
+                            r
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = r {
+                        // Whatever the failed sync did not cover may be lost even if a
+                        // later one succeeds (the kernel may have dropped the dirty
+                        // pages): no writer waiting on it goes on.
+                        let why = format!("syncing the records of cycle {}: {e}", log.header.open);
+                        tracing::error!("undo log: {why}");
+                        log.group.sync_failed();
+                        log.broken = Some(why);
+                        self.shared.synced.notify_all();
+                        return Err(e);
+                    }
+                    log.group.synced(upto);
+                    log.pending.retain(|_, &mut end| end > upto);
+                    self.shared.synced.notify_all();
+                }
+            }
+        }
     }
 
     fn change(&self, offset: u64, len: u64, op: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
@@ -1072,6 +1361,7 @@ fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
     log.saved = None;
     log.end = RECORDS_AT;
     log.broken = None;
+    log.restart_group();
     if let Err(e) = log.file.truncate(RECORDS_AT) {
         tracing::warn!("undo log: freeing the records of cycle {cycle}: {e}");
     }
@@ -1089,13 +1379,22 @@ impl Backstore for Undo {
         read_at, try_read_at, reads_async, read_async, is_allocated,
         reads_lent_async, read_lent_async,
         lend, can_lend, lends_memory,
-        changes, flush, writes_async, flush_async,
+        changes, flush, flush_async,
         cluster_reservations, port_groups, atomic_compare_and_write_unit, changes_compare_and_write,
+    }
+
+    /// Not while a cycle is open: a write may then wait for its save's sync, or another
+    /// writer's, which must not stall the event loop that started it (a store whose
+    /// writes complete on its own threads, librbd's, is otherwise written from there); the
+    /// logical unit then writes on a blocking worker. Asked before each command.
+    fn writes_async(&self) -> bool {
+        self.inner.writes_async() && !self.shared.active.load(Ordering::SeqCst)
     }
 
     fn write_async(&self, buf: buffers::Buf, offset: u64, durable: bool, done: crate::WriteDone) {
         let pass = self.enter();
-        // The save is made (durably) on this thread before the write starts.
+        // The save is made (durably) on this thread before the write starts: a write
+        // started here as the cycle opened (`writes_async` said yes just before).
         if let Err(e) = self.save(&pass, offset, buf.len() as u64) {
             return done(buf, Err(e));
         }

@@ -273,4 +273,10 @@ pub struct CycleAnswer {
     /// rolled back, and a restart keeps it.
     #[serde(default)]
     pub prepared: Option<u64>,
+    /// Units the open cycle saved, and the syncs (fdatasync) of its undo log that made
+    /// them durable: concurrent saves share syncs, so fewer syncs than units.
+    #[serde(default)]
+    pub saved_units: u64,
+    #[serde(default)]
+    pub log_syncs: u64,
 }

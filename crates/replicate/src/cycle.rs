@@ -67,6 +67,8 @@ pub fn answer(undo: Option<&Undo>) -> CycleAnswer {
         saved_bytes: s.saved_bytes,
         rolled_back: s.rolled_back,
         prepared: s.prepared,
+        saved_units: s.saved_units,
+        log_syncs: s.log_syncs,
     }
 }
 
