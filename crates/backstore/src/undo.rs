@@ -1025,7 +1025,10 @@ fn allocation(inner: &dyn Backstore, saved: &Saved, units: &[u64]) -> Vec<(u64, 
     match inner.is_allocated(start, end - start) {
         Ok(map) => map,
         Err(e) => {
-            tracing::debug!("undo log: allocation of {start}+{}: {e}; read instead", end - start);
+            tracing::debug!(
+                "undo log: allocation of {start}+{}: {e}; read instead",
+                end - start
+            );
             Vec::new()
         }
     }

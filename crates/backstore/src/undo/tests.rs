@@ -483,7 +483,11 @@ fn records_of_each_kind_read_back_and_old_ones_still_read() {
         assert!(!back.holds(&data));
         // A head torn into another kind fails its checksum.
         let mut other = h.encode();
-        let flip = if kind == Kind::Hole { Kind::Zeros } else { Kind::Hole };
+        let flip = if kind == Kind::Hole {
+            Kind::Zeros
+        } else {
+            Kind::Hole
+        };
         let flip_magic = RecordHead::empty(flip, 5, 3, 4096).encode();
         other[..4].copy_from_slice(&flip_magic[..4]);
         assert!(!RecordHead::decode(&other).unwrap().holds(&[]));
@@ -522,7 +526,10 @@ fn a_cycle_over_a_sparse_file_rolls_back_to_its_holes_zeros_and_data() {
     let data: Vec<u8> = (0..4 * U).map(|i| (i % 251) as u8 + 1).collect();
     file.write_at(&data, 0).unwrap();
     file.write_at(&vec![0; 2 * U as usize], 4 * U).unwrap();
-    assert!(!unallocated(&*file, 4 * U, 2 * U), "zeros written are allocated");
+    assert!(
+        !unallocated(&*file, 4 * U, 2 * U),
+        "zeros written are allocated"
+    );
     let mut before = vec![0u8; (N * U) as usize];
     file.read_at(&mut before, 0).unwrap();
     let map_before = allocation_of(&*file, 0, N * U);
@@ -539,7 +546,10 @@ fn a_cycle_over_a_sparse_file_rolls_back_to_its_holes_zeros_and_data() {
         undo.discard(U, U).unwrap();
         let mut during = vec![0u8; (N * U) as usize];
         undo.read_at(&mut during, 0).unwrap();
-        assert_ne!(during, before, "the cycle changed nothing: the test proves nothing");
+        assert_ne!(
+            during, before,
+            "the cycle changed nothing: the test proves nothing"
+        );
         assert!(!unallocated(&*file, 6 * U, 3 * U));
         // Data kept for units 1-3 only; 7 more records with no bytes.
         let saved = undo.state().saved_bytes;
