@@ -511,3 +511,119 @@ fn bench_undo_sync_rate() {
         std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
     }
 }
+
+/// `rsv sync` of a volume (two disk servers of `RSV_BENCH_SIZE` each, default 512M, random
+/// data) onto far volumes that are fresh sparse files under `RSV_BENCH_DIR` (default
+/// /dev/shm, where the lab keeps its sites): with the far LUNs' undo log on (the default)
+/// and off (`undo = false`), alternating `RSV_BENCH_ROUNDS` times, each onto a new far
+/// site (`--full`: the source's change tracking would send the second nothing). Prints
+/// each sync's seconds and rate and the far undo logs' largest total size
+/// seen while it ran (sampled every 50 ms); with `RSV_BENCH_JSON=PATH` also writes them
+/// there. Run by `scripts/bench-undo.sh fresh`.
+#[test]
+#[ignore = "a benchmark: scripts/bench-undo.sh fresh"]
+fn bench_sync_to_fresh_far_luns() {
+    let (_, rounds) = bench_env();
+    let size = std::env::var("RSV_BENCH_SIZE").unwrap_or_else(|_| "512M".into());
+    let root = std::env::var("RSV_BENCH_DIR").unwrap_or_else(|_| "/dev/shm".into());
+    let tmp = tempfile::tempdir_in(&root).unwrap();
+    let hosts = hosts(tmp.path());
+    let store = format!("file:disk.img?size={size}");
+    let a = hosts.site(
+        Some(tmp.path().join("a").as_path()),
+        111,
+        2,
+        &store,
+        "track = true\n",
+    );
+    let fill = tmp.path().join("fill");
+    let bytes = 2 * units::parse_size(&size).unwrap();
+    testkit::random_file(&fill, bytes as usize, 7);
+    run_ok(
+        rsv().to_str().unwrap(),
+        &["cp", fill.to_str().unwrap(), &a.url()],
+    );
+    std::fs::remove_file(&fill).unwrap();
+    // The far undo logs' total size under `dir`, largest seen until `stop`.
+    fn log_bytes(dir: &std::path::Path) -> u64 {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        rd.flatten()
+            .map(|e| {
+                let p = e.path();
+                if p.is_dir() {
+                    log_bytes(&p)
+                } else if p.to_string_lossy().ends_with(".undo") {
+                    // Bytes the file holds (its blocks), not its length.
+                    use std::os::unix::fs::MetadataExt;
+                    e.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+    let mut rows = Vec::new();
+    let mut base = 114u8;
+    for r in 0..rounds {
+        for undo in [true, false] {
+            let dir = tmp.path().join(format!("far-{r}-{undo}"));
+            let extra = if undo { "" } else { "undo = false\n" };
+            let b = hosts.site(Some(dir.as_path()), base, 2, &store, extra);
+            base += 3;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = {
+                let (stop, dir) = (stop.clone(), dir.clone());
+                std::thread::spawn(move || {
+                    let mut most = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        most = most.max(log_bytes(&dir));
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    most
+                })
+            };
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            let out = hosts.sync_ok(&[
+                "--json",
+                "--full",
+                "--pacing",
+                "unpaced",
+                &a.volume(),
+                &b.volume(),
+            ]);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let most = sampler.join().unwrap();
+            let res = result_line(&out);
+            let row = serde_json::json!({
+                "round": r,
+                "undo": undo,
+                "seconds": res["seconds"],
+                "rate_bytes_per_s": res["rate_bytes_per_s"],
+                "whole": res["cycle"]["whole"],
+                "undo_log_bytes_most": most,
+                "load_before": load.split_whitespace().next().unwrap_or(""),
+            });
+            eprintln!(
+                "sync of {} MiB to a fresh far volume, undo {}: {:.2} s, {:.0} MB/s, undo logs up to {} KiB (load before {})",
+                bytes >> 20,
+                if undo { "on " } else { "off" },
+                res["seconds"].as_f64().unwrap_or(0.0),
+                res["rate_bytes_per_s"].as_f64().unwrap_or(0.0) / 1e6,
+                most >> 10,
+                row["load_before"].as_str().unwrap_or("")
+            );
+            rows.push(row);
+        }
+    }
+    let summary = serde_json::json!({
+        "bench": "undo-fresh",
+        "volume": format!("2 disk servers x {size}, random data; far: fresh sparse files under {root}"),
+        "sync": "rsv sync --json --full --pacing unpaced SRC DST (loopback)",
+        "rows": rows,
+    });
+    if let Some(path) = std::env::var_os("RSV_BENCH_JSON") {
+        std::fs::write(path, serde_json::to_string_pretty(&summary).unwrap()).unwrap();
+    }
+}

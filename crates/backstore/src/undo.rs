@@ -68,10 +68,16 @@
 //! tests run the real code against a model with a crash injected at every step.
 //! - A unit is saved once per cycle, on its first change, whole (the undo unit), and its
 //!   record (checksummed, with the cycle's id) is made durable (`fdatasync`) before the
-//!   change is passed on. A crash before that sync leaves at most a torn tail, whose
-//!   changes never reached the medium: the checksum drops it, and the log ends there.
-//!   Records are written in the log's order and a sync covers every record written
-//!   before it began, so no record a change went on for lies past a torn one.
+//!   change is passed on. A unit the store holds nothing for (unallocated, as
+//!   `is_allocated` says: a fresh far LUN is all holes) is saved as a *hole* record and
+//!   one that reads as zeros as a *zeros* record, with no data: the first is rolled back
+//!   by unmapping (the unit unallocated again where the store frees space), the second
+//!   by writing zeros. A record's magic says its kind, and a data record is as the first
+//!   format wrote it, so a log written before these kinds rolls back as it did. A crash
+//!   before that sync leaves at most a torn tail, whose changes never reached the
+//!   medium: the checksum drops it, and the log ends there. Records are written in the
+//!   log's order and a sync covers every record written before it began, so no record a
+//!   change went on for lies past a torn one.
 //! - Roll back writes the saved units back in the reverse order of the log (each unit is
 //!   there once, but reverse order would keep the oldest content if it were not), then
 //!   flushes the medium, and only then marks the header closed. A crash during roll back
@@ -110,7 +116,11 @@ pub mod rules {
     /// written.
     const MAGIC_V1: &[u8; 8] = b"RSVUNDO1";
     const MAGIC: &[u8; 8] = b"RSVUNDO2";
+    /// A record's first four bytes say what it holds (so a log written before hole and
+    /// zero records existed, all data records, still reads and rolls back as it did).
     const RECORD_MAGIC: u32 = 0x5253_5655;
+    const HOLE_MAGIC: u32 = 0x5253_5648;
+    const ZEROS_MAGIC: u32 = 0x5253_565A;
     /// Bytes of a record's head, before its data.
     pub const RECORD_HEAD: usize = 28;
     const HEADER_V1_LEN: usize = 8 + 8 * 8 + 4;
@@ -227,11 +237,46 @@ pub mod rules {
         }
     }
 
-    /// A record's head: which unit of which cycle, its length and checksum.
+    /// What a record keeps of its unit's old content.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Kind {
+        /// The unit's bytes follow the head; roll back writes them.
+        Data,
+        /// The store held nothing there (unallocated, reads as zeros): no bytes follow;
+        /// roll back unmaps the unit (or writes zeros where the store cannot unmap).
+        Hole,
+        /// The unit was allocated but all zeros: no bytes follow; roll back writes zeros.
+        Zeros,
+    }
+
+    impl Kind {
+        fn magic(self) -> u32 {
+            match self {
+                Kind::Data => RECORD_MAGIC,
+                Kind::Hole => HOLE_MAGIC,
+                Kind::Zeros => ZEROS_MAGIC,
+            }
+        }
+
+        fn of_magic(m: u32) -> Option<Kind> {
+            match m {
+                RECORD_MAGIC => Some(Kind::Data),
+                HOLE_MAGIC => Some(Kind::Hole),
+                ZEROS_MAGIC => Some(Kind::Zeros),
+                _ => None,
+            }
+        }
+    }
+
+    /// A record's head: which unit of which cycle, what it keeps, the unit's length and
+    /// the checksum (of the data for a data record; of the head's fields and its kind
+    /// for the others, so that a torn head cannot pass for another kind).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct RecordHead {
+        pub kind: Kind,
         pub cycle: u64,
         pub unit: u64,
+        /// The unit's length (the bytes that follow for a data record, none otherwise).
         pub len: u32,
         pub crc: u32,
     }
@@ -240,23 +285,49 @@ pub mod rules {
         pub fn new(cycle: u64, unit: u64, data: &[u8]) -> RecordHead {
             let len = data.len() as u32;
             RecordHead {
+                kind: Kind::Data,
                 cycle,
                 unit,
                 len,
-                crc: Self::sum(cycle, unit, len, data),
+                crc: Self::sum(Kind::Data, cycle, unit, len, data),
             }
         }
 
-        fn sum(cycle: u64, unit: u64, len: u32, data: &[u8]) -> u32 {
+        /// A record that keeps no bytes (`kind` is [`Kind::Hole`] or [`Kind::Zeros`]) of
+        /// a unit of `len` bytes.
+        pub fn empty(kind: Kind, cycle: u64, unit: u64, len: u32) -> RecordHead {
+            debug_assert!(kind != Kind::Data);
+            RecordHead {
+                kind,
+                cycle,
+                unit,
+                len,
+                crc: Self::sum(kind, cycle, unit, len, &[]),
+            }
+        }
+
+        fn sum(kind: Kind, cycle: u64, unit: u64, len: u32, data: &[u8]) -> u32 {
             let c = crc32c::crc32c(&cycle.to_le_bytes());
             let c = crc32c::crc32c_append(c, &unit.to_le_bytes());
             let c = crc32c::crc32c_append(c, &len.to_le_bytes());
-            crc32c::crc32c_append(c, data)
+            match kind {
+                // As the first format summed it: old logs still check.
+                Kind::Data => crc32c::crc32c_append(c, data),
+                _ => crc32c::crc32c_append(c, &kind.magic().to_le_bytes()),
+            }
+        }
+
+        /// Bytes of data that follow the head in the log.
+        pub fn data_len(&self) -> usize {
+            match self.kind {
+                Kind::Data => self.len as usize,
+                Kind::Hole | Kind::Zeros => 0,
+            }
         }
 
         pub fn encode(&self) -> [u8; RECORD_HEAD] {
             let mut b = [0u8; RECORD_HEAD];
-            b[..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+            b[..4].copy_from_slice(&self.kind.magic().to_le_bytes());
             b[4..12].copy_from_slice(&self.cycle.to_le_bytes());
             b[12..20].copy_from_slice(&self.unit.to_le_bytes());
             b[20..24].copy_from_slice(&self.len.to_le_bytes());
@@ -267,10 +338,9 @@ pub mod rules {
         /// A head as read; `None` if it is no record's (the log's end, or a torn one).
         pub fn decode(b: &[u8]) -> Option<RecordHead> {
             let b = b.get(..RECORD_HEAD)?;
-            if u32::from_le_bytes(b[..4].try_into().ok()?) != RECORD_MAGIC {
-                return None;
-            }
+            let kind = Kind::of_magic(u32::from_le_bytes(b[..4].try_into().ok()?))?;
             Some(RecordHead {
+                kind,
                 cycle: u64::from_le_bytes(b[4..12].try_into().ok()?),
                 unit: u64::from_le_bytes(b[12..20].try_into().ok()?),
                 len: u32::from_le_bytes(b[20..24].try_into().ok()?),
@@ -288,10 +358,49 @@ pub mod rules {
                 && self.len as u64 == h.unit.min(h.size - start)
         }
 
-        /// Whether `data` is the record's whole content.
+        /// Whether `data` is the record's whole content (empty for a record that keeps
+        /// no bytes).
         pub fn holds(&self, data: &[u8]) -> bool {
-            data.len() == self.len as usize
-                && Self::sum(self.cycle, self.unit, self.len, data) == self.crc
+            data.len() == self.data_len()
+                && Self::sum(self.kind, self.cycle, self.unit, self.len, data) == self.crc
+        }
+    }
+
+    /// Whether the store's extents `map` (as [`crate::Backstore::is_allocated`] answers)
+    /// say that `[start, end)` is wholly unallocated: a unit to log as a hole, with no
+    /// need to read it. A range the map does not cover, or covers in part with
+    /// allocated extents, is not.
+    pub fn is_hole(map: &[(u64, u64, bool)], start: u64, end: u64) -> bool {
+        let mut at = start;
+        for &(off, len, alloc) in map {
+            let e = off.saturating_add(len);
+            if e <= at || off >= end {
+                continue;
+            }
+            if off > at || alloc {
+                return false;
+            }
+            at = e;
+            if at >= end {
+                return true;
+            }
+        }
+        at >= end
+    }
+
+    /// Which record saves a unit whose old content, read, is `data`.
+    pub fn kind_of(data: &[u8]) -> Kind {
+        // Sixteen bytes at a time: a 64 KiB unit is checked in microseconds.
+        let words = data.chunks_exact(16);
+        let tail = words.remainder();
+        let zero = tail.iter().all(|&b| b == 0)
+            && words
+                .map(|w| u128::from_ne_bytes(w.try_into().expect("16 bytes")))
+                .all(|w| w == 0);
+        if zero {
+            Kind::Zeros
+        } else {
+            Kind::Data
         }
     }
 
@@ -474,7 +583,7 @@ pub mod rules {
     }
 }
 
-use rules::{Group, Header, RecordHead, Saved, Turn, RECORDS_AT, RECORD_HEAD};
+use rules::{Group, Header, Kind, RecordHead, Saved, Turn, RECORDS_AT, RECORD_HEAD};
 
 /// The most consecutive units one read of the store and one write of the log carry
 /// (1 MiB of the default unit).
@@ -837,7 +946,7 @@ impl Log {
             let Some(h) = RecordHead::decode(&head).filter(|h| h.fits(&self.header)) else {
                 break;
             };
-            data.resize(h.len as usize, 0);
+            data.resize(h.data_len(), 0);
             if self.file.read_at(&mut data, at + RECORD_HEAD as u64)? < data.len()
                 || !h.holds(&data)
             {
@@ -849,7 +958,7 @@ impl Log {
                 break;
             }
             out.push((h, at + RECORD_HEAD as u64));
-            at += RECORD_HEAD as u64 + h.len as u64;
+            at += RECORD_HEAD as u64 + h.data_len() as u64;
         }
         Ok(out)
     }
@@ -1233,17 +1342,41 @@ impl Undo {
         let mut out = Vec::new();
         let mut end = log.end;
         let r = (|| -> io::Result<()> {
+            // One question to the store for the whole save: a unit it holds nothing for
+            // is logged as a hole without being read (a fresh far LUN is all holes).
+            let map = allocation(&*self.inner, saved, units);
             for (first, n) in rules::pieces(units, PIECE_UNITS) {
                 let (s, _) = saved.range(first);
                 let (_, e) = saved.range(first + n - 1);
-                old.resize((e - s) as usize, 0);
-                self.inner.read_at(&mut old, s)?;
+                let holes: Vec<bool> = (first..first + n)
+                    .map(|u| {
+                        let (us, ue) = saved.range(u);
+                        rules::is_hole(&map, us, ue)
+                    })
+                    .collect();
+                if holes.iter().any(|&h| !h) {
+                    old.resize((e - s) as usize, 0);
+                    self.inner.read_at(&mut old, s)?;
+                }
                 out.clear();
-                for u in first..first + n {
+                for (u, &hole) in (first..first + n).zip(&holes) {
                     let (us, ue) = saved.range(u);
+                    let len = (ue - us) as u32;
+                    if hole {
+                        out.extend_from_slice(
+                            &RecordHead::empty(Kind::Hole, cycle, u, len).encode(),
+                        );
+                        continue;
+                    }
                     let data = &old[(us - s) as usize..(ue - s) as usize];
-                    out.extend_from_slice(&RecordHead::new(cycle, u, data).encode());
-                    out.extend_from_slice(data);
+                    if rules::kind_of(data) == Kind::Zeros {
+                        out.extend_from_slice(
+                            &RecordHead::empty(Kind::Zeros, cycle, u, len).encode(),
+                        );
+                    } else {
+                        out.extend_from_slice(&RecordHead::new(cycle, u, data).encode());
+                        out.extend_from_slice(data);
+                    }
                 }
                 log.file.write_all_at(&out, end)?;
                 end += out.len() as u64;
@@ -1316,6 +1449,51 @@ impl Undo {
     }
 }
 
+/// What the store says of the allocation of the span of `units` (one question for the
+/// whole save). A store that cannot answer, or fails to, gets an empty map: every unit
+/// is then read, as if allocated.
+fn allocation(inner: &dyn Backstore, saved: &Saved, units: &[u64]) -> Vec<(u64, u64, bool)> {
+    let (Some(&first), Some(&last)) = (units.first(), units.last()) else {
+        return Vec::new();
+    };
+    let (start, _) = saved.range(first);
+    let (_, end) = saved.range(last);
+    match inner.is_allocated(start, end - start) {
+        Ok(map) => map,
+        Err(e) => {
+            tracing::debug!(
+                "undo log: allocation of {start}+{}: {e}; read instead",
+                end - start
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// Puts back the old content of the unit `head` saved (its data at `at` of the log): the
+/// bytes; for a hole, the unit unmapped (which reads as zeros, and is unallocated again
+/// where the store frees space), or zeros written where the store cannot unmap; for
+/// zeros, zeros written.
+fn restore(
+    log: &Log,
+    inner: &Arc<dyn Backstore>,
+    head: &RecordHead,
+    at: u64,
+    data: &mut Vec<u8>,
+) -> io::Result<()> {
+    let start = head.unit * log.header.unit;
+    let len = head.len as u64;
+    match head.kind {
+        Kind::Data => {
+            data.resize(head.data_len(), 0);
+            log.file.read_at(data, at)?;
+            inner.write_at(data, start)
+        }
+        Kind::Hole if inner.supports_discard() => inner.discard(start, len),
+        Kind::Hole | Kind::Zeros => inner.write_zeroes(start, len),
+    }
+}
+
 /// Writes the open cycle's saved units back (last saved first), flushes the store, then
 /// marks the log closed. Safe to repeat after a crash at any step.
 fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
@@ -1344,9 +1522,7 @@ fn roll_back(log: &mut Log, inner: &Arc<dyn Backstore>) -> io::Result<()> {
     }
     let mut data = Vec::new();
     for (head, at) in records.iter().rev() {
-        data.resize(head.len as usize, 0);
-        log.file.read_at(&mut data, *at)?;
-        inner.write_at(&data, head.unit * log.header.unit)?;
+        restore(log, inner, head, *at, &mut data)?;
     }
     inner.flush()?;
     let cycle = log.header.open;

@@ -384,7 +384,11 @@ fn a_committed_cycle_stays_and_an_open_one_goes_at_restart() {
     undo.write_at(&[3; 20_000], 1000).unwrap();
     undo.discard(40_000, 8192).unwrap();
     assert_eq!(undo.cycle_open(), Some(8));
-    assert!(undo.state().saved_bytes >= 5 * UNIT);
+    // Units 0-2 held data (saved whole); 3-5, 9-11 and 14 zeros (saved as such).
+    assert_eq!(
+        undo.state().saved_bytes,
+        3 * (UNIT + rules::RECORD_HEAD as u64) + 7 * rules::RECORD_HEAD as u64
+    );
     assert!(matches!(undo.commit(9), Err(e) if e.kind() == io::ErrorKind::InvalidInput));
     drop(undo);
     // The target restarts: cycle 8 is rolled back before anything is served.
@@ -860,4 +864,165 @@ fn writes_go_to_a_blocking_worker_while_a_cycle_is_open() {
     assert!(!undo.writes_async(), "a save may wait for a sync");
     undo.commit(3).unwrap();
     assert!(undo.writes_async());
+}
+
+#[test]
+fn is_hole_needs_the_whole_unit_unallocated() {
+    use rules::is_hole;
+    let map = [(0, 100, true), (100, 200, false), (300, 50, true)];
+    assert!(is_hole(&map, 100, 300));
+    assert!(is_hole(&map, 150, 250));
+    assert!(!is_hole(&map, 50, 150), "part allocated");
+    assert!(!is_hole(&map, 250, 310), "ends in an allocated extent");
+    assert!(!is_hole(&[], 0, 10), "no answer: read it");
+    assert!(!is_hole(&[(0, 50, false)], 0, 100), "the map stops short");
+    assert!(!is_hole(&[(10, 90, false)], 0, 100), "the map starts late");
+    assert!(is_hole(&[(0, 40, false), (40, 60, false)], 0, 100));
+}
+
+#[test]
+fn kind_of_finds_zeros_to_the_last_byte() {
+    use rules::{kind_of, Kind};
+    assert_eq!(kind_of(&[0; 65536]), Kind::Zeros);
+    assert_eq!(kind_of(&[0; 4099]), Kind::Zeros);
+    for at in [0, 15, 16, 4095, 4098] {
+        let mut b = vec![0u8; 4099];
+        b[at] = 1;
+        assert_eq!(kind_of(&b), Kind::Data, "a byte at {at}");
+    }
+}
+
+/// A data record is byte for byte what the first format wrote (so a log written before
+/// hole records existed still rolls back); hole and zero records read back as written,
+/// and a head whose kind was changed does not check.
+#[test]
+fn records_of_each_kind_read_back_and_old_ones_still_read() {
+    use rules::{Kind, RecordHead};
+    let data = [7u8; 4096];
+    let h = RecordHead::new(5, 3, &data);
+    // The first format, written out by hand: magic, cycle, unit, len, crc32c of cycle,
+    // unit, len and data.
+    let mut old = Vec::new();
+    old.extend_from_slice(&0x5253_5655u32.to_le_bytes());
+    old.extend_from_slice(&5u64.to_le_bytes());
+    old.extend_from_slice(&3u64.to_le_bytes());
+    old.extend_from_slice(&4096u32.to_le_bytes());
+    let mut summed = Vec::new();
+    summed.extend_from_slice(&5u64.to_le_bytes());
+    summed.extend_from_slice(&3u64.to_le_bytes());
+    summed.extend_from_slice(&4096u32.to_le_bytes());
+    summed.extend_from_slice(&data);
+    old.extend_from_slice(&crc32c::crc32c(&summed).to_le_bytes());
+    assert_eq!(h.encode().as_slice(), old.as_slice());
+    let back = RecordHead::decode(&old).unwrap();
+    assert_eq!(back.kind, Kind::Data);
+    assert!(back.holds(&data));
+    for kind in [Kind::Hole, Kind::Zeros] {
+        let h = RecordHead::empty(kind, 5, 3, 4096);
+        let back = RecordHead::decode(&h.encode()).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.data_len(), 0);
+        assert!(back.holds(&[]));
+        assert!(!back.holds(&data));
+        // A head torn into another kind fails its checksum.
+        let mut other = h.encode();
+        let flip = if kind == Kind::Hole {
+            Kind::Zeros
+        } else {
+            Kind::Hole
+        };
+        let flip_magic = RecordHead::empty(flip, 5, 3, 4096).encode();
+        other[..4].copy_from_slice(&flip_magic[..4]);
+        assert!(!RecordHead::decode(&other).unwrap().holds(&[]));
+    }
+}
+
+/// Extents `(offset, len, allocated)` of `store`, merged.
+fn allocation_of(store: &dyn Backstore, offset: u64, len: u64) -> Vec<(u64, u64, bool)> {
+    store.is_allocated(offset, len).unwrap()
+}
+
+fn unallocated(store: &dyn Backstore, offset: u64, len: u64) -> bool {
+    rules::is_hole(&allocation_of(store, offset, len), offset, offset + len)
+}
+
+/// A cycle over a partly sparse file store (units of data, units of zeros written, holes)
+/// that writes over every kind and is then rolled back: the store reads as before, byte
+/// for byte, the holes are holes again, and the log kept bytes only for the units that
+/// held data. (With a hole rolled back as "nothing to do" the units written over holes
+/// keep the cycle's bytes and this fails.) Then the same after a restart, as a target
+/// that crashed with the cycle open rolls back.
+#[test]
+fn a_cycle_over_a_sparse_file_rolls_back_to_its_holes_zeros_and_data() {
+    const U: u64 = DEFAULT_UNIT;
+    const N: u64 = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let file: Arc<dyn Backstore> = Arc::new(
+        crate::FileBackstore::open(dir.path().join("lun"), Some(N * U), true, false).unwrap(),
+    );
+    assert!(
+        unallocated(&*file, 0, N * U),
+        "the file system under {} reports no holes: this test cannot check them",
+        dir.path().display()
+    );
+    // Units 0-3 data, 4-5 zeros written (allocated), 6-15 holes.
+    let data: Vec<u8> = (0..4 * U).map(|i| (i % 251) as u8 + 1).collect();
+    file.write_at(&data, 0).unwrap();
+    file.write_at(&vec![0; 2 * U as usize], 4 * U).unwrap();
+    assert!(
+        !unallocated(&*file, 4 * U, 2 * U),
+        "zeros written are allocated"
+    );
+    let mut before = vec![0u8; (N * U) as usize];
+    file.read_at(&mut before, 0).unwrap();
+    let map_before = allocation_of(&*file, 0, N * U);
+
+    let log = dir.path().join("lun.undo");
+    for restart in [false, true] {
+        let undo = Undo::open_file(file.clone(), &log, U).unwrap();
+        undo.open_cycle(1 + restart as u64, 1000).unwrap();
+        // Over data (2-3), zeros (4-5) and holes (6-8); 4 KiB inside a hole (10);
+        // zeros written over a hole (12); data unmapped (1).
+        undo.write_at(&vec![0xAB; 7 * U as usize], 2 * U).unwrap();
+        undo.write_at(&[0xCD; 4096], 10 * U + 4096).unwrap();
+        undo.write_zeroes(12 * U, U).unwrap();
+        undo.discard(U, U).unwrap();
+        let mut during = vec![0u8; (N * U) as usize];
+        undo.read_at(&mut during, 0).unwrap();
+        assert_ne!(
+            during, before,
+            "the cycle changed nothing: the test proves nothing"
+        );
+        assert!(!unallocated(&*file, 6 * U, 3 * U));
+        // Data kept for units 1-3 only; 7 more records with no bytes.
+        let saved = undo.state().saved_bytes;
+        let heads = rules::RECORD_HEAD as u64;
+        assert_eq!(saved, 3 * (heads + U) + 7 * heads, "saved {saved} bytes");
+        if restart {
+            // A crash with the cycle open: the next open rolls it back.
+            drop(undo);
+            let undo = Undo::open_file(file.clone(), &log, U).unwrap();
+            assert_eq!(undo.state().rolled_back, Some(2));
+        } else {
+            assert_eq!(undo.roll_back().unwrap(), Some(1));
+        }
+        let mut after = vec![0u8; (N * U) as usize];
+        file.read_at(&mut after, 0).unwrap();
+        if let Some(at) = after.iter().zip(&before).position(|(a, b)| a != b) {
+            panic!(
+                "after the roll back (restart: {restart}) byte {at} (unit {}) is {:#x}, was {:#x}",
+                at as u64 / U,
+                after[at],
+                before[at]
+            );
+        }
+        for u in 6..N {
+            assert!(
+                unallocated(&*file, u * U, U),
+                "unit {u} was a hole and is allocated after the roll back (restart: {restart})"
+            );
+        }
+        assert_eq!(allocation_of(&*file, 0, N * U), map_before);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), RECORDS_AT);
+    }
 }
