@@ -354,7 +354,7 @@ fn bench_undo_write_overhead() {
             iqn: IQN.into(),
             lun: 0,
             cycle: id,
-            cut_ms: 0,
+            ..Default::default()
         };
         rt.block_on(agent.call("POST", &format!("/v1/cycle/{what}"), &req))
             .unwrap_or_else(|e| panic!("cycle {what}: {e:#}"))

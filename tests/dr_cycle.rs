@@ -10,6 +10,8 @@
 //! - `rsv sync --every 1s` with a writer stamping sequence numbers: cycles commit, each
 //!   reports its RPO (printed), `/metrics` carries `rsv_sync_rpo_seconds`, SIGTERM ends it
 //!   with status 0, and the far copy holds a prefix of the writes (one moment).
+//! - A cycle committed on one far member and still open on the other: `promote --force`
+//!   rolls it forward on the other, and every member holds the cycle's image.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -595,8 +597,7 @@ fn a_stream_that_outlives_its_cycle_changes_nothing() {
             let req = replicate::api::CycleRequest {
                 iqn: IQN.into(),
                 lun: 0,
-                cycle: 0,
-                cut_ms: 0,
+                ..Default::default()
             };
             member_agent(105, i, control, &key)
                 .call::<replicate::api::CycleAnswer>("POST", "/v1/cycle/rollback", &req)
@@ -946,6 +947,7 @@ fn a_far_target_killed_with_writes_in_flight_rolls_its_cycle_back_whole() {
             lun: 0,
             cycle: id,
             cut_ms: 0,
+            epoch: 0,
         };
         testkit::rt()
             .block_on(agent.call("POST", &format!("/v1/cycle/{what}"), &req))

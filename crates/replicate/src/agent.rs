@@ -438,6 +438,9 @@ impl Agent {
     async fn cycle(&self, what: &str, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::CycleRequest = parse(body)?;
         let local = self.find(&req.iqn, req.lun)?;
+        if what == "open" {
+            crate::failover::refuse_late_open(&local, req.epoch)?;
+        }
         let fence = local.role.as_ref().map(|r| r.cycle.clone());
         crate::cycle::serve(local.undo.clone(), fence, what, req)
             .await

@@ -245,6 +245,10 @@ pub struct CycleRequest {
     /// `open`: when the cycle's image was cut at the source, ms since the Unix epoch.
     #[serde(default)]
     pub cut_ms: u64,
+    /// `open`: the epoch the transfer gives both sides (`role::Allowed`); a LUN at a
+    /// higher epoch (promoted since) refuses it. 0: not said (an older coordinator).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// The answer to a cycle request: the member's state after it.

@@ -660,7 +660,7 @@ pub async fn run(
         // A live copy is of no single moment, but the image the far site held before it
         // is still kept until it completes.
         let id = rand::random::<u64>() | 1;
-        let opened = crate::cycle::open(far, id, crate::cycle::now_ms())
+        let opened = crate::cycle::open(far, id, crate::cycle::now_ms(), gate.epoch())
             .await
             .context("opening the cycle at the far site")?;
         opened.tag_writers(&mut streams);
@@ -692,7 +692,7 @@ pub async fn run(
         taken.took_ms,
         taken.max_held_us()
     );
-    let opened = match crate::cycle::open(far, taken.cut, cut_ms).await {
+    let opened = match crate::cycle::open(far, taken.cut, cut_ms, gate.epoch()).await {
         Ok(c) => c,
         Err(e) => {
             drop_cut(&members, taken.cut).await;

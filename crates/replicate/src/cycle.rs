@@ -409,6 +409,7 @@ async fn ask(
     // By member index.
     cycles: &[u64],
     cut_ms: u64,
+    epoch: u64,
 ) -> Vec<(usize, anyhow::Result<CycleAnswer>)> {
     let mut set = tokio::task::JoinSet::new();
     for &i in which {
@@ -418,6 +419,7 @@ async fn ask(
             lun: m.lun,
             cycle: cycles.get(i).copied().unwrap_or(0),
             cut_ms,
+            epoch,
         };
         let path = format!("/v1/cycle/{what}");
         set.spawn(async move { (i, m.agent.call::<CycleAnswer>("POST", &path, &req).await) });
@@ -441,14 +443,14 @@ pub async fn ask_members(
     what: &str,
     cycles: &[u64],
 ) -> Vec<(usize, anyhow::Result<CycleAnswer>)> {
-    ask(members, which, what, cycles, 0).await
+    ask(members, which, what, cycles, 0, 0).await
 }
 
 /// Every member's state.
 pub async fn states(members: &[FarMember]) -> anyhow::Result<Vec<CycleAnswer>> {
     let all: Vec<usize> = (0..members.len()).collect();
     let mut out = Vec::new();
-    for (i, r) in ask(members, &all, "state", &[], 0).await {
+    for (i, r) in ask(members, &all, "state", &[], 0, 0).await {
         let m = members.get(i).map_or("?", |m| m.agent.addr.as_str());
         match r {
             Ok(a) => out.push(a),
@@ -465,10 +467,39 @@ pub async fn states(members: &[FarMember]) -> anyhow::Result<Vec<CycleAnswer>> {
     Ok(out)
 }
 
+/// Commits, on the members where it is still open, a cycle another member committed
+/// (states `found`, as [`states`] gave them; [`roll_forward`] decides): the next sync's
+/// open does it, and so does a promote (`crate::failover::promote`), which would
+/// otherwise roll it back there and leave members of two different images. Returns how
+/// many members it committed.
+pub async fn commit_where_open(
+    members: &[FarMember],
+    found: &[CycleAnswer],
+) -> anyhow::Result<usize> {
+    let todo = roll_forward(found);
+    for &(i, c) in &todo {
+        tracing::warn!(
+            "cycle {c} was committed on part of the far site; committing it on {} too",
+            members[i].agent.addr
+        );
+        for (_, r) in ask(members, &[i], "commit", &vec![c; members.len()], 0, 0).await {
+            r.with_context(|| format!("rolling cycle {c} forward on {}", members[i].agent.addr))?;
+        }
+    }
+    Ok(todo.len())
+}
+
 /// Opens cycle `cycle` (cut at `cut_ms`) on every destination member, after rolling
-/// forward a commit that reached only some of them. A member without an undo log makes
-/// the copy not whole (said once in the log), and nothing is opened.
-pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::Result<Opened> {
+/// forward a commit that reached only some of them; `epoch` is the one the transfer
+/// gives both sides, which a member promoted since refuses (the request is then a late
+/// one of a lost site's coordinator). A member without an undo log makes the copy not
+/// whole (said once in the log), and nothing is opened.
+pub async fn open(
+    members: Vec<FarMember>,
+    cycle: u64,
+    cut_ms: u64,
+    epoch: u64,
+) -> anyhow::Result<Opened> {
     let found = states(&members).await?;
     if let Some(i) = found.iter().position(|s| !s.undo) {
         tracing::warn!(
@@ -487,20 +518,21 @@ pub async fn open(members: Vec<FarMember>, cycle: u64, cut_ms: u64) -> anyhow::R
             before: FarImage::Unknown,
         });
     }
-    for (i, c) in roll_forward(&found) {
-        tracing::warn!(
-            "cycle {c} was committed on part of the far site; committing it on {} too",
-            members[i].agent.addr
-        );
-        for (_, r) in ask(&members, &[i], "commit", &vec![c; members.len()], 0).await {
-            r.with_context(|| format!("rolling cycle {c} forward on {}", members[i].agent.addr))?;
-        }
-    }
+    commit_where_open(&members, &found).await?;
     let before = far_image(&states(&members).await?);
     let all: Vec<usize> = (0..members.len()).collect();
     let mut ids = vec![cycle; members.len()];
     let mut full = false;
-    for (i, r) in ask(&members, &all, "open", &vec![cycle; members.len()], cut_ms).await {
+    for (i, r) in ask(
+        &members,
+        &all,
+        "open",
+        &vec![cycle; members.len()],
+        cut_ms,
+        epoch,
+    )
+    .await
+    {
         let a = r.with_context(|| format!("opening cycle {cycle} on the far site"))?;
         let id = a.open.unwrap_or(cycle);
         if id != cycle {
@@ -571,7 +603,7 @@ impl Opened {
                 vec![left.clone()]
             };
             for batch in batches {
-                for (i, r) in ask(&self.members, &batch, what, &self.ids, 0).await {
+                for (i, r) in ask(&self.members, &batch, what, &self.ids, 0, 0).await {
                     match r {
                         Ok(_) => {
                             done += 1;
@@ -648,7 +680,7 @@ impl Opened {
             return;
         }
         let all: Vec<usize> = (0..self.members.len()).collect();
-        for (i, r) in ask(&self.members, &all, "rollback", &[], 0).await {
+        for (i, r) in ask(&self.members, &all, "rollback", &[], 0, 0).await {
             if let Err(e) = r {
                 tracing::warn!("rolling cycle {} back on member {i}: {e:#}", self.cycle);
             }

@@ -169,6 +169,33 @@ fn put(p: &RolePoint, r: &RoleRecord) -> Result<(), Answer> {
     Ok(())
 }
 
+/// 409 for a request of a transfer at `epoch` (`what`) that `role::late_refusal` refuses
+/// on a LUN whose record is `old`.
+fn refuse_late(
+    lun: &LocalLun,
+    old: Option<&RoleRecord>,
+    epoch: u64,
+    what: &str,
+) -> Result<(), Answer> {
+    let name = format!("LUN {} of {}", lun.lun, lun.iqn);
+    match role::late_refusal(old, epoch, what, &name) {
+        Some(why) => {
+            tracing::warn!("{why}");
+            Err(refuse(409, why))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Refuses (409) a cycle's open at `epoch` on a LUN promoted since (`role::late_refusal`).
+pub(crate) fn refuse_late_open(lun: &LocalLun, epoch: u64) -> Result<(), Answer> {
+    let Some(p) = &lun.role else {
+        return Ok(());
+    };
+    let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+    refuse_late(lun, load(p)?.as_ref(), epoch, "a cycle's open")
+}
+
 /// Answers the failover requests of [`Agent::handle`]; `None` for any other path.
 pub(crate) async fn serve(
     agent: &Arc<Agent>,
@@ -255,6 +282,21 @@ pub(crate) async fn serve(
                 Ok(l) => l,
                 Err(e) => return Some(e),
             };
+            // A record from before a promote (a late request of the lost site's
+            // coordinator) changes nothing: neither the role nor the change map.
+            let late = (|| {
+                let p = point(&lun)?;
+                let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+                refuse_late(
+                    &lun,
+                    load(p)?.as_ref(),
+                    ask.record.epoch,
+                    "a completed sync's record",
+                )
+            })();
+            if let Err(e) = late {
+                return Some(e);
+            }
             // The map first: a crash between leaves the old image in the record, and a
             // resync then asks for a full copy rather than trust a map that forgot.
             if let (true, Some(c)) = (ask.forget_changes, lun.changes.clone()) {
@@ -270,6 +312,13 @@ pub(crate) async fn serve(
             (|| {
                 let p = point(&lun)?;
                 let _one = ROLES.lock().unwrap_or_else(|e| e.into_inner());
+                // Again under the lock: a promote may have come since the first look.
+                refuse_late(
+                    &lun,
+                    load(p)?.as_ref(),
+                    ask.record.epoch,
+                    "a completed sync's record",
+                )?;
                 put(p, &ask.record)?;
                 Ok(answer(&state(&lun, Some(ask.record.clone()))))
             })()
@@ -582,6 +631,14 @@ pub struct Gate {
     dst: Vec<LunAt>,
 }
 
+impl Gate {
+    /// The epoch the transfer gives both sides: the far members' cycle is opened with it,
+    /// and a member promoted since refuses it.
+    pub fn epoch(&self) -> u64 {
+        self.allowed.epoch
+    }
+}
+
 /// Before any data moves: the roles of both volumes, checked by [`role::check_transfer`];
 /// each stream gets its destination's writer name, and for a resync the destination's
 /// own changes since the last common image (its change map, read through its agent).
@@ -707,6 +764,111 @@ pub async fn after_transfer(gate: &Gate, image: u64) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A promoted LUN, then the record of the sync that was running before the promote and
+    /// its next cycle's open, arriving late (a lost site's coordinator's last requests,
+    /// delivered once the link came back): refused, and the LUN stays primary at its new
+    /// epoch, writable by all, no cycle open. Fails (the LUN is a replica at the old epoch
+    /// again; a cycle opens) when the agent takes them.
+    #[tokio::test]
+    async fn late_requests_do_not_undo_a_promote() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lun.role");
+        let writer = "iqn.2026-01.org.reservoir:sync.1".to_string();
+        let replica = |epoch, image| RoleRecord {
+            role: Role::Replica,
+            epoch,
+            image: Some(ImageMark { id: image, unix: 0 }),
+            writers: vec![writer.clone()],
+        };
+        replica(1, 5).store(&file).unwrap();
+        let fence: Arc<Mutex<Option<Option<Vec<String>>>>> = Arc::new(Mutex::new(None));
+        let f = fence.clone();
+        let store: Arc<dyn backstore::Backstore> = Arc::new(backstore::RamBackstore::new(1 << 20));
+        let undo = Arc::new(
+            backstore::Undo::open_file(store.clone(), &dir.path().join("undo"), 65536).unwrap(),
+        );
+        let lun = LocalLun {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            store,
+            spec: "ram:?size=1MiB".into(),
+            block_size: 512,
+            changes: None,
+            cut: None,
+            role: Some(RolePoint {
+                file: file.clone(),
+                fence: Arc::new(move |w| *f.lock().unwrap() = Some(w)),
+                writing: Arc::new(|| 0),
+                cycle: Arc::new(|_| Ok(())),
+            }),
+            undo: Some(undo.clone()),
+        };
+        let agent = Arc::new(Agent::new(
+            Box::new(move || vec![lun.clone()]),
+            Vec::new(),
+            initiator::SessionOptions::default(),
+        ));
+        let call =
+            |path: &str, body: Vec<u8>| agent.clone().handle("POST".into(), path.into(), body);
+
+        let (status, _) = call(
+            "/v1/role/promote",
+            serde_json::to_vec(&PromoteAsk {
+                iqn: "iqn.x".into(),
+                lun: 0,
+                force: true,
+            })
+            .unwrap(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let late = SyncedAsk {
+            iqn: "iqn.x".into(),
+            lun: 0,
+            record: replica(1, 6),
+            forget_changes: true,
+        };
+        let (status, answer) = call("/v1/role/synced", serde_json::to_vec(&late).unwrap()).await;
+        assert_eq!(status, 409, "{}", String::from_utf8_lossy(&answer));
+        let now = RoleRecord::load(&file).unwrap().unwrap();
+        assert_eq!((now.role, now.epoch), (Role::Primary, 2), "{now:?}");
+        assert_eq!(*fence.lock().unwrap(), Some(None), "the fence stays open");
+        // That sync's next cycle, opened late, too: it would save the promoted LUN's
+        // writes for a roll back at its next start.
+        let open = |epoch| {
+            serde_json::to_vec(&crate::api::CycleRequest {
+                iqn: "iqn.x".into(),
+                lun: 0,
+                cycle: 9,
+                cut_ms: 1,
+                epoch,
+            })
+            .unwrap()
+        };
+        let (status, answer) = call("/v1/cycle/open", open(1)).await;
+        assert_eq!(status, 409, "{}", String::from_utf8_lossy(&answer));
+        assert!(
+            String::from_utf8_lossy(&answer).contains("before its promote"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(undo.cycle_open(), None);
+        // One of the promoted epoch opens (a sync onto it, `--full`).
+        assert_eq!(call("/v1/cycle/open", open(2)).await.0, 200);
+        assert_eq!(undo.cycle_open(), Some(9));
+        // A record of the promoted epoch (a later sync onto it) is taken.
+        let later = SyncedAsk {
+            record: replica(2, 7),
+            ..late
+        };
+        assert_eq!(
+            call("/v1/role/synced", serde_json::to_vec(&later).unwrap())
+                .await
+                .0,
+            200
+        );
+    }
 
     #[test]
     fn unions_of_unit_ranges() {

@@ -258,10 +258,56 @@ pub fn demote(rec: Option<&RoleRecord>, writer: &str, name: &str) -> Result<Role
     }
 }
 
+/// Whether a LUN whose record is `old` refuses a request of a transfer at `epoch` (`what`:
+/// a completed sync's record, a cycle's open): one below the LUN's epoch is refused. No
+/// transfer lowers an epoch ([`check_transfer`] refuses a source whose epoch is below its
+/// destination's), so such a request is a late one of a sync from before a promote: a
+/// lost site's coordinator's last request, sent as the link failed and delivered by its
+/// host's kernel once the link came back, after the far site was promoted. Taken, a record
+/// would make the promoted LUN a replica again at the old epoch (and forget its change
+/// map); an open would start saving its writes for a roll back that its next restart makes,
+/// undoing them. Epoch 0: not said (an older coordinator's open), taken.
+pub fn late_refusal(
+    old: Option<&RoleRecord>,
+    epoch: u64,
+    what: &str,
+    name: &str,
+) -> Option<Refusal> {
+    let old = old?;
+    (epoch != 0 && epoch < old.epoch).then(|| {
+        Refusal(format!(
+            "{name} is {} at epoch {}: {what} at epoch {epoch} is from before its promote, and is refused",
+            old.role.as_str(),
+            old.epoch,
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_request_from_before_a_promote_is_refused() {
+        let replica = rec(Role::Replica, 3, 7);
+        let promoted = promote(Some(&replica), None, false, "L").unwrap();
+        // The sync that was running as the source site was lost, recording its image late.
+        let why = late_refusal(Some(&promoted), 3, "a sync's record", "L").unwrap();
+        assert!(
+            why.0.contains("epoch 4") && why.0.contains("epoch 3"),
+            "{why}"
+        );
+        // Every transfer keeps or raises the epoch: taken.
+        assert!(late_refusal(Some(&replica), 3, "r", "L").is_none());
+        assert!(late_refusal(Some(&promoted), 4, "r", "L").is_none());
+        assert!(late_refusal(Some(&promoted), 5, "r", "L").is_none());
+        assert!(late_refusal(None, 3, "r", "L").is_none(), "a first sync");
+        assert!(
+            late_refusal(Some(&promoted), 0, "r", "L").is_none(),
+            "not said"
+        );
+    }
 
     fn rec(role: Role, epoch: u64, image: u64) -> RoleRecord {
         RoleRecord {
