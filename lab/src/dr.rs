@@ -297,6 +297,10 @@ pub struct Round {
     pub far_torn: bool,
     pub consistent: bool,
     pub violation: String,
+    /// With a violation: what each stripe member held, when its writes were acknowledged
+    /// and the coordinator's last cycles (`dr_explain`).
+    #[serde(default)]
+    pub violation_detail: String,
     pub promote_s: f64,
     pub resync: Option<Resync>,
     pub round_s: f64,
@@ -493,7 +497,7 @@ impl Ring {
     }
 
     /// What each slot holds after writes 1..=k: the last write to it, 0 for none.
-    fn after(&self, k: u64) -> Vec<u64> {
+    pub(crate) fn after(&self, k: u64) -> Vec<u64> {
         let mut e = vec![0; self.slots as usize];
         for n in k.saturating_sub(self.slots - 1).max(1)..=k {
             e[self.slot(n) as usize] = n;
@@ -768,7 +772,35 @@ impl Running {
     }
 }
 
+/// The sites' stripe unit (`sites::Site`'s file server).
+const STRIPE_UNIT: u64 = 1 << 20;
+
 impl Bench<'_> {
+    /// What each member of `copy` holds, for a violation's report (`dr_explain`).
+    fn explain(
+        &self,
+        copy: &[u8],
+        site: usize,
+        acked: &[(u64, f64, f64)],
+        cycles: &[Value],
+    ) -> String {
+        let n = self.p.disk_servers;
+        let views = crate::dr_explain::per_member(
+            copy,
+            &self.ring,
+            1,
+            self.p.record_bytes as usize,
+            STRIPE_UNIT,
+            n,
+        );
+        // A site's disk servers are hosts 1..=n of its side.
+        let hosts: Vec<String> = side(self.link, site)[1..]
+            .iter()
+            .map(|h| format!("site {}'s disk server {}", ["a", "b"][site], h.addr))
+            .collect();
+        crate::dr_explain::describe(&views, &hosts, acked, cycles)
+    }
+
     fn volume(&self, site: usize) -> String {
         format!("{}:{CONTROL_PORT}/{IQN}/0", side(self.link, site)[0].addr)
     }
@@ -1034,6 +1066,9 @@ impl Bench<'_> {
         ph.mark("promote");
         let (far, next) = self.judge_far(y, &mut r, &mut ph)?;
         r.consistent = r.violation.is_empty();
+        if !r.consistent {
+            r.violation_detail = self.explain(&far, y, &acked, &lines);
+        }
 
         // Failback: the lost site back on its data, demoted, resynced from the new primary.
         self.link.set(&["--loss".into(), "0".into()])?;
@@ -1112,6 +1147,19 @@ impl Bench<'_> {
                 far.len() as u64 / unit
             );
             r.consistent = false;
+            r.violation_detail = format!(
+                "{}the old primary after the resync:\n{}",
+                crate::dr_explain::slots_differing(
+                    &far,
+                    &after,
+                    &self.ring,
+                    1,
+                    unit as usize,
+                    (STRIPE_UNIT, p.disk_servers),
+                    8
+                ),
+                self.explain(&after, x, &acked, &lines)
+            );
         }
         r.round_s = started.elapsed().as_secs_f64();
         r.phases = ph.done;
@@ -1267,6 +1315,26 @@ impl Bench<'_> {
     }
 }
 
+/// Copies the logs in `dirs` (the application's, the coordinators', every target's start)
+/// to `to`: a failed round's evidence, kept beside the results when the scratch goes.
+fn keep_logs(dirs: &[&Path], to: &Path) {
+    let copied = std::fs::create_dir_all(to).and_then(|()| {
+        for d in dirs {
+            for e in std::fs::read_dir(d)?.flatten() {
+                let name = e.file_name();
+                if name.to_string_lossy().contains(".log") {
+                    std::fs::copy(e.path(), to.join(&name))?;
+                }
+            }
+        }
+        Ok(())
+    });
+    match copied {
+        Ok(()) => eprintln!("dr: a round failed; the run's logs are in {}", to.display()),
+        Err(e) => eprintln!("dr: keeping the logs in {}: {e}", to.display()),
+    }
+}
+
 fn report(r: &Round) {
     let f = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.2}"));
     let rs = r.resync.as_ref();
@@ -1310,6 +1378,9 @@ fn report(r: &Round) {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    for l in r.violation_detail.lines() {
+        eprintln!("dr: round {:>3}:   {l}", r.round);
+    }
 }
 
 pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Results> {
@@ -1443,6 +1514,12 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             }
         }
         drop(sites);
+        if c.rounds.iter().any(|r| !r.consistent) {
+            keep_logs(
+                &[dir.as_path(), site_dir.as_path()],
+                &out.join(format!("dr-logs-app{pct}")),
+            );
+        }
         let _ = std::fs::remove_dir_all(&site_dir);
         c.loadavg_after = loadavg();
         c.violations = c.rounds.iter().filter(|r| !r.violation.is_empty()).count();

@@ -11,6 +11,7 @@ pub mod cli;
 mod cuts;
 mod doc;
 mod dr;
+mod dr_explain;
 mod drfs;
 mod env;
 mod login;

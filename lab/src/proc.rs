@@ -369,6 +369,9 @@ pub struct Link {
     pub rate_bps: u64,
     /// The relay process (`rsv-lab wan relay`), whose CPU time a row can report.
     pub relay_pid: Option<u32>,
+    /// The name held for this run while the link is up ([`hold_link_name`]); let go
+    /// after the link is taken down (fields drop after `Drop::drop`).
+    _name: File,
 }
 
 /// The bottleneck's counters read on a thread every so often while a measurement runs
@@ -472,6 +475,7 @@ impl Link {
             "{}{name}",
             std::env::var("RSV_LAB_PREFIX").unwrap_or_default()
         );
+        let held = hold_link_name(name)?;
         // A link of the same name left by a killed run would make `up` fail.
         let _ = run_ok(Command::new(lab_bin()).args(["wan", "down", "--name", name]));
         let mut link = Link {
@@ -480,6 +484,7 @@ impl Link {
             b: Vec::new(),
             rate_bps: 0,
             relay_pid: None,
+            _name: held,
         };
         let out = run_ok(
             Command::new(lab_bin())
@@ -654,6 +659,29 @@ fn lab_state_dir() -> PathBuf {
     std::env::var_os("RSV_LAB_STATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/run/reservoir-lab"))
+}
+
+/// Holds link name `name` for this run: an exclusive `flock` on
+/// `$RSV_LAB_STATE/link-NAME.lock`, which the kernel lets go however the run ends. A second
+/// run of the same name on the machine (the test suite beside an operator's run of the
+/// same scenario, two test runs at once) waits here for the first to end; before, its
+/// clean-up of a leftover link (`wan down`) took the first run's link down under it.
+fn hold_link_name(name: &str) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let dir = lab_state_dir();
+    let file = format!("link-{name}.lock");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(&file);
+    let f = File::create(&path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(f);
+    }
+    eprintln!(
+        "lab: link {name} is up for another run on this machine; waiting for it to end (RSV_LAB_PREFIX=P names this run's links P{name}-a/-b instead)"
+    );
+    drop(f);
+    lock_file(&dir, &file)
 }
 
 /// An exclusive `flock` on `dir/name`, released when the file is dropped.

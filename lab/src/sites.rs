@@ -61,6 +61,8 @@ struct Recipe {
     addr: std::net::Ipv4Addr,
     config: String,
     tag: String,
+    /// Times started: each start after the first keeps the log of the one before.
+    starts: usize,
 }
 
 /// A site's targets, stopped (SIGTERM) when it goes.
@@ -99,6 +101,7 @@ impl Site {
                 addr: h.addr,
                 config: target_toml(h.addr, key, &stores, l.disk_lun_options),
                 tag: format!("{tag}-disk{i}"),
+                starts: 0,
             };
             disks.push((recipe, None));
         }
@@ -117,6 +120,7 @@ impl Site {
                 "",
             ),
             tag: format!("{tag}-fs"),
+            starts: 0,
         };
         let mut site = Site {
             dir: dir.to_owned(),
@@ -138,6 +142,15 @@ impl Site {
         let dir = self.dir.clone();
         for (r, p) in self.disks.iter_mut() {
             if p.is_none() {
+                if r.starts > 0 {
+                    // The start truncates its log: the killed run's goes aside first.
+                    let log = dir.join(format!("target-{}.log", r.tag));
+                    let _ = std::fs::rename(
+                        &log,
+                        dir.join(format!("target-{}.log.{}", r.tag, r.starts)),
+                    );
+                }
+                r.starts += 1;
                 *p = Some(rsv_target_spawn(
                     &r.ns, r.addr, ISCSI_PORT, &r.config, &dir, &r.tag,
                 )?);
