@@ -484,7 +484,7 @@ fn lab_quick_login() {
 /// cause was not captured: ignored until it is understood (`cargo test -p rsv -p rsv-lab
 /// --test lab_quick lab_quick_dr -- --ignored`).
 #[test]
-#[ignore = "failed once in ten runs under load, cause not captured: docs/replicate.md, What the lab found"]
+#[ignore = "47-88 s a run under load, too long for CI; its one failure most likely two runs sharing a link name, fixed: docs/replicate.md, What the lab found"]
 fn lab_quick_dr() {
     if !is_root("lab_quick_dr") {
         return;
