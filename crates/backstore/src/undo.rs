@@ -918,6 +918,25 @@ impl Shared {
 }
 
 impl Log {
+    /// Whether cycle `cycle` is the one open here, its log whole: what a prepare and a
+    /// commit ask first.
+    fn holds_open(&self, cycle: u64) -> io::Result<()> {
+        if self.header.open == 0 {
+            return Err(UndoError::NotOpen(cycle).into());
+        }
+        if self.header.open != cycle {
+            return Err(UndoError::OtherCycle {
+                open: self.header.open,
+                asked: cycle,
+            }
+            .into());
+        }
+        if let Some(why) = &self.broken {
+            return Err(UndoError::Broken(why.clone()).into());
+        }
+        Ok(())
+    }
+
     /// No record written yet: at a cycle's open, commit and roll back (no writer runs).
     fn restart_group(&mut self) {
         self.group = Group::new(RECORDS_AT);
@@ -1197,19 +1216,7 @@ impl Undo {
     pub fn prepare(&self, cycle: u64) -> io::Result<()> {
         let _alone = self.shared.exclusive();
         let mut log = self.shared.log();
-        if log.header.open == 0 {
-            return Err(UndoError::NotOpen(cycle).into());
-        }
-        if log.header.open != cycle {
-            return Err(UndoError::OtherCycle {
-                open: log.header.open,
-                asked: cycle,
-            }
-            .into());
-        }
-        if let Some(why) = &log.broken {
-            return Err(UndoError::Broken(why.clone()).into());
-        }
+        log.holds_open(cycle)?;
         if log.header.prepared == cycle {
             return Ok(());
         }
@@ -1230,19 +1237,7 @@ impl Undo {
         if log.header.open == 0 && log.header.committed == cycle && cycle != 0 {
             return Ok(());
         }
-        if log.header.open == 0 {
-            return Err(UndoError::NotOpen(cycle).into());
-        }
-        if log.header.open != cycle {
-            return Err(UndoError::OtherCycle {
-                open: log.header.open,
-                asked: cycle,
-            }
-            .into());
-        }
-        if let Some(why) = &log.broken {
-            return Err(UndoError::Broken(why.clone()).into());
-        }
+        log.holds_open(cycle)?;
         self.inner.flush()?;
         let h = Header {
             open: 0,
