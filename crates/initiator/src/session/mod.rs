@@ -23,7 +23,6 @@ mod tasks;
 mod tuner;
 mod window;
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -178,7 +177,7 @@ struct Shared {
     /// Held while the session is reinstated, so that only one task does it.
     recovery: tokio::sync::Mutex<()>,
     /// READ CAPACITY per LUN, for [`Session::read`] and [`Session::write`].
-    capacity: Mutex<HashMap<u16, Capacity>>,
+    capacity: Mutex<tasks::OwnKeyMap<u16, Capacity>>,
     bufs: Arc<BufPool>,
     /// The portals of the gateway group and the one in use (just the URL's without
     /// `portal=` options).
@@ -309,7 +308,7 @@ impl Session {
             tuner: Tuner::new(plan),
             counters: Counters::default(),
             recovery: tokio::sync::Mutex::new(()),
-            capacity: Mutex::new(HashMap::new()),
+            capacity: Mutex::new(Default::default()),
             bufs: Arc::default(),
             opts,
         });
