@@ -260,6 +260,48 @@ fn continuous_mode_commits_whole_images_and_stops_on_sigterm() {
             "rpo {rpo} > {} (now - cut)",
             now - cut
         );
+        // Where its seconds went: every phase from the cut through the commit is one
+        // span of the cut-to-commit time, itself within the cycle (spans of one clock
+        // compared with each other, never with a bound).
+        let ph = &v["phases"];
+        let secs = |k: &str| {
+            ph[k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no phases.{k} in {v}"))
+        };
+        let to_commit = secs("cut_to_commit_s");
+        // (`open_s` comes before the cut: the cycle opens, and the streams log in, first.)
+        let parts: f64 = [
+            "cut_s",
+            "start_s",
+            "streams_s",
+            "verify_s",
+            "prepare_s",
+            "commit_s",
+        ]
+        .iter()
+        .map(|k| secs(k))
+        .sum();
+        assert!(
+            secs("open_s") > 0.0 && secs("streams_s") > 0.0 && secs("commit_s") > 0.0,
+            "{v}"
+        );
+        assert!(
+            parts <= to_commit + 1e-3,
+            "phases {parts} > cut to commit {to_commit}: {v}"
+        );
+        assert!(to_commit <= v["seconds"].as_f64().unwrap() + 1e-3, "{v}");
+        for k in [
+            "plan_s",
+            "roles_s",
+            "release_s",
+            "drop_s",
+            "record_s",
+            "login_s",
+            "first_ack_s",
+        ] {
+            assert!(secs(k) >= 0.0, "{v}");
+        }
         if scraped.is_none() {
             let text = run_ok("curl", &["-sf", &format!("http://{metrics}/metrics")]);
             let at = unix_now();
@@ -1011,4 +1053,95 @@ fn a_far_target_killed_with_writes_in_flight_rolls_its_cycle_back_whole() {
     }
     let st = cycle("state", 0);
     assert_eq!((st.open, st.rolled_back), (None, Some(42)), "{st:?}");
+}
+
+/// A session logged in ahead (`POST /v1/connect`: a coordinator asks it while the far
+/// cycle opens, before the cut) is what the next send to the same destination with the
+/// same session options writes on: the send says so, and the destination then equals
+/// the source. One logged in with other options (another initiator name: another cycle's
+/// streams) is not taken. Fails when the agent ignores what it logged in ahead, or hands
+/// it to a send of other options.
+#[test]
+fn a_send_writes_on_the_session_logged_in_ahead_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hosts(tmp.path(), 151);
+    let dir = tmp.path().join("host");
+    std::fs::create_dir_all(&dir).unwrap();
+    const SIZE: usize = 4 << 20;
+    random_file(&dir.join("src.img"), SIZE, 39);
+    let host = hosts.host(
+        Some(&dir),
+        "127.0.0.151",
+        "[[target.lun]]\nid = 0\nstore = \"file:src.img\"\n\
+         [[target.lun]]\nid = 1\nstore = \"file:dst.img?size=4M\"\n",
+    );
+    let agent = replicate::wire::Client::new(
+        host.control.clone(),
+        replicate::auth::Key::from_file(&hosts.key).unwrap(),
+    );
+    let rt = testkit::rt();
+    let connect = |session: Vec<(String, String)>| {
+        let req = replicate::api::ConnectRequest {
+            dest: host.url(1),
+            session,
+        };
+        let _: serde_json::Value = rt
+            .block_on(agent.call("POST", "/v1/connect", &req))
+            .unwrap();
+    };
+    let send = || -> replicate::api::JobStatus {
+        let req = replicate::api::SendRequest {
+            iqn: IQN.into(),
+            lun: 0,
+            dest: host.url(1),
+            unit: 1 << 20,
+            what: replicate::api::What::All,
+            skip_units: 0,
+            pacing: None,
+            session: Vec::new(),
+            compress: Default::default(),
+            cut: None,
+            also: Vec::new(),
+        };
+        let started: replicate::api::SendStarted =
+            rt.block_on(agent.call("POST", "/v1/send", &req)).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let st: replicate::api::JobStatus = rt
+                .block_on(agent.call("GET", &format!("/v1/jobs/{}", started.job), &()))
+                .unwrap();
+            if !matches!(
+                st.state,
+                replicate::api::JobState::Connecting | replicate::api::JobState::Running
+            ) {
+                assert_eq!(st.state, replicate::api::JobState::Done, "{st:?}");
+                assert_eq!(st.done_bytes, SIZE as u64, "{st:?}");
+                return st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "never ended: {st:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let source = std::fs::read(dir.join("src.img")).unwrap();
+
+    // Logged in ahead with the send's own options: the send takes that session.
+    connect(Vec::new());
+    let st = send();
+    assert!(st.connected_ahead, "the send logged in again: {st:?}");
+    let far = read_lun(&host.url(1), &tmp.path().join("dst-ahead"));
+    assert!(far == source, "the destination differs from the source");
+
+    // Logged in ahead as another writer: not this send's session.
+    connect(vec![(
+        "initiator_name".into(),
+        "iqn.2026-01.org.reservoir:sync.39.cycle-0000000000000027".into(),
+    )]);
+    let st = send();
+    assert!(
+        !st.connected_ahead,
+        "another writer's session was taken: {st:?}"
+    );
 }

@@ -10,7 +10,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use replicate::api::{
-    CutAnswer, CutRequest, CycleAnswer, CycleRequest, Pace, Release, SendRequest, SumsRequest,
+    ConnectRequest, CutAnswer, CutRequest, CycleAnswer, CycleRequest, JobStatus, Pace, Release,
+    SendRequest, SumsRequest,
 };
 use replicate::auth::{AuthError, Key, Verifier};
 
@@ -55,6 +56,10 @@ fuzz_target!(|data: &[u8]| {
         Err(AuthError::Replay)
     );
     let _ = serde_json::from_slice::<SendRequest>(body);
+    // A session logged in ahead of its send (`POST /v1/connect`), and a send's status as
+    // the coordinator reads it (its login and first acknowledgment times).
+    let _ = serde_json::from_slice::<ConnectRequest>(body);
+    let _ = serde_json::from_slice::<JobStatus>(body);
     let _ = serde_json::from_slice::<SumsRequest>(body);
     let _ = serde_json::from_slice::<Release>(body);
     let _ = serde_json::from_slice::<Pace>(body);

@@ -436,6 +436,13 @@ pub struct Config {
     /// Each phase of a round: its seconds over the rounds (p50, p99, max).
     #[serde(default)]
     pub phases: Vec<PhaseStat>,
+    /// Committed cycles' seconds (`rsv sync --every`'s `cycle` lines).
+    #[serde(default)]
+    pub cycle_s: Option<Pcts>,
+    /// Each phase of a committed cycle (its `phases`), over the cycles; empty from an
+    /// `rsv sync` that does not report them.
+    #[serde(default)]
+    pub cycle_phases: Vec<PhaseStat>,
     pub loadavg_before: String,
     pub loadavg_after: String,
 }
@@ -752,7 +759,29 @@ struct Seen {
     replicated_s: f64,
     rpo_cycles: Vec<f64>,
     holds: Vec<f64>,
+    /// Committed cycles' seconds, and their phases' (`rsv sync`'s `phases`).
+    cycle_s: Vec<f64>,
+    cycle_phases: Vec<(&'static str, f64)>,
 }
+
+/// The phases of a cycle as `rsv sync --json` reports them (`phases`), in their order.
+const CYCLE_PHASES: [&str; 15] = [
+    "plan_s",
+    "roles_s",
+    "cut_s",
+    "open_s",
+    "start_s",
+    "login_s",
+    "first_ack_s",
+    "streams_s",
+    "verify_s",
+    "prepare_s",
+    "commit_s",
+    "release_s",
+    "drop_s",
+    "record_s",
+    "cut_to_commit_s",
+];
 
 /// The application as one round runs it: the writer and, with `--app ext4`, the file
 /// system's stack under it.
@@ -1039,6 +1068,15 @@ impl Bench<'_> {
             .extend(committed.iter().filter_map(|c| c["rpo_seconds"].as_f64()));
         seen.holds
             .extend(committed.iter().filter_map(|c| c["held_us"].as_f64()));
+        seen.cycle_s
+            .extend(committed.iter().filter_map(|c| c["seconds"].as_f64()));
+        for c in &committed {
+            for name in CYCLE_PHASES {
+                if let Some(x) = c["phases"][name].as_f64() {
+                    seen.cycle_phases.push((name, x));
+                }
+            }
+        }
         r.committed_cut_unix = committed
             .iter()
             .filter_map(|c| c["cut_unix"].as_f64())
@@ -1528,6 +1566,22 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         c.latency_alone_us = Pcts::of(seen.alone_us.iter().copied());
         c.latency_replicated_us = Pcts::of(seen.replicated_us.iter().copied());
         c.hold_us = Pcts::of(seen.holds.iter().copied());
+        c.cycle_s = Pcts::of(seen.cycle_s.iter().copied());
+        c.cycle_phases = CYCLE_PHASES
+            .iter()
+            .filter_map(|&name| {
+                let s = Pcts::of(
+                    seen.cycle_phases
+                        .iter()
+                        .filter(|(n, _)| *n == name)
+                        .map(|(_, x)| *x),
+                )?;
+                Some(PhaseStat {
+                    phase: name.into(),
+                    s,
+                })
+            })
+            .collect();
         c.resync_ratio = Pcts::of(
             c.rounds
                 .iter()
@@ -1592,11 +1646,17 @@ fn summary(c: &Config) {
         p(&c.resync_ratio, 1.0),
     );
     eprintln!(
-        "  round s: {}\n  phases p50 / max s: {}",
+        "  round s: {}\n  phases p50 / max s: {}\n  cycle s: {}\n  cycle phases p50 / max s: {}",
         p(&c.round_s, 1.0),
         c.phases
             .iter()
             .map(|x| format!("{} {:.1} / {:.1}", x.phase, x.s.p50, x.s.max))
+            .collect::<Vec<_>>()
+            .join(", "),
+        p(&c.cycle_s, 1.0),
+        c.cycle_phases
+            .iter()
+            .map(|x| format!("{} {:.2} / {:.2}", x.phase, x.s.p50, x.s.max))
             .collect::<Vec<_>>()
             .join(", ")
     );

@@ -143,7 +143,22 @@ pub struct Agent {
     base: SessionOptions,
     /// Images held for cuts, by cut id.
     images: Mutex<HashMap<u64, Arc<CutImage>>>,
+    /// Sessions logged in ahead of their send ([`Agent::connect`]).
+    parked: Mutex<Vec<Parked>>,
 }
+
+/// A session logged in ahead of its send (`POST /v1/connect`): its LUN opened, waiting
+/// for the send to the same destination with the same session options.
+struct Parked {
+    dest: String,
+    session: Vec<(String, String)>,
+    lun: Lun,
+    at: Instant,
+}
+
+/// How long a session logged in ahead waits for its send: a coordinator sends within a
+/// cut and the answers of the far cycle's open, well under this.
+const PARKED_FOR: Duration = Duration::from_secs(30);
 
 struct Job {
     id: u64,
@@ -172,6 +187,8 @@ struct Job {
     /// The pacing asked for, bytes per second (0: none).
     pacing: AtomicU64,
     cancel: AtomicBool,
+    /// Its session was logged in ahead (`POST /v1/connect`).
+    connected_ahead: bool,
     progress: Mutex<Progress>,
 }
 
@@ -180,6 +197,10 @@ struct Progress {
     state: Option<JobState>,
     /// When the send ended (done, failed or cancelled), by the agent's clock.
     ended: Option<Instant>,
+    /// When its session was logged in and its LUN opened (the data could start).
+    logged_in: Option<Instant>,
+    /// When the destination acknowledged its first unit.
+    first_ack: Option<Instant>,
     error: Option<String>,
     done_bytes: u64,
     durable_bytes: u64,
@@ -216,7 +237,72 @@ impl Agent {
             next_job: AtomicU64::new(1),
             base,
             images: Mutex::new(HashMap::new()),
+            parked: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The destination's URL and the options of a send's session to it: the agent's
+    /// own, the send's, and `join_late`.
+    fn session_options(
+        &self,
+        dest: &str,
+        session: &[(String, String)],
+    ) -> Result<(IscsiUrl, SessionOptions), Answer> {
+        let url = IscsiUrl::parse(dest).map_err(|e| err(400, e))?;
+        let mut opts = url.options(&self.base).map_err(|e| err(400, e))?;
+        // The send starts on the leading connection; the others join a round trip later
+        // (350 ms of the start in R2's case), and the pacing is shared among those live.
+        opts.join_late = true;
+        for (k, v) in session {
+            opts.set(k, v)
+                .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
+        }
+        Ok((url, opts))
+    }
+
+    /// `POST /v1/connect`: logs a session in to `dest` and opens its LUN, then keeps it
+    /// for the next send there with the same options ([`Agent::take_parked`]). A
+    /// coordinator asks it while the far site opens its cycle, before the cut: the
+    /// send that follows the cut then writes at once instead of logging in first (a few
+    /// round trips over a long path). Answers once logged in.
+    async fn connect(self: Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
+        let req: api::ConnectRequest = parse(body)?;
+        let (url, opts) = self.session_options(&req.dest, &req.session)?;
+        let lun = Lun::open_url(&url, &opts)
+            .await
+            .map_err(|e| err(502, format!("{}: {e}", req.dest)))?;
+        self.parked.lock().unwrap().push(Parked {
+            dest: req.dest.clone(),
+            session: req.session.clone(),
+            lun,
+            at: Instant::now(),
+        });
+        // Logged out once too old, whether or not another request comes.
+        let agent = Arc::downgrade(&self);
+        tokio::spawn(async move {
+            tokio::time::sleep(PARKED_FOR + Duration::from_secs(1)).await;
+            if let Some(a) = agent.upgrade() {
+                a.take_parked("", &[]);
+            }
+        });
+        Ok(ok(&serde_json::json!({ "connected": req.dest })))
+    }
+
+    /// The session logged in ahead for a send to `dest` with `session`'s options, if one
+    /// waits; those older than [`PARKED_FOR`] are logged out on the way.
+    fn take_parked(&self, dest: &str, session: &[(String, String)]) -> Option<Lun> {
+        let mut parked = self.parked.lock().unwrap();
+        let (stale, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
+            .into_iter()
+            .partition(|p| p.at.elapsed() > PARKED_FOR);
+        *parked = kept;
+        let found = parked
+            .iter()
+            .position(|p| p.dest == dest && p.session == session)
+            .map(|i| parked.swap_remove(i).lun);
+        drop(parked);
+        log_out(stale);
+        found
     }
 
     fn cut_point(&self, iqn: &str, lun: u16) -> Result<(LocalLun, CutPoint), Answer> {
@@ -503,6 +589,7 @@ impl Agent {
                 j.cancel.store(true, Ordering::Relaxed);
                 ok(&j.status())
             }),
+            ("POST", ["v1", "connect"]) => self.clone().connect(&body).await,
             ("POST", ["v1", "sums"]) => self.sums(&body).await,
             ("POST", ["v1", "release"]) => self.release(&body).await,
             _ => Err(err(404, format!("no such request: {method} {path}"))),
@@ -534,15 +621,7 @@ impl Agent {
         let req: api::SendRequest = parse(body)?;
         let local = self.find(&req.iqn, req.lun)?;
         let size = local.store.size();
-        let url = IscsiUrl::parse(&req.dest).map_err(|e| err(400, e))?;
-        let mut opts = url.options(&self.base).map_err(|e| err(400, e))?;
-        // The send starts on the leading connection; the others join a round trip later
-        // (350 ms of the start in R2's case), and the pacing is shared among those live.
-        opts.join_late = true;
-        for (k, v) in &req.session {
-            opts.set(k, v)
-                .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
-        }
+        let (url, opts) = self.session_options(&req.dest, &req.session)?;
         let mut unit = req.unit;
         let image = match req.cut {
             None => None,
@@ -639,6 +718,8 @@ impl Agent {
             })
             .sum();
         self.stop_sends_of(&req.iqn, req.lun).await?;
+        // Logged in ahead by `POST /v1/connect`, when one waits: it writes at once.
+        let ahead = self.take_parked(&req.dest, &req.session);
         let id = self.next_job.fetch_add(1, Ordering::Relaxed);
         let job = Arc::new(Job {
             id,
@@ -667,6 +748,7 @@ impl Agent {
             ops,
             pacing: AtomicU64::new(req.pacing.unwrap_or(0)),
             cancel: AtomicBool::new(false),
+            connected_ahead: ahead.is_some(),
             progress: Mutex::new(Progress {
                 state: Some(JobState::Connecting),
                 durable: vec![false; plan.len()],
@@ -689,8 +771,15 @@ impl Agent {
             job.plan.len()
         );
         tokio::spawn(async move {
-            let (result, lun) = match Lun::open_url(&url, &opts).await {
-                Ok(lun) => (pump(&job, &local, &lun).await, Some(lun)),
+            let opened = match ahead {
+                Some(lun) => Ok(lun),
+                None => Lun::open_url(&url, &opts).await,
+            };
+            let (result, lun) = match opened {
+                Ok(lun) => {
+                    job.progress.lock().unwrap().logged_in = Some(Instant::now());
+                    (pump(&job, &local, &lun).await, Some(lun))
+                }
                 Err(e) => (Err(e.into()), None),
             };
             job.end(result);
@@ -799,6 +888,19 @@ impl Agent {
     }
 }
 
+/// Logs out sessions kept ahead that no send took, off the caller's way.
+fn log_out(stale: Vec<Parked>) {
+    for p in stale {
+        tracing::debug!(
+            "a session logged in ahead to {} was not used; logging out",
+            p.dest
+        );
+        tokio::spawn(async move {
+            let _ = p.lun.session().logout().await;
+        });
+    }
+}
+
 impl Job {
     fn is_over(&self) -> bool {
         matches!(
@@ -845,6 +947,13 @@ impl Job {
             ended_ms: p
                 .ended
                 .map(|e| e.saturating_duration_since(self.started).as_millis() as u64),
+            login_ms: p
+                .logged_in
+                .map(|e| e.saturating_duration_since(self.started).as_millis() as u64),
+            first_ack_ms: p
+                .first_ack
+                .map(|e| e.saturating_duration_since(self.started).as_millis() as u64),
+            connected_ahead: self.connected_ahead,
             pacing: match self.pacing.load(Ordering::Relaxed) {
                 0 => None,
                 r => Some(r),
@@ -1016,7 +1125,11 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
     // Asked once, by the first step that makes zeros (not before the data starts: it
     // costs a round trip).
     let zeroing: Arc<tokio::sync::OnceCell<Zeroing>> = Arc::default();
-    job.progress.lock().unwrap().state = Some(JobState::Running);
+    {
+        let mut p = job.progress.lock().unwrap();
+        p.state = Some(JobState::Running);
+        p.logged_in.get_or_insert_with(Instant::now);
+    }
     let depth = || {
         let per = lun.max_transfer_bytes().clamp(1, job.unit);
         ((session.queue_depth() as u64 * per / job.unit) as usize).max(2)
@@ -1035,6 +1148,7 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
     let changes = local.changes.clone().zip(job.epoch);
     let record = |l: &Landed| {
         let mut p = job.progress.lock().unwrap();
+        p.first_ack.get_or_insert_with(Instant::now);
         p.done_bytes += l.counted;
         p.done_units += l.positions.len() as u64;
         p.data_bytes += l.data;

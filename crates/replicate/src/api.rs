@@ -80,6 +80,16 @@ pub struct SendRequest {
     pub also: Vec<(u64, u64)>,
 }
 
+/// `POST /v1/connect`: log in a session to `dest` with `session`'s options and keep it
+/// for the next send to `dest` with the same options (`POST /v1/send`), so that the send
+/// writes at once: a cycle's streams log in while the far cycle opens, before the cut.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ConnectRequest {
+    pub dest: String,
+    #[serde(default)]
+    pub session: Vec<(String, String)>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SendStarted {
     pub job: u64,
@@ -119,6 +129,16 @@ pub struct JobStatus {
     /// `elapsed_ms - ended_ms` ago. Absent while it runs (and from older agents).
     #[serde(default)]
     pub ended_ms: Option<u64>,
+    /// When its session was logged in and the destination LUN opened, ms after it
+    /// started (the agent's clock). Absent until then (and from older agents).
+    #[serde(default)]
+    pub login_ms: Option<u64>,
+    /// When the destination acknowledged its first unit, ms after it started.
+    #[serde(default)]
+    pub first_ack_ms: Option<u64>,
+    /// Its session was logged in ahead (`POST /v1/connect`), not by the send.
+    #[serde(default)]
+    pub connected_ahead: bool,
     pub pacing: Option<u64>,
     pub queue_depth: usize,
     pub connections: usize,

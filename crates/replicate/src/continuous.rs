@@ -43,6 +43,9 @@ pub struct CycleLine {
     pub error: Option<String>,
     /// The cycle was abandoned on a signal.
     pub abandoned: bool,
+    /// Where a committed cycle's seconds went (`coord::Phases`; absent for one that
+    /// failed).
+    pub phases: Option<coord::Phases>,
 }
 
 fn unix_now() -> f64 {
@@ -130,6 +133,7 @@ pub fn run(
                     held_us: report.cut.as_ref().map(|c| c.max_held_us()),
                     error: None,
                     abandoned: false,
+                    phases: Some(report.phases.clone()),
                 }
             }
             Err(e) => {
@@ -153,6 +157,7 @@ pub fn run(
                     held_us: None,
                     error: Some(format!("{e:#}")),
                     abandoned,
+                    phases: None,
                 }
             }
         };

@@ -441,6 +441,64 @@ pub struct Report {
     pub cut: Option<CutReport>,
     /// The cycle at the far site (`crate::cycle`): committed when the report is made.
     pub cycle: Option<CycleReport>,
+    /// Where the sync's seconds went.
+    pub phases: Phases,
+}
+
+/// Where a sync's seconds went, phase by phase, on the coordinator's clock (`--json`'s
+/// `phases`, in the `done` line and in continuous mode's `cycle` lines). The phases run
+/// one after the other unless said; a phase the sync did not go through is 0.
+#[derive(Serialize, Debug, Clone, Default, PartialEq)]
+pub struct Phases {
+    /// Both volumes' layouts: the source's members asked, the destination's file server.
+    pub plan_s: f64,
+    /// Both sides' roles and epochs checked, and, at once, the far members' cycle states.
+    pub roles_s: f64,
+    /// The point-in-time cut at the source: holds, images, releases.
+    pub cut_s: f64,
+    /// The cycle opened on every far member (after a roll forward, if one was due). A
+    /// sync of a cut that is not a resync opens it before the cut, and its streams'
+    /// sessions log in meanwhile (`POST /v1/connect`): this ends when both are done.
+    pub open_s: f64,
+    /// The sends started on the source agents (their answers).
+    pub start_s: f64,
+    /// From the sends' start to the slowest stream's session logged in and its LUN
+    /// opened (by its agent's clock; 0 for a session logged in ahead).
+    pub login_s: f64,
+    /// From the sends' start to the slowest stream's first unit acknowledged (by its
+    /// agent's clock).
+    pub first_ack_s: f64,
+    /// From the sends' start to the poll that saw the last stream end (its units
+    /// durable).
+    pub streams_s: f64,
+    /// Checksums compared, every stream at once, and repairs.
+    pub verify_s: f64,
+    /// The cycle prepared on every far member.
+    pub prepare_s: f64,
+    /// The cycle committed on every far member.
+    pub commit_s: f64,
+    /// The source's change-tracking epochs released.
+    pub release_s: f64,
+    /// The cut's images dropped at the source.
+    pub drop_s: f64,
+    /// The completed sync's roles and image recorded on both sides.
+    pub record_s: f64,
+    /// From the start of the cut (a live copy: of the open) to the end of the commit:
+    /// the replica's lag (RPO) is at most the time between two cuts plus this. (The
+    /// phases in it: `cut_s`, `start_s` to `commit_s`, and `open_s` for a resync or a
+    /// live copy, which open after the cut.)
+    pub cut_to_commit_s: f64,
+    /// When the commit ended (the transfer's; not shown).
+    #[serde(skip)]
+    committed_at: Option<Instant>,
+}
+
+/// Seconds since `t`, and `t` moved to now.
+fn lap(t: &mut Instant) -> f64 {
+    let now = Instant::now();
+    let s = now.duration_since(*t).as_secs_f64();
+    *t = now;
+    s
 }
 
 /// A sync's cycle at the far site.
@@ -538,9 +596,18 @@ impl CutReport {
 /// write answers, then each takes its image, then all release. Holds last `hold` at most:
 /// past it, the cut aborts (holds released, images dropped) and this fails.
 pub async fn cut(members: &[GroupMember], hold: Duration) -> anyhow::Result<CutReport> {
+    cut_as(members, hold, new_cut_id()).await
+}
+
+/// A new cut's id: odd and non-zero, so that no two coordinators pick the same one by
+/// chance.
+pub fn new_cut_id() -> u64 {
+    rand::random::<u64>() | 1
+}
+
+/// [`cut`], its id `id` chosen beforehand (the far cycle, opened before it, carries it).
+pub async fn cut_as(members: &[GroupMember], hold: Duration, id: u64) -> anyhow::Result<CutReport> {
     use crate::cut::{Action, Barrier, Phase};
-    // Odd and non-zero, so that no two coordinators pick the same one by chance.
-    let id: u64 = rand::random::<u64>() | 1;
     let t0 = Instant::now();
     let mut barrier = Barrier::new(members.len(), hold);
     type Pending = tokio::task::JoinSet<(Action, anyhow::Result<api::CutAnswer>)>;
@@ -640,14 +707,16 @@ pub async fn run(
     o: &SyncOptions,
     out: impl FnMut(&Tick<'_>),
 ) -> anyhow::Result<Report> {
+    let mut ph = Phases::default();
+    let mut mark = Instant::now();
     let (mut streams, dest_check) = plan(src, dst, key).await?;
+    ph.plan_s = lap(&mut mark);
     // The roles of both sides, before any data moves (two primaries, a stale source).
     let kind = if o.resync {
         crate::role::Transfer::Resync
     } else {
         crate::role::Transfer::Sync { full: o.full }
     };
-    let gate = crate::failover::before_transfer(src, dst, key, kind, &mut streams).await?;
     let far: Vec<crate::cycle::FarMember> = streams
         .iter()
         .map(|s| crate::cycle::FarMember {
@@ -656,21 +725,37 @@ pub async fn run(
             lun: s.dest_lun.lun,
         })
         .collect();
+    // The far members' cycle states are read beside the roles (both only read, across
+    // the long path): the open after the cut is then one request, not three.
+    let (gate, found) = tokio::join!(
+        crate::failover::before_transfer(src, dst, key, kind, &mut streams),
+        crate::cycle::states(&far)
+    );
+    let gate = gate?;
+    let found = found?;
+    ph.roles_s = lap(&mut mark);
     let Some(hold) = o.cut else {
         // A live copy is of no single moment, but the image the far site held before it
         // is still kept until it completes.
         let id = rand::random::<u64>() | 1;
-        let opened = crate::cycle::open(far, id, crate::cycle::now_ms(), gate.epoch())
+        let cut_at = Instant::now();
+        let opened = crate::cycle::open_with(far, found, id, crate::cycle::now_ms(), gate.epoch())
             .await
             .context("opening the cycle at the far site")?;
+        ph.open_s = lap(&mut mark);
         opened.tag_writers(&mut streams);
         if o.resync {
             crate::failover::far_changes(&mut streams, &shown_volume(src), &shown_volume(dst))
                 .await?;
         }
         let r = transfer(src, dst, o, streams, dest_check, None, Some(&opened), out).await;
-        let r = finish_cycle(r, &opened).await?;
+        let mut r = finish_cycle(r, &opened).await?;
+        mark = Instant::now();
         crate::failover::after_transfer(&gate, id).await?;
+        r.phases = Phases {
+            record_s: lap(&mut mark),
+            ..ph.with_transfer(&r.phases, cut_at)
+        };
         return Ok(r);
     };
     let members: Vec<GroupMember> = streams
@@ -681,10 +766,61 @@ pub async fn run(
             lun: s.source_lun.lun,
         })
         .collect();
-    let cut_ms = crate::cycle::now_ms();
-    let taken = cut(&members, hold)
-        .await
-        .context("the point-in-time cut of the source")?;
+    let (taken, cut_at, opened) = if o.resync {
+        // The destination's map is read once its cycle is open, and the sends carry it
+        // (`failover::far_changes`): the cut, the open, the map, then the sends.
+        let cut_ms = crate::cycle::now_ms();
+        let cut_at = Instant::now();
+        let taken = cut(&members, hold)
+            .await
+            .context("the point-in-time cut of the source")?;
+        ph.cut_s = lap(&mut mark);
+        let opened =
+            match crate::cycle::open_with(far, found, taken.cut, cut_ms, gate.epoch()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    drop_cut(&members, taken.cut).await;
+                    return Err(e.context("opening the cycle at the far site"));
+                }
+            };
+        ph.open_s = lap(&mut mark);
+        opened.tag_writers(&mut streams);
+        // On a failure the cycle stays open, as any sync's that failed, for the next open.
+        if let Err(e) =
+            crate::failover::far_changes(&mut streams, &shown_volume(src), &shown_volume(dst)).await
+        {
+            drop_cut(&members, taken.cut).await;
+            return Err(e);
+        }
+        (taken, cut_at, opened)
+    } else {
+        // The far cycle is opened before the cut, and the streams' sessions log in
+        // (tagged with the cycle) at the same time: the cut is then followed at once by
+        // data, not by an open and logins (several round trips over a long path), and
+        // the replica's lag loses them. The open names the cut to come (its id, chosen
+        // now) and a moment before it, which the far site keeps as its image's: every
+        // write acknowledged before that moment is in the image, as it is of the cut's
+        // own start (this sync's report gives the cut's own, later moment). A cut that
+        // then fails leaves the cycle open, written by nothing, as a sync that failed
+        // after its open: the next open continues it.
+        let id = new_cut_id();
+        crate::cycle::tag_writers(&mut streams, id, found.iter().all(|s| s.undo));
+        let (opened, ()) = tokio::join!(
+            crate::cycle::open_with(far, found, id, crate::cycle::now_ms(), gate.epoch()),
+            connect_ahead(&streams, o)
+        );
+        let mut opened = opened.context("opening the cycle at the far site")?;
+        ph.open_s = lap(&mut mark);
+        let cut_ms = crate::cycle::now_ms();
+        let cut_at = Instant::now();
+        let taken = cut_as(&members, hold, id)
+            .await
+            .context("the point-in-time cut of the source")?;
+        ph.cut_s = lap(&mut mark);
+        // The image's moment as this sync reports it: the cut's start.
+        opened.cut_ms = cut_ms;
+        (taken, cut_at, opened)
+    };
     tracing::info!(
         "cut {} across {} member(s) in {:.1} ms; longest hold {} µs",
         taken.cut,
@@ -692,24 +828,6 @@ pub async fn run(
         taken.took_ms,
         taken.max_held_us()
     );
-    let opened = match crate::cycle::open(far, taken.cut, cut_ms, gate.epoch()).await {
-        Ok(c) => c,
-        Err(e) => {
-            drop_cut(&members, taken.cut).await;
-            return Err(e.context("opening the cycle at the far site"));
-        }
-    };
-    opened.tag_writers(&mut streams);
-    if o.resync {
-        // The destination's map once its cycle is open (`failover::far_changes`); on a
-        // failure the cycle stays open, as any sync's that failed, for the next open.
-        if let Err(e) =
-            crate::failover::far_changes(&mut streams, &shown_volume(src), &shown_volume(dst)).await
-        {
-            drop_cut(&members, taken.cut).await;
-            return Err(e);
-        }
-    }
     let r = transfer(
         src,
         dst,
@@ -722,10 +840,39 @@ pub async fn run(
     )
     .await;
     let r = finish_cycle(r, &opened).await;
+    mark = Instant::now();
     drop_cut(&members, taken.cut).await;
-    let r = r?;
+    let drop_s = lap(&mut mark);
+    let mut r = r?;
     crate::failover::after_transfer(&gate, taken.cut).await?;
+    r.phases = Phases {
+        drop_s,
+        record_s: lap(&mut mark),
+        ..ph.with_transfer(&r.phases, cut_at)
+    };
     Ok(r)
+}
+
+impl Phases {
+    /// These phases (before the transfer) with the transfer's own `t`; the cut (or the
+    /// open, for a live copy) began at `cut_at`.
+    fn with_transfer(&self, t: &Phases, cut_at: Instant) -> Phases {
+        Phases {
+            cut_to_commit_s: t
+                .committed_at
+                .map_or(0.0, |c| c.saturating_duration_since(cut_at).as_secs_f64()),
+            committed_at: t.committed_at,
+            start_s: t.start_s,
+            login_s: t.login_s,
+            first_ack_s: t.first_ack_s,
+            streams_s: t.streams_s,
+            verify_s: t.verify_s,
+            prepare_s: t.prepare_s,
+            commit_s: t.commit_s,
+            release_s: t.release_s,
+            ..self.clone()
+        }
+    }
 }
 
 /// After a transfer: a cycle abandoned on request (its streams ended) is rolled back at
@@ -744,22 +891,29 @@ async fn finish_cycle(
     }
 }
 
-/// The transfer of a planned sync, from the live LUNs or from the images of `cut`.
-// The plan, the cut and the far site's cycle are what a transfer is of; bundling them
-// would only rename them.
-#[allow(clippy::too_many_arguments)]
-async fn transfer(
+/// The sends of a transfer, started ([`launch`]).
+struct Launched {
+    ctl: Controller,
+    /// The pacing each was started at.
+    applied: Vec<Option<u64>>,
+    jobs: Vec<api::SendStarted>,
+    /// How long their start took.
+    start_s: f64,
+    incremental: bool,
+    resume: ResumeState,
+}
+
+/// Starts every stream's send, all at once: the units changed since the last sync, or
+/// every unit when `far_lost` (the far site rolled a cycle back since its last commit),
+/// with `--full` or without change tracking.
+async fn launch(
     src: &VolumeRef,
     dst: &VolumeRef,
     o: &SyncOptions,
-    mut streams: Vec<Stream>,
-    dest_check: DestCheck,
-    taken: Option<CutReport>,
-    cycle: Option<&crate::cycle::Opened>,
-    mut out: impl FnMut(&Tick<'_>),
-) -> anyhow::Result<Report> {
-    let cut_id = taken.as_ref().map(|c| c.cut);
-    let mut dest_check = Some(dest_check);
+    streams: &[Stream],
+    cut_id: Option<u64>,
+    far_lost: bool,
+) -> anyhow::Result<Launched> {
     let n = streams.len();
     let label = |v: &VolumeRef| format!("{}/{}/{}", addr(&v.host, v.port), v.iqn, v.lun);
     let mut resume = ResumeState {
@@ -789,7 +943,7 @@ async fn transfer(
     // rolled back (`backstore::Undo::open_with`). So a resync onto a site that rolled a
     // cycle back (a promote --force of it, then a failover the other way) stays
     // incremental, and still sends the units the roll back restored.
-    let far_lost = cycle.is_some_and(|c| c.full) && !o.resync;
+    let far_lost = far_lost && !o.resync;
     if far_lost {
         resume.skip = vec![0; n];
     }
@@ -807,6 +961,7 @@ async fn transfer(
         &vec![StreamView::default(); n],
     );
     // Start every stream, all at once.
+    let start_at = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.iter().enumerate() {
         let req = api::SendRequest {
@@ -855,14 +1010,78 @@ async fn transfer(
         cancel_all(&ok_streams, &ok_jobs).await;
         return Err(e);
     }
-    let jobs: Vec<api::SendStarted> = started.into_iter().flatten().collect();
+    Ok(Launched {
+        ctl,
+        applied: first.shares.clone(),
+        jobs: started.into_iter().flatten().collect(),
+        start_s: start_at.elapsed().as_secs_f64(),
+        incremental,
+        resume,
+    })
+}
+
+/// Logs every stream's session in ahead of its send (`POST /v1/connect` on its source
+/// agent), so that the send writes at once. A stream whose agent could not (an older
+/// agent, a failed login) logs in with its send, as before: said in the log, not fatal.
+async fn connect_ahead(streams: &[Stream], o: &SyncOptions) {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, s) in streams.iter().enumerate() {
+        let req = api::ConnectRequest {
+            dest: s.dest_url.clone(),
+            session: s.session(o),
+        };
+        let c = s.source.clone();
+        set.spawn(async move {
+            (
+                i,
+                c.call::<serde_json::Value>("POST", "/v1/connect", &req)
+                    .await,
+            )
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((i, Err(e))) => {
+                tracing::info!("stream {i}: not logged in ahead ({e:#}); its send logs in")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("logging in ahead: {e}"),
+        }
+    }
+}
+
+/// The transfer of a planned sync, from the live LUNs or from the images of `cut`.
+// The plan, the cut and the far site's cycle are what a transfer is of; bundling them
+// would only rename them.
+#[allow(clippy::too_many_arguments)]
+async fn transfer(
+    src: &VolumeRef,
+    dst: &VolumeRef,
+    o: &SyncOptions,
+    mut streams: Vec<Stream>,
+    dest_check: DestCheck,
+    taken: Option<CutReport>,
+    cycle: Option<&crate::cycle::Opened>,
+    mut out: impl FnMut(&Tick<'_>),
+) -> anyhow::Result<Report> {
+    let cut_id = taken.as_ref().map(|c| c.cut);
+    let mut dest_check = Some(dest_check);
+    let n = streams.len();
+    let far_lost = cycle.is_some_and(|c| c.full);
+    let Launched {
+        mut ctl,
+        mut applied,
+        jobs,
+        start_s,
+        incremental,
+        resume,
+    } = launch(src, dst, o, &streams, cut_id, far_lost).await?;
     let total_bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
     let t0 = Instant::now();
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let mut finished_at: Vec<Option<f64>> = vec![None; n];
-    let mut applied: Vec<Option<u64>> = first.shares.clone();
     let mut statuses: Vec<Option<JobStatus>> = vec![None; n];
     let mut pause = o.interval;
     loop {
@@ -1054,17 +1273,43 @@ async fn transfer(
             cut_unix_ms: c.cut_ms,
             whole: c.whole,
         }),
+        phases: Phases {
+            start_s,
+            // By the agents' clocks, from their jobs' starts.
+            login_s: statuses
+                .iter()
+                .flatten()
+                .filter_map(|s| s.login_ms)
+                .max()
+                .map_or(0.0, |ms| ms as f64 / 1e3),
+            first_ack_s: statuses
+                .iter()
+                .flatten()
+                .filter_map(|s| s.first_ack_ms)
+                .max()
+                .map_or(0.0, |ms| ms as f64 / 1e3),
+            streams_s: seconds,
+            ..Phases::default()
+        },
     };
+    let mut mark = Instant::now();
     if o.verify {
         let (verified, repaired) = verify(&streams, &jobs, o, cut_id).await?;
         report.verified_units = verified;
         report.repaired_units = repaired;
     }
+    report.phases.verify_s = lap(&mut mark);
     // Committed before the source lets go of what it sent: a commit that fails leaves
     // the epochs frozen, and the next cycle sends their units again.
     if let Some(c) = cycle {
-        c.commit().await?;
+        let (prepare, commit) = c.commit().await?;
+        report.phases.prepare_s = prepare.as_secs_f64();
+        report.phases.commit_s = commit.as_secs_f64();
+        report.phases.committed_at = Some(Instant::now());
     }
+    mark = Instant::now();
+    // Every member's epoch at once (a source agent may be a long path away too).
+    let mut set = tokio::task::JoinSet::new();
     for (s, j) in streams.iter().zip(&jobs) {
         if let Some(epoch) = j.epoch {
             let r = api::Release {
@@ -1072,12 +1317,22 @@ async fn transfer(
                 lun: s.source_lun.lun,
                 epoch,
             };
-            s.source
-                .call::<serde_json::Value>("POST", "/v1/release", &r)
-                .await
-                .context("releasing the synced epoch")?;
+            let c = s.source.clone();
+            set.spawn(async move {
+                c.call::<serde_json::Value>("POST", "/v1/release", &r)
+                    .await
+                    .context("releasing the synced epoch")
+            });
         }
     }
+    let mut released = Ok(());
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r? {
+            released = released.and(Err(e));
+        }
+    }
+    released?;
+    report.phases.release_s = lap(&mut mark);
     if let Some(path) = &o.state {
         let _ = std::fs::remove_file(path);
     }
@@ -1131,93 +1386,122 @@ fn ranges(indices: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
 
 /// Compares each stream's unit checksums, taken by the source as it sent and by the
 /// destination from its store; units that differ are sent again (once) and compared
-/// again. Returns (units verified, units repaired).
+/// again. Every stream at once: each asks its destination across the long path, and one
+/// after the other they cost a round trip or two each. Returns (units verified, units
+/// repaired).
 async fn verify(
     streams: &[Stream],
     jobs: &[api::SendStarted],
     o: &SyncOptions,
     cut: Option<u64>,
 ) -> anyhow::Result<(u64, u64)> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, (s, j)) in streams.iter().zip(jobs).enumerate() {
+        let (s, j, o) = (s.clone(), j.clone(), o.clone());
+        set.spawn(async move { (i, verify_stream(i, &s, &j, &o, cut).await) });
+    }
+    let mut results: Vec<Option<anyhow::Result<(u64, u64)>>> =
+        (0..streams.len()).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r?;
+        results[i] = Some(r);
+    }
+    let (mut verified, mut repaired) = (0, 0);
+    // The first stream's error by rank, as when they were verified one by one.
+    for r in results.into_iter().flatten() {
+        let (v, rep) = r?;
+        verified += v;
+        repaired += rep;
+    }
+    Ok((verified, repaired))
+}
+
+/// [`verify`] of stream `i`.
+async fn verify_stream(
+    i: usize,
+    s: &Stream,
+    j: &api::SendStarted,
+    o: &SyncOptions,
+    cut: Option<u64>,
+) -> anyhow::Result<(u64, u64)> {
     let mut verified = 0;
     let mut repaired = 0;
-    for (i, (s, j)) in streams.iter().zip(jobs).enumerate() {
-        let mut src: api::Sums = s
-            .source
-            .call("GET", &format!("/v1/jobs/{}/sums", j.job), &())
+    let mut src: api::Sums = s
+        .source
+        .call("GET", &format!("/v1/jobs/{}/sums", j.job), &())
+        .await
+        .with_context(|| format!("stream {i}: the source's checksums"))?;
+    for attempt in 0..2 {
+        let req = api::SumsRequest {
+            iqn: s.dest_lun.iqn.clone(),
+            lun: s.dest_lun.lun,
+            unit: src.unit,
+            units: ranges(src.sums.iter().map(|(k, _)| *k)),
+        };
+        let dst: api::Sums = s
+            .dest
+            .call("POST", "/v1/sums", &req)
             .await
-            .with_context(|| format!("stream {i}: the source's checksums"))?;
-        for attempt in 0..2 {
-            let req = api::SumsRequest {
-                iqn: s.dest_lun.iqn.clone(),
-                lun: s.dest_lun.lun,
-                unit: src.unit,
-                units: ranges(src.sums.iter().map(|(k, _)| *k)),
-            };
-            let dst: api::Sums = s
-                .dest
-                .call("POST", "/v1/sums", &req)
-                .await
-                .with_context(|| format!("stream {i}: the destination's checksums"))?;
-            let theirs: std::collections::HashMap<u64, &str> =
-                dst.sums.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let bad: Vec<u64> = src
-                .sums
-                .iter()
-                .filter(|(k, v)| theirs.get(k) != Some(&v.as_str()))
-                .map(|(k, _)| *k)
-                .collect();
-            if attempt == 0 {
-                verified += src.sums.len() as u64;
-            }
-            if bad.is_empty() {
-                break;
-            }
-            if attempt == 1 {
-                bail!(
-                    "stream {i}: {} unit(s) still differ after a resend (first: unit {} of {} bytes)",
-                    bad.len(),
-                    bad[0],
-                    src.unit
-                );
-            }
-            tracing::warn!(
-                "stream {i}: {} unit(s) differ; sending them again",
-                bad.len()
-            );
-            repaired += bad.len() as u64;
-            let req = api::SendRequest {
-                iqn: s.source_lun.iqn.clone(),
-                lun: s.source_lun.lun,
-                dest: s.dest_url.clone(),
-                unit: src.unit,
-                what: What::Units(ranges(bad.iter().copied())),
-                skip_units: 0,
-                pacing: None,
-                session: s.session(o),
-                compress: o.compress,
-                cut,
-                also: Vec::new(),
-            };
-            let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let st: JobStatus = s
-                    .source
-                    .call("GET", &format!("/v1/jobs/{}", job.job), &())
-                    .await?;
-                match st.state {
-                    JobState::Done => break,
-                    JobState::Failed | JobState::Cancelled => {
-                        bail!("stream {i}: resending: {}", st.error.unwrap_or_default())
-                    }
-                    _ => {}
-                }
-            }
-            src = s
-                .source
-                .call("GET", &format!("/v1/jobs/{}/sums", job.job), &())
-                .await?;
+            .with_context(|| format!("stream {i}: the destination's checksums"))?;
+        let theirs: std::collections::HashMap<u64, &str> =
+            dst.sums.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let bad: Vec<u64> = src
+            .sums
+            .iter()
+            .filter(|(k, v)| theirs.get(k) != Some(&v.as_str()))
+            .map(|(k, _)| *k)
+            .collect();
+        if attempt == 0 {
+            verified += src.sums.len() as u64;
         }
+        if bad.is_empty() {
+            break;
+        }
+        if attempt == 1 {
+            bail!(
+                "stream {i}: {} unit(s) still differ after a resend (first: unit {} of {} bytes)",
+                bad.len(),
+                bad[0],
+                src.unit
+            );
+        }
+        tracing::warn!(
+            "stream {i}: {} unit(s) differ; sending them again",
+            bad.len()
+        );
+        repaired += bad.len() as u64;
+        let req = api::SendRequest {
+            iqn: s.source_lun.iqn.clone(),
+            lun: s.source_lun.lun,
+            dest: s.dest_url.clone(),
+            unit: src.unit,
+            what: What::Units(ranges(bad.iter().copied())),
+            skip_units: 0,
+            pacing: None,
+            session: s.session(o),
+            compress: o.compress,
+            cut,
+            also: Vec::new(),
+        };
+        let job: api::SendStarted = s.source.call("POST", "/v1/send", &req).await?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let st: JobStatus = s
+                .source
+                .call("GET", &format!("/v1/jobs/{}", job.job), &())
+                .await?;
+            match st.state {
+                JobState::Done => break,
+                JobState::Failed | JobState::Cancelled => {
+                    bail!("stream {i}: resending: {}", st.error.unwrap_or_default())
+                }
+                _ => {}
+            }
+        }
+        src = s
+            .source
+            .call("GET", &format!("/v1/jobs/{}/sums", job.job), &())
+            .await?;
     }
     Ok((verified, repaired))
 }

@@ -494,32 +494,31 @@ pub async fn commit_where_open(
 /// gives both sides, which a member promoted since refuses (the request is then a late
 /// one of a lost site's coordinator). A member without an undo log makes the copy not
 /// whole (said once in the log), and nothing is opened.
-pub async fn open(
+///
+/// The members' states are read already (`found`, by [`states`]): the coordinator reads
+/// them beside the roles, before the cut, so that the open after the cut is one request
+/// and not three. A state read a moment early weakens nothing: the open itself refuses a
+/// request from before a promote (`epoch`), a roll forward commits only a cycle prepared
+/// where it is not committed (and committed elsewhere), and the open continues or rolls
+/// back whatever cycle it finds open.
+pub async fn open_with(
     members: Vec<FarMember>,
+    found: Vec<CycleAnswer>,
     cycle: u64,
     cut_ms: u64,
     epoch: u64,
 ) -> anyhow::Result<Opened> {
-    let found = states(&members).await?;
-    if let Some(i) = found.iter().position(|s| !s.undo) {
-        tracing::warn!(
-            "destination member {} (LUN {} of {}) keeps no undo log: a sync cut off leaves the far copy holding no single image",
-            members[i].agent.addr,
-            members[i].lun,
-            members[i].iqn
-        );
-        return Ok(Opened {
-            ids: vec![cycle; members.len()],
-            members,
-            cycle,
-            full: false,
-            cut_ms,
-            whole: false,
-            before: FarImage::Unknown,
-        });
-    }
-    commit_where_open(&members, &found).await?;
-    let before = far_image(&states(&members).await?);
+    anyhow::ensure!(
+        found.len() == members.len(),
+        "{} cycle state(s) for {} far member(s)",
+        found.len(),
+        members.len()
+    );
+    // Read again only when a roll forward changed them.
+    let before = match commit_where_open(&members, &found).await? {
+        0 => far_image(&found),
+        _ => far_image(&states(&members).await?),
+    };
     let all: Vec<usize> = (0..members.len()).collect();
     let mut ids = vec![cycle; members.len()];
     let mut full = false;
@@ -564,19 +563,26 @@ pub async fn open(
     })
 }
 
+/// The streams log in as writers of cycle `cycle` ([`Opened::tag_writers`]), when the
+/// far site keeps its copy `whole` (every member an undo log); else with the writer's
+/// name alone.
+pub fn tag_writers(streams: &mut [crate::coord::Stream], cycle: u64, whole: bool) {
+    if !whole {
+        return;
+    }
+    for s in streams {
+        if let Some(w) = &s.writer {
+            s.writer = Some(backstore::role::cycle_writer(w, cycle));
+        }
+    }
+}
+
 impl Opened {
     /// The streams log in as writers of this cycle (`backstore::role::cycle_writer`): the
     /// far members admit their writes only while it is open there. A copy not kept whole
     /// opened no cycle, and its streams use the writer's name alone.
     pub fn tag_writers(&self, streams: &mut [crate::coord::Stream]) {
-        if !self.whole {
-            return;
-        }
-        for s in streams {
-            if let Some(w) = &s.writer {
-                s.writer = Some(backstore::role::cycle_writer(w, self.cycle));
-            }
-        }
+        tag_writers(streams, self.cycle, self.whole);
     }
 
     /// Asks `what` (`prepare` or `commit`) of every member; a member that fails is asked
@@ -630,12 +636,14 @@ impl Opened {
     /// that fails is asked again (three times, a second apart). A prepare that fails
     /// leaves nothing committed (the next open continues the cycle); a commit that fails
     /// on some members leaves them prepared, and the next open, or a promote, rolls the
-    /// cycle forward there.
-    pub async fn commit(&self) -> anyhow::Result<()> {
+    /// cycle forward there. Returns how long the prepare took, and the commit.
+    pub async fn commit(&self) -> anyhow::Result<(Duration, Duration)> {
         if !self.whole {
-            return Ok(());
+            return Ok((Duration::ZERO, Duration::ZERO));
         }
+        let t = std::time::Instant::now();
         let (left, last) = self.each("prepare", false, |_| {}).await;
+        let prepared = t.elapsed();
         if !left.is_empty() {
             let e = last.map(|e| format!("{e:#}")).unwrap_or_default();
             bail!(
@@ -661,7 +669,7 @@ impl Opened {
             })
             .await;
         if left.is_empty() {
-            return Ok(());
+            return Ok((prepared, t.elapsed() - prepared));
         }
         let e = last.map(|e| format!("{e:#}")).unwrap_or_default();
         bail!(
