@@ -7,7 +7,8 @@ figure; a process's own utime+stime counts its ended threads too). Each process 
 role from its command line (`rsv target` of site a or b, disk server or file server, by
 the lab's `target-a-disk0.toml`; the `rsv sync` coordinator; the emulator's relay) and the
 figures are summed per role: CPU seconds (user, system), and from /proc/PID/io the bytes
-passed to write calls (`wchar`: files and sockets) and the write calls (`syscw`). With
+passed to write calls (`wchar`: files and sockets), the write calls (`syscw`) and the
+minor page faults (`minflt`: fresh memory touched; a count that load does not change). With
 --pwrite it also counts the pwrite64 calls of every process and their bytes (perf's
 syscall tracepoint, system-wide): the bytes the disk servers write to their stores and
 logs, apart from what they send.
@@ -39,7 +40,7 @@ def stat_times(raw):
     s = raw.decode(errors="replace")
     comm = s[s.index("(") + 1 : s.rindex(")")]
     f = s[s.rindex(")") + 2 :].split()
-    return comm, int(f[11]) / TCK, int(f[12]) / TCK
+    return comm, int(f[11]) / TCK, int(f[12]) / TCK, int(f[7])
 
 
 def role_of(pid, comm):
@@ -96,7 +97,7 @@ def sample(procs, threads, root, seen):
         if raw is None:
             continue
         try:
-            comm, ut, st = stat_times(raw)
+            comm, ut, st, minflt = stat_times(raw)
         except (ValueError, IndexError):
             continue
         p = procs.get(pid)
@@ -117,7 +118,7 @@ def sample(procs, threads, root, seen):
             if role is None:
                 continue
             p = procs[pid] = {"role": role, "user": 0.0, "sys": 0.0, "wchar": 0, "syscw": 0}
-        p["user"], p["sys"] = ut, st
+        p["user"], p["sys"], p["minflt"] = ut, st, minflt
         io = read(f"/proc/{pid}/io")
         if io:
             for l in io.decode().splitlines():
@@ -134,7 +135,7 @@ def sample(procs, threads, root, seen):
             if raw is None:
                 continue
             try:
-                tc, tu, ts = stat_times(raw)
+                tc, tu, ts, _ = stat_times(raw)
             except (ValueError, IndexError):
                 continue
             threads[(pid, t)] = (p["role"], tc, tu + ts)
@@ -194,12 +195,13 @@ def main():
     for pid, p in procs.items():
         r = roles.setdefault(
             p["role"],
-            {"processes": 0, "user_s": 0.0, "sys_s": 0.0, "wchar": 0, "syscw": 0,
+            {"processes": 0, "user_s": 0.0, "sys_s": 0.0, "minflt": 0, "wchar": 0, "syscw": 0,
              "pwrite_calls": 0, "pwrite_bytes": 0, "pwrite_sizes": {}},
         )
         r["processes"] += 1
         r["user_s"] += p["user"]
         r["sys_s"] += p["sys"]
+        r["minflt"] += p.get("minflt", 0)
         r["wchar"] += p["wchar"]
         r["syscw"] += p["syscw"]
         pw = per_pid_pw.get(pid)
@@ -233,7 +235,7 @@ def main():
     for k, r in sorted(roles.items()):
         print(
             f"{k:8} procs {r['processes']:2} user {r['user_s']:7.2f} s sys {r['sys_s']:7.2f} s "
-            f"wchar {r['wchar'] / 2**20:9.1f} MiB syscw {r['syscw']:8} "
+            f"minflt {r['minflt']:8} wchar {r['wchar'] / 2**20:9.1f} MiB syscw {r['syscw']:8} "
             f"pwrite {r['pwrite_calls']:7} calls {r['pwrite_bytes'] / 2**20:9.1f} MiB "
             f"sizes {r['pwrite_sizes']}",
             file=sys.stderr,
