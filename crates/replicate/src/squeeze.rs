@@ -6,8 +6,12 @@
 //! with it, `w / r` at a ratio `r` (frame bytes over data bytes), but no more than the
 //! compressors keep up with (`threads` times one compressor's speed). So a unit is
 //! compressed while `min(w / r, threads × speed) ≥ GAIN × w` and `r ≤ WORTH`; with no rate
-//! known yet (an unpaced start) the ratio alone decides. The first units are all tried;
-//! while compression is off, one unit in [`PROBE_EVERY`] is tried again, so a volume
+//! known yet (an unpaced start) the ratio alone decides. The first [`FIRST_PROBES`] units
+//! are tried, counted as they are handed out, not as their results come back: a stream
+//! hands out a whole window of units (dozens on a long path) before the first compression
+//! ends, and counting results tried them all, a window of 1 MiB compressions per stream
+//! for nothing on data that does not compress (R2: a third of the source's CPU). While
+//! compression is off, one unit in [`PROBE_EVERY`] is tried again, so a volume
 //! whose data changes from incompressible to text turns it on, and the other way round.
 //! A unit tried and found not to shrink by [`WORTH`] goes as it is.
 
@@ -52,6 +56,8 @@ pub struct Adaptive {
     /// Running data bytes per second of one compression.
     speed: Option<f64>,
     samples: u32,
+    /// Of the first probes, those handed out (their samples may not be back yet).
+    first_tried: u32,
     /// Units not tried since the last one tried, while off.
     since_probe: u32,
     on: bool,
@@ -66,17 +72,25 @@ impl Adaptive {
             ratio: None,
             speed: None,
             samples: 0,
+            first_tried: 0,
             since_probe: 0,
             on: mode == Mode::On,
         }
     }
 
-    /// Whether to compress the next unit (to send it so, or to try).
+    /// Whether to compress the next unit (to send it so, or to try). Asked as the unit is
+    /// handed out, before the result of any compression still running is known.
     pub fn compress_next(&mut self) -> bool {
         match self.mode {
             Mode::Off => false,
             Mode::On => true,
-            Mode::Auto if self.on || self.samples < FIRST_PROBES => true,
+            Mode::Auto if self.on => true,
+            Mode::Auto if self.first_tried < FIRST_PROBES => {
+                self.first_tried += 1;
+                true
+            }
+            // The first probes are out, their samples not all back: wait for them.
+            Mode::Auto if self.samples < FIRST_PROBES => false,
             Mode::Auto => {
                 self.since_probe += 1;
                 if self.since_probe >= PROBE_EVERY {
@@ -86,6 +100,19 @@ impl Adaptive {
                     false
                 }
             }
+        }
+    }
+
+    /// A unit [`Adaptive::compress_next`] chose was not compressed after all (it held only
+    /// zeros, sent as such): the probe goes to a later unit.
+    pub fn not_tried(&mut self) {
+        if self.mode != Mode::Auto || self.on {
+            return;
+        }
+        if self.samples < FIRST_PROBES && self.first_tried > self.samples {
+            self.first_tried -= 1;
+        } else {
+            self.since_probe = PROBE_EVERY - 1;
         }
     }
 
@@ -201,6 +228,54 @@ mod tests {
         let mut a = Adaptive::new(Mode::Auto, 8);
         feed(&mut a, 50, 0.5, 1000.0, None);
         assert!(a.is_on());
+    }
+
+    #[test]
+    fn a_window_handed_out_before_any_result_tries_only_the_first_probes() {
+        // A long path's stream hands out dozens of units before the first compression
+        // ends: only FIRST_PROBES of them are tried (all of them were, before).
+        let mut a = Adaptive::new(Mode::Auto, 2);
+        let window = (0..64).filter(|_| a.compress_next()).count() as u32;
+        assert_eq!(window, FIRST_PROBES);
+        // Their results: random data. Off, then one unit in PROBE_EVERY.
+        for _ in 0..FIRST_PROBES {
+            a.sample(MB, MB + 40, Duration::from_millis(2), Some(12_500_000));
+        }
+        assert!(!a.is_on());
+        let later = (0..PROBE_EVERY * 4).filter(|_| a.compress_next()).count() as u32;
+        assert_eq!(later, 4);
+        // Text: the first window's probes turn it on once their results are back, and
+        // every unit is then compressed.
+        let mut t = Adaptive::new(Mode::Auto, 2);
+        assert_eq!(
+            (0..64).filter(|_| t.compress_next()).count() as u32,
+            FIRST_PROBES
+        );
+        for _ in 0..FIRST_PROBES {
+            t.sample(MB, MB / 3, Duration::from_millis(2), Some(12_500_000));
+        }
+        assert!(t.is_on());
+        assert_eq!((0..10).filter(|_| t.compress_next()).count(), 10);
+    }
+
+    #[test]
+    fn a_probe_on_a_unit_of_zeros_goes_to_the_next_unit() {
+        let mut a = Adaptive::new(Mode::Auto, 2);
+        assert!(a.compress_next());
+        a.not_tried();
+        let tried = (0..64).filter(|_| a.compress_next()).count() as u32;
+        assert_eq!(tried, FIRST_PROBES);
+        for _ in 0..FIRST_PROBES {
+            a.sample(MB, MB, Duration::from_millis(2), None);
+        }
+        // Off: the periodic probe lands on zeros, the next unit is tried instead.
+        let mut n = 0;
+        while !a.compress_next() {
+            n += 1;
+        }
+        assert_eq!(n, PROBE_EVERY - 1);
+        a.not_tried();
+        assert!(a.compress_next());
     }
 
     #[test]

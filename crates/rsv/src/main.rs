@@ -173,6 +173,35 @@ fn start_agent(
     Ok(())
 }
 
+/// The target's allocator keeps what it frees for the next command instead of handing it
+/// back to the kernel at once. With glibc's defaults a buffer of 128 KiB or more is a
+/// fresh mapping, and freed memory above 128 KiB at a heap's top is trimmed: a target
+/// receiving 1 MiB writes at 100 MB/s (a sync's far disk server) then maps, faults in,
+/// clears and unmaps memory all the time, each unmap a TLB shootdown across the cores.
+/// R2's far disk servers spent half their CPU so (`docs/bench-sync-cpu.md`). Up to
+/// 16 MiB (the largest pooled buffer) now comes from the heaps, and up to 64 MiB free at
+/// a heap's top stays there. An administrator's `MALLOC_TRIM_THRESHOLD_` or
+/// `MALLOC_MMAP_THRESHOLD_` still decides.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_TRIM_THRESHOLD_").is_some()
+            || std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some()
+        {
+            return;
+        }
+        // SAFETY: mallopt only sets the allocator's parameters; called before the
+        // target's threads start.
+        let ok = unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 16 << 20) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20) == 1
+        };
+        if !ok {
+            tracing::debug!("the allocator's thresholds were not changed");
+        }
+    }
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     // Store kinds beyond the built-in ones are registered here.
     let mut stores = backstore::Registry::with_builtins();
@@ -186,9 +215,12 @@ fn main() -> anyhow::Result<ExitCode> {
     init_logging(cli.verbose);
     let ok = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Target(args) => ok(targetd::cli::run_with(args, &stores, |server, config| {
-            start_agent(server, config)
-        })),
+        Command::Target(args) => {
+            keep_freed_memory();
+            ok(targetd::cli::run_with(args, &stores, |server, config| {
+                start_agent(server, config)
+            }))
+        }
         Command::Ls(args) => ok(tools::cli::ls(args)),
         Command::Inq(args) => ok(tools::cli::inq(args)),
         // 3 when --max-time stopped the copy early (1 is a failure).
