@@ -578,6 +578,7 @@ pub struct Loaded {
     state_fd: RawFd,
     link: Mutex<Option<OwnedFd>>,
     shared_map: bool,
+    shared_state: bool,
 }
 
 // SAFETY: after load the object and libbpf's link are only touched by Drop; everything
@@ -634,6 +635,7 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
         state_fd: -1,
         link: Mutex::new(None),
         shared_map: false,
+        shared_state: false,
     };
     // SAFETY: obj is a live object; the names are NUL-terminated.
     let ops = unsafe { (lib.find_map)(obj, c"rsv".as_ptr()) };
@@ -682,7 +684,10 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
     ] {
         if let Some(fd) = find_map(name, kind, size) {
             // SAFETY: as above.
-            unsafe { (lib.reuse_fd)(map, fd.as_raw_fd()) };
+            let reused = unsafe { (lib.reuse_fd)(map, fd.as_raw_fd()) } == 0;
+            if name == STATE_MAP {
+                loaded.shared_state = reused;
+            }
         }
     }
     // SAFETY: obj is open and not loaded.
@@ -744,6 +749,14 @@ impl Loaded {
     /// that one's registered program).
     pub fn shares_map(&self) -> bool {
         self.shared_map
+    }
+
+    /// Whether this process reads the program's per-socket state where the registered
+    /// program writes it: registered here, or sharing a live state map of this layout
+    /// (another process of this build). False when another build's program (another
+    /// layout) holds the name: then [`Loaded::socket_counts`] finds nothing.
+    pub fn reads_state(&self) -> bool {
+        self.registered_here() || self.shared_state
     }
 
     /// Registers the name with this process's link unless it is; `Ok(false)` when another
