@@ -144,6 +144,7 @@ fn fuzz_initiator_side(mode: u8, input: &[u8]) {
         leading: true,
         pacing_hint: (mode & 8 != 0).then_some(12_500_000),
         start_hint: (mode & 16 != 0).then_some(12_500_000),
+        probe_hint: (mode & 16 != 0).then_some(62_500_000),
     };
     let mut login = InitiatorLogin::new(config);
     let mut rng = |buf: &mut [u8]| buf.fill(7);

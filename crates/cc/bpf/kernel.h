@@ -63,6 +63,9 @@ struct inet_connection_sock {
 };
 
 struct tcp_sock {
+	u32 delivered;
+	u32 packets_out;
+	u32 sacked_out;
 	u32 snd_cwnd;
 	u32 snd_cwnd_clamp;
 	u32 snd_ssthresh;

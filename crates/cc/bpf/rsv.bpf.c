@@ -10,6 +10,11 @@
  *    first. A rate too high for today's path stops counting when BBR leaves STARTUP (its
  *    delivery rate stops growing for three rounds), so it costs a few round trips, not the
  *    transfer.
+ *  - probe_rate: with a start_rate and no share, the start's first round of data (start_rate
+ *    x RTT, what the start sends before its first ACK today) leaves at probe_rate instead,
+ *    and its ACKs are timed: they come at the bottleneck's rate (this connection's share
+ *    of it) when the train was faster than that. From then on, while BBR is in STARTUP, the
+ *    start is that rate (see "The probed start" below).
  *  - share_rate: pacing exactly at share_rate, cwnd never below twice share x min RTT, so
  *    the window never holds the share back and the pacing alone sets the rate, while the
  *    ACKs show no queue (RTT within 5/4 of the minimum); with a queue, BBR's own rate
@@ -47,7 +52,7 @@ struct rsv_settings {
 	__u32 min_rtt_us; /* the path's minimum RTT if user space knows it; 0: unknown */
 	__u32 flags;      /* RSV_* */
 	__u32 group;      /* the session's group, for PROBE_RTT; 0: none */
-	__u32 pad;
+	__u32 probe_rate; /* bytes/s the start's first round is sent at; 0: none */
 };
 
 struct {
@@ -125,7 +130,14 @@ struct rsv_sock {
 	__u8 mode;        /* BBR's mode after the last ACK */
 	__u8 holds_token;
 	__u8 deferring;   /* this due spell's deferral is counted */
-	__u8 pad[5];
+	__u8 probe;       /* RSV_PROBE_*: the probed start's phase */
+	__u8 pad[4];
+	__u64 probe_t1_ns;  /* the first ACK of the probed flight (ktime ns) */
+	__u64 found_rate;   /* bytes/s the probed flight's ACKs came at; 0: none */
+	__u32 probe_d1;     /* tp->delivered at that ACK */
+	__u32 probe_rest;   /* the flight's packets not yet delivered at that ACK */
+	__u32 probe_pkts;   /* packets timed */
+	__u32 probe_us;     /* over this many microseconds */
 };
 
 struct {
@@ -186,21 +198,6 @@ static __always_inline void raise_cwnd(struct tcp_sock *tp, u32 cwnd)
 {
 	if (tp->snd_cwnd < cwnd)
 		tp->snd_cwnd = cwnd;
-}
-
-static __always_inline void apply_start(struct sock *sk, struct rsv_settings *s)
-{
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
-	struct bbr *bbr = bbr_of(sk);
-	u32 rtt;
-
-	if (!s || !s->start_rate || BPF_CORE_READ_BITFIELD(bbr, mode) != BBR_STARTUP)
-		return;
-	if (sk->sk_pacing_rate < s->start_rate)
-		sk->sk_pacing_rate = s->start_rate;
-	rtt = path_rtt(sk, s);
-	if (rtt)
-		raise_cwnd(tp, window_for(tp, s->start_rate, rtt, 2));
 }
 
 /* --- PROBE_RTT by group (see the top of the file) ------------------------------------ */
@@ -422,16 +419,192 @@ static __always_inline void observe(struct sock *sk, struct rsv_sock *st, struct
 	}
 }
 
+/* --- The probed start --------------------------------------------------------------------
+ *
+ * BBR's delivery-rate samples (tcp_rate.c) cannot show a path's rate in the first round:
+ * each sample divides what was delivered by at least the time since the ACK before its
+ * packet left, and never less than the min RTT; every packet of a first flight left
+ * before any ACK, so its samples are the flight's size over a round trip, i.e. the start
+ * rate, whatever the path carries. The time between the flight's own ACKs does show it:
+ * a train sent faster than the bottleneck leaves it spaced at the bottleneck's rate, and
+ * its ACKs come back so spaced. So, for a socket with a start_rate, a probe_rate and no
+ * share:
+ *  SENDING (armed at the first data after idle, CA_EVENT_TX_START, in STARTUP): the
+ *    window is the start's first round, start_rate x RTT (what the start sends before
+ *    its first ACK when paced at start_rate), and it leaves at probe_rate;
+ *  TIMING (from the flight's first ACK that delivers data): what is delivered from then
+ *    on, over the time since. Once 3/4 of the rest of the flight is delivered (before a
+ *    delayed ACK of its tail could stretch the time), or a round trip has passed with at
+ *    least 8 packets (a train that takes longer than a round trip to drain: the path is
+ *    slower than the start), that rate, at most probe_rate (ACKs bunched on the way back
+ *    must not make it faster than what was sent), is found_rate; pacing drops from
+ *    probe_rate to it here, since BBR in STARTUP only ever raises pacing;
+ *  DONE: while BBR is in STARTUP the start is found_rate where it is above start_rate:
+ *    pacing at least it, cwnd at least twice it x RTT, so that the second round fills the
+ *    pipe. BBR's own samples of that round then carry the rate, and it leaves STARTUP as
+ *    ever (three rounds without 25 % growth; the first round's samples are app-limited,
+ *    the socket having idled before them, and BBR does not count such a round).
+ * A flight too small to time (a login PDU, a short command: fewer than RSV_PROBE_MIN
+ * packets) sets it back to wait for the next start from idle, paced at start_rate.
+ *
+ * Why sending the flight fast is safe, and where it is not: the flight is the data the
+ * start sends in its first round anyway. Sent at R into a slower bottleneck C it queues
+ * there at most N x (1 - C/R) packets of the N, once, drained in N/C. Where the queue
+ * holds N (one BDP at the start rate or more: the lab's and R0's one-BDP queues, at 20
+ * Mbit/s and faster for the unknown path's 20 Mbit/s start) nothing is lost; a queue
+ * shallower than the flight drops its tail, retransmitted as any loss, and the ACKs of
+ * what passed still come at the bottleneck's rate. Each connection times its own share:
+ * connections that start together find C shared among them; one that starts later,
+ * beside others already at full rate, finds less (its ACKs share the queue with theirs),
+ * and a rate found too high is dropped with STARTUP as a remembered one is. */
+#define RSV_PROBE_NONE 0
+#define RSV_PROBE_SENDING 1
+#define RSV_PROBE_TIMING 2
+#define RSV_PROBE_DONE 3
+#define RSV_PROBE_MIN 16
+
+static __always_inline bool probed_start(struct rsv_settings *s)
+{
+	return s && s->probe_rate && s->start_rate && !s->share_rate;
+}
+
+/* The probed round: the start's first round (start_rate x RTT), and never fewer than
+ * twice RSV_PROBE_MIN packets, so that a short path's round is still long enough to time
+ * (46 KB, which any queue holds). */
+static __always_inline u32 probe_window(struct tcp_sock *tp, struct rsv_settings *s, u32 rtt)
+{
+	u32 w = window_for(tp, s->start_rate, rtt, 1);
+	u32 least = 2 * RSV_PROBE_MIN;
+
+	if (tp->snd_cwnd_clamp && least > tp->snd_cwnd_clamp)
+		least = tp->snd_cwnd_clamp;
+	return w > least ? w : least;
+}
+
+/* The start in force while BBR is in STARTUP: at init, at the first data after idle and
+ * on every ACK. */
+static __always_inline void apply_start(struct sock *sk, struct rsv_settings *s,
+					struct rsv_sock *st)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	u8 phase = st ? st->probe : RSV_PROBE_NONE;
+	u64 rate, pace;
+	u32 rtt;
+
+	if (!s || !s->start_rate || mode_of(bbr_of(sk)) != BBR_STARTUP)
+		return;
+	rate = s->start_rate;
+	pace = rate;
+	rtt = path_rtt(sk, s);
+	if (probed_start(s) && (phase == RSV_PROBE_SENDING || phase == RSV_PROBE_TIMING)) {
+		/* The first round's data, sent as a train. */
+		if (s->probe_rate > rate)
+			pace = s->probe_rate;
+		if (sk->sk_pacing_rate < pace)
+			sk->sk_pacing_rate = pace;
+		if (rtt)
+			raise_cwnd(tp, probe_window(tp, s, rtt));
+		return;
+	} else if (st && phase == RSV_PROBE_DONE && st->found_rate > rate) {
+		rate = st->found_rate;
+		pace = rate;
+	}
+	if (sk->sk_pacing_rate < pace)
+		sk->sk_pacing_rate = pace;
+	if (rtt)
+		raise_cwnd(tp, window_for(tp, rate, rtt, 2));
+}
+
+/* At the first data after idle: the train goes with it. Once per socket, in STARTUP.
+ * The window is set to the round exactly (nothing is in flight here): a start already
+ * raised, e.g. to twice start_rate x RTT while the login's small rounds went, must not
+ * make the train longer than the round. */
+static __always_inline void probe_arm(struct sock *sk, struct rsv_settings *s,
+				      struct rsv_sock *st)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct bbr *bbr = bbr_of(sk);
+	u32 rtt;
+
+	if (!st || st->probe != RSV_PROBE_NONE || !probed_start(s))
+		return;
+	if (mode_of(bbr) != BBR_STARTUP || BPF_CORE_READ_BITFIELD(bbr, full_bw_reached))
+		return;
+	rtt = path_rtt(sk, s);
+	if (!rtt)
+		return;
+	st->probe = RSV_PROBE_SENDING;
+	tp->snd_cwnd = probe_window(tp, s, rtt);
+}
+
+/* After bbr_main, on each ACK: time the train's ACKs. */
+static __always_inline void probe_time(struct sock *sk, struct rsv_settings *s,
+				       struct rsv_sock *st, const struct rate_sample *rs, u64 now)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	u32 delivered = tp->delivered, got, rest, mss;
+	u64 elapsed_us, rtt_us, rate;
+
+	if (st->probe != RSV_PROBE_SENDING && st->probe != RSV_PROBE_TIMING)
+		return;
+	if (!probed_start(s) || mode_of(bbr_of(sk)) != BBR_STARTUP) {
+		/* A share came, or BBR left STARTUP: no start to find any more. */
+		st->probe = RSV_PROBE_DONE;
+		return;
+	}
+	if (!rs->acked_sacked)
+		return;
+	if (st->probe == RSV_PROBE_SENDING) {
+		rest = tp->packets_out;
+		rest = rest > tp->sacked_out ? rest - tp->sacked_out : 0;
+		if (rest + rs->acked_sacked < RSV_PROBE_MIN) {
+			st->probe = RSV_PROBE_NONE;
+			sk->sk_pacing_rate = s->start_rate;
+			return;
+		}
+		st->probe = RSV_PROBE_TIMING;
+		st->probe_t1_ns = now;
+		st->probe_d1 = delivered;
+		st->probe_rest = rest;
+		return;
+	}
+	got = delivered - st->probe_d1;
+	elapsed_us = (now - st->probe_t1_ns) / NSEC_PER_USEC;
+	rtt_us = path_rtt(sk, s);
+	if ((u64)got * 4 < (u64)st->probe_rest * 3) {
+		if (!rtt_us || elapsed_us < rtt_us)
+			return;
+		if (got < 8 && elapsed_us < 2 * rtt_us)
+			return;
+	}
+	st->probe = RSV_PROBE_DONE;
+	if (got < 8 || !elapsed_us) {
+		/* Nothing to time: the plain start. */
+		sk->sk_pacing_rate = s->start_rate;
+		return;
+	}
+	if (got > (1U << 24))
+		got = 1U << 24;
+	mss = tp->mss_cache ? tp->mss_cache : 1448;
+	rate = (u64)got * mss * USEC_PER_SEC / elapsed_us;
+	if (rate > s->probe_rate)
+		rate = s->probe_rate;
+	st->found_rate = rate;
+	st->probe_pkts = got;
+	st->probe_us = elapsed_us > 0xffffffffULL ? 0xffffffffU : (u32)elapsed_us;
+	sk->sk_pacing_rate = rate > s->start_rate ? rate : s->start_rate;
+}
+
 SEC("struct_ops/rsv_init")
 void BPF_PROG(rsv_init, struct sock *sk)
 {
 	struct rsv_sock *st;
 
 	bbr_init(sk);
-	apply_start(sk, settings_of(sk));
 	st = bpf_sk_storage_get(&rsv_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (st)
 		state_start(sk, st);
+	apply_start(sk, settings_of(sk), st);
 }
 
 SEC("struct_ops/rsv_release")
@@ -454,7 +627,7 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 	struct rsv_sock *st;
 	u64 now = bpf_ktime_get_ns();
 	u32 mode, rtt;
-	bool queue;
+	bool queue, probing;
 
 	st = bpf_sk_storage_get(&rsv_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (st) {
@@ -470,16 +643,21 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 
 	bbr_main(sk, ack, flag, rs);
 
-	if (st)
+	if (st) {
 		observe(sk, st, g, rs, now);
+		probe_time(sk, s, st, rs, now);
+	}
 
-	apply_start(sk, s);
+	apply_start(sk, s, st);
 
+	probing = st && (st->probe == RSV_PROBE_SENDING || st->probe == RSV_PROBE_TIMING);
 	mode = BPF_CORE_READ_BITFIELD(bbr, mode);
 	rtt = path_rtt(sk, s);
 	/* A queue: this ACK's RTT is more than 5/4 of the minimum. */
 	queue = rtt && rs->rtt_us > 0 && (u64)rs->rtt_us * 4 > (u64)rtt * 5;
-	if (!(flags & RSV_BBR_LOSS) && rtt && rs->rtt_us > 0 && !queue &&
+	/* Not while the probed round goes: its pacing is the probe's, not a rate the path
+	 * was shown to carry, and a window of it would be a burst the bottleneck drops. */
+	if (!(flags & RSV_BBR_LOSS) && rtt && rs->rtt_us > 0 && !queue && !probing &&
 	    (rs->losses > 0 ||
 	     BPF_CORE_READ_BITFIELD((struct inet_connection_sock *)sk, icsk_ca_state) >=
 		     TCP_CA_RECOVERY))
@@ -520,8 +698,13 @@ void BPF_PROG(rsv_cwnd_event, struct sock *sk, enum tcp_ca_event event)
 	 * (whose settings came after the login's last ACK): the start is in force from this
 	 * packet on, not from the next ACK, a round trip later. An ACK that finds nothing in
 	 * flight does not reach cong_control. */
-	if (event == CA_EVENT_TX_START)
-		apply_start(sk, settings_of(sk));
+	if (event == CA_EVENT_TX_START) {
+		struct rsv_settings *s = settings_of(sk);
+		struct rsv_sock *st = bpf_sk_storage_get(&rsv_state, sk, 0, 0);
+
+		probe_arm(sk, s, st);
+		apply_start(sk, s, st);
+	}
 }
 
 SEC("struct_ops/rsv_set_state")

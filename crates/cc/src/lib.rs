@@ -41,6 +41,11 @@ pub struct Settings {
     /// Bytes per second to start at (pacing floor and cwnd of twice rate x RTT while BBR is
     /// in STARTUP) instead of ten packets; 0: BBR's own start.
     pub start_rate: u64,
+    /// With a `start_rate` and no `share_rate`: bytes per second at which the start's first
+    /// round of data (start_rate x RTT) is sent, so that its ACKs come back spaced at the
+    /// bottleneck's rate; the rate they came at is then the start, while BBR is in STARTUP
+    /// (the probed start, `bpf/rsv.bpf.c`). 0: none. At most `u32::MAX` (34 Gbit/s).
+    pub probe_rate: u64,
     /// Bytes per second to pace at exactly, with a cwnd that never holds it back; 0: BBR's
     /// pacing.
     pub share_rate: u64,
@@ -68,7 +73,7 @@ struct RawSettings {
     min_rtt_us: u32,
     flags: u32,
     group: u32,
-    pad: u32,
+    probe_rate: u32,
 }
 
 /// Slots of a group where members leave their RTT samples for the others (`bpf/rsv.bpf.c`).
@@ -107,7 +112,14 @@ struct RawSockState {
     mode: u8,
     holds_token: u8,
     deferring: u8,
-    pad: [u8; 5],
+    probe: u8,
+    pad: [u8; 4],
+    probe_t1_ns: u64,
+    found_rate: u64,
+    probe_d1: u32,
+    probe_rest: u32,
+    probe_pkts: u32,
+    probe_us: u32,
 }
 
 /// What a group's PROBE_RTT coordination did, from the `rsv_groups` map.
@@ -151,6 +163,40 @@ pub struct SocketCounts {
     pub deferred: u64,
     /// It is in PROBE_RTT now.
     pub probing: bool,
+    /// The probed start (a `probe_rate`): where it is.
+    pub start_probe: StartProbe,
+    /// Bytes per second the probed flight's ACKs came at (its start from then on, while
+    /// BBR is in STARTUP); 0: none found.
+    pub found_rate: u64,
+    /// Packets of the probed flight timed, and over how many microseconds.
+    pub probe_packets: u32,
+    pub probe_us: u32,
+}
+
+/// The phases of the probed start (`bpf/rsv.bpf.c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartProbe {
+    /// Not armed: no probe rate, or waiting for the first data after idle.
+    #[default]
+    None,
+    /// The first round's data leaves at the probe rate.
+    Sending,
+    /// Its ACKs are being timed.
+    Timing,
+    /// Over: `found_rate` says what it found (0: nothing to time).
+    Done,
+}
+
+impl From<u8> for StartProbe {
+    fn from(v: u8) -> Self {
+        match v {
+            1 => StartProbe::Sending,
+            2 => StartProbe::Timing,
+            3 => StartProbe::Done,
+            _ => StartProbe::None,
+        }
+    }
 }
 
 const BBR_PROBE_RTT: u8 = 3;
@@ -163,6 +209,10 @@ impl From<RawSockState> for SocketCounts {
             skipped: r.skipped,
             deferred: r.deferred,
             probing: r.mode == BBR_PROBE_RTT,
+            start_probe: r.probe.into(),
+            found_rate: r.found_rate,
+            probe_packets: r.probe_pkts,
+            probe_us: r.probe_us,
         }
     }
 }
@@ -209,7 +259,7 @@ impl From<Settings> for RawSettings {
             min_rtt_us: s.min_rtt_us,
             flags,
             group: s.group,
-            pad: 0,
+            probe_rate: s.probe_rate.min(u64::from(u32::MAX)) as u32,
         }
     }
 }
@@ -223,6 +273,7 @@ impl From<RawSettings> for Settings {
             no_probe_rtt: r.flags & FLAG_NO_PROBE_RTT != 0,
             bbr_loss: r.flags & FLAG_BBR_LOSS != 0,
             group: r.group,
+            probe_rate: u64::from(r.probe_rate),
         }
     }
 }
@@ -527,6 +578,7 @@ pub struct Loaded {
     state_fd: RawFd,
     link: Mutex<Option<OwnedFd>>,
     shared_map: bool,
+    shared_state: bool,
 }
 
 // SAFETY: after load the object and libbpf's link are only touched by Drop; everything
@@ -583,6 +635,7 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
         state_fd: -1,
         link: Mutex::new(None),
         shared_map: false,
+        shared_state: false,
     };
     // SAFETY: obj is a live object; the names are NUL-terminated.
     let ops = unsafe { (lib.find_map)(obj, c"rsv".as_ptr()) };
@@ -631,7 +684,10 @@ fn load_locked(lib: &'static Lib) -> Result<Loaded, Why> {
     ] {
         if let Some(fd) = find_map(name, kind, size) {
             // SAFETY: as above.
-            unsafe { (lib.reuse_fd)(map, fd.as_raw_fd()) };
+            let reused = unsafe { (lib.reuse_fd)(map, fd.as_raw_fd()) } == 0;
+            if name == STATE_MAP {
+                loaded.shared_state = reused;
+            }
         }
     }
     // SAFETY: obj is open and not loaded.
@@ -693,6 +749,14 @@ impl Loaded {
     /// that one's registered program).
     pub fn shares_map(&self) -> bool {
         self.shared_map
+    }
+
+    /// Whether this process reads the program's per-socket state where the registered
+    /// program writes it: registered here, or sharing a live state map of this layout
+    /// (another process of this build). False when another build's program (another
+    /// layout) holds the name: then [`Loaded::socket_counts`] finds nothing.
+    pub fn reads_state(&self) -> bool {
+        self.registered_here() || self.shared_state
     }
 
     /// Registers the name with this process's link unless it is; `Ok(false)` when another
@@ -946,6 +1010,7 @@ mod tests {
     fn settings_round_trip_through_the_map_value() {
         let s = Settings {
             start_rate: 50_000_000,
+            probe_rate: 62_500_000,
             share_rate: 12_500_000,
             min_rtt_us: 100_000,
             no_probe_rtt: true,
@@ -955,11 +1020,18 @@ mod tests {
         let raw = RawSettings::from(s);
         assert_eq!(raw.flags, FLAG_NO_PROBE_RTT);
         assert_eq!(raw.group, 0xdead_beef);
+        assert_eq!(raw.probe_rate, 62_500_000);
         assert_eq!(Settings::from(raw), s);
+        // A probe rate past the field's u32 is held at its largest, not wrapped.
+        let fast = RawSettings::from(Settings {
+            probe_rate: 1 << 40,
+            ..s
+        });
+        assert_eq!(fast.probe_rate, u32::MAX);
     }
 
     /// The map values' layouts as `bpf/rsv.bpf.c` has them (clang's BTF of the object
-    /// says 32, 152 and 56 bytes); a field added on one side only changes a size or an
+    /// says 32, 152 and 88 bytes); a field added on one side only changes a size or an
     /// offset here.
     #[test]
     fn map_values_match_the_programs_layout() {
@@ -967,14 +1039,19 @@ mod tests {
         assert_eq!(size_of::<RawSettings>(), 32);
         assert_eq!(offset_of!(RawSettings, flags), 20);
         assert_eq!(offset_of!(RawSettings, group), 24);
+        assert_eq!(offset_of!(RawSettings, probe_rate), 28);
         assert_eq!(size_of::<RawGroup>(), 152);
         assert_eq!(offset_of!(RawGroup, token_until), 24);
         assert_eq!(offset_of!(RawGroup, deferred), 48);
         assert_eq!(offset_of!(RawGroup, low_rtt_us), 56);
         assert_eq!(offset_of!(RawGroup, low_ns), 88);
-        assert_eq!(size_of::<RawSockState>(), 56);
+        assert_eq!(size_of::<RawSockState>(), 88);
         assert_eq!(offset_of!(RawSockState, seen_stamp), 32);
         assert_eq!(offset_of!(RawSockState, mode), 48);
+        assert_eq!(offset_of!(RawSockState, probe), 51);
+        assert_eq!(offset_of!(RawSockState, probe_t1_ns), 56);
+        assert_eq!(offset_of!(RawSockState, found_rate), 64);
+        assert_eq!(offset_of!(RawSockState, probe_us), 84);
     }
 
     #[test]
@@ -990,6 +1067,16 @@ mod tests {
         let c = SocketCounts::from(sock);
         assert!(c.probing);
         assert_eq!(c.probes, 3);
+        assert_eq!(c.start_probe, StartProbe::None);
+        let probed = SocketCounts::from(RawSockState {
+            probe: 3,
+            found_rate: 12_000_000,
+            ..Default::default()
+        });
+        assert_eq!(
+            (probed.start_probe, probed.found_rate),
+            (StartProbe::Done, 12_000_000)
+        );
     }
 
     #[test]

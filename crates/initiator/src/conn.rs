@@ -382,6 +382,9 @@ pub(crate) struct Conn {
     /// sampled yet, or no TCP socket): whether the session may pack small commands on
     /// this connection (see `ConnSet::pick_for`).
     pub min_rtt_us: AtomicU32,
+    /// Bytes per second `rsv`'s probed start found on this connection (its first round's
+    /// ACKs; `docs/congestion.md`), as last sampled; 0: none (yet).
+    pub start_found: AtomicU64,
 }
 
 /// One connection's view of the path, sampled by its reader about once a second.
@@ -440,6 +443,7 @@ impl Conn {
             span: Default::default(),
             congestion: std::sync::OnceLock::new(),
             min_rtt_us: AtomicU32::new(0),
+            start_found: AtomicU64::new(0),
         });
         tokio::spawn(writer(rx, w, digests, exp, conn.dead.clone(), cid));
         (conn, dead_rx)
@@ -453,6 +457,11 @@ impl Conn {
         };
         self.acked.store(info.bytes_acked, Ordering::Relaxed);
         self.min_rtt_us.store(info.min_rtt_us, Ordering::Relaxed);
+        if self.start_found.load(Ordering::Relaxed) == 0 {
+            if let Some(Ok(Some(c))) = net::cc::current().map(|l| l.socket_counts(sock)) {
+                self.start_found.store(c.found_rate, Ordering::Relaxed);
+            }
+        }
         let now = std::time::Instant::now();
         let mut g = self.path.lock().unwrap();
         // Reads leave the initiator's delivery_rate (its own sent data) near zero: the

@@ -44,6 +44,7 @@ pub async fn discover(url: &IscsiUrl, opts: &SessionOptions) -> Result<Vec<Disco
         leading: true,
         pacing_hint: None,
         start_hint: None,
+        probe_hint: None,
     };
     let done = raw.login(cfg, 1, 1).await?;
     let mut cmdsn = done.expcmdsn;

@@ -164,6 +164,10 @@ pub struct SessionOptions {
     /// Bytes per second each connection starts at on `rsv` instead of ten packets, without
     /// pacing to it afterwards (auto-tuning sets it from a remembered rate).
     pub start_rate: Option<u64>,
+    /// Bytes per second at which `rsv` sends the start's first round, to find the path's
+    /// rate from its ACKs (auto-tuning sets it when no rate is given or remembered; the
+    /// target is told too, `X-org.reservoir.ProbeRate`); `probe_rate=0`: no probe.
+    pub probe_rate: Option<u64>,
     /// The session's group for `rsv` (its connections take turns at PROBE_RTT, see
     /// docs/congestion.md); 0: a new one for each session ([`Session::connect`] draws it).
     #[serde(skip)]
@@ -268,6 +272,7 @@ impl Default for SessionOptions {
             initial_r2t: false,
             pacing_rate: None,
             start_rate: None,
+            probe_rate: None,
             rsv_group: 0,
             pacing_hint: true,
             send_buffer: None,
@@ -421,6 +426,14 @@ impl SessionOptions {
             "rate_control" => self.rate_control = parse_bool_opt(key, v)?,
             "path_cache" => self.path_cache = parse_bool_opt(key, v)?,
             "start_rate" => self.start_rate = Some(rate(v)?),
+            // 0 (or none): no probed start.
+            "probe_rate" => {
+                self.probe_rate = Some(
+                    units::parse_rate_limit(v)
+                        .map_err(|e| Error::Option(format!("{key}: {e}")))?
+                        .map_or(0, units::Rate::bytes_per_sec),
+                )
+            }
             "rate" => self.rate = Some(rate(v)?),
             "tls" => self.tls = parse_bool_opt(key, v)?,
             // A way to trust the target's certificate means TLS.
@@ -447,7 +460,7 @@ impl SessionOptions {
                      max_burst, first_burst, immediate_data, initial_r2t, pacing_rate, \
                      pacing_hint, send_buffer, recv_buffer, congestion, notsent_lowat, command_timeout, \
                      nop_interval, recovery_timeout, error_recovery_level (erl), auto_tune, \
-                     rate, rate_control, path_cache, start_rate, tls, ca, pin, cert, key, tls_name, tls_suite"
+                     rate, rate_control, path_cache, start_rate, probe_rate, tls, ca, pin, cert, key, tls_name, tls_suite"
                 )))
             }
         }
@@ -488,6 +501,7 @@ impl SessionOptions {
             }),
             pacing_rate: self.pacing_rate,
             start_rate: self.start_rate,
+            probe_rate: self.probe_rate.filter(|r| *r > 0),
             rsv_group: (self.rsv_group != 0).then_some(self.rsv_group),
             notsent_lowat: self.notsent_lowat,
             nodelay: true,

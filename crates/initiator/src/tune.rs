@@ -45,6 +45,21 @@ pub const ASSUMED_RATE: u64 = net::ASSUMED_RATE_BPS / 8;
 /// copy's start. A start, not a pace: on a slower path `rsv` drops it when BBR leaves
 /// STARTUP, three rounds without delivery-rate growth.
 pub const UNKNOWN_PATH_START: u64 = 20_000_000 / 8;
+
+/// Bytes per second at which each of `n` connections of a session on `rsv` that knows no
+/// rate sends its start's first round (its share of [`UNKNOWN_PATH_START`] x RTT): the
+/// assumed rate's share, never below the start `each`.
+///
+/// Why: BBR's delivery-rate samples of a first round are the round's data over a round
+/// trip, the start rate whatever the path; the spacing of that round's ACKs is the
+/// bottleneck's rate only if the round went faster than the bottleneck, so it goes at the
+/// rate a fast WAN would have (`rsv` then starts at what the ACKs showed:
+/// `docs/congestion.md`, "The probed start"). The data is the same as without the probe;
+/// at a slower bottleneck it queues at most N x (1 - C/R) packets of it once, which a
+/// queue of one BDP at the start rate holds (at 20 Mbit/s and faster).
+pub fn unknown_path_probe(n: u64, each: u64) -> u64 {
+    (ASSUMED_RATE / n.max(1)).max(each)
+}
 /// Below this RTT the path is a LAN: one connection, the kernel's defaults.
 pub const LAN_RTT: Duration = Duration::from_millis(10);
 /// From this RTT on, eight connections.
@@ -367,12 +382,30 @@ pub fn plan(
     {
         let each = (UNKNOWN_PATH_START / n).max(1);
         o.start_rate = Some(each);
-        reasons.push(format!(
-            "start: each connection at {} ({} shared by {n}: no rate given or remembered) \
-             instead of ten packets; BBR's own model takes over once the rate stops growing",
-            Rate::from_bytes_per_sec(each).approx(),
-            Rate::from_bytes_per_sec(UNKNOWN_PATH_START).approx()
-        ));
+        let probe = if opts.is_pinned("probe_rate") {
+            opts.probe_rate.filter(|r| *r > 0)
+        } else {
+            Some(unknown_path_probe(n, each))
+        };
+        o.probe_rate = Some(probe.unwrap_or(0));
+        reasons.push(match probe {
+            Some(p) => format!(
+                "start: each connection sends its first round ({} x RTT: {} shared by {n}, \
+                 no rate given or remembered) at {}, and starts at the rate its ACKs come \
+                 back at, the bottleneck's share; BBR's own model takes over once the rate \
+                 stops growing",
+                Rate::from_bytes_per_sec(each).approx(),
+                Rate::from_bytes_per_sec(UNKNOWN_PATH_START).approx(),
+                Rate::from_bytes_per_sec(p).approx()
+            ),
+            None => format!(
+                "start: each connection at {} ({} shared by {n}: no rate given or \
+                 remembered) instead of ten packets; BBR's own model takes over once the \
+                 rate stops growing",
+                Rate::from_bytes_per_sec(each).approx(),
+                Rate::from_bytes_per_sec(UNKNOWN_PATH_START).approx()
+            ),
+        });
     }
     if let Some(m) =
         remembered.filter(|_| !opts.is_pinned("pacing_rate") && !opts.is_pinned("start_rate"))
@@ -969,6 +1002,68 @@ mod tests {
             plan(&by_hand, &probe_ms(100), &kernel()).0.start_rate,
             Some(10_000_000)
         );
+    }
+
+    #[test]
+    fn an_unknown_long_path_on_rsv_sends_its_first_round_at_the_assumed_share() {
+        let rsv = SessionOptions {
+            congestion: Some("rsv".into()),
+            ..Default::default()
+        };
+        let (o, p) = plan(&rsv, &probe_ms(200), &kernel());
+        let n = u64::from(o.connections);
+        assert_eq!(o.start_rate, Some(UNKNOWN_PATH_START / n));
+        assert_eq!(o.probe_rate, Some(ASSUMED_RATE / n));
+        assert_eq!(o.tuning().probe_rate, Some(ASSUMED_RATE / n));
+        assert!(
+            p.reasons
+                .iter()
+                .any(|r| r.contains("sends its first round")),
+            "{:?}",
+            p.reasons
+        );
+        // The probe is the assumed rate's share, never below the start itself.
+        assert_eq!(unknown_path_probe(2, 1_250_000), 62_500_000);
+        assert_eq!(unknown_path_probe(0, 1), ASSUMED_RATE);
+        assert_eq!(unknown_path_probe(1, 2 * ASSUMED_RATE), 2 * ASSUMED_RATE);
+        assert_eq!(unknown_path_probe(10_000, 20_000), 20_000);
+
+        // By hand: another probe rate, or none (0), the start kept.
+        let mut other = rsv.clone();
+        other.set("probe_rate", "200mbit").unwrap();
+        assert_eq!(
+            plan(&other, &probe_ms(200), &kernel()).0.probe_rate,
+            Some(25_000_000)
+        );
+        let mut off = rsv.clone();
+        off.set("probe_rate", "0").unwrap();
+        let (o_off, p_off) = plan(&off, &probe_ms(200), &kernel());
+        assert_eq!(o_off.start_rate, Some(UNKNOWN_PATH_START / n));
+        assert_eq!(o_off.tuning().probe_rate, None);
+        assert!(p_off
+            .reasons
+            .iter()
+            .any(|r| r.contains("instead of ten packets")));
+        assert!(off.set("probe_rate", "fast").is_err());
+
+        // A rate known (given, remembered), a LAN, another congestion control: no probe.
+        let mut rated = rsv.clone();
+        rated.set("rate", "50mbit").unwrap();
+        assert_eq!(plan(&rated, &probe_ms(200), &kernel()).0.probe_rate, None);
+        let mut remembered = probe_ms(200);
+        remembered.remembered = Some(Remembered {
+            rate_bytes_per_s: 62_500_000,
+            age_s: 60,
+        });
+        let (o_mem, _) = plan(&rsv, &remembered, &kernel());
+        assert!(o_mem.start_rate.is_some());
+        assert_eq!(o_mem.probe_rate, None, "a remembered start is not probed");
+        assert_eq!(plan(&rsv, &probe_ms(1), &kernel()).0.probe_rate, None);
+        let bbr = SessionOptions {
+            congestion: Some("bbr".into()),
+            ..Default::default()
+        };
+        assert_eq!(plan(&bbr, &probe_ms(200), &kernel()).0.probe_rate, None);
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub struct LoginOutcome {
     /// How `X-org.reservoir.StartRate` went: on the target, the rate this connection's
     /// sends may start at; on the initiator, the start the target said it applies.
     pub start_rate: Option<u64>,
+    /// How `X-org.reservoir.ProbeRate` went: on the target, the rate the start's first round
+    /// may be sent at; on the initiator, the one the target said it applies.
+    pub probe_rate: Option<u64>,
 }
 
 /// What the target daemon knows that the login needs.
@@ -758,6 +761,7 @@ impl TargetLogin {
             target_portal_group_tag: self.sent_tpgt,
             pacing: responder.pacing,
             start_rate: responder.start,
+            probe_rate: responder.probe,
         })
     }
 }
@@ -801,6 +805,9 @@ pub struct InitiatorLoginConfig {
     /// Bytes per second at which the target's sends on this connection may start
     /// (`X-org.reservoir.StartRate`, sent only without a pacing hint); `None` sends no key.
     pub start_hint: Option<u64>,
+    /// Bytes per second at which the target may send the start's first round
+    /// (`X-org.reservoir.ProbeRate`, sent only beside a start hint); `None` sends no key.
+    pub probe_hint: Option<u64>,
 }
 
 /// The fields of the Login Request to send. ITT, CmdSN and ExpStatSN belong to the
@@ -1001,7 +1008,8 @@ impl InitiatorLogin {
             existing,
         )
         .pacing_hint(config.pacing_hint)
-        .start_hint(config.start_hint);
+        .start_hint(config.start_hint)
+        .probe_hint(config.probe_hint);
         InitiatorLogin {
             config,
             stage: STAGE_SECURITY,
@@ -1363,6 +1371,7 @@ impl InitiatorLogin {
             target_portal_group_tag: self.target_portal_group_tag,
             pacing: self.originator.pacing,
             start_rate: self.originator.start,
+            probe_rate: self.originator.probe,
         }
     }
 }

@@ -456,6 +456,21 @@ pub const PACING_RATE_KEY: &str = "X-org.reservoir.PacingRate";
 ///   `Irrelevant` in a discovery session. A target that does not know it answers
 ///   `NotUnderstood`. No answer fails a login.
 pub const START_RATE_KEY: &str = "X-org.reservoir.StartRate";
+/// `X-org.reservoir.ProbeRate`, Reservoir's private key (RFC 7143 13.5.4 `X-` form): with a
+/// [`START_RATE_KEY`] for a path whose rate neither side knows, the rate in bytes per
+/// second at which the target may send the start's first round (the start rate x RTT) so
+/// that its ACKs come back spaced at the bottleneck's rate, which then becomes the start
+/// (Reservoir's `rsv` congestion control: the probed start, `docs/congestion.md`).
+///
+/// - Sent by the initiator only beside a [`START_RATE_KEY`] it sends, in the operational
+///   stage of a connection's login in a normal session.
+/// - A target that knows the key answers the probe it applies, by the rules of
+///   [`START_RATE_KEY`] (clamped to [`PACING_HINT_MIN`]..=[`PACING_HINT_MAX`]; `0` when it
+///   takes no hints or paces at a configured rate; `Reject` for a value that is no number;
+///   `Irrelevant` in a discovery session), and applies it only with the start. A target
+///   that does not know it answers `NotUnderstood` and starts at the start rate alone. No
+///   answer fails a login.
+pub const PROBE_RATE_KEY: &str = "X-org.reservoir.ProbeRate";
 /// Smallest rate a target applies from a hint (1 Mbit/s): slower would stall commands.
 pub const PACING_HINT_MIN: u64 = 125_000;
 /// Largest rate a target applies from a hint (400 Gbit/s): beyond, pacing means nothing.
@@ -900,6 +915,8 @@ pub struct Responder {
     pub pacing: TargetPacing,
     /// The start the answer to [`START_RATE_KEY`] promised, bytes per second.
     pub start: Option<u64>,
+    /// The probe rate the answer to [`PROBE_RATE_KEY`] promised, bytes per second.
+    pub probe: Option<u64>,
 }
 
 impl Responder {
@@ -924,10 +941,12 @@ impl Responder {
             pacing_policy: None,
             pacing: TargetPacing::NotAsked,
             start: None,
+            probe: None,
         }
     }
 
-    /// Understands [`PACING_RATE_KEY`] and [`START_RATE_KEY`] and answers them by `policy`.
+    /// Understands [`PACING_RATE_KEY`], [`START_RATE_KEY`] and [`PROBE_RATE_KEY`] and
+    /// answers them by `policy`.
     pub fn pacing(mut self, policy: Option<PacingPolicy>) -> Self {
         self.pacing_policy = policy;
         self
@@ -970,6 +989,18 @@ impl Responder {
         }
     }
 
+    /// The probe rate is answered by the start's rules; it is applied only with a start.
+    fn answer_probe(&mut self, offered: &str) -> Answer {
+        match self.hint_policy() {
+            Ok(policy) => {
+                let (answer, probe) = answer_start_hint(offered, &policy);
+                self.probe = probe;
+                answer
+            }
+            Err(answer) => answer,
+        }
+    }
+
     /// Accepts only CRC32C for the header and/or data digest: an initiator offering
     /// "None,CRC32C" gets CRC32C, one offering only None a Reject.
     pub fn require_digests(mut self, header: bool, data: bool) -> Self {
@@ -991,6 +1022,8 @@ impl Responder {
                 self.answer_pacing(v)
             } else if k == START_RATE_KEY {
                 self.answer_start(v)
+            } else if k == PROBE_RATE_KEY {
+                self.answer_probe(v)
             } else {
                 respond_key(k, v, &self.ctx, &self.session_prefs, &self.conn_prefs)
             };
@@ -1070,6 +1103,11 @@ pub struct Originator {
     /// The start the target said it applies ([`START_RATE_KEY`]); `None`: none, or the key
     /// not understood.
     pub start: Option<u64>,
+    /// Bytes per second at which to tell the target the start's first round may be sent.
+    probe_hint: Option<u64>,
+    /// The probe rate the target said it applies ([`PROBE_RATE_KEY`]); `None`: none, or the
+    /// key not understood.
+    pub probe: Option<u64>,
 }
 
 impl Originator {
@@ -1095,7 +1133,16 @@ impl Originator {
             pacing: TargetPacing::NotAsked,
             start_hint: None,
             start: None,
+            probe_hint: None,
+            probe: None,
         }
+    }
+
+    /// With a start hint, tells the target that the start's first round may be sent at
+    /// `rate` bytes per second ([`PROBE_RATE_KEY`]); `None` sends no key.
+    pub fn probe_hint(mut self, rate: Option<u64>) -> Self {
+        self.probe_hint = rate;
+        self
     }
 
     /// Tells the target that this connection may start at `rate` bytes per second
@@ -1144,7 +1191,12 @@ impl Originator {
         if self.ctx.session_type == SessionType::Normal {
             match (self.pacing_hint, self.start_hint) {
                 (Some(rate), _) => keys.push(PACING_RATE_KEY, rate.to_string()),
-                (None, Some(rate)) if rate > 0 => keys.push(START_RATE_KEY, rate.to_string()),
+                (None, Some(rate)) if rate > 0 => {
+                    keys.push(START_RATE_KEY, rate.to_string());
+                    if let Some(probe) = self.probe_hint.filter(|&p| p > 0) {
+                        keys.push(PROBE_RATE_KEY, probe.to_string());
+                    }
+                }
                 _ => {}
             }
         }
@@ -1212,6 +1264,10 @@ impl Originator {
         }
         if key == START_RATE_KEY {
             self.start = parse_number(answer).ok().filter(|&r| r > 0);
+            return Ok(());
+        }
+        if key == PROBE_RATE_KEY {
+            self.probe = parse_number(answer).ok().filter(|&r| r > 0);
             return Ok(());
         }
         // Keys the peer could not or would not take keep their defaults.
@@ -1679,6 +1735,100 @@ mod tests {
         assert!(o.on_response(&answer).unwrap().is_empty());
         o.finish();
         assert_eq!(o.start, None);
+    }
+
+    #[test]
+    fn probe_hint_goes_only_beside_a_start_and_is_answered_where_known() {
+        let ctx = |we_are_target, session_type| NegotiationContext {
+            session_type,
+            leading: true,
+            phase: Phase::Operational,
+            we_are_target,
+        };
+        let originator = |pacing: Option<u64>, start: Option<u64>, t| {
+            Originator::new(
+                ctx(false, t),
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing_hint(pacing)
+            .start_hint(start)
+            .probe_hint(Some(62_500_000))
+        };
+        let offer = originator(None, Some(1_250_000), SessionType::Normal).offer();
+        assert_eq!(offer.get(START_RATE_KEY), Some("1250000"));
+        assert_eq!(offer.get(PROBE_RATE_KEY), Some("62500000"));
+        // No start, no probe: a pacing hint (a known rate) or nothing at all.
+        let paced = originator(Some(1_000_000), Some(1_250_000), SessionType::Normal).offer();
+        assert_eq!(paced.get(PROBE_RATE_KEY), None);
+        assert_eq!(
+            originator(None, None, SessionType::Normal)
+                .offer()
+                .get(PROBE_RATE_KEY),
+            None
+        );
+        assert_eq!(
+            originator(None, Some(1_250_000), SessionType::Discovery)
+                .offer()
+                .get(PROBE_RATE_KEY),
+            None
+        );
+
+        let responder = |policy| {
+            Responder::new(
+                ctx(true, SessionType::Normal),
+                SessionParams::default(),
+                ConnectionParams::default(),
+                None,
+            )
+            .pacing(policy)
+        };
+        let mut knows = responder(Some(PacingPolicy {
+            accept_hint: true,
+            configured: None,
+        }));
+        let answer = knows.respond(&offer).unwrap();
+        assert_eq!(answer.get(PROBE_RATE_KEY), Some("62500000"));
+        assert_eq!(
+            (knows.start, knows.probe),
+            (Some(1_250_000), Some(62_500_000))
+        );
+        let mut o = originator(None, Some(1_250_000), SessionType::Normal);
+        o.offer();
+        assert!(o.on_response(&answer).unwrap().is_empty());
+        assert_eq!(o.probe, Some(62_500_000));
+
+        // Hints off: neither applied.
+        let mut off = responder(Some(PacingPolicy {
+            accept_hint: false,
+            configured: None,
+        }));
+        let answer = off.respond(&offer).unwrap();
+        assert_eq!(answer.get(PROBE_RATE_KEY), Some("0"));
+        assert_eq!((off.start, off.probe), (None, None));
+
+        // A malformed probe is refused alone; the start still holds.
+        let mut bad = TextKeys::new();
+        bad.push(START_RATE_KEY, "1250000");
+        bad.push(PROBE_RATE_KEY, "fast");
+        let mut knows = responder(Some(PacingPolicy {
+            accept_hint: true,
+            configured: None,
+        }));
+        let answer = knows.respond(&bad).unwrap();
+        assert_eq!(answer.get(PROBE_RATE_KEY), Some("Reject"));
+        assert_eq!((knows.start, knows.probe), (Some(1_250_000), None));
+
+        // A target without the key: NotUnderstood, and the initiator reads no probe.
+        let mut old = responder(None);
+        let answer = old.respond(&offer).unwrap();
+        assert_eq!(answer.get(PROBE_RATE_KEY), Some("NotUnderstood"));
+        let mut o = originator(None, Some(1_250_000), SessionType::Normal);
+        o.offer();
+        assert!(o.on_response(&answer).unwrap().is_empty());
+        o.finish();
+        assert_eq!(o.probe, None);
     }
 
     #[test]

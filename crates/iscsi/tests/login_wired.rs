@@ -101,6 +101,7 @@ fn config(auth: Option<ChapCredentials>) -> InitiatorLoginConfig {
         leading: true,
         pacing_hint: None,
         start_hint: None,
+        probe_hint: None,
     }
 }
 

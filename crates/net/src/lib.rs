@@ -34,6 +34,10 @@ pub struct SocketTuning {
     /// [`paths`]) without pacing to it afterwards; ignored with `pacing_rate` (which is
     /// also the start) and on sockets that run another congestion control.
     pub start_rate: Option<u64>,
+    /// Bytes per second at which `rsv` sends the start's first round (`start_rate` x RTT)
+    /// to time its ACKs and start at the rate they came at (the probed start, for a path
+    /// whose rate nobody knows; `docs/congestion.md`); used only with `start_rate`.
+    pub probe_rate: Option<u64>,
     /// The session's group for `rsv` ([`cc::new_group`]): its connections take turns at
     /// PROBE_RTT; ignored on sockets that run another congestion control.
     pub rsv_group: Option<u32>,
@@ -89,7 +93,14 @@ pub fn apply(fd: BorrowedFd<'_>, tuning: &SocketTuning) -> Applied {
         }
     }
     if let (Some(rate), None) = (tuning.start_rate, tuning.pacing_rate) {
-        start_rsv_at(fd, rate);
+        match tuning.probe_rate {
+            Some(probe) => {
+                start_rsv_probed(fd, rate, probe);
+            }
+            None => {
+                start_rsv_at(fd, rate);
+            }
+        }
     }
     if let Some(group) = tuning.rsv_group {
         group_rsv(fd, group);
@@ -188,6 +199,16 @@ fn share_to_rsv(fd: BorrowedFd<'_>, bytes_per_sec: Option<u64>) {
 /// once it leaves STARTUP; returns whether it did.
 pub fn start_rsv_at(fd: BorrowedFd<'_>, bytes_per_sec: u64) -> bool {
     update_rsv(fd, |s| s.start_rate = bytes_per_sec)
+}
+
+/// As [`start_rsv_at`], with the first round's data (`start` x RTT) sent at `probe`
+/// bytes per second so that its ACKs show the bottleneck's rate, which then becomes the
+/// start (the probed start, for a path whose rate nobody knows); returns whether it did.
+pub fn start_rsv_probed(fd: BorrowedFd<'_>, start: u64, probe: u64) -> bool {
+    update_rsv(fd, |s| {
+        s.start_rate = start;
+        s.probe_rate = probe;
+    })
 }
 
 /// Puts this socket in `group` for `rsv`'s PROBE_RTT (when it runs `rsv` and this process
@@ -812,6 +833,7 @@ mod tests {
             congestion: cc.clone(),
             pacing_rate: Some(10_000_000),
             start_rate: None,
+            probe_rate: None,
             rsv_group: None,
             notsent_lowat: Some(128 * 1024),
             nodelay: true,

@@ -70,6 +70,24 @@ fn pacing_through_net_reaches_the_rsv_settings() {
         (0, rate, false, 42)
     );
     assert_eq!(net::max_pacing_rate(started.as_fd()).unwrap(), u64::MAX);
+    assert_eq!(got.probe_rate, 0, "a remembered start is not probed");
+
+    // The unknown path's start: the first round sent at the probe rate.
+    let probed = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    net::apply(
+        probed.as_fd(),
+        &net::SocketTuning {
+            congestion: Some("rsv".into()),
+            start_rate: Some(rate),
+            probe_rate: Some(50 * rate),
+            ..Default::default()
+        },
+    );
+    let got = loaded.get(probed.as_fd()).unwrap().expect("settings");
+    assert_eq!(
+        (got.share_rate, got.start_rate, got.probe_rate),
+        (0, rate, 50 * rate)
+    );
 
     // A socket on another congestion control is left alone.
     assert!(!net::start_rsv_at(other_cubic(&listener).as_fd(), rate));

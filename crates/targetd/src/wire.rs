@@ -236,6 +236,7 @@ fn socket_tuning(
             }),
         pacing_rate: s.pacing_rate,
         start_rate: None,
+        probe_rate: None,
         rsv_group: None,
         notsent_lowat: s.notsent_lowat,
         nodelay: true,
@@ -330,12 +331,27 @@ pub(crate) fn apply_pacing(
         TargetPacing::NotAsked | TargetPacing::NotUnderstood => {}
     }
     if let Some(rate) = outcome.start_rate {
-        if net::start_rsv_at(fd, rate) {
-            info!(
-                "{peer}: session {tsih} cid {cid}: sends start at {:.1} Mbit/s as the initiator \
-                 remembers the path",
-                rate as f64 * 8e-6
-            );
+        // With a probe rate the initiator knows no rate for the path: the first round of
+        // Data-In goes at the probe rate and its ACKs give the start (the probed start).
+        let started = match outcome.probe_rate {
+            Some(probe) => net::start_rsv_probed(fd, rate, probe),
+            None => net::start_rsv_at(fd, rate),
+        };
+        if started {
+            match outcome.probe_rate {
+                Some(probe) => info!(
+                    "{peer}: session {tsih} cid {cid}: sends start from the rate their first \
+                     round's ACKs show, that round ({:.1} Mbit/s x RTT) sent at {:.1} Mbit/s, \
+                     as the initiator knows no rate for the path",
+                    rate as f64 * 8e-6,
+                    probe as f64 * 8e-6
+                ),
+                None => info!(
+                    "{peer}: session {tsih} cid {cid}: sends start at {:.1} Mbit/s as the \
+                     initiator remembers the path",
+                    rate as f64 * 8e-6
+                ),
+            }
         } else {
             debug!(
                 "{peer}: session {tsih} cid {cid}: start hint {rate} bytes/s unused (the \

@@ -145,6 +145,7 @@ fn refused_login(addr: SocketAddr, initiator: &str) -> (u8, u8) {
         leading: true,
         pacing_hint: None,
         start_hint: None,
+        probe_hint: None,
     });
     let mut rng = |b: &mut [u8]| b.fill(7);
     let mut out = login.start(&mut rng);

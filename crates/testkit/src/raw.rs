@@ -128,6 +128,7 @@ impl Raw {
             leading: tsih == 0,
             pacing_hint,
             start_hint: None,
+            probe_hint: None,
         });
         let mut rng = |b: &mut [u8]| b.fill(7);
         let mut out = login.start(&mut rng);

@@ -146,6 +146,7 @@ impl RawPdus {
             leading: true,
             pacing_hint: None,
             start_hint: None,
+            probe_hint: None,
         });
         let mut rng = |b: &mut [u8]| b.fill(9);
         let mut out = login.start(&mut rng);

@@ -67,6 +67,8 @@ impl Shared {
                 .map(|_| 0)),
             // A remembered rate: the target's Data-In starts near its share too.
             start_hint: o.start_rate.filter(|_| o.pacing_hint),
+            // The unknown path's probed start: the target's first Data-In finds the rate too.
+            probe_hint: o.probe_rate.filter(|r| *r > 0 && o.pacing_hint),
         }
     }
 
@@ -206,6 +208,7 @@ impl Shared {
             queue_depth: o.queue_depth,
             congestion: tuning.congestion,
             congestion_by_connection: Vec::new(),
+            start_found_by_connection: Vec::new(),
             congestion_choice: None,
             rsv: net::cc::status(),
             send_buffer: tuning.send_buffer,

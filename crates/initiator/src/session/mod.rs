@@ -97,6 +97,10 @@ pub struct SessionInfo {
     /// The congestion control each live connection runs (by CID order), as the kernel
     /// read it back.
     pub congestion_by_connection: Vec<String>,
+    /// Bytes per second `rsv`'s probed start found on each live connection (by CID
+    /// order) from its first round's ACKs; 0 where it found none (no probe: a rate given
+    /// or remembered, another congestion control, not sampled yet).
+    pub start_found_by_connection: Vec<u64>,
     /// Whether this process loaded Reservoir's own congestion control `rsv`, and if not
     /// why (`docs/congestion.md`).
     pub rsv: net::cc::Status,
@@ -337,15 +341,22 @@ impl Session {
         info.queue_depth = self.queue_depth();
         info.tuning = self.shared.tuner.plan.clone();
         info.path = Shared::path(&st.conns.all);
-        let mut by_cid: Vec<(u16, String)> = st
+        let mut by_cid: Vec<(u16, String, u64)> = st
             .conns
             .all
             .iter()
             .filter(|c| c.is_alive())
-            .map(|c| (c.cid, c.congestion.get().cloned().unwrap_or_default()))
+            .map(|c| {
+                (
+                    c.cid,
+                    c.congestion.get().cloned().unwrap_or_default(),
+                    c.start_found.load(Ordering::Relaxed),
+                )
+            })
             .collect();
         by_cid.sort();
-        info.congestion_by_connection = by_cid.into_iter().map(|(_, c)| c).collect();
+        info.start_found_by_connection = by_cid.iter().map(|(_, _, f)| *f).collect();
+        info.congestion_by_connection = by_cid.into_iter().map(|(_, c, _)| c).collect();
         info.rsv = net::cc::status();
         info.portal = self.shared.portal();
         info.multipath = self
