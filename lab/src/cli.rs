@@ -129,7 +129,7 @@ impl DocFlags {
     }
 }
 
-/// `--repeat`, for the scenarios whose rows repeat (r0, r1, rtt).
+/// `--repeat`, for the scenarios whose rows repeat (r0, r1, r2, rtt).
 #[derive(Args, Debug, Clone)]
 pub struct Repeat {
     /// Run each of Reservoir's rows (r1: each mode) this many times, interleaved; the
@@ -139,7 +139,7 @@ pub struct Repeat {
     pub repeat: u32,
 }
 
-/// The flags of a scenario with a result document (r2, r3, r4).
+/// The flags of a scenario with a result document (r3, r4).
 #[derive(Args, Debug, Clone)]
 pub struct Documented {
     #[command(flatten)]
@@ -148,7 +148,7 @@ pub struct Documented {
     pub doc: DocFlags,
 }
 
-/// The flags of a scenario with a result document and rows that repeat (r0, r1, rtt).
+/// The flags of a scenario with a result document and rows that repeat (r0, r1, r2, rtt).
 #[derive(Args, Debug, Clone)]
 pub struct Repeated {
     #[command(flatten)]
@@ -418,6 +418,15 @@ mod tests {
         assert_eq!(
             (p.loss_pct, p.seconds, p.rows, p.repeat),
             (vec![1.0, 5.0], 10, vec!["reservoir".to_owned()], 2)
+        );
+        let Scenario::R2(a) = scenario("run r2 --rtt 350 --rows reservoir --repeat 3").unwrap()
+        else {
+            panic!("not r2");
+        };
+        let p = a.params().unwrap();
+        assert_eq!(
+            (p.rtt_ms, p.rows, p.repeat),
+            (vec![350], vec!["reservoir".to_owned()], 3)
         );
         // Flags not given leave the scenario's own (here the quick version's).
         let Scenario::R4(a) = scenario("run r4 --quick --window default").unwrap() else {

@@ -154,7 +154,7 @@ fn names_ran(rows: &[&Row], name: &str) -> bool {
 }
 
 /// What a repeated run's tables show (`repeat`: `--repeat`, 0 in results from before it).
-fn repeat_note(doc: &mut String, repeat: u32, what: &str) {
+pub(crate) fn repeat_note(doc: &mut String, repeat: u32, what: &str) {
     let n = repeat.max(1);
     if n > 1 {
         let _ = writeln!(

@@ -24,6 +24,7 @@ use crate::env::Environment;
 use crate::peers::ISCSI_PORT;
 use crate::proc::{self, check_interrupt, in_ns, rsv_bin, sysctl, Link, Proc};
 use crate::sites::{Layout, Site, CONTROL_PORT, IQN};
+use crate::stats::Spread;
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,13 +50,17 @@ pub struct Params {
     pub rows: Vec<String>,
     /// The bottleneck's rate, bits per second, instead of calibrating it.
     pub link_rate: Option<u64>,
+    /// How many times Reservoir's rows (`reservoir`, `reservoir-rate`) run at each RTT,
+    /// interleaved (`--repeat`; 0 in results from before it, meaning once).
+    #[serde(default)]
+    pub repeat: u32,
 }
 
 /// `rsv-lab run r2`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub flags: crate::cli::Documented,
+    pub flags: crate::cli::Repeated,
     /// Disk servers per site (default 8; --quick 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub disk_servers: Option<u64>,
@@ -72,6 +77,10 @@ pub struct Args {
     #[arg(long, value_parser = units::parse_rate)]
     pub link_rate: Option<units::Rate>,
 }
+
+/// The rows `--repeat` repeats: Reservoir's own (the others are the study's methods and the
+/// peers, run once a point).
+const REPEATED: [&str; 2] = ["reservoir", "reservoir-rate"];
 
 /// R2's rows, by key.
 const ROWS: [&str; 8] = [
@@ -95,6 +104,7 @@ impl Args {
         }
         p.rows = self.rows.clone();
         p.link_rate = self.link_rate.map(|r| r.bits_per_sec());
+        p.repeat = self.flags.repeat.repeat;
         Ok(p)
     }
 }
@@ -111,6 +121,7 @@ impl Params {
                 overtime: 3.0,
                 rows: Vec::new(),
                 link_rate: None,
+                repeat: 1,
             }
         } else {
             Params {
@@ -129,6 +140,7 @@ impl Params {
                 overtime: 2.0,
                 rows: Vec::new(),
                 link_rate: None,
+                repeat: 1,
             }
         }
     }
@@ -138,6 +150,9 @@ impl Params {
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct Row {
     pub key: String,
+    /// Which repetition of the row this is (1 to `--repeat`; 0 in results from before it).
+    #[serde(default)]
+    pub repeat: u32,
     pub label: String,
     pub rtt_ms: u64,
     pub streams: usize,
@@ -180,6 +195,75 @@ pub struct Results {
     pub volume_bytes: u64,
     pub environment: Environment,
     pub rows: Vec<Row>,
+    /// Each repeated row at each RTT over its repetitions (empty in results from before
+    /// `--repeat`).
+    #[serde(default)]
+    pub summary: Vec<Summary>,
+}
+
+/// A row of Reservoir's at one RTT over its repetitions (`--repeat`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub rtt_ms: u64,
+    pub key: String,
+    /// Repetitions run, and how many failed (left out of the spreads).
+    pub runs: usize,
+    pub failed: usize,
+    pub whole_pct: Option<Spread>,
+    pub from_full_pct: Option<Spread>,
+    pub time_to_full_s: Option<Spread>,
+    pub queue_drops: Option<Spread>,
+    /// The repetition whose whole-transfer share is the median (the lower of the two
+    /// middle ones for an even count): its timeline is drawn and its other columns shown.
+    pub median_repeat: Option<u32>,
+}
+
+/// The repeated rows (`REPEATED`) of `rows`, grouped by RTT and key in the order they
+/// first appear.
+pub fn summarize(rows: &[Row]) -> Vec<Summary> {
+    let mut groups: Vec<(u64, &str, Vec<&Row>)> = Vec::new();
+    for r in rows.iter().filter(|r| REPEATED.contains(&r.key.as_str())) {
+        match groups
+            .iter_mut()
+            .find(|(t, k, _)| *t == r.rtt_ms && *k == r.key)
+        {
+            Some((_, _, v)) => v.push(r),
+            None => groups.push((r.rtt_ms, r.key.as_str(), vec![r])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(rtt_ms, key, rs)| {
+            let ok: Vec<&Row> = rs.iter().copied().filter(|r| r.error.is_empty()).collect();
+            let mut by_whole = ok.clone();
+            by_whole.sort_by(|a, b| a.whole_pct.total_cmp(&b.whole_pct));
+            Summary {
+                rtt_ms,
+                key: key.to_owned(),
+                runs: rs.len(),
+                failed: rs.len() - ok.len(),
+                whole_pct: Spread::of(ok.iter().map(|r| r.whole_pct)),
+                from_full_pct: Spread::of(ok.iter().filter_map(|r| r.from_full_pct)),
+                time_to_full_s: Spread::of(ok.iter().filter_map(|r| r.time_to_full_s)),
+                queue_drops: Spread::of(ok.iter().map(|r| r.cost.queue_drops as f64)),
+                median_repeat: by_whole
+                    .get(by_whole.len().saturating_sub(1) / 2)
+                    .map(|r| r.repeat),
+            }
+        })
+        .collect()
+}
+
+/// Whether `row` is drawn and shown in the document: every row run once, and of a
+/// repeated one the median repetition.
+fn shown(summary: &[Summary], row: &Row) -> bool {
+    match summary
+        .iter()
+        .find(|s| s.rtt_ms == row.rtt_ms && s.key == row.key && s.runs > 1)
+    {
+        Some(s) => s.median_repeat == Some(row.repeat),
+        None => true,
+    }
 }
 
 fn payload_capacity(rate_bps: u64) -> f64 {
@@ -811,41 +895,76 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
             ),
         ];
         let wanted = |k: &str| p.rows.is_empty() || p.rows.iter().any(|r| r == k);
-        let mut measure = |f: &mut dyn FnMut() -> Result<Row>| -> Result<()> {
+        let mut measure = |rep: u32, f: &mut dyn FnMut() -> Result<Row>| -> Result<()> {
             check_interrupt()?;
             let mark = proc::CostMark::take(&link);
             let mut row = f()?;
             row.cost = mark.cost(&link);
+            row.repeat = rep;
             report(&row);
             rows.push(row);
             Ok(())
         };
-        for (key_, label, vol, args) in plans {
-            if wanted(key_) {
-                measure(&mut || {
-                    sync_row(
-                        &link, &key, dir, rate_bps, rtt, key_, &label, vol, &args, timeout,
-                    )
-                })?;
+        // The study's methods once, then Reservoir's rows `--repeat` times, interleaved
+        // (every one once, then again), so that a slow spell of the machine does not fall
+        // on one row's repetitions only.
+        let repeat = p.repeat.max(1);
+        let (ours, once): (Vec<&SyncPlan>, Vec<&SyncPlan>) =
+            plans.iter().partition(|x| REPEATED.contains(&x.0));
+        let mut sync = |rep: u32, plans: &[&SyncPlan]| -> Result<()> {
+            for (key_, label, vol, args) in plans.iter().copied() {
+                if wanted(key_) {
+                    measure(rep, &mut || {
+                        sync_row(
+                            &link, &key, dir, rate_bps, rtt, key_, label, *vol, args, timeout,
+                        )
+                    })?;
+                }
             }
+            Ok(())
+        };
+        sync(1, &once)?;
+        for rep in 1..=repeat {
+            if repeat > 1 {
+                eprintln!("r2: {rtt} ms, Reservoir's rows, repetition {rep} of {repeat}");
+            }
+            sync(rep, &ours)?;
         }
         if wanted("iperf3") {
-            measure(&mut || iperf3_row(&link, dir, rate_bps, rtt, n, p.link_seconds))?;
+            measure(1, &mut || {
+                iperf3_row(&link, dir, rate_bps, rtt, n, p.link_seconds)
+            })?;
         }
         if wanted("gridftp") {
-            measure(&mut || gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout))?;
+            measure(1, &mut || {
+                gridftp_row(&link, dir, rate_bps, rtt, n, volume, timeout)
+            })?;
         }
         if wanted("qemu-img") {
             // The syncs above left site B a read-only replica of A (`rsv sync`'s roles);
             // qemu-img writes to it as an application would, so B is promoted first.
             promote(&link, &key, &dst, dir)?;
             let cap = Duration::from_secs_f64(p.link_seconds as f64 * p.overtime);
-            measure(&mut || qemu_row(&link, dir, rate_bps, rtt, volume, cap))?;
+            measure(1, &mut || qemu_row(&link, dir, rate_bps, rtt, volume, cap))?;
         }
     }
     drop(site_a);
     drop(site_b);
     drop(link);
+    let summary = summarize(&rows);
+    for s in summary.iter().filter(|s| s.runs > 1) {
+        let f = |x: &Option<Spread>, d: usize, u: &str| x.map_or("–".into(), |x| x.show(d, u));
+        eprintln!(
+            "r2: {:>3} ms {:<16} {} runs ({} failed): whole {}, from full {}, full after {}",
+            s.rtt_ms,
+            s.key,
+            s.runs,
+            s.failed,
+            f(&s.whole_pct, 1, " %"),
+            f(&s.from_full_pct, 1, " %"),
+            f(&s.time_to_full_s, 1, " s")
+        );
+    }
     let results = Results {
         run: crate::results::Run::new("r2", quick, command, p),
         rate_bps,
@@ -853,6 +972,7 @@ pub fn run(p: Params, quick: bool, out: &Path, command: String) -> Result<Result
         volume_bytes: volume,
         environment,
         rows,
+        summary,
     };
     write_outputs(&results, out)?;
     Ok(results)
@@ -950,16 +1070,17 @@ fn cost_text(r: &Row) -> String {
 pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     crate::results::save(out, "r2.json", r)?;
     let mut csv = String::from(
-        "scenario,rtt_ms,row,label,streams,payload_bytes,seconds,payload_mbit_s,whole_pct,from_full_pct,\
-         time_to_full_s,wire_pct,finish_spread_pct,jain,error\n",
+        "scenario,rtt_ms,row,label,repeat,streams,payload_bytes,seconds,payload_mbit_s,whole_pct,\
+         from_full_pct,time_to_full_s,wire_pct,finish_spread_pct,jain,error\n",
     );
     let o = |x: Option<f64>| x.map_or(String::new(), |v| format!("{v:.3}"));
     for row in &r.rows {
         csv += &format!(
-            "r2,{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{:.3},{},{},{}\n",
+            "r2,{},{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{:.3},{},{},{}\n",
             row.rtt_ms,
             row.key,
             row.label.replace(',', ";"),
+            row.repeat.max(1),
             row.streams,
             row.payload_bytes,
             row.seconds,
@@ -975,7 +1096,7 @@ pub fn write_outputs(r: &Results, out: &Path) -> Result<()> {
     }
     std::fs::write(out.join("r2.csv"), csv)?;
     for row in &r.rows {
-        if row.series.is_empty() {
+        if row.series.is_empty() || !shown(&r.summary, row) {
             continue;
         }
         let path = figure(out, row);
@@ -1045,6 +1166,14 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     );
     d += &crate::doc::machine(&v.environment, 400)?;
     d += "Columns: payload rate over the whole transfer; payload share of the bottleneck's payload capacity (rate × 1448/1500) over the whole transfer, start-up included, and from the moment the link first ran at ≥ 90 % of its rate to the end; seconds until then; spread of the streams' finish times ((last − first)/last) and Jain's index of their rates; what the row cost the machine: both cores' busy share, the link relay's CPU (% of one core), and packets dropped by the emulated bottleneck's queue and, before the relay read them, by the TUN device (host drops: the machine's losses, not the path's). A row near 100 % CPU, or with host drops, measured the machine as much as the method.\n\n";
+    crate::doc::repeat_note(
+        &mut d,
+        p.repeat,
+        "Reservoir's rows (the study's methods and the peers once a point)",
+    );
+    if p.repeat > 1 {
+        d += "Here the medians are the whole %, from full % and full after columns; the other columns, and the figure, are the repetition with the median whole % (named in the note).\n\n";
+    }
     let mut rtts: Vec<u64> = v.rows.iter().map(|r| r.rtt_ms).collect();
     rtts.dedup();
     let f = |x: Option<f64>, digits: usize| x.map_or("–".to_owned(), |v| format!("{v:.digits$}"));
@@ -1052,8 +1181,18 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
         let rows = || v.rows.iter().filter(move |r| r.rtt_ms == rtt);
         d += &format!("## RTT {rtt} ms\n\n");
         d += "| row | streams | payload Mbit/s | whole % | from full % | full after s | finish spread % | Jain | CPU busy % | relay CPU % | drops: queue / host | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-        for row in rows() {
-            let note = if row.error.is_empty() {
+        for row in rows().filter(|r| shown(&v.summary, r)) {
+            // A repeated row: the median and range of its repetitions where they differ
+            // most, the median repetition's figures in the other columns.
+            let sum = v
+                .summary
+                .iter()
+                .find(|s| s.rtt_ms == rtt && s.key == row.key && s.runs > 1);
+            let spread = |x: Option<Spread>, own: String| match (sum, x) {
+                (Some(_), Some(sp)) => sp.show(1, ""),
+                _ => own,
+            };
+            let mut note = if row.error.is_empty() {
                 row.note.replace('|', "/")
             } else {
                 format!(
@@ -1061,15 +1200,35 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
                     row.error.lines().next().unwrap_or("").replace('|', "/")
                 )
             };
+            if let Some(sm) = sum {
+                let runs = format!(
+                    "median of {} runs (repetition {} shown){}",
+                    sm.runs - sm.failed,
+                    sm.median_repeat.unwrap_or(0),
+                    if sm.failed > 0 {
+                        format!(", {} failed", sm.failed)
+                    } else {
+                        String::new()
+                    }
+                );
+                note = if note.is_empty() {
+                    runs
+                } else {
+                    format!("{runs}; {note}")
+                };
+            }
             let cost = &row.cost;
             d += &format!(
-                "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
+                "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
                 row.label,
                 row.streams,
                 row.payload_mbit_s,
-                row.whole_pct,
-                f(row.from_full_pct, 1),
-                f(row.time_to_full_s, 1),
+                spread(
+                    sum.and_then(|s| s.whole_pct),
+                    format!("{:.1}", row.whole_pct)
+                ),
+                spread(sum.and_then(|s| s.from_full_pct), f(row.from_full_pct, 1)),
+                spread(sum.and_then(|s| s.time_to_full_s), f(row.time_to_full_s, 1)),
                 f(row.finish_spread_pct, 1),
                 f(row.jain, 3),
                 f(cost.cpu_busy_pct, 0),
@@ -1080,7 +1239,7 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
             );
         }
         d += "\n";
-        for row in rows() {
+        for row in rows().filter(|r| shown(&v.summary, r)) {
             let file = format!("r2-{rtt}ms-{}.png", row.key);
             if results.join(&file).exists() {
                 d += &format!(
@@ -1094,4 +1253,72 @@ pub fn write_doc(results: &Path, doc: &Path) -> Result<()> {
     }
     std::fs::write(doc, d)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, rtt_ms: u64, repeat: u32, whole_pct: f64, error: &str) -> Row {
+        Row {
+            key: key.into(),
+            rtt_ms,
+            repeat,
+            whole_pct,
+            from_full_pct: Some(whole_pct + 5.0),
+            error: error.into(),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn repeated_rows_give_their_median_repetition_and_range() {
+        let rows = vec![
+            row("one", 350, 1, 60.0, ""),
+            row("reservoir", 350, 1, 91.0, ""),
+            row("reservoir-rate", 350, 1, 93.0, ""),
+            row("reservoir", 350, 2, 79.0, ""),
+            row("reservoir-rate", 350, 2, 0.0, "rsv sync did not finish"),
+            row("reservoir", 350, 3, 86.0, ""),
+            row("reservoir-rate", 350, 3, 95.0, ""),
+            row("reservoir", 200, 1, 97.0, ""),
+        ];
+        let s = summarize(&rows);
+        // Only Reservoir's rows, per RTT and key, in the order they first appear.
+        let keys: Vec<(u64, &str, usize)> = s
+            .iter()
+            .map(|x| (x.rtt_ms, x.key.as_str(), x.runs))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (350, "reservoir", 3),
+                (350, "reservoir-rate", 3),
+                (200, "reservoir", 1)
+            ]
+        );
+        let w = s[0].whole_pct.unwrap();
+        assert_eq!((w.n, w.median, w.min, w.max), (3, 86.0, 79.0, 91.0));
+        assert_eq!(s[0].median_repeat, Some(3));
+        assert_eq!(s[0].from_full_pct.unwrap().median, 91.0);
+        // A failed repetition is counted and left out; of two, the lower middle one.
+        assert_eq!((s[1].runs, s[1].failed), (3, 1));
+        assert_eq!(s[1].whole_pct.unwrap().median, 94.0);
+        assert_eq!(s[1].median_repeat, Some(1));
+        // The document and the figures show every row run once and the median repetitions.
+        let shown_rows: Vec<(u64, &str, u32)> = rows
+            .iter()
+            .filter(|r| shown(&s, r))
+            .map(|r| (r.rtt_ms, r.key.as_str(), r.repeat))
+            .collect();
+        assert_eq!(
+            shown_rows,
+            [
+                (350, "one", 1),
+                (350, "reservoir-rate", 1),
+                (350, "reservoir", 3),
+                (200, "reservoir", 1)
+            ]
+        );
+    }
 }
