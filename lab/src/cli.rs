@@ -168,11 +168,16 @@ pub fn given_or<T: Clone>(given: &[T], own: Vec<T>) -> Vec<T> {
     }
 }
 
-/// `rsv-lab run all`: only the flags every scenario shares.
+/// `rsv-lab run all`: only the flags every scenario shares, and `--repeat` for those whose
+/// rows repeat.
 #[derive(Args, Debug, Clone)]
 pub struct AllArgs {
     #[command(flatten)]
     pub common: Common,
+    /// Run Reservoir's rows of r0, r1, r2 and rtt this many times each, interleaved (the
+    /// committed results: 3); r3 and r4 run once.
+    #[command(flatten)]
+    pub repeat: Repeat,
     /// Rewrite this R0/R1 document, and the others beside it by their own names
     /// (lab-r2.md, lab-r3.md, lab-r4.md).
     #[arg(long)]
@@ -363,12 +368,20 @@ fn run_scenario(scenario: Scenario, command: &str) -> Result<()> {
 fn run_all(a: AllArgs, command: &str) -> Result<()> {
     let (quick, out) = (a.common.quick, a.common.out_dir());
     let command = || command.to_owned();
-    crate::r0::run(crate::r0::Params::new(quick), quick, &out, command())?;
-    crate::r1::run(crate::r1::Params::new(quick), quick, &out, command())?;
-    crate::r2::run(crate::r2::Params::new(quick), quick, &out, command())?;
+    let repeat = a.repeat.repeat;
+    let (mut r0, mut r1, mut r2, mut rtt) = (
+        crate::r0::Params::new(quick),
+        crate::r1::Params::new(quick),
+        crate::r2::Params::new(quick),
+        crate::rtt::Params::new(quick),
+    );
+    (r0.repeat, r1.repeat, r2.repeat, rtt.repeat) = (repeat, repeat, repeat, repeat);
+    crate::r0::run(r0, quick, &out, command())?;
+    crate::r1::run(r1, quick, &out, command())?;
+    crate::r2::run(r2, quick, &out, command())?;
     crate::r3::run(crate::r3::Params::new(quick), quick, &out, command())?;
     crate::r4::run(crate::r4::Params::new(quick), quick, &out, command())?;
-    crate::rtt::run(crate::rtt::Params::new(quick), quick, &out, command())?;
+    crate::rtt::run(rtt, quick, &out, command())?;
     eprintln!("lab: results in {}", out.display());
     let flags = DocFlags {
         doc: a.doc,
@@ -428,6 +441,10 @@ mod tests {
             (p.rtt_ms, p.rows, p.repeat),
             (vec![350], vec!["reservoir".to_owned()], 3)
         );
+        let Scenario::All(a) = scenario("run all --repeat 3").unwrap() else {
+            panic!("not all");
+        };
+        assert_eq!(a.repeat.repeat, 3);
         // Flags not given leave the scenario's own (here the quick version's).
         let Scenario::R4(a) = scenario("run r4 --quick --window default").unwrap() else {
             panic!("not r4");
