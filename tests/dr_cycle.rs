@@ -955,6 +955,61 @@ fn a_resync_after_a_second_forced_failover_stays_incremental() {
     );
 }
 
+/// Issue 39: the source site lost after the far side recorded a completed sync's image and
+/// before the source recorded it (a fault point exits the coordinator there). The far side
+/// is promoted and written, the old source demoted, and the resync back onto it goes on
+/// incrementally, at most 1.1 x the bytes of the units that differ, leaving both equal:
+/// the source had the image pending. Refused ("hold no common image"; the lab then sent
+/// everything) when only the recorded images are compared.
+#[test]
+fn a_resync_after_a_loss_between_the_two_sides_records_stays_incremental() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hosts(tmp.path(), 151);
+    let key = hosts.key.clone();
+    let mut a = small_site(&hosts, &tmp.path().join("a"), 151);
+    let b = small_site(&hosts, &tmp.path().join("b"), 155);
+    let (va, vb) = (a.volume(), b.volume());
+    let mut on_a = vec![0u8; 16 << 20];
+    app_writes(&a, &mut on_a, 0, 16 << 20, 21);
+    sync_ok(&hosts, &["--pacing", "unpaced"], &va, &vb);
+    app_writes(&a, &mut on_a, 2 << 20, 6 << 20, 22);
+    let out = hosts
+        .sync(&["--json", "--pacing", "unpaced", &va, &vb])
+        .env("RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(86),
+        "the coordinator exits at the fault point:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    a.kill();
+    let p = sync_cmd_ok(&key, &["promote", &vb, "--json"]);
+    assert_eq!(p["role"], "primary", "{p}");
+    let mut on_b = volume_bytes(&b, tmp.path());
+    assert!(on_b == on_a, "B holds A's last image");
+    app_writes(&b, &mut on_b, 12 << 20, 1 << 20, 23);
+    a.restart();
+    sync_cmd_ok(&key, &["demote", &va, "--json"]);
+    let (units, differ) = differing(&on_b, &volume_bytes(&a, tmp.path()));
+    assert!(units > 0);
+    let r = sync_cmd_ok(&key, &["resync", &vb, &va, "--json"]);
+    let sent = r["data_bytes"].as_u64().unwrap() + r["zero_bytes"].as_u64().unwrap();
+    println!(
+        "resync after a loss between the records: {units} unit(s) of 64 KiB differed ({differ} bytes); sent {sent} bytes, {:.3}x",
+        sent as f64 / differ as f64
+    );
+    assert_eq!(r["incremental"], true, "{r}");
+    if let Some(at) = first_difference(&volume_bytes(&a, tmp.path()), &on_b) {
+        panic!("A differs from B after the resync at byte {at}");
+    }
+    assert!(
+        sent >= differ && sent * 10 <= differ * 11,
+        "sent {sent} bytes for {differ} that differ"
+    );
+}
+
 /// A far disk server SIGKILLed mid-cycle with 32 writes in flight (`rsv bench` 4 KiB
 /// random writes at queue depth 32: concurrent first writes of units, their saves grouped
 /// into shared syncs of the undo log), then started again: its start rolls the cycle back

@@ -13,6 +13,8 @@
 //! image 8463021 1764412800
 //! writer iqn.2026-01.org.reservoir:sync.4f1c...
 //! ```
+//! A source's LUN may also hold `pending ID UNIX`: the image a completed transfer was
+//! about to record on both sides when it was last written (see [`RoleRecord::pending`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
@@ -54,6 +56,12 @@ pub struct RoleRecord {
     /// Grows at every promote; a site's data belongs to the epoch it holds.
     pub epoch: u64,
     pub image: Option<ImageMark>,
+    /// On a source: the image a completed transfer records next, written here before the
+    /// far side records it and cleared when this side does. A failure between the two
+    /// leaves the far side at `pending` and this side at `image`; a resync then knows the
+    /// far side's image is one this side also holds (`replicate::role::check_transfer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<ImageMark>,
     /// A replica's writers (initiator names); empty for a primary.
     pub writers: Vec<String>,
 }
@@ -102,6 +110,9 @@ impl RoleRecord {
         if let Some(i) = self.image {
             s += &format!("image {} {}\n", i.id, i.unix);
         }
+        if let Some(i) = self.pending {
+            s += &format!("pending {} {}\n", i.id, i.unix);
+        }
         for w in &self.writers {
             s += &format!("writer {w}\n");
         }
@@ -114,7 +125,8 @@ impl RoleRecord {
         if lines.next() != Some(MAGIC) {
             return Err(format!("does not start with {MAGIC:?}"));
         }
-        let (mut role, mut epoch, mut image, mut writers) = (None, None, None, Vec::new());
+        let (mut role, mut epoch, mut image, mut pending, mut writers) =
+            (None, None, None, None, Vec::new());
         for (n, line) in lines.enumerate() {
             let bad = |why: &str| format!("line {}: {why}: {line:?}", n + 2);
             let (key, value) = line.split_once(' ').ok_or_else(|| bad("no value"))?;
@@ -127,12 +139,17 @@ impl RoleRecord {
                     })
                 }
                 "epoch" => epoch = Some(value.parse().map_err(|_| bad("bad epoch"))?),
-                "image" => {
+                "image" | "pending" => {
                     let (id, unix) = value.split_once(' ').ok_or_else(|| bad("image ID UNIX"))?;
-                    image = Some(ImageMark {
+                    let mark = Some(ImageMark {
                         id: id.parse().map_err(|_| bad("bad image id"))?,
                         unix: unix.parse().map_err(|_| bad("bad image time"))?,
                     });
+                    if key == "image" {
+                        image = mark;
+                    } else {
+                        pending = mark;
+                    }
                 }
                 "writer" if !value.is_empty() && !value.contains(char::is_whitespace) => {
                     writers.push(value.to_owned())
@@ -144,6 +161,7 @@ impl RoleRecord {
             role: role.ok_or("no role line")?,
             epoch: epoch.ok_or("no epoch line")?,
             image,
+            pending,
             writers,
         })
     }
@@ -217,6 +235,10 @@ mod tests {
             image: Some(ImageMark {
                 id: 77,
                 unix: 1_764_412_800,
+            }),
+            pending: Some(ImageMark {
+                id: 78,
+                unix: 1_764_412_805,
             }),
             writers: vec!["iqn.2026-01.org.reservoir:sync.ab".into()],
         };

@@ -629,6 +629,9 @@ pub struct Gate {
     allowed: role::Allowed,
     src: Vec<LunAt>,
     dst: Vec<LunAt>,
+    /// The source volume's record before the transfer (its image kept beside the pending
+    /// one while the transfer records the new image).
+    src_record: Option<RoleRecord>,
 }
 
 impl Gate {
@@ -694,10 +697,15 @@ pub async fn before_transfer(
         // ([`far_changes`]).
         far_changes(streams, &src_name, &dst_name).await?;
     }
+    let src_record = match vr(&a) {
+        VolumeRole::Set(r) => Some(r),
+        _ => None,
+    };
     Ok(Gate {
         allowed,
         src: src_luns,
         dst: dst_luns,
+        src_record,
     })
 }
 
@@ -745,6 +753,21 @@ pub async fn after_transfer(gate: &Gate, image: u64) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
+    // The source first says which image it is about to share (`pending`), then the far
+    // side records it, then the source: a failure at any point leaves the two sides at
+    // the same image, or one side at an image the other has pending, which a resync
+    // takes as common (`role::check_transfer`) rather than asking for a full copy.
+    let pending = role::pending_transfer(gate.src_record.as_ref(), &gate.allowed, mark);
+    let done = each::<_, RoleState>(&gate.src, "/v1/role/synced", |l| SyncedAsk {
+        iqn: l.iqn.clone(),
+        lun: l.lun,
+        record: pending.clone(),
+        forget_changes: false,
+    })
+    .await;
+    for r in done {
+        r.context("recording the completed sync's image as pending at the source")?;
+    }
     for (luns, side) in [(&gate.dst, Role::Replica), (&gate.src, Role::Primary)] {
         let record = role::after_transfer(side, &gate.allowed, mark);
         let done = each::<_, RoleState>(luns, "/v1/role/synced", |l| SyncedAsk {
@@ -756,6 +779,17 @@ pub async fn after_transfer(gate: &Gate, image: u64) -> anyhow::Result<()> {
         .await;
         for r in done {
             r.context("recording the completed sync's image")?;
+        }
+        // For tests only: exit between the two sides' records, as a source site lost
+        // then would leave them (the destination at the new image, the source with it
+        // pending).
+        if side == Role::Replica
+            && std::env::var_os("RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD").is_some()
+        {
+            tracing::error!(
+                "RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD: exiting after the far side's record"
+            );
+            std::process::exit(86);
         }
     }
     Ok(())
@@ -779,6 +813,7 @@ mod tests {
             role: Role::Replica,
             epoch,
             image: Some(ImageMark { id: image, unix: 0 }),
+            pending: None,
             writers: vec![writer.clone()],
         };
         replica(1, 5).store(&file).unwrap();

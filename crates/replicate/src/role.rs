@@ -57,6 +57,9 @@ impl VolumeRole {
         if set.iter().any(|o| o.image != r.image) {
             r.image = None;
         }
+        if set.iter().any(|o| o.pending != r.pending) {
+            r.pending = None;
+        }
         VolumeRole::Set(r)
     }
 
@@ -178,8 +181,17 @@ pub fn check_transfer(
                     dst.shown()
                 ));
             };
-            match (s.image, d.image) {
-                (Some(a), Some(b)) if a.id == b.id => {}
+            // The image both hold: the same one recorded on both, or the one a completed
+            // transfer recorded on one side and was about to record on the other (its
+            // `pending`) when it was cut off. Both sides' maps then cover what changed
+            // since it: the far side forgot its map as it recorded the image, and the
+            // source's map holds everything since that transfer's cut (what the cut froze
+            // stays until released).
+            let same = |a: Option<ImageMark>, b: Option<ImageMark>| matches!((a, b), (Some(a), Some(b)) if a.id == b.id);
+            match () {
+                _ if same(s.image, d.image)
+                    || same(s.image, d.pending)
+                    || same(s.pending, d.image) => {}
                 _ => {
                     return no(format!(
                         "{src_name} and {dst_name} hold no common image (theirs: {} and {}): only a full copy can make them equal, `rsv sync --full {src_name} {dst_name}`",
@@ -204,10 +216,24 @@ pub fn after_transfer(side: Role, a: &Allowed, image: ImageMark) -> RoleRecord {
         role: side,
         epoch: a.epoch,
         image: Some(image),
+        pending: None,
         writers: match side {
             Role::Primary => Vec::new(),
             Role::Replica => a.writers.clone(),
         },
+    }
+}
+
+/// A source LUN's record while a completed transfer records its image: as before (`old`,
+/// the source's record, at the transfer's epoch) with `image` pending, written before the
+/// far side records it (see [`backstore::role::RoleRecord::pending`]).
+pub fn pending_transfer(old: Option<&RoleRecord>, a: &Allowed, image: ImageMark) -> RoleRecord {
+    RoleRecord {
+        role: Role::Primary,
+        epoch: a.epoch,
+        image: old.and_then(|r| r.image),
+        pending: Some(image),
+        writers: Vec::new(),
     }
 }
 
@@ -237,6 +263,7 @@ pub fn promote(
         role: Role::Primary,
         epoch: r.epoch + 1,
         image: r.image,
+        pending: r.pending,
         writers: Vec::new(),
     })
 }
@@ -253,6 +280,7 @@ pub fn demote(rec: Option<&RoleRecord>, writer: &str, name: &str) -> Result<Role
             role: Role::Replica,
             epoch: r.epoch,
             image: r.image,
+            pending: r.pending,
             writers: vec![writer.to_owned()],
         }),
     }
@@ -309,11 +337,80 @@ mod tests {
         );
     }
 
+    /// A failure after the far side recorded a transfer's image and before the source
+    /// did: the old source, demoted, holds that image as pending, and a resync from the
+    /// promoted far side onto it goes on (both maps cover what changed since). Fails
+    /// ("hold no common image") when only the recorded images are compared.
+    #[test]
+    fn a_resync_takes_an_image_one_side_recorded_and_the_other_had_pending() {
+        let a = Allowed {
+            epoch: 3,
+            writers: vec!["w".into()],
+        };
+        let y = ImageMark { id: 8, unix: 0 };
+        // The source before the far side records: image 7, 8 pending.
+        let src = pending_transfer(Some(&rec(Role::Primary, 3, 7)), &a, y);
+        assert_eq!(
+            (src.image.map(|i| i.id), src.pending.map(|i| i.id)),
+            (Some(7), Some(8))
+        );
+        // The far side recorded 8, the source died; the far side is promoted, the old
+        // source demoted: the resync far -> old source.
+        let far = after_transfer(Role::Replica, &a, y);
+        let promoted = promote(Some(&far), None, true, "B").unwrap();
+        let demoted = demote(Some(&src), "w2", "A").unwrap();
+        assert_eq!(
+            demoted.pending,
+            Some(y),
+            "the demote keeps what was pending"
+        );
+        let (pv, dv) = (
+            VolumeRole::Set(promoted.clone()),
+            VolumeRole::Set(demoted.clone()),
+        );
+        assert!(check_transfer(&pv, &dv, Transfer::Resync, "B", "A", "n").is_ok());
+        // Either way round.
+        let other = promote(Some(&demoted), None, true, "A").unwrap();
+        let back = demote(Some(&promoted), "w3", "B").unwrap();
+        assert!(check_transfer(
+            &VolumeRole::Set(other),
+            &VolumeRole::Set(back),
+            Transfer::Resync,
+            "A",
+            "B",
+            "n"
+        )
+        .is_ok());
+        // An image neither recorded nor pending on the other side: still refused.
+        let mut stranger = demoted.clone();
+        stranger.pending = Some(ImageMark { id: 9, unix: 0 });
+        let why = check_transfer(
+            &pv,
+            &VolumeRole::Set(stranger),
+            Transfer::Resync,
+            "B",
+            "A",
+            "n",
+        )
+        .unwrap_err();
+        assert!(why.0.contains("no common image"), "{why}");
+        // A member whose pending differs from the others' gives the volume none.
+        let mut odd = demoted.clone();
+        odd.pending = None;
+        assert!(matches!(
+            VolumeRole::of(&[Some(demoted), Some(odd)]),
+            VolumeRole::Set(r) if r.pending.is_none()
+        ));
+        // The far side's record, then the source's, clear what was pending.
+        assert_eq!(after_transfer(Role::Primary, &a, y).pending, None);
+    }
+
     fn rec(role: Role, epoch: u64, image: u64) -> RoleRecord {
         RoleRecord {
             role,
             epoch,
             image: Some(ImageMark { id: image, unix: 0 }),
+            pending: None,
             writers: match role {
                 Role::Replica => vec!["w".into()],
                 Role::Primary => vec![],
