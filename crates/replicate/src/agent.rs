@@ -144,8 +144,16 @@ pub struct Agent {
     base: SessionOptions,
     /// Images held for cuts, by cut id.
     images: Mutex<HashMap<u64, Arc<CutImage>>>,
-    /// Sessions logged in ahead of their send ([`Agent::connect`]).
-    parked: Mutex<Vec<Parked>>,
+    /// Sessions logged in ahead of their send ([`Agent::connect`]), and how many logins
+    /// ahead are under way (each holds a place under [`MAX_PARKED`] while it logs in).
+    parked: Mutex<Parking>,
+}
+
+/// The sessions logged in ahead, and the logins ahead still under way.
+#[derive(Default)]
+struct Parking {
+    kept: Vec<Parked>,
+    logging_in: usize,
 }
 
 /// A session logged in ahead of its send (`POST /v1/connect`): its LUN opened, waiting
@@ -160,6 +168,14 @@ struct Parked {
 /// How long a session logged in ahead waits for its send: a coordinator sends within a
 /// cut and the answers of the far cycle's open, well under this.
 const PARKED_FOR: Duration = Duration::from_secs(30);
+
+/// Sessions an agent keeps logged in ahead at once, those still logging in counted: each
+/// holds a session (connections, buffers) on both sites for up to [`PARKED_FOR`], so a key
+/// holder asking without end would otherwise make the agent hold without bound. A cycle
+/// logs in one stream per member the agent serves (a few); 32 leaves room for several
+/// coordinators' cycles at once. Beyond it `/v1/connect` is refused (429) and the send
+/// logs in itself, as it did before sessions were logged in ahead.
+pub const MAX_PARKED: usize = 32;
 
 struct Job {
     id: u64,
@@ -241,7 +257,7 @@ impl Agent {
             next_job: AtomicU64::new(1),
             base,
             images: Mutex::new(HashMap::new()),
-            parked: Mutex::new(Vec::new()),
+            parked: Mutex::default(),
         }
     }
 
@@ -272,10 +288,13 @@ impl Agent {
     async fn connect(self: Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::ConnectRequest = parse(body)?;
         let (url, opts) = self.session_options(&req.dest, &req.session)?;
+        // The place is taken before the login, so that requests at once cannot all pass
+        // the check and then all log in.
+        let place = self.park_place()?;
         let lun = Lun::open_url(&url, &opts)
             .await
             .map_err(|e| err(502, format!("{}: {e}", req.dest)))?;
-        self.parked.lock().unwrap().push(Parked {
+        place.keep(Parked {
             dest: req.dest.clone(),
             session: req.session.clone(),
             lun,
@@ -292,19 +311,45 @@ impl Agent {
         Ok(ok(&serde_json::json!({ "connected": req.dest })))
     }
 
+    /// A place for one more session logged in ahead, or 429 once [`MAX_PARKED`] are kept
+    /// or logging in (those too old are logged out first). The place turns into the session
+    /// kept ([`Place::keep`]), or is given back when dropped: a failed login, or the
+    /// request dropped while it logs in (its caller's connection closed).
+    fn park_place(self: &Arc<Self>) -> Result<Place, Answer> {
+        let mut p = self.parked.lock().unwrap();
+        let stale = expired(&mut p);
+        let held = p.kept.len() + p.logging_in;
+        if held >= MAX_PARKED {
+            drop(p);
+            log_out(stale);
+            return Err(err(
+                429,
+                format!(
+                    "{held} sessions are logged in ahead here already ({MAX_PARKED} at most); \
+                     the send logs in itself"
+                ),
+            ));
+        }
+        p.logging_in += 1;
+        drop(p);
+        log_out(stale);
+        Ok(Place {
+            agent: self.clone(),
+            kept: false,
+        })
+    }
+
     /// The session logged in ahead for a send to `dest` with `session`'s options, if one
     /// waits; those older than [`PARKED_FOR`] are logged out on the way.
     fn take_parked(&self, dest: &str, session: &[(String, String)]) -> Option<Lun> {
-        let mut parked = self.parked.lock().unwrap();
-        let (stale, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
-            .into_iter()
-            .partition(|p| p.at.elapsed() > PARKED_FOR);
-        *parked = kept;
-        let found = parked
+        let mut p = self.parked.lock().unwrap();
+        let stale = expired(&mut p);
+        let found = p
+            .kept
             .iter()
             .position(|p| p.dest == dest && p.session == session)
-            .map(|i| parked.swap_remove(i).lun);
-        drop(parked);
+            .map(|i| p.kept.swap_remove(i).lun);
+        drop(p);
         log_out(stale);
         found
     }
@@ -891,6 +936,40 @@ impl Agent {
             .map_err(|e| err(500, format!("releasing epoch {}: {e}", req.epoch)))?;
         Ok(ok(&serde_json::json!({"released": req.epoch})))
     }
+}
+
+/// A login ahead's place under [`MAX_PARKED`], held while it logs in.
+struct Place {
+    agent: Arc<Agent>,
+    kept: bool,
+}
+
+impl Place {
+    /// The login is done: its session takes the place (under the same lock, so the count
+    /// never shows the place free in between).
+    fn keep(mut self, parked: Parked) {
+        let mut p = self.agent.parked.lock().unwrap();
+        p.logging_in -= 1;
+        p.kept.push(parked);
+        self.kept = true;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.agent.parked.lock().unwrap().logging_in -= 1;
+        }
+    }
+}
+
+/// Sessions kept ahead too long to be taken: out of `p`, to be logged out.
+fn expired(p: &mut Parking) -> Vec<Parked> {
+    let (stale, kept) = std::mem::take(&mut p.kept)
+        .into_iter()
+        .partition(|p| p.at.elapsed() > PARKED_FOR);
+    p.kept = kept;
+    stale
 }
 
 /// Logs out sessions kept ahead that no send took, off the caller's way.
@@ -1589,6 +1668,38 @@ mod tests {
         assert_eq!(ask(&agent, "release", 15, 0, 0).await, 200);
         assert_eq!(agent.images.lock().unwrap().len(), 1);
         assert!(point.imaged.held().is_some());
+    }
+
+    /// Places for sessions logged in ahead run out at [`MAX_PARKED`], those still logging
+    /// in counted, with 429 and a message that says so; a login that ends (or fails)
+    /// gives its place back. Fails without the cap: a key holder's `/v1/connect`s then
+    /// make the agent hold sessions without bound.
+    #[tokio::test]
+    async fn sessions_logged_in_ahead_are_capped() {
+        let (agent, _) = agent();
+        let places: Vec<Place> = (0..MAX_PARKED)
+            .map(|i| {
+                agent
+                    .park_place()
+                    .unwrap_or_else(|e| panic!("place {i} refused: {}", e.0))
+            })
+            .collect();
+        let refused = agent.park_place().err().expect("a place past the cap");
+        assert_eq!(refused.0, 429);
+        let why = String::from_utf8_lossy(&refused.1);
+        assert!(why.contains("logged in ahead"), "{why}");
+        // A failed login gives its place back.
+        let mut places = places.into_iter();
+        drop(places.next());
+        let again = agent.park_place().expect("a place given back");
+        assert!(agent.park_place().is_err());
+        drop(again);
+        // Every login over: every place free again (a session kept takes its place in
+        // `tests/dr_cycle.rs`, through real logins).
+        assert_eq!(agent.parked.lock().unwrap().logging_in, MAX_PARKED - 1);
+        drop(places);
+        assert_eq!(agent.parked.lock().unwrap().logging_in, 0);
+        assert!(agent.park_place().is_ok());
     }
 
     mod discarded_after_the_cut {
