@@ -202,7 +202,8 @@ struct Job {
     may_compress: AtomicBool,
     /// zstd contexts kept for the next unit: a new one per unit allocated its tables and
     /// window afresh (pages faulted in and cleared on every compression).
-    compressors: Mutex<Vec<zstd::bulk::Compressor<'static>>>,
+    /// Each with the level it is set to.
+    compressors: Mutex<Vec<(i32, zstd::bulk::Compressor<'static>)>>,
     session: OnceLock<Session>,
     /// The pacing asked for, bytes per second (0: none).
     pacing: AtomicU64,
@@ -986,13 +987,25 @@ fn log_out(stale: Vec<Parked>) {
 }
 
 impl Job {
-    /// `data` as one zstd frame at [`squeeze::LEVEL`], in a buffer of the pool (sent as it
-    /// is, or dropped back to the pool), by a context kept from an earlier unit.
-    fn compress(&self, data: &[u8]) -> io::Result<Bytes> {
-        let kept = self.compressors.lock().unwrap().pop();
+    /// `data` as one zstd frame at `level`, in a buffer of the pool (sent as it is, or
+    /// dropped back to the pool), by a context kept from an earlier unit.
+    fn compress(&self, data: &[u8], level: i32) -> io::Result<Bytes> {
+        let kept = {
+            let mut kept = self.compressors.lock().unwrap();
+            // One set to this level if there is one: a level change makes the context
+            // size its tables again on the next frame.
+            match kept.iter().rposition(|(l, _)| *l == level) {
+                Some(i) => Some(kept.swap_remove(i)),
+                None => kept.pop(),
+            }
+        };
         let mut c = match kept {
-            Some(c) => c,
-            None => zstd::bulk::Compressor::new(squeeze::LEVEL)?,
+            Some((l, c)) if l == level => c,
+            Some((_, mut c)) => {
+                c.set_compression_level(level)?;
+                c
+            }
+            None => zstd::bulk::Compressor::new(level)?,
         };
         let mut out = Buf::take(zstd::zstd_safe::compress_bound(data.len()));
         let r = c.compress_to_buffer(data, &mut out[..]);
@@ -1001,7 +1014,7 @@ impl Job {
         let mut kept = self.compressors.lock().unwrap();
         // At most one context per thread that may compress at once.
         if kept.len() < compressors() {
-            kept.push(c);
+            kept.push((level, c));
         }
         drop(kept);
         Ok(Bytes::from_owner(out).slice(..n))
@@ -1327,9 +1340,14 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                 Op::Data(pos) => {
                     let (start, end) = api::unit_range(job.plan[pos], job.unit, job.size);
                     let len = end - start;
-                    let try_frame = job.may_compress.load(Ordering::Relaxed)
+                    // The zstd level to try this unit at, if any.
+                    let try_frame = if job.may_compress.load(Ordering::Relaxed)
                         && lun.compressible(start, len)
-                        && job.squeeze.lock().unwrap().compress_next();
+                    {
+                        job.squeeze.lock().unwrap().next_level()
+                    } else {
+                        None
+                    };
                     let store = job.source.clone();
                     inflight.spawn(async move {
                         let job = job2;
@@ -1347,18 +1365,24 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                                 store.read_at(&mut buf, start)?;
                                 let sum = api::unit_sum(&buf);
                                 if sparse::is_zero(&buf) {
-                                    if try_frame {
+                                    if try_frame.is_some() {
                                         j.squeeze.lock().unwrap().not_tried();
                                     }
                                     return Ok((Unit::Zero, sum));
                                 }
-                                if !try_frame {
+                                let Some(level) = try_frame else {
                                     return Ok((Unit::Plain(buf), sum));
-                                }
+                                };
                                 let t = Instant::now();
-                                let frame = j.compress(&buf)?;
+                                let frame = j.compress(&buf, level)?;
                                 let took = t.elapsed();
-                                j.squeeze.lock().unwrap().sample(buf.len(), frame.len(), took, rate);
+                                j.squeeze.lock().unwrap().sample_at(
+                                    level,
+                                    buf.len(),
+                                    frame.len(),
+                                    took,
+                                    rate,
+                                );
                                 if squeeze::worth_sending(buf.len(), frame.len()) {
                                     Ok((Unit::Frame(buf, frame), sum))
                                 } else {
