@@ -88,10 +88,9 @@ with open(sys.argv[1], 'rb') as f:
 print(n)
 PY
 }
-# The relay: the process with the emulator's named threads.
-RELAY=$(for t in /proc/[0-9]*/task/*/comm; do
-    [ "$(cat "$t" 2>/dev/null)" = wan-ab ] && { p=${t#/proc/}; echo "${p%%/*}"; break; }
-done)
+# The relay of this link (others' links may run beside it).
+RELAY=$(pgrep -f "wan relay --name $NAME( |\$)" | head -1)
+[ -n "$RELAY" ] || { echo "the link's relay not found"; exit 1; }
 cpu_of() { # pid -> user+system seconds of the process (its ended threads included)
     python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"
 }
