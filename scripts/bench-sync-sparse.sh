@@ -4,7 +4,9 @@
 # without compression (the baseline, same run) and once as `rsv sync` decides (--compress
 # auto). Prints, per volume: its size (what a sync sent before: every unit), what it holds
 # (units with a non-zero byte, counted here from the image), what each sync sent as data
-# and on the wire, and the times; writes the figures as JSON.
+# and on the wire, and the times, and the CPU seconds of each process per GiB of data sent
+# (the source's `rsv target`, the far one, the emulator's relay, the coordinator); writes
+# the figures as JSON.
 # Needs root, iproute2, mkfs.ext4 and loop devices.
 #   usage: scripts/bench-sync-sparse.sh [RTT] [RATE] [SIZE_MIB]   (350ms 300mbit 256)
 #   env: RSV, RSV_LAB (default target/debug/...; the dev profile is optimized),
@@ -86,9 +88,20 @@ with open(sys.argv[1], 'rb') as f:
 print(n)
 PY
 }
-sync() { # lun, compress mode -> the done line
-    ip netns exec $NAME-a "$RSV" sync --key-file "$WORK/key" --json --rate "$RATE" --compress "$2" \
+# The relay of this link (others' links may run beside it).
+RELAY=$(pgrep -f "wan relay --name $NAME( |\$)" | head -1)
+[ -n "$RELAY" ] || { echo "the link's relay not found"; exit 1; }
+cpu_of() { # pid -> user+system seconds of the process (its ended threads included)
+    python3 -c "import os,sys; f=open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))" "$1"
+}
+sync() { # lun, compress mode -> the done line, then a line of CPU seconds: source far relay sync
+    local c0a c0b c0r
+    c0a=$(cpu_of "${PIDS[0]}") c0b=$(cpu_of "${PIDS[1]}") c0r=$(cpu_of "$RELAY")
+    ip netns exec $NAME-a /usr/bin/time -f "%U %S" -o "$WORK/sync.time" \
+        "$RSV" sync --key-file "$WORK/key" --json --rate "$RATE" --compress "$2" \
         "$A/$IQN/$1" "$B/$IQN/$1" | tail -1
+    python3 -c 'import sys; a=[float(x) for x in sys.argv[1:7]]; u,s=open(sys.argv[7]).read().split()[-2:]; print(a[3]-a[0], a[4]-a[1], a[5]-a[2], float(u)+float(s))' \
+        "$c0a" "$c0b" "$c0r" "$(cpu_of "${PIDS[0]}")" "$(cpu_of "${PIDS[1]}")" "$(cpu_of "$RELAY")" "$WORK/sync.time"
 }
 ROWS="$WORK/rows.jsonl"
 : >"$ROWS"
@@ -97,15 +110,19 @@ for v in "${VOLS[@]}"; do
     H=$(held "$WORK/a-$v.img")
     for mode in off auto; do
         old_data "$v"
-        sync $i $mode >"$WORK/done.json"
+        LOAD=$(cut -d' ' -f1 /proc/loadavg)
+        sync $i $mode >"$WORK/sync.out"
+        head -1 "$WORK/sync.out" >"$WORK/done.json"
         cmp -s "$WORK/a-$v.img" "$WORK/b-$v.img" || { echo "$v ($mode): the far image differs"; exit 1; }
-        python3 - "$v" "$mode" "$H" "$((SIZE << 20))" "$WORK/done.json" >>"$ROWS" <<'PY'
+        python3 - "$v" "$mode" "$H" "$((SIZE << 20))" "$WORK/done.json" "$(tail -1 "$WORK/sync.out")" "$LOAD" >>"$ROWS" <<'PY'
 import json, sys
 v, mode, held, size, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+cpu = dict(zip(("source", "far", "relay", "sync"), (float(x) for x in sys.argv[6].split())))
 d = json.load(open(path))
 print(json.dumps({"volume": v, "compress": mode, "size": size, "held": held,
     "data_bytes": d["data_bytes"], "wire_bytes": d["wire_bytes"], "zero_bytes": d["zero_bytes"],
-    "compressed_units": d["compressed_units"], "seconds": d["seconds"], "verified_units": d["verified_units"]}))
+    "compressed_units": d["compressed_units"], "seconds": d["seconds"], "verified_units": d["verified_units"],
+    "load_before": float(sys.argv[7]), "cpu_s": cpu}))
 PY
     done
     i=$((i + 1))
@@ -132,5 +149,11 @@ for v in dict.fromkeys(r["volume"] for r in rows):
 json.dump({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rtt": rtt, "rate": rate,
            "size_mib": int(size), "load_before": float(load), "cpus": os.cpu_count(),
            "summary": summary, "runs": rows}, open(out, "w"), indent=1)
+print("CPU seconds per GiB of data sent (source rsv target, far rsv target, relay, coordinator), load at the start")
+for r in rows:
+    g = max(r["data_bytes"], 1) / (1 << 30)
+    c = r["cpu_s"]
+    print(f"{r['volume']:7} {r['compress']:5} source {c['source']/g:6.2f} far {c['far']/g:6.2f} relay {c['relay']/g:6.2f} "
+          f"sync {c['sync']/g:5.2f}  ({r['seconds']:.2f} s, load {r['load_before']})")
 print(f"written {out}")
 PY

@@ -1199,4 +1199,31 @@ fn a_send_writes_on_the_session_logged_in_ahead_for_it() {
         !st.connected_ahead,
         "another writer's session was taken: {st:?}"
     );
+
+    // Logins ahead without end: the agent keeps MAX_PARKED sessions (the other writer's
+    // above among them), then refuses with a message that says so; a send still logs in
+    // itself and carries the data (what a coordinator does when refused). Fails without
+    // the cap: every login ahead is kept.
+    let other = || {
+        vec![(
+            "initiator_name".into(),
+            "iqn.2026-01.org.reservoir:sync.39.cycle-0000000000000028".into(),
+        )]
+    };
+    for _ in 1..replicate::agent::MAX_PARKED {
+        connect(other());
+    }
+    let req = replicate::api::ConnectRequest {
+        dest: host.url(1),
+        session: other(),
+    };
+    let refused = rt
+        .block_on(agent.call::<serde_json::Value>("POST", "/v1/connect", &req))
+        .expect_err("a login ahead past the cap was kept");
+    assert!(
+        format!("{refused:#}").contains("logged in ahead here already"),
+        "{refused:#}"
+    );
+    let st = send();
+    assert!(!st.connected_ahead, "{st:?}");
 }

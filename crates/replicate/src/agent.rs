@@ -144,8 +144,16 @@ pub struct Agent {
     base: SessionOptions,
     /// Images held for cuts, by cut id.
     images: Mutex<HashMap<u64, Arc<CutImage>>>,
-    /// Sessions logged in ahead of their send ([`Agent::connect`]).
-    parked: Mutex<Vec<Parked>>,
+    /// Sessions logged in ahead of their send ([`Agent::connect`]), and how many logins
+    /// ahead are under way (each holds a place under [`MAX_PARKED`] while it logs in).
+    parked: Mutex<Parking>,
+}
+
+/// The sessions logged in ahead, and the logins ahead still under way.
+#[derive(Default)]
+struct Parking {
+    kept: Vec<Parked>,
+    logging_in: usize,
 }
 
 /// A session logged in ahead of its send (`POST /v1/connect`): its LUN opened, waiting
@@ -160,6 +168,14 @@ struct Parked {
 /// How long a session logged in ahead waits for its send: a coordinator sends within a
 /// cut and the answers of the far cycle's open, well under this.
 const PARKED_FOR: Duration = Duration::from_secs(30);
+
+/// Sessions an agent keeps logged in ahead at once, those still logging in counted: each
+/// holds a session (connections, buffers) on both sites for up to [`PARKED_FOR`], so a key
+/// holder asking without end would otherwise make the agent hold without bound. A cycle
+/// logs in one stream per member the agent serves (a few); 32 leaves room for several
+/// coordinators' cycles at once. Beyond it `/v1/connect` is refused (429) and the send
+/// logs in itself, as it did before sessions were logged in ahead.
+pub const MAX_PARKED: usize = 32;
 
 struct Job {
     id: u64,
@@ -186,7 +202,8 @@ struct Job {
     may_compress: AtomicBool,
     /// zstd contexts kept for the next unit: a new one per unit allocated its tables and
     /// window afresh (pages faulted in and cleared on every compression).
-    compressors: Mutex<Vec<zstd::bulk::Compressor<'static>>>,
+    /// Each with the level it is set to.
+    compressors: Mutex<Vec<(i32, zstd::bulk::Compressor<'static>)>>,
     session: OnceLock<Session>,
     /// The pacing asked for, bytes per second (0: none).
     pacing: AtomicU64,
@@ -241,7 +258,7 @@ impl Agent {
             next_job: AtomicU64::new(1),
             base,
             images: Mutex::new(HashMap::new()),
-            parked: Mutex::new(Vec::new()),
+            parked: Mutex::default(),
         }
     }
 
@@ -272,10 +289,13 @@ impl Agent {
     async fn connect(self: Arc<Self>, body: &[u8]) -> Result<Answer, Answer> {
         let req: api::ConnectRequest = parse(body)?;
         let (url, opts) = self.session_options(&req.dest, &req.session)?;
+        // The place is taken before the login, so that requests at once cannot all pass
+        // the check and then all log in.
+        let place = self.park_place()?;
         let lun = Lun::open_url(&url, &opts)
             .await
             .map_err(|e| err(502, format!("{}: {e}", req.dest)))?;
-        self.parked.lock().unwrap().push(Parked {
+        place.keep(Parked {
             dest: req.dest.clone(),
             session: req.session.clone(),
             lun,
@@ -292,19 +312,45 @@ impl Agent {
         Ok(ok(&serde_json::json!({ "connected": req.dest })))
     }
 
+    /// A place for one more session logged in ahead, or 429 once [`MAX_PARKED`] are kept
+    /// or logging in (those too old are logged out first). The place turns into the session
+    /// kept ([`Place::keep`]), or is given back when dropped: a failed login, or the
+    /// request dropped while it logs in (its caller's connection closed).
+    fn park_place(self: &Arc<Self>) -> Result<Place, Answer> {
+        let mut p = self.parked.lock().unwrap();
+        let stale = expired(&mut p);
+        let held = p.kept.len() + p.logging_in;
+        if held >= MAX_PARKED {
+            drop(p);
+            log_out(stale);
+            return Err(err(
+                429,
+                format!(
+                    "{held} sessions are logged in ahead here already ({MAX_PARKED} at most); \
+                     the send logs in itself"
+                ),
+            ));
+        }
+        p.logging_in += 1;
+        drop(p);
+        log_out(stale);
+        Ok(Place {
+            agent: self.clone(),
+            kept: false,
+        })
+    }
+
     /// The session logged in ahead for a send to `dest` with `session`'s options, if one
     /// waits; those older than [`PARKED_FOR`] are logged out on the way.
     fn take_parked(&self, dest: &str, session: &[(String, String)]) -> Option<Lun> {
-        let mut parked = self.parked.lock().unwrap();
-        let (stale, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
-            .into_iter()
-            .partition(|p| p.at.elapsed() > PARKED_FOR);
-        *parked = kept;
-        let found = parked
+        let mut p = self.parked.lock().unwrap();
+        let stale = expired(&mut p);
+        let found = p
+            .kept
             .iter()
             .position(|p| p.dest == dest && p.session == session)
-            .map(|i| parked.swap_remove(i).lun);
-        drop(parked);
+            .map(|i| p.kept.swap_remove(i).lun);
+        drop(p);
         log_out(stale);
         found
     }
@@ -893,6 +939,40 @@ impl Agent {
     }
 }
 
+/// A login ahead's place under [`MAX_PARKED`], held while it logs in.
+struct Place {
+    agent: Arc<Agent>,
+    kept: bool,
+}
+
+impl Place {
+    /// The login is done: its session takes the place (under the same lock, so the count
+    /// never shows the place free in between).
+    fn keep(mut self, parked: Parked) {
+        let mut p = self.agent.parked.lock().unwrap();
+        p.logging_in -= 1;
+        p.kept.push(parked);
+        self.kept = true;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.agent.parked.lock().unwrap().logging_in -= 1;
+        }
+    }
+}
+
+/// Sessions kept ahead too long to be taken: out of `p`, to be logged out.
+fn expired(p: &mut Parking) -> Vec<Parked> {
+    let (stale, kept) = std::mem::take(&mut p.kept)
+        .into_iter()
+        .partition(|p| p.at.elapsed() > PARKED_FOR);
+    p.kept = kept;
+    stale
+}
+
 /// Logs out sessions kept ahead that no send took, off the caller's way.
 fn log_out(stale: Vec<Parked>) {
     for p in stale {
@@ -907,13 +987,25 @@ fn log_out(stale: Vec<Parked>) {
 }
 
 impl Job {
-    /// `data` as one zstd frame at [`squeeze::LEVEL`], in a buffer of the pool (sent as it
-    /// is, or dropped back to the pool), by a context kept from an earlier unit.
-    fn compress(&self, data: &[u8]) -> io::Result<Bytes> {
-        let kept = self.compressors.lock().unwrap().pop();
+    /// `data` as one zstd frame at `level`, in a buffer of the pool (sent as it is, or
+    /// dropped back to the pool), by a context kept from an earlier unit.
+    fn compress(&self, data: &[u8], level: i32) -> io::Result<Bytes> {
+        let kept = {
+            let mut kept = self.compressors.lock().unwrap();
+            // One set to this level if there is one: a level change makes the context
+            // size its tables again on the next frame.
+            match kept.iter().rposition(|(l, _)| *l == level) {
+                Some(i) => Some(kept.swap_remove(i)),
+                None => kept.pop(),
+            }
+        };
         let mut c = match kept {
-            Some(c) => c,
-            None => zstd::bulk::Compressor::new(squeeze::LEVEL)?,
+            Some((l, c)) if l == level => c,
+            Some((_, mut c)) => {
+                c.set_compression_level(level)?;
+                c
+            }
+            None => zstd::bulk::Compressor::new(level)?,
         };
         let mut out = Buf::take(zstd::zstd_safe::compress_bound(data.len()));
         let r = c.compress_to_buffer(data, &mut out[..]);
@@ -922,7 +1014,7 @@ impl Job {
         let mut kept = self.compressors.lock().unwrap();
         // At most one context per thread that may compress at once.
         if kept.len() < compressors() {
-            kept.push(c);
+            kept.push((level, c));
         }
         drop(kept);
         Ok(Bytes::from_owner(out).slice(..n))
@@ -1248,9 +1340,14 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                 Op::Data(pos) => {
                     let (start, end) = api::unit_range(job.plan[pos], job.unit, job.size);
                     let len = end - start;
-                    let try_frame = job.may_compress.load(Ordering::Relaxed)
+                    // The zstd level to try this unit at, if any.
+                    let try_frame = if job.may_compress.load(Ordering::Relaxed)
                         && lun.compressible(start, len)
-                        && job.squeeze.lock().unwrap().compress_next();
+                    {
+                        job.squeeze.lock().unwrap().next_level()
+                    } else {
+                        None
+                    };
                     let store = job.source.clone();
                     inflight.spawn(async move {
                         let job = job2;
@@ -1268,18 +1365,24 @@ async fn pump(job: &Arc<Job>, local: &LocalLun, lun: &Lun) -> anyhow::Result<()>
                                 store.read_at(&mut buf, start)?;
                                 let sum = api::unit_sum(&buf);
                                 if sparse::is_zero(&buf) {
-                                    if try_frame {
+                                    if try_frame.is_some() {
                                         j.squeeze.lock().unwrap().not_tried();
                                     }
                                     return Ok((Unit::Zero, sum));
                                 }
-                                if !try_frame {
+                                let Some(level) = try_frame else {
                                     return Ok((Unit::Plain(buf), sum));
-                                }
+                                };
                                 let t = Instant::now();
-                                let frame = j.compress(&buf)?;
+                                let frame = j.compress(&buf, level)?;
                                 let took = t.elapsed();
-                                j.squeeze.lock().unwrap().sample(buf.len(), frame.len(), took, rate);
+                                j.squeeze.lock().unwrap().sample_at(
+                                    level,
+                                    buf.len(),
+                                    frame.len(),
+                                    took,
+                                    rate,
+                                );
                                 if squeeze::worth_sending(buf.len(), frame.len()) {
                                     Ok((Unit::Frame(buf, frame), sum))
                                 } else {
@@ -1589,6 +1692,38 @@ mod tests {
         assert_eq!(ask(&agent, "release", 15, 0, 0).await, 200);
         assert_eq!(agent.images.lock().unwrap().len(), 1);
         assert!(point.imaged.held().is_some());
+    }
+
+    /// Places for sessions logged in ahead run out at [`MAX_PARKED`], those still logging
+    /// in counted, with 429 and a message that says so; a login that ends (or fails)
+    /// gives its place back. Fails without the cap: a key holder's `/v1/connect`s then
+    /// make the agent hold sessions without bound.
+    #[tokio::test]
+    async fn sessions_logged_in_ahead_are_capped() {
+        let (agent, _) = agent();
+        let places: Vec<Place> = (0..MAX_PARKED)
+            .map(|i| {
+                agent
+                    .park_place()
+                    .unwrap_or_else(|e| panic!("place {i} refused: {}", e.0))
+            })
+            .collect();
+        let refused = agent.park_place().err().expect("a place past the cap");
+        assert_eq!(refused.0, 429);
+        let why = String::from_utf8_lossy(&refused.1);
+        assert!(why.contains("logged in ahead"), "{why}");
+        // A failed login gives its place back.
+        let mut places = places.into_iter();
+        drop(places.next());
+        let again = agent.park_place().expect("a place given back");
+        assert!(agent.park_place().is_err());
+        drop(again);
+        // Every login over: every place free again (a session kept takes its place in
+        // `tests/dr_cycle.rs`, through real logins).
+        assert_eq!(agent.parked.lock().unwrap().logging_in, MAX_PARKED - 1);
+        drop(places);
+        assert_eq!(agent.parked.lock().unwrap().logging_in, 0);
+        assert!(agent.park_place().is_ok());
     }
 
     mod discarded_after_the_cut {

@@ -14,6 +14,16 @@
 //! compression is off, one unit in [`PROBE_EVERY`] is tried again, so a volume
 //! whose data changes from incompressible to text turns it on, and the other way round.
 //! A unit tried and found not to shrink by [`WORTH`] goes as it is.
+//!
+//! The level too is chosen per stream, from [`LEVELS`]: zstd's level 1 and its fast
+//! levels (`--fast=N`, level −N), each faster and shrinking less than the one before. Each
+//! level tried keeps its own ratio `r` and speed `s`, and units go at the level that moves
+//! the most volume, `min(w / r, threads × s)`: level 1 while the link binds, a faster one
+//! while the compressors fall behind it (on two cores shared with the far side and the
+//! link, level 1 holds a stream at what it compresses, below what the link would carry at
+//! a lower ratio). A stream whose compressors bind tries the next faster level it has not
+//! tried; while on, one unit in [`PROBE_EVERY`] tries the level next to its own (faster
+//! while the compressors bind, slower while the link does), so the choice follows the load.
 
 use std::time::Duration;
 
@@ -42,23 +52,81 @@ pub const FIRST_PROBES: u32 = 4;
 pub const PROBE_EVERY: u32 = 32;
 /// Weight of the newest sample in the running ratio and speed.
 const ALPHA: f64 = 0.5;
-/// zstd's level: its fastest standard one. Higher levels compress text a little better at
-/// a fraction of the speed, and a stream that cannot keep up gains nothing.
+/// zstd's level with no measure yet: its fastest standard one. Higher levels compress text
+/// a little better at a fraction of the speed, and a stream that cannot keep up gains
+/// nothing.
 pub const LEVEL: i32 = 1;
+/// The levels a stream chooses among, best ratio first: 1, then zstd's fast levels
+/// (`--fast=1, 3, 5, 8`). On binaries and libraries each step is about 1.2-1.4× faster
+/// and shrinks about a tenth less; `--fast=8` is about twice level 1's speed at 2/3 of its
+/// ratio (`zstd -b`, 1 MiB blocks).
+pub const LEVELS: [i32; 5] = [LEVEL, -1, -3, -5, -8];
+
+/// What the units tried at one level showed: running frame/data ratio and data bytes per
+/// second of one compression.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measure {
+    pub ratio: f64,
+    pub speed: f64,
+}
+
+impl Measure {
+    /// Volume bytes a second a stream of wire rate `w` moves at this level with `threads`
+    /// compressors: what the link carries of it or what the compressors make, the less.
+    pub fn effective(&self, w: f64, threads: f64) -> f64 {
+        (w / self.ratio).min(threads * self.speed)
+    }
+
+    /// Whether the compressors, not the link, hold the stream back at this level.
+    pub fn cpu_bound(&self, w: f64, threads: f64) -> bool {
+        threads * self.speed < w / self.ratio
+    }
+}
+
+/// The position in [`LEVELS`] that moves the most volume at wire rate `rate` with `threads`
+/// compressors, among the levels measured whose ratio is worth it; a tie goes to the better
+/// ratio (fewer wire bytes, less for the link and the far side). With no rate known, the
+/// best ratio. `None`: no level measured shrinks the data by [`WORTH`].
+pub fn best_level(measured: &[Option<Measure>], rate: Option<u64>, threads: f64) -> Option<usize> {
+    let w = rate.filter(|&w| w > 0).map(|w| w as f64);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, m) in measured.iter().enumerate() {
+        let Some(m) = m.filter(|m| m.ratio <= WORTH) else {
+            continue;
+        };
+        let score = match w {
+            Some(w) => m.effective(w, threads),
+            None => 1.0 / m.ratio,
+        };
+        // Better by more than a hair: a level measured a little faster by noise does not
+        // take over from one with the better ratio.
+        match best {
+            Some((_, b)) if score <= b * 1.02 => {}
+            _ => best = Some((i, score)),
+        }
+    }
+    best.map(|(i, _)| i)
+}
 
 /// A stream's compression decision.
 #[derive(Clone, Debug)]
 pub struct Adaptive {
     mode: Mode,
     threads: f64,
-    /// Running frame/data ratio of the units tried.
-    ratio: Option<f64>,
-    /// Running data bytes per second of one compression.
-    speed: Option<f64>,
+    /// What the units tried at each of [`LEVELS`] showed.
+    measured: [Option<Measure>; LEVELS.len()],
+    /// The position in [`LEVELS`] units go at.
+    at: usize,
+    /// A level to try on the next unit handed out (one not measured, or a neighbour of
+    /// `at` to measure again), and whether that unit is out.
+    trial: Option<(usize, bool)>,
+    /// The level of the unit handed out last.
+    last: usize,
     samples: u32,
     /// Of the first probes, those handed out (their samples may not be back yet).
     first_tried: u32,
-    /// Units not tried since the last one tried, while off.
+    /// Units not tried since the last one tried, while off; while on, units since a
+    /// neighbouring level was last tried.
     since_probe: u32,
     on: bool,
 }
@@ -69,8 +137,10 @@ impl Adaptive {
         Adaptive {
             mode,
             threads: threads.max(1) as f64,
-            ratio: None,
-            speed: None,
+            measured: [None; LEVELS.len()],
+            at: 0,
+            trial: None,
+            last: 0,
             samples: 0,
             first_tried: 0,
             since_probe: 0,
@@ -81,31 +151,71 @@ impl Adaptive {
     /// Whether to compress the next unit (to send it so, or to try). Asked as the unit is
     /// handed out, before the result of any compression still running is known.
     pub fn compress_next(&mut self) -> bool {
+        self.next_level().is_some()
+    }
+
+    /// The zstd level to compress the next unit at, `None` to send it plainly. Asked as
+    /// the unit is handed out, before the result of any compression still running is known.
+    pub fn next_level(&mut self) -> Option<i32> {
+        let i = self.next_position()?;
+        self.last = i;
+        Some(LEVELS[i])
+    }
+
+    fn next_position(&mut self) -> Option<usize> {
         match self.mode {
-            Mode::Off => false,
-            Mode::On => true,
-            Mode::Auto if self.on => true,
+            Mode::Off => None,
+            // Every unit that shrinks: at the level the measures say, like auto when on.
+            Mode::On => Some(self.take_trial().unwrap_or(self.at)),
             Mode::Auto if self.first_tried < FIRST_PROBES => {
                 self.first_tried += 1;
-                true
+                Some(0)
             }
             // The first probes are out, their samples not all back: wait for them.
-            Mode::Auto if self.samples < FIRST_PROBES => false,
+            Mode::Auto if self.samples < FIRST_PROBES && !self.on => None,
             Mode::Auto => {
+                if let Some(i) = self.take_trial() {
+                    return Some(i);
+                }
+                if self.on {
+                    self.since_probe += 1;
+                    return Some(self.at);
+                }
                 self.since_probe += 1;
                 if self.since_probe >= PROBE_EVERY {
                     self.since_probe = 0;
-                    true
+                    Some(self.at)
                 } else {
-                    false
+                    None
                 }
             }
         }
     }
 
+    /// The trial level, if one is due and not out yet.
+    fn take_trial(&mut self) -> Option<usize> {
+        match self.trial {
+            Some((i, false)) => {
+                self.trial = Some((i, true));
+                Some(i)
+            }
+            _ => None,
+        }
+    }
+
+    /// The level of the unit [`Adaptive::next_level`] handed out last.
+    pub fn last_level(&self) -> i32 {
+        LEVELS[self.last]
+    }
+
     /// A unit [`Adaptive::compress_next`] chose was not compressed after all (it held only
     /// zeros, sent as such): the probe goes to a later unit.
     pub fn not_tried(&mut self) {
+        if let Some((i, true)) = self.trial {
+            // A trial's unit held zeros: the next unit tries that level instead.
+            self.trial = Some((i, false));
+            return;
+        }
         if self.mode != Mode::Auto || self.on {
             return;
         }
@@ -116,35 +226,107 @@ impl Adaptive {
         }
     }
 
-    /// A unit of `data` bytes was compressed to `frame` bytes in `took`; the stream's
-    /// wire rate is `rate` bytes per second, when known.
+    /// A unit of `data` bytes was compressed to `frame` bytes in `took` at the level
+    /// [`Adaptive::next_level`] gave last; the stream's wire rate is `rate` bytes per
+    /// second, when known.
     pub fn sample(&mut self, data: usize, frame: usize, took: Duration, rate: Option<u64>) {
+        self.sample_at(self.last_level(), data, frame, took, rate);
+    }
+
+    /// A unit of `data` bytes was compressed to `frame` bytes in `took` at zstd `level`
+    /// (one of [`LEVELS`]); the stream's wire rate is `rate` bytes per second, when known.
+    pub fn sample_at(
+        &mut self,
+        level: i32,
+        data: usize,
+        frame: usize,
+        took: Duration,
+        rate: Option<u64>,
+    ) {
         if data == 0 {
             return;
         }
+        let Some(i) = LEVELS.iter().position(|&l| l == level) else {
+            return;
+        };
         let r = frame as f64 / data as f64;
         let s = data as f64 / took.as_secs_f64().max(1e-6);
-        let ewma = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + ALPHA * (new - o)));
-        self.ratio = ewma(self.ratio, r);
-        self.speed = ewma(self.speed, s);
+        let ewma = |old: f64, new: f64| old + ALPHA * (new - old);
+        self.measured[i] = Some(match self.measured[i] {
+            Some(m) => Measure {
+                ratio: ewma(m.ratio, r),
+                speed: ewma(m.speed, s),
+            },
+            None => Measure { ratio: r, speed: s },
+        });
         self.samples += 1;
-        if self.mode == Mode::Auto {
-            self.on = self.pays(rate);
+        if matches!(self.trial, Some((t, _)) if t == i) {
+            self.trial = None;
+        }
+        if self.mode != Mode::Off {
+            self.decide(rate);
         }
     }
 
-    /// Whether compression pays at wire rate `rate`, by what the units tried showed.
+    /// The level units go at, whether they are compressed (auto), and the level to try
+    /// next: from what every level measured showed, at wire rate `rate`.
+    fn decide(&mut self, rate: Option<u64>) {
+        let best = best_level(&self.measured, rate, self.threads);
+        if let Some(b) = best {
+            self.at = b;
+        }
+        if self.mode == Mode::Auto {
+            self.on = self.pays(rate);
+        }
+        let Some(w) = rate.filter(|&w| w > 0).map(|w| w as f64) else {
+            // No rate: nothing says the compressors fall behind; the best ratio.
+            return;
+        };
+        if self.trial.is_some() {
+            return;
+        }
+        let Some(m) = self.measured[self.at].filter(|m| m.ratio <= WORTH) else {
+            return;
+        };
+        let faster = (self.at + 1 < LEVELS.len()).then_some(self.at + 1);
+        let slower = self.at.checked_sub(1);
+        let cpu_bound = m.cpu_bound(w, self.threads);
+        // A faster level never measured, while the compressors bind: try it at once.
+        if cpu_bound {
+            if let Some(f) = faster.filter(|&f| self.measured[f].is_none()) {
+                self.trial = Some((f, false));
+                return;
+            }
+        }
+        // While on, the neighbour on the side that could move more, measured again now
+        // and then: the load, and so the compressors' speed, changes.
+        if self.on && self.since_probe >= PROBE_EVERY {
+            self.since_probe = 0;
+            let n = if cpu_bound { faster } else { slower };
+            if let Some(n) = n {
+                self.trial = Some((n, false));
+            }
+        }
+    }
+
+    /// The zstd level units go at now.
+    pub fn level(&self) -> i32 {
+        LEVELS[self.at]
+    }
+
+    /// Whether compression pays at wire rate `rate`, by what the units tried showed, at the
+    /// level units go at.
     pub fn pays(&self, rate: Option<u64>) -> bool {
-        let (Some(r), Some(speed)) = (self.ratio, self.speed) else {
+        let Some(m) = self.measured[self.at] else {
             return false;
         };
-        if r > WORTH {
+        if m.ratio > WORTH {
             return false;
         }
         match rate.filter(|&w| w > 0) {
             Some(w) => {
                 let w = w as f64;
-                (w / r).min(self.threads * speed) >= GAIN * w
+                m.effective(w, self.threads) >= GAIN * w
             }
             None => true,
         }
@@ -155,9 +337,9 @@ impl Adaptive {
         self.on
     }
 
-    /// The running frame/data ratio of the units tried.
+    /// The running frame/data ratio of the units tried at the level units go at.
     pub fn ratio(&self) -> Option<f64> {
-        self.ratio
+        self.measured[self.at].map(|m| m.ratio)
     }
 }
 
@@ -302,6 +484,131 @@ mod tests {
         let mut on = Adaptive::new(Mode::On, 1);
         assert_eq!(feed(&mut on, 10, 1.0, 1.0, Some(1 << 30)), 10);
         assert!(on.is_on());
+    }
+
+    /// Ratio and MiB/s of each of LEVELS on binaries, about what `zstd -b` shows here: each
+    /// faster level shrinks less.
+    const BINARIES: [(f64, f64); 5] = [
+        (0.42, 90.0),
+        (0.48, 130.0),
+        (0.53, 160.0),
+        (0.57, 200.0),
+        (0.62, 260.0),
+    ];
+
+    /// 100 MiB/s of wire (800 Mbit/s less the headers), and a fifth of it.
+    const WIRE: Option<u64> = Some(100 << 20);
+    const SLOW: Option<u64> = Some(20 << 20);
+
+    /// Feeds `n` units whose compression at each level gives `table`'s ratio and speed;
+    /// units handed out at each level, in LEVELS' order.
+    fn run(a: &mut Adaptive, n: u32, table: &[(f64, f64)], rate: Option<u64>) -> [u32; 5] {
+        let mut at = [0; 5];
+        for _ in 0..n {
+            if let Some(level) = a.next_level() {
+                let i = LEVELS.iter().position(|&l| l == level).unwrap();
+                at[i] += 1;
+                let (r, speed) = table[i];
+                let took = Duration::from_secs_f64(1.0 / speed);
+                a.sample_at(level, MB, (MB as f64 * r) as usize, took, rate);
+            }
+        }
+        at
+    }
+
+    #[test]
+    fn the_level_that_moves_the_most_volume_is_chosen() {
+        let m = |&(ratio, speed): &(f64, f64)| {
+            Some(Measure {
+                ratio,
+                speed: speed * MB as f64,
+            })
+        };
+        let all: Vec<Option<Measure>> = BINARIES.iter().map(m).collect();
+        // 100 MB/s of wire, one compressor: level 1 makes 90, --fast=3 160, --fast=5 175
+        // (its link bound, 100 / 0.57, under what it compresses, 200), --fast=8 161.
+        assert_eq!(best_level(&all, WIRE, 1.0), Some(3));
+        // 20 MB/s of wire: the link binds at every level; the best ratio.
+        assert_eq!(best_level(&all, SLOW, 1.0), Some(0));
+        // No rate: the ratio alone.
+        assert_eq!(best_level(&all, None, 1.0), Some(0));
+        // Four compressors on 100 MB/s: level 1 keeps up (238 < 360).
+        assert_eq!(best_level(&all, WIRE, 4.0), Some(0));
+        // Only levels not measured or not worth it: none.
+        let mut few = vec![None; 5];
+        few[0] = Some(Measure {
+            ratio: 0.97,
+            speed: 5e8,
+        });
+        assert_eq!(best_level(&few, WIRE, 2.0), None);
+    }
+
+    #[test]
+    fn compressors_behind_the_link_step_to_a_faster_level() {
+        // One compressor, 100 MiB/s of wire: every faster level is tried once, then the
+        // units go at --fast=5, the most volume a second (175 MiB/s against level 1's 90).
+        let mut a = Adaptive::new(Mode::Auto, 1);
+        let at = run(&mut a, 400, &BINARIES, WIRE);
+        assert!(a.is_on());
+        assert_eq!(a.level(), -5, "{at:?}");
+        assert!(at[3] > 350, "most units at --fast=5: {at:?}");
+        // The levels on the way were measured; then the slower neighbour, --fast=3, one
+        // unit in PROBE_EVERY (the link binds at --fast=5: the side that could move more).
+        // --fast=8 not at all: a faster level cannot move more where the link binds.
+        assert!(at[..3].iter().all(|&n| n >= 1), "{at:?}");
+        assert!(at[2] <= 400 / PROBE_EVERY + 1, "{at:?}");
+        assert_eq!(at[4], 0, "{at:?}");
+        // The same data on a link that binds: level 1 throughout, no unit at another.
+        let mut slow = Adaptive::new(Mode::Auto, 1);
+        let at = run(&mut slow, 400, &BINARIES, SLOW);
+        assert_eq!(at, [400, 0, 0, 0, 0]);
+        assert_eq!(slow.level(), 1);
+    }
+
+    #[test]
+    fn compression_too_slow_at_level_1_pays_at_a_fast_level() {
+        // Level 1 at 60 MiB/s on a 100 MiB/s stream: 60 < 110, off; --fast=8 at 200 MiB/s
+        // moves 161 MiB/s: on, at a fast level.
+        let table = [
+            (0.42, 60.0),
+            (0.48, 80.0),
+            (0.53, 110.0),
+            (0.57, 140.0),
+            (0.62, 200.0),
+        ];
+        let mut a = Adaptive::new(Mode::Auto, 1);
+        run(&mut a, 200, &table, WIRE);
+        assert!(a.is_on());
+        assert_eq!(a.level(), -8);
+    }
+
+    #[test]
+    fn the_level_follows_the_load() {
+        let mut a = Adaptive::new(Mode::Auto, 1);
+        run(&mut a, 200, &BINARIES, WIRE);
+        assert_eq!(a.level(), -5);
+        // The machine quietens: every level compresses three times as fast, level 1 keeps
+        // up with the link (270 > 238) and moves the most. The neighbours tried now and then
+        // lead back to it within a few probe periods.
+        let quiet: Vec<(f64, f64)> = BINARIES.iter().map(|&(r, s)| (r, 3.0 * s)).collect();
+        run(&mut a, 6 * PROBE_EVERY, &quiet, WIRE);
+        assert_eq!(a.level(), 1);
+        // Busy again: back down.
+        run(&mut a, 6 * PROBE_EVERY, &BINARIES, WIRE);
+        assert_eq!(a.level(), -5);
+    }
+
+    #[test]
+    fn a_trial_on_a_unit_of_zeros_goes_to_the_next_unit() {
+        let mut a = Adaptive::new(Mode::Auto, 1);
+        for _ in 0..FIRST_PROBES {
+            assert_eq!(a.next_level(), Some(1));
+            a.sample_at(1, MB, MB / 2, Duration::from_millis(20), WIRE);
+        }
+        // 50 MiB/s at level 1 on a 100 MiB/s stream: the next unit tries --fast=1.
+        assert_eq!(a.next_level(), Some(-1));
+        a.not_tried();
+        assert_eq!(a.next_level(), Some(-1));
     }
 
     #[test]

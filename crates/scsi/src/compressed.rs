@@ -12,9 +12,23 @@ pub fn decompress(frame: &[u8], len: usize) -> Option<Vec<u8>> {
         return None;
     }
     let mut out = Vec::with_capacity(len);
-    let mut d = zstd::bulk::Decompressor::new().ok()?;
-    // Writes at most the capacity (an error past it), never reallocating.
-    d.decompress_to_buffer(frame, &mut out).ok()?;
+    // A context kept per thread: a new one per command allocated (and for the first
+    // frames of each, sized) its tables again, once a unit on a stream that compresses.
+    // A context is reset by the next frame's header: one that failed leaves nothing behind.
+    thread_local! {
+        static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let done = CONTEXT.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = Some(zstd::bulk::Decompressor::new().ok()?);
+        }
+        let d = c.as_mut()?;
+        // Writes at most the capacity (an error past it), never reallocating.
+        d.decompress_to_buffer(frame, &mut out).ok()
+    });
+    done?;
     (out.len() == len).then_some(out)
 }
 
