@@ -157,23 +157,10 @@ pub struct SyncOptions {
 /// drains each connection to four packets every ten seconds (PROBE_RTT), which at 350 ms
 /// cost a paced stream a third of its rate for a second of every ten (seen in the lab),
 /// while CUBIC under a pacing cap that holds the queue empty has no reason to back off.
-///
-/// And no probed start (`probe_rate=0`) unless the user asks for one: the probe sends a
-/// session's first round at a lone session's share of a fast WAN and starts it at the
-/// rate its ACKs show, but a sync's streams share one bottleneck and their rate is the
-/// coordinator's (`pace`: unpaced while it finds the bottleneck, then each stream its
-/// share). A stream whose connections log in before the others' data flows finds the
-/// whole path and starts at it; eight such overran R2's queue (three times the drops of
-/// the plain start: `lab/results/r2-default`). Without the probe each stream starts at
-/// the unknown path's start and grows, the far target is asked for no probe either, and
-/// a stream given a share is paced exactly to it from its first data.
 pub fn stream_session(o: &SyncOptions) -> Vec<(String, String)> {
     let mut session = o.session.clone();
     if o.pacing != Mode::Unpaced && !session.iter().any(|(k, _)| k == "congestion") {
         session.push(("congestion".into(), PACED_CONGESTION.into()));
-    }
-    if !session.iter().any(|(k, _)| k == "probe_rate") {
-        session.push(("probe_rate".into(), "0".into()));
     }
     session
 }
@@ -419,6 +406,9 @@ pub struct StreamTick<'a> {
     pub rate_bytes_per_s: u64,
     pub pacing: Option<u64>,
     pub min_rtt_ms: f64,
+    /// The connections' smoothed RTT: above `min_rtt_ms` by the time data waits in a
+    /// queue on the path (the bottleneck's, when the streams overfill it).
+    pub srtt_ms: f64,
     pub retransmits: u64,
     pub connections: usize,
     pub finished_at: Option<f64>,
@@ -1241,6 +1231,7 @@ async fn transfer(
                     rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
                     pacing: applied[i],
                     min_rtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.min_rtt_ms),
+                    srtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.srtt_ms),
                     retransmits: statuses[i].as_ref().map_or(0, |s| s.retransmits),
                     connections: statuses[i].as_ref().map_or(0, |s| s.connections),
                     finished_at: finished_at[i],
@@ -1540,93 +1531,6 @@ mod tests {
         assert!("host/iqn".parse::<VolumeRef>().is_err());
         assert!("host/iqn/x".parse::<VolumeRef>().is_err());
         assert!("/iqn/0".parse::<VolumeRef>().is_err());
-    }
-
-    fn options(pacing: Mode, session: &[(&str, &str)]) -> SyncOptions {
-        SyncOptions {
-            unit: 1 << 20,
-            rate: None,
-            pacing,
-            full: false,
-            verify: false,
-            interval: Duration::from_secs(1),
-            session: session
-                .iter()
-                .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
-            state: None,
-            compress: crate::squeeze::Mode::Off,
-            cut: None,
-            resync: false,
-            stop: Default::default(),
-        }
-    }
-
-    /// The plan a session gets from `session`'s options on a 350-ms path (R2's), rate
-    /// unknown, on `rsv`: what the initiator's auto-tuning decides at login.
-    fn planned(session: &[(String, String)]) -> initiator::SessionOptions {
-        let mut o = initiator::SessionOptions::default();
-        for (k, v) in session {
-            o.set(k, v).unwrap();
-        }
-        if o.congestion.is_none() {
-            o.congestion = Some("rsv".into());
-        }
-        let probe = initiator::tune::Probe {
-            rtt_us: 350_000,
-            mss: 1448,
-            remembered: None,
-            congestion_default: None,
-        };
-        let kernel = net::KernelLimits {
-            tcp_wmem_max: 4 << 20,
-            tcp_rmem_max: 6 << 20,
-            wmem_max: 212_992,
-            rmem_max: 212_992,
-            can_force: true,
-        };
-        initiator::tune::plan(&o, &probe, &kernel).0
-    }
-
-    #[test]
-    fn a_sync_streams_session_starts_without_the_probe() {
-        // A plain session (`rsv cp` to an unknown long path on rsv) probes its start.
-        let cp = planned(&[]);
-        assert!(cp.start_rate.is_some());
-        assert!(cp.probe_rate.is_some_and(|r| r > 0), "{:?}", cp.probe_rate);
-        // A sync's streams, in every mode, start at the unknown path's start without
-        // the probe: their rate is the coordinator's, and the far target is asked for
-        // none (the login key goes only with a probe rate above 0).
-        for mode in [Mode::Cooperative, Mode::Static, Mode::Unpaced] {
-            let session = stream_session(&options(mode, &[]));
-            let o = planned(&session);
-            assert!(o.start_rate.is_some(), "{mode:?}");
-            assert_eq!(o.probe_rate.filter(|r| *r > 0), None, "{mode:?}");
-        }
-        // Asked for by hand, the probe is the user's.
-        let by_hand = stream_session(&options(Mode::Cooperative, &[("probe_rate", "100mbit")]));
-        assert_eq!(planned(&by_hand).probe_rate, Some(12_500_000));
-        // A stream's writer does not change it.
-        let lun = LunInfo {
-            iqn: "iqn.x:m".into(),
-            lun: 0,
-            size: 0,
-            block_size: 512,
-            store: String::new(),
-            tracking: None,
-        };
-        let client = Client::new("127.0.0.1:1", Key::new(b"a key of enough bytes").unwrap());
-        let s = Stream {
-            source: client.clone(),
-            source_lun: lun.clone(),
-            dest: client,
-            dest_lun: lun,
-            dest_url: String::new(),
-            writer: Some("iqn.x:writer".into()),
-            also: Vec::new(),
-        };
-        let o = options(Mode::Cooperative, &[]);
-        assert_eq!(planned(&s.session(&o)).probe_rate, Some(0));
     }
 
     #[test]
