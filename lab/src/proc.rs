@@ -378,12 +378,30 @@ pub struct Link {
 /// (`Link::watch`), each way: a→b and b→a.
 pub struct Watch {
     stop: std::sync::Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(Vec<Sample>, Vec<Sample>)>,
+    thread: std::thread::JoinHandle<Watched>,
+}
+
+/// What a [`Watch`] read: the byte samples a→b and b→a, and the a→b queue.
+type Watched = ((Vec<Sample>, Vec<Sample>), Vec<QueueSample>);
+
+/// The a→b bottleneck's queue at one reading: when (Unix time, as the readings' own
+/// clock has it), bytes queued, and packets its queue dropped so far.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueSample {
+    pub at: f64,
+    pub queue_bytes: u64,
+    pub drops: u64,
 }
 
 impl Watch {
     /// Stops the readings and returns them, a→b and b→a.
     pub fn finish(self) -> (Vec<Sample>, Vec<Sample>) {
+        self.finish_with_queue().0
+    }
+
+    /// As [`Watch::finish`], with the a→b queue at each reading: when a run's drops
+    /// happened, not only how many.
+    pub fn finish_with_queue(self) -> Watched {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
     }
@@ -420,6 +438,8 @@ struct Reading {
     uptime: Option<f64>,
     ab: Option<u64>,
     ba: Option<u64>,
+    /// The a→b queue's bytes and drops so far.
+    queue: Option<(u64, u64)>,
 }
 
 /// The watch's readings as samples on one clock. Starting `rsv-lab wan stats` takes
@@ -427,6 +447,21 @@ struct Reading {
 /// time for the counters: an interval between two readings came out too long or too
 /// short by as much, and the link looked idle in one and over its rate in the next. The
 /// relay's own clock (`uptime_s`, read with the counters) times them instead, placed on
+/// The a→b queue at each reading that had it, at the middle of the reading.
+fn queue_samples(readings: &[Reading]) -> Vec<QueueSample> {
+    readings
+        .iter()
+        .filter_map(|r| {
+            let (queue_bytes, drops) = r.queue?;
+            Some(QueueSample {
+                at: (r.before + r.after) / 2.0,
+                queue_bytes,
+                drops,
+            })
+        })
+        .collect()
+}
+
 /// Unix time by the reading that took least time to get; without it, the middle.
 fn timed_samples(readings: &[Reading]) -> (Vec<Sample>, Vec<Sample>) {
     let offset = readings
@@ -556,6 +591,9 @@ impl Link {
                         uptime,
                         ab: bytes("ab"),
                         ba: bytes("ba"),
+                        queue: direction(&v, "ab")["queue_bytes"]
+                            .as_u64()
+                            .zip(direction(&v, "ab")["drop_queue"].as_u64()),
                     });
                 }
                 let _ = first_tx.send(());
@@ -564,7 +602,7 @@ impl Link {
                 }
                 std::thread::sleep(every);
             }
-            timed_samples(&readings)
+            (timed_samples(&readings), queue_samples(&readings))
         });
         let _ = first_rx.recv_timeout(Duration::from_secs(5));
         Watch { stop, thread }
@@ -969,6 +1007,7 @@ mod tests {
                     uptime: Some(up),
                     ab: Some(i as u64 * 100),
                     ba: None,
+                    queue: None,
                 }
             })
             .collect();

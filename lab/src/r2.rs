@@ -176,6 +176,10 @@ pub struct Row {
     pub series: Vec<Vec<(f64, f64)>>,
     /// The whole link's payload-equivalent throughput over time (Mbit/s on the wire).
     pub link_series: Vec<(f64, f64)>,
+    /// The bottleneck's queue each second of the transfer: (seconds from the start,
+    /// MB queued at the second's last reading, packets dropped in the second).
+    #[serde(default)]
+    pub queue_series: Vec<(f64, f64, u64)>,
     pub verified_units: Option<u64>,
     /// TCP retransmissions per stream, as the streams last reported them.
     pub retransmits: Vec<u64>,
@@ -321,6 +325,26 @@ fn link_figures(
     }
 }
 
+/// The queue samples between `from` and `to` by whole seconds from `from`: the bytes at
+/// the second's last reading, the drops during it.
+fn queue_series(q: &[proc::QueueSample], from: f64, to: f64) -> Vec<(f64, f64, u64)> {
+    let mut out: Vec<(f64, f64, u64)> = Vec::new();
+    let mut drops_before = q.iter().take_while(|s| s.at < from).last().map(|s| s.drops);
+    for s in q.iter().filter(|s| s.at >= from && s.at <= to + 1.0) {
+        let second = (s.at - from).floor();
+        let dropped = s.drops.saturating_sub(drops_before.unwrap_or(s.drops));
+        drops_before = Some(s.drops);
+        match out.last_mut() {
+            Some(last) if last.0 == second => {
+                last.1 = s.queue_bytes as f64 / 1e6;
+                last.2 += dropped;
+            }
+            _ => out.push((second, s.queue_bytes as f64 / 1e6, dropped)),
+        }
+    }
+    out
+}
+
 /// A progress tick: Unix time, bytes acknowledged in all, and per stream.
 type Point = (f64, f64, Vec<f64>);
 
@@ -360,6 +384,8 @@ fn sync_row(
     let start = unix_now();
     let out = proc::run(cmd, timeout, dir)?;
     let end_wall = unix_now();
+    let ((ab, _), queue) = watch.finish_with_queue();
+    let queue_series = queue_series(&queue, start, end_wall);
     if let Some(k) = &keep {
         std::fs::create_dir_all(k)?;
         let stem = k.join(format!("r2-{rtt}ms-{rowkey}"));
@@ -369,11 +395,11 @@ fn sync_row(
             format!("started {start:.3}\n{}", out.stderr),
         )?;
     }
-    let (ab, _) = watch.finish();
     let mut row = Row {
         key: rowkey.into(),
         label: label.into(),
         rtt_ms: rtt,
+        queue_series,
         ..Row::default()
     };
     let lines: Vec<Value> = out

@@ -263,7 +263,7 @@ impl Agent {
     }
 
     /// The destination's URL and the options of a send's session to it: the agent's
-    /// own, the send's, and `join_late`.
+    /// own, the send's, `join_late`, and no probed start unless asked for.
     fn session_options(
         &self,
         dest: &str,
@@ -277,6 +277,22 @@ impl Agent {
         for (k, v) in session {
             opts.set(k, v)
                 .map_err(|e| err(400, format!("session option {k}={v}: {e}")))?;
+        }
+        // No probed start (`docs/congestion.md`) unless the send, the URL or the agent's
+        // own options ask for one: it sends a session's first round at a lone session's
+        // share of a fast WAN and starts each connection at the rate its ACKs show, but a
+        // sync's streams share one bottleneck and their rate is the coordinator's
+        // (`pace`). A stream that logs in while the others still wait for their first
+        // ACKs finds the whole path and starts at it: with the probe R2's eight streams
+        // were full after 3 s instead of 6-7, and the bottleneck dropped three times the
+        // packets (`lab/results/r2-default`). Without it each starts at the unknown
+        // path's start and grows; the far target is asked for no probe either (the login
+        // key goes only with a probe rate above 0); a stream given a share is paced
+        // exactly to it from its first data. Decided here, where every stream's session
+        // is made (a send's, one logged in ahead, a resync's), whatever the coordinator.
+        if !opts.is_pinned("probe_rate") {
+            opts.set("probe_rate", "0")
+                .map_err(|e| err(500, format!("probe_rate=0: {e}")))?;
         }
         Ok((url, opts))
     }
@@ -1607,6 +1623,58 @@ mod tests {
             SessionOptions::default(),
         );
         (Arc::new(agent), point)
+    }
+
+    /// The plan a session with `opts` gets on a 350-ms path (R2's), rate unknown, on
+    /// `rsv`: what the initiator's auto-tuning decides at login.
+    fn planned(opts: &SessionOptions) -> SessionOptions {
+        let mut o = opts.clone();
+        o.congestion.get_or_insert_with(|| "rsv".into());
+        let probe = initiator::tune::Probe {
+            rtt_us: 350_000,
+            mss: 1448,
+            remembered: None,
+            congestion_default: None,
+        };
+        let kernel = net::KernelLimits {
+            tcp_wmem_max: 4 << 20,
+            tcp_rmem_max: 6 << 20,
+            wmem_max: 212_992,
+            rmem_max: 212_992,
+            can_force: true,
+        };
+        initiator::tune::plan(&o, &probe, &kernel).0
+    }
+
+    #[test]
+    fn a_sync_streams_session_starts_without_the_probe() {
+        let (agent, _) = agent();
+        let dest = "iscsi://192.0.2.1/iqn.x:far/0";
+        // A plain session (`rsv cp` to an unknown long path on rsv) probes its start.
+        let cp = planned(&SessionOptions::default());
+        assert!(cp.start_rate.is_some());
+        assert!(cp.probe_rate.is_some_and(|r| r > 0), "{:?}", cp.probe_rate);
+        // A stream's session (a send's, or one logged in ahead: both are made here), with
+        // what a coordinator sends for a paced sync, a writer's name, or nothing: a
+        // start, no probe (so no `X-org.reservoir.ProbeRate` key for the far target).
+        for session in [
+            vec![],
+            vec![("congestion".to_owned(), "rsv,cubic".to_owned())],
+            vec![("initiator_name".to_owned(), "iqn.x:writer".to_owned())],
+        ] {
+            let (_, opts) = agent.session_options(dest, &session).unwrap();
+            let o = planned(&opts);
+            assert!(o.start_rate.is_some(), "{session:?}");
+            assert_eq!(o.probe_rate.filter(|r| *r > 0), None, "{session:?}");
+        }
+        // Asked for by the send or in the URL, the probe is the user's.
+        let by_hand = vec![("probe_rate".to_owned(), "100mbit".to_owned())];
+        let (_, opts) = agent.session_options(dest, &by_hand).unwrap();
+        assert_eq!(planned(&opts).probe_rate, Some(12_500_000));
+        let (_, opts) = agent
+            .session_options(&format!("{dest}?probe_rate=200mbit"), &[])
+            .unwrap();
+        assert_eq!(planned(&opts).probe_rate, Some(25_000_000));
     }
 
     async fn ask(agent: &Arc<Agent>, what: &str, cut: u64, hold_ms: u64, lease_ms: u64) -> u16 {

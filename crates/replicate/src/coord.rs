@@ -406,6 +406,9 @@ pub struct StreamTick<'a> {
     pub rate_bytes_per_s: u64,
     pub pacing: Option<u64>,
     pub min_rtt_ms: f64,
+    /// The connections' smoothed RTT: above `min_rtt_ms` by the time data waits in a
+    /// queue on the path (the bottleneck's, when the streams overfill it).
+    pub srtt_ms: f64,
     pub retransmits: u64,
     pub connections: usize,
     pub finished_at: Option<f64>,
@@ -1228,6 +1231,7 @@ async fn transfer(
                     rate_bytes_per_s: rates.get(i).copied().unwrap_or(0),
                     pacing: applied[i],
                     min_rtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.min_rtt_ms),
+                    srtt_ms: statuses[i].as_ref().map_or(0.0, |s| s.srtt_ms),
                     retransmits: statuses[i].as_ref().map_or(0, |s| s.retransmits),
                     connections: statuses[i].as_ref().map_or(0, |s| s.connections),
                     finished_at: finished_at[i],

@@ -363,6 +363,7 @@ mod tests {
             rate_bytes_per_s: rate,
             pacing: Some(rate),
             min_rtt_ms: 1.0,
+            srtt_ms: 1.0,
             retransmits: 0,
             connections: 1,
             finished_at: None,
