@@ -253,8 +253,21 @@ impl Imaged {
         });
         *self.shared.current.write().unwrap() = Some(state.clone());
         self.shared.epoch.store(epoch + 1, Ordering::SeqCst);
+        let t0 = Instant::now();
         wait_drained(&self.shared.inflight[(epoch & 1) as usize]);
+        let t1 = Instant::now();
         let hooked = at_cut();
+        let t2 = Instant::now();
+        if t2 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: taking it held writes {:.2} ms: waiting for earlier writes {:.2}, at the cut {:.2}",
+                state.id,
+                (t2 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+            );
+        }
         *state.ready.lock().unwrap() = true;
         state.ready_cv.notify_all();
         drop(last_id);
@@ -313,7 +326,18 @@ impl Imaged {
         if let Some(image) = &entered.image {
             image.preserve(offset, len);
         }
-        op()
+        let t0 = Instant::now();
+        let r = op();
+        let took = t0.elapsed();
+        if took >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "a change of {len} bytes at {offset} took {:.2} ms in the store under the image layer (image held: {})",
+                took.as_secs_f64() * 1e3,
+                entered.image.is_some()
+            );
+        }
+        r
     }
 }
 
@@ -411,13 +435,32 @@ impl ImageState {
         if (first..=last).all(|u| self.is_copied(u)) {
             return;
         }
+        let t0 = Instant::now();
         {
             let mut ready = self.ready.lock().unwrap();
             while !*ready {
                 ready = self.ready_cv.wait(ready).unwrap();
             }
         }
-        let mut side = self.cow.lock().unwrap();
+        let t1 = Instant::now();
+        let side = self.cow.lock().unwrap();
+        let t2 = Instant::now();
+        self.preserve_locked(side, first, last);
+        let t3 = Instant::now();
+        if t3 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: copying units {first}..={last} aside took {:.2} ms: waiting for the cut {:.2}, for the lock {:.2}, copying {:.2}",
+                self.id,
+                (t3 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+                (t3 - t2).as_secs_f64() * 1e3,
+            );
+        }
+    }
+
+    fn preserve_locked(&self, mut side: MutexGuard<'_, Side>, first: u64, last: u64) {
         if side.released || side.overrun.is_some() {
             return;
         }
@@ -462,7 +505,26 @@ impl ImageState {
         if buf.is_empty() {
             return Ok(());
         }
+        let t0 = Instant::now();
         let side = self.cow.lock().unwrap();
+        let t1 = Instant::now();
+        let r = self.read_locked(&side, buf, offset);
+        let t2 = Instant::now();
+        if t2 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: a read of {} bytes at {offset} took {:.2} ms: waiting for the lock {:.2}, holding it {:.2}",
+                self.id,
+                buf.len(),
+                (t2 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+            );
+        }
+        r
+    }
+
+    fn read_locked(&self, side: &Side, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if side.released {
             return Err(ImageError::Released(self.id).into());
         }

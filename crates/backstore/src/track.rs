@@ -86,6 +86,9 @@ const PAGE: usize = 4096;
 const PAGE_BITS_BYTES: usize = PAGE - 8;
 const WORDS_PER_PAGE: usize = PAGE_BITS_BYTES / 8;
 const UNITS_PER_PAGE: u64 = (PAGE_BITS_BYTES * 8) as u64;
+/// A write's step that takes this long or more is logged at debug level (target
+/// `backstore::slow`): where a slow write's time went.
+pub(crate) const SLOW: Duration = Duration::from_millis(5);
 
 /// What a map that does not exist yet starts as (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -646,6 +649,21 @@ impl ChangeMap {
     /// Sets the bits and waits until they are on disk, writing them itself when no other
     /// thread is (group commit).
     fn mark_slow(&self, first: u64, end: u64) -> io::Result<()> {
+        let t0 = std::time::Instant::now();
+        let r = self.mark_slow_inner(first, end);
+        let took = t0.elapsed();
+        if took >= SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "change map {}: marking units {first}..{end} took {:.2} ms",
+                self.path.display(),
+                took.as_secs_f64() * 1e3
+            );
+        }
+        r
+    }
+
+    fn mark_slow_inner(&self, first: u64, end: u64) -> io::Result<()> {
         let mut st = self.lock();
         let State {
             current,
