@@ -1093,11 +1093,15 @@ mod tests {
     }
 
     /// Waits (up to a minute, far beyond what any step takes) for `done`; a step that
-    /// never ends fails the test instead of hanging it.
-    fn within_a_minute(what: &str, done: impl Fn() -> bool) {
+    /// never ends fails the test instead of hanging it (the gate opened first, so that
+    /// what waits behind it ends and the image can be released).
+    fn within_a_minute(gated: &Gated, what: &str, done: impl Fn() -> bool) {
         let until = Instant::now() + Duration::from_secs(60);
         while !done() {
-            assert!(Instant::now() < until, "{what}: not done after a minute");
+            if Instant::now() > until {
+                gated.open_gate();
+                panic!("{what}: not done after a minute");
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -1148,17 +1152,17 @@ mod tests {
             };
             // The first write to unit 0 copies it, and its copy waits at the gate.
             let (first, first_done) = write(0, 2);
-            within_a_minute("the copy of unit 0 reaching the gate", || {
+            within_a_minute(&gated, "the copy of unit 0 reaching the gate", || {
                 gated.waiting.load(Ordering::SeqCst) == 1
             });
             // Writes to other units, and a read of the image, go on meanwhile.
             let (other, other_done) = write(2 * UNIT, 3);
-            within_a_minute("a write to unit 2 while unit 0 is copied", || {
+            within_a_minute(&gated, "a write to unit 2 while unit 0 is copied", || {
                 other_done.load(Ordering::SeqCst)
             });
             other.join().unwrap();
             let (third, third_done) = write(3 * UNIT, 4);
-            within_a_minute("a write to unit 3 while unit 0 is copied", || {
+            within_a_minute(&gated, "a write to unit 3 while unit 0 is copied", || {
                 third_done.load(Ordering::SeqCst)
             });
             third.join().unwrap();
