@@ -27,12 +27,16 @@
 //! host's writes are never refused for the image's sake.
 //!
 //! # Consistency
-//! A unit's first write after the cut copies it under the image's lock and sets its bit,
-//! then writes the store; a read of the image takes the same lock, and reads an unset
-//! unit from the store: no write of the image's epoch can have reached that unit yet,
-//! since it would have set the bit first under the lock.
+//! A unit's first write after the cut claims it under the image's lock, copies it
+//! without the lock, sets its bit, then writes the store; a second write to the unit
+//! meanwhile waits for that copy (and no other) before it lands. A read of the image reads
+//! an unset unit from the store and checks its bit again after the read: set, the unit is
+//! read again from the side store (a write may have landed during the read, but only
+//! after the copy); unset, no write of the image's epoch reached it during the read,
+//! since it would have set the bit first. Neither a copy nor a read holds the lock while it
+//! waits for the disk, so the writes to other units go on meanwhile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -141,7 +145,12 @@ struct ImageState {
     ready_cv: Condvar,
     /// Units copied to the side store (their old content is there).
     copied: Box<[AtomicU64]>,
+    /// The side store's books. Held only for moments, never across a read or write of
+    /// the store or of the side file: a copy or a read of the image in progress does not
+    /// hold up the writes to other units (see [`ImageState::preserve`]).
     cow: Mutex<Side>,
+    /// Woken when a copy ends (done or failed), for the writes to its units that wait.
+    copy_done: Condvar,
 }
 
 #[derive(Debug)]
@@ -151,11 +160,15 @@ struct Side {
     limit: u64,
     released: bool,
     overrun: Option<String>,
+    /// Units a write is copying now: another write to one of them waits for that copy
+    /// (and for no other) before it lands.
+    copying: HashSet<u64>,
 }
 
 #[derive(Debug)]
 enum SideStore {
-    File(File),
+    /// Shared, so that copies and reads go on without the books' lock.
+    File(Arc<File>),
     Memory(HashMap<u64, Box<[u8]>>),
 }
 
@@ -230,7 +243,7 @@ impl Imaged {
         let size = self.inner.size();
         let store = match &o.side {
             SidePlace::Memory => SideStore::Memory(HashMap::new()),
-            SidePlace::File(path) => SideStore::File(side_file(path, size)?),
+            SidePlace::File(path) => SideStore::File(Arc::new(side_file(path, size)?)),
         };
         *last_id += 1;
         let units = size.div_ceil(o.unit);
@@ -249,12 +262,27 @@ impl Imaged {
                 limit: o.limit,
                 released: false,
                 overrun: None,
+                copying: HashSet::new(),
             }),
+            copy_done: Condvar::new(),
         });
         *self.shared.current.write().unwrap() = Some(state.clone());
         self.shared.epoch.store(epoch + 1, Ordering::SeqCst);
+        let t0 = Instant::now();
         wait_drained(&self.shared.inflight[(epoch & 1) as usize]);
+        let t1 = Instant::now();
         let hooked = at_cut();
+        let t2 = Instant::now();
+        if t2 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: taking it held writes {:.2} ms: waiting for earlier writes {:.2}, at the cut {:.2}",
+                state.id,
+                (t2 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+            );
+        }
         *state.ready.lock().unwrap() = true;
         state.ready_cv.notify_all();
         drop(last_id);
@@ -313,7 +341,18 @@ impl Imaged {
         if let Some(image) = &entered.image {
             image.preserve(offset, len);
         }
-        op()
+        let t0 = Instant::now();
+        let r = op();
+        let took = t0.elapsed();
+        if took >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "a change of {len} bytes at {offset} took {:.2} ms in the store under the image layer (image held: {})",
+                took.as_secs_f64() * 1e3,
+                entered.image.is_some()
+            );
+        }
+        r
     }
 }
 
@@ -351,9 +390,11 @@ fn release(shared: &Shared, id: u64) {
     if epoch & 1 == 0 || state.id != id {
         return;
     }
-    // Marked released under the copy lock first: a read of the image in progress ends
-    // before any write of the next epoch can reach the store unseen.
+    // Marked released first: a read of the image in progress checks it once it has read
+    // (`ImageState::read_at`), and fails, since writes of the next epoch may reach the
+    // store uncopied from here on. Writes waiting for a copy stop waiting.
     state.cow.lock().unwrap().released = true;
+    state.copy_done.notify_all();
     shared.epoch.store(epoch + 1, Ordering::SeqCst);
     wait_drained(&shared.inflight[1]);
     *shared.current.write().unwrap() = None;
@@ -401,7 +442,14 @@ impl ImageState {
         (start, (start + self.unit).min(self.size))
     }
 
-    /// Copies the units of `[offset, offset + len)` not yet copied into the side store.
+    /// Copies the units of `[offset, offset + len)` not yet copied into the side store;
+    /// returns once each of them is copied (or the image is overrun or released: then
+    /// the write goes ahead and the image's reads fail).
+    ///
+    /// The units this write is first to are claimed under the books' lock and copied
+    /// without it; a unit another write is copying is waited for, and only that one. So
+    /// a copy (a read of the store and a write of the side file, or a wait for the disk)
+    /// holds up only the writes to its own units, not every write of the LUN.
     fn preserve(&self, offset: u64, len: u64) {
         if len == 0 || offset >= self.size {
             return;
@@ -411,58 +459,198 @@ impl ImageState {
         if (first..=last).all(|u| self.is_copied(u)) {
             return;
         }
+        let t0 = Instant::now();
         {
             let mut ready = self.ready.lock().unwrap();
             while !*ready {
                 ready = self.ready_cv.wait(ready).unwrap();
             }
         }
-        let mut side = self.cow.lock().unwrap();
-        if side.released || side.overrun.is_some() {
-            return;
-        }
-        let mut buf = Vec::new();
-        for u in first..=last {
-            if self.is_copied(u) {
-                continue;
-            }
-            let (s, e) = self.unit_range(u);
-            if side.used + (e - s) > side.limit {
-                side.overrun = Some(format!(
-                    "its side store holds {} bytes at most, and the writes since the cut \
-                     needed more",
-                    side.limit
-                ));
-                tracing::warn!("image {}: overrun: the side store is full", self.id);
+        let t1 = Instant::now();
+        let (mine, theirs, file) = {
+            let mut side = self.cow.lock().unwrap();
+            if side.released || side.overrun.is_some() {
                 return;
             }
-            buf.resize((e - s) as usize, 0);
-            let copied = self
-                .inner
-                .read_at(&mut buf, s)
-                .and_then(|()| match &mut side.store {
-                    SideStore::File(f) => f.write_all_at(&buf, s),
-                    SideStore::Memory(m) => {
-                        m.insert(u, buf.clone().into_boxed_slice());
-                        Ok(())
+            let mut mine = Vec::new();
+            let mut theirs = Vec::new();
+            for u in first..=last {
+                if self.is_copied(u) {
+                    continue;
+                }
+                if side.copying.contains(&u) {
+                    theirs.push(u);
+                    continue;
+                }
+                let (s, e) = self.unit_range(u);
+                if side.used + (e - s) > side.limit {
+                    side.overrun = Some(format!(
+                        "its side store holds {} bytes at most, and the writes since the cut \
+                         needed more",
+                        side.limit
+                    ));
+                    tracing::warn!("image {}: overrun: the side store is full", self.id);
+                    // The units claimed so far are copied by nobody now.
+                    for u in &mine {
+                        side.copying.remove(u);
                     }
-                });
-            if let Err(e) = copied {
-                side.overrun = Some(format!("copying unit {u} aside: {e}"));
-                tracing::warn!("image {}: overrun: copying unit {u} aside: {e}", self.id);
-                return;
+                    self.copy_done.notify_all();
+                    return;
+                }
+                // Counted now, so that concurrent copies cannot pass the limit together.
+                side.used += e - s;
+                side.copying.insert(u);
+                mine.push(u);
             }
-            side.used += e - s;
-            self.copied[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Release);
+            let file = match &side.store {
+                SideStore::File(f) => Some(f.clone()),
+                SideStore::Memory(_) => None,
+            };
+            (mine, theirs, file)
+        };
+        let t2 = Instant::now();
+        // Our copies, without the lock: no write to these units lands before their bits
+        // are set (a write to one of them waits below), so what is read is the cut's.
+        let mut copies: Vec<(u64, io::Result<Vec<u8>>)> = Vec::with_capacity(mine.len());
+        for &u in &mine {
+            let (s, e) = self.unit_range(u);
+            let mut buf = vec![0u8; (e - s) as usize];
+            let r = self.inner.read_at(&mut buf, s).and_then(|()| match &file {
+                Some(f) => f.write_all_at(&buf, s).map(|()| Vec::new()),
+                None => Ok(buf),
+            });
+            copies.push((u, r));
+        }
+        let t3 = Instant::now();
+        let mut side = self.cow.lock().unwrap();
+        for (u, r) in copies {
+            side.copying.remove(&u);
+            match r {
+                Ok(buf) => {
+                    // Once released the store is freed: nothing reads it any more.
+                    let released = side.released;
+                    if let SideStore::Memory(m) = &mut side.store {
+                        if !released {
+                            m.insert(u, buf.into_boxed_slice());
+                        }
+                    }
+                    self.copied[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Release);
+                }
+                Err(e) => {
+                    if side.overrun.is_none() {
+                        side.overrun = Some(format!("copying unit {u} aside: {e}"));
+                        tracing::warn!("image {}: overrun: copying unit {u} aside: {e}", self.id);
+                    }
+                }
+            }
+        }
+        if !mine.is_empty() {
+            self.copy_done.notify_all();
+        }
+        // The units another write is copying: land only once each is aside.
+        while !side.released
+            && side.overrun.is_none()
+            && theirs
+                .iter()
+                .any(|&u| !self.is_copied(u) && side.copying.contains(&u))
+        {
+            side = self.copy_done.wait(side).unwrap();
+        }
+        drop(side);
+        let t4 = Instant::now();
+        if t4 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: copying units {first}..={last} aside took {:.2} ms: waiting for the cut {:.2}, for the lock {:.2}, copying {} units {:.2}, for {} units others copy {:.2}",
+                self.id,
+                (t4 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+                mine.len(),
+                (t3 - t2).as_secs_f64() * 1e3,
+                theirs.len(),
+                (t4 - t3).as_secs_f64() * 1e3,
+            );
         }
     }
 
+    /// Reads the image without holding the books' lock across the store's read: a unit
+    /// not copied is read from the store, then checked again. Its bit is set before any
+    /// write of the image's epoch lands on it, so a unit still not copied after the read
+    /// was not written during it; one copied meanwhile is read again from the side store,
+    /// which holds the cut's content. A release or an overrun during the read (after
+    /// which writes land uncopied) fails it.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size)?;
         if buf.is_empty() {
             return Ok(());
         }
+        let t0 = Instant::now();
+        let file = {
+            let side = self.cow.lock().unwrap();
+            self.usable(&side)?;
+            match &side.store {
+                SideStore::File(f) => Some(f.clone()),
+                SideStore::Memory(_) => None,
+            }
+        };
+        let end = offset + buf.len() as u64;
+        // Pieces read from the store, to check again once read.
+        let mut from_store = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let u = at / self.unit;
+            let piece_end = self.unit_range(u).1.min(end);
+            let out = &mut buf[(at - offset) as usize..(piece_end - offset) as usize];
+            match &file {
+                Some(f) if self.is_copied(u) => f.read_exact_at(out, at)?,
+                // Memory: read from the map below, under the lock.
+                _ => {
+                    if !self.is_copied(u) {
+                        self.inner.read_at(out, at)?;
+                    }
+                    from_store.push((u, at, piece_end));
+                }
+            }
+            at = piece_end;
+        }
+        let t1 = Instant::now();
         let side = self.cow.lock().unwrap();
+        self.usable(&side)?;
+        for (u, at, piece_end) in from_store {
+            if !self.is_copied(u) {
+                continue;
+            }
+            let out = &mut buf[(at - offset) as usize..(piece_end - offset) as usize];
+            match &side.store {
+                SideStore::File(f) => f.read_exact_at(out, at)?,
+                SideStore::Memory(m) => {
+                    let (us, _) = self.unit_range(u);
+                    let saved = m.get(&u).ok_or_else(|| {
+                        io::Error::other(format!("image {}: unit {u} lost", self.id))
+                    })?;
+                    out.copy_from_slice(&saved[(at - us) as usize..(piece_end - us) as usize]);
+                }
+            }
+        }
+        drop(side);
+        let t2 = Instant::now();
+        if t2 - t0 >= crate::track::SLOW {
+            tracing::debug!(
+                target: "backstore::slow",
+                "image {}: a read of {} bytes at {offset} took {:.2} ms: reading {:.2}, checking {:.2}",
+                self.id,
+                buf.len(),
+                (t2 - t0).as_secs_f64() * 1e3,
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the image can be read: not released, not overrun.
+    fn usable(&self, side: &Side) -> io::Result<()> {
         if side.released {
             return Err(ImageError::Released(self.id).into());
         }
@@ -472,29 +660,6 @@ impl ImageState {
                 why: why.clone(),
             }
             .into());
-        }
-        let end = offset + buf.len() as u64;
-        let mut at = offset;
-        while at < end {
-            let u = at / self.unit;
-            let (_, ue) = self.unit_range(u);
-            let piece_end = ue.min(end);
-            let out = &mut buf[(at - offset) as usize..(piece_end - offset) as usize];
-            if self.is_copied(u) {
-                match &side.store {
-                    SideStore::File(f) => f.read_exact_at(out, at)?,
-                    SideStore::Memory(m) => {
-                        let (us, _) = self.unit_range(u);
-                        let saved = m.get(&u).ok_or_else(|| {
-                            io::Error::other(format!("image {}: unit {u} lost", self.id))
-                        })?;
-                        out.copy_from_slice(&saved[(at - us) as usize..(piece_end - us) as usize]);
-                    }
-                }
-            } else {
-                self.inner.read_at(out, at)?;
-            }
-            at = piece_end;
         }
         Ok(())
     }
@@ -888,6 +1053,142 @@ mod tests {
         }
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "only the file store's own file: {left:?}");
+    }
+
+    /// A RAM store whose reads of one offset wait at a gate: a copy aside of that unit
+    /// (which reads it) stays in progress until the test opens the gate.
+    #[derive(Debug)]
+    struct Gated {
+        inner: RamBackstore,
+        at: u64,
+        open: Mutex<bool>,
+        opened: Condvar,
+        /// Reads waiting at the gate now.
+        waiting: AtomicU64,
+    }
+
+    impl Gated {
+        fn open_gate(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+    }
+
+    impl Backstore for Gated {
+        crate::forward! { inner =>
+            size, supports_discard, is_allocated, write_at, flush, discard, write_zeroes,
+        }
+
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            if offset == self.at {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let mut open = self.open.lock().unwrap();
+                while !*open {
+                    open = self.opened.wait(open).unwrap();
+                }
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.inner.read_at(buf, offset)
+        }
+    }
+
+    /// Waits (up to a minute, far beyond what any step takes) for `done`; a step that
+    /// never ends fails the test instead of hanging it (the gate opened first, so that
+    /// what waits behind it ends and the image can be released).
+    fn within_a_minute(gated: &Gated, what: &str, done: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            if Instant::now() > until {
+                gated.open_gate();
+                panic!("{what}: not done after a minute");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The rule of the copy on first write: a write to a unit being copied aside waits for
+    /// exactly that copy, and no other write or read of the image does. Unit 0's copy is
+    /// held at a gate; meanwhile a write to unit 2, a write to unit 3 and a read of the image
+    /// all end, and a second write to unit 0 waits; once the gate opens it lands, and the
+    /// image still reads unit 0 as it was at the cut.
+    #[test]
+    fn a_write_to_a_unit_being_copied_waits_for_that_copy_only() {
+        const UNIT: u64 = 4096;
+        for side in [SidePlace::Memory, SidePlace::File(PathBuf::new())] {
+            let dir = tempfile::tempdir().unwrap();
+            let side = match side {
+                SidePlace::File(_) => SidePlace::File(dir.path().join("g.image")),
+                m => m,
+            };
+            let gated = Arc::new(Gated {
+                inner: RamBackstore::new(16 * UNIT),
+                at: 0,
+                open: Mutex::new(false),
+                opened: Condvar::new(),
+                waiting: AtomicU64::new(0),
+            });
+            gated.inner.write_at(&[1; 16 * UNIT as usize], 0).unwrap();
+            let store = Arc::new(
+                Imaged::new(
+                    gated.clone(),
+                    ImageOptions {
+                        side,
+                        unit: UNIT,
+                        limit: u64::MAX,
+                    },
+                )
+                .unwrap(),
+            );
+            let image = store.take().unwrap();
+            let write = |at: u64, byte: u8| {
+                let store = store.clone();
+                let done = Arc::new(AtomicBool::new(false));
+                let d = done.clone();
+                let t = std::thread::spawn(move || {
+                    store.write_at(&[byte; UNIT as usize], at).unwrap();
+                    d.store(true, Ordering::SeqCst);
+                });
+                (t, done)
+            };
+            // The first write to unit 0 copies it, and its copy waits at the gate.
+            let (first, first_done) = write(0, 2);
+            within_a_minute(&gated, "the copy of unit 0 reaching the gate", || {
+                gated.waiting.load(Ordering::SeqCst) == 1
+            });
+            // Writes to other units, and a read of the image, go on meanwhile.
+            let (other, other_done) = write(2 * UNIT, 3);
+            within_a_minute(&gated, "a write to unit 2 while unit 0 is copied", || {
+                other_done.load(Ordering::SeqCst)
+            });
+            other.join().unwrap();
+            let (third, third_done) = write(3 * UNIT, 4);
+            within_a_minute(&gated, "a write to unit 3 while unit 0 is copied", || {
+                third_done.load(Ordering::SeqCst)
+            });
+            third.join().unwrap();
+            let mut held = vec![0u8; 2 * UNIT as usize];
+            image.read_at(&mut held, 2 * UNIT).unwrap();
+            assert!(held.iter().all(|&b| b == 1), "the image lost units 2-3");
+            // A second write to unit 0 waits for the copy in progress.
+            let (second, second_done) = write(0, 5);
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(
+                !first_done.load(Ordering::SeqCst) && !second_done.load(Ordering::SeqCst),
+                "a write to unit 0 landed before its copy aside was made"
+            );
+            gated.open_gate();
+            first.join().unwrap();
+            second.join().unwrap();
+            let mut unit0 = vec![0u8; UNIT as usize];
+            image.read_at(&mut unit0, 0).unwrap();
+            assert!(unit0.iter().all(|&b| b == 1), "the image lost unit 0's cut");
+            store.read_at(&mut unit0, 0).unwrap();
+            assert!(
+                unit0.iter().all(|&b| b == 2) || unit0.iter().all(|&b| b == 5),
+                "a torn unit 0"
+            );
+            assert_eq!(image.status().copied_bytes, 3 * UNIT);
+        }
     }
 
     #[test]

@@ -79,7 +79,11 @@ fn init_logging(verbose: u8) {
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| default.parse().expect("the default filter parses"));
-    let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // The builder's own level is INFO unless told: without this the filter's `debug` and
+    // `trace` directives (and -vv) showed nothing below INFO. The filter decides alone.
+    let fmt = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+        .with_writer(std::io::stderr);
     // The journal stamps every line itself and shows no colours.
     if stderr_is_the_journal() {
         fmt.without_time()

@@ -178,12 +178,28 @@ impl Conn {
             });
             return;
         }
+        let queued = Instant::now();
         tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
             let pdus = job.run();
+            let ran = started.elapsed();
+            if job.task.cmd.write && queued.elapsed() >= SLOW_WRITE {
+                tracing::debug!(
+                    target: "targetd::slow",
+                    "a write took {:.2} ms: {:.2} waiting for a worker, {:.2} running",
+                    queued.elapsed().as_secs_f64() * 1e3,
+                    (started - queued).as_secs_f64() * 1e3,
+                    ran.as_secs_f64() * 1e3
+                );
+            }
             finish(job, pdus);
         });
     }
 }
+
+/// A write that takes this long or more on a worker is logged at debug level (target
+/// `targetd::slow`).
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Largest read copied on the connection's task when the page cache holds it.
 const INLINE_READ_MAX: u32 = 128 * 1024;
