@@ -13,10 +13,13 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf/rsv.bpf.c");
     println!("cargo:rerun-if-changed=bpf/kernel.h");
     println!("cargo:rerun-if-env-changed=RSV_CLANG");
+    println!("cargo:rerun-if-env-changed=RSV_CC_NAME");
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_BPF");
+    let name = cc_name();
+    println!("cargo:rustc-env=RSV_CC_NAME={name}");
     let wanted = env::var_os("CARGO_FEATURE_BPF").is_some();
     let built = if wanted {
-        build(&out)
+        build(&out, &name)
     } else {
         Err("built without the bpf feature".into())
     };
@@ -36,7 +39,26 @@ fn main() {
     }
 }
 
-fn build(out: &Path) -> Result<(), String> {
+/// The name the program registers under: `rsv`, or `RSV_CC_NAME` at build time. Another
+/// name lets a build run beside another build's `rsv` on one host (only the first process to
+/// register a name runs its program; the others' sockets run that one), so that two
+/// versions of the program can be measured side by side.
+fn cc_name() -> String {
+    let name = env::var("RSV_CC_NAME").unwrap_or_else(|_| "rsv".into());
+    // The kernel's TCP_CA_NAME_MAX is 16 with the NUL.
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    assert!(
+        ok,
+        "RSV_CC_NAME={name:?}: 1 to 15 of a-z, 0-9 and _ (a congestion control's name)"
+    );
+    name
+}
+
+fn build(out: &Path, name: &str) -> Result<(), String> {
     let clang = find_clang().ok_or("no clang (RSV_CLANG, clang-14 or clang; Debian: clang-14)")?;
     println!("cargo:rerun-if-changed={}", clang.display());
     if !Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
@@ -51,6 +73,7 @@ fn build(out: &Path) -> Result<(), String> {
     let output = Command::new(&clang)
         .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])
         .arg(format!("-D__TARGET_ARCH_{arch}"))
+        .arg(format!("-DRSV_CC_NAME=\"{name}\""))
         .args(["-c", "bpf/rsv.bpf.c", "-o"])
         .arg(out)
         .output()

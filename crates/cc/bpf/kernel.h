@@ -66,6 +66,8 @@ struct tcp_sock {
 	u32 delivered;
 	u32 packets_out;
 	u32 sacked_out;
+	u32 lost_out;
+	u32 retrans_out;
 	u32 snd_cwnd;
 	u32 snd_cwnd_clamp;
 	u32 snd_ssthresh;
@@ -74,6 +76,7 @@ struct tcp_sock {
 };
 
 struct rate_sample {
+	u32 prior_delivered;
 	long rtt_us;
 	int losses;
 	u32 acked_sacked;
@@ -108,12 +111,27 @@ struct tcp_congestion_ops {
 	void (*release)(struct sock *sk);
 };
 
+/* include/linux/win_minmax.h: BBR's windowed max-bandwidth filter; s[0] is the best. */
+struct minmax_sample {
+	u32 t;
+	u32 v;
+};
+
+struct minmax {
+	struct minmax_sample s[3];
+};
+
 /* BBRv1's private state (net/ipv4/tcp_bbr.c), kept in icsk_ca_priv. */
 struct bbr {
 	u32 min_rtt_us;
 	u32 min_rtt_stamp;
+	u32 probe_rtt_done_stamp; /* jiffies; 0 until PROBE_RTT's hold has begun */
+	struct minmax bw;         /* packets per usec << 24 (BW_SCALE) */
+	u32 next_rtt_delivered;   /* tp->delivered at which the next round begins */
 	u32 mode : 3;
+	u32 lt_use_bw : 1;
 	u32 full_bw_reached : 1;
+	u32 lt_bw;                /* the long-term (policed) rate, same unit */
 };
 
 #pragma clang attribute pop

@@ -23,7 +23,9 @@
  *    PROBE_RTT (user space says another connection, or a known path, keeps the minimum).
  *  - group: the connections of one session share a group id, and their PROBE_RTT is
  *    coordinated through the rsv_groups map (see "PROBE_RTT by group" below): a minimum
- *    another member confirmed lately is fresh, and one member probes at a time.
+ *    a member (this one or another) confirmed lately is fresh, and one member probes at a
+ *    time; a probe holds half a BDP in flight, not four packets (see "PROBE_RTT at half
+ *    a BDP").
  *  - loss without queue growth (the ACK's RTT within 5/4 of the minimum) does not cut
  *    cwnd below what the current pacing rate needs; BBR's packet conservation in recovery
  *    would. RSV_BBR_LOSS turns this off.
@@ -44,6 +46,10 @@ char _license[] SEC("license") = "GPL";
 #define RSV_NO_PROBE_RTT 1
 #define RSV_BBR_LOSS 2
 #define USEC_PER_SEC 1000000ULL
+/* The name sockets select: build.rs passes RSV_CC_NAME (`rsv` unless set at build time). */
+#ifndef RSV_CC_NAME
+#define RSV_CC_NAME "rsv"
+#endif
 
 /* Must match crates/cc/src/lib.rs (RawSettings). */
 struct rsv_settings {
@@ -70,10 +76,14 @@ struct {
  * RSV_NO_PROBE_RTT), the program decides shortly before BBR would (RSV_DUE_NS after the
  * sample was taken, measured in ktime ns from when this program saw BBR set it), on each
  * ACK while it is due:
- *  (a) skip: another member saw, less than RSV_DUE_NS ago, an RTT at most 9/8 of this
- *      socket's minimum (each member publishes its samples that are within 9/8 of its own
- *      minimum, in its slot of the group): the minimum is fresh; BBR's sample is renewed
- *      and this socket is due again RSV_DUE_NS after that member's sample;
+ *  (a) skip: a member, this socket itself or another, saw, less than RSV_DUE_NS ago, an
+ *      RTT at most 9/8 of this socket's minimum (each member publishes its samples that
+ *      are within 9/8 of its own minimum, in its slot of the group): the minimum is fresh,
+ *      the queue as good as empty then; BBR's sample is renewed and this socket is due
+ *      again RSV_DUE_NS after that sample. A socket's own samples count (as BBRv3's do):
+ *      most sessions have one connection, and on a long path its PROBE_RTT emptied the
+ *      pipe for 200 ms and two round trips (0.8 s at 300 ms, three in a 30-s run) while
+ *      its own ACKs showed the minimum in every gain cycle's drain phase;
  *  (b) defer: another member holds the group's token (it is probing): BBR's sample is
  *      renewed on every ACK, and the socket stays due;
  *  (c) probe: it takes the token until PROBE_RTT's 200 ms and two round trips have
@@ -91,6 +101,7 @@ struct {
 #define RSV_PROBE_NS (NSEC_PER_SEC / 5) /* BBR's bbr_probe_rtt_mode_ms */
 #define RSV_PUBLISH_NS (NSEC_PER_SEC / 32)
 #define RSV_MAX_GROUPS 4096
+#define BW_SCALE 24 /* BBR's bandwidth unit: packets per usec << 24 */
 
 /* Must match crates/cc/src/lib.rs (RawGroup). */
 struct rsv_group {
@@ -138,6 +149,9 @@ struct rsv_sock {
 	__u32 probe_rest;   /* the flight's packets not yet delivered at that ACK */
 	__u32 probe_pkts;   /* packets timed */
 	__u32 probe_us;     /* over this many microseconds */
+	__u64 hold_until_ns;  /* PROBE_RTT at half a BDP: its 200 ms end here (ktime ns); 0: none */
+	__u32 hold_delivered; /* tp->delivered when the hold began: its round ends past it */
+	__u32 holds;          /* PROBE_RTTs held at half a BDP */
 };
 
 struct {
@@ -303,7 +317,6 @@ static __always_inline void coordinate(struct sock *sk, struct rsv_sock *st,
 	struct bbr *bbr = bbr_of(sk);
 	u32 min_rtt = bbr->min_rtt_us;
 	u32 jiffies = (u32)bpf_jiffies64();
-	u32 own = st->slot & (RSV_GROUP_SLOTS - 1);
 	u64 fresh = 0, until = now + probe_hold_ns(bbr);
 	bool defer = false, counted = st->deferring;
 	int i;
@@ -317,14 +330,14 @@ static __always_inline void coordinate(struct sock *sk, struct rsv_sock *st,
 		for (i = 0; i < RSV_GROUP_SLOTS; i++) {
 			u64 t = g->low_ns[i];
 
-			if (i == own || !t || t + RSV_DUE_NS <= now)
+			if (!t || t + RSV_DUE_NS <= now)
 				continue;
 			if (g->low_rtt_us[i] <= near && t > fresh)
 				fresh = t;
 		}
 	}
 	if (fresh) {
-		/* (a) Another member confirmed the minimum: it is fresh as of its sample. */
+		/* (a) A member confirmed the minimum: it is fresh as of its sample. */
 		bbr->min_rtt_stamp = jiffies;
 		st->seen_stamp = jiffies;
 		st->stamp_ns = fresh;
@@ -417,6 +430,94 @@ static __always_inline void observe(struct sock *sk, struct rsv_sock *st, struct
 			g->low_ns[slot] = now;
 		}
 	}
+}
+
+/* --- PROBE_RTT at half a BDP ------------------------------------------------------------
+ *
+ * BBRv1 drains to four packets in PROBE_RTT and holds them for 200 ms and a round trip once
+ * in flight is that low: the pipe stays empty for about two round trips and fills again in
+ * a third (at 300 ms, close to a second of the link lost per probe). BBRv2 and v3 (the
+ * IETF's BBR draft) hold half of the estimated BDP instead: that is less than the pipe
+ * holds, so the bottleneck's queue empties and the RTT samples show the minimum, while the
+ * link still carries about half its rate. So here, on every socket in PROBE_RTT (BBR's own,
+ * or a group member's turn):
+ *  - cwnd at least half of bw x min_rtt (at least 4), after bbr_main set it to four;
+ *  - once in flight is down to that, the hold begins: RSV_PROBE_NS (ktime) and a round (an
+ *    ACK of a packet sent after it began: BBR's round, whose count restarts there). BBR
+ *    itself starts its hold only at four packets in flight, so its probe_rtt_done_stamp is
+ *    set here, kept one jiffy ahead of now on every ACK until both have passed (no HZ is
+ *    needed), then one behind, and BBR leaves PROBE_RTT on that ACK as after its own hold
+ *    (its window restored, min_rtt_stamp renewed).
+ * The minimum BBR took on entering (its filter had expired: that ACK's RTT, at most a full
+ * queue above the true one) makes half a BDP of at most the true BDP with the lab's
+ * one-BDP queue: the queue still drains. A hold BBR began itself (in flight fell to four
+ * first: an application-limited socket) is BBR's, with the window raised the same. */
+static __always_inline u32 in_flight(struct tcp_sock *tp)
+{
+	u32 out = tp->packets_out + tp->retrans_out;
+	u32 gone = tp->sacked_out + tp->lost_out;
+
+	return out > gone ? out - gone : 0;
+}
+
+/* Half of BBR's bw x min_rtt, in packets; at least 4. */
+static __always_inline u32 half_bdp(struct bbr *bbr, u32 min_rtt)
+{
+	u64 bw = BPF_CORE_READ_BITFIELD(bbr, lt_use_bw) ? bbr->lt_bw : bbr->bw.s[0].v;
+	u64 pkts = ((bw * min_rtt) >> BW_SCALE) / 2;
+
+	if (pkts < 4)
+		pkts = 4;
+	if (pkts > 0x7fffffff)
+		pkts = 0x7fffffff;
+	return (u32)pkts;
+}
+
+/* Before bbr_main: keep BBR's hold from ending before this one's, end it once this one's has. */
+static __always_inline void hold_before(struct sock *sk, struct rsv_sock *st,
+					const struct rate_sample *rs, u64 now)
+{
+	struct bbr *bbr = bbr_of(sk);
+	u32 jiffies = (u32)bpf_jiffies64();
+	u32 stamp;
+
+	if (!st->hold_until_ns)
+		return;
+	if (mode_of(bbr) != BBR_PROBE_RTT) {
+		st->hold_until_ns = 0;
+		return;
+	}
+	if (now >= st->hold_until_ns && rs->prior_delivered &&
+	    (s32)(rs->prior_delivered - st->hold_delivered) >= 0)
+		stamp = jiffies - 1;
+	else
+		stamp = jiffies + 1;
+	bbr->probe_rtt_done_stamp = stamp ? stamp : 1;
+}
+
+/* After bbr_main: the window of the probe, and its hold's start. */
+static __always_inline void hold_after(struct sock *sk, struct rsv_sock *st, u64 now)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct bbr *bbr = bbr_of(sk);
+	u32 min_rtt = bbr->min_rtt_us, want, jiffies;
+
+	if (mode_of(bbr) != BBR_PROBE_RTT) {
+		st->hold_until_ns = 0;
+		return;
+	}
+	if (!min_rtt || min_rtt == ~0U)
+		return;
+	want = half_bdp(bbr, min_rtt);
+	raise_cwnd(tp, want);
+	if (st->hold_until_ns || bbr->probe_rtt_done_stamp || in_flight(tp) > want)
+		return;
+	jiffies = (u32)bpf_jiffies64() + 1;
+	st->hold_until_ns = now + RSV_PROBE_NS;
+	st->hold_delivered = tp->delivered;
+	st->holds++;
+	bbr->next_rtt_delivered = tp->delivered;
+	bbr->probe_rtt_done_stamp = jiffies ? jiffies : 1;
 }
 
 /* --- The probed start --------------------------------------------------------------------
@@ -641,11 +742,15 @@ void BPF_PROG(rsv_cong_control, struct sock *sk, u32 ack, int flag, const struct
 	else if (st && g)
 		coordinate(sk, st, g, now);
 
+	if (st)
+		hold_before(sk, st, rs, now);
+
 	bbr_main(sk, ack, flag, rs);
 
 	if (st) {
 		observe(sk, st, g, rs, now);
 		probe_time(sk, s, st, rs, now);
+		hold_after(sk, st, now);
 	}
 
 	apply_start(sk, s, st);
@@ -737,5 +842,5 @@ struct tcp_congestion_ops rsv = {
 	.sndbuf_expand = (void *)rsv_sndbuf_expand,
 	.min_tso_segs = (void *)rsv_min_tso_segs,
 	.flags = TCP_CONG_NON_RESTRICTED,
-	.name = "rsv",
+	.name = RSV_CC_NAME,
 };

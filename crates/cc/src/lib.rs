@@ -24,8 +24,9 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Mutex, OnceLock};
 
-/// The name sockets select with TCP_CONGESTION.
-pub const NAME: &str = "rsv";
+/// The name sockets select with TCP_CONGESTION: `rsv`, unless the build set `RSV_CC_NAME`
+/// (a build measured beside another build's `rsv` on one host; `docs/congestion.md`).
+pub const NAME: &str = env!("RSV_CC_NAME");
 const SETTINGS_MAP: &str = "rsv_settings";
 const GROUPS_MAP: &str = "rsv_groups";
 const STATE_MAP: &str = "rsv_state";
@@ -120,6 +121,9 @@ struct RawSockState {
     probe_rest: u32,
     probe_pkts: u32,
     probe_us: u32,
+    hold_until_ns: u64,
+    hold_delivered: u32,
+    holds: u32,
 }
 
 /// What a group's PROBE_RTT coordination did, from the `rsv_groups` map.
@@ -171,6 +175,9 @@ pub struct SocketCounts {
     /// Packets of the probed flight timed, and over how many microseconds.
     pub probe_packets: u32,
     pub probe_us: u32,
+    /// PROBE_RTTs held at half a BDP (the hold begun by the program, not BBR's four
+    /// packets).
+    pub half_bdp_holds: u32,
 }
 
 /// The phases of the probed start (`bpf/rsv.bpf.c`).
@@ -213,6 +220,7 @@ impl From<RawSockState> for SocketCounts {
             found_rate: r.found_rate,
             probe_packets: r.probe_pkts,
             probe_us: r.probe_us,
+            half_bdp_holds: r.holds,
         }
     }
 }
@@ -1031,7 +1039,7 @@ mod tests {
     }
 
     /// The map values' layouts as `bpf/rsv.bpf.c` has them (clang's BTF of the object
-    /// says 32, 152 and 88 bytes); a field added on one side only changes a size or an
+    /// says 32, 152 and 104 bytes); a field added on one side only changes a size or an
     /// offset here.
     #[test]
     fn map_values_match_the_programs_layout() {
@@ -1045,13 +1053,15 @@ mod tests {
         assert_eq!(offset_of!(RawGroup, deferred), 48);
         assert_eq!(offset_of!(RawGroup, low_rtt_us), 56);
         assert_eq!(offset_of!(RawGroup, low_ns), 88);
-        assert_eq!(size_of::<RawSockState>(), 88);
+        assert_eq!(size_of::<RawSockState>(), 104);
         assert_eq!(offset_of!(RawSockState, seen_stamp), 32);
         assert_eq!(offset_of!(RawSockState, mode), 48);
         assert_eq!(offset_of!(RawSockState, probe), 51);
         assert_eq!(offset_of!(RawSockState, probe_t1_ns), 56);
         assert_eq!(offset_of!(RawSockState, found_rate), 64);
         assert_eq!(offset_of!(RawSockState, probe_us), 84);
+        assert_eq!(offset_of!(RawSockState, hold_until_ns), 88);
+        assert_eq!(offset_of!(RawSockState, holds), 100);
     }
 
     #[test]
