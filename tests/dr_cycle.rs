@@ -85,6 +85,22 @@ fn sync_ok(hosts: &Hosts, args: &[&str], src: &str, dst: &str) -> serde_json::Va
     result_line(&hosts.sync_ok(&[&["--json"], args, &[src, dst]].concat()))
 }
 
+/// An unpaced sync whose coordinator exits (status 86) at the fault point `fault` names
+/// (`RSV_SYNC_FAULT_EXIT_AFTER_COMMITS=1`, `RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD`).
+fn sync_to_fault_point(hosts: &Hosts, fault: &str, src: &str, dst: &str) {
+    let out = hosts
+        .sync(&["--json", "--pacing", "unpaced", src, dst])
+        .env(fault, "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(86),
+        "the coordinator exits at the fault point {fault}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter().zip(b).position(|(x, y)| x != y)
 }
@@ -792,17 +808,7 @@ fn promote_rolls_forward_a_cycle_its_coordinator_committed_on_one_member() {
     // The next image, half the volume rewritten; its sync's coordinator exits right after
     // the first member's commit.
     app_writes(&a, &mut image, 4 << 20, 8 << 20, 2);
-    let out = hosts
-        .sync(&["--json", "--pacing", "unpaced", &src, &dst])
-        .env("RSV_SYNC_FAULT_EXIT_AFTER_COMMITS", "1")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(86),
-        "the coordinator exits at the fault point:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sync_to_fault_point(&hosts, "RSV_SYNC_FAULT_EXIT_AFTER_COMMITS", &src, &dst);
     let states = far_states(&hosts, &b);
     eprintln!("far members after the coordinator's exit: {states:?}");
     let n = states
@@ -973,17 +979,7 @@ fn a_resync_after_a_loss_between_the_two_sides_records_stays_incremental() {
     app_writes(&a, &mut on_a, 0, 16 << 20, 21);
     sync_ok(&hosts, &["--pacing", "unpaced"], &va, &vb);
     app_writes(&a, &mut on_a, 2 << 20, 6 << 20, 22);
-    let out = hosts
-        .sync(&["--json", "--pacing", "unpaced", &va, &vb])
-        .env("RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD", "1")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(86),
-        "the coordinator exits at the fault point:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sync_to_fault_point(&hosts, "RSV_SYNC_FAULT_EXIT_AFTER_FAR_RECORD", &va, &vb);
     a.kill();
     let p = sync_cmd_ok(&key, &["promote", &vb, "--json"]);
     assert_eq!(p["role"], "primary", "{p}");
